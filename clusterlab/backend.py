@@ -1,0 +1,582 @@
+"""The "netem" torch.distributed backend: Gloo, held back by an emulated network.
+
+`import clusterlab` registers it; `dist.init_process_group("netem")` selects it. It wraps a
+real ProcessGroupGloo, so every operation moves real bytes between real processes and
+returns exactly what Gloo returns. What it adds is time: each operation is held until the
+moment the emulated network would have completed it.
+
+Point-to-point (send/recv): the sender runs its egress link model (netem semantics, its
+node's shared NIC queue), stamps the message with the absolute delivery time, and the
+receiver holds the message until then. All ranks on one host share CLOCK_MONOTONIC.
+
+Collectives: the calling thread starts the Gloo operation at once, together with a tiny
+all-reduce of the times at which each rank entered it. A completion thread (one per group,
+FIFO, like a communication stream) then replays the collective's algorithm on the replicated
+network model (`clusterlab.schedule`) and completes the future when this rank's emulated
+completion time has come, but never before Gloo itself finished. Futures make unmodified
+DistributedDataParallel keep its compute/communication overlap.
+
+Configuration comes from the environment (see `clusterlab.topology` for the topology):
+CLUSTERLAB_SEED, CLUSTERLAB_DILATION, CLUSTERLAB_ALGORITHM (ring | recursive_doubling |
+rabenseifner | tree | hierarchical), CLUSTERLAB_SEGMENT_BYTES, CLUSTERLAB_CORRELATION.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mmap
+import os
+import queue
+import struct
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import clock
+from .link import LinkModel
+from .schedule import ALLREDUCE_ALGORITHMS, HEADER_BYTES, Collective, Fabric, play, segments
+from .topology import Topology
+
+BACKEND_NAME = "netem"
+
+# A hook the launcher sets to learn what a rank is doing (for timeout reports).
+status_hook = None
+
+
+def _status(text: str) -> None:
+    if status_hook is not None:
+        status_hook(text)
+
+
+@dataclass(frozen=True)
+class NetemConfig:
+    """Everything the backend reads from the environment, validated once."""
+
+    topology: Topology
+    seed: int = 0
+    dilation: float = 1.0
+    algorithm: str = "ring"
+    segment_bytes: int = 65536
+    correlation: str = "netem"
+    shm_dir: str = field(default_factory=tempfile.gettempdir)
+
+    @classmethod
+    def from_env(cls, world_size: int) -> NetemConfig:
+        env = os.environ
+        dilation = _number(env, "CLUSTERLAB_DILATION", 1.0, float)
+        if dilation <= 0:
+            raise ValueError(f"CLUSTERLAB_DILATION must be > 0, got {dilation}")
+        algorithm = env.get("CLUSTERLAB_ALGORITHM") or "ring"
+        if algorithm not in ALLREDUCE_ALGORITHMS:
+            raise ValueError(
+                f"CLUSTERLAB_ALGORITHM={algorithm!r} is unknown; choose from "
+                f"{', '.join(ALLREDUCE_ALGORITHMS)}"
+            )
+        correlation = env.get("CLUSTERLAB_CORRELATION") or "netem"
+        if correlation not in ("netem", "ar1"):
+            raise ValueError(
+                f"CLUSTERLAB_CORRELATION must be 'netem' or 'ar1', got {correlation!r}"
+            )
+        segment = _number(env, "CLUSTERLAB_SEGMENT_BYTES", 65536, int)
+        if segment < 1:
+            raise ValueError(f"CLUSTERLAB_SEGMENT_BYTES must be >= 1, got {segment}")
+        topology = Topology.from_env(world_size, env).scaled(dilation)
+        return cls(
+            topology=topology,
+            seed=_number(env, "CLUSTERLAB_SEED", 0, int),
+            dilation=dilation,
+            algorithm=algorithm,
+            segment_bytes=segment,
+            correlation=correlation,
+            shm_dir=env.get("CLUSTERLAB_SHM_DIR") or tempfile.gettempdir(),
+        )
+
+
+def _number(env, name, default, kind):
+    text = env.get(name)
+    if not text:
+        return default
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {text!r}") from None
+
+
+class SharedTail:
+    """A node's NIC queue tail (ns), shared by that node's processes through a mapped file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        if os.fstat(self._fd).st_size < 8:
+            os.ftruncate(self._fd, 8)
+        self._map = mmap.mmap(self._fd, 8)
+
+    def update(self, fn):
+        """Run fn(tail) -> (new_tail, result) atomically across processes; return result."""
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            (tail,) = struct.unpack("q", self._map[:8])
+            new_tail, result = fn(tail if tail else None)
+            self._map[:8] = struct.pack("q", int(new_tail))
+            return result
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        try:
+            self._map.close()
+            os.close(self._fd)
+        except (OSError, ValueError):
+            pass
+
+
+class _P2PWork(dist._Work):
+    """Point-to-point work whose wait() holds until the emulated delivery time."""
+
+    def __init__(self, waits, hold, tensors, source=-1):
+        super().__init__()
+        self._waits = waits  # callables, run in order by wait()
+        self._hold = hold  # () -> absolute ns to hold until
+        self._tensors = tensors
+        self._source = source
+        self._done = False
+
+    def wait(self, timeout=None):
+        if not self._done:
+            for step in self._waits:
+                step()
+            clock.sleep_until(self._hold())
+            self._done = True
+        return True
+
+    def is_completed(self):
+        return self._done
+
+    def _source_rank(self):
+        return self._source
+
+    def source_rank(self):
+        return self._source
+
+    def get_future(self):
+        fut = torch.futures.Future()
+
+        def finish():
+            try:
+                self.wait()
+                fut.set_result(self._tensors)
+            except Exception as exc:  # noqa: BLE001 - handed to the future's owner
+                fut.set_exception(exc)
+
+        threading.Thread(target=finish, daemon=True).start()
+        return fut
+
+
+class _FutureWork(dist._Work):
+    """Work backed by a Future. torch's `_create_work_from_future` swallows the future's
+    exception in wait() (torch 2.13), which would turn a dead peer into silent garbage; this
+    one re-raises it."""
+
+    def __init__(self, future: torch.futures.Future) -> None:
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout=None):
+        self._future.wait()  # raises the operation's error, if any
+        return True
+
+    def is_completed(self):
+        return self._future.done()
+
+    def get_future(self):
+        return self._future
+
+
+@dataclass
+class _Pending:
+    coll: Collective
+    times: torch.Tensor
+    times_work: object
+    data_work: object
+    future: torch.futures.Future
+    result: object
+    finish: object = None  # optional callable run on the result before completion
+
+
+class NetemProcessGroup(dist.ProcessGroup):
+    """A ProcessGroup that runs Gloo and holds every operation for the emulated network."""
+
+    def __init__(self, store, rank: int, size: int, timeout: timedelta, global_ranks=None):
+        super().__init__(rank, size)
+        self._rank, self._size = rank, size
+        self._timeout = timeout
+        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("clusterlab-gloo", store), rank, size,
+                                          timeout)
+        self.global_ranks = list(global_ranks) if global_ranks else list(range(size))
+        world = max(self.global_ranks) + 1 if global_ranks else size
+        if dist.is_initialized():
+            world = dist.get_world_size()
+        self.config = NetemConfig.from_env(world)
+        self.topology = self.config.topology
+        self.me = self.global_ranks[rank]
+        self.impaired = not self.topology.is_noop
+        self._links: dict[int, LinkModel] = {}
+        self._tails: dict[tuple, SharedTail] = {}
+        self._token = self._agree_on_token(store)
+        # Collective completion: one FIFO thread, like a communication stream.
+        self.fabric = Fabric(self.topology, segment_bytes=self.config.segment_bytes)
+        self._seq = 0
+        self._done_all = np.zeros(size, dtype=np.int64)
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._complete_loop, name="netem-completion",
+                                        daemon=True)
+        self._thread.start()
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def __repr__(self) -> str:
+        return f"NetemProcessGroup(rank={self._rank}, size={self._size}, nic='{self.topology.nic}')"
+
+    def _agree_on_token(self, store) -> str:
+        if self._rank == 0:
+            token = uuid.uuid4().hex[:12]
+            store.set("clusterlab-token", token)
+            return token
+        return store.get("clusterlab-token").decode()
+
+    # --- point to point ----------------------------------------------------------------------
+
+    def _link(self, peer: int) -> LinkModel:
+        link = self._links.get(peer)
+        if link is None:
+            spec = self.topology.spec(self.me, peer)
+            back = self.topology.spec(peer, self.me)
+            link = LinkModel(spec, seed=self.config.seed, link_id=(self.me, peer),
+                             segment_bytes=self.config.segment_bytes,
+                             correlation=self.config.correlation, reverse_delay_ns=back.delay_ns)
+            self._links[peer] = link
+        return link
+
+    def _shared_tail(self, peer: int) -> SharedTail | None:
+        """The node-wide NIC queue tail when several processes share a rate-limited NIC."""
+        kind, *where = self.topology.queue_of(self.me, peer)
+        if kind != "nic" or self.topology.procs_per_node == 1:
+            return None
+        if not self.topology.spec(self.me, peer).rate_bps:
+            return None
+        key = (kind, *where)
+        tail = self._tails.get(key)
+        if tail is None:
+            name = f"clusterlab-{self._token}-nic{where[0]}"
+            tail = self._tails[key] = SharedTail(os.path.join(self.config.shm_dir, name))
+        return tail
+
+    def send(self, tensors, dst_rank, tag):
+        peer = self.global_ranks[dst_rank]
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        if not self.impaired or self.topology.spec(self.me, peer).is_noop:
+            work = self.gloo.send(tensors, dst_rank, tag)
+            return _P2PWork([work.wait], lambda: 0, tensors)
+        now = clock.monotonic_ns()
+        link = self._link(peer)
+        shared = self._shared_tail(peer)
+        if shared is None:
+            sent = link.transmit(now, nbytes, flow=peer)
+        else:
+            def through_nic(tail):
+                if tail is not None:
+                    link.tail_ns = max(link.tail_ns, tail)
+                result = link.transmit(now, nbytes, flow=peer)
+                return link.tail_ns, result
+
+            sent = shared.update(through_nic)
+        header = torch.tensor([sent.delivered_ns, nbytes], dtype=torch.int64)
+        w_header = self.gloo.send([header], dst_rank, tag)
+        w_data = self.gloo.send(tensors, dst_rank, tag)
+        spec = link.spec
+        busy = 0
+        if spec.rate_bps:  # the sender is busy until its bytes are on the wire
+            wire = segments(nbytes, self.config.segment_bytes) + HEADER_BYTES
+            busy = int((wire * 8 * 1e9 / spec.rate_bps).sum())
+        _status(f"send to {peer} ({nbytes} B)")
+        return _P2PWork([w_header.wait, w_data.wait], lambda: now + busy, tensors, self._rank)
+
+    def recv(self, tensors, src_rank, tag):
+        peer = self.global_ranks[src_rank]
+        if not self.impaired or self.topology.spec(peer, self.me).is_noop:
+            work = self.gloo.recv(tensors, src_rank, tag)
+            return _P2PWork([work.wait], lambda: 0, tensors, src_rank)
+        header = torch.zeros(2, dtype=torch.int64)
+        w_header = self.gloo.recv([header], src_rank, tag)
+        w_data = self.gloo.recv(tensors, src_rank, tag)
+        _status(f"recv from {peer}")
+        return _P2PWork([w_header.wait, w_data.wait], lambda: int(header[0]), tensors, src_rank)
+
+    def recv_anysource(self, tensors, tag):
+        if not self.impaired:
+            work = self.gloo.recv_anysource(tensors, tag)
+            out = _P2PWork([work.wait], lambda: 0, tensors)
+            out._waits.append(lambda: setattr(out, "_source", work._source_rank()))
+            return out
+        # Every impaired message is preceded by its header, so the header tells the source.
+        # (Links that are unimpaired send no header; mixing them with any-source receives on
+        # an impaired network is not supported.)
+        header = torch.zeros(2, dtype=torch.int64)
+        w_header = self.gloo.recv_anysource([header], tag)
+        out = _P2PWork([], lambda: int(header[0]), tensors)
+
+        def receive_payload():
+            w_header.wait()
+            out._source = w_header._source_rank()
+            self.gloo.recv(tensors, out._source, tag).wait()
+
+        out._waits.append(receive_payload)
+        return out
+
+    # --- collectives -------------------------------------------------------------------------
+
+    def _submit(self, coll: Collective, start_native, result, finish=None):
+        """Start the Gloo op and the entry-time exchange now; complete on the FIFO thread."""
+        future = torch.futures.Future()
+        times = None
+        times_work = None
+        if self.impaired and self._size > 1:
+            times = torch.zeros(self._size, dtype=torch.int64)
+            times[self._rank] = clock.monotonic_ns()
+            times_work = self.gloo.allreduce([times])
+        data_work = start_native()
+        self._queue.put(_Pending(coll, times, times_work, data_work, future, result, finish))
+        return _FutureWork(future)
+
+    def _complete_loop(self) -> None:
+        clock.lower_timer_slack()
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            try:
+                self._seq += 1
+                hold = 0
+                if item.times_work is not None:
+                    _status(f"{item.coll.kind} #{self._seq} ({item.coll.nbytes} B)")
+                    item.times_work.wait()
+                    start = np.maximum(item.times.numpy(), self._done_all)
+                    rng = np.random.default_rng([self.config.seed, 0xC011, self._seq])
+                    done = play(self.fabric, item.coll, start, rng, self.global_ranks)
+                    self._done_all = done
+                    hold = int(done[self._rank])
+                if item.data_work is not None:
+                    item.data_work.wait()
+                clock.sleep_until(hold)
+                if item.finish is not None:
+                    item.finish()
+                _status("idle")
+                item.future.set_result(item.result)
+            except Exception as exc:  # noqa: BLE001 - the caller's wait() re-raises it
+                _status(f"failed: {exc}")
+                item.future.set_exception(exc)
+
+    def _coll(self, kind, nbytes=0, root=0):
+        return Collective(kind, int(nbytes), int(root), self.config.algorithm)
+
+    def allreduce(self, tensors, opts=None):
+        opts = opts or dist.AllreduceOptions()
+        op, finish = _reduce_op(opts.reduceOp, tensors, self._size)
+        native = dist.AllreduceOptions()
+        native.reduceOp = op
+        native.timeout = opts.timeout
+        return self._submit(self._coll("allreduce", _nbytes(tensors)),
+                            lambda: self.gloo.allreduce(tensors, native), tensors, finish)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts or dist.AllreduceCoalescedOptions()
+        op, finish = _reduce_op(opts.reduceOp, tensors, self._size)
+        native = dist.AllreduceCoalescedOptions()
+        native.reduceOp = op
+        return self._submit(self._coll("allreduce", _nbytes(tensors)),
+                            lambda: self.gloo.allreduce_coalesced(tensors, native), tensors,
+                            finish)
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts or dist.BroadcastOptions()
+        return self._submit(self._coll("broadcast", _nbytes(tensors), opts.rootRank),
+                            lambda: self.gloo.broadcast(tensors, opts), tensors)
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or dist.ReduceOptions()
+        op, finish = _reduce_op(opts.reduceOp, tensors, self._size)
+        native = dist.ReduceOptions()
+        native.reduceOp, native.rootRank, native.rootTensor = op, opts.rootRank, opts.rootTensor
+        if finish is not None and self._rank != opts.rootRank:
+            finish = None  # only the root's buffer holds the result
+        return self._submit(self._coll("reduce", _nbytes(tensors), opts.rootRank),
+                            lambda: self.gloo.reduce(tensors, native), tensors, finish)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        return self._submit(self._coll("allgather", _nbytes(input_tensors)),
+                            lambda: self.gloo.allgather(output_tensors, input_tensors, opts),
+                            output_tensors)
+
+    def all_gather_single(self, output, input, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        return self._submit(self._coll("allgather", _nbytes([input])),
+                            lambda: self.gloo._allgather_base(output, input, opts), [output])
+
+    _allgather_base = all_gather_single  # the name torch < 2.10 calls
+
+    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        return self._submit(self._coll("allgather", _nbytes(input_tensors)),
+                            lambda: self.gloo.allgather_coalesced(output_lists, input_tensors,
+                                                                  opts), output_lists)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        return self._submit(self._coll("allgather", _nbytes(inputs)),
+                            lambda: _all_works([self.gloo._allgather_base(o, i, opts)
+                                                for o, i in zip(outputs, inputs)]), outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.GatherOptions()
+        return self._submit(self._coll("gather", _nbytes(input_tensors), opts.rootRank),
+                            lambda: self.gloo.gather(output_tensors, input_tensors, opts),
+                            output_tensors)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ScatterOptions()
+        return self._submit(self._coll("scatter", _nbytes(output_tensors), opts.rootRank),
+                            lambda: self.gloo.scatter(output_tensors, input_tensors, opts),
+                            output_tensors)
+
+    def reduce_scatter(self, output_tensors, input_lists, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        op, finish = _reduce_op(opts.reduceOp, output_tensors, self._size)
+        native = dist.ReduceScatterOptions()
+        native.reduceOp = op
+        return self._submit(self._coll("reduce_scatter", _nbytes(output_tensors)),
+                            lambda: self.gloo.reduce_scatter(output_tensors, input_lists, native),
+                            output_tensors, finish)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        op, finish = _reduce_op(opts.reduceOp, [output], self._size)
+        native = dist.ReduceScatterOptions()
+        native.reduceOp = op
+        return self._submit(self._coll("reduce_scatter", _nbytes([output])),
+                            lambda: self.gloo._reduce_scatter_base(output, input, native),
+                            [output], finish)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        op, finish = _reduce_op(opts.reduceOp, outputs, self._size)
+        native = dist.ReduceScatterOptions()
+        native.reduceOp = op
+        return self._submit(self._coll("reduce_scatter", _nbytes(outputs)),
+                            lambda: _all_works([self.gloo._reduce_scatter_base(o, i, native)
+                                                for o, i in zip(outputs, inputs)]),
+                            outputs, finish)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
+                          opts=None):
+        opts = opts or dist.AllToAllOptions()
+        return self._submit(self._coll("alltoall", _nbytes([input])),
+                            lambda: self.gloo.alltoall_base(output, input, output_split_sizes,
+                                                            input_split_sizes, opts), [output])
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.AllToAllOptions()
+        return self._submit(self._coll("alltoall", _nbytes(input_tensors)),
+                            lambda: self.gloo.alltoall(output_tensors, input_tensors, opts),
+                            output_tensors)
+
+    def barrier(self, opts=None):
+        opts = opts or dist.BarrierOptions()
+        return self._submit(self._coll("barrier"), lambda: self.gloo.barrier(opts), [])
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        # Gloo's monitored barrier names the ranks that did not arrive; keep it native.
+        return self.gloo.monitored_barrier(timeout or self._timeout, wait_all_ranks)
+
+    def shutdown(self) -> None:
+        self._queue.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=self._timeout.total_seconds())
+        self.gloo.shutdown()
+        for tail in self._tails.values():
+            tail.close()
+            with contextlib.suppress(OSError):
+                os.unlink(tail.path)
+        self._tails.clear()
+
+    def abort(self) -> None:
+        self.shutdown()
+
+
+class _AllWorks:
+    """Several Gloo works that count as one."""
+
+    def __init__(self, works):
+        self.works = works
+
+    def wait(self):
+        for w in self.works:
+            w.wait()
+        return True
+
+
+def _all_works(works) -> _AllWorks:
+    return _AllWorks(works)
+
+
+def _nbytes(tensors) -> int:
+    total = 0
+    for t in tensors:
+        if isinstance(t, (list, tuple)):
+            total += _nbytes(t)
+        else:
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _reduce_op(op, tensors, size):
+    """Gloo has no AVG: run SUM and divide afterwards, as NCCL's AVG would have."""
+    if op == dist.ReduceOp.AVG:
+        def divide():
+            for t in tensors:
+                if t.is_floating_point() or t.is_complex():
+                    t.div_(size)
+                else:
+                    t.div_(size, rounding_mode="floor")
+
+        return dist.ReduceOp.SUM, divide
+    return op, None
+
+
+def _create(opts, backend_options=None):
+    return NetemProcessGroup(opts.store, opts.group_rank, opts.group_size, opts.timeout,
+                             list(opts.global_ranks_in_group or []))
+
+
+def register() -> None:
+    """Register the "netem" backend with torch.distributed (idempotent)."""
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])

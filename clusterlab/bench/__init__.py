@@ -1,0 +1,54 @@
+"""Benchmarks behind `clusterlab bench NAME --json PATH`.
+
+Each bench returns {"bench", "machine", "rows", "checks"}: rows are raw enough to recompute
+every check, and each check is {"name", "target", "measured", "ok"}. Figures are ratios or
+are compared with what was configured in the same run, never with absolute expectations
+about this (shared, noisy) machine's speed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+BENCHES: dict[str, Callable[..., dict]] = {}
+
+
+def bench(name: str):
+    def register(fn):
+        BENCHES[name] = fn
+        return fn
+
+    return register
+
+
+def result(name: str, rows: list[dict], checks: list[dict]) -> dict:
+    from ..doctor import machine
+
+    return {"bench": name, "machine": machine(), "rows": rows, "checks": checks}
+
+
+def check(name: str, target: str, measured, ok: bool) -> dict:
+    return {"name": name, "target": target, "measured": measured, "ok": bool(ok)}
+
+
+def run(name: str, path: str | None = None, quick: bool = False) -> dict:
+    """Run bench `name`, write its JSON to `path` (if given), return it."""
+    from . import fidelity, launch, overhead  # noqa: F401 - they register themselves
+
+    if name not in BENCHES:
+        raise ValueError(f"unknown bench {name!r}; choose from {', '.join(sorted(BENCHES))}")
+    out = BENCHES[name](quick=quick)
+    if path:
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+    return out
+
+
+def summary(out: dict) -> str:
+    lines = [f"bench {out['bench']}: {sum(c['ok'] for c in out['checks'])}/"
+             f"{len(out['checks'])} checks met"]
+    for c in out["checks"]:
+        lines.append(f"  [{'ok' if c['ok'] else 'MISS'}] {c['name']}: {c['measured']} "
+                     f"(target {c['target']})")
+    return "\n".join(lines)

@@ -1,0 +1,41 @@
+"""The `clusterlab` command: doctor, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="clusterlab", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    doc = sub.add_parser("doctor", help="is this machine ready, and how precise can it emulate")
+    doc.add_argument("--json", action="store_true", help="print the report as JSON")
+    doc.add_argument("--no-latency", action="store_true", help="skip the two-rank latency probe")
+    b = sub.add_parser("bench", help="run a benchmark and write its JSON")
+    b.add_argument("name", help="fidelity, overhead or launch")
+    b.add_argument("--json", metavar="PATH", help="write the full result (rows and checks) here")
+    b.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
+    args = parser.parse_args(argv)
+
+    if args.command == "doctor":
+        from .doctor import collect, report
+
+        info = collect(with_latency=not args.no_latency)
+        print(json.dumps(info, indent=1) if args.json else report(info))
+        return 0
+    if args.command == "bench":
+        from .bench import run, summary
+
+        try:
+            out = run(args.name, args.json, quick=args.quick)
+        except ValueError as exc:
+            parser.error(str(exc))
+        print(summary(out))
+        return 0 if all(c["ok"] for c in out["checks"]) else 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

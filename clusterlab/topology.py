@@ -1,0 +1,185 @@
+"""Topology: N nodes x P processes per node, a NIC per node, an intra-node link.
+
+Rank r lives on node r // P (contiguous, as torchrun numbers ranks). The `nic` spec acts like
+`tc qdisc add dev eth0 root netem ...` on every node: it impairs each node's EGRESS, so a
+message between two nodes passes it once and a ping-pong round trip twice. All processes of a
+node share that NIC (one queue, one rate), so their traffic contends. Processes of one node
+talk over the `intra` link (unimpaired by default), one per sending process. Per-link
+overrides give one direction between two nodes its own spec (and its own queue), for a slow
+link or an asymmetric network.
+
+The same topology is described by environment variables, so that an ordinary script calling
+`dist.init_process_group("netem")` under torchrun picks it up:
+
+    CLUSTERLAB_NIC="delay 2ms 500us rate 1gbit"   each node's NIC egress
+    CLUSTERLAB_INTRA="delay 20us"                 between processes of one node
+    CLUSTERLAB_PROCS_PER_NODE=2                   default 1: every rank is its own node
+    CLUSTERLAB_LINKS="0->1=delay 10ms; 1->0=rate 100mbit"   per-direction overrides
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .netem import Netem, as_netem
+
+NO_IMPAIRMENT = Netem()
+
+_LINK_ITEM = re.compile(r"^\s*(\d+)\s*->\s*(\d+)\s*=(.*)$")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where each rank lives and what every direction between two ranks looks like."""
+
+    nodes: int
+    procs_per_node: int = 1
+    nic: Netem = NO_IMPAIRMENT
+    intra: Netem = NO_IMPAIRMENT
+    links: Mapping[tuple[int, int], Netem] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "procs_per_node"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        for (src, dst), spec in self.links.items():
+            for end in (src, dst):
+                if not 0 <= end < self.nodes:
+                    raise ValueError(
+                        f"links: node {end} in override {src}->{dst} does not exist "
+                        f"(nodes are 0..{self.nodes - 1})"
+                    )
+            if src == dst:
+                raise ValueError(f"links: {src}->{dst} is not a link between two nodes")
+            if not isinstance(spec, Netem):
+                raise TypeError(f"links[{src}->{dst}] must be a Netem spec, got {spec!r}")
+
+    @classmethod
+    def build(
+        cls,
+        nodes: int,
+        procs_per_node: int = 1,
+        nic: str | Netem | None = None,
+        intra: str | Netem | None = None,
+        links: Mapping[tuple[int, int], str | Netem] | str | None = None,
+    ) -> Topology:
+        """Build from netem strings or specs (None means no impairment)."""
+        if isinstance(links, str):
+            links = parse_links(links)
+        parsed = {}
+        for key, spec in (links or {}).items():
+            try:
+                src, dst = (int(k) for k in key)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"links: key {key!r} must be a (src_node, dst_node) pair"
+                ) from None
+            parsed[(src, dst)] = as_netem(spec) or NO_IMPAIRMENT
+        return cls(
+            nodes=nodes,
+            procs_per_node=procs_per_node,
+            nic=as_netem(nic) or NO_IMPAIRMENT,
+            intra=as_netem(intra) or NO_IMPAIRMENT,
+            links=parsed,
+        )
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    @property
+    def is_noop(self) -> bool:
+        """True when no direction is impaired at all."""
+        return (
+            self.nic.is_noop
+            and self.intra.is_noop
+            and all(spec.is_noop for spec in self.links.values())
+        )
+
+    def node_of(self, rank: int) -> int:
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is outside 0..{self.world_size - 1}")
+        return rank // self.procs_per_node
+
+    def queue_of(self, src: int, dst: int) -> tuple:
+        """The egress queue a message from rank src to rank dst waits in.
+
+        ("nic", n) is node n's shared NIC; ("link", a, b) an overridden direction with its own
+        queue; ("intra", r) rank r's own link to the other processes of its node.
+        """
+        a, b = self.node_of(src), self.node_of(dst)
+        if a == b:
+            return ("intra", src)
+        if (a, b) in self.links:
+            return ("link", a, b)
+        return ("nic", a)
+
+    def spec(self, src: int, dst: int) -> Netem:
+        """The impairment that a message from rank src to rank dst experiences."""
+        kind, *where = self.queue_of(src, dst)
+        if kind == "intra":
+            return self.intra
+        if kind == "link":
+            return self.links[tuple(where)]
+        return self.nic
+
+    def scaled(self, k: float) -> Topology:
+        """The same topology k times slower (time dilation): delays x k, rates / k."""
+        if k == 1:
+            return self
+        return Topology(
+            nodes=self.nodes,
+            procs_per_node=self.procs_per_node,
+            nic=self.nic.scaled(k),
+            intra=self.intra.scaled(k),
+            links={key: spec.scaled(k) for key, spec in self.links.items()},
+        )
+
+    def to_env(self) -> dict[str, str]:
+        """Environment variables that describe this topology to `Topology.from_env`."""
+        return {
+            "CLUSTERLAB_NIC": str(self.nic),
+            "CLUSTERLAB_INTRA": str(self.intra),
+            "CLUSTERLAB_PROCS_PER_NODE": str(self.procs_per_node),
+            "CLUSTERLAB_LINKS": "; ".join(f"{a}->{b}={s}" for (a, b), s in self.links.items()),
+        }
+
+    @classmethod
+    def from_env(cls, world_size: int, environ: Mapping[str, str] | None = None) -> Topology:
+        """Read the topology of a `world_size`-rank job from CLUSTERLAB_* variables."""
+        env = os.environ if environ is None else environ
+        ppn_text = env.get("CLUSTERLAB_PROCS_PER_NODE") or "1"
+        try:
+            ppn = int(ppn_text)
+        except ValueError:
+            raise ValueError(
+                f"CLUSTERLAB_PROCS_PER_NODE must be an integer, got {ppn_text!r}"
+            ) from None
+        if ppn < 1 or world_size % ppn:
+            raise ValueError(
+                f"CLUSTERLAB_PROCS_PER_NODE={ppn} does not divide the world size {world_size}"
+            )
+        return cls.build(
+            nodes=world_size // ppn,
+            procs_per_node=ppn,
+            nic=env.get("CLUSTERLAB_NIC") or None,
+            intra=env.get("CLUSTERLAB_INTRA") or None,
+            links=env.get("CLUSTERLAB_LINKS") or None,
+        )
+
+
+def parse_links(text: str) -> dict[tuple[int, int], Netem]:
+    """Parse "0->1=delay 10ms; 1->0=rate 100mbit" into {(0, 1): Netem, (1, 0): Netem}."""
+    out: dict[tuple[int, int], Netem] = {}
+    for item in filter(str.strip, text.split(";")):
+        match = _LINK_ITEM.match(item)
+        if not match:
+            raise ValueError(
+                f"links: cannot read {item.strip()!r} (expected 'SRC->DST=netem spec')"
+            )
+        out[(int(match[1]), int(match[2]))] = Netem.parse(match[3])
+    return out

@@ -1,0 +1,216 @@
+"""The "netem" backend: every operation gives exactly what plain Gloo gives, and takes at
+least as long as the configured network says it must."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+import clusterlab
+from clusterlab import Cluster
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def every_op():
+    """Run each torch.distributed operation once with deterministic inputs."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    base = torch.arange(6, dtype=torch.float64) + rank * 10 + 1
+    for name, op in [("sum", dist.ReduceOp.SUM), ("min", dist.ReduceOp.MIN),
+                     ("max", dist.ReduceOp.MAX), ("product", dist.ReduceOp.PRODUCT)]:
+        x = base.clone()
+        dist.all_reduce(x, op=op)
+        out[f"all_reduce_{name}"] = x
+    x = torch.full((3,), float(rank))
+    dist.broadcast(x, src=1)
+    out["broadcast"] = x
+    parts = [torch.zeros(2) for _ in range(world)]
+    dist.all_gather(parts, torch.tensor([rank, rank * 2.0]))
+    out["all_gather"] = torch.stack(parts)
+    flat = torch.zeros(2 * world)
+    dist.all_gather_into_tensor(flat, torch.tensor([rank, -rank * 1.0]))
+    out["all_gather_into_tensor"] = flat
+    y = torch.zeros(2)
+    dist.reduce_scatter(y, [torch.full((2,), float(rank + i)) for i in range(world)])
+    out["reduce_scatter"] = y
+    z = torch.zeros(2)
+    dist.reduce_scatter_tensor(z, torch.arange(2.0 * world) * (rank + 1))
+    out["reduce_scatter_tensor"] = z
+    r = base.clone()
+    dist.reduce(r, dst=0)
+    out["reduce_on_root"] = r if rank == 0 else torch.zeros(0)
+    g = [torch.zeros(1) for _ in range(world)] if rank == 0 else None
+    dist.gather(torch.tensor([rank * 3.0]), g, dst=0)
+    out["gather"] = torch.cat(g) if rank == 0 else torch.zeros(0)
+    s = torch.zeros(1)
+    dist.scatter(s, [torch.tensor([i * 7.0]) for i in range(world)] if rank == 0 else None, src=0)
+    out["scatter"] = s
+    a2a = torch.zeros(world)
+    dist.all_to_all_single(a2a, torch.arange(world, dtype=torch.float32) + 100 * rank)
+    out["all_to_all_single"] = a2a
+    outs = [torch.zeros(1) for _ in range(world)]
+    dist.all_to_all(outs, [torch.tensor([rank * 10.0 + i]) for i in range(world)])
+    out["all_to_all"] = torch.cat(outs)
+    dist.barrier()
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    buf = torch.zeros(4)
+    w = dist.isend(torch.full((4,), float(rank)), nxt)
+    dist.recv(buf, prv)
+    w.wait()
+    out["ring_send_recv"] = buf
+    objs = [None] * world
+    dist.all_gather_object(objs, {"rank": rank, "s": "x" * rank})
+    out["all_gather_object"] = objs
+    lst = [rank, "hello"] if rank == 0 else [None, None]
+    dist.broadcast_object_list(lst, src=0)
+    out["broadcast_object_list"] = lst
+    return out
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    return a == b
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    with Cluster(nodes=3, nic=None, timeout=60) as cl:
+        return cl.run(every_op)
+
+
+@pytest.mark.parametrize("nic,ppn", [("delay 1ms 200us", 1), ("delay 500us rate 1gbit", 1),
+                                     ("delay 1ms", 3)])
+def test_every_op_matches_plain_gloo(baseline, nic, ppn):
+    nodes = 3 // ppn
+    with Cluster(nodes=nodes, procs_per_node=ppn, nic=nic, intra="delay 100us", timeout=60) as cl:
+        got = cl.run(every_op)
+    for rank, (mine, ref) in enumerate(zip(got, baseline)):
+        assert mine.keys() == ref.keys()
+        for key in ref:
+            assert _same(mine[key], ref[key]), f"rank {rank}: {key}: {mine[key]} != {ref[key]}"
+
+
+def average():
+    x = torch.tensor([1.0, 2.0, 3.0]) * (dist.get_rank() + 1)
+    dist.all_reduce(x, op=dist.ReduceOp.AVG)
+    i = torch.tensor([dist.get_rank() * 3 + 1])
+    dist.all_reduce(i, op=dist.ReduceOp.AVG)
+    return x, i
+
+
+def test_avg_is_supported_and_correct():
+    with Cluster(nodes=4, nic="delay 200us", timeout=60) as cl:
+        got = cl.run(average)
+    for x, i in got:
+        assert torch.allclose(x, torch.tensor([2.5, 5.0, 7.5]))
+        assert int(i) == (1 + 4 + 7 + 10) // 4
+
+
+def train_ddp(steps):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(100 + dist.get_rank())
+    for _ in range(steps):
+        x = torch.randn(16, 8, generator=gen)
+        loss = ((ddp(x) - x.sum(1, keepdim=True)) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_ddp_through_netem_equals_plain_gloo():
+    with Cluster(nodes=2, nic=None, timeout=60) as cl:
+        ref = cl.run(train_ddp, 5)
+    with Cluster(nodes=2, nic="delay 1ms 500us", timeout=60) as cl:
+        got = cl.run(train_ddp, 5)
+    for a, b in zip(got[0], ref[0]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(got[0], got[1]):  # replicas stay identical
+        assert torch.equal(a, b)
+
+
+def timed_all_reduce(nbytes, repeats):
+    x = torch.ones(nbytes // 4)
+    dist.barrier()
+    times = []
+    for _ in range(repeats):
+        t0 = time.monotonic()
+        dist.all_reduce(x)
+        times.append(time.monotonic() - t0)
+    return times
+
+
+def test_ring_all_reduce_takes_at_least_its_latency_rounds():
+    # Ring all-reduce on 4 nodes: 2(p-1) = 6 rounds, each crossing one 5 ms link.
+    with Cluster(nodes=4, nic="delay 5ms", timeout=60) as cl:
+        times = np.max(cl.run(timed_all_reduce, 4096, 5), axis=0)
+    assert np.median(times) >= 6 * 5e-3
+    assert np.median(times) < 6 * 5e-3 * 10  # and not absurdly more (a sanity bound)
+
+
+def ping_pong(n):
+    rank = dist.get_rank()
+    t = torch.zeros(1)
+    rtts = []
+    for _ in range(n):
+        t0 = clusterlab.now()
+        if rank == 0:
+            dist.send(t, 1)
+            dist.recv(t, 1)
+        else:
+            dist.recv(t, 0)
+            dist.send(t, 0)
+        rtts.append(clusterlab.elapsed(t0))
+    return rtts
+
+
+def test_ping_pong_round_trip_crosses_the_nic_twice():
+    with Cluster(nodes=2, nic="delay 4ms", timeout=60) as cl:
+        rtts = cl.run(ping_pong, 10)[0]
+    assert min(rtts) >= 2 * 4e-3
+
+
+def test_dilation_reports_emulated_time():
+    # The same 4 ms network, run 3x slower: wall time triples, emulated time does not.
+    with Cluster(nodes=2, nic="delay 4ms", dilation=3.0, timeout=60) as cl:
+        rtts = cl.run(ping_pong, 10)[0]
+    assert min(rtts) >= 2 * 4e-3
+    assert np.median(rtts) < 3 * 2 * 4e-3  # it is not reported in wall-clock time
+
+
+def groups():
+    rank = dist.get_rank()
+    sub = dist.new_group([1, 2])
+    x = torch.tensor([float(rank)])
+    if rank in (1, 2):
+        dist.all_reduce(x, group=sub)
+    return float(x)
+
+
+def test_subgroups():
+    with Cluster(nodes=3, nic="delay 1ms", timeout=60) as cl:
+        assert cl.run(groups) == [0.0, 3.0, 3.0]
+
+
+def test_shared_nic_halves_each_process_goodput():
+    from clusterlab.bench.fidelity import _goodput
+
+    size = 1 << 20
+    with Cluster(nodes=2, procs_per_node=2, nic="rate 200mbit", timeout=60) as cl:
+        both = cl.run(_goodput, [0, 1], [2, 3], 3, size)
+    with Cluster(nodes=2, procs_per_node=2, nic="rate 200mbit", timeout=60) as cl:
+        alone = cl.run(_goodput, [0], [2], 3, size)
+    span_both = max(both[2][-1], both[3][-1]) - min(both[2][0], both[3][0])
+    span_alone = alone[2][-1] - alone[2][0]
+    # Two senders push twice the bytes through one NIC: the span doubles (one message fewer
+    # in the span for one sender: 5 vs 2 message-times after the first delivery).
+    assert span_both / span_alone == pytest.approx(5 / 2, rel=0.15)

@@ -1,0 +1,232 @@
+"""The launcher: results by rank, named errors, and no process left behind, ever."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+from clusterlab import Cluster, ClusterTimeout, RankDied, RankError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def children():
+    return [p for p in psutil.Process().children(recursive=True) if p.is_running()
+            and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers():
+    before = {p.pid for p in children()}
+    yield
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        left = [p for p in children() if p.pid not in before]
+        if not left:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"processes left behind: {[p.pid for p in left]}")
+
+
+def whoami(tag):
+    return (dist.get_rank(), dist.get_world_size(), tag, dist.get_backend())
+
+
+def test_results_come_back_in_rank_order():
+    with Cluster(nodes=3, procs_per_node=2, nic="delay 1ms") as cl:
+        out = cl.run(whoami, "x")
+        assert out == [(r, 6, "x", "netem") for r in range(6)]
+        assert cl.run(whoami, tag="y")[5] == (5, 6, "y", "netem")
+
+
+def test_plain_gloo_when_nothing_is_impaired():
+    with Cluster(nodes=2, nic=None) as cl:
+        assert [b for *_, b in cl.run(whoami, 0)] == ["gloo", "gloo"]
+
+
+def test_functions_defined_anywhere_work():
+    scale = 3
+
+    def local(x):  # a closure, as a notebook cell would define it
+        t = torch.tensor([float(x * scale)])
+        dist.all_reduce(t)
+        return float(t)
+
+    with Cluster(nodes=2, nic="delay 1ms") as cl:
+        assert cl.run(local, 2) == [12.0, 12.0]
+        assert cl.run(lambda: dist.get_rank() * 10) == [0, 10]
+
+
+def fail_on(rank):
+    if dist.get_rank() == rank:
+        raise ValueError("bad shard 42")
+    t = torch.ones(1)
+    dist.all_reduce(t)  # the others block here; the launcher must not wait for them
+    return float(t)
+
+
+def test_exception_names_the_rank_and_keeps_its_traceback():
+    with Cluster(nodes=3, nic="delay 1ms", timeout=60) as cl:
+        t0 = time.monotonic()
+        with pytest.raises(RankError) as info:
+            cl.run(fail_on, 2)
+        assert time.monotonic() - t0 < 10
+        err = info.value
+        assert err.rank == 2 and err.kind == "ValueError"
+        assert "bad shard 42" in str(err) and "fail_on" in err.remote_traceback
+        # The cluster comes back for the next run.
+        assert cl.run(whoami, 1)[2][0] == 2
+
+
+def die_on(rank):
+    if dist.get_rank() == rank:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(30)
+
+
+def test_a_killed_rank_is_named():
+    with Cluster(nodes=3, nic="delay 1ms", timeout=60) as cl:
+        t0 = time.monotonic()
+        with pytest.raises(RankDied, match=r"rank 1 died \(signal SIGKILL\)"):
+            cl.run(die_on, 1)
+        assert time.monotonic() - t0 < 10
+
+
+def hang_on(rank):
+    if dist.get_rank() == rank:
+        time.sleep(600)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+
+
+def test_a_hang_times_out_naming_ranks_and_operations():
+    with Cluster(nodes=3, nic="delay 1ms", timeout=4) as cl:
+        t0 = time.monotonic()
+        with pytest.raises(ClusterTimeout) as info:
+            cl.run(hang_on, 1)
+        assert time.monotonic() - t0 < 15
+    msg = str(info.value)
+    assert "ranks still busy: [0, 1, 2]" in msg
+    assert "rank 0: in allreduce" in msg  # what the waiting ranks were stuck in
+    assert "in hang_on" in msg and "time.sleep(600)" in msg  # and where the hanging one was
+
+
+def test_interrupt_stops_every_rank_quickly():
+    with Cluster(nodes=4, nic="delay 1ms", timeout=60) as cl:
+        pids = [p.pid for p in cl._procs]
+        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            cl.run(time.sleep, 60)
+        stopped = time.monotonic() - t0
+        assert stopped < 1.0 + 2.0
+        assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status()
+                       != psutil.STATUS_ZOMBIE for pid in pids)
+
+
+def test_ranks_die_with_their_parent(tmp_path):
+    # A "kernel" that starts a cluster and is then killed outright (as a kernel restart does).
+    script = tmp_path / "kernel.py"
+    script.write_text(textwrap.dedent("""
+        import sys, clusterlab
+        cl = clusterlab.Cluster(nodes=3, nic="delay 1ms")
+        cl.start()
+        print(" ".join(str(p.pid) for p in cl._procs), flush=True)
+        import time; time.sleep(60)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(x) for x in proc.stdout.readline().split()]
+        assert len(pids) == 3
+    finally:
+        proc.kill()
+        proc.wait(10)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
+        time.sleep(0.1)
+    alive = [p for p in pids if psutil.pid_exists(p)
+             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"nodes": 0}, "nodes must be an integer >= 1"),
+    ({"procs_per_node": 0}, "procs_per_node must be an integer >= 1"),
+    ({"nodes": 2.5}, "nodes must be an integer"),
+    ({"nic": "delay -1ms"}, "-1ms"),
+    ({"nic": "delay 1ms 1ms distribution zipf"}, "zipf"),
+    ({"nic": "rate 0"}, "rate"),
+    ({"nic": "delya 1ms"}, "delya"),
+    ({"intra": "loss 120%"}, "120%"),
+    ({"timeout": 0}, "timeout"),
+    ({"dilation": -1}, "dilation"),
+    ({"seed": -3}, "seed"),
+    ({"nodes": 40, "procs_per_node": 2}, "80 processes"),
+    ({"algorithm": "butterfly"}, "butterfly"),
+    ({"links": {(0, 7): "delay 1ms"}}, "node 7"),
+])
+def test_bad_arguments_are_named_and_start_nothing(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Cluster(**{"nodes": 2, **kwargs})
+
+
+def test_unpicklable_results_are_reported():
+    with Cluster(nodes=2, nic=None) as cl, pytest.raises(RankError, match="pickle|lock"):
+        cl.run(threading.Lock)
+
+
+TORCHRUN_SCRIPT = """
+import time, torch, torch.distributed as dist
+import clusterlab  # registers the "netem" backend
+dist.init_process_group("netem")
+t = torch.zeros(1)
+dist.barrier()
+t0 = time.monotonic()
+for _ in range(5):
+    if dist.get_rank() == 0:
+        dist.send(t, 1); dist.recv(t, 1)
+    else:
+        dist.recv(t, 0); dist.send(t, 0)
+rtt = (time.monotonic() - t0) / 5
+if dist.get_rank() == 0:
+    print(f"RTT {rtt:.6f} {dist.get_backend()}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(180)
+def test_an_ordinary_script_under_torchrun(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    env = {**os.environ, "CLUSTERLAB_NIC": "delay 5ms", "OMP_NUM_THREADS": "1"}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", str(port), str(script)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=150)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # torchrun's workers too, whatever happened
+    assert proc.returncode == 0, stderr[-2000:]
+    line = next(x for x in stdout.splitlines() if x.startswith("RTT"))
+    rtt, backend = float(line.split()[1]), line.split()[2]
+    assert backend == "netem"
+    assert rtt >= 2 * 5e-3  # each rank is its own node unless CLUSTERLAB_PROCS_PER_NODE says
