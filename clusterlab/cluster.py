@@ -79,8 +79,7 @@ def _die_with_parent() -> None:
             ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
-def _rank_main(rank, world, backend, port, env, conn, status, dump_path, timeout, threads,
-               parent):
+def _rank_main(rank, world, backend, env, conn, status, dump_path, timeout, threads, parent):
     """Entry point of every rank process."""
     _die_with_parent()
     if os.getppid() != parent:  # the parent died before we could ask to die with it
@@ -104,8 +103,18 @@ def _rank_main(rank, world, backend, port, env, conn, status, dump_path, timeout
     torch.set_num_threads(threads)
     try:
         set_status("joining the process group")
-        store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
-                              timeout=timedelta(seconds=timeout))
+        # Rank 0 hosts the rendezvous store on a free loopback port and tells the parent,
+        # which passes it on. (Not the parent: a store's server thread in the parent makes
+        # forking it unsafe, and a kernel must stay forkable.)
+        if rank == 0:
+            store = dist.TCPStore("127.0.0.1", 0, world, is_master=True,
+                                  timeout=timedelta(seconds=timeout), wait_for_workers=False)
+            conn.send(("port", store.port))
+        else:
+            _, port = conn.recv()
+            store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
+                                  timeout=timedelta(seconds=timeout))
+        os.environ["MASTER_PORT"] = str(store.port)
         # Gloo's own timeout is a little longer than the launcher's, so that a hang is
         # reported by the launcher (which names every stuck rank), not as one rank's error.
         dist.init_process_group(backend, store=store, rank=rank, world_size=world,
@@ -215,6 +224,10 @@ class Cluster:
             "LOCAL_WORLD_SIZE": str(procs_per_node),
             "MASTER_ADDR": "127.0.0.1",
         }
+        if sys.platform.startswith("linux") and "GLOO_SOCKET_IFNAME" not in os.environ:
+            # Gloo otherwise resolves the host name to pick an interface, which can stall
+            # for seconds where DNS is slow or absent; every rank lives on loopback anyway.
+            self.env["GLOO_SOCKET_IFNAME"] = "lo"
         # Validate the backend options here, where the error is readable, not in 8 children.
         old = {k: os.environ.get(k) for k in self.env}
         try:
@@ -233,7 +246,6 @@ class Cluster:
         self._ctx = mp.get_context(start_method)
         self._procs: list = []
         self._conns: list = []
-        self._store = None
         self._tmp: str | None = None
         self._broken = False
         self._finalizer = None
@@ -260,14 +272,8 @@ class Cluster:
         """Start the rank processes and wait until their process group is up."""
         if self._procs:
             return
-        import torch.distributed as dist
-
         self._tmp = tempfile.mkdtemp(prefix="clusterlab-")
         env = {**self.env, "CLUSTERLAB_SHM_DIR": self._tmp}
-        self._store = dist.TCPStore("127.0.0.1", 0, self.world_size + 1, is_master=True,
-                                    timeout=timedelta(seconds=self.timeout),
-                                    wait_for_workers=False)
-        env["MASTER_PORT"] = str(self._store.port)
         self._status = self._ctx.Array("c", self.world_size * _STATUS_BYTES, lock=False)
         try:
             for rank in range(self.world_size):
@@ -276,8 +282,8 @@ class Cluster:
                 proc = self._ctx.Process(
                     target=_rank_main,
                     name=f"clusterlab-rank{rank}",
-                    args=(rank, self.world_size, self.backend, self._store.port, env, theirs,
-                          self._status, dump, self.timeout, self.threads, os.getpid()),
+                    args=(rank, self.world_size, self.backend, env, theirs, self._status, dump,
+                          self.timeout, self.threads, os.getpid()),
                     daemon=True,
                 )
                 proc.start()
@@ -285,7 +291,10 @@ class Cluster:
                 self._procs.append(proc)
                 self._conns.append(ours)
             self._finalizer = weakref.finalize(self, _cleanup, list(self._procs), self._tmp)
-            self._collect(["ready"] * self.world_size, "starting the cluster")
+            (port,) = self._collect("starting the rendezvous store", ranks=[0])
+            for conn in self._conns[1:]:
+                conn.send(("port", port))
+            self._collect("starting the cluster")
         except BaseException:
             self._teardown()
             raise
@@ -311,7 +320,7 @@ class Cluster:
             self._finalizer = None
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
-        self._procs, self._conns, self._tmp, self._store = [], [], None, None
+        self._procs, self._conns, self._tmp = [], [], None
 
     # --- running functions -------------------------------------------------------------------
 
@@ -329,13 +338,15 @@ class Cluster:
         for conn in self._conns:
             conn.send(("run", payload))
         name = getattr(fn, "__name__", "fn")
-        replies = self._collect(["ok"] * self.world_size, f"running {name}")
+        replies = self._collect(f"running {name}")
         return [cloudpickle.loads(r) for r in replies]
 
-    def _collect(self, expect: list[str], what: str) -> list:
-        """Wait for one reply per rank; turn any failure into a named error and a teardown."""
-        replies: list = [None] * self.world_size
-        pending = set(range(self.world_size))
+    def _collect(self, what: str, ranks: list[int] | None = None) -> list:
+        """Wait for one reply from each rank (default: all); turn any failure into a named
+        error and a teardown."""
+        ranks = list(range(self.world_size)) if ranks is None else ranks
+        replies: dict[int, object] = {}
+        pending = set(ranks)
         deadline = time.monotonic() + self.timeout
         sentinel_of = {p.sentinel: r for r, p in enumerate(self._procs)}
         conn_of = {id(c): r for r, c in enumerate(self._conns)}
@@ -365,7 +376,7 @@ class Cluster:
             self._broken = True
             self._teardown()
             raise
-        return replies
+        return [replies[r] for r in ranks]
 
     def _death_error(self, rank: int, what: str) -> RankDied:
         proc = self._procs[rank]
