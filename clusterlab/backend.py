@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import mmap
 import os
 import queue
@@ -41,6 +42,7 @@ import torch.distributed as dist
 
 from . import clock
 from .link import LinkModel
+from .netem import Netem
 from .schedule import ALLREDUCE_ALGORITHMS, HEADER_BYTES, Collective, Fabric, play, segments
 from .topology import Topology
 
@@ -138,13 +140,41 @@ class SharedTail:
             pass
 
 
+SMALL_MESSAGE = 65536  # up to this many bytes, header and payload travel as one Gloo message
+_HEADER = 16  # bytes: delivery time (ns), payload size
+_NO_HOLD = 0
+# A receiver spins for the last stretch before a delivery time: sleeping alone wakes up tens
+# of microseconds late (more in sandboxes), which would bias every emulated delay upwards.
+P2P_SPIN_NS = 200_000
+
+
+def _bytes_of(tensor: torch.Tensor, writable: bool = False) -> torch.Tensor:
+    """The tensor's memory as a flat uint8 view (a copy if it is not contiguous)."""
+    if not tensor.is_contiguous():
+        if writable:
+            raise ValueError("netem: recv into a non-contiguous tensor is not supported")
+        tensor = tensor.contiguous()
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+@dataclass
+class _Route:
+    """What this rank needs to send to one peer, worked out once."""
+
+    spec: Netem
+    link: LinkModel
+    shared: SharedTail | None
+    out_impaired: bool
+    in_impaired: bool
+
+
 class _P2PWork(dist._Work):
     """Point-to-point work whose wait() holds until the emulated delivery time."""
 
-    def __init__(self, waits, hold, tensors, source=-1):
+    def __init__(self, waits, hold_ns, tensors, source=-1):
         super().__init__()
-        self._waits = waits  # callables, run in order by wait()
-        self._hold = hold  # () -> absolute ns to hold until
+        self._waits = waits  # callables, run in order by wait(); they may set hold_ns
+        self.hold_ns = hold_ns  # absolute CLOCK_MONOTONIC ns before which wait() cannot return
         self._tensors = tensors
         self._source = source
         self._done = False
@@ -153,7 +183,7 @@ class _P2PWork(dist._Work):
         if not self._done:
             for step in self._waits:
                 step()
-            clock.sleep_until(self._hold())
+            clock.sleep_until(self.hold_ns, spin_ns=P2P_SPIN_NS)
             self._done = True
         return True
 
@@ -228,7 +258,11 @@ class NetemProcessGroup(dist.ProcessGroup):
         self.topology = self.config.topology
         self.me = self.global_ranks[rank]
         self.impaired = not self.topology.is_noop
-        self._links: dict[int, LinkModel] = {}
+        self._routes: dict[int, _Route] = {}
+        self._queues: dict[tuple, LinkModel] = {}
+        # Sender-side log of every impaired message (peer, sent_ns, bytes, Transmission),
+        # kept when CLUSTERLAB_TRACE=1, for fidelity checks and the link explorer.
+        self.trace: list | None = [] if os.environ.get("CLUSTERLAB_TRACE") == "1" else None
         self._tails: dict[tuple, SharedTail] = {}
         self._token = self._agree_on_token(store)
         # Collective completion: one FIFO thread, like a communication stream.
@@ -254,17 +288,30 @@ class NetemProcessGroup(dist.ProcessGroup):
         return store.get("clusterlab-token").decode()
 
     # --- point to point ----------------------------------------------------------------------
+    #
+    # Wire format of an impaired message: a 16-byte header (delivery time, payload bytes) and
+    # the payload. Up to SMALL_MESSAGE bytes travel as one Gloo message (header + copy of the
+    # payload: one send is ~50 us cheaper than two); larger ones as two, header first.
 
-    def _link(self, peer: int) -> LinkModel:
-        link = self._links.get(peer)
-        if link is None:
+    def _route(self, peer: int) -> _Route:
+        route = self._routes.get(peer)
+        if route is None:
             spec = self.topology.spec(self.me, peer)
             back = self.topology.spec(peer, self.me)
-            link = LinkModel(spec, seed=self.config.seed, link_id=(self.me, peer),
-                             segment_bytes=self.config.segment_bytes,
-                             correlation=self.config.correlation, reverse_delay_ns=back.delay_ns)
-            self._links[peer] = link
-        return link
+            # One link model per egress queue, as netem has one qdisc per device: messages
+            # to every peer behind this rank's NIC share its queue, random streams and loss
+            # state. (Across the processes of a node only the queue tail is shared.)
+            queue = self.topology.queue_of(self.me, peer)
+            link = self._queues.get(queue)
+            if link is None:
+                link = self._queues[queue] = LinkModel(
+                    spec, seed=self.config.seed, link_id=(self.me, *_queue_id(queue)),
+                    segment_bytes=self.config.segment_bytes, correlation=self.config.correlation,
+                    reverse_delay_ns=back.delay_ns, trace=self.trace is not None)
+            route = self._routes[peer] = _Route(spec, link, self._shared_tail(peer),
+                                                out_impaired=not spec.is_noop,
+                                                in_impaired=not back.is_noop)
+        return route
 
     def _shared_tail(self, peer: int) -> SharedTail | None:
         """The node-wide NIC queue tail when several processes share a rate-limited NIC."""
@@ -281,15 +328,18 @@ class NetemProcessGroup(dist.ProcessGroup):
         return tail
 
     def send(self, tensors, dst_rank, tag):
+        # The message is "handed to TCP" when the user called dist.send/isend (stamped by the
+        # wrappers below), not ~40 us later when torch's Python layers reach this method.
+        now = getattr(_call_time, "ns", 0) or clock.monotonic_ns()
         peer = self.global_ranks[dst_rank]
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        if not self.impaired or self.topology.spec(self.me, peer).is_noop:
+        route = self._route(peer)
+        if not route.out_impaired:
             work = self.gloo.send(tensors, dst_rank, tag)
-            return _P2PWork([work.wait], lambda: 0, tensors)
-        now = clock.monotonic_ns()
-        link = self._link(peer)
-        shared = self._shared_tail(peer)
-        if shared is None:
+            return _P2PWork([work.wait], _NO_HOLD, tensors, self._rank)
+        (tensor,) = tensors
+        nbytes = tensor.numel() * tensor.element_size()
+        link = route.link
+        if route.shared is None:
             sent = link.transmit(now, nbytes, flow=peer)
         else:
             def through_nic(tail):
@@ -298,48 +348,80 @@ class NetemProcessGroup(dist.ProcessGroup):
                 result = link.transmit(now, nbytes, flow=peer)
                 return link.tail_ns, result
 
-            sent = shared.update(through_nic)
-        header = torch.tensor([sent.delivered_ns, nbytes], dtype=torch.int64)
-        w_header = self.gloo.send([header], dst_rank, tag)
-        w_data = self.gloo.send(tensors, dst_rank, tag)
-        spec = link.spec
-        busy = 0
-        if spec.rate_bps:  # the sender is busy until its bytes are on the wire
-            wire = segments(nbytes, self.config.segment_bytes) + HEADER_BYTES
-            busy = int((wire * 8 * 1e9 / spec.rate_bps).sum())
+            sent = route.shared.update(through_nic)
+        if self.trace is not None:
+            self.trace.append((peer, now, nbytes, sent))
         _status(f"send to {peer} ({nbytes} B)")
-        return _P2PWork([w_header.wait, w_data.wait], lambda: now + busy, tensors, self._rank)
+        header = (sent.delivered_ns, nbytes)
+        if nbytes <= SMALL_MESSAGE:
+            frame = torch.empty(_HEADER + nbytes, dtype=torch.uint8)
+            frame.numpy()[:_HEADER].view(np.int64)[:] = header
+            frame[_HEADER:].copy_(_bytes_of(tensor))
+            waits = [self.gloo.send([frame], dst_rank, tag).wait]
+        else:
+            head = torch.from_numpy(np.array(header, dtype=np.int64))
+            waits = [self.gloo.send([head], dst_rank, tag).wait,
+                     self.gloo.send(tensors, dst_rank, tag).wait]
+        busy = 0
+        if route.spec.rate_bps:  # the sender is busy until its bytes are on the wire
+            wire = segments(nbytes, self.config.segment_bytes) + HEADER_BYTES
+            busy = int((wire * 8 * 1e9 / route.spec.rate_bps).sum())
+        return _P2PWork(waits, now + busy, tensors, self._rank)
 
     def recv(self, tensors, src_rank, tag):
         peer = self.global_ranks[src_rank]
-        if not self.impaired or self.topology.spec(peer, self.me).is_noop:
+        if not self._route(peer).in_impaired:
             work = self.gloo.recv(tensors, src_rank, tag)
-            return _P2PWork([work.wait], lambda: 0, tensors, src_rank)
-        header = torch.zeros(2, dtype=torch.int64)
-        w_header = self.gloo.recv([header], src_rank, tag)
-        w_data = self.gloo.recv(tensors, src_rank, tag)
+            return _P2PWork([work.wait], _NO_HOLD, tensors, src_rank)
         _status(f"recv from {peer}")
-        return _P2PWork([w_header.wait, w_data.wait], lambda: int(header[0]), tensors, src_rank)
+        return self._receive(tensors, src_rank, tag)
 
     def recv_anysource(self, tensors, tag):
         if not self.impaired:
             work = self.gloo.recv_anysource(tensors, tag)
-            out = _P2PWork([work.wait], lambda: 0, tensors)
+            out = _P2PWork([work.wait], _NO_HOLD, tensors)
             out._waits.append(lambda: setattr(out, "_source", work._source_rank()))
             return out
-        # Every impaired message is preceded by its header, so the header tells the source.
-        # (Links that are unimpaired send no header; mixing them with any-source receives on
-        # an impaired network is not supported.)
-        header = torch.zeros(2, dtype=torch.int64)
-        w_header = self.gloo.recv_anysource([header], tag)
-        out = _P2PWork([], lambda: int(header[0]), tensors)
+        # Every impaired message starts with its header, so the first Gloo message names the
+        # source. (Unimpaired links send no header: on a network where some directions are
+        # impaired and others not, any-source receives are not supported.)
+        _status("recv from any source")
+        return self._receive(tensors, None, tag)
 
-        def receive_payload():
-            w_header.wait()
-            out._source = w_header._source_rank()
-            self.gloo.recv(tensors, out._source, tag).wait()
+    def _receive(self, tensors, src_rank, tag):
+        """Post the Gloo receive(s) now; wait() unpacks the header and holds until delivery."""
+        (tensor,) = tensors
+        nbytes = tensor.numel() * tensor.element_size()
+        out = _P2PWork([], _NO_HOLD, tensors, -1 if src_rank is None else src_rank)
 
-        out._waits.append(receive_payload)
+        def post(buf):
+            if src_rank is None:
+                return self.gloo.recv_anysource(buf, tag)
+            return self.gloo.recv(buf, src_rank, tag)
+
+        if nbytes <= SMALL_MESSAGE:
+            frame = torch.empty(_HEADER + nbytes, dtype=torch.uint8)
+            work = post([frame])
+
+            def unpack():
+                work.wait()
+                if src_rank is None:
+                    out._source = work._source_rank()
+                _bytes_of(tensor, writable=True).copy_(frame[_HEADER:])
+                out.hold_ns = int(frame.numpy()[:_HEADER].view(np.int64)[0])
+        else:
+            head = torch.zeros(2, dtype=torch.int64)
+            work = post([head])
+            data = None if src_rank is None else self.gloo.recv(tensors, src_rank, tag)
+
+            def unpack():
+                work.wait()
+                if src_rank is None:
+                    out._source = work._source_rank()
+                (data or self.gloo.recv(tensors, out._source, tag)).wait()
+                out.hold_ns = int(head[0])
+
+        out._waits.append(unpack)
         return out
 
     # --- collectives -------------------------------------------------------------------------
@@ -546,6 +628,12 @@ def _all_works(works) -> _AllWorks:
     return _AllWorks(works)
 
 
+def _queue_id(queue: tuple) -> tuple[int, ...]:
+    """A queue key ("nic", 3) as integers, for seeding its random streams."""
+    kinds = {"nic": 1, "intra": 2, "link": 3}
+    return (kinds[queue[0]], *queue[1:])
+
+
 def _nbytes(tensors) -> int:
     total = 0
     for t in tensors:
@@ -575,8 +663,30 @@ def _create(opts, backend_options=None):
                              list(opts.global_ranks_in_group or []))
 
 
+_call_time = threading.local()
+
+
+def _stamped(fn):
+    """Wrap dist.send/isend to note when the user called it (see NetemProcessGroup.send)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        _call_time.ns = clock.monotonic_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _call_time.ns = 0
+
+    wrapper.__clusterlab_stamped__ = True
+    return wrapper
+
+
 def register() -> None:
     """Register the "netem" backend with torch.distributed (idempotent)."""
+    for name in ("send", "isend"):
+        fn = getattr(dist, name)
+        if not getattr(fn, "__clusterlab_stamped__", False):
+            setattr(dist, name, _stamped(fn))
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])

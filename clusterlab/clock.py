@@ -55,15 +55,19 @@ def lower_timer_slack() -> None:
             pass
 
 
-def sleep_until(deadline_ns: int) -> None:
+def sleep_until(deadline_ns: int, spin_ns: int = 0) -> None:
     """Block the calling thread until CLOCK_MONOTONIC reaches `deadline_ns`.
 
-    Sleeps rather than spins: with up to 8 ranks on 2 cores, spinning would steal the CPU
-    that the other ranks need, and distort the very timings we are emulating.
+    Sleeps until `spin_ns` before the deadline, then spins until it. Sleeping alone
+    wakes up late by the timer's overshoot (`clusterlab doctor` measures it); spinning for
+    longer than that would steal the CPU that the other ranks need (up to 8 ranks share 2
+    cores here), so the spin is short and only used where precision is the point.
     """
     lower_timer_slack()
     while True:
         remaining = deadline_ns - time.monotonic_ns()
-        if remaining <= 0:
-            return
-        time.sleep(remaining / 1e9)
+        if remaining <= spin_ns:
+            break
+        time.sleep((remaining - spin_ns) / 1e9)
+    while time.monotonic_ns() < deadline_ns:
+        pass  # a pure spin: yielding here (sleep(0)) costs a scheduler round trip, ~15-60 us

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
+import gc
 import linecache
 import multiprocessing as mp
 import os
@@ -120,6 +121,10 @@ def _rank_main(rank, world, backend, env, conn, status, dump_path, timeout, thre
         dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout + 10))
         set_status("idle")
+        # torch's import leaves ~10^5 objects for the cyclic GC to walk: a full collection
+        # then stalls a rank for ~100 ms in the middle of an experiment. Freeze them.
+        gc.collect()
+        gc.freeze()
         conn.send(("ready", None))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, then exit
         conn.send(("error", (type(exc).__name__, str(exc), traceback.format_exc())))
@@ -177,6 +182,9 @@ class Cluster:
       `clusterlab.now()` inside the ranks reports emulated-cluster time.
     algorithm: the all-reduce algorithm the network replays (ring, recursive_doubling,
       rabenseifner, tree, hierarchical).
+    trace: keep a sender-side log of every impaired point-to-point message
+      (`dist.group.WORLD.trace`: peer, send time, bytes, and the link model's Transmission
+      with its packet trace).
     When nic, intra and links are all None the ranks use plain Gloo (the baseline).
     """
 
@@ -196,6 +204,7 @@ class Cluster:
         correlation: str = "netem",
         threads: int | None = None,
         start_method: str | None = None,
+        trace: bool = False,
     ) -> None:
         self.topology = Topology.build(nodes, procs_per_node, nic, intra, links)
         self.world_size = self.topology.world_size
@@ -223,6 +232,7 @@ class Cluster:
             "WORLD_SIZE": str(self.world_size),
             "LOCAL_WORLD_SIZE": str(procs_per_node),
             "MASTER_ADDR": "127.0.0.1",
+            "CLUSTERLAB_TRACE": "1" if trace else "0",
         }
         if sys.platform.startswith("linux") and "GLOO_SOCKET_IFNAME" not in os.environ:
             # Gloo otherwise resolves the host name to pick an interface, which can stall

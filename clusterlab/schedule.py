@@ -200,21 +200,19 @@ class Fabric:
         rows, cols = np.nonzero(lost)
         # Fast retransmit needs DUPTHRESH later segments; otherwise wait for the RTO.
         fast = cols + DUPTHRESH < k
-        when = np.empty(len(rows), dtype=np.int64)
+        rto = np.maximum(RTO_MIN_NS, 2 * rtt[rows])
+        when = send_ns[rows] + rto  # RTO-triggered retransmission...
         later = arrive[rows[fast], cols[fast] + DUPTHRESH]
-        when[fast] = later + back[rows[fast]]
-        rto = np.maximum(RTO_MIN_NS, 2 * rtt[rows[~fast]])
-        when[~fast] = send_ns[rows[~fast]] + rto
-        backoff = np.where(fast, 0, rto)
+        when[fast] = later + back[rows[fast]]  # ...or the SACKs of later segments trigger it
+        next_rto = np.where(fast, rto, 2 * rto)  # exponential backoff after each timeout
         for _ in range(MAX_RETRANSMITS):
             delay = sample_delay_ns(spec, rng, len(rows)) if spec.delay_ns or spec.jitter_ns else 0
             again = rng.random(len(rows)) < p_loss
             arrive[rows[~again], cols[~again]] = (when + delay)[~again]
             if not again.any():
                 return arrive
-            backoff = np.where(backoff == 0, np.maximum(RTO_MIN_NS, 2 * rtt[rows]), 2 * backoff)
-            rows, cols, when, backoff = rows[again], cols[again], when[again], backoff[again]
-            when = when + backoff
+            rows, cols = rows[again], cols[again]
+            when, next_rto = when[again] + next_rto[again], 2 * next_rto[again]
         raise RuntimeError(
             f"a segment was lost {MAX_RETRANSMITS} times in a row on '{spec}': "
             "the connection would have been reset"

@@ -37,7 +37,7 @@ def _sweep(sizes, iterations):
 @bench("overhead")
 def overhead(quick: bool = False) -> dict:
     rounds = 2 if quick else 3
-    iterations = 5 if quick else 10
+    iterations = 5 if quick else 20
     samples: dict[str, dict[int, list]] = {"gloo": {}, "netem": {}, "netem-1us": {}}
     rows = []
     # "netem-1us" impairs every link by 1 µs: negligible time, but the whole machinery runs

@@ -1,0 +1,178 @@
+"""Collective schedules against hand-computed times, and the topology they run on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clusterlab.netem import LossGemodel, Netem
+from clusterlab.schedule import (
+    HEADER_BYTES,
+    Collective,
+    Fabric,
+    _release,
+    loss_probability,
+    play,
+)
+from clusterlab.topology import Topology, parse_links
+
+MS = 1_000_000
+
+
+def finish(nodes, nic, coll, start=None, ppn=1, intra=None, seed=0, segment=65536):
+    topo = Topology.build(nodes, ppn, nic, intra)
+    fabric = Fabric(topo, segment_bytes=segment)
+    start = np.zeros(topo.world_size, dtype=np.int64) if start is None else np.asarray(start)
+    return play(fabric, coll, start, np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+def test_ring_all_reduce_is_2_p_minus_1_delays(p):
+    done = finish(p, "delay 3ms", Collective("allreduce", 4096))
+    assert (done == 2 * (p - 1) * 3 * MS).all()
+
+
+@pytest.mark.parametrize("p,rounds", [(2, 1), (4, 2), (8, 3), (3, 2), (6, 3)])
+def test_recursive_doubling_rounds(p, rounds):
+    # Non-powers of two fold the extra ranks in first and send the result back at the end.
+    # The closed form counts lg(p') + 2 synchronous rounds; in the replay the ranks outside
+    # the fold send their first exchange at once, which saves one round on the critical path.
+    done = finish(p, "delay 1ms", Collective("allreduce", 4096, algorithm="recursive_doubling"))
+    assert done.max() == rounds * MS
+
+
+def test_rabenseifner_is_twice_lg_p_rounds():
+    done = finish(8, "delay 1ms", Collective("allreduce", 1 << 20, algorithm="rabenseifner"))
+    assert (done == 6 * MS).all()
+
+
+def test_binomial_broadcast_reaches_depth_k_after_k_hops():
+    done = finish(8, "delay 1ms", Collective("broadcast", 100, root=0))
+    # netem's delay is pure latency: a parent's sends to its children leave together, so
+    # rank r is reached after popcount(r) hops (not after its round number, as the
+    # alpha-beta model counts when alpha occupies the sender).
+    assert done.tolist() == [bin(r).count("1") * MS for r in range(8)]
+    # With a rate the parent's NIC serialises its sends: later children wait their turn.
+    timed = finish(8, "rate 8mbit", Collective("broadcast", 1000 - HEADER_BYTES, root=0))
+    assert timed[4] == 3 * timed[1]  # the root's 3rd message, after two others (1 ms each)
+
+
+def test_rate_serialises_each_round():
+    n, p = 4 << 20, 4
+    chunk = n // p
+    wire = chunk + HEADER_BYTES * (-(-chunk // 65536))
+    per_round = wire * 8 * 1e9 / 100e6
+    done = finish(p, "rate 100mbit", Collective("allreduce", n))
+    assert done.max() == pytest.approx(2 * (p - 1) * per_round, rel=1e-6)
+
+
+def test_processes_of_a_node_share_its_nic():
+    # Scatter from rank 0 of node 0 to 3 ranks on node 1: all three messages queue at NIC 0.
+    n = 1 << 20
+    one = (n + HEADER_BYTES * 16) * 8 * 1e9 / 1e9
+    done = finish(2, "rate 1gbit", Collective("scatter", n, root=0), ppn=4)
+    on_node1 = sorted(done[4:].tolist())
+    assert on_node1 == pytest.approx([0, 0, 0, 0][:0] + [one, 2 * one, 3 * one, 4 * one], rel=1e-6)
+
+
+def test_a_late_rank_delays_everyone():
+    start = np.array([0, 0, 50 * MS, 0])
+    done = finish(4, "delay 1ms", Collective("allreduce", 4096), start=start)
+    assert done.min() >= 50 * MS  # nobody can finish an all-reduce before the last arrival
+
+
+def test_jitter_only_adds_time_and_is_seeded():
+    plain = finish(4, "delay 5ms", Collective("allreduce", 1 << 20))
+    a = finish(4, "delay 5ms 1ms", Collective("allreduce", 1 << 20), seed=1)
+    b = finish(4, "delay 5ms 1ms", Collective("allreduce", 1 << 20), seed=1)
+    c = finish(4, "delay 5ms 1ms", Collective("allreduce", 1 << 20), seed=2)
+    assert (a == b).all() and not (a == c).all()
+    assert abs(a.max() - plain.max()) <= 6 * MS  # 6 rounds, each at most 1 ms off
+
+
+def test_barrier_and_alltoall_and_gather():
+    assert finish(8, "delay 1ms", Collective("barrier")).max() == 3 * MS
+    assert finish(4, "delay 2ms", Collective("alltoall", 4096)).max() == 2 * MS
+    done = finish(4, "delay 2ms", Collective("gather", 10, root=3))
+    assert done[3] == 2 * MS and done[:3].tolist() == [0, 0, 0]
+
+
+def test_hierarchical_uses_fast_intra_links():
+    coll = Collective("allreduce", 1 << 20, algorithm="hierarchical")
+    flat = Collective("allreduce", 1 << 20)
+    slow_nic = dict(nodes=2, ppn=4, nic="delay 10ms", intra="delay 100us")
+    assert finish(coll=coll, **slow_nic).max() < finish(coll=flat, **slow_nic).max()
+
+
+def test_unknown_names_are_errors():
+    with pytest.raises(ValueError, match="butterfly"):
+        finish(4, "delay 1ms", Collective("allreduce", 1, algorithm="butterfly"))
+    with pytest.raises(ValueError, match="allsum"):
+        finish(4, "delay 1ms", Collective("allsum", 1))
+
+
+def test_stationary_loss_of_gilbert_elliott():
+    spec = Netem(loss=LossGemodel(p=1.0, r=9.0, one_minus_h=50.0, one_minus_k=0.0))
+    assert loss_probability(spec) == pytest.approx(0.1 * 0.5)
+
+
+def test_loss_costs_retransmissions():
+    clean = finish(2, "delay 1ms", Collective("allreduce", 1 << 20))
+    lossy = [finish(2, "delay 1ms loss 20%", Collective("allreduce", 1 << 20), seed=s).max()
+             for s in range(20)]
+    assert min(lossy) >= clean.max() and max(lossy) >= 200 * MS  # some RTO somewhere
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**5)), min_size=1,
+                max_size=30), st.integers(-(10**6), 10**6))
+def test_vectorised_release_equals_the_kernel_loop(packets, tail):
+    ready = np.array([[r for r, _ in packets]], dtype=np.int64)
+    wire = np.array([[s for _, s in packets]], dtype=np.int64)
+    got = _release(ready, wire, np.array([tail]))[0]
+    t, want = tail, []
+    for r, s in packets:
+        t = max(r, t) + s
+        want.append(t)
+    assert got.tolist() == want
+
+
+# --- topology -----------------------------------------------------------------------------
+
+
+def test_topology_queues_and_specs():
+    topo = Topology.build(3, 2, "delay 1ms", "delay 10us", {(0, 2): "rate 1mbit"})
+    assert topo.node_of(5) == 2
+    assert topo.queue_of(0, 1) == ("intra", 0)
+    assert topo.queue_of(1, 2) == ("nic", 0)
+    assert topo.queue_of(1, 4) == ("link", 0, 2)
+    assert str(topo.spec(1, 4)) == "rate 1mbit"
+    assert str(topo.spec(4, 1)) == "delay 1ms"  # overrides are one direction only
+    assert str(topo.spec(2, 3)) == "delay 10us"
+
+
+def test_topology_round_trips_through_the_environment():
+    topo = Topology.build(4, 2, "delay 2ms 500us rate 1gbit", None, "0->3=delay 9ms; 3->0=loss 1%")
+    again = Topology.from_env(8, topo.to_env())
+    assert again == topo
+
+
+def test_topology_scaling_for_dilation():
+    topo = Topology.build(2, 1, "delay 2ms rate 1gbit").scaled(4)
+    assert topo.nic.delay_ns == 8 * MS and topo.nic.rate_bps == 250_000_000
+
+
+@pytest.mark.parametrize("text,match", [("0-1=delay 1ms", "0-1"), ("0->x=delay 1ms", "0->x"),
+                                        ("0->1=delya 1ms", "delya")])
+def test_bad_links_are_named(text, match):
+    with pytest.raises(ValueError, match=match):
+        parse_links(text)
+
+
+def test_bad_environment_is_named():
+    with pytest.raises(ValueError, match="does not divide"):
+        Topology.from_env(6, {"CLUSTERLAB_PROCS_PER_NODE": "4"})
+    with pytest.raises(ValueError, match="node 5"):
+        Topology.build(2, 1, None, None, {(0, 5): "delay 1ms"})
