@@ -58,6 +58,7 @@ Deliberate deviations from the kernel (all small, listed so nobody has to redisc
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -183,13 +184,33 @@ def sample_delay_ns(
 ) -> np.ndarray:
     """Independent netem delays (`tabledist`, uncorrelated, clipped at 0) for many links at once.
 
-    For simulators that need one delay per link per step without a `LinkModel` per link.
+    For simulators that need one delay per link per step without a `LinkModel` per link. The
+    same distribution as `tabledist` on uniform 32-bit numbers, drawn faster: a table delay is
+    one of 4096 values (`rnd % 4096` is exactly uniform), so we draw the index directly; a
+    uniform delay is drawn on [mu - sigma, mu + sigma) directly (`rnd % 2sigma` differs from
+    that by less than 2sigma / 2**32).
     """
     jitter = min(abs(spec.jitter_ns), INT32_MAX)
     if jitter == 0:
         return np.full(shape, max(spec.delay_ns, 0), dtype=np.int64)
-    rnd = rng.integers(0, 1 << 32, size=shape, dtype=np.int64)
-    return np.maximum(tabledist(spec.delay_ns, jitter, rnd, _delay_table(spec)), 0)
+    if spec.distribution == "uniform":
+        # Draw the offset in 32 bits (twice as fast as 64), then shift to the mean.
+        draws = rng.integers(0, 2 * jitter, size=shape, dtype=np.int32 if 2 * jitter < 2**31
+                             else np.int64).astype(np.int64)
+        draws += spec.delay_ns - jitter
+        return np.maximum(draws, 0, out=draws)
+    values = _table_delays(spec.delay_ns, jitter, spec.distribution)
+    return values[rng.integers(0, len(values), size=shape, dtype=np.int16 if len(values) <= 32767
+                               else np.int64)]
+
+
+@functools.lru_cache(maxsize=64)
+def _table_delays(mu: int, sigma: int, distribution: str) -> np.ndarray:
+    """The 4096 delays tabledist can give for this mean and spread (clipped at 0)."""
+    dist = table(distribution)
+    values = np.maximum(tabledist(mu, sigma, np.arange(len(dist)), dist), 0)
+    values.setflags(write=False)
+    return values
 
 
 # --- Random streams ------------------------------------------------------------------------

@@ -1,0 +1,317 @@
+"""The simulator: data-parallel training steps on 1..1024+ nodes, in well under a second.
+
+It uses the same link model and the same collective schedules as the real backend
+(`clusterlab.schedule`, `clusterlab.link`): one implementation of the timing, two consumers.
+What it adds is a model of the training step around the collectives:
+
+    forward | backward (gradient buckets become ready one by one) | optimizer
+                      \\-> all-reduce of bucket 1, 2, ... on one communication stream
+
+Each rank computes for `compute_s` (1/3 forward, 2/3 backward), perturbed by its own compute
+jitter and by stragglers; bucket b is ready when the backward pass has produced it; with
+`overlap` its all-reduce starts as soon as it is ready (and the previous bucket's is done),
+without overlap only after the whole backward pass. The step ends when the last bucket is
+reduced (plus `optimizer_s`). The next step starts then, independently on every rank; the
+collectives are what synchronise them.
+
+Large rings are replayed by a dedicated vectorised recurrence (`_ring_rounds_fast`) whenever
+the topology is one process per node without overrides, which is what the scaling explorer
+sweeps; everything else goes through `schedule.play`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .link import packet_time_ns, sample_delay_ns
+from .netem import Netem
+from .schedule import HEADER_BYTES, Collective, Fabric, loss_probability, play, segments
+from .topology import Topology
+
+_HAVE_NUMBA = True
+try:  # numba compiles the ring recurrence of 1024-node simulations; pure Python is too slow
+    from numba import njit as _numba_njit
+
+    def _njit(fn):
+        return _numba_njit(cache=True, nogil=True)(fn)
+except ImportError:  # pragma: no cover - numba is in requirements.txt
+    _HAVE_NUMBA = False
+
+    def _njit(fn):
+        return fn
+
+COMPUTE_DISTRIBUTIONS = ("none", "uniform", "normal", "pareto", "paretonormal", "exponential")
+
+
+@dataclass
+class SimResult:
+    """Per-rank, per-step times of a simulated run (seconds), and what they add up to."""
+
+    nodes: int
+    procs_per_node: int
+    step_end: np.ndarray  # (steps, ranks): when each rank finished each step
+    compute: np.ndarray  # (steps, ranks): compute time of each rank in each step
+    samples_per_step: int
+    config: dict = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return self.step_end.shape[1]
+
+    @property
+    def step_times(self) -> np.ndarray:
+        """Duration of each synchronous step: from the slowest rank's previous end to its end."""
+        ends = self.step_end.max(axis=1)
+        return np.diff(np.concatenate([[0.0], ends]))
+
+    @property
+    def mean_step(self) -> float:
+        return float(self.step_times.mean())
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second over the whole run."""
+        return self.samples_per_step * len(self.step_times) / float(self.step_end.max())
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(self.step_times, q))
+
+    @property
+    def exposed_comm(self) -> float:
+        """Mean time per step beyond the mean compute time: communication the step waits for."""
+        return max(0.0, self.mean_step - float(self.compute.mean()))
+
+    def summary(self) -> dict:
+        return {
+            "nodes": self.nodes, "ranks": self.world_size, "mean_step_s": self.mean_step,
+            "p50_s": self.percentile(50), "p99_s": self.percentile(99),
+            "throughput": self.throughput, "compute_s": float(self.compute.mean()),
+            "exposed_comm_s": self.exposed_comm,
+        }
+
+
+def compute_times(
+    rng: np.random.Generator,
+    shape: tuple[int, int],
+    compute_s: float,
+    jitter: float = 0.0,
+    distribution: str = "none",
+    straggler: tuple[int, float] | None = None,
+) -> np.ndarray:
+    """Compute time per (step, rank): compute_s, plus jitter, plus a straggler's slowdown.
+
+    jitter is relative: for the netem-shaped distributions the draw is compute_s x jitter x
+    (a netem table value), clipped at zero; for "exponential" it is compute_s + Exp(mean
+    compute_s x jitter), the classic straggler model whose synchronous step grows like H_N.
+    straggler = (rank, factor): that rank computes factor times longer.
+    """
+    if distribution not in COMPUTE_DISTRIBUTIONS:
+        raise ValueError(f"compute distribution {distribution!r} is unknown; choose from "
+                         f"{', '.join(COMPUTE_DISTRIBUTIONS)}")
+    if compute_s < 0 or jitter < 0:
+        raise ValueError("compute_s and jitter must be >= 0")
+    base = np.full(shape, float(compute_s))
+    if jitter and distribution == "exponential":
+        base += rng.exponential(compute_s * jitter, size=shape)
+    elif jitter and distribution != "none":
+        scale_ns = max(1, int(compute_s * jitter * 1e9))
+        spec = Netem(delay_ns=scale_ns * 8, jitter_ns=scale_ns, distribution=distribution)
+        draws = sample_delay_ns(spec, rng, shape) - spec.delay_ns  # centred jitter, in ns
+        base = np.maximum(base + draws / 1e9, 0.0)
+    if straggler is not None:
+        rank, factor = straggler
+        if not 0 <= rank < shape[1]:
+            raise ValueError(f"straggler rank {rank} is outside 0..{shape[1] - 1}")
+        base[:, rank] *= factor
+    return base
+
+
+def simulate_training(
+    nodes: int,
+    procs_per_node: int = 1,
+    nic: str | Netem | None = "delay 20us rate 100gbit",
+    intra: str | Netem | None = None,
+    *,
+    model_bytes: float = 100e6,
+    bucket_bytes: float = 25e6,
+    compute_s: float = 0.1,
+    compute_jitter: float = 0.0,
+    compute_distribution: str = "none",
+    straggler: tuple[int, float] | None = None,
+    optimizer_s: float = 0.0,
+    overlap: bool = True,
+    algorithm: str = "ring",
+    steps: int = 20,
+    batch_per_rank: int = 32,
+    seed: int = 0,
+    message_overhead_s: float = 0.0,
+) -> SimResult:
+    """Simulate `steps` synchronous data-parallel steps; see the module docstring."""
+    topo = Topology.build(nodes, procs_per_node, nic, intra)
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if model_bytes < 0 or bucket_bytes <= 0:
+        raise ValueError("model_bytes must be >= 0 and bucket_bytes > 0")
+    p = topo.world_size
+    rng = np.random.default_rng(seed)
+    buckets = _bucket_sizes(int(model_bytes), int(bucket_bytes))
+    comp = compute_times(rng, (steps, p), compute_s, compute_jitter, compute_distribution,
+                         straggler)
+    fabric = Fabric(topo)
+    fast = algorithm == "ring" and procs_per_node == 1 and not topo.links and p > 1
+    overhead_ns = int(message_overhead_s * 1e9)
+    ends = np.zeros((steps, p))
+    now = np.zeros(p, dtype=np.int64)  # ns; each rank's clock position
+    comp_ns = (comp * 1e9).astype(np.int64)
+    for k in range(steps):
+        forward = comp_ns[k] // 3
+        backward = comp_ns[k] - forward
+        stream = now.copy()  # the communication stream is free from the step's start
+        for b, size in enumerate(buckets):
+            ready = now + forward + backward * (b + 1) // len(buckets)
+            issue = ready if overlap else now + comp_ns[k]
+            start = np.maximum(issue, stream)
+            if fast and _HAVE_NUMBA:
+                stream = _ring_rounds_fast(topo.nic, start, size, rng, overhead_ns)
+            else:
+                coll = Collective("allreduce", size, algorithm=algorithm)
+                stream = play(fabric, coll, start, rng) + overhead_ns * _rounds(coll, p)
+        done = np.maximum(stream, now + comp_ns[k]) + int(optimizer_s * 1e9)
+        ends[k] = done / 1e9
+        now = done
+    return SimResult(nodes=nodes, procs_per_node=procs_per_node, step_end=ends, compute=comp,
+                     samples_per_step=batch_per_rank * p,
+                     config={"nic": str(topo.nic), "intra": str(topo.intra),
+                             "model_bytes": model_bytes, "bucket_bytes": bucket_bytes,
+                             "compute_s": compute_s, "overlap": overlap, "algorithm": algorithm})
+
+
+def _bucket_sizes(model_bytes: int, bucket_bytes: int) -> list[int]:
+    if model_bytes == 0:
+        return []
+    full, rest = divmod(model_bytes, bucket_bytes)
+    return [bucket_bytes] * full + ([rest] if rest else [])
+
+
+def _rounds(coll: Collective, p: int) -> int:
+    return 2 * (p - 1) if coll.algorithm == "ring" else max(1, (p - 1).bit_length()) * 2
+
+
+def _ring_rounds_fast(
+    spec: Netem, start: np.ndarray, nbytes: int, rng: np.random.Generator, overhead_ns: int = 0,
+) -> np.ndarray:
+    """Ring all-reduce completion times, one process per node, every NIC with `spec`.
+
+    The recurrence of `schedule.play` for this case, compiled with numba: rank j is ready for
+    round s+1 when it is ready itself and the chunk from rank j-1 has arrived; a chunk leaves
+    when its sender is ready, waits behind the sender's NIC tail if there is a rate, and is
+    delayed per segment by netem's jitter (a message arrives with its last segment). A 1024-
+    node ring has 2046 rounds of 1024 messages: ~2 million delays per all-reduce.
+    """
+    p = len(start)
+    payload = segments(-(-nbytes // p), 65536)
+    wire = (packet_time_ns(spec, payload + HEADER_BYTES).astype(np.int64) if spec.rate_bps
+            else np.zeros(len(payload), dtype=np.int64))
+    if spec.jitter_ns == 0:
+        values = np.array([max(spec.delay_ns, 0)], dtype=np.int64)
+    elif spec.distribution == "uniform":
+        values = np.empty(0, dtype=np.int64)  # the kernel draws uniform delays itself
+    else:
+        values = sample_delay_table(spec)
+    p_loss = loss_probability(spec)
+    rto = max(200_000_000, 2 * spec.delay_ns)
+    fast_retx = 3 * spec.delay_ns  # the SACK's way back, then the resend's way there
+    return _ring_kernel(np.asarray(start, dtype=np.int64).copy(), wire, values,
+                        spec.delay_ns, min(spec.jitter_ns, 2**31 - 1), overhead_ns, p_loss,
+                        rto, fast_retx, int(rng.integers(0, 2**31)))
+
+
+def sample_delay_table(spec: Netem) -> np.ndarray:
+    """The 4096 equally likely delays of a table distribution (see link.sample_delay_ns)."""
+    from .link import _table_delays
+
+    return np.asarray(_table_delays(spec.delay_ns, spec.jitter_ns, spec.distribution))
+
+
+@_njit
+def _splitmix64(state):
+    """One step of splitmix64 (Steele et al. 2014): (new state, a well-mixed 64-bit number)."""
+    state = state + np.uint64(0x9E3779B97F4A7C15)
+    z = state
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return state, z ^ (z >> np.uint64(31))
+
+
+@_njit
+def _ring_kernel(ready, wire, values, mu, sigma, overhead, p_loss, rto, fast_retx, seed):
+    # A generator inlined in the loop: numba's np.random costs ~10 ns a draw, and a 1024-node
+    # ring needs millions of draws per all-reduce.
+    state = np.uint64(seed)
+    p = ready.shape[0]
+    k = wire.shape[0]
+    tail = np.full(p, -(2**62), dtype=np.int64)
+    arrive = np.empty(p, dtype=np.int64)
+    n_values = values.shape[0]
+    span = np.uint64(2 * sigma)
+    for _ in range(2 * (p - 1)):
+        for j in range(p):
+            send = ready[j] + overhead
+            t = tail[j]
+            last = send
+            for seg in range(k):
+                if sigma == 0:
+                    d = mu
+                else:
+                    state, x = _splitmix64(state)
+                    if n_values == 0:  # uniform on [mu - sigma, mu + sigma)
+                        d = mu - sigma + np.int64(((x >> np.uint64(32)) * span) >> np.uint64(32))
+                        if d < 0:
+                            d = 0
+                    else:  # one of the table's 4096 equally likely delays
+                        d = values[np.int64(x >> np.uint64(52))]
+                if wire[seg] > 0:
+                    t = max(send + d, t) + wire[seg]
+                    here = t
+                else:
+                    here = send + d
+                if p_loss > 0.0:
+                    state, x = _splitmix64(state)
+                    if (x >> np.uint64(11)) * (1.0 / 9007199254740992.0) < p_loss:
+                        # TCP recovery, as schedule._recover (a second loss is ignored here):
+                        # SACKs of 3 later segments come back one reverse delay later and the
+                        # resend crosses again; without them, the RTO fires.
+                        if seg + 3 < k:
+                            here += fast_retx
+                        else:
+                            here = send + rto + mu
+                if here > last:
+                    last = here
+            if wire[0] > 0:
+                tail[j] = t
+            arrive[j] = last
+        for j in range(p):
+            nxt = j + 1 if j + 1 < p else 0
+            if arrive[j] > ready[nxt]:
+                ready[nxt] = arrive[j]
+    return ready
+
+
+def scaling_curve(node_counts, **kwargs) -> list[dict]:
+    """simulate_training at several node counts; each entry adds throughput and efficiency.
+
+    Scaling efficiency at N nodes = throughput(N) / (N x throughput(1)).
+    """
+    base = None
+    out = []
+    for n in node_counts:
+        res = simulate_training(int(n), **kwargs)
+        row = res.summary()
+        if base is None:
+            base = simulate_training(1, **kwargs).throughput / (kwargs.get("procs_per_node", 1))
+        row["efficiency"] = row["throughput"] / (base * res.world_size)
+        out.append(row)
+    return out
+

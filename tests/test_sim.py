@@ -1,0 +1,115 @@
+"""The simulator against the closed forms (exact when there is no jitter or loss), against
+the schedule it shares with the engine, and its speed budget as a ratio-free smoke check."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clusterlab import models
+from clusterlab.schedule import HEADER_BYTES, Collective, Fabric, play
+from clusterlab.sim import _ring_rounds_fast, compute_times, scaling_curve, simulate_training
+from clusterlab.topology import Topology
+
+SEG = 65536
+RATE = 1e9  # bit/s: one 64 KiB segment + headers takes exactly 524816 ns
+BETA = (SEG + HEADER_BYTES) / SEG * 8 / RATE  # seconds per payload byte on the wire
+
+
+def replay(p, nic, coll):
+    fabric = Fabric(Topology.build(p, 1, nic))
+    return play(fabric, coll, np.zeros(p, dtype=np.int64), np.random.default_rng(0)).max() / 1e9
+
+
+@pytest.mark.parametrize("p", [2, 4, 8, 16])
+def test_replay_equals_closed_forms_without_jitter(p):
+    n = p * SEG * 2  # chunks of whole segments, so headers are exactly accounted in BETA
+    alpha = 0.5e-3
+    cases = [
+        ("ring", models.ring_allreduce),
+        ("rabenseifner", models.rabenseifner_allreduce),
+        ("recursive_doubling", models.recursive_doubling_allreduce),
+    ]
+    for algo, model in cases:
+        latency = replay(p, "delay 500us", Collective("allreduce", n, algorithm=algo))
+        assert latency == pytest.approx(model(p, n, alpha, 0.0), rel=1e-9), algo
+    bandwidth = replay(p, "rate 1gbit", Collective("allreduce", n))
+    assert bandwidth == pytest.approx(models.ring_allreduce(p, n, 0.0, BETA), rel=1e-9)
+    both = replay(p, "delay 500us rate 1gbit", Collective("allreduce", n))
+    assert both == pytest.approx(models.ring_allreduce(p, n, alpha, BETA), rel=1e-9)
+    gather = replay(p, "delay 500us rate 1gbit", Collective("allgather", n // p))
+    assert gather == pytest.approx(models.ring_allgather(p, n, alpha, BETA), rel=1e-9)
+
+
+def test_training_step_is_compute_plus_all_reduce_without_overlap():
+    p, n = 8, 8 * SEG * 4
+    res = simulate_training(p, nic="delay 200us rate 1gbit", model_bytes=n, bucket_bytes=n,
+                            compute_s=0.05, overlap=False, steps=5)
+    want = 0.05 + models.ring_allreduce(p, n, 200e-6, BETA)
+    assert res.step_times == pytest.approx(np.full(5, want), rel=1e-6)
+
+
+def test_overlap_hides_communication_behind_backward():
+    kw = dict(nic="delay 100us rate 10gbit", model_bytes=100e6, bucket_bytes=10e6,
+              compute_s=0.2, steps=5)
+    hidden = simulate_training(8, overlap=True, **kw).mean_step
+    exposed = simulate_training(8, overlap=False, **kw).mean_step
+    assert hidden < exposed
+
+
+@pytest.mark.parametrize("nic", ["delay 50us", "delay 50us rate 10gbit", "rate 1gbit"])
+def test_fast_ring_equals_the_schedule_exactly_without_jitter(nic):
+    topo = Topology.build(16, 1, nic)
+    start = np.random.default_rng(1).integers(0, 10**6, 16)
+    for n in (10**5, 10**7):
+        a = play(Fabric(topo), Collective("allreduce", n), start, np.random.default_rng(0))
+        b = _ring_rounds_fast(topo.nic, start, n, np.random.default_rng(0))
+        assert (a == b).all()
+
+
+@pytest.mark.parametrize("nic", ["delay 50us 10us", "delay 50us 20us distribution pareto",
+                                 "delay 50us 10us distribution normal rate 10gbit"])
+def test_fast_ring_agrees_with_the_schedule_in_distribution(nic):
+    topo = Topology.build(16, 1, nic)
+    start = np.zeros(16, dtype=np.int64)
+    a = [play(Fabric(topo), Collective("allreduce", 10**6), start,
+              np.random.default_rng(s)).max() for s in range(60)]
+    b = [_ring_rounds_fast(topo.nic, start, 10**6, np.random.default_rng(s)).max()
+         for s in range(60)]
+    assert np.mean(b) == pytest.approx(np.mean(a), rel=0.01)
+
+
+def test_jitter_grows_the_step_like_the_expected_maximum():
+    # Exponential compute noise: a synchronous step waits for the slowest of N ranks, so the
+    # mean step grows like c + m * H_N (Dean & Barroso; the course's straggler model).
+    c, m = 0.1, 0.02
+    for n in (4, 64):
+        res = simulate_training(n, nic=None, model_bytes=1024, compute_s=c, compute_jitter=m / c,
+                                compute_distribution="exponential", steps=400, seed=n)
+        assert res.mean_step == pytest.approx(models.straggler_step(c, m, n), rel=0.03)
+
+
+def test_a_straggler_sets_the_pace():
+    res = simulate_training(8, nic="delay 50us", compute_s=0.1, straggler=(3, 1.5), steps=4)
+    assert res.mean_step >= 0.15
+
+
+def test_scaling_curve_efficiency_drops_with_jitter():
+    kw = dict(nic="delay 50us 40us rate 100gbit", compute_s=0.05, steps=5, model_bytes=50e6)
+    rows = scaling_curve([1, 8, 64], **kw)
+    assert rows[0]["efficiency"] == pytest.approx(1.0)
+    assert rows[2]["efficiency"] < rows[1]["efficiency"] <= 1.0
+
+
+def test_bad_parameters_are_named():
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="zipf"):
+        compute_times(rng, (2, 2), 0.1, 0.1, "zipf")
+    with pytest.raises(ValueError, match="straggler rank 9"):
+        compute_times(rng, (2, 4), 0.1, straggler=(9, 2.0))
+    with pytest.raises(ValueError, match="steps"):
+        simulate_training(4, steps=0)
+    with pytest.raises(ValueError, match="nodes"):
+        simulate_training(0)
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        simulate_training(4, bucket_bytes=0)
