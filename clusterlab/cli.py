@@ -14,7 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     doc.add_argument("--json", action="store_true", help="print the report as JSON")
     doc.add_argument("--no-latency", action="store_true", help="skip the two-rank latency probe")
     b = sub.add_parser("bench", help="run a benchmark and write its JSON")
-    b.add_argument("name", help="fidelity, overhead or launch")
+    b.add_argument("name", help="fidelity, overhead, launch, model or monitor")
     b.add_argument("--json", metavar="PATH", help="write the full result (rows and checks) here")
     b.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
     args = parser.parse_args(argv)

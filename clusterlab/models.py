@@ -592,6 +592,35 @@ def expected_max_ideal(n: int, distribution: str = "normal") -> float:
     return float(np.trapezoid(x * np.exp(log_density), x))
 
 
+def jitter_std(distribution: str = "uniform", jitter: float = 1.0) -> float:
+    """Standard deviation of one netem jitter draw (uniform: J / sqrt(3); tables: exact)."""
+    _check_distribution(distribution)
+    jitter = _nonnegative(jitter, "jitter")
+    if distribution == "uniform":
+        return jitter / math.sqrt(3.0)
+    return jitter * float(_table_values(distribution).std())
+
+
+def ring_allreduce_jitter(
+    p: int, n: float, alpha: float, beta: float, jitter: float, distribution: str = "uniform",
+) -> float:
+    """Ring all-reduce when every message's latency also jitters: an approximation.
+
+    The ring is a chain of 2(p-1) rounds; with jitter, each rank's finish is the longest of
+    many paths through the rounds, each path a sum of 2(p-1) jittered delays (standard
+    deviation sigma * sqrt(2(p-1))). Treating the p ranks' critical paths as independent
+    normals, the slowest finishes E[max of p standard normals] standard deviations late:
+        T = ring_allreduce(p, n, alpha, beta) + sigma sqrt(2(p-1)) E[max_p N(0,1)]
+    (the classic Gaussian approximation of a longest path; the simulator replays the exact
+    schedule and is the better predictor, this formula shows where the growth comes from).
+    """
+    base = ring_allreduce(p, n, alpha, beta)
+    if p == 1 or jitter == 0:
+        return base
+    sigma = jitter_std(distribution, jitter)
+    return base + sigma * math.sqrt(2 * (p - 1)) * expected_max_ideal(p, "normal")
+
+
 def harmonic(n: int) -> float:
     """The harmonic number H_n = 1 + 1/2 + ... + 1/n (H_0 = 0).
 

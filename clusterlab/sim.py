@@ -135,7 +135,8 @@ def simulate_training(
     intra: str | Netem | None = None,
     *,
     model_bytes: float = 100e6,
-    bucket_bytes: float = 25e6,
+    bucket_bytes: float = 25 * 2**20,
+    first_bucket_bytes: float = 2**20,
     compute_s: float = 0.1,
     compute_jitter: float = 0.0,
     compute_distribution: str = "none",
@@ -147,8 +148,15 @@ def simulate_training(
     batch_per_rank: int = 32,
     seed: int = 0,
     message_overhead_s: float = 0.0,
+    native_s=None,
 ) -> SimResult:
-    """Simulate `steps` synchronous data-parallel steps; see the module docstring."""
+    """Simulate `steps` synchronous data-parallel steps; see the module docstring.
+
+    Calibration for predicting the local emulator: `message_overhead_s` is a per-message
+    software cost paid by the sender, and `native_s(nbytes)` the time this machine's plain
+    Gloo needs for an all-reduce of that size (the backend never completes a collective
+    before Gloo itself has: completion = max(emulated, last entry + native)).
+    """
     topo = Topology.build(nodes, procs_per_node, nic, intra)
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
@@ -156,7 +164,7 @@ def simulate_training(
         raise ValueError("model_bytes must be >= 0 and bucket_bytes > 0")
     p = topo.world_size
     rng = np.random.default_rng(seed)
-    buckets = _bucket_sizes(int(model_bytes), int(bucket_bytes))
+    buckets = _bucket_sizes(int(model_bytes), int(bucket_bytes), int(first_bucket_bytes))
     comp = compute_times(rng, (steps, p), compute_s, compute_jitter, compute_distribution,
                          straggler)
     fabric = Fabric(topo)
@@ -178,6 +186,8 @@ def simulate_training(
             else:
                 coll = Collective("allreduce", size, algorithm=algorithm)
                 stream = play(fabric, coll, start, rng) + overhead_ns * _rounds(coll, p)
+            if native_s is not None and p > 1:
+                stream = np.maximum(stream, start.max() + int(native_s(size) * 1e9))
         done = np.maximum(stream, now + comp_ns[k]) + int(optimizer_s * 1e9)
         ends[k] = done / 1e9
         now = done
@@ -188,11 +198,14 @@ def simulate_training(
                              "compute_s": compute_s, "overlap": overlap, "algorithm": algorithm})
 
 
-def _bucket_sizes(model_bytes: int, bucket_bytes: int) -> list[int]:
+def _bucket_sizes(model_bytes: int, bucket_bytes: int, first_bucket_bytes: int) -> list[int]:
+    """Gradient buckets in the order DDP reduces them: a small first bucket (DDP's default
+    is 1 MiB, so that communication starts early), then buckets of `bucket_bytes`."""
     if model_bytes == 0:
         return []
-    full, rest = divmod(model_bytes, bucket_bytes)
-    return [bucket_bytes] * full + ([rest] if rest else [])
+    first = min(model_bytes, first_bucket_bytes or bucket_bytes)
+    full, rest = divmod(model_bytes - first, bucket_bytes)
+    return [first] + [bucket_bytes] * full + ([rest] if rest else [])
 
 
 def _rounds(coll: Collective, p: int) -> int:

@@ -44,6 +44,7 @@ def test_replay_equals_closed_forms_without_jitter(p):
 def test_training_step_is_compute_plus_all_reduce_without_overlap():
     p, n = 8, 8 * SEG * 4
     res = simulate_training(p, nic="delay 200us rate 1gbit", model_bytes=n, bucket_bytes=n,
+                            first_bucket_bytes=n,
                             compute_s=0.05, overlap=False, steps=5)
     want = 0.05 + models.ring_allreduce(p, n, 200e-6, BETA)
     assert res.step_times == pytest.approx(np.full(5, want), rel=1e-6)
