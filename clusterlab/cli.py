@@ -14,8 +14,10 @@ def main(argv: list[str] | None = None) -> int:
     doc.add_argument("--json", action="store_true", help="print the report as JSON")
     doc.add_argument("--no-latency", action="store_true", help="skip the two-rank latency probe")
     b = sub.add_parser("bench", help="run a benchmark and write its JSON")
-    b.add_argument("name", help="fidelity, overhead, launch, model or monitor")
-    b.add_argument("--json", metavar="PATH", help="write the full result (rows and checks) here")
+    b.add_argument("name", help="fidelity, overhead, launch, model, monitor; or 'report' to "
+                   "turn JSON results (given with --json, repeatable) into markdown")
+    b.add_argument("--json", metavar="PATH", action="append",
+                   help="write the full result (rows and checks) here")
     b.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
     args = parser.parse_args(argv)
 
@@ -26,10 +28,17 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(info, indent=1) if args.json else report(info))
         return 0
     if args.command == "bench":
-        from .bench import run, summary
+        from .bench import markdown, run, summary
 
+        if args.name == "report":
+            outs = []
+            for path in args.json or []:
+                with open(path) as f:
+                    outs.append(json.load(f))
+            print(markdown(outs))
+            return 0
         try:
-            out = run(args.name, args.json, quick=args.quick)
+            out = run(args.name, (args.json or [None])[-1], quick=args.quick)
         except ValueError as exc:
             parser.error(str(exc))
         print(summary(out))

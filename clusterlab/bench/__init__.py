@@ -45,6 +45,24 @@ def run(name: str, path: str | None = None, quick: bool = False) -> dict:
     return out
 
 
+def markdown(outs: list[dict]) -> str:
+    """A RESULTS.md section per bench, generated from its JSON (figures are never typed in)."""
+    lines = []
+    for out in outs:
+        m = out["machine"]
+        met = sum(c["ok"] for c in out["checks"])
+        lines += [f"## {out['bench']}", "",
+                  f"Machine: {m.get('cores')} cores, {m.get('memory_gb')} GB, python "
+                  f"{m.get('python')}, torch {m.get('torch')}. Checks met: {met}/"
+                  f"{len(out['checks'])}.", "",
+                  "| check | target | measured | met |", "| --- | --- | --- | --- |"]
+        for c in out["checks"]:
+            lines.append(f"| {c['name']} | {c['target']} | {c['measured']} | "
+                         f"{'yes' if c['ok'] else '**no**'} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def summary(out: dict) -> str:
     lines = [f"bench {out['bench']}: {sum(c['ok'] for c in out['checks'])}/"
              f"{len(out['checks'])} checks met"]

@@ -1,0 +1,52 @@
+"""The command line: doctor and bench produce what they promise and leave nothing behind."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+
+def clusterlab(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "clusterlab.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_doctor_reports_the_machine_and_leaves_no_namespace():
+    out = clusterlab("doctor", "--json")
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["cores"] >= 1 and info["gloo"] is True
+    assert info["timer_overshoot_us"]["p50"] >= 0
+    assert info["smallest_faithful_delay_us"] >= info["native_one_way_us"]["p50"]
+    assert set(info["kernel_shaping"]) >= {"root", "netns", "netem", "tbf"}
+    if shutil.which("ip"):
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert "clusterlab-doctor" not in names
+
+
+def test_bench_writes_rows_and_checks(tmp_path):
+    path = tmp_path / "launch.json"
+    out = clusterlab("bench", "launch", "--quick", "--json", str(path))
+    data = json.loads(path.read_text())
+    assert set(data) == {"bench", "machine", "rows", "checks"}
+    assert data["bench"] == "launch" and data["rows"]
+    for c in data["checks"]:
+        assert set(c) == {"name", "target", "measured", "ok"}
+    # The exit code says whether every check was met.
+    assert out.returncode == (0 if all(c["ok"] for c in data["checks"]) else 1)
+    report = clusterlab("bench", "report", "--json", str(path))
+    assert "| start 8 ranks (median) |" in report.stdout
+
+
+def test_unknown_bench_is_a_named_error():
+    out = clusterlab("bench", "nosuch")
+    assert out.returncode == 2 and "nosuch" in out.stderr
+
+
+@pytest.mark.parametrize("argv", [[], ["frobnicate"]])
+def test_usage_errors(argv):
+    assert clusterlab(*argv).returncode == 2

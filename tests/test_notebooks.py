@@ -1,0 +1,82 @@
+"""The course's notebooks: structure against the syllabus, hygiene, and the Binder setup.
+
+nbval itself (every notebook executed and compared) runs from test.sh; these tests check
+what nbval does not: headings, committed outputs, paths, and a fresh Binder environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SYLLABUS = json.loads((ROOT / "clusterlab/data/syllabus.json").read_text())
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+MACHINE_PATH = re.compile(r"(/work/|/tmp/|/root/|/home/\w+/)")
+
+
+def cells(path: Path) -> list[dict]:
+    return json.loads(path.read_text())["cells"]
+
+
+def test_every_notebook_is_in_the_syllabus():
+    assert NOTEBOOKS, "no notebooks found"
+    for nb in NOTEBOOKS:
+        assert nb.stem in SYLLABUS, f"{nb.name} is not in clusterlab/data/syllabus.json"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_sections_match_the_syllabus(nb):
+    headings = []
+    for cell in cells(nb):
+        if cell["cell_type"] == "markdown":
+            text = "".join(cell["source"])
+            headings += [m.strip() for m in re.findall(r"^##\s+(.+)$", text, flags=re.M)]
+    missing = [s for s in SYLLABUS[nb.stem]["sections"] if s not in headings]
+    assert not missing, f"{nb.name} lacks sections {missing}"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_with_clean_outputs(nb):
+    code = [c for c in cells(nb) if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+    assert code and all(c.get("execution_count") for c in code), "commit it executed"
+    for c in code:
+        for out in c.get("outputs", []):
+            assert out.get("output_type") != "error", f"{nb.name}: a stored error output"
+            text = json.dumps(out.get("text", "")) + json.dumps(out.get("data", {}).get(
+                "text/plain", ""))
+            assert not MACHINE_PATH.search(text), f"{nb.name}: a machine path in an output"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_binder_files_alone_build_an_environment_that_runs_start_here(tmp_path):
+    """A fresh venv from binder/requirements.txt + binder/postBuild executes 00_start_here."""
+    venv = tmp_path / "binder-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    env = {**os.environ, "PIP_RETRIES": "0", "PIP_DEFAULT_TIMEOUT": "5",
+           "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
+           "VIRTUAL_ENV": str(venv)}
+    env.pop("PYTHONPATH", None)
+    pip = [str(venv / "bin/python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run(pip + ["-r", "binder/requirements.txt"], cwd=ROOT, env=env, check=True,
+                   timeout=900)
+    subprocess.run(["bash", "binder/postBuild"], cwd=ROOT, env=env, check=True, timeout=300)
+    torch_build = subprocess.run(
+        [str(venv / "bin/python"), "-c", "import torch; print(torch.__version__)"],
+        env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert torch_build.endswith("+cpu"), f"Binder would get torch {torch_build}, not a CPU build"
+    out = tmp_path / "executed.ipynb"
+    subprocess.run([str(venv / "bin/jupyter"), "nbconvert", "--to", "notebook", "--execute",
+                    "--ExecutePreprocessor.timeout=300", "--output", str(out),
+                    str(ROOT / "notebooks/00_start_here.ipynb")],
+                   cwd=ROOT, env=env, check=True, timeout=600)
+    errors = [o for c in cells(out) for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert not errors
