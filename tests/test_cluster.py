@@ -230,3 +230,59 @@ def test_an_ordinary_script_under_torchrun(tmp_path):
     rtt, backend = float(line.split()[1]), line.split()[2]
     assert backend == "netem"
     assert rtt >= 2 * 5e-3  # each rank is its own node unless CLUSTERLAB_PROCS_PER_NODE says
+
+
+def _alive(pids):
+    return [p for p in pids if psutil.pid_exists(p)
+            and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.timeout(180)
+def test_in_a_real_jupyter_kernel_interrupt_and_restart_leave_nothing(tmp_path):
+    """A function defined in a notebook cell runs; an interrupt stops the ranks within 2 s; a
+    kernel restart leaves no rank behind."""
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+    pid_file = tmp_path / "pids"
+    try:
+        def run(code):
+            reply = kc.execute_interactive(code, timeout=60, output_hook=lambda msg: None)
+            assert reply["content"]["status"] == "ok", reply["content"]
+
+        run(textwrap.dedent(f"""
+            import time, torch, torch.distributed as dist, clusterlab
+            def cell_fn(x):
+                t = torch.tensor([float(x)])
+                dist.all_reduce(t)
+                return float(t)
+            cl = clusterlab.Cluster(nodes=3, nic="delay 1ms")
+            cl.start()
+            assert cl.run(cell_fn, 2) == [6.0, 6.0, 6.0]
+            open({str(pid_file)!r}, "w").write(" ".join(str(p.pid) for p in cl._procs))
+        """))
+        pids = [int(x) for x in pid_file.read_text().split()]
+        kc.execute("cl.run(time.sleep, 60)")
+        time.sleep(2.0)
+        km.interrupt_kernel()
+        t0 = time.monotonic()
+        reply = kc.get_shell_msg(timeout=10)
+        while reply["msg_type"] != "execute_reply":
+            reply = kc.get_shell_msg(timeout=10)
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        while _alive(pids) and time.monotonic() - t0 < 2.0:
+            time.sleep(0.05)
+        assert not _alive(pids), "ranks still running 2 s after the interrupt"
+
+        # The next run() starts fresh ranks; then a restart must take them down too.
+        run(f"assert cl.run(cell_fn, 1) == [3.0] * 3\n"
+            f"open({str(pid_file)!r}, 'w').write(' '.join(str(p.pid) for p in cl._procs))")
+        pids = [int(x) for x in pid_file.read_text().split()]
+        km.restart_kernel(now=True)
+        deadline = time.monotonic() + 5
+        while _alive(pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pids), "ranks outlived the kernel"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
