@@ -1,4 +1,4 @@
-"""The `clusterlab` command: doctor, bench."""
+"""The `clusterlab` command: doctor, bench, quiz."""
 
 from __future__ import annotations
 
@@ -8,11 +8,17 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "quiz":  # its own options: `clusterlab quiz --help`
+        from .quiz.cli import main as quiz_main
+
+        return quiz_main(argv[1:])
     parser = argparse.ArgumentParser(prog="clusterlab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     doc = sub.add_parser("doctor", help="is this machine ready, and how precise can it emulate")
     doc.add_argument("--json", action="store_true", help="print the report as JSON")
     doc.add_argument("--no-latency", action="store_true", help="skip the two-rank latency probe")
+    sub.add_parser("quiz", help="interview rehearsal in the terminal (clusterlab quiz --help)")
     b = sub.add_parser("bench", help="run a benchmark and write its JSON")
     b.add_argument("name", help="fidelity, overhead, launch, model, monitor; or 'report' to "
                    "turn JSON results (given with --json, repeatable) into markdown")
