@@ -1,0 +1,317 @@
+"""Races and lock-free updates: the experiments of notebook 06.
+
+Several OS processes (multiprocessing, fork) run SGD on ONE parameter vector that lives in
+shared memory (a torch tensor after `share_memory_()`), Hogwild-style: no lock, each worker
+reads the coordinates an example touches, computes its gradient, and writes the result back
+(a read-modify-write). Next to the parameters the workers keep, just as non-atomically,
+
+* a per-coordinate update counter, read with the parameters and written back with them:
+  when two updates of one coordinate overlap, one write wins and the counter shows it
+  (lost updates = expected increments - counted increments);
+* per-coordinate version stamps written before (`begin`) and after (`end`) the values, as in
+  a seqlock: a read that finds begin != end on any coordinate overlapped a write, so the
+  values it got may mix two versions (a mixed, or torn, read).
+
+Fixes, each measured for its cost (updates per second) and its effect: a lock around the
+whole read-compute-write ("lock"); lock-free reads retried until consistent plus writes that
+apply their delta under a short lock ("seqlock"); and synchronous data parallelism with an
+all-reduce over `clusterlab.Cluster` (`sync_allreduce`), where no two writers ever meet.
+
+Source: Niu, Recht, Ré & Wright, "Hogwild!: A Lock-Free Approach to Parallelizing Stochastic
+Gradient Descent", NeurIPS 2011 (sparse problems converge nearly as fast as with a lock);
+Lameter, "Effective synchronization on Linux/NUMA systems" (2005) for the seqlock.
+
+Public API: `make_problem`, `loss`, `hogwild`, `sync_allreduce`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+__all__ = ["MODES", "Problem", "hogwild", "loss", "make_problem", "sync_allreduce"]
+
+MODES = ("none", "lock", "seqlock")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Least squares min_x ½·mean_e (a_e·x - y_e)², each example touching `nnz` coordinates.
+
+    idx: (examples, nnz) coordinates of each example; val: (examples, nnz) its values;
+    y: (examples,) targets; x_star: the solution (y = A x_star exactly).
+    """
+
+    kind: str
+    dim: int
+    idx: np.ndarray
+    val: np.ndarray
+    y: np.ndarray
+    x_star: np.ndarray
+
+    @property
+    def nnz(self) -> int:
+        return self.idx.shape[1]
+
+    @property
+    def examples(self) -> int:
+        return self.idx.shape[0]
+
+
+def make_problem(kind: str = "dense", dim: int | None = None, nnz: int | None = None,
+                 examples: int = 2000, seed: int = 0) -> Problem:
+    """A seeded least-squares problem: "dense" (every example touches all `dim` = 32
+    coordinates) or "sparse" (each touches `nnz` = 4 of `dim` = 10000). Rows are scaled to
+    unit norm, so a learning rate below 1 is stable for a single worker."""
+    if kind not in ("dense", "sparse"):
+        raise ValueError(f"kind must be 'dense' or 'sparse', got {kind!r}")
+    rng = np.random.default_rng([seed, 0 if kind == "dense" else 1])
+    if kind == "dense":
+        dim = dim or 32
+        nnz = dim
+        idx = np.tile(np.arange(dim), (examples, 1))
+    else:
+        dim = dim or 10_000
+        nnz = nnz or 4
+        idx = np.stack([rng.choice(dim, nnz, replace=False) for _ in range(examples)])
+    val = rng.standard_normal((examples, nnz))
+    val /= np.linalg.norm(val, axis=1, keepdims=True)
+    x_star = rng.standard_normal(dim)
+    y = (val * x_star[idx]).sum(axis=1)
+    return Problem(kind, dim, idx, val, y, x_star)
+
+
+def loss(problem: Problem, x: np.ndarray) -> float:
+    """½·mean over examples of the squared residual at x (0 at the solution)."""
+    r = (problem.val * np.asarray(x)[problem.idx]).sum(axis=1) - problem.y
+    return float(0.5 * np.mean(r * r))
+
+
+# ---------------------------------------------------------------------------------------------
+# Hogwild: processes on shared memory.
+# ---------------------------------------------------------------------------------------------
+
+
+def _worker(w, problem, shared, lock, go, mode, updates, lr, seed):
+    x, count, begin, end, stats = (t.numpy() for t in shared)
+    idx_all, val_all, y_all = problem.idx, problem.val, problem.y
+    order = np.random.default_rng([seed, w]).integers(0, problem.examples, updates)
+    reads = mixed = retries = 0
+    whole = problem.nnz == problem.dim  # every update writes every coordinate (dense)
+    go.wait()
+    for k, e in enumerate(order):
+        idx, a = idx_all[e], val_all[e]
+        stamp = (w + 1) * 10_000_000 + k + 1  # unique per update
+        if mode == "lock":
+            lock.acquire()
+        while True:  # read: end stamps, values, counters, begin stamps (a seqlock's order)
+            e_seen = end[idx]
+            xv = x[idx]
+            c = count[idx]
+            b_seen = begin[idx]
+            reads += 1
+            # A write to these coordinates was in flight (begin != end), or (dense) the
+            # coordinates carry the stamps of different updates: a mix of versions.
+            if (b_seen != e_seen).any() or (whole and e_seen.min() != e_seen.max()):
+                mixed += 1
+                if mode == "seqlock":
+                    retries += 1
+                    continue
+            break
+        step = lr * (a @ xv - y_all[e]) * a  # the gradient of this example, times lr
+        if mode == "seqlock":
+            with lock:  # apply the delta to the CURRENT values: no write is lost
+                begin[idx] = stamp
+                x[idx] -= step
+                count[idx] += 1
+                end[idx] = stamp
+        else:  # write back what we computed from what we read: a read-modify-write
+            begin[idx] = stamp
+            x[idx] = xv - step
+            count[idx] = c + 1
+            end[idx] = stamp
+            if mode == "lock":
+                lock.release()
+        if (k & 255) == 255 or k == updates - 1:
+            stats[w] = (k + 1, reads, mixed, retries)
+
+
+def hogwild(
+    problem: Problem | str = "dense",
+    workers: int = 4,
+    updates: int = 20_000,
+    lr: float = 0.1,
+    mode: str = "none",
+    seed: int = 0,
+    *,
+    sample_every_s: float = 0.005,
+    timeout: float = 60,
+) -> dict:
+    """`workers` processes each run `updates` SGD steps on one shared parameter vector.
+
+    problem: a `Problem` or "dense"/"sparse" (`make_problem` with defaults).
+    mode: "none" (Hogwild: read-modify-write with no lock), "lock" (a multiprocessing.Lock
+    held across read, gradient and write), "seqlock" (reads retried until no write overlapped
+    them, writes apply their delta under a lock held only for the write).
+    Every worker picks examples from its own seeded stream. The parent samples the loss
+    every `sample_every_s` while the workers run. No process outlives the call: workers
+    still alive after `timeout` s are terminated, then killed, and the call raises.
+
+    Returns a dict: mode, kind, workers, updates (total), expected (coordinate increments
+    that should have happened), counted, lost (= expected - counted), lost_fraction,
+    reads, mixed_reads, mixed_fraction, retries, elapsed_s, updates_per_s, curve_updates,
+    curve_loss, curve_t (the sampled loss), initial_loss, final_loss.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if isinstance(problem, str):
+        problem = make_problem(problem)
+    ctx = mp.get_context("fork")
+    x = torch.zeros(problem.dim, dtype=torch.float64).share_memory_()
+    count = torch.zeros(problem.dim, dtype=torch.int64).share_memory_()
+    begin = torch.zeros(problem.dim, dtype=torch.int64).share_memory_()
+    end = torch.zeros(problem.dim, dtype=torch.int64).share_memory_()
+    stats = torch.zeros((workers, 4), dtype=torch.int64).share_memory_()
+    shared = (x, count, begin, end, stats)
+    lock, go = ctx.Lock(), ctx.Event()
+    procs = [ctx.Process(target=_worker, name=f"hogwild-{w}", daemon=True,
+                         args=(w, problem, shared, lock, go, mode, updates, lr, seed))
+             for w in range(workers)]
+    xn, sn = x.numpy(), stats.numpy()
+    initial = loss(problem, xn)
+    curve_t, curve_u, curve_l = [0.0], [0], [initial]
+    try:
+        for p in procs:
+            p.start()
+        time.sleep(0.05)  # let every worker reach the starting line
+        t0 = time.monotonic()
+        go.set()
+        deadline = t0 + timeout
+        while any(p.is_alive() for p in procs):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"hogwild workers still running after {timeout} s")
+            time.sleep(sample_every_s)
+            curve_t.append(time.monotonic() - t0)
+            curve_u.append(int(sn[:, 0].sum()))
+            curve_l.append(loss(problem, xn.copy()))
+        elapsed = time.monotonic() - t0
+        for p in procs:
+            p.join()
+        bad = [p.exitcode for p in procs if p.exitcode != 0]
+        if bad:
+            raise RuntimeError(f"hogwild workers failed with exit codes {bad}")
+    finally:
+        for p in procs:
+            if p.is_alive():
+                with contextlib.suppress(Exception):
+                    p.terminate()
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.join(1.0)
+                if p.is_alive():
+                    p.kill()
+                    p.join(1.0)
+    total = workers * updates
+    expected = total * problem.nnz
+    counted = int(count.sum())
+    reads, mixed, retries = (int(v) for v in sn[:, 1:].sum(axis=0))
+    final = loss(problem, xn)
+    curve_t.append(elapsed)
+    curve_u.append(total)
+    curve_l.append(final)
+    return {
+        "mode": mode, "kind": problem.kind, "workers": workers, "updates": total,
+        "expected": expected, "counted": counted, "lost": expected - counted,
+        "lost_fraction": (expected - counted) / expected,
+        "reads": reads, "mixed_reads": mixed, "mixed_fraction": mixed / max(reads, 1),
+        "retries": retries, "elapsed_s": elapsed, "updates_per_s": total / elapsed,
+        "curve_t": np.array(curve_t), "curve_updates": np.array(curve_u),
+        "curve_loss": np.array(curve_l), "initial_loss": initial, "final_loss": final,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The synchronous alternative: every rank computes, one all-reduce, everyone applies.
+# ---------------------------------------------------------------------------------------------
+
+
+def _sync_rank(problem, updates, batch, lr, seed):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = np.zeros(problem.dim)
+    counts = torch.zeros(problem.dim, dtype=torch.float64)
+    order = np.random.default_rng([seed, rank]).integers(0, problem.examples, updates)
+    g = torch.zeros(problem.dim, dtype=torch.float64)
+    gn = g.numpy()
+    curve_u, curve_l = [0], [loss(problem, x)]
+    dist.barrier()
+    t0 = time.monotonic()
+    for s in range(0, updates, batch):
+        ex = order[s:s + batch]
+        idx, a = problem.idx[ex], problem.val[ex]
+        r = (a * x[idx]).sum(axis=1) - problem.y[ex]
+        gn[:] = 0
+        np.add.at(gn, idx.ravel(), (r[:, None] * a).ravel())
+        np.add.at(counts.numpy(), idx.ravel(), 1.0)
+        dist.all_reduce(g)  # the sum of every rank's gradients: one consistent update
+        x -= lr * gn / world  # each rank applies the same step to its own replica
+        if rank == 0 and (s // batch) % 4 == 3:
+            curve_u.append((s + len(ex)) * world)
+            curve_l.append(loss(problem, x))
+    elapsed = time.monotonic() - t0
+    dist.all_reduce(counts)
+    return {"x": x, "elapsed": elapsed, "counts": counts.numpy(), "curve_u": curve_u,
+            "curve_l": curve_l}
+
+
+def sync_allreduce(
+    problem: Problem | str = "dense",
+    workers: int = 4,
+    updates: int = 2_000,
+    batch: int = 32,
+    lr: float = 0.1,
+    seed: int = 0,
+    *,
+    nic: str | None = "delay 100us",
+    cluster=None,
+    timeout: float = 60,
+) -> dict:
+    """Synchronous data parallelism on a `clusterlab.Cluster` of `workers` ranks.
+
+    Each rank keeps its own replica of x, takes `batch` examples per step from its seeded
+    stream, and all-reduces the summed gradient through the emulated network `nic`; every
+    rank applies x -= lr·(sum of all ranks' example gradients)/workers: a step as large as
+    `batch` sequential Hogwild updates. Updates per worker: `updates` (examples).
+    Coordinate counts are all-reduced too, so lost updates are counted the same way as in
+    `hogwild` (and are 0: no two writers ever share memory).
+
+    Returns the same keys as `hogwild` (mixed_reads and retries are 0 by construction).
+    """
+    from clusterlab.cluster import Cluster
+
+    if isinstance(problem, str):
+        problem = make_problem(problem)
+    with contextlib.ExitStack() as stack:
+        cl = cluster or stack.enter_context(Cluster(nodes=workers, nic=nic, seed=seed,
+                                                    timeout=timeout))
+        out = cl.run(_sync_rank, problem, updates, batch, lr, seed)
+    total = workers * updates
+    expected = total * problem.nnz
+    counted = int(round(out[0]["counts"].sum()))
+    elapsed = max(o["elapsed"] for o in out)
+    replicas_agree = all(np.array_equal(o["x"], out[0]["x"]) for o in out)
+    return {
+        "mode": "allreduce", "kind": problem.kind, "workers": workers, "updates": total,
+        "expected": expected, "counted": counted, "lost": expected - counted,
+        "lost_fraction": (expected - counted) / expected,
+        "reads": total, "mixed_reads": 0, "mixed_fraction": 0.0, "retries": 0,
+        "elapsed_s": elapsed, "updates_per_s": total / elapsed,
+        "curve_updates": np.array(out[0]["curve_u"]), "curve_loss": np.array(out[0]["curve_l"]),
+        "initial_loss": float(out[0]["curve_l"][0]), "final_loss": loss(problem, out[0]["x"]),
+        "replicas_agree": replicas_agree,
+    }

@@ -1,0 +1,122 @@
+"""Experiments of notebooks 05 (stragglers, staleness) and 06 (races): the claims they assert.
+
+Real processes on a shared 2-core machine: tolerances are relative and generous, and no test
+asserts an absolute time.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from clusterlab import models
+from clusterlab.experiments import races, staleness
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def children():
+    return [p for p in psutil.Process().children(recursive=True) if p.is_running()
+            and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers():
+    before = {p.pid for p in children()}
+    yield
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        left = [p for p in children() if p.pid not in before]
+        if not left:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"processes left behind: {[p.pid for p in left]}")
+
+
+# --- delayed gradient descent: deterministic ------------------------------------------------
+
+
+@pytest.mark.parametrize("tau", range(11))
+def test_stability_boundary_matches_the_closed_form(tau):
+    assert abs(staleness.stability_boundary(tau) - models.delayed_gd_stable_step(tau)) < 1e-3
+
+
+def test_delayed_gd_is_the_recurrence_and_diverges_past_the_boundary():
+    x = staleness.delayed_gd(0.5, 2, 6)
+    assert np.allclose(x, [1, 0.5, 0, -0.5, -0.75, -0.75, -0.5])
+    limit = models.delayed_gd_stable_step(3)
+    assert abs(staleness.delayed_gd(0.9 * limit, 3, 3000)[-1]) < 1e-3
+    assert abs(staleness.delayed_gd(1.1 * limit, 3, 3000)[-1]) > 1e3
+    assert staleness.growth_rate(0.9 * limit, 3) < 0 < staleness.growth_rate(1.1 * limit, 3)
+
+
+def test_compute_draws_are_seeded_per_rank():
+    a = staleness.compute_draws(4, 10, 0.01, 0.02, seed=3)
+    b = staleness.compute_draws(8, 10, 0.01, 0.02, seed=3)
+    assert np.array_equal(a, b[:, :4]) and (a >= 0.01).all()
+    slow = staleness.compute_draws(4, 10, 0.01, 0.0, slow_rank=2, slowdown=3.0)
+    assert np.allclose(slow[:, 2], 0.03) and np.allclose(slow[:, 0], 0.01)
+
+
+def test_backup_prediction_is_the_order_statistic():
+    assert staleness.backup_step_prediction(8, 0, 0.1, 0.02) == pytest.approx(
+        models.straggler_step(0.1, 0.02, 8))
+    h = sum(1 / i for i in range(3, 9))
+    assert staleness.backup_step_prediction(8, 2, 0.0, 1.0) == pytest.approx(h)
+
+
+def test_simulated_steps_follow_c_plus_m_h_n():
+    sim = staleness.simulated_step_times([16, 256], 0.05, 0.01, steps=4000)
+    assert np.allclose(sim["mean_step_s"], sim["model_s"], rtol=0.03)
+
+
+# --- real clusters ---------------------------------------------------------------------------
+
+
+def test_straggler_mean_step_follows_c_plus_m_h_n():
+    c, m = 0.02, 0.02
+    r = staleness.synchronous_step_times(4, c, exp_mean_s=m, steps=30, seed=0)
+    model = models.straggler_step(c, m, 4)
+    # the barrier's wait is the slowest rank's compute: the order statistic itself
+    assert abs(r["mean_slowest_s"] - model) / model < 0.15
+    # the step is that wait plus the collective, never less
+    assert r["mean_step_s"] >= 0.97 * r["mean_slowest_s"]
+    assert r["mean_step_s"] > c + m  # slower than any one rank on average
+
+
+def test_backup_workers_shorten_the_step():
+    out = staleness.backup_workers(6, [0, 2], compute_s=0.01, exp_mean_s=0.02, steps=20)
+    full, backup = out
+    assert backup["mean_step_s"] < full["mean_step_s"]
+    assert backup["cancelled"] > 0 and full["cancelled"] == 0
+
+
+def test_async_ps_measures_staleness_and_the_step_size_fix_helps():
+    from clusterlab import Cluster
+
+    with Cluster(nodes=5, nic="delay 100us") as cl:
+        plain = staleness.async_parameter_server(4, 150, lr=0.7, cluster=cl)
+        fixed = staleness.async_parameter_server(4, 150, lr=0.7, fix="scale", cluster=cl)
+    assert plain["tau"].mean() > 1 and plain["tau"].max() >= 2
+    assert plain["step_back"] > 0
+    assert fixed["final_loss"] < plain["final_loss"]
+
+
+def test_hogwild_loses_updates_without_a_lock_and_not_with_one():
+    problem = races.make_problem("dense")
+    free = races.hogwild(problem, workers=4, updates=2000, lr=0.05, mode="none")
+    locked = races.hogwild(problem, workers=4, updates=2000, lr=0.05, mode="lock")
+    assert free["lost"] > 0
+    assert locked["lost"] == 0 and locked["mixed_reads"] == 0
+    assert locked["counted"] == locked["expected"] == 4 * 2000 * problem.dim
+    seq = races.hogwild(problem, workers=4, updates=1000, lr=0.05, mode="seqlock")
+    assert seq["lost"] == 0
+
+
+def test_sync_allreduce_has_no_lost_updates_and_identical_replicas():
+    r = races.sync_allreduce("sparse", workers=2, updates=256, batch=32)
+    assert r["lost"] == 0 and r["replicas_agree"]
+    assert r["final_loss"] < r["initial_loss"]
