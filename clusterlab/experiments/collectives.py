@@ -1,0 +1,441 @@
+"""Experiments of notebook 02: all-reduce algorithms and topology, measured against models.
+
+Every measurement starts a real `clusterlab.Cluster` (one OS process per rank, Gloo, the
+"netem" backend) and times one of the algorithms of `clusterlab.collectives`, whose every
+message crosses the emulated network on its own. Each measurement comes with two
+predictions:
+
+* model: the closed form of `clusterlab.models` (alpha-beta), with alpha = the configured
+  delay and beta = the wire time of one payload byte, headers included;
+* replay: `clusterlab.schedule.play`, the simulator's round-by-round replay of the same
+  algorithm over the same link model (the engine the backend uses for `dist.all_reduce`).
+
+Times are in seconds, sizes in bytes. Results are plain lists of dicts, one per
+(configuration, algorithm, size), which `format_table` prints and the notebook plots.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from .. import models
+from ..netem import Netem, as_netem
+from ..schedule import HEADER_BYTES, Collective, Fabric, play
+from ..topology import Topology
+
+KiB, MiB = 1024, 1024 * 1024
+SEGMENT = 65536  # payload bytes per TCP segment, as the link model cuts messages
+
+# The default network: 5 ms one-way latency and a 200 Mbit/s NIC per node. Chosen so that
+# 4 KiB is latency-bound (n*beta = 0.17 ms << alpha), 4 MiB bandwidth-bound (n*beta = 168 ms),
+# one round of latency stands well above this machine's scheduling noise (a few ms when two
+# cores run eight ranks), and every experiment of the notebook fits its time budget.
+NIC = "delay 5ms rate 200mbit"
+SIZES = (4 * KiB, 256 * KiB, 4 * MiB)
+# A node's internal link in the topology experiments: 50x the NIC's rate, 1/50 its latency.
+INTRA = "delay 100us rate 10gbit"
+
+P2P_ALGORITHMS = ("parameter_server", "ring", "recursive_doubling", "rabenseifner", "tree",
+                  "hierarchical")
+LIBRARY_ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "tree", "hierarchical")
+LABELS = {
+    "parameter_server": "parameter server",
+    "ring": "ring",
+    "recursive_doubling": "recursive doubling",
+    "rabenseifner": "Rabenseifner",
+    "tree": "binomial tree",
+    "hierarchical": "hierarchical",
+}
+
+
+# --- predictions -------------------------------------------------------------------------------
+
+
+def alpha_beta(spec: str | Netem | None) -> tuple[float, float]:
+    """(alpha, beta) of a netem spec: alpha = delay (s), beta = s per payload byte.
+
+    beta = 8 / rate x (65536 + 66) / 65536: every 64 KiB segment carries 66 bytes of
+    Ethernet/IP/TCP headers on the wire. No rate means beta = 0 (an infinitely fast link).
+    """
+    net = as_netem(spec) or Netem()
+    alpha = net.delay_ns / 1e9
+    beta = 8 / net.rate_bps * (SEGMENT + HEADER_BYTES) / SEGMENT if net.rate_bps else 0.0
+    return alpha, beta
+
+
+def parameter_server_egress(p: int, n: float, alpha: float, beta: float) -> float:
+    """The parameter server on a network shaped at each node's egress (as `tc netem` is).
+
+    The p-1 workers push on their own NICs at the same time (alpha + n beta); the server's
+    p-1 replies queue in its one NIC (alpha + (p-1) n beta): 2 alpha + p n beta. The
+    textbook cost `models.parameter_server(p - 1, n, alpha, beta)` = 2(alpha + (p-1) n beta)
+    also charges the pushes to the server's link: its receive side, which netem does not
+    shape (on a real cluster the switch port in front of the server does).
+    """
+    if p == 1:
+        return 0.0
+    return 2 * alpha + p * n * beta
+
+
+def predict(
+    algorithm: str,
+    nbytes: int,
+    nodes: int,
+    procs_per_node: int = 1,
+    nic: str | None = NIC,
+    intra: str | None = None,
+) -> float:
+    """The closed-form time (s) of `algorithm` on nodes x procs_per_node ranks.
+
+    On one node every message takes the intra-node link. On several nodes the flat
+    algorithms are costed with the NIC for every round, as if each round waited for its
+    slowest link: an upper bound when some rounds stay inside a node (the replay knows
+    better). Hierarchical is costed with both links.
+    """
+    p = nodes * procs_per_node
+    a, b = alpha_beta(nic if nodes > 1 else intra)
+    if algorithm == "parameter_server":
+        return parameter_server_egress(p, nbytes, a, b)
+    if algorithm == "hierarchical":
+        ai, bi = alpha_beta(intra)
+        return models.hierarchical_allreduce(nodes, procs_per_node, nbytes, ai, bi, a, b)
+    return models.allreduce_time(algorithm, p, nbytes, a, b)
+
+
+def replay(
+    algorithm: str,
+    nbytes: int,
+    nodes: int,
+    procs_per_node: int = 1,
+    nic: str | None = NIC,
+    intra: str | None = None,
+    seed: int = 0,
+) -> float:
+    """The simulator's time (s): `clusterlab.schedule.play` replays the algorithm's rounds
+    over the link model, all ranks entering at 0; the last rank's finish.
+
+    The parameter server has no schedule in the backend; it is replayed here with the same
+    `Fabric`, as its two rounds: p-1 pushes to rank 0, then rank 0's p-1 replies.
+    """
+    topology = Topology.build(nodes, procs_per_node, nic, intra)
+    fabric = Fabric(topology, segment_bytes=SEGMENT)
+    rng = np.random.default_rng(seed)
+    p = topology.world_size
+    start = np.zeros(p, dtype=np.int64)
+    if algorithm != "parameter_server":
+        return float(play(fabric, Collective("allreduce", nbytes, algorithm=algorithm), start,
+                          rng).max()) / 1e9
+    if p == 1:
+        return 0.0
+    workers = np.arange(1, p)
+    server = np.zeros(p - 1, dtype=np.int64)
+    pushed = fabric.deliver(workers, server, start[workers], nbytes, rng).max()
+    pulled = fabric.deliver(server, workers, np.full(p - 1, pushed), nbytes, rng)
+    return float(pulled.max()) / 1e9
+
+
+# --- measurements ------------------------------------------------------------------------------
+
+
+def _timed_runs(plan, library: bool):
+    """On every rank: run each (algorithm, nbytes, repeats) of `plan` and note when this rank
+    entered and left every repetition (seconds, the shared clock). A first, untimed run of a
+    small message per item opens the connections the algorithm uses."""
+    import torch
+    import torch.distributed as dist
+
+    from .. import clock
+    from ..collectives import ALGORITHMS
+
+    out = []
+    for algorithm, nbytes, repeats in plan:
+        run = (lambda t: dist.all_reduce(t)) if library else ALGORITHMS[algorithm]
+        run(torch.ones(1024))
+        spans = []
+        for _ in range(repeats):
+            x = torch.ones(max(1, nbytes // 4))
+            dist.barrier()
+            t0 = clock.now()
+            run(x)
+            t1 = clock.now()
+            spans.append((t0, t1))
+            if float(x[0]) != dist.get_world_size():
+                raise AssertionError(f"{algorithm}: wrong sum {float(x[0])}")
+        out.append(spans)
+    return out
+
+
+def _durations(per_rank_spans) -> list[list[float]]:
+    """Per plan item, per repetition: from the first rank entering to the last rank leaving.
+
+    Every message chain of an algorithm starts when some rank enters, so this duration is
+    never shorter than the algorithm's critical path on the configured network; ranks that
+    leave the barrier late (scheduling noise) can only lengthen it.
+    """
+    items = len(per_rank_spans[0])
+    out = []
+    for k in range(items):
+        spans = np.array([rank[k] for rank in per_rank_spans])  # ranks x repeats x 2
+        out.append((spans[:, :, 1].max(axis=0) - spans[:, :, 0].min(axis=0)).tolist())
+    return out
+
+
+def _repeats_for(nbytes: int, repeats: int | None, big_repeats: int) -> int:
+    if repeats is not None:
+        return repeats
+    # Small messages are cheap and, relative to their time, noisy: take more of them.
+    return 7 if nbytes <= 256 * KiB else big_repeats
+
+
+def cluster(
+    nodes: int = 4,
+    procs_per_node: int = 1,
+    nic: str | None = NIC,
+    intra: str | None = None,
+    seed: int = 0,
+    timeout: float = 60,
+):
+    """A `clusterlab.Cluster` to pass to several `measure` calls (it starts on first use and
+    stays up, which saves a process start per call; `close()` it when done)."""
+    from ..cluster import Cluster
+
+    return Cluster(nodes=nodes, procs_per_node=procs_per_node, nic=nic, intra=intra, seed=seed,
+                   timeout=timeout)
+
+
+def measure(
+    algorithms: Sequence[str] = P2P_ALGORITHMS,
+    sizes: Iterable[int] = SIZES,
+    nodes: int = 4,
+    procs_per_node: int = 1,
+    nic: str | None = NIC,
+    intra: str | None = None,
+    repeats: int | None = None,
+    library: bool = False,
+    seed: int = 0,
+    timeout: float = 60,
+    big_repeats: int = 2,
+    on=None,
+) -> list[dict]:
+    """Time all-reduce algorithms on a real emulated cluster; predict each with the closed
+    form and the replay.
+
+    library=False times the point-to-point implementations of `clusterlab.collectives`;
+    library=True times the backend's own `dist.all_reduce`, one cluster per algorithm
+    (`Cluster(algorithm=...)`), as the "library" baseline (no parameter server there).
+    on: a running (or startable) Cluster to use instead of starting one; its topology
+    replaces nodes, procs_per_node, nic, intra and seed.
+
+    Repetitions: `repeats` for every size if given, else 7 up to 256 KiB and `big_repeats`
+    above. Each row: config, algorithm, nbytes, p, times (every repetition, s), best (the
+    fastest repetition), median, measured (= best), model, replay, algbw and busbw (bytes/s,
+    from `measured`).
+
+    Why the best repetition: the emulated network never delivers a message early, so
+    everything this machine adds (other processes, two cores shared by all ranks) can only
+    make a repetition slower. The fastest one is the closest to what the network costs.
+    """
+    from ..cluster import Cluster
+
+    if on is not None:
+        if library:
+            raise ValueError("library=True starts its own cluster per algorithm; drop `on`")
+        topo = on.topology
+        nodes, procs_per_node, nic, intra = topo.nodes, topo.procs_per_node, topo.nic, topo.intra
+        seed = on.seed
+    sizes = list(sizes)
+    plan = [(a, n, _repeats_for(n, repeats, big_repeats)) for a in algorithms for n in sizes]
+    # The library's algorithm is a property of the cluster: one cluster per algorithm.
+    groups = [[item for item in plan if item[0] == a] for a in algorithms] if library else [plan]
+    rows = []
+    for group in groups:
+        if on is not None:
+            spans = on.run(_timed_runs, group, library)
+        else:
+            algorithm = group[0][0] if library else "ring"
+            with Cluster(nodes=nodes, procs_per_node=procs_per_node, nic=nic, intra=intra,
+                         seed=seed, timeout=timeout, algorithm=algorithm) as cl:
+                spans = cl.run(_timed_runs, group, library)
+        for (name, nbytes, _), times in zip(group, _durations(spans)):
+            rows.append(_row(name, nbytes, nodes, procs_per_node, nic, intra, times, library,
+                             seed))
+    return rows
+
+
+def _row(algorithm, nbytes, nodes, procs_per_node, nic, intra, times, library, seed) -> dict:
+    p = nodes * procs_per_node
+    best = min(times)
+    nbytes_sent = max(1, nbytes // 4) * 4
+    return {
+        "config": f"{nodes}x{procs_per_node}",
+        "nodes": nodes,
+        "procs_per_node": procs_per_node,
+        "p": p,
+        "algorithm": algorithm,
+        "library": library,
+        "nbytes": nbytes_sent,
+        "times": list(times),
+        "best": best,
+        "median": statistics.median(times),
+        "measured": best,
+        "model": predict(algorithm, nbytes_sent, nodes, procs_per_node, nic, intra),
+        "replay": replay(algorithm, nbytes_sent, nodes, procs_per_node, nic, intra, seed),
+        "algbw": models.alg_bandwidth(nbytes_sent, best),
+        "busbw": models.bus_bandwidth("all_reduce", p, nbytes_sent, best) if p > 1 else 0.0,
+    }
+
+
+# --- presentation ------------------------------------------------------------------------------
+
+
+def human_bytes(n: float) -> str:
+    """4096 -> '4 KiB', 4194304 -> '4 MiB'."""
+    for unit, size in (("MiB", MiB), ("KiB", KiB)):
+        if n >= size:
+            value = n / size
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def select(rows: Sequence[dict], **where) -> list[dict]:
+    """The rows whose fields equal every keyword given, e.g. select(rows, algorithm="ring")."""
+    return [r for r in rows if all(r[k] == v for k, v in where.items())]
+
+
+def one(rows: Sequence[dict], **where) -> dict:
+    """The single row matching `where` (ValueError if none or several)."""
+    found = select(rows, **where)
+    if len(found) != 1:
+        raise ValueError(f"{len(found)} rows match {where}")
+    return found[0]
+
+
+def format_table(rows: Sequence[dict], predictions_only: bool = False) -> str:
+    """A fixed-width text table of the rows (times in ms, bandwidths in MB/s from the best).
+
+    predictions_only=True leaves out everything measured: that table is the same on every
+    machine and every run.
+    """
+    head = ["config", "algorithm", "size", "model ms", "replay ms"]
+    if not predictions_only:
+        head += ["best ms", "median ms", "best/model", "algbw MB/s", "busbw MB/s"]
+    lines = []
+    for r in rows:
+        name = LABELS.get(r["algorithm"], r["algorithm"]) + (" (library)" if r["library"] else "")
+        cells = [r["config"], name, human_bytes(r["nbytes"]), f"{r['model'] * 1e3:.2f}",
+                 f"{r['replay'] * 1e3:.2f}"]
+        if not predictions_only:
+            ratio = r["measured"] / r["model"] if r["model"] else float("nan")
+            cells += [f"{r['measured'] * 1e3:.2f}", f"{r['median'] * 1e3:.2f}", f"{ratio:.2f}",
+                      f"{r['algbw'] / 1e6:.2f}", f"{r['busbw'] / 1e6:.2f}"]
+        lines.append(cells)
+    widths = [max(len(h), *(len(c[i]) for c in lines)) if lines else len(h)
+              for i, h in enumerate(head)]
+    fmt = lambda cells: "  ".join(  # noqa: E731
+        c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(c) for c in lines])
+
+
+def predictions(
+    algorithms: Sequence[str],
+    sizes: Iterable[int] = SIZES,
+    nodes: int = 4,
+    procs_per_node: int = 1,
+    nic: str | None = NIC,
+    intra: str | None = None,
+) -> list[dict]:
+    """Rows with the model and the replay only (nothing run): what to predict first."""
+    rows = []
+    for a in algorithms:
+        for n in sizes:
+            rows.append({
+                "config": f"{nodes}x{procs_per_node}", "algorithm": a, "library": False,
+                "nbytes": n, "p": nodes * procs_per_node,
+                "model": predict(a, n, nodes, procs_per_node, nic, intra),
+                "replay": replay(a, n, nodes, procs_per_node, nic, intra),
+            })
+    return rows
+
+
+def plot_measured_vs_predicted(rows: Sequence[dict], ax=None, title: str | None = None):
+    """Grouped bars per (algorithm, size): measured (best repetition, with a line up to the
+    slowest), closed form, replay. Log-scaled time axis: sizes span three decades."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(5.0, 1.0 * len(rows) + 2), 3.4))
+    x = np.arange(len(rows))
+    w = 0.27
+    meas = np.array([r["measured"] for r in rows]) * 1e3
+    hi = np.array([max(r["times"]) for r in rows]) * 1e3 - meas
+    ax.bar(x - w, meas, w, yerr=[np.zeros_like(hi), hi], capsize=3,
+           label="measured (best; line: slowest)", color="C0")
+    ax.bar(x, [r["model"] * 1e3 for r in rows], w, label="closed form", color="C1")
+    ax.bar(x + w, [r["replay"] * 1e3 for r in rows], w, label="replay (schedule.play)",
+           color="C2")
+    many = {key: len({r[key] for r in rows}) > 1 for key in ("algorithm", "nbytes", "config")}
+    ax.set_xticks(x)
+    ax.set_xticklabels(["\n".join(
+        ([_wrapped(r["algorithm"])] if many["algorithm"] else [])
+        + ([human_bytes(r["nbytes"])] if many["nbytes"] or not many["algorithm"] else [])
+        + ([r["config"]] if many["config"] else [])) for r in rows], fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("all-reduce time (ms)")
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return ax
+
+
+def _wrapped(algorithm: str) -> str:
+    """An algorithm's label on two lines when it has two words (narrow tick labels)."""
+    return LABELS.get(algorithm, algorithm).replace(" ", "\n", 1)
+
+
+def plot_regimes(rows: Sequence[dict], ax=None, title: str | None = None):
+    """Per message size, every algorithm's measured median relative to the fastest one."""
+    import matplotlib.pyplot as plt
+
+    sizes = sorted({r["nbytes"] for r in rows})
+    names = list(dict.fromkeys(r["algorithm"] for r in rows))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.4))
+    w = 0.8 / len(names)
+    for i, name in enumerate(names):
+        rel = []
+        for n in sizes:
+            best = min(r["measured"] for r in rows if r["nbytes"] == n)
+            rel.append(one(rows, algorithm=name, nbytes=n)["measured"] / best)
+        ax.bar(np.arange(len(sizes)) + (i - (len(names) - 1) / 2) * w, rel, w,
+               label=LABELS.get(name, name))
+    ax.axhline(1, color="k", lw=0.8)
+    ax.set_xticks(np.arange(len(sizes)))
+    ax.set_xticklabels([human_bytes(n) for n in sizes])
+    ax.set_ylabel("time / fastest at this size")
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return ax
+
+
+def plot_bandwidths(rows: Sequence[dict], link_bytes_per_s: float, ax=None,
+                    title: str | None = None):
+    """algbw and busbw (MB/s) per row, against the link's payload rate 1/beta."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(5.0, 1.0 * len(rows) + 2), 3.4))
+    x = np.arange(len(rows))
+    ax.bar(x - 0.2, [r["algbw"] / 1e6 for r in rows], 0.4, label="algbw = n / t")
+    ax.bar(x + 0.2, [r["busbw"] / 1e6 for r in rows], 0.4, label="busbw = algbw x 2(p-1)/p")
+    ax.axhline(link_bytes_per_s / 1e6, color="k", ls="--", lw=1, label="link: 1/beta")
+    ax.set_xticks(x)
+    ax.set_xticklabels([f"{_wrapped(r['algorithm'])}\np = {r['p']}" for r in rows], fontsize=8)
+    ax.set_ylabel("MB/s")
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return ax

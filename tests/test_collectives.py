@@ -1,0 +1,224 @@
+"""The point-to-point all-reduce algorithms of clusterlab.collectives: they sum exactly what
+dist.all_reduce sums, and they take the time their rounds of messages must take.
+
+Timing tests assert only what follows from the configured network (the emulator never
+delivers a message before its configured delay, so measured times are bounded below), and
+relations with wide margins: the machine is shared and timings are noisy.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from clusterlab import Cluster
+from clusterlab.collectives import ALGORITHMS
+from clusterlab.experiments import collectives as ex
+
+pytestmark = pytest.mark.timeout(120)
+
+DTYPES = (torch.float32, torch.float64, torch.int64)
+
+
+def compare_with_all_reduce(lengths, procs_per_node):
+    """On every rank: each algorithm against dist.all_reduce; returns the mismatches."""
+    rank = dist.get_rank()
+    bad = []
+    for n in lengths:
+        for dtype in DTYPES:
+            gen = torch.Generator().manual_seed(1000 * rank + n)
+            if dtype.is_floating_point:
+                x = torch.randn(n, generator=gen, dtype=torch.float64).to(dtype)
+            else:
+                x = torch.randint(-1000, 1000, (n,), generator=gen, dtype=dtype)
+            expected = x.clone()
+            if n:
+                dist.all_reduce(expected)
+            for name, fn in ALGORITHMS.items():
+                y = x.clone()
+                out = fn(y, procs_per_node) if name == "hierarchical" else fn(y)
+                ok = out is y and y.dtype == dtype and y.shape == x.shape
+                if dtype.is_floating_point:
+                    ok = ok and torch.allclose(y, expected, rtol=1e-5, atol=1e-5)
+                else:
+                    ok = ok and torch.equal(y, expected)
+                if not ok:
+                    bad.append((name, n, str(dtype)))
+    return bad
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5])
+def test_every_algorithm_equals_dist_all_reduce(p):
+    # Even p: 2 processes per node, so hierarchical has both levels; a small delay makes
+    # every message take the netem backend's framed path. (6 ranks: the next test.)
+    ppn = 2 if p % 2 == 0 else 1
+    lengths = sorted({1, max(p - 1, 0), p + 1, 1000})
+    with Cluster(nodes=p // ppn, procs_per_node=ppn, nic="delay 100us", timeout=90) as cl:
+        results = cl.run(compare_with_all_reduce, lengths, ppn)
+    for rank, bad in enumerate(results):
+        assert not bad, f"rank {rank}: {bad}"
+
+
+def odd_tensors():
+    """6 ranks: non-contiguous, 2-D and large tensors, every server, other groupings."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    out = {}
+    base = torch.arange(24, dtype=torch.float64).reshape(4, 6) * (rank + 1)
+    expected = base.clone()
+    dist.all_reduce(expected)
+    big = torch.arange(20000, dtype=torch.float32) * (rank + 1)  # 80 kB: two-part messages
+    big_expected = big.clone()
+    dist.all_reduce(big_expected)
+    for name, fn in ALGORITHMS.items():
+        t = base.clone().t()  # non-contiguous view
+        fn(t)
+        out[f"{name}-transposed"] = torch.equal(t, expected.t())
+        m = base.clone()
+        fn(m)
+        out[f"{name}-2d"] = torch.equal(m, expected)
+        b = big.clone()
+        fn(b)
+        out[f"{name}-80kB"] = torch.allclose(b, big_expected, rtol=1e-6)
+    for server in range(p):
+        x = torch.full((5,), float(rank))
+        ALGORITHMS["parameter_server"](x, server=server)
+        out[f"ps-server-{server}"] = torch.equal(x, torch.full((5,), float(sum(range(p)))))
+    for ppn in (1, 3, 6):  # groupings other than the cluster's own
+        x = torch.full((7,), rank + 1, dtype=torch.int64)
+        ALGORITHMS["hierarchical"](x, ppn)
+        out[f"hier-{ppn}"] = torch.equal(x, torch.full((7,), p * (p + 1) // 2))
+    try:
+        ALGORITHMS["hierarchical"](torch.ones(3), 4)  # 4 does not divide 6
+        out["hier-4-rejected"] = False
+    except ValueError as exc:
+        out["hier-4-rejected"] = "does not divide" in str(exc)
+    return out
+
+
+def test_six_ranks_odd_shapes_servers_and_groupings():
+    with Cluster(nodes=3, procs_per_node=2, nic="delay 100us", timeout=90) as cl:
+        results = cl.run(odd_tensors)
+    for rank, checks in enumerate(results):
+        failed = [k for k, ok in checks.items() if not ok]
+        assert not failed, f"rank {rank}: {failed}"
+
+
+# --- timing ------------------------------------------------------------------------------------
+
+D = 0.005  # one-way delay of the pure-latency network
+
+
+def timed(names, nbytes, repeats=3):
+    """Per algorithm and repetition: when this rank entered and left (shared clock)."""
+    from clusterlab import clock
+
+    spans = {}
+    for name in names:
+        fn = ALGORITHMS[name]
+        fn(torch.ones(16))  # open the connections
+        spans[name] = []
+        for _ in range(repeats):
+            x = torch.ones(nbytes // 4)
+            dist.barrier()
+            t0 = clock.now()
+            fn(x)
+            spans[name].append((t0, clock.now()))
+    return spans
+
+
+def durations(per_rank):
+    """From the first rank entering to the last rank leaving: no message chain of the
+    algorithm can start earlier, so this is bounded below by the configured network."""
+    out = {}
+    for name in per_rank[0]:
+        reps = len(per_rank[0][name])
+        out[name] = [max(r[name][i][1] for r in per_rank) - min(r[name][i][0] for r in per_rank)
+                     for i in range(reps)]
+    return out
+
+
+@pytest.fixture(scope="module")
+def pure_latency():
+    names = ["ring", "recursive_doubling", "rabenseifner", "tree", "parameter_server"]
+    with Cluster(nodes=4, nic=f"delay {D * 1000:g}ms", timeout=60) as cl:
+        return durations(cl.run(timed, names, 4096))
+
+
+def test_pure_latency_lower_bounds(pure_latency):
+    # Every round of messages costs at least one delay: the emulator never delivers early.
+    rounds = {"ring": 6, "recursive_doubling": 2, "rabenseifner": 4, "tree": 4,
+              "parameter_server": 2}
+    for name, k in rounds.items():
+        fastest = min(pure_latency[name])
+        assert fastest >= k * D * 0.999, f"{name}: {fastest * 1e3:.2f} ms < {k} x {D * 1e3} ms"
+
+
+def test_recursive_doubling_beats_ring_for_a_small_message(pure_latency):
+    # 2 rounds against 6: 20 ms of margin. Noise only adds time, so compare the best runs.
+    assert min(pure_latency["recursive_doubling"]) < min(pure_latency["ring"])
+
+
+def test_parameter_server_is_slower_than_ring_for_a_large_message():
+    # 1 MiB on "delay 1ms rate 200mbit": model 2a + 4nb = 170 ms against the ring's
+    # 6a + 1.5nb = 69 ms.
+    nic = "delay 1ms rate 200mbit"
+    with Cluster(nodes=4, nic=nic, timeout=60) as cl:
+        got = durations(cl.run(timed, ["ring", "parameter_server"], 1 << 20, 2))
+    ps, ring = min(got["parameter_server"]), min(got["ring"])
+    assert ps > ring
+    a, b = ex.alpha_beta(nic)
+    assert ps >= ex.parameter_server_egress(4, 1 << 20, a, b) * 0.99
+    assert ring >= 6 * a
+
+
+def test_hierarchical_crosses_the_slow_network_fewer_times():
+    # 2 nodes x 2 processes, only the NIC delayed: the leaders' ring has 2 inter-node steps,
+    # the flat ring's chain of 6 steps crosses a node boundary 3 times.
+    with Cluster(nodes=2, procs_per_node=2, nic=f"delay {D * 1000:g}ms", timeout=60) as cl:
+        got = durations(cl.run(timed, ["hierarchical", "ring"], 4096))
+    assert min(got["hierarchical"]) >= 2 * D * 0.999
+    assert min(got["ring"]) >= 3 * D * 0.999
+    assert min(got["hierarchical"]) < min(got["ring"])
+
+
+# --- the experiment helpers: predictions are deterministic and agree where they must ------------
+
+
+def test_model_and_replay_agree_on_a_uniform_network():
+    for algorithm in ("ring", "recursive_doubling", "rabenseifner", "tree", "parameter_server"):
+        for n in ex.SIZES:
+            model = ex.predict(algorithm, n, 4)
+            assert ex.replay(algorithm, n, 4) == pytest.approx(model, rel=0.01, abs=2e-4)
+
+
+def test_alpha_beta_of_a_spec():
+    a, b = ex.alpha_beta("delay 2ms rate 500mbit")
+    assert a == pytest.approx(0.002)
+    assert b == pytest.approx(8 / 500e6 * 65602 / 65536)
+    assert ex.alpha_beta(None) == (0.0, 0.0)
+
+
+def test_measure_returns_rows_with_bandwidths():
+    t0 = time.monotonic()
+    rows = ex.measure(["ring"], sizes=[4096], nodes=2, nic="delay 1ms", repeats=2)
+    assert time.monotonic() - t0 < 30
+    (row,) = rows
+    assert row["p"] == 2 and row["nbytes"] == 4096 and len(row["times"]) == 2
+    assert row["measured"] == row["best"] == min(row["times"]) <= row["median"]
+    assert row["measured"] >= 2 * 0.001 * 0.999
+    assert row["busbw"] == pytest.approx(row["algbw"] * 2 * (2 - 1) / 2)
+
+
+def test_measure_on_a_running_cluster_takes_its_topology():
+    net = ex.cluster(nodes=2, procs_per_node=2, nic="delay 1ms", intra="delay 200us")
+    try:
+        rows = ex.measure(["hierarchical", "ring"], sizes=[4096], repeats=1, on=net)
+        again = ex.measure(["ring"], sizes=[64], repeats=1, on=net)  # the same processes
+    finally:
+        net.close()
+    assert [r["config"] for r in rows + again] == ["2x2"] * 3
+    for r in rows + again:
+        assert r["measured"] >= 0.999 * r["replay"] > 0
