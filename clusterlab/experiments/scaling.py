@@ -1,0 +1,581 @@
+"""Gradient scaling under data parallelism: who divides by what, and what it costs when wrong.
+
+Every experiment runs real `torch.nn.parallel.DistributedDataParallel` (DDP) on the ranks of
+a `clusterlab.Cluster` (real processes, Gloo, an emulated network) and compares what DDP
+produced with what a single process computes on all the data at once.
+
+The one fact behind the whole topic: DDP all-reduces every gradient and divides it by the
+world size W. Each rank's gradient is the gradient of *its own* loss, so with the usual
+``reduction="mean"`` loss DDP computes a **mean of means**
+
+    g_DDP = 1/W * sum_r ( 1/n_r * sum_{i on r} g_i )
+
+which equals the true full-batch gradient ``1/N * sum_i g_i`` only when every rank holds the
+same number of samples (n_r = N / W). The fix is to divide by the GLOBAL sample count N
+(an all-reduce of the local counts): each rank's loss is ``sum_i l_i * W / N`` (the factor W
+undoes DDP's own division), or equivalently its mean loss weighted by ``n_r * W / N``.
+
+Public API (each returns plain numbers / numpy arrays; every random draw is seeded, every
+run is deterministic: same arguments, same numbers, on any machine):
+
+* `make_regression` - the seeded linear-regression data every experiment shares;
+* `full_batch_gradient`, `full_batch_descent` - the single-process reference;
+* `uneven_batches` - unequal local batches: mean of means vs the global-count fix;
+* `sum_vs_mean` - reduction="sum" makes the gradient (and the effective learning rate)
+  depend on the world size;
+* `accumulation` - gradient accumulation with and without dividing by the micro-steps;
+* `no_sync_misuse` - `DDP.no_sync` used wrongly: replicas drift apart;
+* `uneven_inputs` - a rank with fewer batches: a hang without `Join`, completion with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+
+import numpy as np
+
+from ..cluster import Cluster, ClusterError, ClusterTimeout, RankDied, RankError
+
+# The experiments' default network: every node's NIC adds 1 ms +- 200 us. The lessons here
+# are about numbers, not timing, so the impairment is mild; the results do not depend on it
+# (Gloo's sums are the same bit for bit whatever the delays).
+DEFAULT_NIC = "delay 1ms 200us"
+METHODS = ("mean_of_means", "global_count", "weighted")
+NO_SYNC_VARIANTS = ("correct", "step_inside_no_sync", "no_final_sync")
+
+
+def preload() -> None:
+    """Import, once and in this process, what DDP's constructor imports lazily (torch._dynamo,
+    a few seconds of CPU): ranks start by fork and inherit it, instead of importing it all at
+    the same time on a 2-core machine."""
+    import torch._dynamo  # noqa: F401
+    import torch.distributed.algorithms.join  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+
+
+preload()
+
+
+# --- data, models and the single-process reference --------------------------------------------
+
+
+def make_regression(n: int, features: int = 8, seed: int = 0, dtype: str = "float64"):
+    """n samples of y = X w* + b* + 0.1 * noise, X ~ N(0, I): the same (X, y) for the same seed.
+
+    Returns torch tensors X (n, features) and y (n, 1). Every rank builds the whole data set
+    from the seed and takes its own slice, so ranks need not exchange data."""
+    import torch
+
+    g = torch.Generator().manual_seed(1000 + seed)
+    dt = getattr(torch, dtype)
+    x = torch.randn(n, features, generator=g, dtype=torch.float64)
+    w = torch.randn(features, 1, generator=g, dtype=torch.float64)
+    y = x @ w + 0.5 + 0.1 * torch.randn(n, 1, generator=g, dtype=torch.float64)
+    return x.to(dt), y.to(dt)
+
+
+def _linear(features: int, seed: int, dtype: str):
+    """nn.Linear(features, 1) with seeded initial weights (the same on every rank)."""
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Linear(features, 1).to(getattr(torch, dtype))
+
+
+def _flat_grad(module) -> np.ndarray:
+    import torch
+
+    return torch.cat([p.grad.detach().reshape(-1) for p in module.parameters()]).numpy().copy()
+
+
+def _flat_params(module) -> np.ndarray:
+    import torch
+
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()]).numpy().copy()
+
+
+def _offsets(sizes) -> list[int]:
+    return [0, *np.cumsum(sizes).tolist()]
+
+
+def full_batch_gradient(n: int, features: int = 8, seed: int = 0) -> np.ndarray:
+    """The gradient of the mean squared error over all n samples, in one process (float64),
+    at the same initial weights the experiments use: the reference every method is judged by.
+    Flattened as [weight..., bias]."""
+    import torch
+
+    x, y = make_regression(n, features, seed)
+    model = _linear(features, seed, "float64")
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    return _flat_grad(model)
+
+
+def full_batch_descent(n: int, features: int = 8, seed: int = 0, steps: int = 30,
+                       lr: float = 0.1) -> dict:
+    """Plain gradient descent on all n samples in one process: parameters and loss per step."""
+    import torch
+
+    x, y = make_regression(n, features, seed)
+    model = _linear(features, seed, "float64")
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    params, losses = [], []
+    for _ in range(steps):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        params.append(_flat_params(model))
+    return {"params": np.array(params), "loss": np.array(losses)}
+
+
+def relative_error(g: np.ndarray, ref: np.ndarray) -> float:
+    """max |g - ref| / max |ref|: the error in units of the reference's largest component."""
+    return float(np.max(np.abs(g - ref)) / np.max(np.abs(ref)))
+
+
+# --- reporting failures without machine paths ------------------------------------------------
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+def _tidy(message: str) -> str:
+    """Shorten torch's collective fingerprints to what a person needs to read, and drop the
+    source locations ("[/path/to/pair.cc:537] ") that Gloo puts in its messages."""
+    message = re.sub(r", TensorDeviceTypes=TensorOptions\(.*?\)\)\)", ")", message)
+    message = re.sub(r"\[?/(?:[\w.-]+/)+[\w.-]+(?::\d+)?\]?\s*", "", message)
+    message = re.sub(r"\s+", " ", message)
+    message = re.sub(r"(?<=[A-Za-z0-9])vs ", " vs ", message)
+    message = re.sub(r"\.(?=Collectives differ)", ". ", message)
+    return message.strip()
+
+
+def describe_error(exc: BaseException) -> dict:
+    """A launcher error as plain data: its type, the ranks it names, and a one-line message
+    (the remote traceback and the Python stacks are left out: they hold machine paths)."""
+    if isinstance(exc, RankError):
+        ranks, message = [exc.rank], f"rank {exc.rank} raised {exc.kind}: {_tidy(exc.message)}"
+    elif isinstance(exc, ClusterTimeout):
+        message = _first_line(str(exc))
+        found = re.search(r"ranks still busy: \[([\d, ]*)\]", message)
+        ranks = [int(r) for r in found[1].split(",") if r.strip()] if found else []
+    elif isinstance(exc, RankDied):
+        message = _first_line(str(exc))
+        ranks = [int(r) for r in re.findall(r"rank (\d+) died", message)]
+    else:
+        ranks, message = [], f"{type(exc).__name__}: {_first_line(str(exc))}"
+    return {"error": type(exc).__name__, "ranks": ranks, "message": message}
+
+
+# --- 1. unequal local batches ------------------------------------------------------------------
+
+
+def _uneven_rank(batch_sizes, features, seed, steps, lr, methods):
+    """On every rank: one DDP gradient per method at the initial weights, then `steps` steps."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x, y = make_regression(sum(batch_sizes), features, seed)
+    lo, hi = _offsets(batch_sizes)[rank], _offsets(batch_sizes)[rank + 1]
+    x, y = x[lo:hi], y[lo:hi]
+    model = _linear(features, seed, "float64")
+    init = [p.detach().clone() for p in model.parameters()]
+    ddp = DDP(model)
+    # The fix needs the global sample count: one all-reduce of the local counts.
+    count = torch.tensor([float(len(x))], dtype=torch.float64)
+    dist.all_reduce(count)
+    n_global = float(count)
+
+    def loss_of(method):
+        out = ddp(x)
+        if method == "mean_of_means":  # what everybody writes: DDP then averages the means
+            return F.mse_loss(out, y)
+        if method == "global_count":  # sum / N, times W to undo DDP's division by W
+            return F.mse_loss(out, y, reduction="sum") * world / n_global
+        if method == "weighted":  # the local mean weighted by n_r / N (times W, as above)
+            return F.mse_loss(out, y) * (len(x) * world / n_global)
+        raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+
+    result = {"n_global": n_global, "grad": {}, "params": {}}
+    for method in methods:
+        with torch.no_grad():
+            for p, p0 in zip(model.parameters(), init):
+                p.copy_(p0)
+        opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+        params = []
+        for step in range(steps + 1):
+            opt.zero_grad()
+            loss_of(method).backward()
+            if step == 0:
+                result["grad"][method] = _flat_grad(model)
+            if step == steps:
+                break
+            opt.step()
+            params.append(_flat_params(model))
+        result["params"][method] = np.array(params)
+    return result
+
+
+def uneven_batches(batch_sizes=(8, 16, 32, 64), features: int = 8, steps: int = 30,
+                   lr: float = 0.1, seed: int = 0, methods=METHODS, nic=DEFAULT_NIC,
+                   timeout: float = 60) -> dict:
+    """Ranks with unequal local batches (rank r holds batch_sizes[r] samples) under DDP.
+
+    For each method of writing the loss ("mean_of_means": the usual mean loss;
+    "global_count": summed loss divided by the all-reduced global count; "weighted": the mean
+    loss weighted by n_r / N), the DDP gradient at the initial weights is compared with the
+    single-process full-batch gradient over all N = sum(batch_sizes) samples (float64), and
+    `steps` of SGD are compared with full-batch gradient descent.
+
+    Returns a dict with:
+      batch_sizes, world, n_global;
+      reference: the full-batch gradient; predicted_mean_of_means: 1/W sum_r (mean gradient
+        of shard r), computed in one process (what DDP should produce with mean losses);
+      grad[method]: rank 0's DDP gradient; ranks_agree[method]: all ranks held the same one;
+      max_abs_error[method], rel_error[method]: against the reference (see relative_error);
+      sample_weight[method]: the weight each rank's samples get relative to the full batch
+        (N / (W n_r) for mean_of_means, 1 for the fixes);
+      param_error[method]: per step, max |params - full-batch descent's params|;
+      loss[method]: per step, the full-data loss of the parameters the method reached,
+        and loss["full_batch"].
+    """
+    import torch
+
+    world, n = len(batch_sizes), int(sum(batch_sizes))
+    with Cluster(nodes=world, nic=nic, seed=seed, timeout=timeout) as cl:
+        out = cl.run(_uneven_rank, tuple(batch_sizes), features, seed, steps, lr,
+                     tuple(methods))
+    ref = full_batch_gradient(n, features, seed)
+    # What DDP should compute with mean losses, predicted in one process.
+    offsets, shard_means = _offsets(batch_sizes), []
+    x, y = make_regression(n, features, seed)
+    for r in range(world):
+        model = _linear(features, seed, "float64")
+        lo, hi = offsets[r], offsets[r + 1]
+        torch.nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi]).backward()
+        shard_means.append(_flat_grad(model))
+    descent = full_batch_descent(n, features, seed, steps, lr)
+
+    def data_loss(params: np.ndarray) -> float:
+        w = torch.from_numpy(params[:features]).reshape(1, features)
+        b = torch.from_numpy(params[features:])
+        return float(torch.nn.functional.mse_loss(x @ w.T + b, y))
+
+    res = {"batch_sizes": list(batch_sizes), "world": world, "n_global": n,
+           "reference": ref, "predicted_mean_of_means": np.mean(shard_means, axis=0),
+           "grad": {}, "ranks_agree": {}, "max_abs_error": {}, "rel_error": {},
+           "sample_weight": {}, "param_error": {}, "loss": {"full_batch": descent["loss"]}}
+    for m in methods:
+        g = out[0]["grad"][m]
+        res["grad"][m] = g
+        res["ranks_agree"][m] = all(np.array_equal(g, o["grad"][m]) for o in out)
+        res["max_abs_error"][m] = float(np.max(np.abs(g - ref)))
+        res["rel_error"][m] = relative_error(g, ref)
+        res["sample_weight"][m] = ([n / (world * b) for b in batch_sizes]
+                                   if m == "mean_of_means" else [1.0] * world)
+        params = out[0]["params"][m]
+        res["param_error"][m] = np.max(np.abs(params - descent["params"]), axis=1)
+        # The loss of the parameters *before* each step, as descent["loss"] records it.
+        before = np.vstack([_flat_params(_linear(features, seed, "float64")), params[:-1]])
+        res["loss"][m] = np.array([data_loss(p) for p in before])
+    return res
+
+
+# --- 2. sum or mean ------------------------------------------------------------------------
+
+
+def _sum_mean_rank(global_batch, features, seed, steps, lr):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    per = global_batch // world
+    x, y = make_regression(global_batch, features, seed)
+    x, y = x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+    out = {}
+    for reduction in ("mean", "sum"):
+        model = _linear(features, seed, "float64")
+        ddp = DDP(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+        losses, norm = [], None
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = F.mse_loss(ddp(x), y, reduction=reduction)
+            loss.backward()
+            if norm is None:
+                norm = float(np.linalg.norm(_flat_grad(model)))
+            opt.step()
+            with torch.no_grad():  # the loss as a mean over the global batch, comparable
+                full = F.mse_loss(model(x), y).reshape(1)
+            dist.all_reduce(full)
+            losses.append(float(full) / world)
+        out[reduction] = {"grad_norm": norm, "loss": losses}
+    return out
+
+
+def sum_vs_mean(world_sizes=(1, 2, 4), global_batch: int = 64, features: int = 8,
+                steps: int = 15, lr: float = 0.03, seed: int = 0, nic=DEFAULT_NIC,
+                timeout: float = 60) -> dict:
+    """The same global batch split over W ranks, with reduction="mean" and "sum" losses.
+
+    DDP divides the summed gradients by W. With mean losses the result is the full-batch
+    gradient whatever W is; with summed losses it is (global_batch / W) times that: the
+    gradient, and so the effective learning rate, changes whenever the world size does.
+
+    Returns {"world_sizes", "per_rank_batch", "grad_norm": {"mean": [...], "sum": [...]},
+    "loss": {"mean": [[per step] per W], "sum": ...}, "effective_lr": {"mean", "sum"}}, where
+    the loss is the global-batch mean squared error after each SGD step with the same lr.
+    """
+    res = {"world_sizes": list(world_sizes), "global_batch": global_batch,
+           "per_rank_batch": [global_batch // w for w in world_sizes], "lr": lr,
+           "grad_norm": {"mean": [], "sum": []}, "loss": {"mean": [], "sum": []},
+           "effective_lr": {"mean": [], "sum": []}}
+    for w in world_sizes:
+        if global_batch % w:
+            raise ValueError(f"global_batch={global_batch} does not split over {w} ranks")
+        with Cluster(nodes=w, nic=nic, seed=seed, timeout=timeout) as cl:
+            out = cl.run(_sum_mean_rank, global_batch, features, seed, steps, lr)[0]
+        for red in ("mean", "sum"):
+            res["grad_norm"][red].append(out[red]["grad_norm"])
+            res["loss"][red].append(np.array(out[red]["loss"]))
+        res["effective_lr"]["mean"].append(lr)
+        res["effective_lr"]["sum"].append(lr * global_batch / w)
+    return res
+
+
+# --- 3. gradient accumulation --------------------------------------------------------------------
+
+
+def _accumulation_rank(ks, micro_batch, features, seed):
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for k in ks:
+        local = k * micro_batch
+        x, y = make_regression(world * local, features, seed)
+        x, y = x[rank * local:(rank + 1) * local], y[rank * local:(rank + 1) * local]
+        model = _linear(features, seed, "float64")
+        ddp = DDP(model)
+        # Reference: the whole local batch in one synchronised backward.
+        F.mse_loss(ddp(x), y).backward()
+        big = _flat_grad(model)
+        grads = {}
+        for divide in (False, True):
+            model.zero_grad()
+            for i in range(k):
+                xs = x[i * micro_batch:(i + 1) * micro_batch]
+                ys = y[i * micro_batch:(i + 1) * micro_batch]
+                # The usual pattern: no all-reduce for the first k-1 micro-steps.
+                ctx = ddp.no_sync() if i < k - 1 else contextlib.nullcontext()
+                with ctx:
+                    loss = F.mse_loss(ddp(xs), ys)
+                    (loss / k if divide else loss).backward()
+            grads[divide] = _flat_grad(model)
+        out[k] = {"big_batch": big, "no_division": grads[False], "divided": grads[True]}
+    return out
+
+
+def accumulation(ks=(1, 2, 4, 8), micro_batch: int = 8, world: int = 2, features: int = 8,
+                 seed: int = 0, nic=DEFAULT_NIC, timeout: float = 60) -> dict:
+    """Gradient accumulation over k micro-batches (k-1 under no_sync, then one synchronised).
+
+    Compares with one synchronised backward over the same k * micro_batch samples per rank:
+    summing k mean-loss gradients without dividing by k gives k times that gradient (as if
+    the learning rate were k times larger); dividing each micro-loss by k gives it exactly
+    (up to rounding).
+
+    Returns {"ks", "ratio": |no_division| / |big_batch| per k, "ratio_divided",
+    "rel_error_no_division": against k * big_batch (should be ~1e-16),
+    "rel_error_divided": against big_batch}.
+    """
+    with Cluster(nodes=world, nic=nic, seed=seed, timeout=timeout) as cl:
+        out = cl.run(_accumulation_rank, tuple(ks), micro_batch, features, seed)[0]
+    res = {"ks": list(ks), "ratio": [], "ratio_divided": [], "rel_error_no_division": [],
+           "rel_error_divided": []}
+    for k in ks:
+        big, nodiv, div = (out[k][key] for key in ("big_batch", "no_division", "divided"))
+        res["ratio"].append(float(np.linalg.norm(nodiv) / np.linalg.norm(big)))
+        res["ratio_divided"].append(float(np.linalg.norm(div) / np.linalg.norm(big)))
+        res["rel_error_no_division"].append(relative_error(nodiv, k * big))
+        res["rel_error_divided"].append(relative_error(div, big))
+    return res
+
+
+# --- 4. no_sync misuse -----------------------------------------------------------------------
+
+
+def _mlp(features: int, hidden: int, seed: int):
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(features, hidden), torch.nn.Tanh(),
+                               torch.nn.Linear(hidden, 1))
+
+
+def _divergence(module) -> tuple[float, list[float]]:
+    """(max over ranks of max |params_r - params_0|, per-rank values): a collective."""
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.cat([p.detach().reshape(-1).double() for p in module.parameters()])
+    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, mine)
+    per_rank = [float((p - parts[0]).abs().max()) for p in parts]
+    return max(per_rank), per_rank
+
+
+def _no_sync_rank(variants, steps, k, micro_batch, features, hidden, lr, seed):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank = dist.get_rank()
+    out = {}
+    for variant in variants:
+        model = _mlp(features, hidden, seed)
+        ddp = DDP(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+        g = torch.Generator().manual_seed(10_000 * (seed + 1) + rank)  # this rank's data
+        x_all, y_all = make_regression(4096, features, seed, dtype="float32")
+        divergence, per_rank, losses = [], [], []
+        for _ in range(steps):
+            step_loss = 0.0
+            if variant == "no_final_sync":  # every micro-step under no_sync: never synced
+                with ddp.no_sync():
+                    for _ in range(k):
+                        idx = torch.randint(0, len(x_all), (micro_batch,), generator=g)
+                        loss = F.mse_loss(ddp(x_all[idx]), y_all[idx]) / k
+                        loss.backward()
+                        step_loss += loss.item()
+                    opt.step()
+                    opt.zero_grad()
+            else:
+                for i in range(k):
+                    idx = torch.randint(0, len(x_all), (micro_batch,), generator=g)
+                    last = i == k - 1
+                    with contextlib.nullcontext() if last else ddp.no_sync():
+                        loss = F.mse_loss(ddp(x_all[idx]), y_all[idx]) / k
+                        loss.backward()
+                        step_loss += loss.item()
+                        if variant == "step_inside_no_sync":  # a local step per micro-step
+                            opt.step()
+                            opt.zero_grad()
+                if variant == "correct":
+                    opt.step()
+                    opt.zero_grad()
+            d, pr = _divergence(model)
+            divergence.append(d)
+            per_rank.append(pr)
+            losses.append(step_loss)
+        out[variant] = {"divergence": np.array(divergence), "per_rank": np.array(per_rank),
+                        "loss": np.array(losses)}
+    return out
+
+
+def no_sync_misuse(variants=NO_SYNC_VARIANTS, steps: int = 20, k: int = 4, world: int = 4,
+                   micro_batch: int = 8, features: int = 8, hidden: int = 16, lr: float = 0.05,
+                   seed: int = 0, nic=DEFAULT_NIC, timeout: float = 60) -> dict:
+    """Gradient accumulation with `DDP.no_sync()`, done right and done wrong, on a small MLP.
+
+    "correct": k-1 micro-steps under no_sync, the k-th outside it (that backward all-reduces
+    the accumulated gradients), then one optimizer step. "step_inside_no_sync": an optimizer
+    step after every micro-step, so k-1 of every k updates use this rank's own gradient only.
+    "no_final_sync": every backward under no_sync (the synchronised last backward forgotten):
+    the gradients are never all-reduced. Each rank draws its own micro-batches.
+
+    Returns {variant: {"divergence": per step, max over ranks of max |params_r - params_0|;
+    "per_rank": (steps, world) the same per rank; "loss": rank 0's training loss per step}}.
+    """
+    with Cluster(nodes=world, nic=nic, seed=seed, timeout=timeout) as cl:
+        out = cl.run(_no_sync_rank, tuple(variants), steps, k, micro_batch, features, hidden,
+                     lr, seed)
+    return out[0]
+
+
+# --- 5. uneven inputs and Join ---------------------------------------------------------------
+
+
+def _uneven_inputs_rank(batches, use_join, divide_by_initial, micro_batch, features, seed):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank = dist.get_rank()
+    model = _linear(features, seed, "float64")
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    x_all, y_all = make_regression(micro_batch * sum(batches), features, seed)
+    start = _offsets(batches)[rank] * micro_batch
+    local, synced = [], []
+    ctx = (Join([ddp], divide_by_initial_world_size=divide_by_initial) if use_join
+           else contextlib.nullcontext())
+    with ctx:
+        for b in range(batches[rank]):
+            lo = start + b * micro_batch
+            x, y = x_all[lo:lo + micro_batch], y_all[lo:lo + micro_batch]
+            # This rank's own gradient, for the record (not part of training).
+            own = torch.autograd.grad(F.mse_loss(model(x), y), list(model.parameters()))
+            local.append(torch.cat([t.reshape(-1) for t in own]).numpy().copy())
+            opt.zero_grad()
+            F.mse_loss(ddp(x), y).backward()
+            synced.append(_flat_grad(model))
+            opt.step()
+    return {"steps": batches[rank], "local": local, "synced": synced,
+            "params": _flat_params(model)}
+
+
+def uneven_inputs(batches=(8, 8, 8, 5), use_join: bool = True,
+                  divide_by_initial_world_size: bool = True, micro_batch: int = 8,
+                  features: int = 8, seed: int = 0, nic=DEFAULT_NIC,
+                  timeout: float = 5.0) -> dict:
+    """Rank r trains on batches[r] batches under DDP; one rank runs out of data first.
+
+    Without `Join` the ranks that still have data wait in their next gradient all-reduce for
+    a rank that will never come: a hang, which the cluster's `timeout` turns into a
+    ClusterTimeout naming the waiting ranks. With `torch.distributed.algorithms.join.Join`
+    the finished rank "shadows" the all-reduces with zeros until everybody is done. DDP then
+    divides by the initial world size (default), so after a rank joined the gradient is
+    |active| / W of the active ranks' mean: a silent gradient-scaling change.
+
+    Returns {"completed", "wall_s", "batches"}, plus on success "steps" per rank,
+    "replicas_agree" (final parameters identical on all ranks) and "grad_scale" per step
+    (|synced gradient| / |mean of the active ranks' own gradients|, rank 0) with
+    "active" per step; on failure describe_error's "error", "ranks", "message".
+    """
+    world = len(batches)
+    t0 = time.monotonic()
+    res: dict = {"batches": list(batches), "use_join": use_join}
+    try:
+        with Cluster(nodes=world, nic=nic, seed=seed, timeout=timeout) as cl:
+            out = cl.run(_uneven_inputs_rank, tuple(batches), use_join,
+                         divide_by_initial_world_size, micro_batch, features, seed)
+    except ClusterError as exc:
+        res.update(completed=False, wall_s=time.monotonic() - t0, **describe_error(exc))
+        return res
+    res.update(completed=True, wall_s=time.monotonic() - t0,
+               steps=[o["steps"] for o in out],
+               replicas_agree=all(np.array_equal(o["params"], out[0]["params"]) for o in out))
+    scale, active = [], []
+    for t in range(max(batches)):
+        ranks = [r for r in range(world) if batches[r] > t]
+        mean_own = np.mean([out[r]["local"][t] for r in ranks], axis=0)
+        synced = out[ranks[0]]["synced"][t]
+        scale.append(float(np.linalg.norm(synced) / np.linalg.norm(mean_own)))
+        active.append(len(ranks))
+    res.update(grad_scale=np.array(scale), active=np.array(active))
+    return res
