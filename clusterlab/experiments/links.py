@@ -1,0 +1,630 @@
+"""Notebook 01: one link, measured. NIC bandwidth, latency, jitter, loss and contention.
+
+Every function starts real clusters (`clusterlab.Cluster`), has real ranks exchange real
+messages through Gloo, stamps them on the shared clock (`clusterlab.now()`), and returns
+plain data (numpy arrays in milliseconds or seconds, dicts) for the notebook to plot and
+assert on:
+
+* `noise_floor`: this machine's own one-way latency (plain Gloo, no impairment) and how late
+  a timer wakes up: the floor below which no configured delay can be honoured;
+* `ping_pong`: one-way delays and round trips through `nic`, with the distribution netem
+  would draw for that spec (`configured_delays`) to overlay on the histogram;
+* `jitter_distributions`: the same for uniform, normal and pareto jitter;
+* `size_sweep`: one-way time against message size under `delay D rate R`, fitted with the
+  alpha-beta model (`models.fit_alpha_beta`), and the crossover size n* = alpha / beta;
+* `loss_tails`: random loss turning into TCP retransmission timeouts (>= 200 ms);
+* `nic_contention`: P processes of one node sharing its rate-limited NIC, and
+  `latency_under_load`: small messages queueing behind bulk traffic on that NIC.
+
+Measured delays can only be longer than configured ones, never shorter: a message is held
+until its emulated delivery time, and this machine's scheduling noise can only add to it.
+Every random draw of the emulator is seeded, so `emulated_one_way` replays the delay the
+network gave each ping: measured = emulated + this machine's noise, message by message. So
+the notebooks assert lower bounds, the network's own draws and central quantiles, which
+noise cannot fake.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import doctor, models
+from ..cluster import Cluster
+from ..link import HEADER_BYTES, RTO_MIN_NS, LinkModel
+from ..netem import Netem
+from ..tables import DIST_SCALE, table
+
+KIB, MIB = 1024, 1024 * 1024
+PERCENTILES = (1, 50, 90, 99)
+RTO_MIN_MS = RTO_MIN_NS / 1e6
+
+
+def _spec(nic: str | Netem | None) -> Netem:
+    if nic is None:
+        return Netem()
+    return nic if isinstance(nic, Netem) else Netem.parse(nic)
+
+
+def percentiles(samples_ms, qs=PERCENTILES) -> dict:
+    """{"p1": ..., "p50": ..., "mean": ..., "std": ..., "max": ...} of a sample (same units)."""
+    a = np.asarray(samples_ms, dtype=float)
+    out = {f"p{q:g}": float(np.percentile(a, q)) for q in qs}
+    out.update(mean=float(a.mean()), std=float(a.std()), min=float(a.min()), max=float(a.max()))
+    return out
+
+
+# --- what netem would draw ---------------------------------------------------------------------
+
+
+def configured_delays(nic: str | Netem) -> np.ndarray:
+    """The one-way delays (ms) netem draws for `nic`, as 4096 equally likely values, sorted.
+
+    For a table distribution these are exactly the values `tabledist` can return (one per
+    table entry, clipped at 0); for uniform jitter, 4096 evenly spaced quantiles of
+    [delay - jitter, delay + jitter). Without jitter: the delay itself.
+    """
+    spec = _spec(nic)
+    mu, sigma = spec.delay_ns, spec.jitter_ns
+    if sigma == 0:
+        return np.full(4096, mu / 1e6)
+    if spec.distribution == "uniform":
+        k = (np.arange(4096) + 0.5) / 4096
+        return np.maximum(mu - sigma + 2 * sigma * k, 0) / 1e6
+    t = table(spec.distribution).astype(np.int64)
+    x = (sigma % DIST_SCALE) * t
+    x = np.where(x >= 0, x + DIST_SCALE // 2, x - DIST_SCALE // 2)
+    values = np.trunc(x / DIST_SCALE).astype(np.int64) + (sigma // DIST_SCALE) * t + mu
+    return np.sort(np.maximum(values, 0)) / 1e6
+
+
+def configured_quantile(nic: str | Netem, q: float) -> float:
+    """The q-quantile (ms) of the one-way delay netem draws for `nic` (models.jitter_quantile)."""
+    spec = _spec(nic)
+    jitter_ms = spec.jitter_ns / 1e6
+    value = spec.delay_ns / 1e6 + models.jitter_quantile(q, spec.distribution, jitter_ms)
+    return max(value, 0.0)
+
+
+def emulated_one_way(nic: str | Netem | None, n: int, seed: int = 0, nbytes: int = 8) -> np.ndarray:
+    """The one-way delays (ms) the emulated network itself gives the first `n` pings of
+    `ping_pong` (rank 0 -> rank 1 of a 2-node cluster with this seed): the draws of rank 0's
+    egress link model, replayed here with the backend's seed and link id.
+
+    Everything random in the emulator is seeded, so these are exactly the delays the pings
+    were held for; a measured delay is this plus the machine's own noise, never less.
+    """
+    spec = _spec(nic)
+    if spec.is_noop:
+        return np.zeros(n)
+    link = LinkModel(spec, seed=seed, link_id=(0, 1, 0), reverse_delay_ns=spec.delay_ns)
+    return link.one_way_delays(n, 0, 10**10, nbytes=nbytes) / 1e6
+
+
+# --- rank bodies -------------------------------------------------------------------------------
+
+
+def _ping_pong(n: int) -> dict:
+    """Rank 0 pings rank 1, which answers at once. Rank 1 returns the one-way delays of the
+    pings (receive time minus the send stamp carried in the message, on the shared clock),
+    rank 0 the round-trip times; in seconds."""
+    import torch
+    import torch.distributed as dist
+
+    from ..clock import now
+
+    rank = dist.get_rank()
+    stamp = torch.zeros(1, dtype=torch.float64)
+    one_way, rtt = [], []
+    dist.barrier()
+    for _ in range(n):
+        if rank == 0:
+            t = now()
+            stamp[0] = t
+            dist.send(stamp, 1)
+            dist.recv(stamp, 1)
+            rtt.append(now() - t)
+        elif rank == 1:
+            dist.recv(stamp, 0)
+            one_way.append(now() - float(stamp[0]))
+            dist.send(stamp, 0)
+    return {"one_way": one_way, "rtt": rtt}
+
+
+def _sweep(sizes: list[int], repeats: int) -> list:
+    """Rank 0 sends one message of every size (repeated, sizes interleaved) to rank 1, which
+    stamps its arrival and acknowledges with 8 bytes, so that every message finds an empty
+    queue. Rank 1 returns [size index, one-way seconds] pairs."""
+    import torch
+    import torch.distributed as dist
+
+    from ..clock import now
+
+    rank = dist.get_rank()
+    buffers = [torch.zeros(max(1, n // 8), dtype=torch.float64) for n in sizes]
+    ack = torch.zeros(1, dtype=torch.float64)
+    out = []
+    dist.barrier()
+    for _ in range(repeats):
+        for i, x in enumerate(buffers):
+            if rank == 0:
+                x[0] = now()
+                dist.send(x, 1)
+                dist.recv(ack, 1)
+            elif rank == 1:
+                dist.recv(x, 0)
+                out.append((i, now() - float(x[0])))
+                dist.send(ack, 0)
+    return out
+
+
+def _stream(senders: list[int], receivers: list[int], count: int, nbytes: int,
+            pace_s: float) -> list[float]:
+    """Every sender hands `count` messages of `nbytes` to TCP on a fixed schedule, one every
+    `pace_s` (catching up at once if this machine held it back), to its receiver; the
+    receivers return the arrival time of each message, the senders [their start] (seconds).
+
+    The schedule is absolute, so a sender that the operating system delays for a moment
+    does not lose its share of the NIC: its long-run offered rate is exactly nbytes/pace_s.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from ..clock import monotonic_ns, now, sleep_until
+
+    rank = dist.get_rank()
+    x = torch.zeros(max(1, nbytes // 4))
+    arrivals: list[float] = []
+    dist.barrier()
+    start = monotonic_ns()
+    if rank in senders:
+        peer = receivers[senders.index(rank)]
+        works = []
+        arrivals.append(now())  # a sender returns the time its first message left
+        for k in range(count):
+            sleep_until(start + int(k * pace_s * 1e9))
+            works.append(dist.isend(x, peer))
+        for w in works:
+            w.wait()
+    elif rank in receivers:
+        peer = senders[receivers.index(rank)]
+        for _ in range(count):
+            dist.recv(x, peer)
+            arrivals.append(now())
+    dist.barrier()
+    return arrivals
+
+
+def _wire_seconds(spec: Netem, nbytes: int) -> float:
+    """Time `nbytes` of payload (cut into 64 KiB segments with their headers) occupies a NIC."""
+    wire = nbytes + HEADER_BYTES * max(1, -(-nbytes // 65536))
+    return wire / spec.rate_Bps if spec.rate_bps else 0.0
+
+
+# --- (a) the noise floor ---------------------------------------------------------------------
+
+
+def noise_floor(samples: int = 300, timer_samples: int = 200, seed: int = 0) -> dict:
+    """This machine's own one-way latency (plain Gloo, nic=None) and its timer overshoot.
+
+    Returns one_way_ms (array), rtt_ms, percentiles {p1, p50, p90, p99, ...} of the one-way
+    latency in ms, timer_overshoot_us (clusterlab.doctor: how late a 1 ms sleep wakes up,
+    p50 / p99 / max), and smallest_faithful_delay_ms (as `clusterlab doctor` computes it).
+    """
+    with Cluster(nodes=2, nic=None, seed=seed) as cl:
+        out = cl.run(_ping_pong, samples)
+    one_way = np.array(out[1]["one_way"]) * 1e3
+    overshoot = doctor.timer_overshoot_us(timer_samples)
+    pct = percentiles(one_way)
+    floor_us = max(pct["p99"] * 1e3, pct["p50"] * 1e3 + overshoot["p99"])
+    return {"one_way_ms": one_way, "rtt_ms": np.array(out[0]["rtt"]) * 1e3, "percentiles": pct,
+            "timer_overshoot_us": overshoot, "smallest_faithful_delay_ms": floor_us / 1e3}
+
+
+# --- (b) ping-pong and jitter ----------------------------------------------------------------
+
+
+def ping_pong(nic: str | None = "delay 4ms", samples: int = 300, seed: int = 0,
+              timeout: float = 60) -> dict:
+    """Ping-pong between two nodes whose NICs both apply `nic` (so a round trip crosses it
+    twice). Returns nic, one_way_ms and rtt_ms (arrays), percentiles of both (ms),
+    configured_ms (the 4096 delays netem draws for this spec, for an overlay), configured
+    {p1, p50, p90, p99}: the spec's own quantiles, emulated_ms (`emulated_one_way`: the delay
+    the network drew for each ping) with its percentiles "emulated", and noise_ms =
+    one_way_ms - emulated_ms, what this machine added (>= 0)."""
+    with Cluster(nodes=2, nic=nic, seed=seed, timeout=timeout) as cl:
+        out = cl.run(_ping_pong, samples)
+    one_way = np.array(out[1]["one_way"]) * 1e3
+    rtt = np.array(out[0]["rtt"]) * 1e3
+    configured = {f"p{q:g}": configured_quantile(nic, q / 100) if nic else 0.0
+                  for q in PERCENTILES}
+    emulated = emulated_one_way(nic, samples, seed)
+    return {"nic": nic, "one_way_ms": one_way, "rtt_ms": rtt,
+            "percentiles": percentiles(one_way), "rtt_percentiles": percentiles(rtt),
+            "configured_ms": configured_delays(nic) if nic else np.zeros(4096),
+            "configured": configured, "emulated_ms": emulated,
+            "emulated": percentiles(emulated), "noise_ms": one_way - emulated}
+
+
+def jitter_distributions(delay: str = "4ms", jitter: str = "1ms",
+                         distributions=("uniform", "normal", "pareto"), samples: int = 300,
+                         seed: int = 0, include_none: bool = True) -> dict:
+    """`ping_pong` without jitter ("none", unless include_none is False), then with `jitter`
+    drawn from each distribution.
+
+    Returns {name: ping_pong result}; the spec of each is in result["nic"]."""
+    out = {"none": ping_pong(f"delay {delay}", samples, seed)} if include_none else {}
+    for name in distributions:
+        spec = f"delay {delay} {jitter}" + ("" if name == "uniform" else f" distribution {name}")
+        out[name] = ping_pong(spec, samples, seed)
+    return out
+
+
+# --- (c) message size and the alpha-beta model ----------------------------------------------
+
+
+DEFAULT_SIZES = tuple(KIB << k for k in range(14))  # 1 KiB .. 8 MiB
+
+
+def size_sweep(nic: str = "delay 2ms rate 1gbit", sizes=DEFAULT_SIZES, repeats: int = 5,
+               seed: int = 0, timeout: float = 60) -> dict:
+    """One-way time of messages of every size through `nic`, and the alpha-beta fit.
+
+    Returns nic, sizes (bytes), times_ms [repeat, size], median_ms and best_ms [size] (the
+    median and the minimum over repeats), fit (AlphaBetaFit on best_ms: alpha s, beta s/byte,
+    r2), configured_alpha (the delay, s),
+    configured_beta (1/rate in s/byte, with TCP/IP headers per 64 KiB segment),
+    crossover_bytes (fitted n* = alpha/beta), configured_crossover_bytes, and
+    latency_share [size]: the fitted alpha's share of each size's predicted time.
+
+    Why the minimum: with no jitter configured every repeat of a size is held for the same
+    emulated time, and this machine's noise only adds to it, so the fastest repeat is the
+    best estimate of the network's time (the usual practice for latency benchmarks).
+    """
+    sizes = [int(n) for n in sizes]
+    spec = _spec(nic)
+    with Cluster(nodes=2, nic=nic, seed=seed, timeout=timeout) as cl:
+        pairs = cl.run(_sweep, sizes, repeats)[1]
+    times = np.zeros((repeats, len(sizes)))
+    filled = np.zeros(len(sizes), dtype=int)
+    for i, seconds in pairs:
+        times[filled[i], i] = seconds * 1e3
+        filled[i] += 1
+    median = np.median(times, axis=0)
+    best = times.min(axis=0)
+    fit = models.fit_alpha_beta(sizes, best / 1e3)
+    beta = 0.0
+    if spec.rate_bps:
+        beta = (1 + HEADER_BYTES / 65536) / spec.rate_Bps
+    n = np.array(sizes, dtype=float)
+    return {
+        "nic": nic,
+        "sizes": np.array(sizes),
+        "times_ms": times,
+        "median_ms": median,
+        "best_ms": best,
+        "fit": fit,
+        "configured_alpha": spec.delay_s,
+        "configured_beta": beta,
+        "crossover_bytes": fit.alpha / fit.beta if fit.beta > 0 else float("inf"),
+        "configured_crossover_bytes": spec.delay_s / beta if beta else float("inf"),
+        "latency_share": fit.alpha / (fit.alpha + n * fit.beta),
+    }
+
+
+# --- (d) loss and retransmission tails ----------------------------------------------------------
+
+
+def loss_tails(delay: str = "1ms", losses=(0, 1, 5), samples: int = 300, seed: int = 0) -> dict:
+    """Ping-pong through `delay D loss P%` for every P in `losses` (percent).
+
+    Returns {P: ping_pong result plus rto_delayed (pings whose one-way delay exceeds the
+    delay by more than half the minimum RTO, i.e. that waited for a retransmission timeout),
+    emulated_rto (how many of the network's own draws, `emulated_one_way`, did: the
+    measured count can only be higher, when this machine stalls for > 100 ms),
+    rto_delayed_rtt (the same for round trips, which cross two lossy links), and
+    expected_rto (samples x P/100: a single-segment message has no later segments to trigger
+    a fast retransmit, so every loss costs a timeout)}.
+    """
+    out = {}
+    d_ms = _spec(f"delay {delay}").delay_ns / 1e6
+    threshold = d_ms + RTO_MIN_MS / 2
+    for p in losses:
+        r = ping_pong(f"delay {delay} loss {p:g}%", samples, seed, timeout=120)
+        r["loss_percent"] = p
+        r["rto_delayed"] = int((r["one_way_ms"] > threshold).sum())
+        r["emulated_rto"] = int((r["emulated_ms"] > threshold).sum())
+        r["rto_delayed_rtt"] = int((r["rtt_ms"] > 2 * d_ms + RTO_MIN_MS / 2).sum())
+        r["expected_rto"] = samples * p / 100
+        out[p] = r
+    return out
+
+
+# --- (e) NIC contention ------------------------------------------------------------------------
+
+
+def _goodputs(out: list[list[float]], senders: list[int], receivers: list[int], count: int,
+              nbytes: int, shared_nic: bool) -> dict:
+    """Goodputs of parallel streams (bytes/s), from `_stream`'s results.
+
+    per_process: what a NIC delivered divided among the processes behind it. A NIC's
+      goodput is the bytes of its streams over the time from its first sender's first send
+      to its last arrival (the NIC is busy all along: every sender offers more than it can
+      carry); with `shared_nic` all streams share one NIC, otherwise each has its own. This
+      does not depend on the order in which a FIFO queue served the messages, nor on a
+      sender that this machine started a little late.
+    completion: per stream, count x nbytes / (its last arrival - its sender's start).
+    steady: nbytes / the median gap between consecutive arrivals of each stream, counting
+      only the window in which every stream is receiving.
+    """
+    times = [np.asarray(out[r]) for r in receivers]
+    starts = [out[s][0] for s in senders]
+    first, last = max(t[0] for t in times), min(t[-1] for t in times)
+    steady = []
+    for t in times:
+        inside = t[(t >= first) & (t <= last)]
+        gaps = np.diff(inside) if len(inside) > 2 else np.diff(t)
+        steady.append(nbytes / float(np.median(gaps)))
+    total = count * nbytes
+    if shared_nic:
+        nic = len(times) * total / (max(t[-1] for t in times) - min(starts))
+        per_process = nic / len(times)
+    else:
+        per_process = float(np.mean([total / (t[-1] - s) for s, t in zip(starts, times)]))
+    completion = np.array([total / (t[-1] - s) for s, t in zip(starts, times)])
+    return {"per_process": float(per_process), "completion": completion,
+            "steady": np.array(steady)}
+
+
+def nic_contention(rate: str = "100mbit", procs=(1, 2, 4), nbytes: int = 256 * KIB,
+                   count: int = 10, seed: int = 0, timeout: float = 60) -> dict:
+    """P processes on one node stream to P processes on another through one NIC of `rate`.
+
+    For every P in `procs`: P senders and P receivers with every process on its own node, so
+    each sender has a NIC of its own ("own": one Cluster(nodes=2 max(P)) serves every P),
+    and, for P > 1, Cluster(nodes=2, procs_per_node=P, nic="rate R") with process i of node 0
+    sending to process i of node 1 through node 0's single NIC queue ("shared"; for P = 1
+    the two layouts are the same thing, and "shared" is the "own" measurement).
+    Every sender offers four times the NIC's rate (`_stream` on a fixed schedule), so every
+    NIC stays busy and its FIFO queue interleaves the senders' messages.
+    Returns rate_Bps (payload bytes/s the NIC can carry, after TCP/IP headers) and rows
+    {P: {"shared": goodputs, "own": goodputs}}, goodputs as `_goodputs` (bytes/s per
+    process: per_process, completion and steady).
+    """
+    spec = _spec(f"rate {rate}")
+    payload_rate = spec.rate_Bps * 65536 / (65536 + HEADER_BYTES)
+    pace = _wire_seconds(spec, nbytes) / 4  # every sender offers 4x what a NIC carries
+    procs = list(procs)
+    widest = max(procs)
+    rows: dict = {p: {} for p in procs}
+    with Cluster(nodes=2 * widest, nic=spec, seed=seed, timeout=timeout) as cl:
+        for p in procs:  # sender i on node i, receiver i on node widest + i
+            senders, receivers = list(range(p)), list(range(widest, widest + p))
+            out = cl.run(_stream, senders, receivers, count, nbytes, pace)
+            rows[p]["own"] = _goodputs(out, senders, receivers, count, nbytes, False)
+    for p in procs:
+        if p == 1:
+            rows[p]["shared"] = rows[p]["own"]
+            continue
+        senders, receivers = list(range(p)), list(range(p, 2 * p))
+        with Cluster(nodes=2, procs_per_node=p, nic=spec, seed=seed, timeout=timeout) as cl:
+            out = cl.run(_stream, senders, receivers, count, nbytes, pace)
+        rows[p]["shared"] = _goodputs(out, senders, receivers, count, nbytes, True)
+    return {"rate": rate, "rate_Bps": payload_rate, "nbytes": nbytes, "count": count,
+            "rows": rows}
+
+
+def _loaded_pings(bulk: tuple[int, int], ping: tuple[int, int], bulk_count: int, nbytes: int,
+                  bulk_pace_s: float, pings: int, spacing_s: float) -> list[float]:
+    """`bulk[0]` streams `bulk_count` messages of `nbytes` to `bulk[1]`, one every
+    `bulk_pace_s`, while `ping[0]` pings `ping[1]` every `spacing_s`; the ping's receiver
+    returns their one-way delays (s)."""
+    import torch
+    import torch.distributed as dist
+
+    from ..clock import monotonic_ns, now, sleep_until
+
+    rank = dist.get_rank()
+    x = torch.zeros(max(1, nbytes // 4))
+    stamp = torch.zeros(1, dtype=torch.float64)
+    one_way: list[float] = []
+    dist.barrier()
+    start = monotonic_ns()
+    if rank == bulk[0]:  # offers a little less than the NIC's rate, on a fixed schedule
+        works = []
+        for k in range(bulk_count):
+            sleep_until(start + int(k * bulk_pace_s * 1e9))
+            works.append(dist.isend(x, bulk[1]))
+        for w in works:
+            w.wait()
+    elif rank == bulk[1]:
+        for _ in range(bulk_count):
+            dist.recv(x, bulk[0])
+    elif rank == ping[0]:
+        for i in range(pings):
+            sleep_until(start + int(i * spacing_s * 1e9))
+            stamp[0] = now()
+            dist.send(stamp, ping[1])
+            dist.recv(stamp, ping[1])
+    elif rank == ping[1]:
+        for _ in range(pings):
+            dist.recv(stamp, ping[0])
+            one_way.append(now() - float(stamp[0]))
+            dist.send(stamp, ping[0])
+    dist.barrier()
+    return one_way
+
+
+def latency_under_load(nic: str = "delay 1ms rate 100mbit", nbytes: int = 256 * KIB,
+                       pings: int = 40, spacing_s: float = 0.03, seed: int = 0,
+                       timeout: float = 60) -> dict:
+    """Small pings from one process of a node while another process of the same node keeps
+    its NIC busy with bulk transfers (Cluster(nodes=2, procs_per_node=2, nic=nic)).
+
+    Rank 0 streams to rank 2 (node 0 -> node 1), rank 1 pings rank 3 through the same NIC
+    queue. Returns idle_ms and loaded_ms (the pings' one-way delays without and with the
+    bulk stream), their percentiles, and message_ms: the time one bulk message occupies the
+    NIC (its serialisation time), the scale of the queueing delay a ping can meet.
+    Pings leave on a fixed schedule (every `spacing_s`, longer than a loaded round trip), so
+    they sample the bulk stream at every phase; the bulk sender offers 1/1.1 of the NIC's
+    rate on a fixed schedule too (so a moment's delay of this machine does not leave a
+    backlog that never drains), for longer than the pings last.
+    """
+    spec = _spec(nic)
+    message_s = _wire_seconds(spec, nbytes)
+    bulk_count = int(pings * spacing_s / (1.1 * message_s)) + 3 if message_s else 0
+    args = (nbytes, 1.1 * message_s, pings, spacing_s)  # the NIC is busy ~90% of the time
+    with Cluster(nodes=2, procs_per_node=2, nic=spec, seed=seed, timeout=timeout) as cl:
+        idle = cl.run(_loaded_pings, (0, 2), (1, 3), 0, *args)[3]
+        loaded = cl.run(_loaded_pings, (0, 2), (1, 3), bulk_count, *args)[3]
+    idle_ms, loaded_ms = np.array(idle) * 1e3, np.array(loaded) * 1e3
+    return {"nic": nic, "idle_ms": idle_ms, "loaded_ms": loaded_ms,
+            "idle": percentiles(idle_ms), "loaded": percentiles(loaded_ms),
+            "message_ms": message_s * 1e3, "bulk_count": bulk_count}
+
+
+# --- figures ------------------------------------------------------------------------------------
+
+
+def plot_noise_floor(floor: dict, ax=None):
+    """Histogram of this machine's native one-way latency (µs, log x axis)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3))
+    us = floor["one_way_ms"] * 1e3
+    bins = np.logspace(np.log10(max(us.min(), 1)), np.log10(us.max() * 1.01), 40)
+    ax.hist(us, bins=bins, color="#4C72B0")
+    ax.set_xscale("log")
+    for q, style in (("p50", "-"), ("p99", "--")):
+        ax.axvline(floor["percentiles"][q] * 1e3, color="k", ls=style, lw=1, label=q)
+    ax.set_xlabel("native one-way latency, plain Gloo on loopback (µs)")
+    ax.set_ylabel("messages")
+    ax.legend()
+    return ax
+
+
+def plot_jitter(results: dict, axes=None):
+    """One histogram per result (density) with netem's configured distribution overlaid."""
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    if axes is None:
+        _, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3), sharey=False)
+    axes = np.atleast_1d(axes)
+    # the configured range plus a margin; slower (noisy) messages pile up in the last bin
+    hi = max(float(r["configured_ms"].max()) for r in results.values()) * 1.25
+    bins = np.linspace(0, hi, 60)
+    for ax, name in zip(axes, names):
+        r = results[name]
+        ax.hist(np.clip(r["one_way_ms"], 0, hi), bins=bins, density=True, color="#4C72B0",
+                alpha=0.7, label="measured")
+        ax.hist(r["configured_ms"], bins=bins, density=True, histtype="step", color="#C44E52",
+                lw=1.5, label="configured (netem)")
+        ax.axvline(min(r["percentiles"]["p99"], hi), color="k", ls="--", lw=1,
+                   label="measured p99")
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel(f"one-way delay (ms, clipped at {hi:.0f})")
+    axes[0].set_ylabel("density")
+    axes[0].legend(fontsize=7)
+    return axes
+
+
+def plot_sweep(sweep: dict, axes=None):
+    """Left: one-way time vs size (log-log) with the alpha-beta fit and n*. Right: effective
+    bandwidth n / t vs size, which reaches half the fitted bandwidth at n*."""
+    import matplotlib.pyplot as plt
+
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    n = sweep["sizes"].astype(float)
+    fit = sweep["fit"]
+    grid = np.logspace(np.log10(n.min()), np.log10(n.max()), 200)
+    star = sweep["crossover_bytes"]
+    ax = axes[0]
+    for row in sweep["times_ms"]:
+        ax.plot(n, row, ".", color="#4C72B0", alpha=0.4)
+    ax.plot(n, sweep["best_ms"], "o", color="#4C72B0", label="measured (best of repeats)")
+    ax.plot(grid, (fit.alpha + grid * fit.beta) * 1e3, "-", color="#C44E52",
+            label=f"fit: α={fit.alpha * 1e3:.2f} ms, 1/β={fit.bandwidth * 8 / 1e9:.2f} Gbit/s")
+    ax.plot(grid, np.full_like(grid, fit.alpha * 1e3), ":", color="gray", label="α alone")
+    ax.plot(grid, grid * fit.beta * 1e3, "--", color="gray", label="nβ alone")
+    ax.axvline(star, color="k", lw=1)
+    ax.text(star, fit.alpha * 1e3 * 3, " n* = α/β", fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=0.3 * float(sweep["best_ms"].min()))
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("one-way time (ms)")
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    ax.plot(n, n / (sweep["best_ms"] / 1e3) * 8 / 1e6, "o", color="#4C72B0", label="measured")
+    ax.plot(grid, grid / (fit.alpha + grid * fit.beta) * 8 / 1e6, "-", color="#C44E52",
+            label="α-β model")
+    ax.axhline(fit.bandwidth * 8 / 1e6, color="gray", ls="--", label="1/β")
+    ax.axvline(star, color="k", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("effective bandwidth (Mbit/s)")
+    ax.legend(fontsize=7)
+    return axes
+
+
+def plot_loss(tails: dict, ax=None):
+    """Sorted one-way delays (a quantile plot, log y) for every loss rate."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.4))
+    for p, r in tails.items():
+        d = np.sort(r["one_way_ms"])
+        q = (np.arange(len(d)) + 0.5) / len(d) * 100
+        ax.plot(q, d, label=f"loss {p:g}%")
+    ax.axhline(RTO_MIN_MS, color="gray", ls=":", lw=1, label="minimum RTO (200 ms)")
+    ax.set_yscale("log")
+    ax.set_xlim(50, 100)
+    ax.set_xlabel("percentile (from the median up)")
+    ax.set_ylabel("one-way delay (ms)")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def plot_contention(result: dict, ax=None):
+    """Per-process goodput (Mbit/s) for P processes sharing one NIC vs each on its own."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.4))
+    rate = result["rate_Bps"] * 8 / 1e6
+    ps = list(result["rows"])
+    x = np.arange(len(ps))
+    shared = [result["rows"][p]["shared"]["per_process"] * 8 / 1e6 for p in ps]
+    own = [result["rows"][p]["own"]["per_process"] * 8 / 1e6 for p in ps]
+    ax.bar(x - 0.2, own, 0.4, color="#55A868", label="each process on its own node")
+    ax.bar(x + 0.2, shared, 0.4, color="#C44E52", label="P processes share one NIC")
+    ax.plot(x + 0.2, [rate / p for p in ps], "k_", ms=25, mew=2, label="rate / P")
+    ax.set_xticks(x, [f"P = {p}" for p in ps])
+    ax.set_ylabel("goodput per process (Mbit/s)")
+    ax.axhline(rate, color="gray", ls=":", lw=1)
+    ax.set_ylim(0, rate * 1.45)
+    ax.legend(fontsize=7, ncol=2, loc="upper center", frameon=False)
+    return ax
+
+
+__all__ = [
+    "configured_delays",
+    "configured_quantile",
+    "emulated_one_way",
+    "jitter_distributions",
+    "latency_under_load",
+    "loss_tails",
+    "nic_contention",
+    "noise_floor",
+    "percentiles",
+    "ping_pong",
+    "plot_contention",
+    "plot_jitter",
+    "plot_loss",
+    "plot_noise_floor",
+    "plot_sweep",
+    "size_sweep",
+]

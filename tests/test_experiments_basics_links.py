@@ -1,0 +1,152 @@
+"""Experiments of notebooks 00 and 01, on small sizes.
+
+The machine is shared and noisy, so nothing here asserts an absolute time. Every assertion is
+a relation that follows from the configuration and that scheduling noise cannot fake: noise
+only ever makes a message later, so lower bounds hold exactly, medians are robust, and
+rates are measured from the emulated delivery schedule (median gap between arrivals).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clusterlab import models
+from clusterlab.experiments import basics, links
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# --- closed-form helpers (no processes) --------------------------------------------------------
+
+
+def test_configured_delays_match_the_netem_quantiles():
+    for spec in ("delay 4ms 1ms", "delay 4ms 1ms distribution normal",
+                 "delay 4ms 1ms distribution pareto"):
+        values = links.configured_delays(spec)
+        assert len(values) == 4096 and np.all(np.diff(values) >= 0)
+        for q in (0.01, 0.5, 0.99):
+            assert abs(np.quantile(values, q) - links.configured_quantile(spec, q)) < 0.02
+    assert np.all(links.configured_delays("delay 3ms") == 3.0)
+    # uniform jitter of J around D spans [D - J, D + J)
+    u = links.configured_delays("delay 4ms 1ms")
+    assert 3.0 <= u.min() < 3.01 and 4.99 < u.max() < 5.0
+
+
+def test_gradient_tensors_describe_the_model():
+    model = basics.make_model((8, 16, 4))
+    assert basics.gradient_tensors((8, 16, 4)) == [p.numel() * 4 for p in model.parameters()]
+
+
+# --- notebook 00: the synchronous loop -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def breakdown():
+    return basics.compare(nics=(None, "delay 2ms rate 1gbit"), nodes=2, steps=5, warmup=1,
+                          chunk=2, sizes=(32, 64, 10), batch=16)
+
+
+def test_phases_add_up_to_the_step(breakdown):
+    for r in breakdown:
+        total = sum(r["phases"][name] for name in basics.PHASES)
+        assert r["phases"]["forward"].shape == (2, 4)
+        np.testing.assert_allclose(total, r["step"], rtol=1e-9, atol=1e-9)
+        assert np.all(r["step"] > 0)
+        assert abs(sum(r["share"].values()) - 1) < 1e-9
+
+
+def test_impaired_all_reduce_pays_the_latency_of_every_round(breakdown):
+    plain, impaired = breakdown
+    rounds = impaired["rounds"]
+    assert rounds == len(basics.gradient_tensors((32, 64, 10))) * 2  # ring of 2 ranks
+    # every rank, every step: each of the rounds waits at least the configured delay
+    assert np.all(impaired["phases"]["all_reduce"] >= rounds * 2e-3)
+    assert impaired["predicted_all_reduce"] >= rounds * 2e-3
+    assert plain["predicted_all_reduce"] == 0
+
+
+def test_replicas_stay_identical_and_the_network_changes_no_number(breakdown):
+    plain, impaired = breakdown
+    assert len(set(plain["checksums"])) == 1
+    assert plain["checksums"] == impaired["checksums"]
+    assert plain["loss"] == impaired["loss"]
+    text = basics.format_breakdown(breakdown)
+    for name in basics.PHASES:
+        assert name in text
+    assert "delay 2ms rate 1gbit" in text
+
+
+# --- notebook 01: the link ---------------------------------------------------------------------
+
+
+def test_noise_floor_is_measured():
+    floor = links.noise_floor(samples=60, timer_samples=50)
+    assert len(floor["one_way_ms"]) == 60
+    assert 0 < floor["percentiles"]["p1"] <= floor["percentiles"]["p50"] <= floor["percentiles"][
+        "p99"]
+    assert floor["timer_overshoot_us"]["p50"] >= 0
+    assert floor["smallest_faithful_delay_ms"] >= floor["percentiles"]["p50"]
+
+
+def test_one_way_delay_never_beats_the_network_and_jitter_raises_the_tail():
+    plain = links.ping_pong("delay 2ms", samples=120)
+    jittered = links.ping_pong("delay 2ms 2ms distribution pareto", samples=120)
+    d = plain["one_way_ms"]
+    assert d.min() >= 2.0  # a message is held until its emulated delivery time
+    assert np.median(plain["rtt_ms"]) >= 4.0  # a round trip crosses two NICs
+    assert plain["percentiles"]["p50"] < 1.5 * 2.0  # the median is the delay, plus a little
+    j = jittered["one_way_ms"]
+    # every ping took at least the delay the network drew for it (seeded, so replayable)
+    assert np.all(j >= jittered["emulated_ms"] - 1e-3)
+    assert np.all(jittered["noise_ms"] > -1e-3)
+    assert np.all(plain["emulated_ms"] == 2.0)
+    # pareto jitter: the bulk sits below the delay, the tail reaches delay + 4 sigma = 10 ms
+    assert j.min() >= links.configured_quantile(jittered["nic"], 0) - 1e-6
+    assert np.percentile(j, 5) < 2.0
+    assert jittered["configured"]["p99"] == pytest.approx(10.0, abs=0.01)
+    # p99 with jitter > p99 without: exactly on the network's draws, and the measured p99 is
+    # at least the drawn one (noise only adds)
+    assert jittered["emulated"]["p99"] > plain["emulated"]["p99"] + 4.0
+    assert jittered["percentiles"]["p99"] >= jittered["emulated"]["p99"] - 1e-3
+
+
+def test_alpha_beta_fit_recovers_the_configured_delay_and_rate():
+    sweep = links.size_sweep("delay 2ms rate 1gbit", sizes=[4 * 1024 << k for k in range(10)],
+                             repeats=3)
+    fit = sweep["fit"]
+    assert abs(fit.alpha - 2e-3) <= 0.3 * 2e-3
+    assert abs(fit.beta - 8e-9) <= 0.3 * 8e-9
+    assert fit.r2 > 0.99
+    star = sweep["crossover_bytes"]
+    assert abs(star - sweep["configured_crossover_bytes"]) <= 0.4 * sweep[
+        "configured_crossover_bytes"]
+    # below n* the latency dominates, above it the bandwidth
+    share = sweep["latency_share"]
+    assert share[0] > 0.5 > share[-1]
+    assert np.all(sweep["best_ms"] >= 2.0)
+    assert np.all(sweep["median_ms"] >= sweep["best_ms"])
+
+
+def test_loss_turns_into_retransmission_timeouts():
+    tails = links.loss_tails("1ms", losses=(5,), samples=150)
+    r = tails[5]
+    assert r["rto_delayed"] >= r["emulated_rto"] >= 1
+    assert r["one_way_ms"].max() >= 1.0 + links.RTO_MIN_MS  # the original + a 200 ms RTO
+    assert r["percentiles"]["p50"] < 2 * 1.0
+    assert r["expected_rto"] == pytest.approx(7.5)
+
+
+def test_two_processes_sharing_a_nic_get_half_its_rate_each():
+    result = links.nic_contention("100mbit", procs=(2,), nbytes=128 * 1024, count=8)
+    row = result["rows"][2]
+    shared, own = row["shared"]["per_process"], row["own"]["per_process"]
+    assert abs(shared / own - 0.5) <= 0.15 * 0.5
+    assert abs(shared / (result["rate_Bps"] / 2) - 1) <= 0.15
+    assert abs(own / result["rate_Bps"] - 1) <= 0.15
+
+
+def test_models_agree_with_the_link_expectations():
+    # the numbers the notebooks print as predictions come from these closed forms
+    assert models.ring_allreduce(2, 1000, 2e-3, 8e-9) == pytest.approx(2 * 2e-3 + 1000 * 8e-9)
+    assert links.configured_quantile("delay 4ms 1ms", 0.99) == pytest.approx(4.98)
