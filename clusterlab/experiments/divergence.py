@@ -1,0 +1,506 @@
+"""Silent divergence: data-parallel replicas that drift apart while rank 0's loss looks fine.
+
+Under correct data parallelism every rank holds a bitwise identical copy of the model: the
+same initial weights (DDP broadcasts rank 0's at construction), the same all-reduced
+gradient, the same optimizer update. Anything that breaks that symmetry goes unnoticed by
+the loss log most people read (rank 0's), because rank 0's own replica is fine. The
+experiments here break it on purpose, on real ranks of a `clusterlab.Cluster`, and measure
+the replicas' parameter fingerprints step by step:
+
+* `train` - one seeded training loop (a small MLP, SGD, DDP or a hand-written all-reduce)
+  under a named fault `SCENARIOS`: a parameter changed on one rank after wrapping, per-rank
+  RNG misuse, a gradient corrupted (NaN, one flipped bit) before or after the all-reduce,
+  different summation orders or precisions on one rank; optionally watched by
+  `clusterlab.monitor.SyncMonitor`;
+* `data_order` - per-rank sampler seeds: duplicated and missing samples;
+* `mismatched_collective` - one rank calls a different collective (or another size): a hang
+  or a crash, and a named error with TORCH_DISTRIBUTED_DEBUG=DETAIL;
+* `missed_barrier` - a rank that never arrives, named by a monitored barrier;
+* `detection` - SyncMonitor on several faults: each flagged with its rank and step, and
+  silence on a healthy run.
+
+Everything is seeded and deterministic; every run is bounded by the cluster's timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..cluster import Cluster, ClusterError
+from .scaling import DEFAULT_NIC, describe_error, make_regression, preload
+
+preload()
+
+# What `train` can do to the replicas (see Fault).
+SCENARIOS = (
+    "healthy",            # DDP, nothing wrong
+    "param_changed",      # `rank` scales its last layer by 1.01 at `step` (after wrapping)
+    "init_before_wrap",   # every rank re-initialises with its own seed BEFORE DDP: harmless
+    "init_after_wrap",    # ... AFTER DDP wrapped the model: every replica differs
+    "dropout_rank_seeds",  # dropout with a different seed per rank: legitimate
+    "grad_before",        # `rank` corrupts its gradient before the all-reduce, at `step`
+    "grad_after",         # ... after the all-reduce (before the optimizer step)
+    "manual_allreduce",   # hand-written data parallelism: all_reduce, then divide (healthy)
+    "sum_order",          # hand-written: all_gather, `rank` adds the parts in reverse order
+    "float64_update",     # hand-written: `rank` computes its SGD update in float64
+)
+MANUAL = ("manual_allreduce", "sum_order", "float64_update")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A scenario of `train`: what goes wrong, on which rank, at which step.
+
+    corruption: "nan" (one gradient element becomes NaN) or "bitflip" (bit `bit` of one
+    float32 gradient element is flipped: bit 22 is the top mantissa bit, a change of up to
+    50% of that element; 23-30 are the exponent; 31 the sign)."""
+
+    scenario: str = "healthy"
+    rank: int = 2
+    step: int = 0
+    corruption: str = "bitflip"
+    bit: int = 22
+
+    def __post_init__(self) -> None:
+        if self.scenario not in SCENARIOS:
+            raise ValueError(f"unknown scenario {self.scenario!r}; choose from {SCENARIOS}")
+        if self.corruption not in ("nan", "bitflip"):
+            raise ValueError(f"corruption must be 'nan' or 'bitflip', got {self.corruption!r}")
+        if not 0 <= self.bit <= 31:
+            raise ValueError(f"bit must be in 0..31 (float32), got {self.bit!r}")
+
+
+def corrupt_(t, corruption: str = "bitflip", bit: int = 22, index: int = 0):
+    """Corrupt element `index` of float32 tensor `t` in place: NaN, or flip one bit of it
+    (seen as int32, xor 1 << bit). Returns (value before, value after)."""
+    import torch
+
+    flat = t.view(-1)
+    before = float(flat[index])
+    if corruption == "nan":
+        flat[index] = float("nan")
+    else:
+        if t.dtype != torch.float32:
+            raise TypeError(f"bit flips are defined here for float32, got {t.dtype}")
+        mask = (1 << bit) if bit < 31 else -(1 << 31)  # int32 has no +2^31
+        flat.view(torch.int32)[index] ^= mask
+    return before, float(flat[index])
+
+
+def build_model(features: int = 8, hidden: int = 16, seed: int = 0, dropout: float = 0.0):
+    """The small MLP of these experiments: Linear, Tanh, (Dropout), Linear; seeded."""
+    import torch
+
+    torch.manual_seed(seed)
+    layers = [torch.nn.Linear(features, hidden), torch.nn.Tanh()]
+    if dropout:
+        layers.append(torch.nn.Dropout(dropout))
+    layers.append(torch.nn.Linear(hidden, 1))
+    return torch.nn.Sequential(*layers)
+
+
+# --- the training loop on every rank ------------------------------------------------------------
+
+
+def _gather_params(module):
+    """Every rank's parameters (float64, flattened): a collective, rows ordered by rank."""
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.cat([p.detach().reshape(-1).double() for p in module.parameters()])
+    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, mine)
+    return torch.stack(parts)
+
+
+def _train_rank(faults, steps, features, hidden, batch, lr, seed, every, monitor_options):
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ..monitor import SyncMonitor, SyncWarning, fingerprint
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x_all, y_all = make_regression(4096, features, seed, dtype="float32")
+    x_eval, y_eval = x_all[:256], y_all[:256]  # the same held-out batch on every rank
+    results = {}
+    for f in faults:
+        f = Fault(**f)
+        me = rank == f.rank
+        model = build_model(features, hidden, seed,
+                            dropout=0.2 if f.scenario == "dropout_rank_seeds" else 0.0)
+        if f.scenario == "init_before_wrap":  # every rank its own initial weights...
+            torch.manual_seed(seed + 100 + rank)
+            for m in model:
+                if hasattr(m, "reset_parameters"):
+                    m.reset_parameters()
+        manual = f.scenario in MANUAL
+        net = model if manual else DDP(model)  # ...which DDP's broadcast overwrites here
+        if f.scenario == "init_after_wrap":  # a layer (re)initialised after wrapping
+            torch.manual_seed(seed + 100 + rank)
+            model[-1].reset_parameters()
+        if f.scenario == "dropout_rank_seeds":
+            torch.manual_seed(seed + 100 + rank)
+        step_now = {"step": -1}
+        if f.scenario == "grad_before" and me:
+            def hook(grad, f=f, step_now=step_now):
+                if step_now["step"] == f.step:
+                    grad = grad.clone()
+                    corrupt_(grad, f.corruption, f.bit)
+                return grad
+
+            model[0].weight.register_hook(hook)  # runs before DDP sees the gradient
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        mon = SyncMonitor(net, every=every, **monitor_options) if every else None
+        gen = torch.Generator().manual_seed(7919 * (seed + 1) + rank)  # this rank's batches
+        loss_log, eval_log, dist_log, finite_log, fp_log = [], [], [], [], []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyncWarning)
+            for step in range(steps):
+                step_now["step"] = step
+                with mon.step(step) if mon else contextlib.nullcontext() as s:
+                    if f.scenario == "param_changed" and me and step == f.step:
+                        with torch.no_grad():  # e.g. a rank-local "fix-up" of the weights
+                            model[-1].weight.mul_(1.01)
+                    idx = torch.randint(0, len(x_all), (batch,), generator=gen)
+                    loss = F.mse_loss(net(x_all[idx]), y_all[idx])
+                    loss.backward()
+                    grads = [p.grad for p in model.parameters()]
+                    if manual:
+                        flat = torch.cat([g.reshape(-1) for g in grads])
+                        if f.scenario == "manual_allreduce" or (f.scenario == "float64_update"):
+                            dist.all_reduce(flat)
+                        else:  # sum_order: gather everybody's gradient, add them up here
+                            parts = [torch.empty_like(flat) for _ in range(world)]
+                            dist.all_gather(parts, flat)
+                            order = range(world - 1, -1, -1) if me else range(world)
+                            flat = torch.zeros_like(flat)
+                            for j in order:
+                                flat += parts[j]
+                        flat /= world
+                        offset = 0
+                        for g in grads:
+                            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                            offset += g.numel()
+                    if f.scenario == "grad_after" and me and step == f.step:
+                        corrupt_(model[0].weight.grad, f.corruption, f.bit)
+                    if s is not None:
+                        s.after_backward()
+                    if f.scenario == "float64_update" and me:
+                        with torch.no_grad():  # the same update, rounded once instead of twice
+                            for p in model.parameters():
+                                p.copy_((p.double() - lr * p.grad.double()).float())
+                    else:
+                        opt.step()
+                    opt.zero_grad()
+                    if s is not None:
+                        s.record_loss(loss)
+                model.eval()
+                with torch.no_grad():
+                    eval_loss = F.mse_loss(model(x_eval), y_eval).item()
+                model.train()
+                everyone = _gather_params(model)
+                diff = torch.nan_to_num((everyone - everyone[0]).abs(), nan=float("inf"))
+                loss_log.append(loss.item())
+                eval_log.append(eval_loss)
+                dist_log.append(diff.max(dim=1).values.tolist())
+                finite_log.append(bool(torch.isfinite(everyone[rank]).all()))
+                fp_log.append(fingerprint(model).tolist())
+            alerts = []
+            if mon is not None:
+                mon.check()
+                alerts = [{"step": a.step, "kind": a.kind, "ranks": list(a.ranks),
+                           "message": a.message} for a in mon.alerts]
+                report = mon.report()
+                mon.close()
+        results[f.scenario if f.scenario not in results else f"{f.scenario}#{len(results)}"] = {
+            "loss": np.array(loss_log), "eval_loss": np.array(eval_log),
+            "distance": np.array(dist_log), "finite": np.array(finite_log),
+            "fingerprint": np.array(fp_log, dtype=np.int64), "alerts": alerts,
+            "report": report if mon is not None else "",
+        }
+    return results
+
+
+def train(faults=(Fault(),), steps: int = 40, world: int = 4, features: int = 8,
+          hidden: int = 16, batch: int = 16, lr: float = 0.05, seed: int = 0,
+          monitor_every: int | None = None, monitor_options: dict | None = None,
+          nic=DEFAULT_NIC, timeout: float = 60) -> dict:
+    """Train the same seeded MLP once per fault (a `Fault`, or a scenario name) on one
+    cluster of `world` ranks, recording every rank at every step.
+
+    Each rank draws its own mini-batches from a seeded generator (so a healthy run and a
+    faulty run see the same batches). With `monitor_every`, a `SyncMonitor(every=...,
+    **monitor_options)` watches the loop (on_alert="warn", warnings silenced; the alerts
+    are returned).
+
+    Returns {scenario: {
+      "loss": (steps, world) each rank's training loss (rank 0's is what gets logged),
+      "eval_loss": (steps, world) each replica's loss on one shared held-out batch,
+      "distance": (steps, world) max |params_r - params_0| after each step (inf: NaN),
+      "finite": (steps, world) the replica's parameters are all finite,
+      "fingerprint": (steps, world, 2) clusterlab.monitor.fingerprint of each replica,
+      "alerts": rank 0's SyncMonitor alerts as dicts (step, kind, ranks, message),
+      "report": rank 0's mon.report() ("" without a monitor)}}.
+    `faults` may also be a dict {name: fault}: the results are then keyed by those names.
+    Otherwise they are keyed by scenario name (a scenario used twice: "name#i").
+    """
+    names = list(faults) if isinstance(faults, dict) else None
+    faults = list(faults.values()) if isinstance(faults, dict) else list(faults)
+    faults = [Fault(f) if isinstance(f, str) else f for f in faults]
+    with Cluster(nodes=world, nic=nic, seed=seed, timeout=timeout) as cl:
+        out = cl.run(_train_rank, [asdict(f) for f in faults], steps, features, hidden,
+                     batch, lr, seed, monitor_every, dict(monitor_options or {}))
+    res = {}
+    for i, key in enumerate(out[0]):
+        name = names[i] if names else key
+        res[name] = {k: np.stack([o[key][k] for o in out], axis=1)
+                     for k in ("loss", "eval_loss", "finite", "fingerprint")}
+        res[name]["distance"] = out[0][key]["distance"]  # every rank computed the same rows
+        res[name]["alerts"] = out[0][key]["alerts"]
+        res[name]["report"] = out[0][key]["report"]
+    return res
+
+
+def replicas_agree(run: dict, step: int = -1) -> list[int]:
+    """The ranks whose fingerprint differs from rank 0's at `step` (of one `train` result)."""
+    fp = run["fingerprint"][step]
+    return [r for r in range(len(fp)) if not np.array_equal(fp[r], fp[0])]
+
+
+def loss_deviation(run: dict, healthy: dict, last: int = 10, rank: int = 0) -> float:
+    """|mean of rank's last `last` losses - the healthy run's| / the healthy run's."""
+    a = float(np.mean(run["loss"][-last:, rank]))
+    b = float(np.mean(healthy["loss"][-last:, rank]))
+    return abs(a - b) / b
+
+
+# --- random number misuse: data order -------------------------------------------------------------
+
+
+SEEDINGS = ("shared", "per_rank")
+
+
+def _data_order_rank(dataset_size, epochs, set_epoch, seed):
+    import torch.distributed as dist
+    from torch.utils.data import DistributedSampler
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for seeding in SEEDINGS:
+        sampler = DistributedSampler(range(dataset_size), num_replicas=world, rank=rank,
+                                     shuffle=True,
+                                     seed=seed if seeding == "shared" else seed + rank)
+        orders = []
+        for epoch in range(epochs):
+            if set_epoch:
+                sampler.set_epoch(epoch)
+            orders.append(list(sampler))
+        out[seeding] = orders
+    return out
+
+
+def data_order(dataset_size: int = 64, epochs: int = 2, world: int = 4, set_epoch: bool = True,
+               seed: int = 0, nic=DEFAULT_NIC, timeout: float = 30) -> dict:
+    """Which samples each rank draws with torch's DistributedSampler, per epoch, when every
+    rank uses the same seed ("shared") and when each uses its own ("per_rank": seed + rank).
+
+    The sampler shuffles the WHOLE data set with its seed, then rank r takes every W-th
+    index from position r. With the same seed on every rank the shards partition the data;
+    with a per-rank seed each rank shuffles differently, so some samples are drawn twice and
+    others never. Forgetting set_epoch gives the same order every epoch.
+
+    Returns {seeding: {"counts": (epochs, dataset_size) times each sample was drawn,
+    "missing": per epoch, samples nobody drew; "duplicated": per epoch, samples drawn more
+    than once; "same_order_as_previous_epoch": per epoch after the first (rank 0);
+    "orders": [rank][epoch] index lists}} for seeding in SEEDINGS.
+    """
+    with Cluster(nodes=world, nic=nic, seed=seed, timeout=timeout) as cl:
+        out = cl.run(_data_order_rank, dataset_size, epochs, set_epoch, seed)
+    res = {}
+    for seeding in SEEDINGS:
+        orders = [o[seeding] for o in out]
+        counts = np.zeros((epochs, dataset_size), dtype=int)
+        for per_rank in orders:
+            for e, idx in enumerate(per_rank):
+                np.add.at(counts[e], idx, 1)
+        res[seeding] = {
+            "counts": counts, "missing": (counts == 0).sum(axis=1).tolist(),
+            "duplicated": (counts > 1).sum(axis=1).tolist(),
+            "same_order_as_previous_epoch": [orders[0][e] == orders[0][e - 1]
+                                             for e in range(1, epochs)],
+            "orders": orders}
+    return res
+
+
+# --- mismatched collectives and hangs ---------------------------------------------------------
+
+
+def _quiet() -> None:
+    """Send this rank's C++ stderr (Gloo's and c10d's log lines) to /dev/null: the error
+    itself comes back through the launcher. The rank's cluster is closed right after."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+
+
+@contextlib.contextmanager
+def distributed_debug(level: str | None):
+    """Set TORCH_DISTRIBUTED_DEBUG (OFF, INFO, DETAIL) for clusters started inside the block.
+
+    torch reads the variable when torch.distributed is imported, and ranks are forked from
+    this process, so it is set here AND re-read (dist.set_debug_level_from_env()); both are
+    restored on the way out."""
+    import torch.distributed as dist
+
+    old = os.environ.get("TORCH_DISTRIBUTED_DEBUG")
+    try:
+        if level is None:
+            os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
+        else:
+            os.environ["TORCH_DISTRIBUTED_DEBUG"] = level
+        dist.set_debug_level_from_env()
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
+        else:
+            os.environ["TORCH_DISTRIBUTED_DEBUG"] = old
+        dist.set_debug_level_from_env()
+
+
+def _mismatch_rank(case, odd_rank):
+    import torch
+    import torch.distributed as dist
+
+    _quiet()
+    rank = dist.get_rank()
+    t = torch.ones(8 if (case == "size" and rank == odd_rank) else 4)
+    if case == "op" and rank == odd_rank:
+        dist.broadcast(t, src=0)  # everybody else is in an all_reduce
+    else:
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+MISMATCH_CASES = ("op", "size")
+
+
+def mismatched_collective(case: str = "op", debug: str | None = None, world: int = 2,
+                          odd_rank: int = 1, timeout: float = 3.0) -> dict:
+    """Rank `odd_rank` calls a different collective ("op": broadcast while the others call
+    all_reduce) or the same one with a different size ("size": 8 elements instead of 4).
+
+    Runs on plain Gloo (the debug wrapper wraps Gloo's process group). `debug` sets
+    TORCH_DISTRIBUTED_DEBUG for the ranks (None: unset; "DETAIL": every collective is first
+    checked against the other ranks' - op, shapes, dtypes - and a mismatch is a RuntimeError
+    naming both). Always bounded by the cluster's `timeout`.
+
+    Returns describe_error's {"error", "ranks", "message"} plus "case", "debug", "wall_s";
+    "error" is None (and "result" set) if, against expectation, it went through.
+    """
+    import time
+
+    if case not in MISMATCH_CASES:
+        raise ValueError(f"case must be one of {MISMATCH_CASES}, got {case!r}")
+    res = {"case": case, "debug": debug}
+    t0 = time.monotonic()
+    try:
+        with distributed_debug(debug), Cluster(nodes=world, nic=None, timeout=timeout) as cl:
+            res.update(error=None, ranks=[], message="", result=cl.run(_mismatch_rank, case,
+                                                                       odd_rank))
+    except ClusterError as exc:
+        res.update(describe_error(exc))
+    res["wall_s"] = time.monotonic() - t0
+    return res
+
+
+def _barrier_rank(late_rank, late_s, barrier_timeout):
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    _quiet()
+    if dist.get_rank() == late_rank:  # stuck elsewhere: I/O, a data loader, a deadlock
+        time.sleep(late_s)
+        return {"arrived": False, "message": ""}
+    try:
+        timeout = timedelta(seconds=barrier_timeout)
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=timeout, wait_all_ranks=True)
+        else:  # dist.monitored_barrier accepts only "gloo"; the netem group runs Gloo's own
+            dist.group.WORLD.monitored_barrier(timeout, True)
+    except RuntimeError as exc:
+        return {"arrived": True, "message": str(exc).strip().splitlines()[0]}
+    return {"arrived": True, "message": ""}
+
+
+def missed_barrier(world: int = 3, late_rank: int = 2, late_s: float = 2.0,
+                   barrier_timeout: float = 0.5, nic=None, timeout: float = 10.0) -> dict:
+    """Rank `late_rank` is stuck for `late_s` seconds; the others wait in a monitored barrier.
+
+    Rank 0 waits at most `barrier_timeout` for every other rank, then raises an error that
+    names the ranks that did not arrive (wait_all_ranks=True: all of them, not only the
+    first). Each rank catches its error and returns its first line.
+
+    Returns {"named_ranks": ranks named by rank 0's error, "message": rank 0's message,
+    "messages": per rank, "wall_s"}.
+    """
+    import time
+
+    t0 = time.monotonic()
+    with Cluster(nodes=world, nic=nic, timeout=timeout) as cl:
+        out = cl.run(_barrier_rank, late_rank, late_s, barrier_timeout)
+    message = out[0]["message"]
+    found = re.search(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier", message)
+    named = [int(r) for r in found[1].split(",") if r.strip()] if found else []
+    return {"named_ranks": named, "message": message,
+            "messages": [o["message"] for o in out], "wall_s": time.monotonic() - t0}
+
+
+# --- detection ----------------------------------------------------------------------------------
+
+
+DETECTION_FAULTS = (
+    Fault("healthy"),
+    Fault("param_changed", rank=2, step=12),
+    Fault("grad_after", rank=1, step=17, corruption="bitflip", bit=22),
+    Fault("grad_before", rank=3, step=23, corruption="nan"),
+)
+
+
+# Timing alerts (stragglers) are the subject of notebook 05. On a shared 2-core machine that
+# runs 4 ranks, scheduling noise alone can make one rank's median step 2-5x the others', so
+# the synchronisation checks here run with straggler alerts off: every alert below is then a
+# deterministic function of the seeded run.
+SYNC_ONLY = {"straggler_factor": float("inf")}
+
+
+def detection(faults=DETECTION_FAULTS, steps: int = 40, every: int = 5, world: int = 4,
+              seed: int = 0, monitor_options: dict | None = None, nic=DEFAULT_NIC,
+              timeout: float = 60) -> list[dict]:
+    """Run each fault under `SyncMonitor(every=every, **monitor_options)` (default
+    SYNC_ONLY: straggler alerts off) and report what it flagged.
+
+    Returns one dict per fault: the fault's fields, "alerts" (rank 0's alerts as dicts),
+    "first" (the first alert, or None), "report" (mon.report()).
+    """
+    faults = [Fault(f) if isinstance(f, str) else f for f in faults]
+    options = SYNC_ONLY if monitor_options is None else monitor_options
+    runs = train(faults, steps=steps, world=world, seed=seed, monitor_every=every,
+                 monitor_options=options, nic=nic, timeout=timeout)
+    out = []
+    for f, (_, run) in zip(faults, runs.items()):
+        alerts = run["alerts"]
+        out.append({**asdict(f), "alerts": alerts, "first": alerts[0] if alerts else None,
+                    "report": run["report"]})
+    return out

@@ -1,0 +1,161 @@
+"""Gradient scaling (notebook 07) and silent divergence (notebook 08), on real clusters.
+
+Every claim the notebooks make is checked here on the experiment functions themselves:
+numbers against a single-process reference, failures as named errors (never a hang), and no
+rank process left behind.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+import numpy as np
+import psutil
+import pytest
+
+from clusterlab.experiments import divergence as D
+from clusterlab.experiments import scaling as S
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    """Every cluster an experiment starts is gone when it returns."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    mp.active_children()  # reap what has ended
+    left = [p for p in psutil.Process().children(recursive=True)
+            if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"rank processes left behind: {left}"
+
+
+# --- notebook 07 -------------------------------------------------------------------------------
+
+
+def test_uneven_batches_mean_of_means_is_wrong_and_the_global_count_fixes_it():
+    r = S.uneven_batches(batch_sizes=(8, 16, 32, 64), steps=5)
+    ref = S.full_batch_gradient(120)
+    np.testing.assert_array_equal(r["reference"], ref)
+    # DDP with mean losses computes exactly the mean of the per-shard mean gradients...
+    assert S.relative_error(r["grad"]["mean_of_means"], r["predicted_mean_of_means"]) < 1e-12
+    # ...which is far from the full-batch gradient,
+    assert r["rel_error"]["mean_of_means"] > 1e-2
+    # while dividing by the global count (or weighting by n_r / N) is exact in float64.
+    for m in ("global_count", "weighted"):
+        assert r["rel_error"][m] < 1e-6, (m, r["rel_error"][m])
+        assert r["ranks_agree"][m]
+        assert r["param_error"][m][-1] < 1e-10
+    assert r["param_error"]["mean_of_means"][-1] > 1e-4
+    assert r["sample_weight"]["mean_of_means"][0] == pytest.approx(120 / (4 * 8))
+
+
+def test_uneven_batches_is_deterministic():
+    a = S.uneven_batches(batch_sizes=(4, 12), steps=2)
+    b = S.uneven_batches(batch_sizes=(4, 12), steps=2)
+    for m in S.METHODS:
+        np.testing.assert_array_equal(a["grad"][m], b["grad"][m])
+
+
+def test_sum_losses_scale_the_gradient_with_the_per_rank_batch():
+    r = S.sum_vs_mean(world_sizes=(1, 2), global_batch=16, steps=2)
+    mean, summed = r["grad_norm"]["mean"], r["grad_norm"]["sum"]
+    assert mean[0] == pytest.approx(mean[1], rel=1e-12)
+    for w, n in zip(r["world_sizes"], summed):
+        assert n == pytest.approx(mean[0] * 16 / w, rel=1e-12)
+
+
+def test_accumulation_without_division_gives_k_times_the_gradient():
+    r = S.accumulation(ks=(1, 4), micro_batch=4)
+    assert r["ratio"] == pytest.approx([1.0, 4.0], rel=1e-12)
+    assert max(r["rel_error_no_division"]) < 1e-12
+    assert max(r["rel_error_divided"]) < 1e-12
+
+
+def test_no_sync_misuse_makes_replicas_drift():
+    r = S.no_sync_misuse(steps=4, k=2, world=2)
+    assert np.all(r["correct"]["divergence"] == 0)
+    assert r["step_inside_no_sync"]["divergence"][-1] > 0
+    assert r["no_final_sync"]["divergence"][-1] > 0
+
+
+def test_join_completes_where_uneven_inputs_hang():
+    hang = S.uneven_inputs(batches=(3, 3, 1), use_join=False, timeout=4.0)
+    assert not hang["completed"]
+    assert hang["error"] == "ClusterTimeout"
+    assert hang["ranks"] == [0, 1]  # the ranks still waiting for the one that left
+    ok = S.uneven_inputs(batches=(3, 3, 1), use_join=True, timeout=20)
+    assert ok["completed"] and ok["steps"] == [3, 3, 1] and ok["replicas_agree"]
+    # After rank 2 joined, DDP still divides by the initial world size: 2/3 of the mean.
+    np.testing.assert_allclose(ok["grad_scale"], [1.0, 2 / 3, 2 / 3], rtol=1e-9)
+
+
+# --- notebook 08 ---------------------------------------------------------------------------------
+
+
+def test_bit_flip_after_the_all_reduce_splits_off_one_replica():
+    flip = dict(corruption="bitflip", bit=22, rank=1, step=2)
+    runs = D.train([D.Fault("grad_after", **flip), D.Fault("grad_before", **flip)],
+                   steps=5, world=3)
+    after, before = runs["grad_after"], runs["grad_before"]
+    assert D.replicas_agree(after, step=1) == []
+    assert D.replicas_agree(after) == [1]  # rank 1 differs; ranks 0 and 2 agree
+    assert after["distance"][-1, 1] > 0 and after["distance"][-1, 2] == 0
+    assert D.replicas_agree(before) == []  # before: the sum carries it to every rank alike
+
+
+def test_nan_before_the_all_reduce_reaches_every_rank_at_once():
+    runs = D.train([D.Fault("grad_before", rank=2, step=1, corruption="nan"),
+                    D.Fault("grad_after", rank=2, step=1, corruption="nan")], steps=3, world=3)
+    assert not runs["grad_before"]["finite"][1].any()
+    assert runs["grad_after"]["finite"][1].tolist() == [True, True, False]
+    assert not runs["grad_after"]["finite"][2].any()  # next step: the all-reduce spreads it
+
+
+def test_corrupt_flips_exactly_one_bit():
+    import torch
+
+    t = torch.tensor([1.5, 2.0])
+    before, after = D.corrupt_(t, "bitflip", bit=22)
+    assert (before, after) == (1.5, 1.0)
+    assert t[1] == 2.0
+
+
+def test_per_rank_sampler_seeds_duplicate_and_drop_samples():
+    r = D.data_order(dataset_size=32, epochs=2, world=2)
+    good, bad = r["shared"], r["per_rank"]
+    assert good["same_order_as_previous_epoch"] == [False]  # set_epoch reshuffles
+    assert good["missing"] == [0, 0] and good["duplicated"] == [0, 0]
+    assert min(bad["missing"]) > 0 and min(bad["duplicated"]) > 0
+
+
+@pytest.mark.parametrize("case", D.MISMATCH_CASES)
+def test_mismatched_collectives_end_in_a_named_error(case):
+    before = os.environ.get("TORCH_DISTRIBUTED_DEBUG")
+    r = D.mismatched_collective(case, debug="DETAIL", timeout=10)
+    assert os.environ.get("TORCH_DISTRIBUTED_DEBUG") == before
+    assert r["error"] == "RankError", r
+    assert "Detected mismatch between collectives" in r["message"]
+    assert "Rank 1 is running collective" in r["message"]
+    assert r["wall_s"] < 10  # an error, not the timeout
+
+
+def test_mismatched_collective_without_debug_is_still_bounded():
+    r = D.mismatched_collective("op", debug=None, timeout=2.0)
+    assert r["error"] in ("ClusterTimeout", "RankError", "RankDied")
+    assert r["ranks"]
+
+
+def test_monitored_barrier_names_the_missing_rank():
+    r = D.missed_barrier(world=3, late_rank=2, late_s=1.0, barrier_timeout=0.3)
+    assert r["named_ranks"] == [2]
+
+
+def test_monitor_flags_rank_and_step_and_is_silent_when_healthy():
+    faults = (D.Fault("healthy"), D.Fault("grad_after", rank=1, step=6, corruption="bitflip"))
+    healthy, flipped = D.detection(faults, steps=12, every=4, world=3)
+    assert healthy["alerts"] == []
+    first = flipped["first"]
+    assert first["kind"] == "parameter_mismatch" and first["ranks"] == [1]
+    assert 6 <= first["step"] < 6 + 4
