@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run every benchmark on a quiet machine and regenerate RESULTS.md from their JSON.
-# Usage: bash benchmarks/run_all.sh   (about 10 minutes on 2 cores)
+# Usage: bash benchmarks/run_all.sh   (about 20 minutes on 2 cores)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -9,6 +9,7 @@ mkdir -p "$out"
 for name in launch overhead fidelity model monitor; do
   .venv/bin/clusterlab bench "$name" --json "$out/$name.json"
 done
+.venv/bin/python benchmarks/notebook_times.py
 {
   cat benchmarks/RESULTS.header.md
   args=()
