@@ -4,10 +4,12 @@ set -euo pipefail
 cd "$(dirname "$0")"
 bash scripts/setup.sh
 .venv/bin/ruff check clusterlab tests benchmarks
-if [ "$#" -eq 0 ]; then
-  # Everything: the unit and multi-process tests, then every notebook under nbval.
-  set -- tests notebooks --nbval
-fi
+# Everything by default: the unit and multi-process tests, then every notebook under nbval.
+# Extra arguments go to pytest (e.g. ./test.sh -x -k cluster); paths replace the defaults.
+paths=(tests notebooks --nbval)
+for arg in "$@"; do
+  case "$arg" in -*) ;; *) paths=(); break ;; esac
+done
 # Explorer widgets draw static figures under nbval (a kernel there has no front-end to
 # show them), so what is compared is deterministic.
-CLUSTERLAB_STATIC=1 .venv/bin/python -m pytest "$@"
+CLUSTERLAB_STATIC=1 .venv/bin/python -m pytest "${paths[@]}" "$@"

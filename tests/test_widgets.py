@@ -379,6 +379,7 @@ def test_show_returns_a_static_figure_without_a_front_end(monkeypatch):
 
     import IPython
 
+    monkeypatch.delenv("CLUSTERLAB_STATIC", raising=False)  # test.sh sets it for nbval
     monkeypatch.setattr(IPython, "get_ipython", lambda: Shell())
     assert frontend_available()
     monkeypatch.setenv("CLUSTERLAB_STATIC", "1")
