@@ -268,6 +268,12 @@ def _ring_kernel(ready, wire, values, mu, sigma, overhead, p_loss, rto, fast_ret
     tail = np.full(p, -(2**62), dtype=np.int64)
     arrive = np.empty(p, dtype=np.int64)
     n_values = values.shape[0]
+    log_keep = np.log(1.0 - p_loss) if 0.0 < p_loss < 1.0 else -np.inf
+    until_loss = np.int64(0)  # segments left before the next loss (drawn at the first one)
+    if p_loss > 0.0:
+        state, x = _splitmix64(state)
+        u = ((x >> np.uint64(11)) + 1) * (1.0 / 9007199254740993.0)
+        until_loss = np.int64(np.log(u) / log_keep)
     span = np.uint64(2 * sigma)
     for _ in range(2 * (p - 1)):
         for j in range(p):
@@ -291,8 +297,13 @@ def _ring_kernel(ready, wire, values, mu, sigma, overhead, p_loss, rto, fast_ret
                 else:
                     here = send + d
                 if p_loss > 0.0:
-                    state, x = _splitmix64(state)
-                    if (x >> np.uint64(11)) * (1.0 / 9007199254740992.0) < p_loss:
+                    until_loss -= 1
+                    if until_loss < 0:
+                        # Geometric skip: draw how many segments pass before the next loss,
+                        # instead of one random number per segment.
+                        state, x = _splitmix64(state)
+                        u = ((x >> np.uint64(11)) + 1) * (1.0 / 9007199254740993.0)
+                        until_loss = np.int64(np.log(u) / log_keep)
                         # TCP recovery, as schedule._recover (a second loss is ignored here):
                         # SACKs of 3 later segments come back one reverse delay later and the
                         # resend crosses again; without them, the RTO fires.

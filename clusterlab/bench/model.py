@@ -243,3 +243,23 @@ def model_bench(quick: bool = False) -> dict:
                         f"extra time {lo}->{hi} ranks vs E[max]", "relative error <= 0.15",
                         round(err, 4), err <= 0.15))
     return result("model", rows, checks)
+
+
+@bench("sim")
+def sim_speed(quick: bool = False) -> dict:
+    """How long the simulator takes for a 1024-node, 20-step DDP run (goal <= 1 s)."""
+    rows = []
+    simulate_training(8, steps=2)  # compile the numba kernel first (cached on disk after)
+    for nic in ("delay 20us rate 100gbit", "delay 20us 5us rate 100gbit",
+                "delay 20us 5us distribution normal rate 100gbit loss 0.01%"):
+        for _ in range(2 if quick else 3):
+            t0 = time.perf_counter()
+            res = simulate_training(1024, nic=nic, steps=20)
+            rows.append({"nic": nic, "nodes": 1024, "steps": 20,
+                         "seconds": time.perf_counter() - t0,
+                         "mean_step_s": res.mean_step})
+    worst = max(float(np.median([r["seconds"] for r in rows if r["nic"] == nic]))
+                for nic in {r["nic"] for r in rows})
+    return result("sim", rows, [check("1024 nodes x 20 DDP steps (100 MB model, 25 MiB buckets), "
+                                      "slowest network (median)", "<= 1.0 s", round(worst, 3),
+                                      worst <= 1.0)])
