@@ -19,25 +19,11 @@ import torch.distributed as dist
 
 from clusterlab import Cluster, ClusterTimeout, RankDied, RankError
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leftovers")]
 
 
-def children():
-    return [p for p in psutil.Process().children(recursive=True) if p.is_running()
-            and p.status() != psutil.STATUS_ZOMBIE]
 
 
-@pytest.fixture(autouse=True)
-def no_leftovers():
-    before = {p.pid for p in children()}
-    yield
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
-        left = [p for p in children() if p.pid not in before]
-        if not left:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"processes left behind: {[p.pid for p in left]}")
 
 
 def whoami(tag):

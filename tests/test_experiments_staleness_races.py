@@ -6,34 +6,17 @@ asserts an absolute time.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
-import psutil
 import pytest
 
 from clusterlab import models
 from clusterlab.experiments import races, staleness
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leftovers")]
 
 
-def children():
-    return [p for p in psutil.Process().children(recursive=True) if p.is_running()
-            and p.status() != psutil.STATUS_ZOMBIE]
 
 
-@pytest.fixture(autouse=True)
-def no_leftovers():
-    before = {p.pid for p in children()}
-    yield
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
-        left = [p for p in children() if p.pid not in before]
-        if not left:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"processes left behind: {[p.pid for p in left]}")
 
 
 # --- delayed gradient descent: deterministic ------------------------------------------------

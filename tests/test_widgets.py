@@ -13,8 +13,8 @@ import matplotlib
 matplotlib.use("Agg")
 
 import numpy as np  # noqa: E402
-import psutil  # noqa: E402
 import pytest  # noqa: E402
+from conftest import live_children  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from clusterlab import models  # noqa: E402
@@ -40,26 +40,11 @@ from clusterlab.widgets.throughput import (  # noqa: E402
     predicted_curve,
 )
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leftovers")]
 
 
-def children() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True)
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
-@pytest.fixture(autouse=True)
-def no_leftovers():
-    """Every test: no process of ours survives it (explorers never leave ranks running)."""
-    before = {p.pid for p in children()}
-    yield
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
-        left = [p for p in children() if p.pid not in before]
-        if not left:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"processes left behind: {[p.pid for p in left]}")
 
 
 def quiet(explorer):
@@ -247,11 +232,11 @@ def test_cancel_stops_the_real_cluster():
     while ex.progress.value < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert ex.progress.value >= 1 and ex.runner.running
-    assert len(children()) >= 4  # the ranks are up
+    assert len(live_children()) >= 4  # the ranks are up
     ex.on_cancel(None)
     assert not ex.runner.running and ex.status.value == "cancelled"
     assert ex.measured is None and ex.runner.error is None
-    assert children() == []  # checked again by the fixture
+    assert live_children() == []  # checked again by the fixture
 
 
 def test_real_plan_fits_this_machine():

@@ -1,0 +1,28 @@
+"""Shared test helpers: nothing a test starts may outlive it."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+
+
+def live_children() -> list[psutil.Process]:
+    """This process's descendants that are still running (zombies excluded)."""
+    return [p for p in psutil.Process().children(recursive=True)
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.fixture
+def no_leftovers():
+    """Fail the test if a process it started is still alive 3 s after it ended."""
+    before = {p.pid for p in live_children()}
+    yield
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        left = [p for p in live_children() if p.pid not in before]
+        if not left:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"processes left behind: {[p.pid for p in left]}")
