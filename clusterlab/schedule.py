@@ -23,6 +23,7 @@ enforced. The p2p path of the backend uses the exact sequential model.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ MAX_RETRANSMITS = 30
 ALLREDUCE_ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "tree", "hierarchical")
 
 
+@functools.lru_cache(maxsize=256)  # specs are frozen: called for every batch of messages
 def loss_probability(spec: Netem) -> float:
     """Long-run probability that a segment is lost (loss model, plus corruption)."""
     loss = spec.loss
@@ -99,11 +101,6 @@ class Fabric:
         self.tails: dict[tuple, int] = {}
         p = topology.world_size
         self._node = np.arange(p) // topology.procs_per_node
-        self._loss = {id(s): loss_probability(s) for s in self._specs()}
-
-    def _specs(self) -> list[Netem]:
-        topo = self.topology
-        return [topo.nic, topo.intra, *topo.links.values()]
 
     def deliver(
         self,
@@ -163,7 +160,7 @@ class Fabric:
             arrive = self._serialise(ready, per_packet, queues, send_ns)
         else:
             arrive = ready
-        p_loss = self._loss.get(id(spec), loss_probability(spec))
+        p_loss = loss_probability(spec)
         if p_loss > 0:
             arrive = self._recover(spec, arrive, send_ns, src, dst, p_loss, rng)
         return arrive.max(axis=1)

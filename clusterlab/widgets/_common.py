@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import html
 import io
 import os
 import threading
@@ -411,3 +412,11 @@ def sync_legend(ax: Any, handles: list[Any], **kwargs: Any) -> None:
     if handles:
         legend = ax.legend(handles=handles, labels=labels, **kwargs)
         legend._clusterlab_key = key
+
+
+def failure_status(exc: BaseException, run: BackgroundRun) -> str:
+    """The status line for a real run that ended in `exc`: "cancelled" if the user cancelled
+    it (closing its cluster makes the ranks fail), else the error's first line."""
+    if run.cancelled:
+        return "cancelled"
+    return f"<b>{type(exc).__name__}</b>: {html.escape(str(exc).splitlines()[0])}"

@@ -25,7 +25,14 @@ from ..link import LinkModel, packet_time_ns
 from ..netem import Netem
 from ..schedule import HEADER_BYTES
 from ..sim import sample_delay_table
-from ._common import BackgroundRun, Cancelled, Explorer, netem_string, sync_legend
+from ._common import (
+    BackgroundRun,
+    Cancelled,
+    Explorer,
+    failure_status,
+    netem_string,
+    sync_legend,
+)
 
 DELAY_US = (0, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 JITTER_US = (0, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
@@ -409,8 +416,7 @@ class LinkExplorer(Explorer):
         except Cancelled:
             self.status.value = "cancelled"
         except Exception as exc:  # noqa: BLE001 - shown next to the button
-            self.status.value = "cancelled" if run.cancelled else \
-                f"<b>{type(exc).__name__}</b>: {_escape(str(exc).splitlines()[0])}"
+            self.status.value = failure_status(exc, run)
         finally:
             self.measure_button.disabled, self.cancel_button.disabled = False, True
 

@@ -41,7 +41,14 @@ from .. import models
 from ..netem import Netem
 from ..schedule import ALLREDUCE_ALGORITHMS, HEADER_BYTES, loss_probability
 from ..sim import SimResult, _bucket_sizes, simulate_training
-from ._common import BackgroundRun, Cancelled, Explorer, netem_string, sync_legend
+from ._common import (
+    BackgroundRun,
+    Cancelled,
+    Explorer,
+    failure_status,
+    netem_string,
+    sync_legend,
+)
 
 NODE_COUNTS = tuple(2**i for i in range(11))  # 1 .. 1024, the curve's x values
 MIB = 2**20
@@ -963,8 +970,7 @@ class ThroughputExplorer(Explorer):
         except Cancelled:
             self.status.value = "cancelled"
         except Exception as exc:  # noqa: BLE001 - shown next to the button
-            self.status.value = "cancelled" if run.cancelled else \
-                f"<b>{type(exc).__name__}</b>: {str(exc).splitlines()[0]}"
+            self.status.value = failure_status(exc, run)
         finally:
             self.run_button.disabled, self.cancel_button.disabled = False, True
 
