@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 out=benchmarks/results
 mkdir -p "$out"
-for name in launch overhead fidelity model monitor sim; do
+for name in launch overhead fidelity model monitor sim widgets; do
   .venv/bin/clusterlab bench "$name" --json "$out/$name.json"
 done
 .venv/bin/python benchmarks/notebook_times.py

@@ -54,7 +54,9 @@ __all__ = [
     "harmonic",
     "hierarchical_allreduce",
     "jitter_quantile",
+    "jitter_std",
     "max_quantile",
+    "max_std",
     "parameter_server",
     "rabenseifner_allreduce",
     "recursive_doubling_allgather",
@@ -62,6 +64,7 @@ __all__ = [
     "recursive_halving_reduce_scatter",
     "ring_allgather",
     "ring_allreduce",
+    "ring_allreduce_jitter",
     "ring_allreduce_steps",
     "ring_reduce_scatter",
     "straggler_step",
@@ -601,24 +604,52 @@ def jitter_std(distribution: str = "uniform", jitter: float = 1.0) -> float:
     return jitter * float(_table_values(distribution).std())
 
 
+def max_std(n: int, distribution: str = "uniform", jitter: float = 1.0) -> float:
+    """Exact standard deviation of the max of n iid netem jitter draws, in units of `jitter`.
+
+    uniform on [-J, J): 2J sqrt(n / ((n + 1)^2 (n + 2))) (the max of n uniforms on [0, 1] is
+    Beta(n, 1)). Tables: from P(max = v_k) = F_k^n - F_{k-1}^n as in `expected_max`.
+    """
+    n = _count(n, "n")
+    _check_distribution(distribution)
+    jitter = _nonnegative(jitter, "jitter")
+    if distribution == "uniform":
+        return 2 * jitter * math.sqrt(n / ((n + 1) ** 2 * (n + 2)))
+    values = _table_values(distribution)
+    cdf = np.arange(len(values) + 1, dtype=np.float64) / len(values)
+    weights = np.diff(np.power(cdf, n))
+    mean = float(np.dot(values, weights))
+    return jitter * math.sqrt(max(0.0, float(np.dot((values - mean) ** 2, weights))))
+
+
 def ring_allreduce_jitter(
     p: int, n: float, alpha: float, beta: float, jitter: float, distribution: str = "uniform",
+    segment_bytes: float | None = None,
 ) -> float:
     """Ring all-reduce when every message's latency also jitters: an approximation.
 
-    The ring is a chain of 2(p-1) rounds; with jitter, each rank's finish is the longest of
-    many paths through the rounds, each path a sum of 2(p-1) jittered delays (standard
-    deviation sigma * sqrt(2(p-1))). Treating the p ranks' critical paths as independent
-    normals, the slowest finishes E[max of p standard normals] standard deviations late:
-        T = ring_allreduce(p, n, alpha, beta) + sigma sqrt(2(p-1)) E[max_p N(0,1)]
-    (the classic Gaussian approximation of a longest path; the simulator replays the exact
-    schedule and is the better predictor, this formula shows where the growth comes from).
+    The ring is a chain of 2(p-1) rounds, each round's message forwarded only once it has
+    fully arrived. A message of n/p bytes travels as s = ceil(n / (p * segment_bytes))
+    segments (TCP segments, or netem packets), each delayed independently, so it arrives
+    with the LAST of s draws: mean shift m_s = E[max_s] and spread sigma_s = std(max_s),
+    both exact on netem's tables (`expected_max`, `max_std`). Each rank's finish is the
+    longest of many paths through the rounds, each a sum of 2(p-1) such delays; treating
+    the p ranks' critical paths as independent normals, the slowest finishes E[max of p
+    standard normals] standard deviations late:
+        T = ring_allreduce(p, n, alpha, beta) + 2(p-1) m_s + sigma_s sqrt(2(p-1)) E[max_p N(0,1)]
+    (the classic Gaussian approximation of a longest path, as in PERT, Malcolm et al.,
+    Operations Research 7(5), 1959). segment_bytes=None treats each message as one draw.
+    The simulator replays the exact schedule and is the better predictor; this formula
+    shows where the growth comes from: sqrt(p) from the chain, log-ish from the max.
     """
     base = ring_allreduce(p, n, alpha, beta)
     if p == 1 or jitter == 0:
         return base
-    sigma = jitter_std(distribution, jitter)
-    return base + sigma * math.sqrt(2 * (p - 1)) * expected_max_ideal(p, "normal")
+    s = 1 if segment_bytes is None else max(1, math.ceil(n / p / segment_bytes))
+    rounds = 2 * (p - 1)
+    shift = expected_max(s, distribution, jitter)
+    spread = max_std(s, distribution, jitter)
+    return base + rounds * shift + spread * math.sqrt(rounds) * expected_max_ideal(p, "normal")
 
 
 def harmonic(n: int) -> float:

@@ -8,7 +8,9 @@ What it adds is a model of the training step around the collectives:
                       \\-> all-reduce of bucket 1, 2, ... on one communication stream
 
 Each rank computes for `compute_s` (1/3 forward, 2/3 backward), perturbed by its own compute
-jitter and by stragglers; bucket b is ready when the backward pass has produced it; with
+jitter and by stragglers; bucket b is ready when the backward pass has produced it (the
+backward pass produces gradient bytes at a steady rate, as a dense layer's backward FLOPs
+are proportional to its parameters, so DDP's small first bucket is ready early); with
 `overlap` its all-reduce starts as soon as it is ready (and the previous bucket's is done),
 without overlap only after the whole backward pass. The step ends when the last bucket is
 reduced (plus `optimizer_s`). The next step starts then, independently on every rank; the
@@ -173,12 +175,13 @@ def simulate_training(
     ends = np.zeros((steps, p))
     now = np.zeros(p, dtype=np.int64)  # ns; each rank's clock position
     comp_ns = (comp * 1e9).astype(np.int64)
+    produced = np.cumsum(buckets) / max(1, sum(buckets))  # share of gradients ready per bucket
     for k in range(steps):
         forward = comp_ns[k] // 3
         backward = comp_ns[k] - forward
         stream = now.copy()  # the communication stream is free from the step's start
         for b, size in enumerate(buckets):
-            ready = now + forward + backward * (b + 1) // len(buckets)
+            ready = now + forward + (backward * produced[b]).astype(np.int64)
             issue = ready if overlap else now + comp_ns[k]
             start = np.maximum(issue, stream)
             if fast and _HAVE_NUMBA:

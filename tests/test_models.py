@@ -237,6 +237,21 @@ def test_table_expected_max_against_monte_carlo(name):
     assert m.expected_max(1, name) == pytest.approx(table(name).mean() / DIST_SCALE)
 
 
+@pytest.mark.parametrize("name", ("uniform",) + tuple(TABLES))
+@pytest.mark.parametrize("n", [1, 4, 32])
+def test_max_std_against_monte_carlo(name, n):
+    rng = np.random.default_rng(n)
+    if name == "uniform":
+        maxima = rng.uniform(-1.0, 1.0, size=(40_000, n)).max(axis=1)
+    else:
+        maxima = draws(name, (40_000, n), rng).max(axis=1)
+    # The sample std of 40k draws is within ~2% of the true one (4 standard errors).
+    assert m.max_std(n, name) == pytest.approx(maxima.std(), rel=0.03)
+    assert m.max_std(n, name, jitter=2.0) == pytest.approx(2 * m.max_std(n, name))
+    if n == 1:
+        assert m.max_std(1, name) == pytest.approx(m.jitter_std(name))
+
+
 @pytest.mark.parametrize("name", TABLES)
 @pytest.mark.parametrize("q", [0.1, 0.5, 0.9, 0.99])
 def test_max_quantile_against_monte_carlo_of_tables(name, q):

@@ -212,6 +212,11 @@ def test_run_for_real_overlays_measured_points():
     assert m is not None, ex.status.value
     assert m.plan.setup.nodes == 2 and len(m.step_times) == 3 and ex.progress.value == 3
     assert (m.step_times >= 0.02).all()  # each step sleeps its 20 ms of compute
+    # The simulated point includes this machine's plain-Gloo floor, measured per bucket.
+    assert set(m.native_s) == set(m.plan.setup.buckets) and min(m.native_s.values()) > 0
+    calibrated = simulate_training(**m.plan.setup.sim_kwargs(10, ex.seed),
+                                   native_s=lambda n: m.native_s[n])
+    np.testing.assert_array_equal(m.predicted.step_times, calibrated.step_times)
     assert any(lbl.startswith("measured, 2×1 real ranks") for lbl in labels(ex._axes["throughput"]))
     bars = ex._axes["measured"][1][0]
     assert bars.lines[0].get_ydata()[0] == pytest.approx(m.throughput(50))

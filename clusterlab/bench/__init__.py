@@ -34,7 +34,7 @@ def check(name: str, target: str, measured, ok: bool) -> dict:
 
 def run(name: str, path: str | None = None, quick: bool = False) -> dict:
     """Run bench `name`, write its JSON to `path` (if given), return it."""
-    from . import fidelity, launch, model, monitor_overhead, overhead  # noqa: F401 - they register
+    from . import fidelity, launch, model, monitor_overhead, overhead, widgets  # noqa: F401
 
     if name not in BENCHES:
         raise ValueError(f"unknown bench {name!r}; choose from {', '.join(sorted(BENCHES))}")

@@ -3,16 +3,23 @@
 Three families of rows, each with its own checks:
 
 1. all_reduce on 2, 4 and 8 ranks, 1 KiB..16 MiB, delays 0.5..5 ms, jitter off and on:
-   the alpha-beta closed form (ring, alpha = the configured delay, beta from the rate) and
-   the simulator (the same schedule the backend replays, median over seeds) against the
-   measured median. Both predictions are calibrated with this machine's floor, as the
-   backend holds an operation until max(native Gloo, emulated network): prediction =
-   max(model, measured plain-Gloo time of the same size and rank count).
+   the closed form (ring, alpha = the configured delay, beta from the rate, jitter through
+   `models.ring_allreduce_jitter`) and the simulator (the same schedule the backend replays,
+   median over seeds) against the measured median, timed from the last rank's entry. The
+   backend holds an operation until max(native Gloo, emulated network), so where this
+   machine's own Gloo time (tens of ms for 8 ranks on 2 cores) is comparable to the
+   emulated network, a measurement shows the machine, not the network. Each configuration
+   is therefore measured twice: as is (reported), and under time dilation by k, chosen so
+   that the native time is at most a tenth of the predicted one (checked). Under dilation
+   the native floor is native/k in emulated time; both predictions are calibrated with it:
+   prediction = max(model, native / k).
 2. A DDP training step of a small MLP, measured through unmodified DDP, against
-   `sim.simulate_training` fed with the measured per-rank compute time.
+   `sim.simulate_training` fed with the measured compute, optimizer and native times.
 3. Growth with N under jitter, against order statistics: a one-round all_to_all on a
-   jittery network (each rank waits for the slowest of N-1 messages: delay + E[max]), and a
-   synchronous step with jittery compute (each step waits for the slowest rank).
+   jittery network (the operation ends with the last of p(p-1) messages; medians against
+   the median of the max, means reported), and synchronous steps with jittery compute
+   (each step waits for the slowest rank; E[max], with a control variate for the draws'
+   own sampling noise), each under a dilation measured for it. See docs/models.md.
 """
 
 from __future__ import annotations
@@ -23,41 +30,33 @@ import numpy as np
 
 from .. import clock, models
 from ..cluster import Cluster
+from ..link import DEFAULT_SEGMENT_BYTES as SEGMENT_BYTES
 from ..netem import Netem
-from ..schedule import Collective, Fabric, play
-from ..sim import simulate_training
+from ..schedule import HEADER_BYTES, Collective, Fabric, play
+from ..sim import _bucket_sizes, simulate_training
+from ..timing import all_reduce_spans, durations
 from ..topology import Topology
 from . import bench, check, result
 
 SIZES = [1 << 10, 64 << 10, 1 << 20, 16 << 20]
+NATIVE_SHARE = 0.1  # dilate until the native Gloo time is at most this share of the network's
+MAX_DILATION = 100
 
 
-def _all_reduce_times(sizes, repeats):
-    import torch
-    import torch.distributed as dist
-
-    out = {}
-    for n in sizes:
-        x = torch.ones(max(1, n // 4))
-        dist.all_reduce(x)
-        times = []
-        for _ in range(repeats):
-            dist.barrier()
-            t0 = clock.now()
-            dist.all_reduce(x)
-            times.append(clock.elapsed(t0))
-        out[n] = times
-    return out
+def dilation_for(native_s: float, network_s: float, share: float = NATIVE_SHARE) -> int:
+    """The smallest integer time dilation k with native_s / k <= share * network_s (k >= 1)."""
+    if network_s <= 0:
+        return 1
+    return int(min(MAX_DILATION, max(1, np.ceil(native_s / (share * network_s)))))
 
 
 def _measure(cluster_kwargs, sizes, repeats) -> dict[int, float]:
     with Cluster(timeout=300, **cluster_kwargs) as cl:
-        per_rank = cl.run(_all_reduce_times, sizes, repeats)
-    # A collective is over when its slowest rank is; the median over repeats.
-    return {n: float(np.median(np.max([r[n] for r in per_rank], axis=0))) for n in sizes}
+        per_rank = cl.run(all_reduce_spans, sizes, repeats)
+    return {n: float(np.median(durations([r[n] for r in per_rank]))) for n in sizes}
 
 
-def _sim_all_reduce(p: int, nic: str, n: int, seeds: int = 15) -> float:
+def _sim_all_reduce(p: int, nic: str, n: int, seeds: int = 41) -> float:
     fabric_topo = Topology.build(p, 1, nic)
     samples = []
     for s in range(seeds):
@@ -69,13 +68,16 @@ def _sim_all_reduce(p: int, nic: str, n: int, seeds: int = 15) -> float:
 
 def _model_all_reduce(p: int, nic: str, n: int) -> float:
     spec = Netem.parse(nic)
-    beta = 8 / spec.rate_bps * (65536 + 66) / 65536 if spec.rate_bps else 0.0
-    return models.ring_allreduce_jitter(p, n, spec.delay_ns / 1e9, beta, spec.jitter_ns / 1e9,
-                                        spec.distribution)
+    beta = 8 / spec.rate_bps * (SEGMENT_BYTES + HEADER_BYTES) / SEGMENT_BYTES \
+        if spec.rate_bps else 0.0
+    return models.ring_allreduce_jitter(p, n, spec.delay_s, beta, spec.jitter_s,
+                                        spec.distribution, segment_bytes=SEGMENT_BYTES)
 
 
 def _ddp_steps(steps, hidden):
-    """Alternate DDP steps without communication (no_sync) and ordinary ones."""
+    """Alternate DDP steps without communication (no_sync) and ordinary ones, timing the
+    optimizer apart: it runs after the last gradient bucket is reduced, so it cannot overlap
+    with communication and the simulator adds it after the step's all-reduces."""
     import torch
     import torch.distributed as dist
 
@@ -87,62 +89,139 @@ def _ddp_steps(steps, hidden):
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
 
-    def step():
+    def forward_backward():
         opt.zero_grad()
         torch.nn.functional.cross_entropy(ddp(x), y).backward()
-        opt.step()
 
-    local, synced = [], []
+    local, optimizer, synced = [], [], []
     for _ in range(steps):
         dist.barrier()
         t0 = clock.now()
         with ddp.no_sync():  # the same step, minus the gradient all-reduce
-            step()
-        local.append(clock.elapsed(t0))
+            forward_backward()
+        t1 = clock.now()
+        opt.step()
+        local.append((t0, t1))
+        optimizer.append((t1, clock.now()))
         dist.barrier()
         t0 = clock.now()
-        step()
-        synced.append(clock.elapsed(t0))
+        forward_backward()
+        opt.step()
+        synced.append((t0, clock.now()))
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    return {"compute": local, "steps": synced, "param_bytes": nbytes}
+    return {"compute": local, "optimizer": optimizer, "steps": synced, "param_bytes": nbytes}
+
+
+def ddp_row(p: int, nic: str, steps: int, repeats: int) -> dict:
+    """Measure DDP steps of the small MLP on p ranks, and simulate them from the measured
+    compute and optimizer times and this machine's native all-reduce time (the floor)."""
+    with Cluster(nodes=p, nic=nic, timeout=300) as cl:
+        per_rank = cl.run(_ddp_steps, steps, 512)
+    nbytes = per_rank[0]["param_bytes"]
+    # The floor of each bucket the simulator will reduce (medians of many repeats: a single
+    # slow repeat of plain Gloo on this shared machine would otherwise set the prediction).
+    buckets = _bucket_sizes(nbytes, 25 * 2**20, 2**20)
+    floor = _measure({"nodes": p, "nic": None}, sorted(set(buckets)), 3 * repeats)
+    measured = float(np.median(durations([r["steps"] for r in per_rank])))
+    # Compute and optimizer are local: the slowest rank's own duration.
+    compute, optimizer = (
+        float(np.median(np.max(np.diff([r[key] for r in per_rank], axis=2)[..., 0], axis=0)))
+        for key in ("compute", "optimizer"))
+    sim = simulate_training(p, 1, nic, model_bytes=nbytes, bucket_bytes=25 * 2**20,
+                            compute_s=compute, optimizer_s=optimizer, steps=30, seed=1,
+                            native_s=floor.__getitem__)
+    return {"kind": "ddp_step", "ranks": p, "nic": nic, "param_bytes": nbytes,
+            "compute_s": compute, "optimizer_s": optimizer,
+            "native_all_reduce_s": {str(n): t for n, t in floor.items()},
+            "measured_s": measured, "sim_s": sim.percentile(50)}
 
 
 def _alltoall_times(repeats, period_s):
     """all_to_all_single entered by every rank at the same instant of the shared clock, so
-    that what is measured is the operation, not how unevenly the ranks arrived."""
+    that what is measured is the operation, not how unevenly the ranks arrived. The period
+    and the results are in emulated time (wall time / dilation)."""
     import torch
     import torch.distributed as dist
 
+    k = clock.dilation()
     world = dist.get_world_size()
     x, y = torch.ones(world), torch.zeros(world)
     now = torch.tensor([time.monotonic_ns()])
     dist.all_reduce(now, op=dist.ReduceOp.MAX)
-    base = int(now) + int(50e6)
+    base = int(now) + int(50e6 * k)
     times = []
     for i in range(repeats):
-        start = base + int(i * period_s * 1e9)
+        start = base + int(i * period_s * k * 1e9)
         clock.sleep_until(start, spin_ns=200_000)
         dist.all_to_all_single(y, x)
-        times.append((time.monotonic_ns() - start) / 1e9)
+        times.append((time.monotonic_ns() - start) / 1e9 / k)
     return times
 
 
 def _jittery_steps(steps, compute_s, jitter_s, seed):
+    """Synchronous steps of jittery "compute" (a sleep, in emulated time) and an all_reduce;
+    returns the mean step time and this rank's jitter draws."""
     import torch
     import torch.distributed as dist
 
+    k = clock.dilation()
     rng = np.random.default_rng([seed, dist.get_rank()])
+    draws = rng.uniform(-jitter_s, jitter_s, size=steps) if jitter_s else np.zeros(steps)
     x = torch.ones(256)
     dist.barrier()
     t0 = clock.now()
-    for _ in range(steps):
-        time.sleep(compute_s + rng.uniform(-jitter_s, jitter_s))  # this rank's "compute"
+    for u in draws:
+        time.sleep((compute_s + u) * k)  # this rank's "compute"
         dist.all_reduce(x)
-    return clock.elapsed(t0) / steps
+    return clock.elapsed(t0) / steps, draws.tolist()
 
 
 def _rel(pred: float, meas: float) -> float:
     return abs(pred - meas) / abs(meas)
+
+
+def alltoall_growth(ranks, quick: bool = False) -> tuple[dict, list[dict]]:
+    """The extra time jitter adds to a one-round all_to_all, from ranks[0] to ranks[-1]."""
+    jitter_ms, delay_ms = 2.0, 5.0
+    lo, hi = ranks[0], ranks[-1]
+    stats = {"mean": ({}, np.mean), "median": ({}, np.median)}
+    dilations = {}
+    for p in ranks:
+        # The ranks idle between repeats, and Gloo's cost after idling is several times its
+        # back-to-back cost: measure it (undilated, no jitter: time beyond the delay), then
+        # dilate so that it stays well under the shortest jittered delay. At least 4: even
+        # when Gloo is quick, ranks waking together contend for the 2 cores (~0.1 ms), a
+        # cost that jitter spreads out and so hides from the difference.
+        with Cluster(nodes=p, nic=f"delay {delay_ms:g}ms", timeout=300) as cl:
+            # (a period well beyond the native time, so that repeats never queue up)
+            floor = float(np.median(np.max(cl.run(_alltoall_times, 20, 0.1), axis=0)))
+        k = dilations[p] = max(4, dilation_for(floor - delay_ms / 1e3,
+                                               (delay_ms - jitter_ms) / 1e3, 0.2))
+        runs = []
+        for nic in (f"delay {delay_ms:g}ms", f"delay {delay_ms:g}ms {jitter_ms:g}ms"):
+            with Cluster(nodes=p, nic=nic, dilation=k, timeout=300) as cl:
+                runs.append(np.max(cl.run(_alltoall_times, 30 if quick else 200, 0.01), axis=0))
+        for values, stat in stats.values():
+            values[p] = float(stat(runs[1]) - stat(runs[0]))
+    # One round: the operation ends with the last of all p(p-1) messages. The median is the
+    # checked statistic: on a shared machine a few repeats hit by other tenants move a mean
+    # by more than the effect (all_reduce rows are medians too); the mean is reported.
+    predicted = {"mean": {p: models.expected_max(p * (p - 1), "uniform", jitter_ms) / 1e3
+                          for p in ranks},
+                 "median": {p: models.max_quantile(p * (p - 1), 0.5, "uniform", jitter_ms) / 1e3
+                            for p in ranks}}
+    row = {"kind": "alltoall_jitter", "jitter_ms": jitter_ms, "dilation": dilations,
+           "extra_s": {name: values for name, (values, _) in stats.items()},
+           "predicted_extra_s": predicted}
+    checks = []
+    for name, label, target in (("median", "median vs the median of the max", "<= 0.15"),
+                                ("mean", "mean vs E[max]", "report")):
+        got, want = stats[name][0], predicted[name]
+        err = _rel(want[hi] - want[lo], got[hi] - got[lo])
+        checks.append(check(f"all_to_all, jitter ±{jitter_ms:g} ms: growth of the extra time "
+                            f"{lo}->{hi} ranks, {label}", f"relative error {target}",
+                            round(err, 4), err <= 0.15 or target == "report"))
+    return row, checks
 
 
 @bench("model")
@@ -155,49 +234,50 @@ def model_bench(quick: bool = False) -> dict:
     if quick:
         nics = nics[1:2] + nics[3:4]
 
-    # 1. all_reduce: closed form and simulator against measurement.
+    # 1. all_reduce: closed form and simulator against measurement, as is and dilated.
+    natives = {}
     for p in ranks:
-        native = _measure({"nodes": p, "nic": None}, SIZES, repeats)
+        native = natives[p] = _measure({"nodes": p, "nic": None}, SIZES, repeats)
         for nic in nics:
-            measured = _measure({"nodes": p, "nic": nic}, SIZES, repeats)
+            # A jittery network needs more repeats for a stable median.
+            reps = repeats if not Netem.parse(nic).jitter_ns else 3 * repeats + 4
+            plain = _measure({"nodes": p, "nic": nic}, SIZES, reps)
+            model = {n: _model_all_reduce(p, nic, n) for n in SIZES}
+            sim = {n: _sim_all_reduce(p, nic, n) for n in SIZES}
+            k = max(dilation_for(native[n], model[n]) for n in SIZES)
+            dilated = _measure({"nodes": p, "nic": nic, "dilation": k}, SIZES, reps)
             for n in SIZES:
-                model = max(_model_all_reduce(p, nic, n), native[n])
-                sim = max(_sim_all_reduce(p, nic, n), native[n])
                 rows.append({"kind": "all_reduce", "ranks": p, "nic": nic, "bytes": n,
-                             "measured_s": measured[n], "native_s": native[n],
-                             "model_s": model, "sim_s": sim})
+                             "dilation": k, "measured_s": dilated[n],
+                             "model_s": max(model[n], native[n] / k),
+                             "sim_s": max(sim[n], native[n] / k),
+                             "native_s": native[n], "measured_undilated_s": plain[n],
+                             "model_undilated_s": max(model[n], native[n]),
+                             "sim_undilated_s": max(sim[n], native[n])})
     for kind in ("model", "sim"):
-        errors = [_rel(r[f"{kind}_s"], r["measured_s"]) for r in rows if r["kind"] == "all_reduce"]
-        worst_cfg = {}
-        for r in rows:
-            if r["kind"] == "all_reduce":
-                key = (r["ranks"], r["nic"])
-                worst_cfg.setdefault(key, []).append(_rel(r[f"{kind}_s"], r["measured_s"]))
-        med = {f"{p} ranks, {nic}": round(float(np.median(v)), 4)
-               for (p, nic), v in worst_cfg.items()}
-        worst = max(med.values())
-        checks.append(check(f"all_reduce: median relative error of the {kind} per configuration "
-                            f"(worst of {len(med)})", "<= 0.15", worst, worst <= 0.15))
-        checks.append(check(f"all_reduce: median relative error of the {kind}, all rows",
-                            "report", round(float(np.median(errors)), 4), True))
+        for suffix, label in (("", "dilated"), ("_undilated", "as is, no dilation")):
+            per_cfg = {}
+            for r in rows:
+                if r["kind"] == "all_reduce":
+                    per_cfg.setdefault((r["ranks"], r["nic"]), []).append(
+                        _rel(r[f"{kind}{suffix}_s"], r[f"measured{suffix}_s"]))
+            med = [float(np.median(v)) for v in per_cfg.values()]
+            worst, overall = round(max(med), 4), round(float(np.median(
+                [e for v in per_cfg.values() for e in v])), 4)
+            target = "<= 0.15" if not suffix else "report"
+            checks.append(check(f"all_reduce ({label}): median relative error of the {kind} "
+                                f"per configuration (worst of {len(med)})", target, worst,
+                                worst <= 0.15 or bool(suffix)))
+            checks.append(check(f"all_reduce ({label}): median relative error of the {kind}, "
+                                f"all rows", "report", overall, True))
 
     # 2. A DDP step of a small MLP: measured vs simulated from the measured compute time
     #    (DDP steps under no_sync) and this machine's native all-reduce time (the floor).
     for p in ranks:
         for nic in ("delay 2ms", "delay 2ms 1ms"):
-            with Cluster(nodes=p, nic=nic, timeout=300) as cl:
-                per_rank = cl.run(_ddp_steps, 6 if quick else 15, 512)
-            nbytes = per_rank[0]["param_bytes"]
-            floor = _measure({"nodes": p, "nic": None}, [nbytes], repeats)[nbytes]
-            measured = float(np.median(np.max([r["steps"] for r in per_rank], axis=0)))
-            compute = float(np.median(np.max([r["compute"] for r in per_rank], axis=0)))
-            sim = simulate_training(p, 1, nic, model_bytes=nbytes, bucket_bytes=25 * 2**20,
-                                    compute_s=compute, steps=30, seed=1,
-                                    native_s=lambda n, f=floor: f)
-            predicted = sim.percentile(50)
-            rows.append({"kind": "ddp_step", "ranks": p, "nic": nic, "param_bytes": nbytes,
-                         "compute_s": compute, "native_all_reduce_s": floor,
-                         "measured_s": measured, "sim_s": predicted})
+            row = ddp_row(p, nic, 6 if quick else 15, repeats)
+            rows.append(row)
+            predicted, measured = row["sim_s"], row["measured_s"]
             err = _rel(predicted, measured)
             checks.append(check(f"DDP step, {p} ranks, {nic}: simulated vs measured",
                                 "relative error <= 0.15", round(err, 4), err <= 0.15))
@@ -205,43 +285,44 @@ def model_bench(quick: bool = False) -> dict:
     # 3. Growth with N under jitter against order statistics. Each quantity is the extra time
     #    that jitter adds (jittery run minus the same run without jitter), so the machine's
     #    own costs cancel out.
-    jitter_ms, delay_ms = 2.0, 5.0
     lo, hi = ranks[0], ranks[-1]
-    extra = {}
-    for p in ranks:
-        means = []
-        for nic in (f"delay {delay_ms:g}ms", f"delay {delay_ms:g}ms {jitter_ms:g}ms"):
-            with Cluster(nodes=p, nic=nic, timeout=300) as cl:
-                per_rank = cl.run(_alltoall_times, 30 if quick else 150, 0.03)
-            means.append(float(np.mean(np.max(per_rank, axis=0))))
-        extra[p] = means[1] - means[0]
-    # One round: the operation ends with the last of all p(p-1) messages.
-    pred = {p: jitter_ms * models.expected_max(p * (p - 1), "uniform") / 1e3 for p in ranks}
-    growth_meas, growth_pred = extra[hi] - extra[lo], pred[hi] - pred[lo]
-    rows.append({"kind": "alltoall_jitter", "jitter_ms": jitter_ms, "extra_s": extra,
-                 "predicted_extra_s": pred})
-    err = _rel(growth_pred, growth_meas)
-    checks.append(check(f"all_to_all, jitter ±{jitter_ms:g} ms: growth of the extra time "
-                        f"{lo}->{hi} ranks vs E[max]", "relative error <= 0.15", round(err, 4),
-                        err <= 0.15))
+    row, more = alltoall_growth(ranks, quick)
+    rows.append(row)
+    checks += more
 
-    compute_s, jitter_s = 0.02, 0.01
-    extra = {}
+    # Synchronous steps with compute jitter. What jitter adds is max over ranks of their
+    # draws, minus what this machine's own per-step cost absorbs: a rank that arrives early
+    # gets part of the all_reduce's native work done while it waits. Dilation shrinks that
+    # cost (measured first, undilated) to a fifth of the jitter.
+    compute_s, jitter_s, delay = 0.01, 0.01, "delay 200us"
+    steps = 40 if quick else 150
+    extra, realized, dilations = {}, {}, {}
     for p in ranks:
+        with Cluster(nodes=p, nic=delay, timeout=300) as cl:
+            floor = float(np.mean([t for t, _ in cl.run(_jittery_steps, 20, compute_s, 0.0, 0)]))
+        k = dilations[p] = dilation_for(floor - compute_s, jitter_s, 0.2)
         means = []
-        with Cluster(nodes=p, nic="delay 200us", timeout=300) as cl:
+        with Cluster(nodes=p, nic=delay, dilation=k, timeout=300) as cl:
             for j in (0.0, jitter_s):
-                means.append(float(np.mean(cl.run(_jittery_steps, 40 if quick else 250,
-                                                  compute_s, j, p))))
+                per_rank = cl.run(_jittery_steps, steps, compute_s, j, p)
+                means.append(float(np.mean([t for t, _ in per_rank])))
         extra[p] = means[1] - means[0]
+        realized[p] = float(np.mean(np.max([d for _, d in per_rank], axis=0)))
     pred = {p: jitter_s * models.expected_max(p, "uniform") for p in ranks}
-    growth_meas, growth_pred = extra[hi] - extra[lo], pred[hi] - pred[lo]
+    # Control variate: the draws' own mean max differs from E[max] by sampling noise
+    # (~0.5 J / sqrt(steps)), which is not the system's error; remove it, report both.
+    adjusted = {p: extra[p] - (realized[p] - pred[p]) for p in ranks}
     rows.append({"kind": "compute_jitter", "compute_s": compute_s, "jitter_s": jitter_s,
-                 "extra_s": extra, "predicted_extra_s": pred})
-    err = _rel(growth_pred, growth_meas)
-    checks.append(check(f"synchronous step, compute jitter ±{jitter_s * 1e3:g} ms: growth of the "
-                        f"extra time {lo}->{hi} ranks vs E[max]", "relative error <= 0.15",
-                        round(err, 4), err <= 0.15))
+                 "steps": steps, "dilation": dilations, "extra_s": extra,
+                 "realized_mean_max_s": realized, "adjusted_extra_s": adjusted,
+                 "predicted_extra_s": pred})
+    growth_pred = pred[hi] - pred[lo]
+    for label, values, target in (("", adjusted, "relative error <= 0.15"),
+                                  (", raw (without the control variate)", extra, "report")):
+        err = _rel(growth_pred, values[hi] - values[lo])
+        checks.append(check(f"synchronous step, compute jitter ±{jitter_s * 1e3:g} ms: growth of "
+                            f"the extra time {lo}->{hi} ranks vs E[max]{label}", target,
+                            round(err, 4), err <= 0.15 or target == "report"))
     return result("model", rows, checks)
 
 

@@ -41,6 +41,7 @@ from .. import models
 from ..netem import Netem
 from ..schedule import ALLREDUCE_ALGORITHMS, HEADER_BYTES, loss_probability
 from ..sim import SimResult, _bucket_sizes, simulate_training
+from ..timing import all_reduce_spans, durations
 from ._common import (
     BackgroundRun,
     Cancelled,
@@ -170,6 +171,12 @@ def _jitter_max(k: int, distribution: str) -> float:
     return models.expected_max(k, distribution, 1.0)
 
 
+@functools.lru_cache(maxsize=4096)
+def _jitter_max_std(k: int, distribution: str) -> float:
+    """Standard deviation of the max of k netem jitter draws in units of the jitter (cached)."""
+    return models.max_std(k, distribution, 1.0)
+
+
 @functools.lru_cache(maxsize=256)
 def _normal_max(p: int) -> float:
     return models.expected_max_ideal(p, "normal")
@@ -193,7 +200,8 @@ def allreduce_seconds(algorithm: str, nodes: int, procs_per_node: int, nbytes: i
     with free intra-node steps; the log-depth algorithms among nodes with β times
     procs_per_node, because all processes of a node then share its NIC.
     Jitter: every round waits for the last segment of its message, delay + E[max of k
-    draws]; a ring adds the Gaussian longest-path term of `models.ring_allreduce_jitter`.
+    draws]; a ring adds the Gaussian longest-path term of `models.ring_allreduce_jitter` (with
+    the spread of that max).
     Loss: a round in which one of the m messages loses a tail segment waits for TCP's
     retransmission timeout; `tail_at_scale(loss, m x segments)` is how often that happens.
     Charging it to every round as if rounds were barriers is an upper bound (rounds overlap
@@ -233,7 +241,7 @@ def allreduce_seconds(algorithm: str, nodes: int, procs_per_node: int, nbytes: i
         jitter = spec.jitter_s
         extra += rounds * jitter * _jitter_max(k, spec.distribution)
         if ring > 1:
-            extra += (models.jitter_std(spec.distribution, jitter) * math.sqrt(rounds)
+            extra += (jitter * _jitter_max_std(k, spec.distribution) * math.sqrt(rounds)
                       * _normal_max(ring))
     q = loss_probability(spec)
     if q > 0:
@@ -258,9 +266,11 @@ def predict_step(setup: TrainingSetup, nodes: int | None = None) -> StepPredicti
     buckets = setup.buckets
     stream = 0.0
     comm = 0.0
-    for b, size in enumerate(buckets):
+    produced = 0
+    for size in buckets:
         t = allreduce_seconds(setup.algorithm, nodes, setup.procs_per_node, size, spec)
-        ready = forward + (compute - forward) * (b + 1) / len(buckets) if setup.overlap \
+        produced += size  # the backward pass yields gradient bytes at a steady rate
+        ready = forward + (compute - forward) * produced / sum(buckets) if setup.overlap \
             else compute
         stream = max(ready, stream) + t
         comm += t
@@ -492,9 +502,9 @@ def _rank_step(bucket_bytes: list[int], compute_s: float, overlap: bool) -> tupl
     """One data-parallel step on this rank, DDP-style; returns its (start, end) in ns.
 
     Compute is emulated by sleeping: forward a third of it, backward two thirds cut in one
-    slice per bucket. Each bucket's all_reduce starts when its slice ends (overlap) or after
-    the whole backward pass; the real Gloo moves real bytes, the netem backend adds the
-    network's time.
+    slice per bucket, proportional to its size (as `simulate_training` assumes). Each
+    bucket's all_reduce starts when its slice ends (overlap) or after the whole backward
+    pass; the real Gloo moves real bytes, the netem backend adds the network's time.
     """
     import torch
     import torch.distributed as dist
@@ -506,10 +516,10 @@ def _rank_step(bucket_bytes: list[int], compute_s: float, overlap: bool) -> tupl
     dist.barrier()
     start = time.monotonic_ns()
     time.sleep(compute_s / 3)
-    backward_slice = compute_s * 2 / 3 / max(1, len(grads))
+    total = max(1, sum(bucket_bytes))
     works = []
-    for g in grads or [None]:
-        time.sleep(backward_slice)
+    for g, nbytes in zip(grads, bucket_bytes) if grads else [(None, total)]:
+        time.sleep(compute_s * 2 / 3 * nbytes / total)
         if overlap and g is not None:
             works.append(dist.all_reduce(g, async_op=True))
     if not overlap:
@@ -550,6 +560,7 @@ class MeasuredRun:
     plan: RealPlan
     step_times: np.ndarray  # seconds, slowest rank of each step
     predicted: SimResult | None = None
+    native_s: dict[int, float] | None = None  # plain Gloo all_reduce per bucket size, seconds
 
     @property
     def samples_per_step(self) -> int:
@@ -897,7 +908,7 @@ class ThroughputExplorer(Explorer):
             made[i].append(bars)
             if m.predicted is not None:
                 (dot,) = ax.plot([x], [m.predicted.throughput * scale], "o", mfc="none",
-                                 mec="C3", ms=10, label="simulated, same run")
+                                 mec="C3", ms=10, label="simulated, same run (with the Gloo floor)")
                 made[i].append(dot)
         sc["measured"] = (m, *made)
         return span + ([m.predicted.throughput] if m.predicted is not None else [])
@@ -950,7 +961,16 @@ class ThroughputExplorer(Explorer):
         s = plan.setup
         args = (s.buckets, s.compute_s, s.overlap)
         try:
-            predicted = simulate_training(**s.sim_kwargs(max(plan.steps, 10), self.seed))
+            # The emulator never completes an all_reduce before plain Gloo could: measure
+            # that floor on the same ranks, so the simulated point is this machine's.
+            self.status.value = "measuring this machine's own all_reduce time (plain Gloo)…"
+            with run.cluster(nodes=s.nodes, procs_per_node=s.procs_per_node, nic=None,
+                             timeout=plan.timeout_s) as cl:
+                spans = cl.run(all_reduce_spans, sorted(set(s.buckets)), 3)
+            floor = {n: float(np.median(durations([r[n] for r in spans]))) for n in spans[0]}
+            predicted = simulate_training(**s.sim_kwargs(max(plan.steps, 10), self.seed),
+                                          native_s=lambda n: floor.get(n, 0.0))
+            run.check()
             with run.cluster(nodes=s.nodes, procs_per_node=s.procs_per_node, nic=s.nic or None,
                              algorithm=s.algorithm, seed=self.seed,
                              timeout=plan.timeout_s) as cl:
@@ -959,11 +979,13 @@ class ThroughputExplorer(Explorer):
                 for i in range(plan.steps):
                     run.check()
                     spans = cl.run(_rank_step, *args)
-                    times.append(max(end - start for start, end in spans) / 1e9)
+                    # From the last rank's start (they leave the barrier unevenly) to the end.
+                    ends, starts = (max(t[i] for t in spans) for i in (1, 0))
+                    times.append((ends - starts) / 1e9)
                     self.progress.value = i + 1
                     self.status.value = f"step {i + 1}/{plan.steps}: {times[-1] * 1e3:.3g} ms"
             self.measured = MeasuredRun(plan=plan, step_times=np.array(times),
-                                        predicted=predicted)
+                                        predicted=predicted, native_s=floor)
             self.status.value = (f"measured {len(times)} steps on {s.ranks} real ranks: "
                                  f"median {np.median(times) * 1e3:.3g} ms/step")
             self.update()
