@@ -20,8 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     doc.add_argument("--no-latency", action="store_true", help="skip the two-rank latency probe")
     sub.add_parser("quiz", help="interview rehearsal in the terminal (clusterlab quiz --help)")
     b = sub.add_parser("bench", help="run a benchmark and write its JSON")
-    b.add_argument("name", help="fidelity, overhead, launch, model, monitor; or 'report' to "
-                   "turn JSON results (given with --json, repeatable) into markdown")
+    b.add_argument("name", help="fidelity, overhead, launch, model, sim, monitor, widgets; or "
+                   "'report' to turn JSON results (given with --json, repeatable) into "
+                   "markdown")
     b.add_argument("--json", metavar="PATH", action="append",
                    help="write the full result (rows and checks) here")
     b.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")

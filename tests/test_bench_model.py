@@ -36,3 +36,15 @@ def test_model_all_reduce_uses_segments_and_the_wire_rate():
     jittery = _model_all_reduce(4, "delay 2ms 1ms", 16 << 20)
     shifted = 0.012 + 6 * 1e-3 * 63 / 65  # 6 rounds of delay + E[max of 64 uniform draws]
     assert shifted < jittery < shifted + 0.3e-3  # plus the small spread of that max
+
+
+def test_results_table_per_configuration():
+    from clusterlab.bench import markdown
+
+    rows = [{"kind": "all_reduce", "ranks": 4, "nic": "delay 2ms", "bytes": n, "dilation": 33,
+             "measured_s": 0.010, "model_s": m, "sim_s": 0.010,
+             "measured_undilated_s": 0.020, "model_undilated_s": 0.010,
+             "sim_undilated_s": 0.010} for n, m in ((1024, 0.011), (65536, 0.012), (2**20, 0.0))]
+    text = markdown([{"bench": "model", "machine": {}, "rows": rows, "checks": []}])
+    # model errors 0.1, 0.2, 1.0 -> median 0.2; as is, every prediction is half the time.
+    assert "| 4 | delay 2ms | 33 | 0.200 | 0.000 | 0.500 | 0.500 |" in text

@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable
 
 BENCHES: dict[str, Callable[..., dict]] = {}
+DETAILS: dict[str, Callable[[list[dict]], list[str]]] = {}  # extra markdown from a bench's rows
 
 
 def bench(name: str):
@@ -32,10 +33,22 @@ def check(name: str, target: str, measured, ok: bool) -> dict:
     return {"name": name, "target": target, "measured": measured, "ok": bool(ok)}
 
 
-def run(name: str, path: str | None = None, quick: bool = False) -> dict:
-    """Run bench `name`, write its JSON to `path` (if given), return it."""
+def _load() -> None:
     from . import fidelity, launch, model, monitor_overhead, overhead, widgets  # noqa: F401
 
+
+def details(name: str):
+    """Register a function rendering more markdown from a bench's rows (for RESULTS.md)."""
+    def register(fn):
+        DETAILS[name] = fn
+        return fn
+
+    return register
+
+
+def run(name: str, path: str | None = None, quick: bool = False) -> dict:
+    """Run bench `name`, write its JSON to `path` (if given), return it."""
+    _load()
     if name not in BENCHES:
         raise ValueError(f"unknown bench {name!r}; choose from {', '.join(sorted(BENCHES))}")
     out = BENCHES[name](quick=quick)
@@ -47,6 +60,7 @@ def run(name: str, path: str | None = None, quick: bool = False) -> dict:
 
 def markdown(outs: list[dict]) -> str:
     """A RESULTS.md section per bench, generated from its JSON (figures are never typed in)."""
+    _load()
     lines = []
     for out in outs:
         m = out["machine"]
@@ -60,6 +74,8 @@ def markdown(outs: list[dict]) -> str:
             lines.append(f"| {c['name']} | {c['target']} | {c['measured']} | "
                          f"{'yes' if c['ok'] else '**no**'} |")
         lines.append("")
+        if out["bench"] in DETAILS:
+            lines += DETAILS[out["bench"]](out["rows"]) + [""]
     return "\n".join(lines)
 
 

@@ -36,7 +36,7 @@ from ..schedule import HEADER_BYTES, Collective, Fabric, play
 from ..sim import _bucket_sizes, simulate_training
 from ..timing import all_reduce_spans, durations
 from ..topology import Topology
-from . import bench, check, result
+from . import bench, check, details, result
 
 SIZES = [1 << 10, 64 << 10, 1 << 20, 16 << 20]
 NATIVE_SHARE = 0.1  # dilate until the native Gloo time is at most this share of the network's
@@ -324,6 +324,28 @@ def model_bench(quick: bool = False) -> dict:
                             f"the extra time {lo}->{hi} ranks vs E[max]{label}", target,
                             round(err, 4), err <= 0.15 or target == "report"))
     return result("model", rows, checks)
+
+
+@details("model")
+def model_details(rows: list[dict]) -> list[str]:
+    """Per configuration: median relative error of each prediction, dilated and as is."""
+    cfg: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["kind"] == "all_reduce":
+            cfg.setdefault((r["ranks"], r["nic"]), []).append(r)
+    out = ["all_reduce per configuration (median over 1 KiB, 64 KiB, 1 MiB, 16 MiB of the "
+           "relative error; k = the dilation used):", "",
+           "| ranks | nic | k | model | sim | model, as is | sim, as is |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for (p, nic), rs in cfg.items():
+        err = {key: float(np.median([_rel(r[f"{key}_s"], r[f"measured{suffix}_s"])
+                                     for r in rs]))
+               for key, suffix in (("model", ""), ("sim", ""), ("model_undilated", "_undilated"),
+                                   ("sim_undilated", "_undilated"))}
+        out.append(f"| {p} | {nic} | {rs[0]['dilation']} | {err['model']:.3f} | "
+                   f"{err['sim']:.3f} | {err['model_undilated']:.3f} | "
+                   f"{err['sim_undilated']:.3f} |")
+    return out
 
 
 @bench("sim")
