@@ -525,24 +525,30 @@ def jitter_quantile(q: float, distribution: str = "uniform", jitter: float = 1.0
     return jitter * float(values[min(max(k, 0), len(values) - 1)])
 
 
+def _max_law(n: int, distribution: str) -> tuple[np.ndarray, np.ndarray]:
+    """The law of the max of n iid draws from a netem table: its values (sorted table values,
+    in units of sigma) and their probabilities P(max = v_k) = F_k^n - F_{k-1}^n, where
+    F_k = (k + 1)/4096 ([DN03] section 2.4); exact, ties in the table included."""
+    values = _table_values(distribution)
+    cdf = np.arange(len(values) + 1, dtype=np.float64) / len(values)  # F_{-1}, F_0, ..., F_4095
+    return values, np.diff(np.power(cdf, n))
+
+
 def expected_max(n: int, distribution: str = "uniform", jitter: float = 1.0) -> float:
     """Exact E[max of n iid netem jitter draws], in the units of `jitter`.
 
     uniform on [-J, J): J(n - 1)/(n + 1), because the max of n uniforms on [0, 1] has mean
     n/(n + 1).
 
-    Tables: with sorted values v_k and F_k = (k + 1)/4096 (F_{-1} = 0), the max equals v_k
-    with probability F_k^n - F_{k-1}^n, so E[max] = sum_k v_k (F_k^n - F_{k-1}^n). This is
-    exact for the emulator, ties in the table included ([DN03] section 2.4).
+    Tables: E[max] = sum_k v_k P(max = v_k), with the law of `_max_law`. This is exact for
+    the emulator, ties in the table included ([DN03] section 2.4).
     """
     n = _count(n, "n")
     _check_distribution(distribution)
     jitter = _nonnegative(jitter, "jitter")
     if distribution == "uniform":
         return jitter * (n - 1) / (n + 1)
-    values = _table_values(distribution)
-    cdf = np.arange(len(values) + 1, dtype=np.float64) / len(values)  # F_{-1}, F_0, ..., F_4095
-    weights = np.diff(np.power(cdf, n))  # P(max = v_k)
+    values, weights = _max_law(n, distribution)
     return jitter * float(np.dot(values, weights))
 
 
@@ -608,16 +614,14 @@ def max_std(n: int, distribution: str = "uniform", jitter: float = 1.0) -> float
     """Exact standard deviation of the max of n iid netem jitter draws, in units of `jitter`.
 
     uniform on [-J, J): 2J sqrt(n / ((n + 1)^2 (n + 2))) (the max of n uniforms on [0, 1] is
-    Beta(n, 1)). Tables: from P(max = v_k) = F_k^n - F_{k-1}^n as in `expected_max`.
+    Beta(n, 1)). Tables: from the law of `_max_law`, as in `expected_max`.
     """
     n = _count(n, "n")
     _check_distribution(distribution)
     jitter = _nonnegative(jitter, "jitter")
     if distribution == "uniform":
         return 2 * jitter * math.sqrt(n / ((n + 1) ** 2 * (n + 2)))
-    values = _table_values(distribution)
-    cdf = np.arange(len(values) + 1, dtype=np.float64) / len(values)
-    weights = np.diff(np.power(cdf, n))
+    values, weights = _max_law(n, distribution)
     mean = float(np.dot(values, weights))
     return jitter * math.sqrt(max(0.0, float(np.dot((values - mean) ** 2, weights))))
 

@@ -33,9 +33,15 @@ def all_reduce_spans(sizes, repeats: int) -> dict[int, list[tuple[float, float]]
     return out
 
 
-def durations(per_rank_spans) -> np.ndarray:
-    """Per repeat: the last rank's exit minus the last rank's entry.
+def durations(per_rank_spans, since: str = "last") -> np.ndarray:
+    """Per repeat: the last rank's exit minus the `since` ("last" or "first") rank's entry.
 
-    `per_rank_spans[rank][repeat] = (entry, exit)` in seconds of one shared clock."""
+    `per_rank_spans[rank][repeat] = (entry, exit)` on one shared clock. "first" never
+    undercuts an algorithm's critical path (every message chain starts when some rank
+    enters) but counts late barrier exits; "last" is the operation once everyone is in."""
     spans = np.asarray(per_rank_spans, dtype=np.float64)  # rank, repeat, (entry, exit)
-    return spans[:, :, 1].max(axis=0) - spans[:, :, 0].max(axis=0)
+    entries = spans[:, :, 0]
+    if since not in ("last", "first"):
+        raise ValueError(f"since must be 'last' or 'first', got {since!r}")
+    start = entries.max(axis=0) if since == "last" else entries.min(axis=0)
+    return spans[:, :, 1].max(axis=0) - start

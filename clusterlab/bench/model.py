@@ -235,9 +235,8 @@ def model_bench(quick: bool = False) -> dict:
         nics = nics[1:2] + nics[3:4]
 
     # 1. all_reduce: closed form and simulator against measurement, as is and dilated.
-    natives = {}
     for p in ranks:
-        native = natives[p] = _measure({"nodes": p, "nic": None}, SIZES, repeats)
+        native = _measure({"nodes": p, "nic": None}, SIZES, repeats)
         for nic in nics:
             # A jittery network needs more repeats for a stable median.
             reps = repeats if not Netem.parse(nic).jitter_ns else 3 * repeats + 4

@@ -24,6 +24,7 @@ import numpy as np
 from .. import models
 from ..netem import Netem, as_netem
 from ..schedule import HEADER_BYTES, Collective, Fabric, play
+from ..timing import durations
 from ..topology import Topology
 
 KiB, MiB = 1024, 1024 * 1024
@@ -175,12 +176,8 @@ def _durations(per_rank_spans) -> list[list[float]]:
     never shorter than the algorithm's critical path on the configured network; ranks that
     leave the barrier late (scheduling noise) can only lengthen it.
     """
-    items = len(per_rank_spans[0])
-    out = []
-    for k in range(items):
-        spans = np.array([rank[k] for rank in per_rank_spans])  # ranks x repeats x 2
-        out.append((spans[:, :, 1].max(axis=0) - spans[:, :, 0].min(axis=0)).tolist())
-    return out
+    return [durations([rank[k] for rank in per_rank_spans], since="first").tolist()
+            for k in range(len(per_rank_spans[0]))]
 
 
 def _repeats_for(nbytes: int, repeats: int | None, big_repeats: int) -> int:

@@ -361,20 +361,19 @@ def distributed_debug(level: str | None):
     restored on the way out."""
     import torch.distributed as dist
 
+    def set_level(value: str | None) -> None:
+        if value is None:
+            os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
+        else:
+            os.environ["TORCH_DISTRIBUTED_DEBUG"] = value
+        dist.set_debug_level_from_env()
+
     old = os.environ.get("TORCH_DISTRIBUTED_DEBUG")
     try:
-        if level is None:
-            os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
-        else:
-            os.environ["TORCH_DISTRIBUTED_DEBUG"] = level
-        dist.set_debug_level_from_env()
+        set_level(level)
         yield
     finally:
-        if old is None:
-            os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
-        else:
-            os.environ["TORCH_DISTRIBUTED_DEBUG"] = old
-        dist.set_debug_level_from_env()
+        set_level(old)
 
 
 def _mismatch_rank(case, odd_rank):

@@ -420,3 +420,26 @@ def failure_status(exc: BaseException, run: BackgroundRun) -> str:
     if run.cancelled:
         return "cancelled"
     return f"<b>{type(exc).__name__}</b>: {html.escape(str(exc).splitlines()[0])}"
+
+
+
+@contextlib.contextmanager
+def reporting(run: BackgroundRun, status: Any, start_button: Any, cancel_button: Any):
+    """Around a real-run job's body: show in `status` how it ended (cancelled, or the
+    error's first line; a success sets its own message), then re-enable starting."""
+    try:
+        yield
+    except Cancelled:
+        status.value = "cancelled"
+    except Exception as exc:  # noqa: BLE001 - shown next to the button
+        status.value = failure_status(exc, run)
+    finally:
+        start_button.disabled, cancel_button.disabled = False, True
+
+
+def cancel_run(run: BackgroundRun, status: Any, start_button: Any, cancel_button: Any,
+               pending: str = "cancelling…") -> None:
+    """Stop a real run: its cluster is closed (ranks killed), then the worker joined."""
+    done = run.cancel()
+    status.value = "cancelled" if done else pending
+    start_button.disabled, cancel_button.disabled = not done, done

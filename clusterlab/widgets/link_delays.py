@@ -27,10 +27,10 @@ from ..schedule import HEADER_BYTES
 from ..sim import sample_delay_table
 from ._common import (
     BackgroundRun,
-    Cancelled,
     Explorer,
-    failure_status,
+    cancel_run,
     netem_string,
+    reporting,
     sync_legend,
 )
 
@@ -402,7 +402,7 @@ class LinkExplorer(Explorer):
 
     def _measure_job(self, run: BackgroundRun, spec: Netem, count: int) -> None:
         t0 = time.perf_counter()
-        try:
+        with reporting(run, self.status, self.measure_button, self.cancel_button):
             timeout = 30 + count * 2 * (spec.delay_s + spec.jitter_s) * 3
             with run.cluster(nodes=2, nic=None if spec.is_noop else spec, seed=self.seed,
                              timeout=timeout) as cl:
@@ -413,18 +413,10 @@ class LinkExplorer(Explorer):
             self.status.value = (f"measured {len(self.measured)} one-way delays in "
                                  f"{time.perf_counter() - t0:.1f} s")
             self.update()
-        except Cancelled:
-            self.status.value = "cancelled"
-        except Exception as exc:  # noqa: BLE001 - shown next to the button
-            self.status.value = failure_status(exc, run)
-        finally:
-            self.measure_button.disabled, self.cancel_button.disabled = False, True
 
     def on_cancel(self, _button: Any = None) -> None:
         """Stop the measurement: its cluster is closed (ranks killed), the worker joined."""
-        done = self.runner.cancel()
-        self.status.value = "cancelled" if done else "cancelling…"
-        self.measure_button.disabled, self.cancel_button.disabled = not done, done
+        cancel_run(self.runner, self.status, self.measure_button, self.cancel_button)
 
     def close(self) -> None:
         self.runner.cancel()

@@ -44,10 +44,10 @@ from ..sim import SimResult, _bucket_sizes, simulate_training
 from ..timing import all_reduce_spans, durations
 from ._common import (
     BackgroundRun,
-    Cancelled,
     Explorer,
-    failure_status,
+    cancel_run,
     netem_string,
+    reporting,
     sync_legend,
 )
 
@@ -960,7 +960,7 @@ class ThroughputExplorer(Explorer):
     def _real_job(self, run: BackgroundRun, plan: RealPlan) -> None:
         s = plan.setup
         args = (s.buckets, s.compute_s, s.overlap)
-        try:
+        with reporting(run, self.status, self.run_button, self.cancel_button):
             # The emulator never completes an all_reduce before plain Gloo could: measure
             # that floor on the same ranks, so the simulated point is this machine's.
             self.status.value = "measuring this machine's own all_reduce time (plain Gloo)…"
@@ -978,10 +978,10 @@ class ThroughputExplorer(Explorer):
                 times = []
                 for i in range(plan.steps):
                     run.check()
+                    # One repeat per rank; from the last rank's start (they leave the
+                    # barrier unevenly) to the end.
                     spans = cl.run(_rank_step, *args)
-                    # From the last rank's start (they leave the barrier unevenly) to the end.
-                    ends, starts = (max(t[i] for t in spans) for i in (1, 0))
-                    times.append((ends - starts) / 1e9)
+                    times.append(float(durations([[span] for span in spans])[0]) / 1e9)
                     self.progress.value = i + 1
                     self.status.value = f"step {i + 1}/{plan.steps}: {times[-1] * 1e3:.3g} ms"
             self.measured = MeasuredRun(plan=plan, step_times=np.array(times),
@@ -989,18 +989,11 @@ class ThroughputExplorer(Explorer):
             self.status.value = (f"measured {len(times)} steps on {s.ranks} real ranks: "
                                  f"median {np.median(times) * 1e3:.3g} ms/step")
             self.update()
-        except Cancelled:
-            self.status.value = "cancelled"
-        except Exception as exc:  # noqa: BLE001 - shown next to the button
-            self.status.value = failure_status(exc, run)
-        finally:
-            self.run_button.disabled, self.cancel_button.disabled = False, True
 
     def on_cancel(self, _button: Any = None) -> None:
         """Stop the real run: its cluster is closed (ranks killed), then the worker joined."""
-        done = self.runner.cancel()
-        self.status.value = "cancelled" if done else "cancelling… (ranks are being stopped)"
-        self.run_button.disabled, self.cancel_button.disabled = not done, done
+        cancel_run(self.runner, self.status, self.run_button, self.cancel_button,
+                   "cancelling… (ranks are being stopped)")
 
     def close(self) -> None:
         """Stop everything in the background (real run, simulation) and close the widgets."""
