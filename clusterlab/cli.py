@@ -1,4 +1,4 @@
-"""The `clusterlab` command: doctor, bench, quiz."""
+"""The `clusterlab` command: doctor, bench, quiz, labs, grade."""
 
 from __future__ import annotations
 
@@ -26,7 +26,24 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--json", metavar="PATH", action="append",
                    help="write the full result (rows and checks) here")
     b.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
+    g = sub.add_parser("grade", help="execute submitted lab notebooks and tabulate points")
+    g.add_argument("paths", nargs="+", metavar="PATH", help="lab notebooks, or folders of them")
+    g.add_argument("--json", metavar="PATH", help="also write the rows here (for a gradebook)")
+    g.add_argument("--timeout", type=float, default=None,
+                   help="seconds each notebook may take in all (default 300)")
+    g.add_argument("--seed", type=int, default=None,
+                   help="seed of the hidden checks' draws (default: fixed)")
+    lb = sub.add_parser("labs", help="list the labs, or generate labs/ from solutions/")
+    lb.add_argument("action", choices=["list", "build", "verify"],
+                    help="list: labs and points; build: write labs/ from solutions/; "
+                    "verify: exit 1 if labs/ is not what build would write")
+    lb.add_argument("--root", default=".", help="the course checkout (default: .)")
     args = parser.parse_args(argv)
+
+    if args.command == "grade":
+        return _grade(args, parser)
+    if args.command == "labs":
+        return _labs(args, parser)
 
     if args.command == "doctor":
         from .doctor import collect, report
@@ -51,6 +68,54 @@ def main(argv: list[str] | None = None) -> int:
         print(summary(out))
         return 0 if all(c["ok"] for c in out["checks"]) else 1
     return 2
+
+
+def _grade(args, parser) -> int:
+    from .labs.core import DEFAULT_SEED
+    from .labs.grade import DEFAULT_TIMEOUT, all_passed, grade, table
+
+    try:
+        rows = grade(args.paths, timeout=args.timeout or DEFAULT_TIMEOUT,
+                     seed=DEFAULT_SEED if args.seed is None else args.seed,
+                     progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except (ValueError, FileNotFoundError) as exc:
+        parser.error(str(exc))
+    print(table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows}, f, indent=1)
+    return 0 if all_passed(rows) else 1
+
+
+def _labs(args, parser) -> int:
+    from pathlib import Path
+
+    from .labs import all_labs
+    from .labs.build import build
+
+    if args.action == "list":
+        for lab in all_labs().values():
+            print(f"{lab.id}  ({lab.points} points, after notebooks/{lab.follows})  {lab.title}")
+            for ex in lab.exercises:
+                hidden = sum(c.hidden for c in ex.checks)
+                print(f"    check(\"{ex.id}\")  {len(ex.checks)} checks ({hidden} hidden), "
+                      f"{ex.points} points")
+        return 0
+    root = Path(args.root)
+    try:
+        files = build(root, write=args.action == "build")
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.action == "verify":
+        stale = [rel for rel, text in files.items()
+                 if not (root / rel).exists() or (root / rel).read_text() != text]
+        if stale:
+            print("out of date (run `clusterlab labs build`): " + ", ".join(stale))
+            return 1
+        print(f"labs/ is up to date ({len(files) // 2} labs)")
+        return 0
+    print(f"wrote {len(files) // 2} labs to {root / 'labs'}")
+    return 0
 
 
 if __name__ == "__main__":
