@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="list: labs and points; build: write labs/ from solutions/; "
                     "verify: exit 1 if labs/ is not what build would write")
     lb.add_argument("--root", default=".", help="the course checkout (default: .)")
+    lb.add_argument("--only", metavar="LAB", help="just this lab (e.g. 02_ring_allreduce)")
     args = parser.parse_args(argv)
 
     if args.command == "grade":
@@ -103,7 +104,7 @@ def _labs(args, parser) -> int:
         return 0
     root = Path(args.root)
     try:
-        files = build(root, write=args.action == "build")
+        files = build(root, write=args.action == "build", only=args.only)
     except ValueError as exc:
         parser.error(str(exc))
     if args.action == "verify":

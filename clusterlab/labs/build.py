@@ -147,11 +147,11 @@ def _dump(nb: nbformat.NotebookNode) -> str:
     return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def build(root: Path, *, write: bool = True) -> dict[str, str]:
-    """Annotate solutions/*.ipynb and generate labs/*.ipynb. Returns {relative path: text}
-    of every file it would write; with write=False nothing on disk changes."""
+def build(root: Path, *, write: bool = True, only: str | None = None) -> dict[str, str]:
+    """Annotate solutions/*.ipynb and generate labs/*.ipynb (or just lab `only`). Returns
+    {relative path: text} of every file it would write; write=False changes nothing."""
     root = Path(root)
-    sources = sorted((root / "solutions").glob("[0-9][0-9]_*.ipynb"))
+    sources = sorted((root / "solutions").glob(f"{only or '[0-9][0-9]_*'}.ipynb"))
     if not sources:
         raise ValueError(f"no solved labs in {root / 'solutions'}")
     files: dict[str, str] = {}
@@ -174,6 +174,6 @@ def build(root: Path, *, write: bool = True) -> dict[str, str]:
                 target.write_text(text)
         stale = {p.name for p in (root / "labs").glob("*.ipynb")} - {
             Path(r).name for r in files if r.startswith("labs/")}
-        for name in stale:
+        for name in stale if only is None else ():
             (root / "labs" / name).unlink()
     return files

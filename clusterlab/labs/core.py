@@ -147,8 +147,9 @@ class Context:
 
     def learner(self, name: str):
         """The learner's object called `name` (a function, a class, an answer)."""
-        if name not in self.namespace:
-            raise Fail(f"`{name}` is not defined: run the cell that defines it first")
+        if name not in self.namespace:  # its TODO cell is unwritten, or was not run
+            raise NotDone(f"`{name}` is not defined yet: write it in its TODO cell and run "
+                          "that cell")
         return self.namespace[name]
 
     def cluster(self, *, timeout: float = CHECK_TIMEOUT, **kwargs) -> Cluster:
