@@ -96,7 +96,8 @@ def annotate(nb: nbformat.NotebookNode, lab_id: str) -> nbformat.NotebookNode:
         meta = cell.metadata
         meta.pop("nbgrader", None)
         called = CHECK_CALL.findall(src) if cell.cell_type == "code" else []
-        if BEGIN in src:
+        if BEGIN in src or END in src:
+            _blocks(src.split("\n"), f"{lab_id} cell {i}")  # unbalanced markers: an error
             gid = meta.get("clusterlab_id") or f"{lab_id}-answer-{i}"
             meta["nbgrader"] = _nbgrader(gid, solution=True, grade=False)
         elif called:

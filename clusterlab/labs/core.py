@@ -206,10 +206,26 @@ def _learner_line(tb: str) -> str:
     return f" (in {func}: `{source.strip()}`)" if source.strip() else f" (in {func})"
 
 
+_STACK_FRAME = re.compile(r'^\s*File "(.+)", line (\d+) in (\S+)\n\s{4}(.+)$', flags=re.M)
+_ENGINE = (os.sep + "torch" + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
+
+
 def _timeout_sentence(message: str, seconds: float) -> str:
-    """A ClusterTimeout's first lines, rephrased: which ranks, stuck in which operation."""
-    stuck = re.findall(r"^\s+rank (\d+): in (.+)$", message, flags=re.M)
-    what = "; ".join(f"rank {r} in {op}" for r, op in stuck) or "unknown ranks"
+    """A ClusterTimeout rephrased: for each stuck rank, the operation it waits in (from the
+    backend's status, else the innermost torch frame) and the learner's line that called it."""
+    status = dict(re.findall(r"^\s+rank (\d+): in (.+)$", message, flags=re.M))
+    stacks = dict(re.findall(r"^--- rank (\d+) ---\n((?:(?!--- rank).*\n?)*)", message,
+                             flags=re.M))
+    parts = []
+    for rank in sorted(status, key=int):
+        frames = _STACK_FRAME.findall(stacks.get(rank, ""))  # innermost first
+        op = status[rank]
+        if op.startswith("running") and frames and _ENGINE[0] in frames[0][0]:
+            op = frames[0][2]  # plain Gloo has no status: name the torch call instead
+        mine = next((f for f in frames if not any(e in f[0] for e in _ENGINE)), None)
+        where = f" at `{mine[3].split('  # ')[0].strip()}` (in {mine[2]})" if mine else ""
+        parts.append(f"rank {rank} in {op}{where}")
+    what = "; ".join(parts) or "unknown ranks"
     return (f"timed out after {seconds:g} s - a deadlock or a missing send/recv? "
             f"Still waiting: {what}. Every send needs a matching recv on the peer, "
             f"and blocking sends and recvs must not wait on each other in a cycle.")
