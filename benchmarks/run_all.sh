@@ -10,6 +10,7 @@ for name in launch overhead fidelity model monitor sim widgets; do
   .venv/bin/clusterlab bench "$name" --json "$out/$name.json"
 done
 .venv/bin/python benchmarks/notebook_times.py
+.venv/bin/python benchmarks/notebook_times.py --labs
 {
   cat benchmarks/RESULTS.header.md
   args=()
