@@ -22,9 +22,9 @@ learner's code can do into such a sentence: NotImplementedError becomes "not imp
 yet", a deadlock becomes a timeout that names the ranks and the operation each was in, an
 exception names the rank and the line of the learner's code.
 
-Hidden checks (`hidden=True`) run only when graded (`clusterlab grade`, or
-CLUSTERLAB_LAB_HIDDEN=1); they draw their sizes, world sizes and networks from `ctx.rng`,
-whose seed the grader chooses, so they cannot be answered by hard-coding.
+Hidden checks (`hidden=True`) run only when graded (`clusterlab grade`, nbgrader's
+autograde, or CLUSTERLAB_LAB_HIDDEN=1); they draw their sizes, world sizes and networks
+from `ctx.rng`, whose seed the grader chooses, so they cannot be answered by hard-coding.
 """
 
 from __future__ import annotations
@@ -298,7 +298,8 @@ def run_checks(exercise: str, namespace: dict, *, hidden: bool | None = None,
         known = ", ".join(sorted(EXERCISES))
         raise ValueError(f"no exercise called {exercise!r}; the exercises are: {known}")
     ex = EXERCISES[exercise]
-    hidden = _env_flag(ENV_HIDDEN) if hidden is None else hidden
+    if hidden is None:  # nbgrader's autograder grades with the hidden checks too
+        hidden = _env_flag(ENV_HIDDEN) or os.environ.get("NBGRADER_EXECUTION") == "autograde"
     if seed is None:
         seed = int(os.environ.get(ENV_SEED, DEFAULT_SEED))
     outcomes: list[Outcome] = []
