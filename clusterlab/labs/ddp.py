@@ -526,8 +526,9 @@ def _hooks_calls(ctx):
         missing = [n for n in trainable if n not in named]
         if missing:
             raise Fail(f"in step {step} no all-reduce carried the .grad of {_names(missing)}: "
-                       "hook every trainable parameter and reduce p.grad itself (the hook's "
-                       "argument is the parameter).")
+                       "hook every trainable parameter with register_post_accumulate_grad_hook "
+                       "and reduce p.grad itself (its argument is the parameter; "
+                       "Tensor.register_hook hands you a gradient that is not p.grad).")
         if len(calls) != len(trainable):
             raise Fail(f"{len(calls)} all-reduces in step {step} for {len(trainable)} "
                        "trainable parameters: one per parameter.")
