@@ -1,0 +1,399 @@
+"""Lab 01 (measure a network): the reference passes every check; plausible wrong answers are
+rejected with the sentence that teaches.
+
+The wrong answers live at module level, as a learner's notebook functions would; those that
+run on ranks reach them by fork. The mystery-network wrong answers transform one reference
+measurement per network (cached), so that the file measures each network once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+import clusterlab
+from clusterlab.labs import run_checks
+from clusterlab.labs.network import HiddenNetwork, mystery_network, reveal, truth
+
+pytestmark = pytest.mark.timeout(120)
+
+SIZES = (8, 1024, 16 * 1024, 64 * 1024, 256 * 1024)
+REPEATS = 11
+DILATION = 2
+
+
+# --- the reference answer -------------------------------------------------------------------------
+
+
+def naive_latency(nbytes):
+    x = torch.zeros(max(1, nbytes // 4))
+    if dist.get_rank() == 0:
+        t0 = clusterlab.now()
+        dist.send(x, 1)
+        dist.recv(x, 1)
+        return clusterlab.elapsed(t0)
+    dist.recv(x, 0)
+    dist.send(x, 0)
+    return None
+
+
+def ping_pong(nbytes, repeats):
+    x = torch.zeros(max(1, nbytes // 4))
+    rtts = []
+    for _ in range(repeats):
+        if dist.get_rank() == 0:
+            t0 = clusterlab.now()
+            dist.send(x, 1)
+            dist.recv(x, 1)
+            rtts.append(clusterlab.elapsed(t0))
+        else:
+            dist.recv(x, 0)
+            dist.send(x, 0)
+    return rtts
+
+
+def one_way_latency(rtts):
+    return float(np.median(rtts)) / 2
+
+
+def fit_alpha_beta(sizes, times):
+    n, t = np.asarray(sizes, dtype=float), np.asarray(times, dtype=float)
+    if len(np.unique(n)) < 2:
+        raise ValueError("need at least two different sizes to fit a line")
+    beta = float(np.sum((n - n.mean()) * (t - t.mean())) / np.sum((n - n.mean()) ** 2))
+    return float(t.mean() - beta * n.mean()), beta
+
+
+_MEASURED: dict[str, tuple[float, float]] = {}
+
+
+def measure_network(nic):
+    """The reference. It measures every time it is called (a check may measure twice); the
+    wrong answers below reuse its latest measurement of a network."""
+    with clusterlab.Cluster(nodes=2, nic=nic, dilation=DILATION) as cl:
+        times = [one_way_latency(cl.run(ping_pong, n, REPEATS)[0]) for n in SIZES]
+    alpha, beta = fit_alpha_beta(SIZES, times)
+    _MEASURED[str.__str__(nic)] = (alpha, 1 / beta)
+    return alpha, 1 / beta
+
+
+def measured(nic):
+    """The reference's latest measurement of `nic` (measuring it if there is none)."""
+    return _MEASURED.get(str.__str__(nic)) or measure_network(nic)
+
+
+REFERENCE = {"naive_latency": naive_latency, "ping_pong": ping_pong,
+             "one_way_latency": one_way_latency, "fit_alpha_beta": fit_alpha_beta,
+             "measure_network": measure_network, "SIZES": SIZES, "REPEATS": REPEATS,
+             "DILATION": DILATION}
+
+
+def outcome(exercise: str, check_prefix: str, **wrong):
+    """The outcome of the check of `exercise` whose name starts with `check_prefix`, with the
+    reference answer except for `wrong`, every hidden check included."""
+    report = run_checks(exercise, {**REFERENCE, **wrong}, hidden=True)
+    matches = [o for o in report.outcomes if o.check.startswith(check_prefix)]
+    assert matches, [o.check for o in report.outcomes]
+    return matches[0]
+
+
+def rejected(exercise: str, check_prefix: str, phrase: str, **wrong) -> None:
+    o = outcome(exercise, check_prefix, **wrong)
+    assert o.status == "fail", (o.status, o.message)
+    assert phrase in o.message, o.message
+
+
+# --- the mystery network itself -------------------------------------------------------------------
+
+
+def test_mystery_network_hides_itself_but_clusters_take_it():
+    net = mystery_network(7)
+    assert isinstance(net, HiddenNetwork) and isinstance(net, str)
+    for shown in (repr(net), str(net), f"{net}", f"{net:>30}"):
+        assert "delay" not in shown and "7" in shown, shown
+    spec = clusterlab.Netem.parse(net)  # what Cluster(nic=...) does with it
+    assert spec == reveal(net) and spec.rate_bps > 0 and spec.jitter_ns > 0
+    assert clusterlab.Topology.build(2, nic=net).nic == spec
+    assert mystery_network(7) == net and mystery_network(8) != net  # drawn from the seed
+    alpha, bandwidth = truth(net)
+    assert 1e-3 <= alpha <= 5e-3 and 100e6 / 8 <= bandwidth <= 500e6 / 8
+    import pickle
+
+    assert repr(pickle.loads(pickle.dumps(net))) == repr(net)
+
+
+def test_mystery_draws_stay_in_their_ranges():
+    for seed in range(200):
+        spec = reveal(mystery_network(seed))
+        assert 1e-3 <= spec.delay_s <= 5e-3
+        assert 100e6 <= spec.rate_bps <= 500e6
+        assert spec.distribution in ("uniform", "normal")
+        # symmetric and never clipped at zero: the median one-way delay is the delay
+        reach = 4 if spec.distribution == "normal" else 1
+        assert reach * spec.jitter_s < spec.delay_s
+
+
+# --- the reference passes everything -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exercise", ["net_naive", "net_ping_pong", "net_fit", "net_mystery"])
+def test_reference_passes_every_check(exercise, no_leftovers):
+    report = run_checks(exercise, REFERENCE, hidden=True)
+    assert report.passed, report.text()
+    assert all(o.status == "pass" for o in report.outcomes), report.text()
+
+
+# --- step 1: the naive ping -----------------------------------------------------------------------
+
+
+def naive_no_echo(nbytes):
+    x = torch.zeros(max(1, nbytes // 4))
+    if dist.get_rank() == 0:
+        t0 = clusterlab.now()
+        dist.send(x, 1)
+        dist.recv(x, 1)
+        return clusterlab.elapsed(t0)
+    dist.recv(x, 0)  # ...and never sends it back
+    return None
+
+
+def naive_times_the_send(nbytes):
+    x = torch.zeros(max(1, nbytes // 4))
+    if dist.get_rank() == 0:
+        t0 = clusterlab.now()
+        dist.send(x, 1)
+        t = clusterlab.elapsed(t0)
+        dist.recv(x, 1)
+        return t
+    dist.recv(x, 0)
+    dist.send(x, 0)
+    return None
+
+
+def naive_halves(nbytes):
+    t = naive_latency(nbytes)
+    return None if t is None else t / 2
+
+
+def naive_ignores_size(nbytes):
+    return naive_latency(8)
+
+
+def naive_in_ms(nbytes):
+    t = naive_latency(nbytes)
+    return None if t is None else t * 1e3
+
+
+def test_a_ping_that_is_never_echoed_times_out_naming_the_ranks(no_leftovers):
+    report = run_checks("net_naive", {**REFERENCE, "naive_latency": naive_no_echo}, hidden=True)
+    first, *others = report.outcomes
+    assert first.status == "fail"
+    assert "timed out" in first.message and "rank 0 in recv" in first.message, first.message
+    assert "rank 1 must recv each ping and send it straight back" in first.message
+    for o in others:  # the same deadlock, reported without waiting for it again
+        assert o.status == "fail" and "found by an earlier check" in o.message, o.message
+
+
+def test_timing_only_the_send_is_rejected(no_leftovers):
+    rejected("net_naive", "one ping comes back", "before the ping arrived",
+             naive_latency=naive_times_the_send)
+
+
+def test_halving_in_step_1_is_rejected(no_leftovers):
+    rejected("net_naive", "one ping comes back", "one crossing", naive_latency=naive_halves)
+
+
+def test_a_ping_of_the_wrong_size_is_rejected(no_leftovers):
+    rejected("net_naive", "the ping and its echo carry", "carried 8 bytes, not nbytes = 65536",
+             naive_latency=naive_ignores_size)
+
+
+def test_milliseconds_are_rejected(no_leftovers):
+    rejected("net_naive", "one ping comes back", "return seconds", naive_latency=naive_in_ms)
+
+
+# --- step 2: ping-pong and the median -------------------------------------------------------------
+
+
+def one_way_is_the_round_trip(rtts):
+    return float(np.median(rtts))
+
+
+def one_way_from_the_mean(rtts):
+    return float(np.mean(rtts)) / 2
+
+
+def one_way_from_the_fastest(rtts):
+    return float(np.min(rtts)) / 2
+
+
+def ping_pong_cumulative(nbytes, repeats):
+    x = torch.zeros(max(1, nbytes // 4))
+    rtts = []
+    t0 = clusterlab.now()  # started once: every "round trip" is the time since the first ping
+    for _ in range(repeats):
+        if dist.get_rank() == 0:
+            dist.send(x, 1)
+            dist.recv(x, 1)
+            rtts.append(clusterlab.elapsed(t0))
+        else:
+            dist.recv(x, 0)
+            dist.send(x, 0)
+    return rtts
+
+
+def ping_pong_halves(nbytes, repeats):
+    return [t / 2 for t in ping_pong(nbytes, repeats)]
+
+
+def test_the_round_trip_instead_of_one_way_is_rejected(no_leftovers):
+    rejected("net_ping_pong", "one_way_latency is half the median",
+             "your times are twice the one-way delay", one_way_latency=one_way_is_the_round_trip)
+
+
+def test_the_mean_under_heavy_tailed_jitter_is_rejected(no_leftovers):
+    o = outcome("net_ping_pong", "one_way_latency is half the median",
+                one_way_latency=one_way_from_the_mean)
+    assert o.status == "fail"
+    for phrase in ("half the MEAN round trip", "pareto", "use the median"):
+        assert phrase in o.message, o.message
+
+
+def test_the_fastest_round_trip_is_rejected(no_leftovers):
+    rejected("net_ping_pong", "one_way_latency is half the median", "FASTEST",
+             one_way_latency=one_way_from_the_fastest)
+
+
+def test_a_clock_started_once_is_rejected(no_leftovers):
+    rejected("net_ping_pong", "ping_pong:", "restart the clock", ping_pong=ping_pong_cumulative)
+
+
+def test_halved_round_trips_are_rejected(no_leftovers):
+    rejected("net_ping_pong", "ping_pong:", "these look like one-way times",
+             ping_pong=ping_pong_halves)
+
+
+# --- step 3: the fit ------------------------------------------------------------------------------
+
+
+def fit_swapped(sizes, times):
+    alpha, beta = fit_alpha_beta(sizes, times)
+    return beta, alpha
+
+
+def fit_polyfit_order(sizes, times):
+    return tuple(np.polyfit(np.asarray(sizes, float), np.asarray(times, float), 1))
+
+
+def fit_bandwidth(sizes, times):
+    alpha, beta = fit_alpha_beta(sizes, times)
+    return alpha, 1 / beta
+
+
+def fit_through_origin(sizes, times):
+    n, t = np.asarray(sizes, float), np.asarray(times, float)
+    return 0.0, float(n @ t / (n @ n))
+
+
+def fit_endpoints(sizes, times):
+    n, t = np.asarray(sizes, float), np.asarray(times, float)
+    beta = (t[-1] - t[0]) / (n[-1] - n[0])
+    return float(t[0] - beta * n[0]), float(beta)
+
+
+def fit_lstsq_unchecked(sizes, times):
+    n = np.asarray(sizes, float)
+    a = np.vstack([np.ones_like(n), n]).T
+    alpha, beta = np.linalg.lstsq(a, np.asarray(times, float), rcond=None)[0]
+    return float(alpha), float(beta)
+
+
+@pytest.mark.parametrize("wrong", [fit_swapped, fit_polyfit_order])
+def test_swapped_intercept_and_slope_are_rejected(wrong):
+    rejected("net_fit", "an exact line", "swapped intercept and slope", fit_alpha_beta=wrong)
+
+
+def test_returning_the_bandwidth_for_beta_is_rejected():
+    rejected("net_fit", "an exact line", "which is the bandwidth 1/β", fit_alpha_beta=fit_bandwidth)
+
+
+def test_a_line_through_the_origin_is_rejected():
+    rejected("net_fit", "an exact line", "through the origin", fit_alpha_beta=fit_through_origin)
+
+
+def test_a_line_through_two_points_is_rejected():
+    rejected("net_fit", "least squares over every point", "first and the last point only",
+             fit_alpha_beta=fit_endpoints)
+
+
+def test_a_fit_from_one_size_is_rejected():
+    rejected("net_fit", "a sweep of one size", "one size cannot tell the latency from the "
+             "bandwidth", fit_alpha_beta=fit_lstsq_unchecked)
+    # ... while least squares itself is right wherever a line is determined
+    report = run_checks("net_fit", {"fit_alpha_beta": fit_lstsq_unchecked}, hidden=True)
+    assert [o.status for o in report.outcomes] == ["pass", "pass", "fail", "pass"]
+
+
+# --- step 4: the mystery network ------------------------------------------------------------------
+
+
+def measure_round_trip(nic):
+    alpha, bandwidth = measured(nic)
+    return 2 * alpha, bandwidth / 2  # what RTT instead of RTT/2 gives
+
+
+def measure_bits(nic):
+    alpha, bandwidth = measured(nic)
+    return alpha, bandwidth * 8
+
+
+def measure_swapped(nic):
+    alpha, bandwidth = measured(nic)
+    return 1 / bandwidth, 1 / alpha  # (slope, 1/intercept)
+
+
+def measure_beta(nic):
+    alpha, bandwidth = measured(nic)
+    return alpha, 1 / bandwidth
+
+
+def measure_one_size(nic):
+    with clusterlab.Cluster(nodes=2, nic=nic, dilation=DILATION) as cl:
+        times = [one_way_latency(cl.run(ping_pong, 64 * 1024, 5)[0])]
+    alpha, beta = fit_alpha_beta([64 * 1024], times)
+    return alpha, 1 / beta
+
+
+def test_round_trips_are_twice_the_truth(no_leftovers):
+    rejected("net_mystery", "the practice network", "your times are twice the one-way delay: "
+             "divide the round trip by 2", measure_network=measure_round_trip)
+
+
+def test_bits_per_second_are_8x_off(no_leftovers):
+    rejected("net_mystery", "the practice network", "8x: that is bits per second",
+             measure_network=measure_bits)
+
+
+def test_swapped_alpha_and_bandwidth_are_rejected(no_leftovers):
+    rejected("net_mystery", "the practice network", "swapped intercept and slope",
+             measure_network=measure_swapped)
+
+
+def test_beta_for_the_bandwidth_is_rejected(no_leftovers):
+    rejected("net_mystery", "the practice network", "that is β in seconds per byte",
+             measure_network=measure_beta)
+
+
+def test_a_sweep_of_one_size_is_rejected(no_leftovers):
+    rejected("net_mystery", "the practice network", "at least two different sizes",
+             measure_network=measure_one_size)
+
+
+def test_hidden_networks_are_not_the_practice_network(no_leftovers):
+    """A hard-coded answer (the practice network's truth) passes the visible check and fails
+    the hidden one."""
+    practice = truth(mystery_network(1))
+    report = run_checks("net_mystery", {"measure_network": lambda nic: practice}, hidden=True)
+    assert [o.status for o in report.outcomes] == ["pass", "fail"], report.text()
