@@ -173,6 +173,15 @@ def seqlock_unlocked_writer(p, idx, step):
     p.seq[0] += 1
 
 
+def crashes(p, idx, step):
+    raise ValueError("boom")
+
+
+def spins_forever(p, idx, step):
+    while True:
+        pass
+
+
 def price_batched(run_safe, run_unsafe, repeats=5):
     unsafe = [run_unsafe() for _ in range(repeats)]
     safe = [run_safe() for _ in range(repeats)]
@@ -300,6 +309,20 @@ def test_a_version_left_odd_stalls_the_readers_and_says_so():
     out = outcomes("race_seqlock", "seqlock_update", seqlock_left_odd)
     assert_fails(out["one worker"], "is odd after", "1 after")
     assert_fails(out["4 workers"], "timed out", "is odd", "retries forever")
+
+
+# --- crashes and hangs ------------------------------------------------------------------------
+
+
+def test_an_update_that_raises_is_named_and_leaves_nothing_behind():
+    out = outcomes("race_lock", "locked_update", crashes)
+    assert_fails(out["one worker"], "worker 0 raised ValueError: boom")
+    assert_fails(out["4 workers"], "raised ValueError: boom")
+
+
+def test_an_update_that_never_returns_times_out():
+    out = outcomes("race_hogwild", "hogwild_update", spins_forever)
+    assert_fails(out["one worker"], "timed out with one worker", "loop forever")
 
 
 # --- step 4 ---------------------------------------------------------------------------------------

@@ -57,6 +57,7 @@ STALL_S = 4.0  # no update finished for this long: a deadlock, reported by name
 # Columns of the shared statistics table, one row per worker (+ one for this process).
 DONE, STEPS, TORN, LOCKED_STEPS, OVERLAPS, ACQ, REL, WAITING, IN_STEP = range(9)
 HOLDER = 9  # in the last row: which worker holds p.lock (-1: nobody)
+READY = 12  # a worker is at the starting line
 _COLS = 16  # 128 bytes a row: two cache lines, so workers' counters do not share one
 
 
@@ -312,6 +313,7 @@ def _unwritten():
 def _hammer_body(w, update, p, st, tm, idx, dense, work, updates, go):
     p.lock._bind(w)
     step = _make_step(w, st, p.lock, dense, work)
+    st[w, READY] = 1
     if not go.wait(30):
         raise TimeoutError("the start signal never came")
     tm[w, 0] = time.monotonic()
@@ -376,7 +378,7 @@ def run_workers(update, *, workers: int = 4, updates: int = 2000, kind: str = "d
     args = (update, p, st, tm, idx, dense, work, updates, go)
 
     def start_when_ready(t: float) -> None:
-        if not go.is_set() and t > 0.05:  # every worker forked and waiting at the line
+        if not go.is_set() and st[:-1, READY].all():  # everyone at the line: one start
             go.set()
 
     with _unwritten():
@@ -435,7 +437,10 @@ class _Hook:
 
     def on_read(self, out):
         self.reads.append(self.p.lock.held)
-        if self.trap is not None and isinstance(out, np.ndarray) and out.ndim == 1:
+        # The staged write can only overlap a reader's copy: a read under p.lock is a
+        # writer's own read, which no other writer can overlap.
+        if (self.trap is not None and not self.p.lock.held and isinstance(out, np.ndarray)
+                and out.ndim == 1):
             idx, new = self.trap
             self.trap = None
             # What a reader sees when a write runs while it copies: the first half of its
@@ -512,6 +517,7 @@ def _probe_body(w, update, mode, p, st, plan, traps):
     # A write that starts and completes while the update copies p.x[idx].
     hook.trap = (idx_c, new_c)
     res = one(idx_c, r_c)
+    hook.trap = None
     res["torn"], res["new"] = hook.sprung, new_c
     out["trap"] = res
     return out
@@ -967,7 +973,7 @@ def _seqlock_dense(ctx):
     r = _run(fn, **VISIBLE, seed=ctx.seed)
     detail = _verdict_safe(r, ref, "seqlock", "seqlock_update")
     return (f"{detail}; {r['overlaps']} of {r['steps']} steps ran while another worker was "
-            "in step() (nobody waited for them)")
+            "inside step(): the steps ran side by side")
 
 
 @SEQLOCK.check("3-6 workers, other seeds, dense and sparse: nothing lost, no torn read",
