@@ -244,8 +244,10 @@ def _times(n: int) -> str:
 def _launch(body, args_of, n: int, st: np.ndarray, seq: np.ndarray, updates: int, *,
             stall: float, timeout: float, on_tick=None) -> tuple[list, dict]:
     """Fork n workers running body(w, *args_of(w)); wait for all of them, watching progress
-    (st[:, DONE]). Returns (replies by worker, what the parent saw). Raises WorkerError,
-    Stalled or TimeoutError; in every case every worker has ended when this returns."""
+    (st[:, DONE]). on_tick(t) runs every few ms; while it returns True the workers have not
+    started yet, and the stall clock waits. Returns (replies by worker, what the parent
+    saw). Raises WorkerError, Stalled or TimeoutError; in every case every worker has ended
+    when this returns."""
     ctx = mp.get_context("fork")
     procs, conns = [], []
     seen = {"seq_samples": 0, "seq_odd": 0}
@@ -264,7 +266,9 @@ def _launch(body, args_of, n: int, st: np.ndarray, seq: np.ndarray, updates: int
         while len(replies) < n:
             now = time.monotonic()
             if now - t0 > timeout:
-                raise TimeoutError(f"the workers did not finish within {timeout:g} s")
+                raise TimeoutError(f"the workers did not finish within {timeout:g} s, though "
+                                   "they kept making progress: is the update very slow "
+                                   "(printing, sleeping)?")
             pending = [w for w in range(n) if w not in replies]
             ready = wait_any([conns[w] for w in pending] + [procs[w].sentinel for w in pending],
                              0.005)
@@ -285,8 +289,8 @@ def _launch(body, args_of, n: int, st: np.ndarray, seq: np.ndarray, updates: int
                                        "your code call os._exit, or use too much memory?")
             seen["seq_samples"] += 1
             seen["seq_odd"] += int(seq[0]) & 1
-            if on_tick is not None:
-                on_tick(now - t0)
+            if on_tick is not None and on_tick(now - t0):
+                last_change = now  # not started yet: nothing can stall
             total = int(st[:-1, DONE].sum())
             if total != last_total:
                 last_total, last_change = total, now
@@ -377,9 +381,10 @@ def run_workers(update, *, workers: int = 4, updates: int = 2000, kind: str = "d
     go = ctx.Event()
     args = (update, p, st, tm, idx, dense, work, updates, go)
 
-    def start_when_ready(t: float) -> None:
+    def start_when_ready(t: float) -> bool:
         if not go.is_set() and st[:-1, READY].all():  # everyone at the line: one start
             go.set()
+        return not go.is_set()
 
     with _unwritten():
         _, seen = _launch(_hammer_body, lambda w: args, workers, st, seq, updates,
@@ -636,10 +641,13 @@ def _worker_failure(exc: WorkerError) -> Exception:
                 f"{_learner_line(exc.tb)}")
 
 
+CHECK_RUN_TIMEOUT = 20.0  # a run in a check: ~1 s when right, so 20 s means something is off
+
+
 def _run(update, **kw) -> dict:
     """run_workers with every failure of the learner's code turned into Fail / NotDone."""
     try:
-        return run_workers(update, **kw)
+        return run_workers(update, timeout=CHECK_RUN_TIMEOUT, **kw)
     except NotImplementedError as exc:
         raise NotDone(str(exc)) from None
     except WorkerError as exc:
