@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import clusterlab
-from clusterlab.labs import run_checks
+from clusterlab.labs import EXERCISES, run_checks
 from clusterlab.labs.network import HiddenNetwork, mystery_network, reveal, truth
 
 pytestmark = pytest.mark.timeout(120)
@@ -92,11 +92,12 @@ REFERENCE = {"naive_latency": naive_latency, "ping_pong": ping_pong,
 
 def outcome(exercise: str, check_prefix: str, **wrong):
     """The outcome of the check of `exercise` whose name starts with `check_prefix`, with the
-    reference answer except for `wrong`, every hidden check included."""
-    report = run_checks(exercise, {**REFERENCE, **wrong}, hidden=True)
-    matches = [o for o in report.outcomes if o.check.startswith(check_prefix)]
-    assert matches, [o.check for o in report.outcomes]
-    return matches[0]
+    reference answer except for `wrong` (that check alone is run, hidden or not)."""
+    names = [c.name for c in EXERCISES[exercise].checks if c.name.startswith(check_prefix)]
+    assert len(names) == 1, names
+    report = run_checks(exercise, {**REFERENCE, **wrong}, hidden=True, only=names[0])
+    (o,) = [o for o in report.outcomes if o.check == names[0]]
+    return o
 
 
 def rejected(exercise: str, check_prefix: str, phrase: str, **wrong) -> None:

@@ -278,7 +278,9 @@ def _ping_pong_rtts(ctx, nic: str, nbytes: int, repeats: int,
                      dilation=dilation) as cl:
         r0, r1 = _run(ctx, cl, fn, nbytes, repeats)
     out = r0["out"]
-    if not isinstance(out, list | tuple | np.ndarray):
+    if hasattr(out, "tolist"):  # a numpy array or a torch tensor of round trips
+        out = out.tolist()
+    if not isinstance(out, list | tuple):
         raise Fail(f"rank 0's ping_pong returned {type(out).__name__}: return the list of "
                    "round trips (one float of seconds per repeat)")
     rtts = [_seconds(x, "a round trip") for x in out]
@@ -437,7 +439,7 @@ def _fit_call(ctx, sizes, times) -> tuple[float, float]:
         out = (out.alpha, out.beta)
     if not isinstance(out, tuple | list) or len(out) != 2:
         raise Fail(f"fit_alpha_beta returned {out!r}: return a pair (alpha, beta)")
-    return _seconds(out[0], "alpha"), float(out[1])
+    return _seconds(out[0], "alpha"), _seconds(out[1], "beta (seconds per byte)")
 
 
 def _close(x: float, y: float, rel: float = 1e-6) -> bool:
@@ -557,7 +559,11 @@ def _estimate(ctx, network: HiddenNetwork) -> tuple[float, float]:
     if not isinstance(out, tuple | list) or len(out) != 2:
         raise Fail(f"measure_network returned {out!r}: return a pair (alpha in s, bandwidth "
                    "in bytes/s)")
-    a, bw = (float(x) for x in out)
+    try:
+        a, bw = (float(x) for x in out)
+    except (TypeError, ValueError):
+        raise Fail(f"measure_network returned {out!r}: return two numbers, (alpha in s, "
+                   "bandwidth in bytes/s)") from None
     if not (math.isfinite(a) and math.isfinite(bw)):
         raise Fail(f"measure_network returned ({a}, {bw}) for {network!r}: not finite numbers. "
                    "A fit needs at least two sizes, far apart (a tiny one for α, a large one "
