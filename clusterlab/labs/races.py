@@ -789,9 +789,13 @@ def _verdict_probe(out: dict, mode: str, name: str) -> str:
             f"retries a read that a write overlapped{staged}")
 
 
+def _pct(fraction: float) -> str:
+    return f"{100 * fraction:.1f}%" if abs(fraction) >= 0.01 else f"{100 * fraction:.3f}%"
+
+
 def _lost_sentence(r: dict) -> str:
     return (f"{r['lost']} of {r['expected']} coordinate increments lost "
-            f"({100 * r['lost_fraction']:.1f}%) in {r['workers']} workers x "
+            f"({_pct(r['lost_fraction'])}) in {r['workers']} workers x "
             f"{r['updates'] // r['workers']} {r['kind']} updates")
 
 
@@ -809,7 +813,7 @@ def _calibration(**kw) -> dict:
 
 def _verdict_safe(r: dict, ref: dict, mode: str, name: str, *, ratio: bool = True) -> str:
     """A run of a safe update: nothing lost, nothing extra, no torn read (dense)."""
-    race = (f"the lock-free update lost {ref['lost']} ({100 * ref['lost_fraction']:.1f}%) "
+    race = (f"the lock-free update lost {ref['lost']} ({_pct(ref['lost_fraction'])}) "
             "in the same setting")
     if r["lost"] < 0:
         raise Fail(f"p.x counts {r['counted']} increments, {-r['lost']} more than the "
