@@ -180,8 +180,7 @@ def test_the_reference_passes_every_check(no_leftovers):
 
 def test_cases_are_deterministic_and_independent_of_the_network(no_leftovers):
     case = detective.lineup()["rng_desync"]
-    a = detective.observe(case)
-    detective._CACHE.clear()
+    a = detective.observe(case)  # each network is a run of its own
     b = detective.observe(case, nic="delay 1ms 200us")
     for key in detective.SERIES:
         np.testing.assert_array_equal(a[key], b[key])
@@ -293,6 +292,21 @@ def test_diagnosis_in_the_wrong_shape(no_leftovers):
 
 def test_a_hard_coded_verdict_fails_the_hidden_cases(no_leftovers):
     truth = detective.answer(REFERENCE["case"])
-    o = outcome("detective_case", "solves hidden cases of every kind (3-4 ranks, other seeds)",
+    o = outcome("detective_case", "solves 14 hidden cases, every kind on 3 and 4 ranks",
                 diagnose=lambda obs: dict(truth))
     assert o.status == "fail" and "cases solved" in o.message
+
+
+def every_fifth_step(obs):  # checks only every 5 steps, like a monitor with every=5
+    for t in range(4, len(obs["loss"]), 5):
+        alarm = detector(detective.cut(obs, t + 1))
+        if alarm is not None:
+            return alarm[0], t
+    return None
+
+
+def test_checking_every_fifth_step_is_too_late(no_leftovers):
+    o = outcome("detective_detector", "alarms on every fault of the line-up within 2 steps, "
+                "naming the rank", detector=every_fifth_step)
+    assert o.status == "fail" and "steps after the first bad step, more than the 2 allowed" \
+        in o.message
