@@ -865,7 +865,7 @@ def _draw(ctx) -> dict:
 
 # --- the exercises -----------------------------------------------------------------------------
 
-VISIBLE = {"workers": 4, "updates": 2000}
+VISIBLE = {"workers": 4, "updates": 1500}
 
 HOGWILD = LAB.exercise(
     "race_hogwild", needs=("hogwild_update",),
@@ -900,7 +900,7 @@ def _hogwild_lossy(fn, name, **kw) -> dict:
     return r
 
 
-@HOGWILD.check("4 workers x 2000 dense updates: the lost updates are counted (> 0)", points=2)
+@HOGWILD.check("4 workers x 1500 dense updates: the lost updates are counted (> 0)", points=2)
 def _hogwild_dense(ctx):
     r = _hogwild_lossy(ctx.learner("hogwild_update"), "hogwild_update", **VISIBLE,
                        seed=ctx.seed)
@@ -941,7 +941,7 @@ def _lock_alone(ctx):
     return _verdict_probe(_probe(fn, "lock", ctx.seed), "lock", "locked_update")
 
 
-@LOCK.check("4 workers x 2000 dense updates: no update lost, no torn read", points=3)
+@LOCK.check("4 workers x 1500 dense updates: no update lost, no torn read", points=3)
 def _lock_dense(ctx):
     fn = ctx.learner("locked_update")
     ref = _calibration(**VISIBLE, kind="dense")
@@ -978,7 +978,7 @@ def _seqlock_alone(ctx):
     return _verdict_probe(_probe(fn, "seqlock", ctx.seed), "seqlock", "seqlock_update")
 
 
-@SEQLOCK.check("4 workers x 2000 dense updates: no update lost, no torn read", points=3)
+@SEQLOCK.check("4 workers x 1500 dense updates: no update lost, no torn read", points=3)
 def _seqlock_dense(ctx):
     fn = ctx.learner("seqlock_update")
     ref = _calibration(**VISIBLE, kind="dense")
