@@ -561,7 +561,9 @@ def probe(update, mode: str, *, seed: int = 0, timeout: float = 20.0,
         if mode != "seqlock":
             return
         if writer["state"] == 0 and st[0, PHASE] == 1:
-            p.lock.acquire()
+            if not p.lock.acquire(True, 2.0):  # never block this process on learner code
+                raise RuntimeError("the check could not take p.lock to stage a write: your "
+                                   "update still holds it after returning")
             seq[0] += 1  # odd: a write is in progress
             half = PROBE_DIM // 2
             x[:half] = new_b[:half]
