@@ -393,8 +393,17 @@ def test_a_sweep_of_one_size_is_rejected(no_leftovers):
 
 
 def test_hidden_networks_are_not_the_practice_network(no_leftovers):
-    """A hard-coded answer (the practice network's truth) passes the visible check and fails
-    the hidden one."""
-    practice = truth(mystery_network(1))
-    report = run_checks("net_mystery", {"measure_network": lambda nic: practice}, hidden=True)
+    """A hard-coded answer (what a measurement of the practice network printed) passes the
+    visible check and fails the hidden one."""
+    alpha, bandwidth = truth(mystery_network(1))
+    printed = (alpha * 1.02, bandwidth * 0.98)
+    report = run_checks("net_mystery", {"measure_network": lambda nic: printed}, hidden=True)
     assert [o.status for o in report.outcomes] == ["pass", "fail"], report.text()
+
+
+def test_reading_the_spec_instead_of_measuring_is_rejected():
+    def read_it(nic):
+        return truth(nic)
+
+    rejected("net_mystery", "the practice network", "it was read, not measured",
+             measure_network=read_it)

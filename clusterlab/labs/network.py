@@ -583,6 +583,10 @@ def _judge(network: HiddenNetwork, a: float, bw: float) -> str:
     """Pass (a detail string) or fail with what the estimate's error suggests."""
     alpha, bandwidth = truth(network)
     ra, rb = a / alpha, bw / bandwidth
+    if abs(ra - 1) < 1e-9 and abs(rb - 1) < 1e-9:  # no measurement is exact to 9 digits
+        raise Fail(f"on {network!r} your estimate equals the configured spec to 9 digits: it was "
+                   "read, not measured. Measure it with ping_pong and the fit (reveal and "
+                   "truth are for afterwards)")
     if abs(ra - 1) <= ALPHA_TOLERANCE and abs(rb - 1) <= BANDWIDTH_TOLERANCE:
         return (f"{network!r}: α within {abs(ra - 1):.1%}, bandwidth within {abs(rb - 1):.1%} "
                 "of the truth")
