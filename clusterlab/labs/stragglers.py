@@ -18,7 +18,17 @@ The staircase (notebook 05 comes first):
 How the checks see what happened: every worker's gradient carries a one-hot tag in its
 first N entries (worker i has a 1 at i), so the update a rank returns tells which
 gradients it averaged (the tags that are non-zero) and what it divided by (their value).
-The compute draws are known to the check, so it knows which workers finished first.
+`compute` records when each gradient was really ready (on the clock all ranks share), so
+the checks know which workers finished first, and how long each step waited for its
+gradients (the measured order statistic) and for the coordination after them.
+
+The timing checks judge two things. The mechanism, from the recorded times: did a step
+with backups end before its slowest worker finished (were the late ones cut short), and
+did the coordination after the first N - b gradients stay small next to the tail it
+should cut? And the formula: the measured wait against c + m·H_N or c + m·(H_N - H_b),
+within a 99.9% normal confidence interval from the per-step spread plus a small allowance
+for this machine's scheduling. Backups are measured paired (the same draws with and
+without them), which narrows the interval of the saving.
 """
 
 from __future__ import annotations
@@ -865,9 +875,10 @@ STABILITY = LAB.exercise(
            "simulate about 20 000 steps and compare the peak |x| over a block near the end "
            "with the peak over a block just before half-time (blocks of ~8(τ+1) steps, longer "
            "than one oscillation). Treat an x that decayed to ~0 (below 1e-100) as stable.",
-           "largest_stable_lr: bisect on [0, 2.5 / curvature] (0 is stable... as a limit; 2.5 "
-           "is unstable for every τ). Keep lo stable and hi unstable; stop when hi - lo < 1e-6"
-           " / curvature; return lo.",
+           "largest_stable_lr: bisect on [0, 2.5 / curvature]: every limit is at most 2 / "
+           "curvature, so hi starts unstable, and lo = 0 stands for 'a tiny lr', which is "
+           "stable. Keep lo stable and hi unstable; stop when hi - lo < 1e-6 / curvature; "
+           "return lo.",
            "Check yourself: the limit for τ = 1 is exactly 1/curvature, for τ = 0 it is "
            "2/curvature."))
 
