@@ -645,7 +645,7 @@ def _ring_timing(ctx, p: int, nbytes: int, nic: str) -> str:
     elif abs(measured / serial - 1) < TOLERANCE:
         extra += (" It took about twice the prediction: the send and the receive of a step "
                   "do not overlap (post both, then wait for both).")
-    return _within("ring_allreduce", f"ring on {p} ranks, {nbytes // 1024} KiB, '{nic}'",
+    return _within("ring_allreduce", f"ring on {p} ranks, {nbytes / MiB:.2f} MiB, '{nic}'",
                    measured, predicted, extra)
 
 
