@@ -232,7 +232,7 @@ def test_grading_a_mixed_room_gives_one_clear_row_each(toy, tmp_path, no_leftove
     _write(room / "frank", "notes.ipynb", ["1 + 1"], lab=None)
     (room / "gina").mkdir()
     (room / "gina" / "lab.ipynb").write_text("{ not json")
-    rows = grade([room], timeout=25, seed=7)
+    rows = grade([room], timeout=15, seed=7)
     by = {r["learner"]: r for r in rows}
     assert set(by) == {"alice", "bob", "carol", "dave", "erin", "frank", "gina"}
     assert by["alice"]["status"] == "graded" and by["alice"]["earned"] == 5
@@ -241,7 +241,7 @@ def test_grading_a_mixed_room_gives_one_clear_row_each(toy, tmp_path, no_leftove
     assert by["bob"]["earned"] == 0 and "returned -1" in by["bob"]["checks"][0]["message"]
     assert [c["status"] for c in by["carol"]["checks"]] == ["todo"] * 3
     assert by["dave"]["status"] == "crashed" and by["dave"]["earned"] == 0
-    assert by["erin"]["status"] == "timed out" and "25 s" in by["erin"]["note"]
+    assert by["erin"]["status"] == "timed out" and "15 s" in by["erin"]["note"]
     assert by["frank"]["status"] == "not a lab" and by["gina"]["status"] == "unreadable"
     assert not all_passed(rows) and all_passed([by["alice"]])
     text = table(rows)

@@ -141,8 +141,12 @@ EXERCISES: dict[str, Exercise] = {}
 class Context:
     """What a check sees: the learner's namespace, a seeded RNG, and safe ways to run code."""
 
-    def __init__(self, namespace: dict, *, seed: int, hidden: bool) -> None:
+    def __init__(self, namespace: dict, *, seed: int, hidden: bool,
+                 grader_seed: int | None = None) -> None:
+        # seed: this check's own (differs per check); grader_seed: the one the grader chose,
+        # shared by every check of a run (for draws several checks must agree on)
         self.namespace, self.seed, self.hidden = namespace, seed, hidden
+        self.grader_seed = seed if grader_seed is None else grader_seed
         self.rng = np.random.default_rng(seed)
 
     def learner(self, name: str):
@@ -167,12 +171,15 @@ class Context:
                 raise NotDone(exc.message) from None
             if exc.kind in ("Fail", "AssertionError") and exc.message:
                 raise Fail(f"rank {exc.rank}: {exc.message}") from None
-            where = _learner_line(exc.remote_traceback)
-            raise Fail(f"rank {exc.rank} raised {exc.kind}: {_short(exc.message)}{where}") from None
+            where = learner_line(exc.remote_traceback)
+            raise Fail(f"rank {exc.rank} raised {exc.kind}: {shorten(exc.message)}"
+                       f"{where}") from None
         except ClusterTimeout as exc:
             raise Fail(_timeout_sentence(str(exc), cl.timeout)) from None
         except RankDied as exc:
-            raise Fail(f"{exc} - does your code call os._exit, or use too much memory?") from None
+            raise Fail(f"{exc}. A rank dies like this when native code aborts (e.g. Gloo, on a "
+                       "receive buffer whose size or dtype does not match the message sent), "
+                       "on os._exit, or when it runs out of memory") from None
 
     def call(self, fn: Callable, *args, **kwargs):
         """fn(*args, **kwargs) in this process, with the learner's failures turned into Fail."""
@@ -183,12 +190,12 @@ class Context:
         except (Fail, NotDone):
             raise
         except Exception as exc:  # noqa: BLE001 - the learner's code: any error is a message
-            where = _learner_line(traceback.format_exc())
+            where = learner_line(traceback.format_exc())
             raise Fail(f"{getattr(fn, '__name__', 'your code')} raised "
-                       f"{type(exc).__name__}: {_short(str(exc))}{where}") from None
+                       f"{type(exc).__name__}: {shorten(str(exc))}{where}") from None
 
 
-def _short(text: str, limit: int = 300) -> str:
+def shorten(text: str, limit: int = 300) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -197,7 +204,7 @@ _CELL_FRAME = re.compile(r'File "(<ipython-input-[^"]+>|/tmp/ipykernel_[^"]+|<ce
                          r'<string>)", line (\d+), in (\S+)\n\s*(.*)')
 
 
-def _learner_line(tb: str) -> str:
+def learner_line(tb: str) -> str:
     """' (in ring_allreduce: `dist.send(x, right)`)' for the innermost notebook-cell frame."""
     frames = _CELL_FRAME.findall(tb)
     if not frames:
@@ -317,13 +324,13 @@ def run_checks(exercise: str, namespace: dict, *, hidden: bool | None = None,
         if todo:  # the first check found the TODO still there: the rest would say the same
             outcomes.append(Outcome(ex.id, c.name, c.points, c.hidden, "todo", todo, 0.0))
             continue
-        ctx = Context(namespace, seed=seed * 1000 + i, hidden=hidden)
+        ctx = Context(namespace, seed=seed * 1000 + i, hidden=hidden, grader_seed=seed)
         t0 = time.perf_counter()
         try:
             detail = c.fn(ctx)
             status, message = "pass", detail or ""
         except NotDone as exc:
-            todo = f"{NOT_DONE}: {_short(str(exc))}" if str(exc) else NOT_DONE
+            todo = f"{NOT_DONE}: {shorten(str(exc))}" if str(exc) else NOT_DONE
             todo += " - replace the `raise NotImplementedError` in the TODO cell with your code"
             status, message = "todo", todo
         except Fail as exc:
@@ -331,8 +338,8 @@ def run_checks(exercise: str, namespace: dict, *, hidden: bool | None = None,
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # noqa: BLE001 - a check never ends in a bare traceback
-            where = _learner_line(traceback.format_exc())
-            status, message = "fail", f"{type(exc).__name__}: {_short(str(exc))}{where}"
+            where = learner_line(traceback.format_exc())
+            status, message = "fail", f"{type(exc).__name__}: {shorten(str(exc))}{where}"
         outcomes.append(Outcome(ex.id, c.name, c.points, c.hidden, status, message,
                                 time.perf_counter() - t0))
     report = Report(ex, outcomes)

@@ -512,7 +512,7 @@ def _hidden(ctx, world: int, kinds=("healthy", *FAULTS)) -> tuple[list, list]:
     """The hidden cases on `world` ranks (healthy ones, and one per fault plus a second bit
     flip), drawn from the grader's seed: every hidden check of one grading shares them, so
     they run once, on one cluster per world size, over an impaired network."""
-    rng = np.random.default_rng([ctx.seed // 1000, world, 808])  # ctx.seed = seed * 1000 + i
+    rng = np.random.default_rng([ctx.grader_seed, world, 808])
     cases = [draw(rng, "healthy", world, reduce=REDUCES[i % 2]) for i in range(4 if world == 3
                                                                                   else 2)]
     cases += [draw(rng, f, world) for f in (*FAULTS, "bit_flip")]

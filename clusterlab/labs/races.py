@@ -44,7 +44,7 @@ from multiprocessing.connection import wait as wait_any
 import numpy as np
 import torch
 
-from .core import Fail, Lab, NotDone, _learner_line, _short
+from .core import Fail, Lab, NotDone, learner_line, shorten
 
 LAB = Lab("06_safe_lock_free", "Races: make lock-free updates safe, and measure the price",
           follows="06_races_and_lock_free_updates")
@@ -639,8 +639,8 @@ def _worker_failure(exc: WorkerError) -> Exception:
         return NotDone(exc.message)
     if exc.kind in ("Fail", "AssertionError") and exc.message:
         return Fail(f"worker {exc.worker}: {exc.message}")
-    return Fail(f"worker {exc.worker} raised {exc.kind}: {_short(exc.message)}"
-                f"{_learner_line(exc.tb)}")
+    return Fail(f"worker {exc.worker} raised {exc.kind}: {shorten(exc.message)}"
+                f"{learner_line(exc.tb)}")
 
 
 CHECK_RUN_TIMEOUT = 20.0  # a run in a check: ~1 s when right, so 20 s means something is off

@@ -33,7 +33,7 @@ import weakref
 import numpy as np
 
 from .. import models
-from .core import Fail, Lab, _short
+from .core import Fail, Lab, shorten
 
 LAB = Lab("02_ring_allreduce", "Ring all-reduce from point-to-point",
           follows="02_allreduce_and_topology")
@@ -382,9 +382,9 @@ def _earlier_failure(fn, name: str, timing: bool) -> None:
         return
     if timing:
         raise Fail(f"{name} is not correct yet - timing a wrong all-reduce tells nothing: fix "
-                   f"what the check above says first ({_short(msg, 160)})")
+                   f"what the check above says first ({shorten(msg, 160)})")
     if "timed out" in msg:
-        raise Fail(f"not run again: it deadlocked in an earlier check ({_short(msg, 400)})")
+        raise Fail(f"not run again: it deadlocked in an earlier check ({shorten(msg, 400)})")
 
 
 def _weakable(fn) -> bool:
