@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from clusterlab import models
-from clusterlab.labs import run_checks
+from clusterlab.labs import EXERCISES, run_checks
 
 # --- the reference answers (what solutions/02_ring_allreduce.ipynb writes) -------------------
 
@@ -400,10 +400,11 @@ def _outcome(exercise: str, check_prefix: str, hidden: bool = True, only: bool =
              **answers):
     """The outcome of the check starting with check_prefix. only=True: the namespace holds
     just `answers` (the exercise's other checks then stop at "not done", which is quick)."""
-    report = run_checks(exercise, answers if only else {**REFERENCE, **answers}, hidden=hidden)
-    found = [o for o in report.outcomes if o.check.startswith(check_prefix)]
+    found = [c.name for c in EXERCISES[exercise].checks if c.name.startswith(check_prefix)]
     assert found, f"no check of {exercise} starts with {check_prefix!r}"
-    return found[0], report
+    report = run_checks(exercise, answers if only else {**REFERENCE, **answers}, hidden=hidden,
+                        only=found[0])
+    return report.outcomes[0], report
 
 
 def _rejects(exercise: str, check_prefix: str, phrases, hidden: bool = True, only: bool = False,
@@ -418,10 +419,12 @@ def _rejects(exercise: str, check_prefix: str, phrases, hidden: bool = True, onl
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("exercise", ["ring_naive", "ring_allreduce", "ring_timing",
                                       "rd_allreduce", "ring_crossover"])
-def test_reference_passes_every_check(exercise, no_leftovers):
-    report = run_checks(exercise, REFERENCE, hidden=True)
+def test_reference_passes_visible_checks(exercise, no_leftovers):
+    # The hidden checks of the solved notebook run under nbval (test.sh, strict): here the
+    # reference only has to pass what the wrong answers below are compared against.
+    report = run_checks(exercise, REFERENCE, hidden=False)
     assert report.passed, report.text()
-    assert all(o.status == "pass" for o in report.outcomes), report.text()
+    assert all(o.status in ("pass", "skip") for o in report.outcomes), report.text()
 
 
 def test_crossover_reference_is_the_models_crossing():
@@ -471,9 +474,11 @@ def test_dist_all_reduce_is_refused(no_leftovers):
 
 @pytest.mark.timeout(120)
 def test_blocking_send_cycle_times_out_naming_ranks_and_ops(no_leftovers):
-    o, report = _outcome("ring_allreduce", "sum on 2, 3 and 4", hidden=False,
-                         ring_allreduce=ring_blocking_deadlock)
-    assert o.status == "fail"
+    # The whole exercise, not one check: the later checks must not wait for it again.
+    report = run_checks("ring_allreduce", {**REFERENCE, "ring_allreduce": ring_blocking_deadlock},
+                        hidden=False)
+    o = report.outcomes[0]
+    assert o.check.startswith("sum on 2, 3 and 4") and o.status == "fail"
     for phrase in ("timed out", "rank 0 in dist.send to rank 1 (blocking)",
                    "rank 1 in dist.send to rank 0 (blocking)", "a cycle", "dist.irecv"):
         assert phrase in o.message, o.message
