@@ -154,8 +154,7 @@ def test_builder_turns_solution_blocks_into_todos_and_marks_graded_cells(toy):
     assert "Because." not in md.source and "_Your answer here._" in md.source
     assert "the secret" not in code.source and "return total" not in code.source
     assert "    # TODO: return the sum of a and b" in code.source
-    assert code.source.rstrip().endswith('    raise NotImplementedError("99_toy-answer-1: your '
-                                         'code here")')
+    assert code.source.rstrip().endswith('    raise NotImplementedError("add is not written yet")')
     assert code.outputs == [] and nb.cells[1].outputs  # the solution keeps its outputs
     assert code.metadata["nbgrader"]["solution"] is True
     assert graded.metadata["nbgrader"] == {

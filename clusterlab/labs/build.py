@@ -50,7 +50,22 @@ def _blocks(lines: list[str], where: str) -> list[tuple[int, int]]:
     return out
 
 
-def _strip_code(source: str, todo_name: str, where: str) -> str:
+DEF = re.compile(r"^(\s*)(?:async\s+)?(def|class)\s+(\w+)")
+
+
+def _enclosing(lines: list[str], begin: int) -> str | None:
+    """'Class.method' or 'function' whose body holds line `begin` (None at top level)."""
+    depth = len(lines[begin]) - len(lines[begin].lstrip())
+    names = []
+    for line in reversed(lines[:begin]):
+        m = DEF.match(line)
+        if m and len(m.group(1)) < depth:
+            names.append(m.group(3))
+            depth = len(m.group(1))
+    return ".".join(reversed(names)) or None
+
+
+def _strip_code(source: str, cell_id: str, where: str) -> str:
     lines = source.split("\n")
     blocks = _blocks(lines, where)
     out, last = [], 0
@@ -59,7 +74,9 @@ def _strip_code(source: str, todo_name: str, where: str) -> str:
         indent = re.match(r"\s*", lines[begin]).group(0)
         tasks = [TASK.match(x) for x in lines[begin + 1 : end]]
         out += [f"{m.group(1)}# TODO: {m.group(2)}" for m in tasks if m]
-        out.append(f'{indent}raise NotImplementedError("{todo_name}")')
+        name = _enclosing(lines, begin)
+        todo = f"{name} is not written yet" if name else f"cell {cell_id}: your code here"
+        out.append(f'{indent}raise NotImplementedError("{todo}")')
         last = end + 1
     out += lines[last:]
     return "\n".join(out)
@@ -129,7 +146,7 @@ def to_lab(solved: nbformat.NotebookNode, lab_id: str) -> nbformat.NotebookNode:
         where = f"{lab_id} cell {i}"
         if BEGIN in cell.source:
             if cell.cell_type == "code":
-                cell.source = _strip_code(cell.source, f"{cell['id']}: your code here", where)
+                cell.source = _strip_code(cell.source, cell["id"], where)
             else:
                 cell.source = _strip_markdown(cell.source, where)
         if cell.cell_type == "code":

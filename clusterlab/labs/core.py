@@ -330,8 +330,8 @@ def run_checks(exercise: str, namespace: dict, *, hidden: bool | None = None,
             detail = c.fn(ctx)
             status, message = "pass", detail or ""
         except NotDone as exc:
-            todo = f"{NOT_DONE}: {shorten(str(exc))}" if str(exc) else NOT_DONE
-            todo += " - replace the `raise NotImplementedError` in the TODO cell with your code"
+            todo = f"{NOT_DONE} ({shorten(str(exc))})" if str(exc) else NOT_DONE
+            todo += ": replace the `raise NotImplementedError` in its TODO cell with your code"
             status, message = "todo", todo
         except Fail as exc:
             status, message = "fail", str(exc)

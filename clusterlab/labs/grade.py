@@ -247,12 +247,16 @@ def table(rows: list[dict]) -> str:
             tag = ", hidden" if c.hidden else ""
             out.append(f"    c{i + 1} {ex.id}: {c.name} ({c.points} pt{tag})")
         lost = [(r, c) for r in lab_rows for c in r["checks"] if c["status"] != "pass"]
-        if lost:
+        if lost:  # one line per learner and reason: ten unwritten checks are one line
             out.append("  why points were lost:")
+            reasons: dict[tuple[str, str, str], list[str]] = {}
             for r, c in lost:
                 i = next(k for k, (ex, ch) in enumerate(checks)
                          if ex.id == c["exercise"] and ch.name == c["check"])
-                out.append(f"    {r['learner']} c{i + 1} [{c['status']}]: {c['message']}")
+                key = (r["learner"], c["status"], c["message"])
+                reasons.setdefault(key, []).append(f"c{i + 1}")
+            for (learner, status, message), cols in reasons.items():
+                out.append(f"    {learner} {','.join(cols)} [{status}]: {message}")
         for r in lab_rows:
             if r["note"]:
                 out.append(f"  note for {r['learner']}: {r['note']}")
