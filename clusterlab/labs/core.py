@@ -37,6 +37,7 @@ import re
 import sys
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -193,6 +194,25 @@ class Context:
             where = learner_line(traceback.format_exc())
             raise Fail(f"{getattr(fn, '__name__', 'your code')} raised "
                        f"{type(exc).__name__}: {shorten(str(exc))}{where}") from None
+
+
+# Learner functions already found wrong (or deadlocked) in this kernel, with the message:
+# later checks can say so at once instead of waiting for the same timeout again. Weak keys:
+# an edited cell defines a new function, which is judged afresh.
+_FAILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def remember_failure(fn, message: str) -> None:
+    with contextlib.suppress(TypeError):  # not weak-referenceable: nothing to remember
+        _FAILED[fn] = message
+
+
+def earlier_failure(fn) -> str | None:
+    """The message of fn's earlier failure in this kernel, if any."""
+    try:
+        return _FAILED.get(fn)
+    except TypeError:
+        return None
 
 
 def shorten(text: str, limit: int = 300) -> str:
@@ -388,10 +408,14 @@ def hint(exercise: str) -> None:
 
 
 @contextlib.contextmanager
-def temp_env(**values: str):
-    """Set environment variables for a block (the grader's kernels inherit them)."""
+def temp_env(**values: str | None):
+    """Set (None: unset) environment variables for a block; the grader's kernels inherit them."""
     old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     try:
         yield
     finally:

@@ -158,14 +158,9 @@ def grade_one(path: Path, learner: str, *, timeout: float, seed: int) -> dict:
     fd, log = tempfile.mkstemp(prefix="clusterlab-grade-", suffix=".jsonl")
     os.close(fd)
     try:
-        env = {ENV_LOG: log, ENV_HIDDEN: "1", ENV_SEED: str(seed), ENV_STRICT: "0"}
-        saved_nbgrader = os.environ.pop("NBGRADER_EXECUTION", None)
-        try:
-            with temp_env(**env):
-                run = execute(path, timeout=timeout)
-        finally:
-            if saved_nbgrader is not None:
-                os.environ["NBGRADER_EXECUTION"] = saved_nbgrader
+        with temp_env(**{ENV_LOG: log, ENV_HIDDEN: "1", ENV_SEED: str(seed), ENV_STRICT: "0",
+                         "NBGRADER_EXECUTION": None}):
+            run = execute(path, timeout=timeout)
         with open(log) as f:
             logged = [json.loads(line) for line in f if line.strip()]
     finally:

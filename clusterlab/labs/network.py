@@ -18,16 +18,14 @@ per second (netem's `rate` is in bits per second: 100mbit = 12.5e6 bytes/s).
 
 from __future__ import annotations
 
-import contextlib
 import math
-import weakref
 
 import numpy as np
 
 from .. import models
 from ..netem import Netem
 from ..tables import DIST_SCALE, table
-from .core import Fail, Lab, NotDone
+from .core import Fail, Lab, NotDone, earlier_failure, remember_failure
 
 LAB = Lab("01_measure_a_network", "Measure a network: ping-pong, a size sweep and the α-β fit",
           follows="01_nic_latency_jitter")
@@ -129,16 +127,12 @@ def _traced(fn, *args):
     return {"out": out, "seconds": seconds, "sent": sent}
 
 
-# Learner functions already found to deadlock: the other checks of the exercise say so at
-# once instead of waiting for the same timeout again (weak keys: an edited cell is a new one).
-_DEADLOCKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _run(ctx, cl, fn, *args) -> list:
-    """ctx.run(cl, _traced, fn, ...), with a ping-pong's usual deadlock explained."""
-    with contextlib.suppress(TypeError):  # (a callable that cannot be weakly referenced)
-        if fn in _DEADLOCKED:
-            raise Fail(_DEADLOCKED[fn] + " (found by an earlier check: not run again)")
+    """ctx.run(cl, _traced, fn, ...), with a ping-pong's usual deadlock explained (and not
+    waited for again by the exercise's later checks)."""
+    earlier = earlier_failure(fn)
+    if earlier is not None:
+        raise Fail(earlier + " (found by an earlier check: not run again)")
     try:
         return ctx.run(cl, _traced, fn, *args)
     except Fail as exc:
@@ -146,8 +140,7 @@ def _run(ctx, cl, fn, *args) -> list:
             message = (f"{exc} In a ping-pong, rank 0 sends and then waits in recv for the "
                        "echo; rank 1 must recv each ping and send it straight back to rank 0, "
                        "as many times as rank 0 pings.")
-            with contextlib.suppress(TypeError):
-                _DEADLOCKED[fn] = message
+            remember_failure(fn, message)
             raise Fail(message) from None
         raise
 

@@ -32,11 +32,9 @@ interleaved pairs, reported as a median with its samples).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import multiprocessing as mp
 import os
 import signal
-import sys
 import time
 import traceback
 from multiprocessing.connection import wait as wait_any
@@ -44,6 +42,7 @@ from multiprocessing.connection import wait as wait_any
 import numpy as np
 import torch
 
+from ..cluster import _die_with_parent, _kill
 from .core import Fail, Lab, NotDone, learner_line, shorten
 
 LAB = Lab("06_safe_lock_free", "Races: make lock-free updates safe, and measure the price",
@@ -121,10 +120,8 @@ def _shared(shape, dtype) -> np.ndarray:
     return t.numpy()
 
 
-def _die_with_parent(parent: int) -> None:
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+def _start_worker(parent: int) -> None:
+    _die_with_parent()  # the launcher's PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the parent died before we could ask to die with it
         os._exit(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt stops
@@ -174,24 +171,9 @@ class Stalled(TimeoutError):
     """No update finished for `stall` seconds; the message names each worker's state."""
 
 
-def _kill(procs) -> None:
-    for p in procs:
-        if p.is_alive():
-            with contextlib.suppress(Exception):
-                p.terminate()
-    deadline = time.monotonic() + 0.5
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            with contextlib.suppress(Exception):
-                p.kill()
-            p.join(1.0)
-
-
 def _child(w, body, args, conn, parent):
     """Every worker's entry point: run body, report to the parent, never run its atexit."""
-    _die_with_parent(parent)
+    _start_worker(parent)
     try:
         conn.send(("ok", body(w, *args)))
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent

@@ -24,16 +24,14 @@ index, chunks that assume p divides n, an average not divided by p (or divided t
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 import statistics
-import weakref
 
 import numpy as np
 
 from .. import models
-from .core import Fail, Lab, shorten
+from .core import Fail, Lab, earlier_failure, remember_failure, shorten
 
 LAB = Lab("02_ring_allreduce", "Ring all-reduce from point-to-point",
           follows="02_allreduce_and_topology")
@@ -366,18 +364,10 @@ def _explain(kind: str, p: int, n: int, op: str, ys: list[np.ndarray]) -> str | 
 
 # --- checks' building blocks -------------------------------------------------------------------
 
-# Functions whose correctness failed in this kernel: later checks of the same function say
-# so at once instead of timing a wrong answer (or waiting for the same deadlock again).
-_FAILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _remember(fn, message: str) -> None:
-    with contextlib.suppress(TypeError):  # not weak-referenceable: nothing to remember
-        _FAILED[fn] = message
-
-
 def _earlier_failure(fn, name: str, timing: bool) -> None:
-    msg = _FAILED.get(fn) if _weakable(fn) else None
+    """Later checks of a function whose correctness failed say so at once instead of timing
+    a wrong answer (or waiting for the same deadlock again)."""
+    msg = earlier_failure(fn)
     if msg is None:
         return
     if timing:
@@ -385,14 +375,6 @@ def _earlier_failure(fn, name: str, timing: bool) -> None:
                    f"what the check above says first ({shorten(msg, 160)})")
     if "timed out" in msg:
         raise Fail(f"not run again: it deadlocked in an earlier check ({shorten(msg, 400)})")
-
-
-def _weakable(fn) -> bool:
-    try:
-        weakref.ref(fn)
-        return True
-    except TypeError:
-        return False
 
 
 _STUCK = re.compile(r"rank (\d+) in (?:wait\(\) on i(send|recv) (?:to|from) rank (\d+)|"
@@ -436,7 +418,7 @@ def _run_cases(ctx, fn, name: str, kind: str, p: int, cases: list[dict]) -> list
                 msg += (" - a rank aborted inside Gloo: most often a receive whose buffer "
                         "has another number of elements than the message sent to it (the "
                         "peers disagree on a chunk's bounds or on which chunk travels)")
-            _remember(fn, msg)
+            remember_failure(fn, msg)
             raise Fail(msg) from None
 
 
@@ -472,7 +454,7 @@ def _verify(ctx, name: str, kind: str, plan: list[tuple[int, int, str, str]],
                            "(torch.empty_like(chunk), not torch.empty(k))?")
             msg = (f"{name}(op={case['op']!r}) on p = {p} ranks, n = {case['n']} "
                    f"{case['dtype']} elements: {problem}; {why}")
-            _remember(fn, msg)
+            remember_failure(fn, msg)
             raise Fail(msg)
     worlds = sorted({c[0] for c in plan})
     return f"exact on {len(plan)} cases, p = {', '.join(map(str, worlds))}"
