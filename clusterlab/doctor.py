@@ -1,10 +1,11 @@
 """`clusterlab doctor`: is this machine ready, and how precise can the emulation be here?
 
 It reports versions, cores and memory, the process start method, the timer's overshoot
-(how late a sleep wakes up), the native one-way latency of a Gloo message between two ranks
-(the floor below which no delay can be emulated), and whether kernel shaping is available
-(network namespaces, the netem and tbf qdiscs), checked in a throwaway namespace that is
-always removed.
+(how late a sleep wakes up), the native one-way latency of a Gloo message between two ranks,
+the smallest delay emulated faithfully (measured through the "netem" backend and judged as
+the fidelity bench judges a median delay), the late tail this machine adds to it, and
+whether kernel shaping is available (network namespaces, the netem and tbf qdiscs), checked
+in a throwaway namespace that is always removed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ import uuid
 import numpy as np
 
 from . import clock
+
+# A delay is emulated faithfully when the median one-way delay that ranks measure is within
+# this fraction of the configured one (the fidelity bench's target for its delay rows).
+MEDIAN_DELAY_TOLERANCE = 0.02
+FLOOR_CANDIDATES_US = (50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
 
 def timer_overshoot_us(samples: int = 200, sleep_us: float = 1000) -> dict:
@@ -64,6 +70,41 @@ def native_latency_us(iterations: int = 200) -> dict:
         samples = np.array(cl.run(_one_way, iterations)[1])
     return {"p50": float(np.percentile(samples, 50)), "p99": float(np.percentile(samples, 99)),
             "samples": iterations}
+
+
+def faithful_floor(*, samples: int = 80, candidates=FLOOR_CANDIDATES_US) -> dict:
+    """The smallest configured delay that this machine emulates faithfully, right now.
+
+    For each candidate (ascending) two ranks ping-pong `samples` times through the "netem"
+    backend with `nic="delay <d>us"`; the first whose median one-way delay is within
+    MEDIAN_DELAY_TOLERANCE of d is the floor. Below it the machine's own latency and
+    wake-ups show through: dilate (`dilation_needed`). Also returns what the machine adds at
+    that delay (p99 of measured - configured, from `samples` pings: with a busy machine it is
+    milliseconds, whatever the delay) and every candidate tried.
+    """
+    from .cluster import Cluster
+
+    tried = []
+    for delay_us in candidates:
+        with Cluster(nodes=2, nic=f"delay {delay_us}us", timeout=60) as cl:
+            late = np.array(cl.run(_one_way, samples)[1]) - delay_us
+        row = {"delay_us": float(delay_us), "median_error_us": float(np.median(late)),
+               "p99_error_us": float(np.percentile(late, 99)), "samples": samples}
+        tried.append(row)
+        if abs(row["median_error_us"]) <= MEDIAN_DELAY_TOLERANCE * delay_us:
+            return {"smallest_faithful_delay_us": float(delay_us),
+                    "added_p99_us": row["p99_error_us"], "samples": samples, "tried": tried}
+    return {"smallest_faithful_delay_us": None, "added_p99_us": tried[-1]["p99_error_us"],
+            "samples": samples, "tried": tried}
+
+
+def dilation_needed(delay_us: float, *, floor_us: float | None) -> int:
+    """The smallest whole dilation k >= 1 at which `delay_us` x k reaches the faithful floor."""
+    if delay_us <= 0:
+        raise ValueError(f"delay_us must be > 0, got {delay_us!r}")
+    if floor_us is None:
+        raise ValueError("no delay was emulated faithfully on this machine: it is too busy")
+    return max(1, int(np.ceil(floor_us / delay_us - 1e-9)))
 
 
 def kernel_shaping() -> dict:
@@ -121,11 +162,11 @@ def collect(with_latency: bool = True) -> dict:
         "timer_overshoot_us": timer_overshoot_us(),
     }
     if with_latency:
-        lat = native_latency_us()
-        info["native_one_way_us"] = lat
-        # A configured delay below what the machine itself adds cannot be honoured.
-        floor = max(lat["p99"], lat["p50"] + info["timer_overshoot_us"]["p99"])
-        info["smallest_faithful_delay_us"] = float(np.ceil(floor / 10) * 10)
+        info["native_one_way_us"] = native_latency_us()
+        floor = faithful_floor()
+        info["smallest_faithful_delay_us"] = floor["smallest_faithful_delay_us"]
+        info["added_p99_us"] = floor["added_p99_us"]
+        info["faithful_floor"] = floor
     info["kernel_shaping"] = kernel_shaping()
     return info
 
@@ -161,8 +202,16 @@ def report(info: dict) -> str:
         lat = info["native_one_way_us"]
         lines.append(f"native Gloo one-way latency: p50 {lat['p50']:.0f} us, "
                      f"p99 {lat['p99']:.0f} us")
-        lines.append(f"smallest delay emulated faithfully here: about "
-                     f"{info['smallest_faithful_delay_us']:.0f} us (use dilation for less)")
+        floor, pct = info["smallest_faithful_delay_us"], round(MEDIAN_DELAY_TOLERANCE * 100)
+        samples = info["faithful_floor"]["samples"]
+        if floor is None:
+            lines.append(f"no delay up to {FLOOR_CANDIDATES_US[-1]} us had its median within "
+                         f"{pct}% (the machine is busy): emulate with dilation")
+        else:
+            lines.append(f"smallest delay emulated faithfully here: {floor:.0f} us (median within "
+                         f"{pct}% over {samples} pings; use dilation for less)")
+        lines.append(f"late tail this machine adds: p99 {info['added_p99_us']:.0f} us over "
+                     f"{samples} pings (load and wake-ups, not the network)")
     k = info["kernel_shaping"]
     shaping = ", ".join(f"{key} {'yes' if k[key] else 'no'}" for key in ("root", "netns", "netem",
                                                                          "tbf"))

@@ -21,11 +21,31 @@ def test_doctor_reports_the_machine_and_leaves_no_namespace():
     info = json.loads(out.stdout)
     assert info["cores"] >= 1 and info["gloo"] is True
     assert info["timer_overshoot_us"]["p50"] >= 0
-    assert info["smallest_faithful_delay_us"] >= info["native_one_way_us"]["p50"]
+    # The floor is the first candidate delay whose median was within the tolerance.
+    from clusterlab.doctor import MEDIAN_DELAY_TOLERANCE
+
+    tried = info["faithful_floor"]["tried"]
+    ok = [abs(r["median_error_us"]) <= MEDIAN_DELAY_TOLERANCE * r["delay_us"] for r in tried]
+    assert not any(ok[:-1])
+    assert (info["smallest_faithful_delay_us"] == tried[-1]["delay_us"]) == ok[-1]
+    assert info["added_p99_us"] == tried[-1]["p99_error_us"]
     assert set(info["kernel_shaping"]) >= {"root", "netns", "netem", "tbf"}
     if shutil.which("ip"):
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert "clusterlab-doctor" not in names
+
+
+def test_dilation_needed_reaches_the_floor_with_a_whole_factor():
+    from clusterlab.doctor import dilation_needed
+
+    assert dilation_needed(2000, floor_us=500) == 1
+    assert dilation_needed(2000, floor_us=2000) == 1
+    assert dilation_needed(2000, floor_us=5000) == 3
+    assert dilation_needed(100, floor_us=10000) == 100
+    with pytest.raises(ValueError, match="busy"):
+        dilation_needed(100, floor_us=None)
+    with pytest.raises(ValueError, match="delay_us"):
+        dilation_needed(0, floor_us=100)
 
 
 def test_bench_writes_rows_and_checks(tmp_path):

@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import clock
 from ..cluster import Cluster
+from ..doctor import MEDIAN_DELAY_TOLERANCE
 from ..link import sample_delay_ns
 from ..netem import Netem
 from ..tables import DIST_SCALE, table
@@ -168,7 +169,7 @@ def fidelity(quick: bool = False) -> dict:
             d = np.concatenate(per_rank) / 1e6
             med = float(np.median(d))
             err = abs(med - delay_ms)
-            tol = max(0.02 * delay_ms, 0.1)
+            tol = max(MEDIAN_DELAY_TOLERANCE * delay_ms, 0.1)
             rows.append({"kind": "delay", "ranks": world, "nic": spec, "samples_ms": d.tolist()})
             checks.append(check(f"median one-way delay, {world} ranks, {spec}",
                                 f"within {tol:.2f} ms of {delay_ms} ms", round(med, 4),
