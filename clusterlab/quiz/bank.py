@@ -53,6 +53,10 @@ KINDS = ("choice", "numeric", "open")
 PASS_SCORE = 0.75  # an open question counts as known when >= 75% of its key points are ticked
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z][A-Za-z0-9_]*)(?::([^{}]+))?\}")
+# {name?shown if name > 0|shown otherwise}: a sentence that states a comparison follows the
+# drawn numbers. The branches may hold plain placeholders, not further conditionals.
+_BRANCH = r"(?:[^{}|]|\{[A-Za-z][A-Za-z0-9_]*(?::[^{}]+)?\})*"
+_CONDITIONAL = re.compile(r"\{([A-Za-z][A-Za-z0-9_]*)\?(" + _BRANCH + r")\|(" + _BRANCH + r")\}")
 
 
 class BankError(ValueError):
@@ -151,14 +155,18 @@ class Instance:
         return self.env.get("answer")
 
     def fill(self, template: str, lang: str) -> str:
-        """`template` with {name} / {name:spec} replaced by this draw's numbers."""
+        """`template` with {name?yes|no} resolved (yes when the value is > 0), then {name} /
+        {name:spec} replaced by this draw's numbers."""
         if not self.env:
             return template
+
+        def choose(m: re.Match[str]) -> str:
+            return m.group(2) if self.env[m.group(1)] > 0 else m.group(3)
 
         def sub(m: re.Match[str]) -> str:
             return fmt(self.env[m.group(1)], lang, m.group(2))
 
-        return _PLACEHOLDER.sub(sub, template)
+        return _PLACEHOLDER.sub(sub, _CONDITIONAL.sub(choose, template))
 
     def text(self, lang: str) -> str:
         return self.fill(self.question.text(lang), lang)
@@ -182,6 +190,11 @@ class Instance:
 
     def model_answer(self, lang: str) -> str:
         return self.question.raw["model_answer"][lang]
+
+    def answer_more(self, lang: str) -> str | None:
+        """The longer answer behind the "More" fold, if the question has one."""
+        more = self.question.raw.get("answer_more")
+        return more[lang] if more else None
 
     def checklist(self, lang: str) -> list[str]:
         return [item[lang] for item in self.question.raw.get("checklist", [])]
@@ -423,6 +436,11 @@ def _check_numeric(where: str, q: Mapping[str, Any], trial_draws: int) -> list[s
     known |= {"result", "answer"}
     for lang in LANGS:
         for part, template in (("text", q["text"][lang]), ("solution", q["solution"][lang])):
+            for m in _CONDITIONAL.finditer(template):
+                if m.group(1) not in known:
+                    problems.append(f"{where}: {part}.{lang} uses unknown {{{m.group(1)}?}}")
+            if re.search(r"\{[A-Za-z][A-Za-z0-9_]*\?", _CONDITIONAL.sub("", template)):
+                problems.append(f"{where}: {part}.{lang} has a malformed {{name?yes|no}}")
             for m in _PLACEHOLDER.finditer(template):
                 if m.group(1) not in known:
                     problems.append(f"{where}: {part}.{lang} uses unknown {{{m.group(1)}}}")

@@ -69,6 +69,7 @@ STRINGS: dict[str, dict[str, str]] = {
     "solution": {"en": "Worked solution", "ru": "Решение"},
     "model_answer": {"en": "Model answer", "ru": "Эталонный ответ"},
     "key_points": {"en": "Key points", "ru": "Ключевые пункты"},
+    "more": {"en": "More", "ru": "Подробнее"},
     "covered": {"en": "You covered {k} of {n} key points.", "ru": "Вы назвали {k} из {n} пунктов."},
     "review": {"en": "Review: {link}", "ru": "Повторить: {link}"},
     "not_a_number": {

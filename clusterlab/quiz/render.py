@@ -3,7 +3,8 @@
 The terminal, the widget and the widget's text fallback all show the same content; only the
 markup differs. A block is (kind, text) with kind one of:
 ``h`` heading, ``p`` paragraph, ``li`` list item, ``ok`` / ``bad`` list item marked right or
-wrong, ``note`` a muted remark.
+wrong, ``note`` a muted remark, ``more`` a folded longer text (its label, a blank line, then
+paragraphs separated by blank lines): a collapsed <details> in HTML, a labelled section in text.
 """
 
 from __future__ import annotations
@@ -33,6 +34,16 @@ def clock(seconds: float) -> str:
 
 def link_text(bank: Bank, link: dict[str, str]) -> str:
     return bank.section_title(link)
+
+
+def answer_blocks(inst: Instance, lang: str) -> list[Block]:
+    """An open question's model answer (spoken length), and its longer version folded."""
+    blocks: list[Block] = [("h", t("model_answer", lang))]
+    blocks += [("p", para) for para in inst.model_answer(lang).split("\n\n")]
+    more = inst.answer_more(lang)
+    if more:
+        blocks.append(("more", f"{t('more', lang)}\n\n{more}"))
+    return blocks
 
 
 def question_blocks(
@@ -95,8 +106,7 @@ def feedback_blocks(
         blocks += [("p", para) for para in inst.solution(lang).split("\n\n")]
     else:
         if model_answer:
-            blocks.append(("h", t("model_answer", lang)))
-            blocks += [("p", para) for para in inst.model_answer(lang).split("\n\n")]
+            blocks += answer_blocks(inst, lang)
         blocks.append(("h", t("key_points", lang)))
         ticked = grade.selected
         for i, point in enumerate(inst.checklist(lang)):
@@ -110,8 +120,7 @@ def feedback_blocks(
 
 def open_reveal_blocks(inst: Instance, lang: str) -> list[Block]:
     """An open question's model answer and numbered key points, before self-grading."""
-    blocks: list[Block] = [("h", t("model_answer", lang))]
-    blocks += [("p", para) for para in inst.model_answer(lang).split("\n\n")]
+    blocks = answer_blocks(inst, lang)
     blocks.append(("h", t("key_points", lang)))
     blocks += [("li", f"{i + 1}. {p}") for i, p in enumerate(inst.checklist(lang))]
     return blocks
@@ -161,6 +170,14 @@ def to_text(blocks: list[Block], width: int = 100) -> str:
     out: list[str] = []
     previous = ""
     for kind, text in blocks:
+        if kind == "more":
+            label, _, body = text.partition("\n\n")
+            out += ["", f"{label}:"]
+            for para in body.split("\n\n"):
+                out += [textwrap.fill(line, width) for line in para.split("\n")] + [""]
+            out.pop()
+            previous = "p"
+            continue
         if kind == "h":
             out += ["", text, "-" * min(len(text), width)]
             previous = kind
@@ -201,7 +218,18 @@ def inline_html(text: str) -> str:
     return "<br>".join(lines)
 
 
+def _block_html(kind: str, text: str) -> str:
+    if kind == "more":
+        label, _, body = text.partition("\n\n")
+        paras = "".join(
+            f"<div style='{_STYLE['p']}'>{inline_html(p)}</div>" for p in body.split("\n\n")
+        )
+        return (
+            f"<details style='margin:0.3em 0'><summary style='cursor:pointer'>"
+            f"{html.escape(label)}</summary>{paras}</details>"
+        )
+    return f"<div style='{_STYLE[kind]}'>{inline_html(text)}</div>"
+
+
 def to_html(blocks: list[Block]) -> str:
-    return "".join(
-        f"<div style='{_STYLE[kind]}'>{inline_html(text)}</div>" for kind, text in blocks
-    )
+    return "".join(_block_html(kind, text) for kind, text in blocks)
