@@ -33,6 +33,37 @@ def test_configured_delays_match_the_netem_quantiles():
     assert 3.0 <= u.min() < 3.01 and 4.99 < u.max() < 5.0
 
 
+def test_quantile_ci_covers_the_true_quantile_and_says_when_it_cannot_bound_it():
+    rng = np.random.default_rng(0)
+    hits = 0
+    for _ in range(400):  # uniform on [0, 1): the true median is 0.5
+        ci = links.quantile_ci(rng.random(101), 0.5)
+        assert ci["lower"] <= ci["estimate"] <= ci["upper"]
+        hits += ci["lower"] <= 0.5 <= ci["upper"]
+    assert hits / 400 >= 0.92  # a 95 % interval (conservative for a discrete law)
+    # 200 draws cannot bound a p99 from above (P(all 200 below it) = 0.99^200 = 13 %) ...
+    assert links.quantile_ci(rng.random(200), 0.99)["upper"] == np.inf
+    # ... 400 can
+    assert links.quantile_ci(rng.random(400), 0.99)["upper"] < 1
+
+
+def test_tail_split_and_slowest_of_separate_the_machine_from_the_network():
+    rng = np.random.default_rng(1)
+    network = links.configured_delays("delay 4ms 1ms")[rng.integers(0, 4096, 300)]
+    noise = rng.exponential(0.05, 300)
+    result = {"nic": "delay 4ms 1ms", "one_way_ms": network + noise, "emulated_ms": network,
+              "noise_ms": noise}
+    t = links.tail_split(result)
+    assert t["n"] == 300 and t["machine_extra"] >= 0
+    assert t["network"] == pytest.approx(np.percentile(network, 99))
+    assert t["network_tail"] == pytest.approx(t["network"] - 4.0)
+    assert t["reach"] < 5.0 and t["beyond_network"] == int((network + noise > t["reach"]).sum())
+    s = links.slowest_of(result["one_way_ms"], [1, 8, 64], paired=network)
+    assert np.all(s["mean"] >= s["paired"])  # the same draws, each lengthened by its noise
+    assert np.all(np.diff(s["mean"]) > 0)  # the slowest of more is slower
+    assert s["paired"][-1] == pytest.approx(4 + models.expected_max(64, "uniform", 1.0), abs=0.1)
+
+
 def test_gradient_tensors_describe_the_model():
     model = basics.make_model((8, 16, 4))
     assert basics.gradient_tensors((8, 16, 4)) == [p.numel() * 4 for p in model.parameters()]
@@ -86,7 +117,9 @@ def test_noise_floor_is_measured():
     assert 0 < floor["percentiles"]["p1"] <= floor["percentiles"]["p50"] <= floor["percentiles"][
         "p99"]
     assert floor["timer_overshoot_us"]["p50"] >= 0
-    assert floor["smallest_faithful_delay_ms"] >= floor["percentiles"]["p50"]
+    faithful = floor["smallest_faithful_delay_ms"]
+    assert faithful is None or faithful >= floor["percentiles"]["p50"]
+    assert floor["added_p99_ms"] >= 0  # a message is never early
 
 
 def test_one_way_delay_never_beats_the_network_and_jitter_raises_the_tail():

@@ -26,6 +26,8 @@ noise cannot fake.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import doctor, models
@@ -50,6 +52,87 @@ def percentiles(samples_ms, qs=PERCENTILES) -> dict:
     a = np.asarray(samples_ms, dtype=float)
     out = {f"p{q:g}": float(np.percentile(a, q)) for q in qs}
     out.update(mean=float(a.mean()), std=float(a.std()), min=float(a.min()), max=float(a.max()))
+    return out
+
+
+def _binomial_cdf(k: int, n: int, q: float) -> float:
+    """P(B <= k) for B ~ Binomial(n, q), in log space (no scipy: it is optional here)."""
+    if k < 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    i = np.arange(k + 1)
+    logs = (math.lgamma(n + 1) - np.array([math.lgamma(j + 1) + math.lgamma(n - j + 1) for j in i])
+            + i * math.log(q) + (n - i) * math.log1p(-q))
+    return float(np.exp(logs).sum())
+
+
+def quantile_ci(samples, q: float, confidence: float = 0.95) -> dict:
+    """A distribution-free confidence interval for the q-quantile (0 < q < 1) of a sample.
+
+    The interval is [x_(l), x_(u)] between two order statistics, with l and u chosen so that
+    the number B of samples below the true quantile, B ~ Binomial(n, q), falls in [l, u - 1]
+    with probability >= `confidence` (the classic order-statistic interval). It assumes only
+    independent draws. When u would be beyond the largest sample, the sample cannot bound the
+    quantile from above: `upper` is then inf (for n = 200 that is the case for the p99, since
+    all 200 draws fall below the true p99 with probability 0.99^200 = 13 %).
+
+    Returns {"n", "estimate" (np.percentile), "lower", "upper"}.
+    """
+    a = np.sort(np.asarray(samples, dtype=float))
+    n, tail = len(a), (1 - confidence) / 2
+    lower_rank = next(k for k in range(n + 1) if _binomial_cdf(k, n, q) >= tail)  # 1-based l
+    upper_rank = next(k for k in range(n + 1) if _binomial_cdf(k, n, q) >= 1 - tail) + 1
+    return {"n": n, "estimate": float(np.percentile(a, 100 * q)),
+            "lower": float(a[lower_rank - 1]) if lower_rank >= 1 else -math.inf,
+            "upper": float(a[upper_rank - 1]) if upper_rank <= n else math.inf}
+
+
+def tail_split(result: dict, q: float = 0.99, confidence: float = 0.95) -> dict:
+    """Which part of a `ping_pong` result's q-tail is the network's and which this machine's.
+
+    Every ping's delay is the network's own draw (`emulated_ms`, replayed from the seed) plus
+    what this machine added (`noise_ms` >= 0), so the measured q-quantile can only be at or
+    above the network's. Returns (ms) n, measured (the q-quantile with `quantile_ci`'s
+    interval: measured_ci), network (the q-quantile of the network's draws for these pings),
+    network_tail (network - the configured delay: what the jitter puts on top of the
+    delay), machine_extra (measured - network: what this machine put on top of the network
+    at that quantile), noise (the q-quantile of the machine's noise alone), and beyond_network:
+    how many pings were later than the largest delay the configured distribution can draw
+    (only this machine can have made them that late).
+    """
+    spec = _spec(result["nic"])
+    measured = quantile_ci(result["one_way_ms"], q, confidence)
+    network = float(np.percentile(result["emulated_ms"], 100 * q))
+    reach = float(configured_delays(spec).max())
+    return {"n": measured["n"], "measured": measured["estimate"],
+            "measured_ci": (measured["lower"], measured["upper"]), "network": network,
+            "network_tail": network - spec.delay_ns / 1e6,
+            "machine_extra": measured["estimate"] - network,
+            "noise": float(np.percentile(result["noise_ms"], 100 * q)),
+            "reach": reach, "beyond_network": int((result["one_way_ms"] > reach + 1e-6).sum())}
+
+
+def slowest_of(samples_ms, ranks, draws: int = 2000, seed: int = 0, paired=None) -> dict:
+    """Resampled "slowest of p": for every p in `ranks`, the mean over `draws` of the largest
+    of p values drawn with replacement from `samples_ms`.
+
+    This plays p ranks that each draw one delay independently from the measured
+    distribution; it is not a measurement of p ranks (a shared cause, one congested switch or
+    one slow host, would correlate real ranks' delays). With `paired` (an array of the same
+    length, e.g. the network's own draws for the same pings), the same indices are used for
+    it, so the two resamples differ only by what differs ping by ping.
+    Returns {"ranks", "mean" [p], and "paired" [p] when given}.
+    """
+    a = np.asarray(samples_ms, dtype=float)
+    rng = np.random.default_rng(seed)
+    ranks = [int(k) for k in ranks]
+    idx = [rng.integers(0, len(a), (draws, k)) for k in ranks]
+    out = {"ranks": np.array(ranks), "n": len(a),
+           "mean": np.array([a[i].max(axis=1).mean() for i in idx])}
+    if paired is not None:
+        b = np.asarray(paired, dtype=float)
+        out["paired"] = np.array([b[i].max(axis=1).mean() for i in idx])
     return out
 
 
@@ -208,16 +291,21 @@ def noise_floor(samples: int = 300, timer_samples: int = 200, seed: int = 0) -> 
 
     Returns one_way_ms (array), rtt_ms, percentiles {p1, p50, p90, p99, ...} of the one-way
     latency in ms, timer_overshoot_us (clusterlab.doctor: how late a 1 ms sleep wakes up,
-    p50 / p99 / max), and smallest_faithful_delay_ms (as `clusterlab doctor` computes it).
+    p50 / p99 / max), smallest_faithful_delay_ms and added_p99_ms (`doctor.faithful_floor`,
+    measured as `clusterlab doctor` measures them; the floor is None when no candidate
+    passed).
     """
     with Cluster(nodes=2, nic=None, seed=seed) as cl:
         out = cl.run(_ping_pong, samples)
     one_way = np.array(out[1]["one_way"]) * 1e3
     overshoot = doctor.timer_overshoot_us(timer_samples)
     pct = percentiles(one_way)
-    floor_us = max(pct["p99"] * 1e3, pct["p50"] * 1e3 + overshoot["p99"])
+    floor = doctor.faithful_floor()
+    floor_us = floor["smallest_faithful_delay_us"]
     return {"one_way_ms": one_way, "rtt_ms": np.array(out[0]["rtt"]) * 1e3, "percentiles": pct,
-            "timer_overshoot_us": overshoot, "smallest_faithful_delay_ms": floor_us / 1e3}
+            "timer_overshoot_us": overshoot,
+            "smallest_faithful_delay_ms": None if floor_us is None else floor_us / 1e3,
+            "added_p99_ms": floor["added_p99_us"] / 1e3}
 
 
 # --- (b) ping-pong and jitter ----------------------------------------------------------------
@@ -621,6 +709,9 @@ __all__ = [
     "noise_floor",
     "percentiles",
     "ping_pong",
+    "quantile_ci",
+    "slowest_of",
+    "tail_split",
     "plot_contention",
     "plot_jitter",
     "plot_loss",
