@@ -36,6 +36,7 @@ import torch.distributed as dist
 __all__ = [
     "ALGORITHMS",
     "hierarchical_allreduce",
+    "hierarchical_rail_allreduce",
     "parameter_server",
     "rabenseifner_allreduce",
     "recursive_doubling_allreduce",
@@ -150,23 +151,42 @@ def ring_allreduce(tensor: torch.Tensor) -> torch.Tensor:
 
 def _ring(x: torch.Tensor, ranks: list[int] | None = None) -> None:
     ranks = _world() if ranks is None else ranks
-    p, me = len(ranks), ranks.index(dist.get_rank())
-    if p == 1:
+    if len(ranks) == 1:
         return
-    right, left = ranks[(me + 1) % p], ranks[(me - 1) % p]
+    _ring_reduce_scatter(x, ranks)
+    _ring_allgather(x, ranks)
+
+
+def _ring_chunks(x: torch.Tensor, ranks: list[int]):
+    """(p, my position, right neighbour, left neighbour, chunk(i) -> view of block i mod p)."""
+    p, me = len(ranks), ranks.index(dist.get_rank())
     b = _bounds(x.numel(), p)
 
     def chunk(i):
         i %= p
         return x[b[i] : b[i + 1]]
 
-    incoming = torch.empty(b[1] - b[0] + (x.numel() % p > 0), dtype=x.dtype)
-    for step in range(p - 1):  # reduce-scatter
+    return p, me, ranks[(me + 1) % p], ranks[(me - 1) % p], chunk
+
+
+def _ring_reduce_scatter(x: torch.Tensor, ranks: list[int]) -> int:
+    """p-1 ring steps over `ranks`; afterwards this rank holds the full sum of block
+    (me + 1) mod p of x (the cut of `_bounds`). Returns that block's index."""
+    p, me, right, left, chunk = _ring_chunks(x, ranks)
+    incoming = torch.empty(-(-x.numel() // p), dtype=x.dtype)
+    for step in range(p - 1):
         out, into = chunk(me - step), chunk(me - step - 1)
         got = incoming[: into.numel()]
         _exchange(out, right, got, left)
         into.add_(got)
-    for step in range(p - 1):  # all-gather: received chunks are final, copy them in place
+    return (me + 1) % p
+
+
+def _ring_allgather(x: torch.Tensor, ranks: list[int]) -> None:
+    """p-1 ring steps over `ranks`, from the state `_ring_reduce_scatter` leaves: the
+    received blocks are final, so they are copied in place."""
+    p, me, right, left, chunk = _ring_chunks(x, ranks)
+    for step in range(p - 1):
         _exchange(chunk(me + 1 - step), right, chunk(me - step), left)
 
 
@@ -375,8 +395,58 @@ def _hierarchical(x: torch.Tensor, procs_per_node: int | None = None) -> None:
     _binomial_broadcast(x, local)
 
 
+def hierarchical_rail_allreduce(tensor: torch.Tensor,
+                                 procs_per_node: int | None = None) -> torch.Tensor:
+    """Rail-style hierarchical all-reduce: reduce-scatter inside each node, all-reduce of
+    each shard across nodes (per rail), all-gather inside each node.
+
+    Ranks r*P .. r*P + P-1 share node r (P = procs_per_node); the rank of local index i on
+    every node forms rail i. (1) a ring reduce-scatter inside the node cuts the tensor into
+    P shards, and local rank i ends with the node's sum of one shard, the same shard on every
+    node; (2) the N ranks of each rail ring-all-reduce that shard over the network, all P
+    rails at once; (3) a ring all-gather inside the node puts the shards back together.
+    Every rank touches the network, but each carries only 1/P of the tensor, and no stage
+    funnels a node's traffic through one leader. Intra-node cost
+    2(P-1) alpha_intra + 2((P-1)/P) n beta_intra (bandwidth-optimal, where the leader-based
+    `hierarchical_allreduce` pays 2 ceil(lg P)(alpha_intra + n beta_intra)); inter-node
+    2(N-1) alpha_inter + 2((N-1)/N)(n/P) beta_inter per rail. On a node with ONE NIC shared
+    by its P rails (as in `clusterlab.topology`), the rails' messages queue in it, and the
+    NIC carries 2((N-1)/N) n beta_inter, as the leader-based scheme's NIC does; with one NIC
+    per rail (rail-optimised clusters: GPU i of every node on NIC i and switch i), each NIC
+    carries 1/P of that.
+
+    Models: the 2D-torus all-reduce of Mikami et al., "Massively Distributed SGD:
+    ImageNet/ResNet-50 Training in a Flash", arXiv:1811.05233, 2018 (reduce-scatter,
+    all-reduce along the other dimension, all-gather); Horovod's hierarchical all-reduce
+    (HOROVOD_HIERARCHICAL_ALLREDUCE: NCCL reduce-scatter in the node, an all-reduce across
+    nodes per local rank, NCCL all-gather); the per-rail traffic of NVIDIA's rail-optimised
+    DGX SuperPOD networks. NCCL itself reaches the same traffic pattern differently: its
+    rings and trees run through every GPU of a node over NVLink and leave each node through
+    several NICs (one channel per NIC), not through one leader. Each stage costed as in
+    [TRG05].
+    """
+    return _sum_in_place(tensor, _hierarchical_rail, procs_per_node)
+
+
+def _hierarchical_rail(x: torch.Tensor, procs_per_node: int | None = None) -> None:
+    ppn = procs_per_node or _procs_per_node()
+    me, p = dist.get_rank(), dist.get_world_size()
+    if ppn < 1 or p % ppn:
+        raise ValueError(f"procs_per_node={ppn} does not divide the world size {p}")
+    node, i = divmod(me, ppn)
+    local = list(range(node * ppn, (node + 1) * ppn))
+    rail = list(range(i, p, ppn))  # local rank i of every node
+    if ppn == 1:
+        _ring(x, rail)
+        return
+    b = _bounds(x.numel(), ppn)
+    shard = _ring_reduce_scatter(x, local)  # the same shard index on every node
+    _ring(x[b[shard] : b[shard + 1]], rail)
+    _ring_allgather(x, local)
+
+
 # name -> function(tensor) -> tensor; the names match clusterlab.models / schedule where they
-# exist ("hierarchical" and "parameter_server" as in the course's tables).
+# exist ("hierarchical", "hierarchical_rail" and "parameter_server" as in the course's tables).
 ALGORITHMS = {
     "parameter_server": parameter_server,
     "ring": ring_allreduce,
@@ -384,4 +454,5 @@ ALGORITHMS = {
     "rabenseifner": rabenseifner_allreduce,
     "tree": tree_allreduce,
     "hierarchical": hierarchical_allreduce,
+    "hierarchical_rail": hierarchical_rail_allreduce,
 }

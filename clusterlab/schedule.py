@@ -39,7 +39,8 @@ RTO_MIN_NS = 200_000_000  # Linux's minimum retransmission timeout
 DUPTHRESH = 3  # duplicate ACKs that trigger a fast retransmit
 MAX_RETRANSMITS = 30
 
-ALLREDUCE_ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "tree", "hierarchical")
+ALLREDUCE_ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "tree", "hierarchical",
+                        "hierarchical_rail")
 
 
 @functools.lru_cache(maxsize=256)  # specs are frozen: called for every batch of messages
@@ -345,6 +346,8 @@ def rounds_of(coll: Collective, p: int, topology: Topology, glob: np.ndarray) ->
             yield from binomial_rounds(p, 0, n, toward_root=False)
         elif algo == "hierarchical":
             yield from hierarchical_rounds(p, n, topology, glob)
+        elif algo == "hierarchical_rail":
+            yield from hierarchical_rail_rounds(p, n, topology, glob)
         else:
             choices = ", ".join(ALLREDUCE_ALGORITHMS)
             raise ValueError(f"unknown all-reduce algorithm {algo!r}; choose from {choices}")
@@ -397,3 +400,31 @@ def hierarchical_rounds(p: int, n: int, topology: Topology, glob: np.ndarray) ->
             yield leaders, np.roll(leaders, -1), chunk
     for a, b in intra:
         yield a, b, n
+
+
+def hierarchical_rail_rounds(p: int, n: int, topology: Topology,
+                             glob: np.ndarray) -> Iterator[Round]:
+    """Rail-style two-level all-reduce (`collectives.hierarchical_rail_allreduce`): a ring
+    reduce-scatter inside each node, a ring all-reduce of each shard among the ranks of the
+    same local index on every node (all rails at once, sharing each node's NIC), a ring
+    all-gather inside each node.
+
+    A group whose nodes hold different numbers of its ranks has no rails; it replays as the
+    leader-based `hierarchical_rounds`.
+    """
+    nodes = topology.node_of
+    by_node: dict[int, list[int]] = {}
+    for g, rank in enumerate(glob.tolist()):
+        by_node.setdefault(nodes(rank), []).append(g)
+    if len({len(m) for m in by_node.values()}) != 1:
+        yield from hierarchical_rounds(p, n, topology, glob)
+        return
+    grid = np.array([list(m) for m in by_node.values()], dtype=np.int64)  # node x local index
+    n_nodes, ppn = grid.shape
+    shard = -(-n // ppn)
+    intra = (grid.ravel(), np.roll(grid, -1, axis=1).ravel(), shard)
+    inter = (grid.ravel(), np.roll(grid, -1, axis=0).ravel(), -(-shard // n_nodes))
+    rounds = ([intra] * (ppn - 1) if ppn > 1 else []) + (
+        [inter] * (2 * (n_nodes - 1)) if n_nodes > 1 else []) + (
+        [intra] * (ppn - 1) if ppn > 1 else [])
+    yield from rounds

@@ -39,7 +39,7 @@ def compare_with_all_reduce(lengths, procs_per_node):
                 dist.all_reduce(expected)
             for name, fn in ALGORITHMS.items():
                 y = x.clone()
-                out = fn(y, procs_per_node) if name == "hierarchical" else fn(y)
+                out = fn(y, procs_per_node) if name.startswith("hierarchical") else fn(y)
                 ok = out is y and y.dtype == dtype and y.shape == x.shape
                 if dtype.is_floating_point:
                     ok = ok and torch.allclose(y, expected, rtol=1e-5, atol=1e-5)
@@ -86,15 +86,18 @@ def odd_tensors():
         x = torch.full((5,), float(rank))
         ALGORITHMS["parameter_server"](x, server=server)
         out[f"ps-server-{server}"] = torch.equal(x, torch.full((5,), float(sum(range(p)))))
-    for ppn in (1, 3, 6):  # groupings other than the cluster's own
-        x = torch.full((7,), rank + 1, dtype=torch.int64)
-        ALGORITHMS["hierarchical"](x, ppn)
-        out[f"hier-{ppn}"] = torch.equal(x, torch.full((7,), p * (p + 1) // 2))
-    try:
-        ALGORITHMS["hierarchical"](torch.ones(3), 4)  # 4 does not divide 6
-        out["hier-4-rejected"] = False
-    except ValueError as exc:
-        out["hier-4-rejected"] = "does not divide" in str(exc)
+    for name in ("hierarchical", "hierarchical_rail"):
+        for ppn in (1, 2, 3, 6):  # groupings other than the cluster's own
+            for length in (1, 5, 7, 1001):  # shorter than, and not divisible by, ppn
+                x = torch.arange(length, dtype=torch.int64) + rank + 1
+                ALGORITHMS[name](x, ppn)
+                want = p * torch.arange(length, dtype=torch.int64) + p * (p + 1) // 2
+                out[f"{name}-{ppn}-{length}"] = torch.equal(x, want)
+        try:
+            ALGORITHMS[name](torch.ones(3), 4)  # 4 does not divide 6
+            out[f"{name}-4-rejected"] = False
+        except ValueError as exc:
+            out[f"{name}-4-rejected"] = "does not divide" in str(exc)
     return out
 
 
@@ -184,6 +187,35 @@ def test_hierarchical_crosses_the_slow_network_fewer_times():
     assert min(got["hierarchical"]) < min(got["ring"])
 
 
+def test_rail_hierarchical_takes_its_closed_form_and_beats_the_leader_on_slow_intra_links():
+    # 2 nodes x 2 processes, intra-node link as slow as the NIC: the leader-based scheme
+    # moves the whole 1 MiB twice inside the node, the rails half of it twice. Closed forms:
+    # rail 2(a + n/2 b) + 2(a + n/2 b) = 88 ms, leader 2(a + n b) + 2(a + n/2 b) = 130 ms.
+    nic = "delay 1ms rate 200mbit"
+    rows = ex.measure(["hierarchical_rail", "hierarchical"], sizes=[1 << 20], nodes=2,
+                      procs_per_node=2, nic=nic, intra=nic, repeats=3)
+    rail, leader = (ex.one(rows, algorithm=a) for a in ("hierarchical_rail", "hierarchical"))
+    assert rail["measured"] >= 0.98 * rail["replay"]  # the emulator never delivers early
+    assert rail["model"] / leader["model"] < 0.75
+    assert rail["measured"] / rail["model"] < 1.5  # noise adds, but not half a closed form
+    assert rail["measured"] < leader["measured"]
+
+
+def test_dist_all_reduce_replays_the_rail_scheme():
+    # The backend's replay of "hierarchical_rail" against the course's isend/irecv version:
+    # both sums are checked inside; both sides pay the same link model.
+    with Cluster(nodes=2, procs_per_node=2, nic="delay 2ms rate 500mbit",
+                 intra="delay 100us rate 5gbit", algorithm="hierarchical_rail",
+                 timeout=60) as cl:
+        (small, big) = ex.p2p_vs_library(cl, "hierarchical_rail", sizes=[4096, 1 << 20],
+                                         repeats=3)
+    for row in (small, big):
+        assert min(row["library"]) >= 0.98 * row["replay"]  # held until the replay says so
+        assert 0.5 < row["best_ratio"] < 2
+    with pytest.raises(ValueError, match="replays"):
+        ex.p2p_vs_library(cl, "ring")
+
+
 # --- the experiment helpers: predictions are deterministic and agree where they must ------------
 
 
@@ -192,6 +224,19 @@ def test_model_and_replay_agree_on_a_uniform_network():
         for n in ex.SIZES:
             model = ex.predict(algorithm, n, 4)
             assert ex.replay(algorithm, n, 4) == pytest.approx(model, rel=0.01, abs=2e-4)
+
+
+def test_rail_closed_form_counts_the_nics_its_rails_share():
+    a, b, ai, bi = 0.005, 4e-8, 1e-4, 8e-10
+    n, N, P = 4 << 20, 4, 8
+    shared = ex.hierarchical_rail(N, P, n, ai, bi, a, b)
+    per_rail = ex.hierarchical_rail(N, P, n, ai, bi, a, b, nics_per_node=P)
+    intra = 2 * (P - 1) * (ai + n / P * bi)
+    assert shared == pytest.approx(intra + 2 * (N - 1) * (a + n / N * b))
+    assert per_rail == pytest.approx(intra + 2 * (N - 1) * (a + n / (N * P) * b))
+    assert ex.hierarchical_rail(1, P, n, ai, bi, a, b) == pytest.approx(intra)  # one node: a ring
+    assert ex.hierarchical_rail(N, 1, n, ai, bi, a, b) == pytest.approx(
+        ex.models.ring_allreduce(N, n, a, b))
 
 
 def test_alpha_beta_of_a_spec():

@@ -40,15 +40,18 @@ SIZES = (4 * KiB, 256 * KiB, 4 * MiB)
 INTRA = "delay 100us rate 10gbit"
 
 P2P_ALGORITHMS = ("parameter_server", "ring", "recursive_doubling", "rabenseifner", "tree",
-                  "hierarchical")
-LIBRARY_ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "tree", "hierarchical")
+                  "hierarchical", "hierarchical_rail")
+FLAT_ALGORITHMS = P2P_ALGORITHMS[:5]  # the ones that ignore nodes (notebook 02's first table)
+LIBRARY_ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "tree", "hierarchical",
+                      "hierarchical_rail")
 LABELS = {
     "parameter_server": "parameter server",
     "ring": "ring",
     "recursive_doubling": "recursive doubling",
     "rabenseifner": "Rabenseifner",
     "tree": "binomial tree",
-    "hierarchical": "hierarchical",
+    "hierarchical": "hierarchical (leader)",
+    "hierarchical_rail": "hierarchical (rails)",
 }
 
 
@@ -100,10 +103,35 @@ def predict(
     a, b = alpha_beta(nic if nodes > 1 else intra)
     if algorithm == "parameter_server":
         return parameter_server_egress(p, nbytes, a, b)
-    if algorithm == "hierarchical":
+    if algorithm in ("hierarchical", "hierarchical_rail"):
         ai, bi = alpha_beta(intra)
-        return models.hierarchical_allreduce(nodes, procs_per_node, nbytes, ai, bi, a, b)
+        cost = models.hierarchical_allreduce if algorithm == "hierarchical" else hierarchical_rail
+        return cost(nodes, procs_per_node, nbytes, ai, bi, a, b)
     return models.allreduce_time(algorithm, p, nbytes, a, b)
+
+
+def hierarchical_rail(nodes: int, procs_per_node: int, n: float, alpha_intra: float,
+                      beta_intra: float, alpha_inter: float, beta_inter: float, *,
+                      nics_per_node: int = 1) -> float:
+    """Closed form (s) of the rail-style hierarchical all-reduce
+    (`collectives.hierarchical_rail_allreduce`), N = nodes, P = procs_per_node:
+
+        2(P-1)(alpha_intra + (n/P) beta_intra)                 reduce-scatter + all-gather
+      + 2(N-1)(alpha_inter + (P/nics) (n/(P N)) beta_inter)    P rails, ring of N each
+
+    Each of the 2(N-1) inter-node rounds sends a shard's 1/N, n/(P N) bytes, on every rail;
+    the P rails share a node's `nics_per_node` NICs, whose delay overlaps (netem's delay does
+    not occupy the link) while their bytes queue. One NIC per node (clusterlab's topology):
+    the NIC carries n/N per round, as the leader-based scheme's leader does. One NIC per
+    rail (nics_per_node = P): n/(P N). Bandwidth terms of TRG05's ring stages; gamma left out.
+    """
+    P, N = procs_per_node, nodes
+    if P < 1 or N < 1 or nics_per_node < 1:
+        raise ValueError("nodes, procs_per_node and nics_per_node must be >= 1")
+    queued = -(-P // nics_per_node)  # rails sharing one NIC
+    intra = 2 * (P - 1) * (alpha_intra + n / P * beta_intra)
+    inter = 2 * (N - 1) * (alpha_inter + queued * n / (P * N) * beta_inter)
+    return intra + inter
 
 
 def replay(
@@ -285,6 +313,77 @@ def _row(algorithm, nbytes, nodes, procs_per_node, nic, intra, times, library, s
     }
 
 
+def _paired_runs(algorithm: str, sizes, repeats: int):
+    """On every rank: per size, `repeats` pairs of (course's point-to-point `algorithm`,
+    `dist.all_reduce`), the order alternating from pair to pair so that a slow spell of the
+    machine hits both sides alike. Spans (entry, exit) on the shared clock."""
+    import torch
+    import torch.distributed as dist
+
+    from .. import clock
+    from ..collectives import ALGORITHMS
+
+    sides = {"p2p": ALGORITHMS[algorithm], "library": lambda t: dist.all_reduce(t)}
+    out = []
+    for nbytes in sizes:
+        for run in sides.values():  # open the connections both sides use
+            run(torch.ones(1024))
+        spans = {"p2p": [], "library": []}
+        for k in range(repeats):
+            for side in (("p2p", "library") if k % 2 == 0 else ("library", "p2p")):
+                x = torch.ones(max(1, nbytes // 4))
+                dist.barrier()
+                t0 = clock.now()
+                sides[side](x)
+                spans[side].append((t0, clock.now()))
+                if float(x[0]) != dist.get_world_size():
+                    raise AssertionError(f"{side} {algorithm}: wrong sum {float(x[0])}")
+        out.append(spans)
+    return out
+
+
+def p2p_vs_library(on, algorithm: str = "ring", *, sizes: Iterable[int] = (4 * KiB, 4 * MiB),
+                   repeats: int = 9) -> list[dict]:
+    """The same all-reduce two ways on one running cluster: the course's point-to-point
+    `algorithm` (every message held by the link model) and `dist.all_reduce`, which
+    completes at the later of Gloo's own finish and the replay of `algorithm`
+    (`schedule.play`). `on` must replay that algorithm (`Cluster(algorithm=...)`).
+
+    Per size: the times of both sides (s), the ratio p2p / library of every pair (run back
+    to back), the ratio of the two best times, and `step_share`: the closed-form cost of one
+    of the algorithm's rounds relative to its whole time (for the ring: (alpha + (n/p)
+    beta) / model), the size of the smallest disagreement a wrong schedule could produce;
+    model and replay as in `measure`.
+    """
+    configured = on.env.get("CLUSTERLAB_ALGORITHM", "ring")
+    if configured != algorithm:
+        raise ValueError(f"the cluster replays {configured!r}, not {algorithm!r}")
+    topo = on.topology
+    sizes = list(sizes)
+    per_rank = on.run(_paired_runs, algorithm, sizes, repeats)
+    rows = []
+    for k, nbytes in enumerate(sizes):
+        times = {side: durations([rank[k][side] for rank in per_rank], since="first").tolist()
+                 for side in ("p2p", "library")}
+        ratios = [a / b for a, b in zip(times["p2p"], times["library"])]
+        nbytes_sent = max(1, nbytes // 4) * 4
+        model = predict(algorithm, nbytes_sent, topo.nodes, topo.procs_per_node, topo.nic,
+                        topo.intra)
+        a, b = alpha_beta(topo.nic)
+        p = topo.world_size
+        step = a + -(-nbytes_sent // p) * b if algorithm == "ring" else float("nan")
+        rows.append({
+            "algorithm": algorithm, "nbytes": nbytes_sent, "p": p, "repeats": repeats,
+            "p2p": times["p2p"], "library": times["library"], "ratios": ratios,
+            "median_ratio": statistics.median(ratios), "min_ratio": min(ratios),
+            "max_ratio": max(ratios), "best_ratio": min(times["p2p"]) / min(times["library"]),
+            "model": model, "step_share": step / model,
+            "replay": replay(algorithm, nbytes_sent, topo.nodes, topo.procs_per_node, topo.nic,
+                             topo.intra, on.seed),
+        })
+    return rows
+
+
 # --- presentation ------------------------------------------------------------------------------
 
 
@@ -313,15 +412,24 @@ def one(rows: Sequence[dict], **where) -> dict:
 def format_table(rows: Sequence[dict], predictions_only: bool = False) -> str:
     """A fixed-width text table of the rows (times in ms, bandwidths in MB/s from the best).
 
+    A row of `measure(library=True)` is named "dist.all_reduce, replaying <algorithm>"; when
+    the table mixes both kinds, the others are marked "isend/irecv" (the course's
+    point-to-point implementation in `clusterlab.collectives`).
+
     predictions_only=True leaves out everything measured: that table is the same on every
     machine and every run.
     """
+    mixed = len({bool(r.get("library")) for r in rows}) > 1
     head = ["config", "algorithm", "size", "model ms", "replay ms"]
     if not predictions_only:
         head += ["best ms", "median ms", "best/model", "algbw MB/s", "busbw MB/s"]
     lines = []
     for r in rows:
-        name = LABELS.get(r["algorithm"], r["algorithm"]) + (" (library)" if r["library"] else "")
+        name = LABELS.get(r["algorithm"], r["algorithm"])
+        if r.get("library"):  # Gloo's all-reduce, held until the replay of this algorithm
+            name = f"dist.all_reduce, replaying {name}"
+        elif mixed:
+            name += ", isend/irecv"
         cells = [r["config"], name, human_bytes(r["nbytes"]), f"{r['model'] * 1e3:.2f}",
                  f"{r['replay'] * 1e3:.2f}"]
         if not predictions_only:
@@ -357,9 +465,11 @@ def predictions(
     return rows
 
 
-def plot_measured_vs_predicted(rows: Sequence[dict], ax=None, title: str | None = None):
+def plot_measured_vs_predicted(rows: Sequence[dict], ax=None, title: str | None = None, *,
+                               log: bool = True):
     """Grouped bars per (algorithm, size): measured (best repetition, with a line up to the
-    slowest), closed form, replay. Log-scaled time axis: sizes span three decades."""
+    slowest), closed form, replay. Log-scaled time axis by default (sizes span three
+    decades); log=False for rows of similar size, where a log axis hides a 1.3x difference."""
     import matplotlib.pyplot as plt
 
     if ax is None:
@@ -379,8 +489,9 @@ def plot_measured_vs_predicted(rows: Sequence[dict], ax=None, title: str | None 
         ([_wrapped(r["algorithm"])] if many["algorithm"] else [])
         + ([human_bytes(r["nbytes"])] if many["nbytes"] or not many["algorithm"] else [])
         + ([r["config"]] if many["config"] else [])) for r in rows], fontsize=8)
-    ax.set_yscale("log")
-    ax.set_ylabel("all-reduce time (ms)")
+    if log:
+        ax.set_yscale("log")
+    ax.set_ylabel("all-reduce time (ms)" + (", log scale" if log else ""))
     if title:
         ax.set_title(title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))

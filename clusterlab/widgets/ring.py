@@ -114,7 +114,8 @@ class RingStepper(Explorer):
     """Step through a ring all-reduce; optionally make one link slow (`slow_link=i`: i->i+1).
 
     `on_step` / `on_back` move one round, `on_reset` goes back to the start; the Play widget
-    steps on its own in a front-end. `update()` redraws for the current round.
+    steps on its own in a front-end. `update()` redraws for the current round. `step=k`
+    starts after k rounds (the static figure shows that state).
     """
 
     figsize = (11.0, 4.6)
@@ -122,7 +123,7 @@ class RingStepper(Explorer):
     def __init__(self, p: int = 4, slow_link: int | tuple[int, int] | None = None, *,
                  nbytes: int = 64 * MIB, nic: str = "delay 100us rate 10gbit",
                  slow: str = "delay 100us rate 1gbit", seed: int = 0, interval_ms: int = 800,
-                 debounce_s: float = 0.05) -> None:
+                 debounce_s: float = 0.05, step: int = 0) -> None:
         super().__init__(debounce_s)
         if not 2 <= p <= 16:
             raise ValueError(f"p must be in 2..16 for a readable grid, got {p}")
@@ -133,6 +134,9 @@ class RingStepper(Explorer):
         self.counts = chunk_counts(p, 0)
         self._config: tuple | None = None
         self._build_controls(p, _slow_pair(p, slow_link), interval_ms)
+        if not 0 <= step <= 2 * (p - 1):
+            raise ValueError(f"step must be in 0..{2 * (p - 1)} (rounds done), got {step}")
+        self.step_slider.value = step  # where the static figure and the widget start
         self._build_axes()
 
     # --- controls ---------------------------------------------------------------------------
