@@ -10,7 +10,9 @@ the replicas' parameter fingerprints step by step:
 * `train` - one seeded training loop (a small MLP, SGD, DDP or a hand-written all-reduce)
   under a named fault `SCENARIOS`: a parameter changed on one rank after wrapping, per-rank
   RNG misuse, a gradient corrupted (NaN, one flipped bit) before or after the all-reduce,
-  different summation orders or precisions on one rank; optionally watched by
+  different rounding on one rank before the all-reduce (harmless to agreement) or after it
+  (a split), and two loops that silently stop learning (an optimizer that holds other
+  tensors, a learning rate divided by a wrong divisor); optionally watched by
   `clusterlab.monitor.SyncMonitor`;
 * `data_order` - per-rank sampler seeds: duplicated and missing samples;
 * `mismatched_collective` - one rank calls a different collective (or another size): a hang
@@ -48,8 +50,14 @@ SCENARIOS = (
     "manual_allreduce",   # hand-written data parallelism: all_reduce, then divide (healthy)
     "sum_order",          # hand-written: all_gather, `rank` adds the parts in reverse order
     "float64_update",     # hand-written: `rank` computes its SGD update in float64
+    "split_batch_before",  # hand-written: `rank` computes its gradient in two half-batch
+                          # backward passes (same math, other rounding), then all_reduce
+    "optimizer_detached",  # every rank: the optimizer holds another copy's parameters (built
+                          # before a resume branch re-created the model): nothing is updated
+    "lr_divided",         # every rank: the learning rate divided by the global batch size,
+                          # although the loss is already a mean over it
 )
-MANUAL = ("manual_allreduce", "sum_order", "float64_update")
+MANUAL = ("manual_allreduce", "sum_order", "float64_update", "split_batch_before")
 
 
 @dataclass(frozen=True)
@@ -118,6 +126,13 @@ def _gather_params(module):
     return torch.stack(parts)
 
 
+def _flat(module):
+    """The module's parameters as one float64 vector (a copy)."""
+    import torch
+
+    return torch.cat([p.detach().reshape(-1).double() for p in module.parameters()])
+
+
 def _train_rank(faults, steps, features, hidden, batch, lr, seed, every, monitor_options):
     import warnings
 
@@ -158,10 +173,16 @@ def _train_rank(faults, steps, features, hidden, batch, lr, seed, every, monitor
                 return grad
 
             model[0].weight.register_hook(hook)  # runs before DDP sees the gradient
-        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        if f.scenario == "optimizer_detached":  # SGD skips tensors whose .grad is None: silent
+            opt = torch.optim.SGD(build_model(features, hidden, seed).parameters(), lr=lr)
+        elif f.scenario == "lr_divided":
+            opt = torch.optim.SGD(model.parameters(), lr=lr / (world * batch))
+        else:
+            opt = torch.optim.SGD(model.parameters(), lr=lr)
         mon = SyncMonitor(net, every=every, **monitor_options) if every else None
         gen = torch.Generator().manual_seed(7919 * (seed + 1) + rank)  # this rank's batches
         loss_log, eval_log, dist_log, finite_log, fp_log = [], [], [], [], []
+        gnorm_log, ratio_log = [], []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyncWarning)
             for step in range(steps):
@@ -171,12 +192,19 @@ def _train_rank(faults, steps, features, hidden, batch, lr, seed, every, monitor
                         with torch.no_grad():  # e.g. a rank-local "fix-up" of the weights
                             model[-1].weight.mul_(1.01)
                     idx = torch.randint(0, len(x_all), (batch,), generator=gen)
-                    loss = F.mse_loss(net(x_all[idx]), y_all[idx])
-                    loss.backward()
+                    if f.scenario == "split_batch_before" and me:  # the same mean gradient,
+                        half = batch // 2  # accumulated from two halves: other rounding
+                        for part in (idx[:half], idx[half:]):
+                            (0.5 * F.mse_loss(net(x_all[part]), y_all[part])).backward()
+                        with torch.no_grad():
+                            loss = F.mse_loss(net(x_all[idx]), y_all[idx])
+                    else:
+                        loss = F.mse_loss(net(x_all[idx]), y_all[idx])
+                        loss.backward()
                     grads = [p.grad for p in model.parameters()]
                     if manual:
                         flat = torch.cat([g.reshape(-1) for g in grads])
-                        if f.scenario == "manual_allreduce" or (f.scenario == "float64_update"):
+                        if f.scenario != "sum_order":  # one all_reduce: the same bytes everywhere
                             dist.all_reduce(flat)
                         else:  # sum_order: gather everybody's gradient, add them up here
                             parts = [torch.empty_like(flat) for _ in range(world)]
@@ -194,13 +222,18 @@ def _train_rank(faults, steps, features, hidden, batch, lr, seed, every, monitor
                         corrupt_(model[0].weight.grad, f.corruption, f.bit)
                     if s is not None:
                         s.after_backward()
+                    # What a cheap stall detector reads: the norm of the gradient the
+                    # optimizer is given (after the sync) and the size of the update.
+                    gnorm_log.append(float(torch.cat([g.reshape(-1) for g in grads]).norm()))
+                    before = _flat(model)
                     if f.scenario == "float64_update" and me:
                         with torch.no_grad():  # the same update, rounded once instead of twice
                             for p in model.parameters():
                                 p.copy_((p.double() - lr * p.grad.double()).float())
                     else:
                         opt.step()
-                    opt.zero_grad()
+                    model.zero_grad()  # through the model, as many loops do
+                    ratio_log.append(float((_flat(model) - before).norm() / before.norm()))
                     if s is not None:
                         s.record_loss(loss)
                 model.eval()
@@ -225,6 +258,8 @@ def _train_rank(faults, steps, features, hidden, batch, lr, seed, every, monitor
             "loss": np.array(loss_log), "eval_loss": np.array(eval_log),
             "distance": np.array(dist_log), "finite": np.array(finite_log),
             "fingerprint": np.array(fp_log, dtype=np.int64), "alerts": alerts,
+            "grad_norm": np.array(gnorm_log), "update_ratio": np.array(ratio_log),
+            "params": _flat(model).numpy(),
             "report": report if mon is not None else "",
         }
     return results
@@ -248,6 +283,10 @@ def train(faults=(Fault(),), steps: int = 40, world: int = 4, features: int = 8,
       "distance": (steps, world) max |params_r - params_0| after each step (inf: NaN),
       "finite": (steps, world) the replica's parameters are all finite,
       "fingerprint": (steps, world, 2) clusterlab.monitor.fingerprint of each replica,
+      "grad_norm": (steps, world) L2 norm of the gradient the optimizer is given (after the
+                   sync, and after a "grad_after" corruption),
+      "update_ratio": (steps, world) ||w_after - w_before|| / ||w_before|| of each step,
+      "params": (world, n) each replica's parameters after the last step (float64),
       "alerts": rank 0's SyncMonitor alerts as dicts (step, kind, ranks, message),
       "report": rank 0's mon.report() ("" without a monitor)}}.
     `faults` may also be a dict {name: fault}: the results are then keyed by those names.
@@ -263,7 +302,9 @@ def train(faults=(Fault(),), steps: int = 40, world: int = 4, features: int = 8,
     for i, key in enumerate(out[0]):
         name = names[i] if names else key
         res[name] = {k: np.stack([o[key][k] for o in out], axis=1)
-                     for k in ("loss", "eval_loss", "finite", "fingerprint")}
+                     for k in ("loss", "eval_loss", "finite", "fingerprint", "grad_norm",
+                               "update_ratio")}
+        res[name]["params"] = np.stack([o[key]["params"] for o in out])
         res[name]["distance"] = out[0][key]["distance"]  # every rank computed the same rows
         res[name]["alerts"] = out[0][key]["alerts"]
         res[name]["report"] = out[0][key]["report"]
@@ -274,6 +315,12 @@ def replicas_agree(run: dict, step: int = -1) -> list[int]:
     """The ranks whose fingerprint differs from rank 0's at `step` (of one `train` result)."""
     fp = run["fingerprint"][step]
     return [r for r in range(len(fp)) if not np.array_equal(fp[r], fp[0])]
+
+
+def run_distance(run: dict, other: dict) -> float:
+    """max |params - other's params| over every rank after the last step: how far two runs'
+    results are apart (two `train` results of the same model)."""
+    return float(np.max(np.abs(run["params"] - other["params"])))
 
 
 def loss_deviation(run: dict, healthy: dict, last: int = 10, rank: int = 0) -> float:
