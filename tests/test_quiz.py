@@ -186,6 +186,129 @@ def test_open_questions_have_model_answers_and_checklists(bank):
             assert len(q.raw["model_answer"][lang]) > 400, q.id
 
 
+SPOKEN_WORDS = 250  # a model answer must fit a spoken interview answer; the rest is folded
+
+
+def test_open_answers_fit_a_spoken_answer_and_fold_the_rest(bank):
+    from clusterlab.quiz.render import inline_html, open_reveal_blocks, to_html, to_text
+
+    folded = 0
+    for q in (q for q in bank.questions if q.kind == "open"):
+        inst = bank.draw(q, 0)
+        for lang in LANGS:
+            words = len(q.raw["model_answer"][lang].split())
+            assert words <= SPOKEN_WORDS, (q.id, lang, words)
+            more = inst.answer_more(lang)
+            if more is None:
+                continue
+            folded += 1
+            assert len(more) > len(q.raw["model_answer"][lang]), (q.id, lang)
+            blocks = open_reveal_blocks(inst, lang)
+            label = {"en": "More", "ru": "Подробнее"}[lang]
+            page = to_html(blocks)
+            assert page.count("<details") == 1 and "<summary" in page and label in page
+            shown, rest = page.split("<details", 1)
+            folded_part = rest.split("</details>", 1)[0]
+            for para in more.split("\n\n"):  # the long version, whole, inside the fold
+                assert inline_html(para) in folded_part, (q.id, para[:40])
+            for para in q.raw["model_answer"][lang].split("\n\n"):  # the short one, open
+                assert inline_html(para) in shown, (q.id, para[:40])
+            text = to_text(blocks)
+            assert f"{label}:" in text and more.split()[-1] in text
+    assert folded >= 2 * 5, "the long versions of the open questions sit behind the fold"
+
+
+def _ru_en_pairs():
+    """Every (where, en, ru) text of the bank."""
+
+    def walk(x, where):
+        if isinstance(x, dict):
+            if set(x) == {"en", "ru"} and isinstance(x["en"], str):
+                yield where, x["en"], x["ru"]
+            else:
+                for k, v in x.items():
+                    yield from walk(v, f"{where}.{k}")
+        elif isinstance(x, list):
+            for i, v in enumerate(x):
+                yield from walk(v, f"{where}[{i}]")
+
+    for topic, doc in topic_docs().items():
+        yield from walk(doc["title"], f"{topic}.title")
+        for q in doc["questions"]:
+            yield from walk(q, q["id"])
+
+
+# Russian: one term per concept, one register. (banned pattern, why / what to write instead)
+RU_BANNED = [
+    (r"\bшаг\w*\s+обучения", "«learning rate» (a «шаг обучения» also means a training step)"),
+    (r"\bоткрыт(?!\w*\s+вопрос)\w*", "«неперекрытый обмен», not «открытый»"),
+    (r"\bколлектив(?!н)\w*", "«коллективная операция», not a bare «коллектив»"),
+    (r"\bчлен\w*", "«слагаемое» for a term of a sum"),
+    (r"bounded staleness|устарелост", "one spelling: «ограниченное устаревание»"),
+    (r"\b(тих|скрыт)\w*\s+(расхожд|расход|дивергенц)\w*", "one name: «silent divergence»"),
+    (
+        r"\b(желез[оае]\w*|даталоадер\w*|запускалк\w*|тормоз\w*|самописн\w*|лосс\w*|гоня\w*"
+        r"|прогон\w*|прогнать|спарит\w*|сид(ом|а|у)?|флап\w*|дроп\w*|алерт\w*|клиппинг\w*"
+        r"|паттерн\w*)\b",
+        "slang beside textbook prose",
+    ),
+]
+# Where the English says X, the Russian says the one chosen term for it.
+RU_SAME_TERM = [
+    (r"learning rate", r"learning rate"),
+    (r"silent divergence", r"silent divergence"),
+    (r"bounded staleness", r"ограниченн\w*\s+устарева\w*"),
+    (r"\bexposed\b", r"неперекрыт"),
+]
+
+
+def test_russian_uses_one_term_per_concept():
+    problems = []
+    for where, en, ru in _ru_en_pairs():
+        for pattern, why in RU_BANNED:
+            for m in re.finditer(pattern, ru, re.IGNORECASE):
+                problems.append(f"{where}: «{m.group(0)}» — {why}")
+        for en_term, ru_term in RU_SAME_TERM:
+            if re.search(en_term, en, re.IGNORECASE) and not re.search(ru_term, ru, re.IGNORECASE):
+                problems.append(
+                    f"{where}: the English says {en_term!r}, the Russian lacks {ru_term!r}"
+                )
+    assert not problems, "\n".join(problems)
+
+
+def test_the_terminology_check_catches_the_banned_variants():
+    samples = [
+        "уменьшить шаг обучения",
+        "открытый обмен",
+        "в каком коллективе стоит ранг",
+        "член задержки",
+        "bounded staleness",
+        "ограниченная устарелость",
+        "тихое расхождение реплик",
+        "медленный даталоадер",
+    ]
+    for text in samples:
+        assert any(re.search(p, text, re.IGNORECASE) for p, _ in RU_BANNED), text
+    for text in ("открытый вопрос", "коллективная операция", "решать коллективно", "слагаемое"):
+        assert not any(re.search(p, text, re.IGNORECASE) for p, _ in RU_BANNED), text
+
+
+def test_conditional_sentences_follow_the_draw(bank):
+    """cc-recursive-doubling-time says which algorithm wins, computed from the drawn numbers."""
+    q = bank.by_id["cc-recursive-doubling-time"]
+    rng = random.Random(3)
+    seen = set()
+    for _ in range(300):
+        inst = bank.draw(q, rng)
+        rd_wins = inst.env["ring_us"] > inst.answer
+        text = inst.solution("en")
+        assert ("Recursive doubling is" in text) == rd_wins, inst.env
+        assert ("the ring is" in text) == (not rd_wins), inst.env
+        assert ("Recursive doubling здесь быстрее" in inst.solution("ru")) == rd_wins
+        seen.add(rd_wins)
+    assert seen == {True, False}, "both branches are drawn"
+
+
 SEED_POINTS = {
     # every point of the seed answer, and what goes beyond it (en, ru)
     "seed-nic-latency-jitter": [
@@ -781,6 +904,8 @@ def test_widget_open_question_reveal_and_self_grade(widget_factory):
     n = len(w.session.current.checklist("en"))
     w.on_submit()  # first press reveals the model answer
     assert "Model answer" in w.question.value and len(w._tick_boxes) == n
+    if w.session.current.answer_more("en"):  # the long version, folded
+        assert "<details" in w.question.value and ">More</summary>" in w.question.value
     w.tick_points(range(n))
     w.on_submit()
     assert w.last_result.grade.status == "correct"
