@@ -778,3 +778,46 @@ def fit_alpha_beta(sizes: ArrayLike, times: ArrayLike) -> AlphaBetaFit:
     ss_tot = float(np.dot(y - y_mean, y - y_mean))
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
     return AlphaBetaFit(alpha=alpha, beta=beta, r2=r2)
+
+
+# --- Confidence intervals of sample quantiles ----------------------------------------------
+
+
+def quantile_ci(
+    samples: ArrayLike, q: float, confidence: float = 0.95
+) -> tuple[float, float, float]:
+    """(estimate, low, high): the sample q-quantile and a distribution-free confidence interval.
+
+    Why distribution-free: step times are not normal (a floor and a right tail), so no
+    parametric interval applies. The k-th smallest of n iid samples is below the true
+    q-quantile with probability P(Binomial(n, q) >= k); the interval [x_(l), x_(u)] with
+    P(l <= B < u) >= confidence, B ~ Binomial(n, q), covers it ([DN03] section 7.1). When n is
+    too small for the requested tail (e.g. p99 of 40 samples: the interval would need a
+    sample beyond the maximum), high is +inf (low is -inf for the opposite tail): that
+    quantile is not estimable from these samples, and the estimate is about the maximum.
+    """
+    x = np.sort(np.asarray(samples, dtype=np.float64).ravel())
+    n = len(x)
+    if n == 0:
+        raise ValueError("quantile_ci needs at least one sample")
+    q = _probability(q, "q")
+    confidence = _probability(confidence, "confidence")
+    estimate = float(np.percentile(x, 100 * q))
+    # the CDF of Binomial(n, q) at 0..n, computed in log space (n can be large)
+    k = np.arange(n + 1)
+    with np.errstate(divide="ignore"):
+        log_pmf = (np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                             for i in k])
+                   + k * (math.log(q) if q > 0 else -np.inf)
+                   + (n - k) * (math.log1p(-q) if q < 1 else -np.inf))
+    pmf = np.exp(log_pmf - np.max(log_pmf))
+    pmf /= pmf.sum()
+    cdf = np.cumsum(pmf)
+    tail = (1 - confidence) / 2
+    # x_(l) > xi_q iff fewer than l samples fall below xi_q: P = P(B <= l - 1) = cdf[l - 1];
+    # x_(u) < xi_q iff at least u do: P = P(B >= u) = 1 - cdf[u - 1]  (l, u are 1-based)
+    lows = np.nonzero(cdf[:n] <= tail)[0]
+    highs = np.nonzero(1 - cdf[:n] <= tail)[0]
+    low = float(x[lows[-1]]) if len(lows) else -math.inf
+    high = float(x[highs[0]]) if len(highs) else math.inf
+    return estimate, low, high

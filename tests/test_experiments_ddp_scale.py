@@ -102,3 +102,43 @@ def test_simulated_mitigations_at_scale_keep_their_order():
                                   **kw)
     assert hier.mean_step < ring.mean_step  # fewer rounds on the slow network
     assert big.mean_step < small.mean_step  # fewer latency-bound messages
+
+
+def test_delay_stats_of_a_clipped_heavy_tail():
+    calm = scale.delay_stats("delay 2ms")
+    assert calm["mean_s"] == pytest.approx(2e-3) and calm["zero_share"] == 0
+    rough = scale.delay_stats("delay 2ms 10ms distribution pareto")
+    # jitter larger than the delay: most draws are clipped to 0, the mean is not the delay
+    assert rough["zero_share"] > 0.5 and rough["p50_s"] == 0
+    assert rough["mean_s"] > 1.5 * rough["configured_s"]
+    assert rough["p99_s"] > 10 * rough["configured_s"]
+
+
+def test_tree_and_hierarchical_collapse_far_less_than_the_flat_ring():
+    nic, nodes = "delay 2ms", (8, 256)
+    alt = scale._alternative_curves(nic, nodes, 0.05, 1 << 20, 3, "delay 50us", 8)
+    ring = {r["nodes"]: r for r in
+            scale.scaling_curve(list(nodes), nic=nic, model_bytes=1 << 20, bucket_bytes=1 << 20,
+                                first_bucket_bytes=1 << 20, compute_s=0.05, overlap=False,
+                                steps=3)}
+    tree = {r["nodes"]: r["efficiency"] for r in alt["tree"]}
+    hier = {r["nodes"]: r["efficiency"] for r in alt["hierarchical (8 ranks per node)"]}
+    assert tree[256] > 3 * ring[256]["efficiency"]
+    assert hier[256] > ring[256]["efficiency"]
+    assert all(0 < e <= 1.0 + 1e-9 for e in list(tree.values()) + list(hier.values()))
+
+
+def test_steps_to_target_fall_with_the_batch_then_flatten():
+    out = scale.steps_to_target([32, 512, 8192], seeds=(0,))
+    steps = [r["steps"] for r in out["rows"]]
+    assert out["target"] > out["floor"] > 0
+    assert steps[0] > 2 * steps[1]  # below the critical batch: more samples, fewer steps
+    assert steps[2] > steps[1] / 16 * 2  # far from linear beyond it (16x the batch)
+    assert not any(r["reused"] for r in out["rows"])
+
+
+def test_time_to_train_is_steps_times_step_time():
+    out = scale.time_to_train({"a": {1: 0.1, 16: 0.2}}, per_rank_batch=32, seeds=(0,))
+    steps = {r["batch"]: r["steps"] for r in out["steps"]["rows"]}
+    for row in out["curves"]["a"]:
+        assert row["time_s"] == pytest.approx(steps[row["nodes"] * 32] * row["step_s"])

@@ -408,3 +408,22 @@ def test_fit_recovers_alpha_and_beta():
 def test_bad_input_raises_value_error_naming_the_parameter(call, name):
     with pytest.raises(ValueError, match=rf"^(unknown )?{name}\b"):
         call()
+
+
+def test_quantile_ci_covers_the_true_quantile_at_its_confidence():
+    rng = np.random.default_rng(1)
+    true_p90 = math.log(10)  # the 0.9-quantile of Exp(1)
+    covered = [lo <= true_p90 <= hi
+               for _, lo, hi in (m.quantile_ci(rng.exponential(size=80), 0.9)
+                                 for _ in range(1000))]
+    assert 0.93 <= np.mean(covered) <= 0.995  # distribution-free: at least 95 %, a bit more
+
+
+def test_quantile_ci_says_when_a_tail_is_not_estimable():
+    x = np.arange(40.0)
+    est, lo, hi = m.quantile_ci(x, 0.99)
+    assert hi == math.inf and lo <= est <= x.max()  # p99 of 40 samples: about the maximum
+    est, lo, hi = m.quantile_ci(np.arange(1000.0), 0.99)
+    assert lo < est < hi < math.inf
+    with pytest.raises(ValueError):
+        m.quantile_ci([], 0.5)

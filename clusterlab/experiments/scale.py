@@ -29,12 +29,14 @@ slow_p a rank's step takes slow_s longer (a page fault, a GC pause, a noisy neig
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
 
 from .. import clock, models
 from ..cluster import Cluster
+from ..netem import Netem
 from ..schedule import Collective, Fabric, play
 from ..sim import scaling_curve, simulate_training
 from ..topology import Topology
@@ -195,11 +197,20 @@ def simulate(nodes: int, nic: str, *, compute_s: float, nbytes: int, jitter: flo
 
 def throughput_collapse(nics=("delay 2ms", "delay 2ms 4ms distribution pareto"),
                         real_nodes=(1, 2, 4, 8), sim_nodes=SIM_NODES, *, compute_s: float = 0.05,
-                        nbytes: int = 1 << 20, steps: int = 15, sim_steps: int = 20) -> dict:
+                        nbytes: int = 1 << 20, steps: int = 15, sim_steps: int = 20,
+                        alternatives: bool = True, intra: str = "delay 50us",
+                        procs_per_node: int = 8) -> dict:
     """Real throughput per rank and scaling efficiency at 1..8 nodes for each NIC, and the
-    simulated curves to 1024 nodes. Efficiency = throughput per rank / that of one node."""
-    out: dict = {"config": {"compute_s": compute_s, "nbytes": nbytes, "nics": list(nics)},
-                 "real": {}, "sim": {}}
+    simulated curves to 1024 nodes. Efficiency = throughput per rank / that of one node.
+
+    The flat ring is the worst all-reduce for a latency-bound exchange at scale (2(N-1)
+    rounds), so with `alternatives` the simulator also draws, for each NIC, a binomial tree
+    (reduce then broadcast: 2 log2 N rounds, same one-rank-per-node layout) and the
+    hierarchical all-reduce on `procs_per_node` ranks per node with `intra` links (a
+    different layout: N ranks on N / procs_per_node nodes), in out["sim_alt"][nic]."""
+    out: dict = {"config": {"compute_s": compute_s, "nbytes": nbytes, "nics": list(nics),
+                            "intra": intra, "procs_per_node": procs_per_node},
+                 "real": {}, "sim": {}, "sim_alt": {}}
     single = None
     for nic in nics:
         rows = []
@@ -224,7 +235,28 @@ def throughput_collapse(nics=("delay 2ms", "delay 2ms 4ms distribution pareto"),
         for row in curve:
             row["throughput_per_rank"] = row["throughput"] / row["ranks"]
         out["sim"][nic] = curve
+        if alternatives:
+            out["sim_alt"][nic] = _alternative_curves(nic, sim_nodes, compute_s, nbytes,
+                                                      sim_steps, intra, procs_per_node)
     return out
+
+
+def _alternative_curves(nic, sim_nodes, compute_s, nbytes, steps, intra, ppn) -> dict:
+    """Efficiency of the same step with a tree and a hierarchical all-reduce (simulated)."""
+    common = dict(nic=nic, model_bytes=nbytes, bucket_bytes=nbytes, first_bucket_bytes=nbytes,
+                  compute_s=compute_s, overlap=False, steps=steps)
+    single = simulate_training(1, **common).mean_step  # one node: no exchange
+    curves: dict = {"tree": [], f"hierarchical ({ppn} ranks per node)": []}
+    for n in sim_nodes:
+        tree = simulate_training(n, algorithm="tree", **common)
+        curves["tree"].append({"nodes": n, "mean_step_s": tree.mean_step,
+                               "efficiency": single / tree.mean_step})
+        if n >= ppn and n % ppn == 0:
+            hier = simulate_training(n // ppn, ppn, intra=intra, algorithm="hierarchical",
+                                     **common)
+            curves[f"hierarchical ({ppn} ranks per node)"].append(
+                {"nodes": n, "mean_step_s": hier.mean_step, "efficiency": single / hier.mean_step})
+    return curves
 
 
 # --- 2. order statistics of compute jitter ----------------------------------------------------
@@ -308,20 +340,58 @@ def tail_at_scale(node_counts=(2, 4, 8), *, nic: str = "delay 200us", compute_s:
 # --- 4. iteration-time predictability --------------------------------------------------------
 
 
+def delay_stats(nic: str) -> dict:
+    """One message's delay through `nic` by the link model's own tables (exact, no sampling):
+    mean, median, the share of draws clipped to 0, and the 99th percentile (seconds).
+
+    netem adds mu + sigma x (table value); a negative sum cannot be waited for, so the link
+    model, like netem, clips it to 0. With a jitter larger than the delay that clipping is
+    common, and the mean is not mu."""
+    from ..link import _table_delays
+
+    spec = Netem.parse(nic)
+    if not spec.jitter_ns:
+        values = np.array([max(spec.delay_ns, 0)], dtype=np.float64)
+    elif spec.distribution == "uniform":  # uniform on [mu - sigma, mu + sigma), clipped
+        values = np.maximum(np.linspace(spec.delay_ns - spec.jitter_ns,
+                                        spec.delay_ns + spec.jitter_ns, 100_001), 0)
+    else:
+        values = _table_delays(spec.delay_ns, spec.jitter_ns, spec.distribution).astype(float)
+    return {"nic": nic, "configured_s": spec.delay_ns / 1e9, "mean_s": float(values.mean()) / 1e9,
+            "p50_s": float(np.median(values)) / 1e9,
+            "p99_s": float(np.percentile(values, 99)) / 1e9,
+            "zero_share": float((values == 0).mean())}
+
+
+def _quantiles(samples, qs=(0.5, 0.9, 0.99)) -> dict:
+    """{"p50": (estimate, low, high), ...}: distribution-free 95 % intervals (models.quantile_ci);
+    high is inf where the samples are too few for that tail."""
+    return {f"p{round(q * 100)}": models.quantile_ci(samples, q) for q in qs}
+
+
 def predictability(nodes: int = 4, nics=("delay 2ms", "delay 2ms 10ms distribution pareto"),
-                   *, compute_s: float = 0.02, steps: int = 40, nbytes: int = 1 << 16,
-                   sim_nodes=SIM_NODES, sim_steps: int = 60) -> dict:
+                   *, compute_s: float = 0.02, steps: int = 60, nbytes: int = 1 << 16,
+                   sim_nodes=SIM_NODES[:9], sim_steps: int = 400) -> dict:
     """Step-time distributions with and without network jitter on `nodes` real ranks, and
-    the simulator's p50/p99 for the same configurations up to 1024 nodes."""
-    out: dict = {"real": {}, "sim": {}}
+    the simulator's p50/p99 for the same configurations (each with its sample count and a
+    95 % confidence interval: `_quantiles`). Real steps are few (each costs real time), so
+    their p99 is not estimable (about their maximum); the simulator is cheap, and its
+    `sim_steps` (>= 367 for a finite p99 interval) make the p99 a measurement."""
+    out: dict = {"real": {}, "sim": {}, "delays": {}}
     for nic in nics:
+        out["delays"][nic] = delay_stats(nic)
         with _cluster(nodes, nic) as cl:
             run = run_steps(cl, compute_s=compute_s, steps=steps, nbytes=nbytes)
         st = run.step_times
-        out["real"][nic] = {**run.summary(), "step_times": st,
+        out["real"][nic] = {**run.summary(), "step_times": st, "steps": len(st),
+                            "max_s": float(st.max()), "ci": _quantiles(st),
                             "cv": float(st.std() / st.mean())}
-        out["sim"][nic] = [simulate(n, nic, compute_s=compute_s, nbytes=nbytes,
-                                    steps=sim_steps).summary() for n in sim_nodes]
+        rows = []
+        for n in sim_nodes:
+            res = simulate(n, nic, compute_s=compute_s, nbytes=nbytes, steps=sim_steps)
+            rows.append({**res.summary(), "steps": len(res.step_times),
+                         "ci": _quantiles(res.step_times)})
+        out["sim"][nic] = rows
     return out
 
 
@@ -381,7 +451,8 @@ def mitigations(*, nodes: int = 4, nic: str = "delay 2ms", ddp_options: dict | N
     with Cluster(nodes=nodes, nic=nic, timeout=120) as cl:
         for name, extra in plan.items():
             run = ddp.run_ddp(cl, **{"steps": 4, **opts, **extra})
-            real[name] = {**run.summary(), "bucket_sizes": run.bucket_sizes,
+            real[name] = {**run.summary(), "steps": run.config["steps"],
+                          "bucket_sizes": run.bucket_sizes,
                           "param_bytes": run.param_bytes}
     hier = flat_vs_hierarchical(hier_nodes, hier_ppn, hier_nic, hier_intra)
 
@@ -417,6 +488,17 @@ def mitigations(*, nodes: int = 4, nic: str = "delay 2ms", ddp_options: dict | N
                                 **{**common, **sims["bigger buckets"]})
         sim["hierarchical"].append({"nodes": n, "mean_step_s": res.mean_step,
                                     "efficiency": compute_s / res.mean_step})
+    # the flat ring on that same layout (8 ranks per node, fast intra links): what the
+    # hierarchical curve is to be compared with, so that its gain is the algorithm's, not
+    # the layout's
+    sim["ring, 8 per node"] = []
+    for n in sim_nodes:
+        if n < 8:
+            continue
+        res = simulate_training(n // 8, 8, intra=hier_intra, algorithm="ring",
+                                **{**common, **sims["bigger buckets"]})
+        sim["ring, 8 per node"].append({"nodes": n, "mean_step_s": res.mean_step,
+                                        "efficiency": compute_s / res.mean_step})
     for name in sims:
         for row in sim[name]:
             row["nodes"] = row.get("ranks", row["nodes"])
@@ -425,3 +507,125 @@ def mitigations(*, nodes: int = 4, nic: str = "delay 2ms", ddp_options: dict | N
                        "model_bytes": model_bytes, "accumulate": k, "hier_nic": hier_nic,
                        "hier_intra": hier_intra, "hier_nodes": hier_nodes,
                        "hier_ppn": hier_ppn}}
+
+
+# --- 6. time to train -------------------------------------------------------------------------
+#
+# Throughput is samples per second; what a team waits for is the time to reach a target
+# loss: (steps to the target) x (time per step). Synchronous data parallelism on N nodes with
+# a per-rank batch b, gradients averaged, is exactly SGD on one process at the global batch
+# N x b (up to the order of floating-point sums), so the steps are measured by real
+# single-process training at each global batch, cheaply, and the step time is the one
+# measured (real ranks) or simulated (to 1024 nodes) under the network's jitter.
+
+TASK = dict(features=8, classes=4, teacher_scale=1.5, pool=1 << 18, eval_samples=4096,
+            margin=0.01, seed=123)
+
+
+def make_classification(n: int, *, features: int = 8, classes: int = 4,
+                        teacher_scale: float = 1.5, seed: int = 0, teacher_seed: int = 123):
+    """A synthetic classification task: x ~ N(0, I), labels drawn from a fixed random linear
+    teacher's softmax (label noise, so even the teacher has a loss > 0: the floor).
+    Returns (x, y, teacher weights) as torch tensors."""
+    import torch
+
+    w = torch.randn(features, classes, generator=torch.Generator().manual_seed(teacher_seed))
+    w = w * teacher_scale
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, features, generator=gen)
+    cdf = torch.softmax(x @ w, dim=1).cumsum(dim=1)
+    y = (cdf < torch.rand(n, 1, generator=gen)).sum(dim=1).clamp_max(classes - 1)
+    return x, y, w
+
+
+def _train_to_target(x, y, xe, ye, target: float, batch: int, lr: float, max_steps: int,
+                     seed: int) -> int | None:
+    """Plain SGD (softmax regression) at `batch` on fresh samples from the pool; the steps
+    until the held-out loss is below `target`, or None if not within max_steps."""
+    import torch
+    import torch.nn.functional as F
+
+    features, classes = x.shape[1], int(y.max()) + 1
+    w = torch.zeros(features, classes, requires_grad=True)
+    b = torch.zeros(classes, requires_grad=True)
+    n = len(x)
+    start = int(np.random.default_rng(seed).integers(n))
+    for step in range(max_steps):
+        lo = (start + step * batch) % n
+        if lo + batch <= n:  # a view, no copy
+            xb, yb = x[lo:lo + batch], y[lo:lo + batch]
+        else:
+            idx = torch.arange(lo, lo + batch) % n
+            xb, yb = x[idx], y[idx]
+        loss = F.cross_entropy(xb @ w + b, yb)
+        gw, gb = torch.autograd.grad(loss, (w, b))
+        with torch.no_grad():
+            w -= lr * gw
+            b -= lr * gb
+            if float(F.cross_entropy(xe @ w + b, ye)) < target:
+                return step + 1
+    return None
+
+
+def steps_to_target(global_batches, *, seeds=(0, 1), lr_factors=(1.0, 0.5),
+                    lr_max: float = 8.0, max_steps: int = 1500, task: dict | None = None) -> dict:
+    """Measured steps to the target loss at each global batch (real SGD, one process).
+
+    Target: the held-out loss within `margin` nats of the teacher's own loss on the same
+    held-out set. Learning rate: for each batch B the best (fewest mean steps over `seeds`)
+    of lr_factors x min(sqrt(B / 32), lr_max) -- square-root scaling as a first guess, then
+    a small search, so that the comparison is less a test of one rule. A candidate is
+    stopped once it cannot beat the best so far (keeps the search cheap). Every seed reads
+    the same pool of fresh samples from its own offset.
+    Returns {"target", "floor", "rows": [{"batch", "steps", "lr", "per_seed", "reused"}]}.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    cfg = {**TASK, **(task or {})}
+    torch.set_num_threads(1)  # tiny tensors: threads only add overhead
+    opts = dict(features=cfg["features"], classes=cfg["classes"],
+                teacher_scale=cfg["teacher_scale"], teacher_seed=cfg["seed"])
+    xe, ye, w = make_classification(cfg["eval_samples"], seed=10_000, **opts)
+    floor = float(F.cross_entropy(xe @ w, ye))
+    target = floor + cfg["margin"]
+    pool = make_classification(cfg["pool"], seed=0, **opts)[:2]  # seeds start at other offsets
+    rows = []
+    for batch in global_batches:
+        guess = min(math.sqrt(batch / 32), lr_max)
+        best = None
+        for factor in lr_factors:
+            lr = guess * factor
+            cap = max_steps if best is None else int(best["steps"]) + 1
+            runs = [_train_to_target(*pool, xe, ye, target, batch, lr, cap, s)
+                    for s in seeds]
+            if any(r is None for r in runs):
+                continue
+            mean = float(np.mean(runs))
+            if best is None or mean < best["steps"]:
+                best = {"batch": int(batch), "steps": mean, "lr": lr, "per_seed": runs}
+        if best is None:
+            raise RuntimeError(f"batch {batch}: no learning rate reached the target loss "
+                               f"{target:.3f} within {max_steps} steps")
+        best["reused"] = max(best["per_seed"]) * batch > cfg["pool"]  # a sample seen twice?
+        rows.append(best)
+    return {"target": target, "floor": floor, "rows": rows, "seeds": list(seeds),
+            "task": cfg}
+
+
+def time_to_train(step_times: dict, *, per_rank_batch: int = 32, **options) -> dict:
+    """Time to the target loss = steps to target (measured, `steps_to_target`, at the global
+    batch N x per_rank_batch) x the step time at N nodes.
+
+    step_times: {label: {nodes: seconds per step}} (measured or simulated); options go to
+    `steps_to_target`. Gradient accumulation over k micro-batches is the same table read at
+    the batch k x N x per_rank_batch, with (k - 1) more micro-batches of compute per step."""
+    nodes = sorted({n for times in step_times.values() for n in times})
+    measured = steps_to_target([n * per_rank_batch for n in nodes], **options)
+    steps = {r["batch"]: r["steps"] for r in measured["rows"]}
+    curves = {label: [{"nodes": n, "batch": n * per_rank_batch, "step_s": t,
+                       "steps": steps[n * per_rank_batch],
+                       "time_s": steps[n * per_rank_batch] * t}
+                      for n, t in sorted(times.items())]
+              for label, times in step_times.items()}
+    return {"curves": curves, "steps": measured, "per_rank_batch": per_rank_batch}
