@@ -54,6 +54,26 @@ def test_committed_with_clean_outputs(nb):
             assert not MACHINE_PATH.search(text), f"{nb.name}: a machine path in an output"
 
 
+PNG_DPI = re.compile(rb"pHYs(.{4})(.{4})\x01", re.S)
+LABS_SOLVED = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS + LABS_SOLVED, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_figures_are_stored_at_100_dpi_or_more(nb):
+    import base64
+    import struct
+
+    for index, cell in enumerate(cells(nb)):
+        for out in cell.get("outputs", []):
+            png = out.get("data", {}).get("image/png")
+            if not png:
+                continue
+            found = PNG_DPI.search(base64.b64decode(png))
+            assert found, f"{nb.name} cell {index}: a PNG without its resolution"
+            dpi = struct.unpack(">I", found.group(1))[0] * 0.0254
+            assert dpi >= 99.5, f"{nb.name} cell {index}: a figure at {dpi:.0f} dpi (< 100)"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_binder_files_alone_build_an_environment_that_runs_start_here(tmp_path):
