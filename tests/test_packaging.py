@@ -1,0 +1,50 @@
+"""Conventions of the package: one version, a licence that matches, Binder pinned like the
+course."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pins(path: Path) -> dict[str, str]:
+    """name -> version of every `name==version` line (a local build tag like +cpu dropped)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        m = re.match(r"\s*([A-Za-z0-9_.-]+)\s*==\s*([^\s;#+]+)", line)
+        if m:
+            out[m.group(1).lower()] = m.group(2)
+    return out
+
+
+def test_binder_pins_the_same_versions_as_the_course():
+    course, binder = pins(ROOT / "requirements.txt"), pins(ROOT / "binder/requirements.txt")
+    assert course, "requirements.txt pins nothing"
+    assert binder == course, {k: (course.get(k), binder.get(k))
+                              for k in course.keys() | binder.keys()
+                              if course.get(k) != binder.get(k)}
+    assert re.search(r"^torch==[\d.]+\+cpu$", (ROOT / "binder/requirements.txt").read_text(),
+                     flags=re.M), "Binder must ask for the CPU build of torch"
+
+
+def test_the_version_is_defined_once():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "version" not in project and "version" in project.get("dynamic", [])
+    import clusterlab
+
+    installed = subprocess.run(
+        [sys.executable, "-c", "import importlib.metadata as m; print(m.version('clusterlab'))"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    assert installed == clusterlab.__version__
+
+
+def test_the_licence_file_matches_pyproject():
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"]["text"]
+    text = (ROOT / "LICENSE").read_text()
+    assert declared == "MIT" and text.startswith("MIT License")
+    assert "Permission is hereby granted, free of charge" in text
