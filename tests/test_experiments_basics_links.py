@@ -108,6 +108,34 @@ def test_replicas_stay_identical_and_the_network_changes_no_number(breakdown):
     assert "delay 2ms rate 1gbit" in text
 
 
+def test_network_bounds_and_slow_steps_split_the_network_from_the_machine(breakdown):
+    plain, impaired = breakdown
+    floor, ceiling = basics.network_bounds(impaired)  # no jitter: both are the prediction
+    assert floor == pytest.approx(impaired["predicted_all_reduce"])
+    assert ceiling == pytest.approx(impaired["predicted_all_reduce"])
+    jittered = {**impaired, "nic": "delay 2ms 500us rate 1gbit"}
+    floor, ceiling = basics.network_bounds(jittered)
+    spread = impaired["rounds"] * 0.5e-3
+    assert floor == pytest.approx(impaired["predicted_all_reduce"] - spread, abs=1e-6)
+    assert ceiling == pytest.approx(impaired["predicted_all_reduce"] + spread, abs=1e-6)
+    s = basics.slow_steps(plain, impaired)
+    ar = impaired["phases"]["all_reduce"].max(axis=0)
+    assert s["steps"] == 4 and s["beyond"] == int((ar > s["ceiling"]).sum())
+    assert s["impaired_max"] >= s["impaired_median"] and s["plain_max"] >= s["plain_median"]
+    assert (s["beyond"] == 0) == (s["max_excess"] == 0)
+    assert plain["dilation"] == 1.0 and plain["cores"] >= 1 and len(plain["load_average"]) == 2
+
+
+def test_dilated_loop_reports_emulated_time():
+    plain, impaired = basics.compare(nics=(None, "delay 2ms rate 1gbit"), nodes=2, steps=3,
+                                     warmup=1, chunk=3, sizes=(32, 64, 10), batch=16,
+                                     dilation=2)
+    assert impaired["dilation"] == 2.0
+    # every round still waits at least the configured delay, in emulated-cluster time
+    assert np.all(impaired["phases"]["all_reduce"] >= impaired["rounds"] * 2e-3)
+    assert plain["checksums"] == impaired["checksums"]
+
+
 # --- notebook 01: the link ---------------------------------------------------------------------
 
 

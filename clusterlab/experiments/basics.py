@@ -24,6 +24,7 @@ that is what a synchronous step costs.
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 
 import numpy as np
@@ -115,7 +116,7 @@ def synchronous_loop(steps: int, sizes=DEFAULT_SIZES, batch: int = 128, lr: floa
 
 def compare(nics=(None, IMPAIRED_NIC), nodes: int = 2, steps: int = 12, warmup: int = 2,
             chunk: int = 3, sizes=DEFAULT_SIZES, batch: int = 128, seed: int = 0,
-            timeout: float = 60) -> list[dict]:
+            timeout: float = 60, *, dilation: float = 1.0) -> list[dict]:
     """Run `synchronous_loop` on `nodes` ranks (one per node) behind each network in `nics`.
 
     All the clusters are started together and take turns, `chunk` steps at a time, so that
@@ -129,7 +130,14 @@ def compare(nics=(None, IMPAIRED_NIC), nodes: int = 2, steps: int = 12, warmup: 
       loss [rank][step]; checksums (one per rank: equal when the replicas stayed in sync);
       grad_bytes (bytes of each gradient tensor); rounds (point-to-point rounds of all the
       ring all-reduces of one step: tensors x 2(p-1)); predicted_all_reduce (alpha-beta
-      prediction of the all_reduce phase from the configured delay and rate, seconds).
+      prediction of the all_reduce phase from the configured delay and rate, seconds);
+      dilation; load_average (this machine's 1-minute load average before and after the run,
+      from os.getloadavg) and cores.
+
+    dilation: every cluster runs k times slower than the network it stands for
+    (`Cluster(dilation=k)`), and every time is reported divided by k (`clusterlab.now()`), so
+    network times are the configured network's while the CPU's compute stands for a CPU k
+    times faster. Use it when the doctor's faithful floor is above the configured delay.
     """
     if steps <= warmup:
         raise ValueError(f"steps ({steps}) must be more than warmup ({warmup})")
@@ -137,10 +145,12 @@ def compare(nics=(None, IMPAIRED_NIC), nodes: int = 2, steps: int = 12, warmup: 
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     nics = list(nics)
     run_id = uuid.uuid4().hex[:8]
+    load_before = os.getloadavg()[0]
     per_nic: list[list[list[dict]]] = [[] for _ in nics]  # nic -> chunk -> rank -> result
     with contextlib.ExitStack() as stack:
         clusters = [stack.enter_context(Cluster(nodes=nodes, nic=nic, seed=seed,
-                                                timeout=timeout)) for nic in nics]
+                                                timeout=timeout * dilation, dilation=dilation))
+                    for nic in nics]
         done = 0
         while done < steps:
             n = min(chunk, steps - done)
@@ -148,7 +158,11 @@ def compare(nics=(None, IMPAIRED_NIC), nodes: int = 2, steps: int = 12, warmup: 
                 per_nic[i].append(cl.run(synchronous_loop, n, tuple(sizes), batch, 0.05, seed,
                                          f"{run_id}-{i}"))
             done += n
-    return [_summarise(nic, nodes, chunks, warmup, sizes) for nic, chunks in zip(nics, per_nic)]
+    load = (load_before, os.getloadavg()[0])
+    out = [_summarise(nic, nodes, chunks, warmup, sizes) for nic, chunks in zip(nics, per_nic)]
+    for r in out:
+        r.update(dilation=float(dilation), load_average=load, cores=os.cpu_count())
+    return out
 
 
 def _summarise(nic, nodes: int, chunks: list[list[dict]], warmup: int, sizes) -> dict:
@@ -180,6 +194,47 @@ def _summarise(nic, nodes: int, chunks: list[list[dict]], warmup: int, sizes) ->
         "rounds": len(grad_bytes) * 2 * (nodes - 1),
         "predicted_all_reduce": predicted,
     }
+
+
+def network_bounds(result: dict) -> tuple[float, float]:
+    """(lowest, highest) all_reduce phase the configured network alone allows, in seconds:
+    the alpha-beta prediction with every round's delay drawn at the smallest / largest value
+    the jitter distribution can give (uniform: delay -/+ jitter). Rank processes also wait for
+    each other and for a core, so the phase can exceed the highest; it cannot be shorter than
+    the lowest (a message is never early)."""
+    from .links import configured_delays
+
+    spec = Netem.parse(result["nic"])
+    draws = configured_delays(spec) / 1e3 - spec.delay_s  # seconds around the delay
+    predicted, rounds = result["predicted_all_reduce"], result["rounds"]
+    return predicted + rounds * float(draws.min()), predicted + rounds * float(draws.max())
+
+
+def slow_steps(plain: dict, impaired: dict) -> dict:
+    """Which of the impaired run's slow steps the network can explain, and which it cannot.
+
+    Per step, the slowest rank's step time and all_reduce phase. Returns (seconds):
+    plain_median, plain_max, impaired_median, impaired_max, worst (index of the slowest
+    impaired step) with worst_all_reduce and worst_compute (forward + backward + optimizer of
+    that step's slowest rank), floor and ceiling (`network_bounds`), beyond (how many impaired
+    steps had an all_reduce phase above the ceiling: time the network's delays cannot have
+    added; it is this machine's scheduling) with max_excess (the largest such excess), and
+    steps.
+    """
+    step_p = plain["step"].max(axis=0)
+    step_i = impaired["step"].max(axis=0)
+    ar = impaired["phases"]["all_reduce"].max(axis=0)
+    floor, ceiling = network_bounds(impaired)
+    worst = int(step_i.argmax())
+    rank = int(impaired["step"][:, worst].argmax())
+    compute = sum(float(impaired["phases"][name][rank, worst])
+                  for name in ("forward", "backward", "optimizer"))
+    excess = ar - ceiling
+    return {"plain_median": float(np.median(step_p)), "plain_max": float(step_p.max()),
+            "impaired_median": float(np.median(step_i)), "impaired_max": float(step_i.max()),
+            "worst": worst, "worst_all_reduce": float(ar[worst]), "worst_compute": compute,
+            "floor": floor, "ceiling": ceiling, "beyond": int((excess > 0).sum()),
+            "max_excess": float(max(excess.max(), 0.0)), "steps": len(step_i)}
 
 
 def run_breakdown(nic: str | None = None, **kwargs) -> dict:

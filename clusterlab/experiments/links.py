@@ -26,8 +26,6 @@ noise cannot fake.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from .. import doctor, models
@@ -55,37 +53,13 @@ def percentiles(samples_ms, qs=PERCENTILES) -> dict:
     return out
 
 
-def _binomial_cdf(k: int, n: int, q: float) -> float:
-    """P(B <= k) for B ~ Binomial(n, q), in log space (no scipy: it is optional here)."""
-    if k < 0:
-        return 0.0
-    if k >= n:
-        return 1.0
-    i = np.arange(k + 1)
-    logs = (math.lgamma(n + 1) - np.array([math.lgamma(j + 1) + math.lgamma(n - j + 1) for j in i])
-            + i * math.log(q) + (n - i) * math.log1p(-q))
-    return float(np.exp(logs).sum())
-
-
 def quantile_ci(samples, q: float, confidence: float = 0.95) -> dict:
-    """A distribution-free confidence interval for the q-quantile (0 < q < 1) of a sample.
-
-    The interval is [x_(l), x_(u)] between two order statistics, with l and u chosen so that
-    the number B of samples below the true quantile, B ~ Binomial(n, q), falls in [l, u - 1]
-    with probability >= `confidence` (the classic order-statistic interval). It assumes only
-    independent draws. When u would be beyond the largest sample, the sample cannot bound the
-    quantile from above: `upper` is then inf (for n = 200 that is the case for the p99, since
-    all 200 draws fall below the true p99 with probability 0.99^200 = 13 %).
-
-    Returns {"n", "estimate" (np.percentile), "lower", "upper"}.
-    """
-    a = np.sort(np.asarray(samples, dtype=float))
-    n, tail = len(a), (1 - confidence) / 2
-    lower_rank = next(k for k in range(n + 1) if _binomial_cdf(k, n, q) >= tail)  # 1-based l
-    upper_rank = next(k for k in range(n + 1) if _binomial_cdf(k, n, q) >= 1 - tail) + 1
-    return {"n": n, "estimate": float(np.percentile(a, 100 * q)),
-            "lower": float(a[lower_rank - 1]) if lower_rank >= 1 else -math.inf,
-            "upper": float(a[upper_rank - 1]) if upper_rank <= n else math.inf}
+    """`models.quantile_ci` (a distribution-free, order-statistic confidence interval for the
+    q-quantile) as a dict: {"n", "estimate", "lower", "upper"}. `upper` is inf when the sample
+    cannot bound the quantile from above: for n = 200 that is the case for the p99, since all
+    200 draws fall below the true p99 with probability 0.99^200 = 13 %."""
+    estimate, lower, upper = models.quantile_ci(samples, q, confidence)
+    return {"n": int(np.size(samples)), "estimate": estimate, "lower": lower, "upper": upper}
 
 
 def tail_split(result: dict, q: float = 0.99, confidence: float = 0.95) -> dict:
