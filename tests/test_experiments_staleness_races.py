@@ -103,3 +103,36 @@ def test_sync_allreduce_has_no_lost_updates_and_identical_replicas():
     r = races.sync_allreduce("sparse", workers=2, updates=256, batch=32)
     assert r["lost"] == 0 and r["replicas_agree"]
     assert r["final_loss"] < r["initial_loss"]
+
+
+def test_hogwild_times_itself_and_a_lock_serialises_the_workers():
+    problem = races.make_problem("dense")
+    locked = races.hogwild(problem, workers=2, updates=1500, lr=0.05, mode="lock")
+    assert locked["elapsed_s"] > 0 and locked["cpu_s"] > 0
+    assert locked["updates_per_s"] == pytest.approx(locked["updates"] / locked["elapsed_s"])
+    # one worker at a time holds the lock for the whole update: at most about one CPU busy
+    assert locked["parallelism"] < 1.3
+
+
+def test_throughput_rate_is_parallelism_over_cpu_per_update():
+    out = races.throughput("sparse", workers=(1, 2), modes=("none", "lock"), total_updates=1000,
+                           repeats=2)
+    assert out["workers"] == [1, 2] and out["cores"] >= 1
+    for m in ("none", "lock"):
+        assert all(len(v) == 2 for v in out["rate"][m])
+        for rate, par, cpu_us in out["median_run"][m]:
+            assert rate == pytest.approx(par / (1e-6 * cpu_us), rel=1e-9)
+
+
+def test_touching_a_buffer_before_wait_goes_wrong_and_the_fixes_do_not():
+    out = races.async_collective_races(workers=2, trials=6, numel=1 << 17, timeout=60)
+    v = out["variants"]
+    assert set(v) == set(races.ASYNC_VARIANTS)
+    assert all(d["reads"] == 2 * 6 for d in v.values())
+    # the race is a race: it need not hit every time, but over 12 reads of a 512 KiB
+    # all-reduce issued a few microseconds earlier it hits at least once
+    assert v["read_before_wait"]["wrong_trials"] > 0
+    assert v["edit_before_wait"]["wrong_trials"] > 0
+    for n in ("wait_then_read", "wait_then_edit", "clone_then_edit"):
+        assert v[n]["wrong_trials"] == 0 and v[n]["wrong_elements"] == 0, n
+        assert v[n]["disagree_trials"] == 0, n

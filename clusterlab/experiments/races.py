@@ -21,13 +21,18 @@ Source: Niu, Recht, Ré & Wright, "Hogwild!: A Lock-Free Approach to Parallelizi
 Gradient Descent", NeurIPS 2011 (sparse problems converge nearly as fast as with a lock);
 Lameter, "Effective synchronization on Linux/NUMA systems" (2005) for the seqlock.
 
-Public API: `make_problem`, `loss`, `hogwild`, `sync_allreduce`.
+And the races users of torch.distributed write themselves (`async_collective_races`): reading
+or editing a tensor while its `all_reduce(..., async_op=True)` is still in flight.
+
+Public API: `make_problem`, `loss`, `hogwild`, `throughput`, `sync_allreduce`,
+`async_collective_races`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import time
 from dataclasses import dataclass
 
@@ -35,7 +40,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["MODES", "Problem", "hogwild", "loss", "make_problem", "sync_allreduce"]
+__all__ = ["ASYNC_VARIANTS", "MODES", "Problem", "async_collective_races", "hogwild", "loss",
+           "make_problem", "sync_allreduce", "throughput"]
 
 MODES = ("none", "lock", "seqlock")
 
@@ -99,12 +105,14 @@ def loss(problem: Problem, x: np.ndarray) -> float:
 
 
 def _worker(w, problem, shared, lock, go, mode, updates, lr, seed):
-    x, count, begin, end, stats = (t.numpy() for t in shared)
+    x, count, begin, end, stats, cpu = (t.numpy() for t in shared)
     idx_all, val_all, y_all = problem.idx, problem.val, problem.y
     order = np.random.default_rng([seed, w]).integers(0, problem.examples, updates)
     reads = mixed = retries = 0
     whole = problem.nnz == problem.dim  # every update writes every coordinate (dense)
     go.wait()
+    t0 = time.monotonic()  # the workers time themselves: the parent only polls
+    cpu0 = time.process_time()  # CPU this worker burns (a worker blocked on the lock burns none)
     for k, e in enumerate(order):
         idx, a = idx_all[e], val_all[e]
         stamp = (w + 1) * 10_000_000 + k + 1  # unique per update
@@ -140,6 +148,7 @@ def _worker(w, problem, shared, lock, go, mode, updates, lr, seed):
                 lock.release()
         if (k & 255) == 255 or k == updates - 1:
             stats[w] = (k + 1, reads, mixed, retries)
+    cpu[w] = (time.process_time() - cpu0, t0, time.monotonic())
 
 
 def hogwild(
@@ -165,8 +174,11 @@ def hogwild(
 
     Returns a dict: mode, kind, workers, updates (total), expected (coordinate increments
     that should have happened), counted, lost (= expected - counted), lost_fraction,
-    reads, mixed_reads, mixed_fraction, retries, elapsed_s, updates_per_s, curve_updates,
-    curve_loss, curve_t (the sampled loss), initial_loss, final_loss.
+    reads, mixed_reads, mixed_fraction, retries, elapsed_s (the first worker's start to the
+    last worker's finish, timed by the workers: the parent only polls), updates_per_s, cpu_s
+    (CPU seconds of all workers), parallelism (cpu_s / elapsed_s: how many workers ran at
+    once, on average), curve_updates, curve_loss, curve_t (the sampled loss), initial_loss,
+    final_loss.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -178,7 +190,8 @@ def hogwild(
     begin = torch.zeros(problem.dim, dtype=torch.int64).share_memory_()
     end = torch.zeros(problem.dim, dtype=torch.int64).share_memory_()
     stats = torch.zeros((workers, 4), dtype=torch.int64).share_memory_()
-    shared = (x, count, begin, end, stats)
+    cpu = torch.zeros((workers, 3), dtype=torch.float64).share_memory_()  # cpu s, start, end
+    shared = (x, count, begin, end, stats, cpu)
     lock, go = ctx.Lock(), ctx.Event()
     procs = [ctx.Process(target=_worker, name=f"hogwild-{w}", daemon=True,
                          args=(w, problem, shared, lock, go, mode, updates, lr, seed))
@@ -200,7 +213,6 @@ def hogwild(
             curve_t.append(time.monotonic() - t0)
             curve_u.append(int(sn[:, 0].sum()))
             curve_l.append(loss(problem, xn.copy()))
-        elapsed = time.monotonic() - t0
         for p in procs:
             p.join()
         bad = [p.exitcode for p in procs if p.exitcode != 0]
@@ -220,6 +232,9 @@ def hogwild(
     total = workers * updates
     expected = total * problem.nnz
     counted = int(count.sum())
+    times = cpu.numpy()
+    cpu_s = float(times[:, 0].sum())
+    elapsed = float(times[:, 2].max() - times[:, 1].min())  # first start to last finish
     reads, mixed, retries = (int(v) for v in sn[:, 1:].sum(axis=0))
     final = loss(problem, xn)
     curve_t.append(elapsed)
@@ -231,6 +246,7 @@ def hogwild(
         "lost_fraction": (expected - counted) / expected,
         "reads": reads, "mixed_reads": mixed, "mixed_fraction": mixed / max(reads, 1),
         "retries": retries, "elapsed_s": elapsed, "updates_per_s": total / elapsed,
+        "cpu_s": cpu_s, "parallelism": cpu_s / elapsed,
         "curve_t": np.array(curve_t), "curve_updates": np.array(curve_u),
         "curve_loss": np.array(curve_l), "initial_loss": initial, "final_loss": final,
     }
@@ -315,3 +331,165 @@ def sync_allreduce(
         "initial_loss": float(out[0]["curve_l"][0]), "final_loss": loss(problem, out[0]["x"]),
         "replicas_agree": replicas_agree,
     }
+
+
+def throughput(
+    problem: Problem | str = "dense",
+    workers: tuple[int, ...] = (1, 2, 4),
+    modes: tuple[str, ...] = MODES,
+    *,
+    total_updates: int = 8000,
+    repeats: int = 3,
+    lr: float = 0.05,
+    seed: int = 0,
+) -> dict:
+    """Updates per second of each `mode` with each number of `workers`, `repeats` times.
+
+    The same `total_updates` are split over the workers, and the runs are interleaved
+    (repeat 1 of every configuration, then repeat 2, ...), so that a burst of load from
+    other processes on the machine hits every configuration alike; the medians are what to
+    compare. Parallelism is the workers' CPU seconds per second of wall time: about 1 when
+    a lock lets one worker run at a time, up to the number of free cores without one.
+
+    Returns {"workers", "modes", "repeats", "cores", "rate": {mode: [[per repeat] per W]},
+    "median": {mode: [median updates/s per W]}, "parallelism": {mode: [median per W]},
+    "cpu_us_per_update": {mode: [median CPU µs per update per W]}, "median_run": {mode:
+    [(updates/s, parallelism, CPU µs per update) of the median-rate repeat, per W]}}.
+    updates/s = parallelism / CPU seconds per update, exactly, within one run.
+    """
+    if isinstance(problem, str):
+        problem = make_problem(problem)
+    rate = {m: [[] for _ in workers] for m in modes}
+    par = {m: [[] for _ in workers] for m in modes}
+    cpu = {m: [[] for _ in workers] for m in modes}
+    for rep in range(repeats):
+        for i, w in enumerate(workers):
+            for m in modes:
+                r = hogwild(problem, workers=w, updates=max(1, total_updates // w), lr=lr,
+                            mode=m, seed=seed + rep, sample_every_s=0.05)
+                rate[m][i].append(r["updates_per_s"])
+                par[m][i].append(r["parallelism"])
+                cpu[m][i].append(1e6 * r["cpu_s"] / r["updates"])
+    return {
+        "workers": list(workers), "modes": list(modes), "repeats": repeats,
+        "cores": (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                  else os.cpu_count()),
+        "rate": rate,
+        "median": {m: [float(np.median(v)) for v in rate[m]] for m in modes},
+        "parallelism": {m: [float(np.median(v)) for v in par[m]] for m in modes},
+        "cpu_us_per_update": {m: [float(np.median(v)) for v in cpu[m]] for m in modes},
+        # rate = parallelism / CPU per update holds exactly within one run: the median run's
+        "median_run": {m: [_median_run(rate[m][i], par[m][i], cpu[m][i])
+                           for i in range(len(workers))] for m in modes},
+    }
+
+
+def _median_run(rates, pars, cpus):
+    """(updates/s, parallelism, CPU µs per update) of the repeat whose rate is the median."""
+    k = int(np.argsort(rates)[len(rates) // 2])
+    return float(rates[k]), float(pars[k]), float(cpus[k])
+
+
+# ---------------------------------------------------------------------------------------------
+# The races DDP users write themselves: touching a buffer while its async collective runs.
+# ---------------------------------------------------------------------------------------------
+
+ASYNC_VARIANTS = ("read_before_wait", "wait_then_read", "edit_before_wait", "wait_then_edit",
+                  "clone_then_edit")
+
+
+def _async_races_rank(numel, trials, add):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    total = world * (world + 1) / 2  # every rank contributes rank + 1: the reduced value
+    out = {v: [] for v in ASYNC_VARIANTS}
+    for _ in range(trials):
+        for v in ASYNC_VARIANTS:
+            g = torch.full((numel,), float(rank + 1))  # this rank's gradient bucket
+            dist.barrier()  # all ranks issue the collective together
+            if v == "read_before_wait":  # use the result before the collective is done
+                work = dist.all_reduce(g, async_op=True)
+                seen = g.clone()
+                work.wait()
+            elif v == "wait_then_read":
+                work = dist.all_reduce(g, async_op=True)
+                work.wait()
+                seen = g.clone()
+            elif v == "edit_before_wait":  # e.g. weight decay added into the bucket in place
+                work = dist.all_reduce(g, async_op=True)
+                g.add_(add)
+                work.wait()
+                seen = g.clone()
+            elif v == "wait_then_edit":
+                work = dist.all_reduce(g, async_op=True)
+                work.wait()
+                g.add_(add)
+                seen = g.clone()
+            else:  # clone_then_edit: communicate a snapshot, edit the original freely
+                snap = g.clone()
+                work = dist.all_reduce(snap, async_op=True)
+                g.add_(add)  # the original may change: the collective does not read it
+                work.wait()
+                seen = snap + add
+            want = total if v in ("read_before_wait", "wait_then_read") else total + add
+            s = seen.numpy()
+            out[v].append({
+                "wrong": int(np.count_nonzero(s != want)),
+                # what the wrong elements hold (edits): the rank's own value (not reduced yet),
+                # the edit summed over all ranks (it was sent), the edit lost (overwritten)
+                "local": int(np.count_nonzero(s == rank + 1)),
+                "edit_sent": int(np.count_nonzero(s == total + world * add)),
+                "edit_lost": int(np.count_nonzero(s == total)) if want != total else 0,
+                "digest": hash(s.tobytes()),
+            })
+    return out
+
+
+def async_collective_races(
+    workers: int = 4,
+    trials: int = 20,
+    numel: int = 1 << 18,
+    *,
+    add: float = 100.0,
+    cluster=None,
+    timeout: float = 60,
+) -> dict:
+    """Read or edit a tensor while its `dist.all_reduce(t, async_op=True)` is in flight.
+
+    Every rank fills a float32 bucket of `numel` elements with rank + 1 (so the reduced value
+    is W(W+1)/2), and per trial runs each variant once:
+    read_before_wait (clone the bucket right after issuing, then wait), wait_then_read,
+    edit_before_wait (`g.add_(add)` before wait(): the intended result is sum + add, as in the
+    synchronous program), wait_then_edit, clone_then_edit (all-reduce a clone; edit the
+    original). Runs on plain Gloo without an emulated network (`cluster` defaults to
+    `Cluster(nodes=workers, nic=None)`): Gloo reduces in place into the caller's tensor, in
+    chunks, on its own thread, so what a racing read or edit meets is decided by this
+    machine's real timing.
+
+    Returns {"workers", "trials", "numel", "variants": {v: {"wrong_trials": reads (rank x
+    trial) with any wrong element, "reads": trials x workers, "wrong_elements": fraction of
+    all elements wrong, "local", "edit_sent", "edit_lost": fractions of elements in those
+    states, "disagree_trials": trials whose ranks ended with different bytes}}}.
+    """
+    from clusterlab.cluster import Cluster
+
+    with contextlib.ExitStack() as stack:
+        cl = cluster or stack.enter_context(Cluster(nodes=workers, nic=None, timeout=timeout))
+        out = cl.run(_async_races_rank, numel, trials, add)
+    world = len(out)
+    variants = {}
+    for v in ASYNC_VARIANTS:
+        rows = [o[v] for o in out]  # [rank][trial]
+        cells = [rows[r][t] for r in range(world) for t in range(trials)]
+        n = world * trials * numel
+        variants[v] = {
+            "reads": world * trials,
+            "wrong_trials": sum(c["wrong"] > 0 for c in cells),
+            "wrong_elements": sum(c["wrong"] for c in cells) / n,
+            "local": sum(c["local"] for c in cells) / n,
+            "edit_sent": sum(c["edit_sent"] for c in cells) / n,
+            "edit_lost": sum(c["edit_lost"] for c in cells) / n,
+            "disagree_trials": sum(len({rows[r][t]["digest"] for r in range(world)}) > 1
+                                   for t in range(trials)),
+        }
+    return {"workers": world, "trials": trials, "numel": numel, "add": add,
+            "variants": variants}
