@@ -522,7 +522,7 @@ def plot_regimes(rows: Sequence[dict], ax=None, title: str | None = None):
     ax.axhline(1, color="k", lw=0.8)
     ax.set_xticks(np.arange(len(sizes)))
     ax.set_xticklabels([human_bytes(n) for n in sizes])
-    ax.set_ylabel("time / fastest at this size")
+    ax.set_ylabel("time / fastest at this size (ratio)")
     if title:
         ax.set_title(title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
