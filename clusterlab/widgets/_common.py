@@ -78,7 +78,7 @@ def _time(us: float) -> str:
     return f"{us / 1000:g}ms" if us >= 1000 and us % 1000 == 0 else f"{us:g}us"
 
 
-def new_figure(width: float, height: float, dpi: int = 72) -> Figure:
+def new_figure(width: float, height: float, dpi: int = 100) -> Figure:
     """A Figure outside pyplot's registry, with an Agg canvas.
 
     Outside pyplot so that the inline backend does not show it a second time at the end of
