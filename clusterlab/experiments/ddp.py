@@ -623,7 +623,8 @@ def check_timeline(run: DDPRun, delay_s: float) -> dict:
 
 
 def crossover_bytes(p: int, delay_s: float, rate_bps: float) -> float:
-    """Message size at which the ring's latency and bandwidth terms are equal:
-    2(p-1) alpha = 2 (p-1)/p n beta  =>  n = p alpha / beta."""
+    """Bucket size at which a p-rank ring's latency and bandwidth terms are equal:
+    2(p-1) alpha = 2 (p-1)/p n beta  =>  n = p alpha / beta = p n*, where n* = alpha / beta is
+    notebook 01's crossover of a single message (each ring round sends a chunk of n / p)."""
     beta = 8 / rate_bps
     return p * delay_s / beta if beta else math.inf
