@@ -376,7 +376,7 @@ def predictability(nodes: int = 4, nics=("delay 2ms", "delay 2ms 10ms distributi
     the simulator's p50/p99 for the same configurations (each with its sample count and a
     95 % confidence interval: `_quantiles`). Real steps are few (each costs real time), so
     their p99 is not estimable (about their maximum); the simulator is cheap, and its
-    `sim_steps` (>= 367 for a finite p99 interval) make the p99 a measurement."""
+    `sim_steps` (>= 368 for a finite two-sided 95 % p99 interval) make the p99 a measurement."""
     out: dict = {"real": {}, "sim": {}, "delays": {}}
     for nic in nics:
         out["delays"][nic] = delay_stats(nic)
