@@ -43,8 +43,9 @@ import torch.distributed as dist
 from . import clock
 from .link import LinkModel
 from .netem import Netem
-from .schedule import ALLREDUCE_ALGORITHMS, HEADER_BYTES, Collective, Fabric, play, segments
+from .schedule import ALLREDUCE_SCHEDULES, Collective, Fabric, play
 from .topology import Topology
+from .wire import SEGMENT_BYTES, wire_seconds
 
 BACKEND_NAME = "netem"
 
@@ -65,7 +66,7 @@ class NetemConfig:
     seed: int = 0
     dilation: float = 1.0
     algorithm: str = "ring"
-    segment_bytes: int = 65536
+    segment_bytes: int = SEGMENT_BYTES
     correlation: str = "netem"
     shm_dir: str = field(default_factory=tempfile.gettempdir)
 
@@ -76,17 +77,17 @@ class NetemConfig:
         if dilation <= 0:
             raise ValueError(f"CLUSTERLAB_DILATION must be > 0, got {dilation}")
         algorithm = env.get("CLUSTERLAB_ALGORITHM") or "ring"
-        if algorithm not in ALLREDUCE_ALGORITHMS:
+        if algorithm not in ALLREDUCE_SCHEDULES:
             raise ValueError(
                 f"CLUSTERLAB_ALGORITHM={algorithm!r} is unknown; choose from "
-                f"{', '.join(ALLREDUCE_ALGORITHMS)}"
+                f"{', '.join(ALLREDUCE_SCHEDULES)}"
             )
         correlation = env.get("CLUSTERLAB_CORRELATION") or "netem"
         if correlation not in ("netem", "ar1"):
             raise ValueError(
                 f"CLUSTERLAB_CORRELATION must be 'netem' or 'ar1', got {correlation!r}"
             )
-        segment = _number(env, "CLUSTERLAB_SEGMENT_BYTES", 65536, int)
+        segment = _number(env, "CLUSTERLAB_SEGMENT_BYTES", SEGMENT_BYTES, int)
         if segment < 1:
             raise ValueError(f"CLUSTERLAB_SEGMENT_BYTES must be >= 1, got {segment}")
         topology = Topology.from_env(world_size, env).scaled(dilation)
@@ -362,10 +363,9 @@ class NetemProcessGroup(dist.ProcessGroup):
             head = torch.from_numpy(np.array(header, dtype=np.int64))
             waits = [self.gloo.send([head], dst_rank, tag).wait,
                      self.gloo.send(tensors, dst_rank, tag).wait]
-        busy = 0
-        if route.spec.rate_bps:  # the sender is busy until its bytes are on the wire
-            wire = segments(nbytes, self.config.segment_bytes) + HEADER_BYTES
-            busy = int((wire * 8 * 1e9 / route.spec.rate_bps).sum())
+        # The sender is busy until its bytes are on the wire.
+        busy = int(wire_seconds(nbytes, rate_bps=route.spec.rate_bps,
+                                segment_bytes=self.config.segment_bytes) * 1e9)
         return _P2PWork(waits, now + busy, tensors, self._rank)
 
     def recv(self, tensors, src_rank, tag):

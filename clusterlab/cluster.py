@@ -45,6 +45,7 @@ import cloudpickle
 from .backend import BACKEND_NAME, NetemConfig
 from .netem import Netem
 from .topology import Topology
+from .wire import SEGMENT_BYTES
 
 MAX_WORLD_SIZE = 64  # a guard against typos like nodes=1000: this is one machine
 _STATUS_BYTES = 160
@@ -200,7 +201,7 @@ class Cluster:
         *,
         links: dict | str | None = None,
         algorithm: str = "ring",
-        segment_bytes: int = 65536,
+        segment_bytes: int = SEGMENT_BYTES,
         correlation: str = "netem",
         threads: int | None = None,
         start_method: str | None = None,

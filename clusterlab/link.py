@@ -66,16 +66,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .netem import LossGemodel, LossRandom, LossState, Netem
-from .tables import DIST_SCALE, table
+from .tables import DIST_SCALE, TABLE_SIZE, table
+from .wire import (
+    DUPTHRESH,
+    HEADER_BYTES,
+    MAX_RETRANSMISSIONS,
+    RTO_MAX_NS,
+    RTO_MIN_NS,
+    SEGMENT_BYTES,
+    segment_count,
+)
 
 U32_MAX = 2**32 - 1
 INT32_MAX = 2**31 - 1  # the kernel caps jitter to this (tabledist takes an s32 sigma)
-HEADER_BYTES = 66  # Ethernet 14 + IPv4 20 + TCP 20 + TCP timestamp option 12
-DEFAULT_SEGMENT_BYTES = 65536  # a GSO-sized segment, as TCP sends them over loopback
-DUPTHRESH = 3  # later segments that must arrive before a hole counts as lost (fast retransmit)
-RTO_MIN_NS = 200_000_000  # Linux TCP_RTO_MIN
-RTO_MAX_NS = 120_000_000_000  # Linux TCP_RTO_MAX
-MAX_RETRANSMISSIONS = 15  # Linux net.ipv4.tcp_retries2: then the connection times out
 CORRELATION_MODES = ("netem", "ar1")
 
 # Below this many packets per batch, a Python loop beats numpy's per-call overhead. Both
@@ -204,9 +207,36 @@ def sample_delay_ns(
                                else np.int64)]
 
 
+def delay_values_ns(spec: Netem) -> np.ndarray:
+    """The one-way delays (ns) netem draws for `spec`, as 4096 equally likely values, sorted
+    ascending and read-only: the one source of netem delay tables for every consumer.
+
+    * A table distribution (normal, pareto, paretonormal): exactly the values `tabledist` can
+      return, one per table entry, clipped at 0 (int64). These are what `sample_delay_ns`
+      and the simulator's ring kernel draw from.
+    * Uniform jitter: the midpoints of 4096 equal bins of [delay - jitter, delay + jitter),
+      clipped at 0 (float64: the kernel's `rnd % (2 jitter)` has 2 x jitter integer values,
+      of which these are the quantiles).
+    * No jitter: the delay, 4096 times (int64).
+
+    Only the delay: a rate's serialisation time, loss and the rest come on top.
+    """
+    jitter = min(abs(spec.jitter_ns), INT32_MAX)
+    if jitter == 0:
+        values = np.full(TABLE_SIZE, max(spec.delay_ns, 0), dtype=np.int64)
+    elif spec.distribution == "uniform":
+        k = (np.arange(TABLE_SIZE) + 0.5) / TABLE_SIZE
+        values = np.maximum(spec.delay_ns - jitter + 2 * jitter * k, 0)
+    else:
+        return _table_delays(spec.delay_ns, jitter, spec.distribution)
+    values.setflags(write=False)
+    return values
+
+
 @functools.lru_cache(maxsize=64)
 def _table_delays(mu: int, sigma: int, distribution: str) -> np.ndarray:
-    """The 4096 delays tabledist can give for this mean and spread (clipped at 0)."""
+    """The 4096 delays tabledist can give for this mean and spread (clipped at 0; sorted,
+    since the tables are), cached: the samplers look them up for every batch of draws."""
     dist = table(distribution)
     values = np.maximum(tabledist(mu, sigma, np.arange(len(dist)), dist), 0)
     values.setflags(write=False)
@@ -391,7 +421,7 @@ class LinkModel:
         *,
         seed: int = 0,
         link_id: tuple[int, ...] = (),
-        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        segment_bytes: int = SEGMENT_BYTES,
         correlation: str = "netem",
         reverse_delay_ns: int | None = None,
         trace: bool = False,
@@ -507,7 +537,7 @@ class LinkModel:
 
     def _segments(self, nbytes: int) -> list[int]:
         """Wire lengths of the message's packets (a 0-byte message still sends one packet)."""
-        n = max(1, -(-nbytes // self.segment_bytes))
+        n = segment_count(nbytes, segment_bytes=self.segment_bytes)
         last = nbytes - (n - 1) * self.segment_bytes
         return [self.segment_bytes + HEADER_BYTES] * (n - 1) + [last + HEADER_BYTES]
 

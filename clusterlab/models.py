@@ -38,7 +38,7 @@ from clusterlab.tables import DIST_SCALE, table
 
 __all__ = [
     "AlphaBetaFit",
-    "ALLREDUCE_ALGORITHMS",
+    "ALLREDUCE_CLOSED_FORMS",
     "DISTRIBUTIONS",
     "alg_bandwidth",
     "allreduce_time",
@@ -72,7 +72,10 @@ __all__ = [
     "tree_allreduce",
 ]
 
-ALLREDUCE_ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "tree", "parameter_server")
+# The all-reduce algorithms `allreduce_time` has a closed form for
+# (`schedule.ALLREDUCE_SCHEDULES` names those the backend and the simulator can replay).
+ALLREDUCE_CLOSED_FORMS = ("ring", "recursive_doubling", "rabenseifner", "tree",
+                          "parameter_server")
 DISTRIBUTIONS = ("uniform", "normal", "pareto", "paretonormal")  # netem's jitter distributions
 IDEAL_DISTRIBUTIONS = ("normal", "exponential")
 
@@ -408,7 +411,7 @@ def allreduce_time(
 ) -> float:
     """Predicted all-reduce time of n bytes on p ranks with the named algorithm.
 
-    `algorithm` is one of ALLREDUCE_ALGORITHMS: "ring", "recursive_doubling",
+    `algorithm` is one of ALLREDUCE_CLOSED_FORMS: "ring", "recursive_doubling",
     "rabenseifner", "tree" or "parameter_server" (with a single server).
     """
     models = {
@@ -419,7 +422,8 @@ def allreduce_time(
         "parameter_server": parameter_server,
     }
     if algorithm not in models:
-        raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {ALLREDUCE_ALGORITHMS}")
+        raise ValueError(
+            f"unknown algorithm {algorithm!r}; expected one of {ALLREDUCE_CLOSED_FORMS}")
     return models[algorithm](p, n, alpha, beta, gamma)
 
 

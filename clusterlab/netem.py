@@ -441,6 +441,40 @@ def as_netem(x: str | Netem | None) -> Netem | None:
     raise TypeError(f"expected a netem string, a Netem or None, not {type(x).__name__}")
 
 
+def netem_string(
+    latency_us: float = 0,
+    jitter_us: float = 0,
+    distribution: str = "uniform",
+    rate_gbit: float = 0,
+    loss_pct: float = 0,
+) -> str:
+    """Real `tc netem` syntax for the explorers' slider values; zero parts are left out.
+
+    netem_string(20, 5, "normal", 100) == "delay 20us 5us distribution normal rate 100gbit".
+    Uniform is netem's built-in jitter law, so it is not named (the real tc has no "uniform"
+    table to load). Whole milliseconds print as ms, rates below 1 Gbit/s as mbit.
+    """
+    parts = []
+    if latency_us or jitter_us:
+        delay = f"delay {_slider_time(latency_us)}"
+        if jitter_us:
+            delay += f" {_slider_time(jitter_us)}"
+            if distribution != "uniform":
+                delay += f" distribution {distribution}"
+        parts.append(delay)
+    if rate_gbit:
+        mbit = rate_gbit * 1000
+        rate = f"{mbit:g}mbit" if rate_gbit < 1 and mbit == round(mbit) else f"{rate_gbit:g}gbit"
+        parts.append(f"rate {rate}")
+    if loss_pct:
+        parts.append(f"loss {loss_pct:g}%")
+    return " ".join(parts)
+
+
+def _slider_time(us: float) -> str:
+    return f"{us / 1000:g}ms" if us >= 1000 and us % 1000 == 0 else f"{us:g}us"
+
+
 def match_keyword(token: str) -> str | None:
     """iproute2's matches(): the first keyword in KEYWORDS that `token` is a prefix of."""
     return next((kw for kw in KEYWORDS if token and kw.startswith(token)), None)

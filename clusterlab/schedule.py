@@ -33,14 +33,19 @@ import numpy as np
 from .link import packet_time_ns, sample_delay_ns
 from .netem import LossGemodel, LossRandom, LossState, Netem
 from .topology import Topology
+from .wire import (
+    DUPTHRESH,
+    HEADER_BYTES,
+    MAX_RETRANSMISSIONS,
+    RTO_MIN_NS,
+    SEGMENT_BYTES,
+    segment_count,
+)
 
-HEADER_BYTES = 66  # TCP/IP/Ethernet headers added to each segment's payload on the wire
-RTO_MIN_NS = 200_000_000  # Linux's minimum retransmission timeout
-DUPTHRESH = 3  # duplicate ACKs that trigger a fast retransmit
-MAX_RETRANSMITS = 30
-
-ALLREDUCE_ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "tree", "hierarchical",
-                        "hierarchical_rail")
+# The all-reduce algorithms this module can replay (the backend's `algorithm=` and the
+# simulator's); `models.ALLREDUCE_CLOSED_FORMS` names those with a closed form.
+ALLREDUCE_SCHEDULES = ("ring", "recursive_doubling", "rabenseifner", "tree", "hierarchical",
+                       "hierarchical_rail")
 
 
 @functools.lru_cache(maxsize=256)  # specs are frozen: called for every batch of messages
@@ -81,7 +86,7 @@ def _four_state_loss(loss: LossState) -> float:
 
 def segments(nbytes: int, segment_bytes: int) -> np.ndarray:
     """Payload sizes of the segments a message of `nbytes` is cut into (at least one)."""
-    k = max(1, -(-nbytes // segment_bytes))
+    k = segment_count(nbytes, segment_bytes=segment_bytes)
     sizes = np.full(k, segment_bytes, dtype=np.int64)
     sizes[-1] = nbytes - segment_bytes * (k - 1) if nbytes else 0
     return sizes
@@ -94,7 +99,7 @@ class Fabric:
     inputs and seeds, so all ranks agree on every delivery time without talking about it.
     """
 
-    def __init__(self, topology: Topology, *, segment_bytes: int = 65536) -> None:
+    def __init__(self, topology: Topology, *, segment_bytes: int = SEGMENT_BYTES) -> None:
         if segment_bytes < 1:
             raise ValueError(f"segment_bytes must be >= 1, got {segment_bytes}")
         self.topology = topology
@@ -203,7 +208,7 @@ class Fabric:
         later = arrive[rows[fast], cols[fast] + DUPTHRESH]
         when[fast] = later + back[rows[fast]]  # ...or the SACKs of later segments trigger it
         next_rto = np.where(fast, rto, 2 * rto)  # exponential backoff after each timeout
-        for _ in range(MAX_RETRANSMITS):
+        for _ in range(MAX_RETRANSMISSIONS):
             delay = sample_delay_ns(spec, rng, len(rows)) if spec.delay_ns or spec.jitter_ns else 0
             again = rng.random(len(rows)) < p_loss
             arrive[rows[~again], cols[~again]] = (when + delay)[~again]
@@ -212,8 +217,9 @@ class Fabric:
             rows, cols = rows[again], cols[again]
             when, next_rto = when[again] + next_rto[again], 2 * next_rto[again]
         raise RuntimeError(
-            f"a segment was lost {MAX_RETRANSMITS} times in a row on '{spec}': "
-            "the connection would have been reset"
+            f"a segment and its {MAX_RETRANSMISSIONS} retransmissions were all lost on "
+            f"'{spec}': Linux TCP gives up there (net.ipv4.tcp_retries2) and the connection "
+            "times out"
         )
 
 
@@ -349,7 +355,7 @@ def rounds_of(coll: Collective, p: int, topology: Topology, glob: np.ndarray) ->
         elif algo == "hierarchical_rail":
             yield from hierarchical_rail_rounds(p, n, topology, glob)
         else:
-            choices = ", ".join(ALLREDUCE_ALGORITHMS)
+            choices = ", ".join(ALLREDUCE_SCHEDULES)
             raise ValueError(f"unknown all-reduce algorithm {algo!r}; choose from {choices}")
     elif kind == "broadcast":
         yield from binomial_rounds(p, coll.root, n, toward_root=False)

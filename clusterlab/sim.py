@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .link import packet_time_ns, sample_delay_ns
+from .link import delay_values_ns, packet_time_ns, sample_delay_ns
 from .netem import Netem
-from .schedule import HEADER_BYTES, Collective, Fabric, loss_probability, play, segments
+from .schedule import Collective, Fabric, loss_probability, play, segments
 from .topology import Topology
+from .wire import DUPTHRESH, HEADER_BYTES, RTO_MIN_NS, SEGMENT_BYTES
 
 _HAVE_NUMBA = True
 try:  # numba compiles the ring recurrence of 1024-node simulations; pure Python is too slow
@@ -166,7 +167,7 @@ def simulate_training(
         raise ValueError("model_bytes must be >= 0 and bucket_bytes > 0")
     p = topo.world_size
     rng = np.random.default_rng(seed)
-    buckets = _bucket_sizes(int(model_bytes), int(bucket_bytes), int(first_bucket_bytes))
+    buckets = bucket_sizes(int(model_bytes), int(bucket_bytes), int(first_bucket_bytes))
     comp = compute_times(rng, (steps, p), compute_s, compute_jitter, compute_distribution,
                          straggler)
     fabric = Fabric(topo)
@@ -201,7 +202,7 @@ def simulate_training(
                              "compute_s": compute_s, "overlap": overlap, "algorithm": algorithm})
 
 
-def _bucket_sizes(model_bytes: int, bucket_bytes: int, first_bucket_bytes: int) -> list[int]:
+def bucket_sizes(model_bytes: int, bucket_bytes: int, first_bucket_bytes: int) -> list[int]:
     """Gradient buckets in the order DDP reduces them: a small first bucket (DDP's default
     is 1 MiB, so that communication starts early), then buckets of `bucket_bytes`."""
     if model_bytes == 0:
@@ -227,7 +228,7 @@ def _ring_rounds_fast(
     node ring has 2046 rounds of 1024 messages: ~2 million delays per all-reduce.
     """
     p = len(start)
-    payload = segments(-(-nbytes // p), 65536)
+    payload = segments(-(-nbytes // p), SEGMENT_BYTES)
     wire = (packet_time_ns(spec, payload + HEADER_BYTES).astype(np.int64) if spec.rate_bps
             else np.zeros(len(payload), dtype=np.int64))
     if spec.jitter_ns == 0:
@@ -235,20 +236,13 @@ def _ring_rounds_fast(
     elif spec.distribution == "uniform":
         values = np.empty(0, dtype=np.int64)  # the kernel draws uniform delays itself
     else:
-        values = sample_delay_table(spec)
+        values = delay_values_ns(spec)
     p_loss = loss_probability(spec)
-    rto = max(200_000_000, 2 * spec.delay_ns)
+    rto = max(RTO_MIN_NS, 2 * spec.delay_ns)
     fast_retx = 3 * spec.delay_ns  # the SACK's way back, then the resend's way there
     return _ring_kernel(np.asarray(start, dtype=np.int64).copy(), wire, values,
                         spec.delay_ns, min(spec.jitter_ns, 2**31 - 1), overhead_ns, p_loss,
                         rto, fast_retx, int(rng.integers(0, 2**31)))
-
-
-def sample_delay_table(spec: Netem) -> np.ndarray:
-    """The 4096 equally likely delays of a table distribution (see link.sample_delay_ns)."""
-    from .link import _table_delays
-
-    return np.asarray(_table_delays(spec.delay_ns, spec.jitter_ns, spec.distribution))
 
 
 @_njit
@@ -310,7 +304,7 @@ def _ring_kernel(ready, wire, values, mu, sigma, overhead, p_loss, rto, fast_ret
                         # TCP recovery, as schedule._recover (a second loss is ignored here):
                         # SACKs of 3 later segments come back one reverse delay later and the
                         # resend crosses again; without them, the RTO fires.
-                        if seg + 3 < k:
+                        if seg + DUPTHRESH < k:
                             here += fast_retx
                         else:
                             here = send + rto + mu

@@ -11,15 +11,15 @@ import pytest
 from scipy import stats
 
 from clusterlab.link import (
-    HEADER_BYTES,
-    RTO_MIN_NS,
     LinkModel,
+    delay_values_ns,
     packet_time_ns,
     sample_delay_ns,
     tabledist,
 )
 from clusterlab.netem import LossGemodel, LossRandom, LossState, Netem
 from clusterlab.tables import DIST_SCALE, table
+from clusterlab.wire import HEADER_BYTES, RTO_MIN_NS, wire_beta, wire_seconds
 
 MS = 1_000_000
 US = 1_000
@@ -139,6 +139,34 @@ def test_sample_delay_ns_matches_the_link_marginal():
     assert draws.min() >= 0  # jitter > delay: negative delays are clipped, "send now"
     assert np.mean(draws == 0) > 0.25  # P(N(1, 2) < 0) = 31%
     assert np.all(sample_delay_ns(Netem(delay_ns=5), np.random.default_rng(0), 3) == 5)
+
+
+def test_delay_values_are_every_delay_netem_can_draw():
+    rng = np.random.default_rng(1)
+    for dist in ("normal", "pareto", "paretonormal"):
+        spec = Netem(delay_ns=MS, jitter_ns=700 * US + 3, distribution=dist)
+        values = delay_values_ns(spec)
+        every = np.maximum(tabledist(MS, 700 * US + 3, np.arange(4096), table(dist)), 0)
+        assert np.array_equal(values, np.sort(every)) and np.all(np.diff(values) >= 0)
+        assert values.dtype == np.int64 and not values.flags.writeable
+        assert np.isin(sample_delay_ns(spec, rng, 2000), values).all()  # drawn from them
+    # Uniform: the midpoints of 4096 equal bins of [delay - jitter, delay + jitter), clipped.
+    u = delay_values_ns(Netem(delay_ns=MS, jitter_ns=2 * MS))
+    assert len(u) == 4096 and u[0] == 0 and u[-1] == pytest.approx(3 * MS - 2 * MS / 4096)
+    assert np.mean(u == 0) == pytest.approx(0.25, abs=1 / 4096)
+    assert np.all(delay_values_ns(Netem(delay_ns=5 * MS)) == 5 * MS)
+
+
+def test_wire_time_counts_every_segments_headers():
+    rate = 8_000_000  # one byte per microsecond
+    assert wire_seconds(0, rate_bps=rate) == pytest.approx(HEADER_BYTES * 1e-6)  # one packet
+    assert wire_seconds(65537, rate_bps=rate) == pytest.approx((65537 + 2 * HEADER_BYTES) * 1e-6)
+    assert wire_seconds(10, rate_bps=0) == 0.0 and wire_beta(0) == 0.0
+    assert wire_beta(10**9) == pytest.approx(8e-9 * (65536 + 66) / 65536, rel=1e-15)
+    # The link model serialises exactly that much, segment by segment.
+    for nbytes in (0, 100, 3 * 65536 + 5):
+        sent = LinkModel(Netem(rate_bps=rate)).transmit(0, nbytes)
+        assert sent.delivered_ns == round(wire_seconds(nbytes, rate_bps=rate) * 1e9)
 
 
 # --- correlation --------------------------------------------------------------------------

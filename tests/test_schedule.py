@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clusterlab.netem import LossGemodel, Netem
+from clusterlab.link import LinkModel
+from clusterlab.netem import LossGemodel, LossRandom, Netem
 from clusterlab.schedule import (
-    HEADER_BYTES,
     Collective,
     Fabric,
     _release,
@@ -17,6 +17,7 @@ from clusterlab.schedule import (
     play,
 )
 from clusterlab.topology import Topology, parse_links
+from clusterlab.wire import HEADER_BYTES, MAX_RETRANSMISSIONS
 
 MS = 1_000_000
 
@@ -168,6 +169,15 @@ def test_loss_costs_retransmissions():
     lossy = [finish(2, "delay 1ms loss 20%", Collective("allreduce", 1 << 20), seed=s).max()
              for s in range(20)]
     assert min(lossy) >= clean.max() and max(lossy) >= 200 * MS  # some RTO somewhere
+
+
+def test_total_loss_gives_up_where_the_link_model_and_linux_do():
+    # One retransmission limit for the replay and the sequential link model: tcp_retries2.
+    with pytest.raises(RuntimeError, match=f"its {MAX_RETRANSMISSIONS} retransmissions.*gives"):
+        finish(2, "delay 1ms loss 100%", Collective("allreduce", 4096))
+    with pytest.raises(RuntimeError, match=f"after {MAX_RETRANSMISSIONS} retransmissions"):
+        LinkModel(Netem(loss=LossRandom(100))).transmit(0, 10)
+    assert MAX_RETRANSMISSIONS == 15
 
 
 @settings(max_examples=200, deadline=None)

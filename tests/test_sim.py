@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from clusterlab import models
-from clusterlab.schedule import HEADER_BYTES, Collective, Fabric, play
+from clusterlab.schedule import Collective, Fabric, play
 from clusterlab.sim import _ring_rounds_fast, compute_times, scaling_curve, simulate_training
 from clusterlab.topology import Topology
+from clusterlab.wire import HEADER_BYTES
 
 SEG = 65536
 RATE = 1e9  # bit/s: one 64 KiB segment + headers takes exactly 524816 ns

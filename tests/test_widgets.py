@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import replace
 
 import matplotlib
 
@@ -18,10 +17,17 @@ from conftest import live_children  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from clusterlab import models  # noqa: E402
-from clusterlab.link import LinkModel  # noqa: E402
+from clusterlab.link import LinkModel, delay_values_ns  # noqa: E402
 from clusterlab.netem import Netem  # noqa: E402
-from clusterlab.schedule import HEADER_BYTES, Collective, Fabric, play  # noqa: E402
+from clusterlab.schedule import Collective, Fabric, play  # noqa: E402
 from clusterlab.sim import simulate_training  # noqa: E402
+from clusterlab.step_model import (  # noqa: E402
+    NODE_COUNTS,
+    STEP_MODEL_ALGORITHMS,
+    TrainingSetup,
+    predict_step,
+    predicted_curve,
+)
 from clusterlab.topology import Topology  # noqa: E402
 from clusterlab.widgets import (  # noqa: E402
     LinkExplorer,
@@ -31,20 +37,14 @@ from clusterlab.widgets import (  # noqa: E402
     netem_string,
 )
 from clusterlab.widgets._common import Debouncer  # noqa: E402
+from clusterlab.widgets.background_sim import BackgroundSimulator  # noqa: E402
+from clusterlab.widgets.link_delays import configured_law_ns  # noqa: E402
 from clusterlab.widgets.ring import chunk_counts, ring_timeline  # noqa: E402
-from clusterlab.widgets.throughput import (  # noqa: E402
-    NODE_COUNTS,
-    BackgroundSimulator,
-    TrainingSetup,
-    predict_step,
-    predicted_curve,
-)
+from clusterlab.wire import HEADER_BYTES  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leftovers")]
 
-
-
-
+US, MS = 1_000, 1_000_000
 
 
 def quiet(explorer):
@@ -58,7 +58,7 @@ def labels(ax) -> list[str]:
     return [t.get_text() for t in legend.texts] if legend is not None else []
 
 
-# --- the netem string and the closed form --------------------------------------------------
+# --- the netem string ---------------------------------------------------------------------
 
 
 def test_netem_string_is_real_netem_syntax():
@@ -69,33 +69,6 @@ def test_netem_string_is_real_netem_syntax():
     assert netem_string(2000, 0, "pareto", 0.1, 0) == "delay 2ms rate 100mbit"  # zeros left out
     assert netem_string(0, 0, "uniform", 0, 0) == ""
     assert netem_string(100, 10, "uniform") == "delay 100us 10us"  # netem's default law
-
-
-def test_closed_form_is_the_models_formula_without_jitter():
-    alpha, rate = 50e-6, 10e9
-    beta = 8 / rate * (65536 + HEADER_BYTES) / 65536
-    for algo, model in [("ring", models.ring_allreduce),
-                        ("recursive_doubling", models.recursive_doubling_allreduce),
-                        ("tree", models.tree_allreduce)]:
-        # One bucket, no overlap: step = compute + one all-reduce.
-        s = TrainingSetup(nodes=16, latency_us=50, jitter_us=0, bandwidth_gbit=10,
-                          model_mib=1, bucket_mib=1, overlap=False, algorithm=algo)
-        pred = predict_step(s)
-        n = 2**20
-        assert pred.step_s == pytest.approx(0.1 + model(16, n, alpha, beta), rel=1e-12), algo
-        assert pred.efficiency == pytest.approx(0.1 / pred.step_s)
-    hier = predict_step(replace(s, algorithm="hierarchical", procs_per_node=4))
-    assert hier.step_s == pytest.approx(
-        0.1 + models.hierarchical_allreduce(16, 4, n, 0, 0, alpha, beta), rel=1e-12)
-
-
-@pytest.mark.parametrize("changes", [{}, {"latency_us": 1000, "jitter_us": 50},
-                                     {"algorithm": "tree"}, {"procs_per_node": 4},
-                                     {"overlap": False, "bandwidth_gbit": 10}])
-def test_closed_form_agrees_with_the_simulator(changes):
-    s = replace(TrainingSetup(nodes=16), **changes)
-    sim = simulate_training(**s.sim_kwargs(5))
-    assert predict_step(s).step_s == pytest.approx(sim.mean_step, rel=0.06)
 
 
 # --- the throughput explorer ---------------------------------------------------------------
@@ -113,6 +86,7 @@ def test_throughput_explorer_draws_what_models_and_sim_compute():
     assert axes["efficiency"].get_xlabel() == "nodes"
     assert axes["throughput"].get_ylabel() == "samples / s"
     assert axes["efficiency"].get_title() == "scaling efficiency"
+    assert ex.controls["algorithm"].options == STEP_MODEL_ALGORITHMS  # each has a closed form
     assert labels(axes["efficiency"]) == []  # the throughput legend explains both
     # The curve is the closed form at N = 1 .. 1024.
     curve = predicted_curve(setup)
@@ -267,6 +241,10 @@ def test_link_explorer_shows_the_link_models_delays():
         assert le._axes["q"][q].get_xdata()[0] == pytest.approx(np.percentile(delays, q) / 1e6)
     assert f"{np.percentile(delays, 99) / 1e6:.4g} ms" in le.table.value
     assert labels(le._axes["density"])[:2] == ["link model", "configured (netem table)"]
+    kind, law = configured_law_ns(spec)  # what the figure draws: netem's own delays
+    assert kind == "table" and np.array_equal(law, delay_values_ns(spec))
+    kind, law = configured_law_ns(Netem.parse("delay 1ms 1ms rate 8mbit"))
+    assert kind == "uniform" and law.tolist() == [HEADER_BYTES * US, 2 * MS + HEADER_BYTES * US]
     expected_p99 = 2e6 + models.jitter_quantile(0.99, "normal", 500e3)
     assert f"{expected_p99 / 1e6:.4g} ms" in le.table.value  # the configured column
     le.close()

@@ -17,9 +17,9 @@ import numpy as np
 from .. import clock
 from ..cluster import Cluster
 from ..doctor import MEDIAN_DELAY_TOLERANCE
-from ..link import sample_delay_ns
+from ..link import delay_values_ns, sample_delay_ns
 from ..netem import Netem
-from ..tables import DIST_SCALE, table
+from ..wire import wire_beta
 from . import bench, check, result
 
 
@@ -121,15 +121,9 @@ def _fan_out(n: int, spacing_s: float):
 
 
 def reference_delays(spec: Netem) -> np.ndarray | None:
-    """The exact values netem's tabledist can produce for `spec` (one per table entry)."""
-    if spec.distribution == "uniform":
-        return None
-    t = table(spec.distribution).astype(np.int64)
-    sigma = spec.jitter_ns
-    x = (sigma % DIST_SCALE) * t
-    x = np.where(x >= 0, x + DIST_SCALE // 2, x - DIST_SCALE // 2)
-    values = np.trunc(x / DIST_SCALE).astype(np.int64) + (sigma // DIST_SCALE) * t + spec.delay_ns
-    return np.sort(np.maximum(values, 0))
+    """The exact values netem's tabledist can produce for `spec` (one per table entry), or
+    None for uniform jitter, whose law the KS distance takes as continuous."""
+    return None if spec.distribution == "uniform" else delay_values_ns(spec)
 
 
 def ks_distance(samples: np.ndarray, spec: Netem) -> float:
@@ -202,7 +196,7 @@ def fidelity(quick: bool = False) -> dict:
     # 3. Rate: one sender, then two processes sharing one NIC.
     for rate, count, size in (("100mbit", 4, 4 << 20), ("1gbit", 8, 4 << 20)):
         spec = Netem.parse(f"rate {rate}")
-        payload_rate = spec.rate_bps * 65536 / (65536 + 66)  # headers ride on each segment
+        payload_rate = 8 / wire_beta(spec.rate_bps)  # bit/s of payload: headers ride along
         for world, ppn, senders, receivers in ((2, 1, [0], [1]), (4, 2, [0, 1], [2, 3])):
             with Cluster(nodes=world // ppn, procs_per_node=ppn, nic=spec, timeout=120) as cl:
                 per_rank = cl.run(_goodput, senders, receivers, int(max(3, count * scale)), size)

@@ -30,12 +30,12 @@ import numpy as np
 
 from .. import clock, models
 from ..cluster import Cluster
-from ..link import DEFAULT_SEGMENT_BYTES as SEGMENT_BYTES
 from ..netem import Netem
-from ..schedule import HEADER_BYTES, Collective, Fabric, play
-from ..sim import _bucket_sizes, simulate_training
+from ..schedule import Collective, Fabric, play
+from ..sim import bucket_sizes, simulate_training
 from ..timing import all_reduce_spans, durations
 from ..topology import Topology
+from ..wire import SEGMENT_BYTES, wire_beta
 from . import bench, check, details, result
 
 SIZES = [1 << 10, 64 << 10, 1 << 20, 16 << 20]
@@ -68,8 +68,7 @@ def _sim_all_reduce(p: int, nic: str, n: int, seeds: int = 41) -> float:
 
 def _model_all_reduce(p: int, nic: str, n: int) -> float:
     spec = Netem.parse(nic)
-    beta = 8 / spec.rate_bps * (SEGMENT_BYTES + HEADER_BYTES) / SEGMENT_BYTES \
-        if spec.rate_bps else 0.0
+    beta = wire_beta(spec.rate_bps)
     return models.ring_allreduce_jitter(p, n, spec.delay_s, beta, spec.jitter_s,
                                         spec.distribution, segment_bytes=SEGMENT_BYTES)
 
@@ -120,7 +119,7 @@ def ddp_row(p: int, nic: str, steps: int, repeats: int) -> dict:
     nbytes = per_rank[0]["param_bytes"]
     # The floor of each bucket the simulator will reduce (medians of many repeats: a single
     # slow repeat of plain Gloo on this shared machine would otherwise set the prediction).
-    buckets = _bucket_sizes(nbytes, 25 * 2**20, 2**20)
+    buckets = bucket_sizes(nbytes, 25 * 2**20, 2**20)
     floor = _measure({"nodes": p, "nic": None}, sorted(set(buckets)), 3 * repeats)
     measured = float(np.median(durations([r["steps"] for r in per_rank])))
     # Compute and optimizer are local: the slowest rank's own duration.

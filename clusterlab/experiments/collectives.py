@@ -23,12 +23,12 @@ import numpy as np
 
 from .. import models
 from ..netem import Netem, as_netem
-from ..schedule import HEADER_BYTES, Collective, Fabric, play
+from ..schedule import Collective, Fabric, play
 from ..timing import durations
 from ..topology import Topology
+from ..wire import SEGMENT_BYTES, wire_beta
 
 KiB, MiB = 1024, 1024 * 1024
-SEGMENT = 65536  # payload bytes per TCP segment, as the link model cuts messages
 
 # The default network: 5 ms one-way latency and a 200 Mbit/s NIC per node. Chosen so that
 # 4 KiB is latency-bound (n*beta = 0.17 ms << alpha), 4 MiB bandwidth-bound (n*beta = 168 ms),
@@ -66,7 +66,7 @@ def alpha_beta(spec: str | Netem | None) -> tuple[float, float]:
     """
     net = as_netem(spec) or Netem()
     alpha = net.delay_ns / 1e9
-    beta = 8 / net.rate_bps * (SEGMENT + HEADER_BYTES) / SEGMENT if net.rate_bps else 0.0
+    beta = wire_beta(net.rate_bps)
     return alpha, beta
 
 
@@ -150,7 +150,7 @@ def replay(
     `Fabric`, as its two rounds: p-1 pushes to rank 0, then rank 0's p-1 replies.
     """
     topology = Topology.build(nodes, procs_per_node, nic, intra)
-    fabric = Fabric(topology, segment_bytes=SEGMENT)
+    fabric = Fabric(topology, segment_bytes=SEGMENT_BYTES)
     rng = np.random.default_rng(seed)
     p = topology.world_size
     start = np.zeros(p, dtype=np.int64)

@@ -43,6 +43,7 @@ import numpy as np
 from .. import models
 from ..cluster import Cluster
 from ..netem import Netem
+from ..wire import wire_beta
 
 MODES = ("overlap", "deferred", "fused")
 
@@ -485,9 +486,7 @@ def ring_latency_rounds(p: int) -> int:
 def beta_of(nic: str | Netem) -> float:
     """Seconds per payload byte on the wire of this NIC (0 without a rate), headers included."""
     spec = Netem.parse(nic) if isinstance(nic, str) else nic
-    if not spec.rate_bps:
-        return 0.0
-    return 8 / spec.rate_bps * (65536 + 66) / 65536
+    return wire_beta(spec.rate_bps)
 
 
 def predicted_comm(p: int, bucket_sizes, nic: str | Netem) -> float:

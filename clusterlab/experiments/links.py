@@ -30,9 +30,9 @@ import numpy as np
 
 from .. import doctor, models
 from ..cluster import Cluster
-from ..link import HEADER_BYTES, RTO_MIN_NS, LinkModel
+from ..link import LinkModel, delay_values_ns
 from ..netem import Netem
-from ..tables import DIST_SCALE, table
+from ..wire import RTO_MIN_NS, wire_beta, wire_seconds
 
 KIB, MIB = 1024, 1024 * 1024
 PERCENTILES = (1, 50, 90, 99)
@@ -120,18 +120,7 @@ def configured_delays(nic: str | Netem) -> np.ndarray:
     table entry, clipped at 0); for uniform jitter, 4096 evenly spaced quantiles of
     [delay - jitter, delay + jitter). Without jitter: the delay itself.
     """
-    spec = _spec(nic)
-    mu, sigma = spec.delay_ns, spec.jitter_ns
-    if sigma == 0:
-        return np.full(4096, mu / 1e6)
-    if spec.distribution == "uniform":
-        k = (np.arange(4096) + 0.5) / 4096
-        return np.maximum(mu - sigma + 2 * sigma * k, 0) / 1e6
-    t = table(spec.distribution).astype(np.int64)
-    x = (sigma % DIST_SCALE) * t
-    x = np.where(x >= 0, x + DIST_SCALE // 2, x - DIST_SCALE // 2)
-    values = np.trunc(x / DIST_SCALE).astype(np.int64) + (sigma // DIST_SCALE) * t + mu
-    return np.sort(np.maximum(values, 0)) / 1e6
+    return delay_values_ns(_spec(nic)) / 1e6
 
 
 def configured_quantile(nic: str | Netem, q: float) -> float:
@@ -251,12 +240,6 @@ def _stream(senders: list[int], receivers: list[int], count: int, nbytes: int,
     return arrivals
 
 
-def _wire_seconds(spec: Netem, nbytes: int) -> float:
-    """Time `nbytes` of payload (cut into 64 KiB segments with their headers) occupies a NIC."""
-    wire = nbytes + HEADER_BYTES * max(1, -(-nbytes // 65536))
-    return wire / spec.rate_Bps if spec.rate_bps else 0.0
-
-
 # --- (a) the noise floor ---------------------------------------------------------------------
 
 
@@ -354,9 +337,7 @@ def size_sweep(nic: str = "delay 2ms rate 1gbit", sizes=DEFAULT_SIZES, repeats: 
     median = np.median(times, axis=0)
     best = times.min(axis=0)
     fit = models.fit_alpha_beta(sizes, best / 1e3)
-    beta = 0.0
-    if spec.rate_bps:
-        beta = (1 + HEADER_BYTES / 65536) / spec.rate_Bps
+    beta = wire_beta(spec.rate_bps)
     n = np.array(sizes, dtype=float)
     return {
         "nic": nic,
@@ -453,8 +434,9 @@ def nic_contention(rate: str = "100mbit", procs=(1, 2, 4), nbytes: int = 256 * K
     process: per_process, completion and steady).
     """
     spec = _spec(f"rate {rate}")
-    payload_rate = spec.rate_Bps * 65536 / (65536 + HEADER_BYTES)
-    pace = _wire_seconds(spec, nbytes) / 4  # every sender offers 4x what a NIC carries
+    payload_rate = 1 / wire_beta(spec.rate_bps)
+    # every sender offers 4x what a NIC carries
+    pace = wire_seconds(nbytes, rate_bps=spec.rate_bps) / 4
     procs = list(procs)
     widest = max(procs)
     rows: dict = {p: {} for p in procs}
@@ -532,7 +514,7 @@ def latency_under_load(nic: str = "delay 1ms rate 100mbit", nbytes: int = 256 * 
     backlog that never drains), for longer than the pings last.
     """
     spec = _spec(nic)
-    message_s = _wire_seconds(spec, nbytes)
+    message_s = wire_seconds(nbytes, rate_bps=spec.rate_bps)
     bulk_count = int(pings * spacing_s / (1.1 * message_s)) + 3 if message_s else 0
     args = (nbytes, 1.1 * message_s, pings, spacing_s)  # the NIC is busy ~90% of the time
     with Cluster(nodes=2, procs_per_node=2, nic=spec, seed=seed, timeout=timeout) as cl:

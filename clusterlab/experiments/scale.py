@@ -347,7 +347,7 @@ def delay_stats(nic: str) -> dict:
     netem adds mu + sigma x (table value); a negative sum cannot be waited for, so the link
     model, like netem, clips it to 0. With a jitter larger than the delay that clipping is
     common, and the mean is not mu."""
-    from ..link import _table_delays
+    from ..link import delay_values_ns
 
     spec = Netem.parse(nic)
     if not spec.jitter_ns:
@@ -356,7 +356,7 @@ def delay_stats(nic: str) -> dict:
         values = np.maximum(np.linspace(spec.delay_ns - spec.jitter_ns,
                                         spec.delay_ns + spec.jitter_ns, 100_001), 0)
     else:
-        values = _table_delays(spec.delay_ns, spec.jitter_ns, spec.distribution).astype(float)
+        values = delay_values_ns(spec).astype(float)
     return {"nic": nic, "configured_s": spec.delay_ns / 1e9, "mean_s": float(values.mean()) / 1e9,
             "p50_s": float(np.median(values)) / 1e9,
             "p99_s": float(np.percentile(values, 99)) / 1e9,

@@ -107,12 +107,12 @@ class StepSetup:
         (negative delays are clipped to 0, "send now")."""
         if not self.jitter_s:
             return np.full(GRID, self.delay_s)
-        from ..sim import sample_delay_table
+        from ..link import delay_values_ns
 
         spec = Netem.parse(self.nic)
         if spec.distribution == "uniform":  # the kernel draws uniformly on [mu - J, mu + J)
             return np.maximum(self.delay_s + self.jitter_s * _unit_values("uniform"), 0.0)
-        return np.asarray(sample_delay_table(spec), dtype=np.float64) / 1e9
+        return np.asarray(delay_values_ns(spec), dtype=np.float64) / 1e9
 
     def describe(self) -> str:
         jit = (f" ± {_ms(self.compute_jitter_s)} ({self.compute_dist})"

@@ -11,7 +11,8 @@ Every explorer has `.show()`: widgets in a front-end, a static Figure elsewhere 
 nbval; force it with CLUSTERLAB_STATIC=1). Callbacks are plain methods, so they run headless.
 """
 
-from ._common import frontend_available, netem_string
+from ..netem import netem_string
+from ._common import frontend_available
 from .link_delays import LinkExplorer, link_explorer
 from .ring import RingStepper, ring_stepper
 from .throughput import ThroughputExplorer, throughput_explorer

@@ -1,6 +1,5 @@
 """What every explorer shares: front-end detection, debouncing, figures in an Output widget,
-background runs of real clusters that can be cancelled, and the netem string built from
-sliders.
+and background runs of real clusters that can be cancelled.
 
 Kept small on purpose: each explorer reads top to bottom in its own file; this one holds
 only the plumbing that would otherwise be written three times.
@@ -42,40 +41,6 @@ def frontend_available() -> bool:
     shell = get_ipython()
     kernel = getattr(shell, "kernel", None) if shell is not None else None
     return kernel is not None and hasattr(kernel, "comm_manager")
-
-
-def netem_string(
-    latency_us: float = 0,
-    jitter_us: float = 0,
-    distribution: str = "uniform",
-    rate_gbit: float = 0,
-    loss_pct: float = 0,
-) -> str:
-    """Real `tc netem` syntax for the sliders' values; zero parts are left out.
-
-    netem_string(20, 5, "normal", 100) == "delay 20us 5us distribution normal rate 100gbit".
-    Uniform is netem's built-in jitter law, so it is not named (the real tc has no "uniform"
-    table to load). Whole milliseconds print as ms, rates below 1 Gbit/s as mbit.
-    """
-    parts = []
-    if latency_us or jitter_us:
-        delay = f"delay {_time(latency_us)}"
-        if jitter_us:
-            delay += f" {_time(jitter_us)}"
-            if distribution != "uniform":
-                delay += f" distribution {distribution}"
-        parts.append(delay)
-    if rate_gbit:
-        mbit = rate_gbit * 1000
-        rate = f"{mbit:g}mbit" if rate_gbit < 1 and mbit == round(mbit) else f"{rate_gbit:g}gbit"
-        parts.append(f"rate {rate}")
-    if loss_pct:
-        parts.append(f"loss {loss_pct:g}%")
-    return " ".join(parts)
-
-
-def _time(us: float) -> str:
-    return f"{us / 1000:g}ms" if us >= 1000 and us % 1000 == 0 else f"{us:g}us"
 
 
 def new_figure(width: float, height: float, dpi: int = 100) -> Figure:
@@ -420,7 +385,6 @@ def failure_status(exc: BaseException, run: BackgroundRun) -> str:
     if run.cancelled:
         return "cancelled"
     return f"<b>{type(exc).__name__}</b>: {html.escape(str(exc).splitlines()[0])}"
-
 
 
 @contextlib.contextmanager

@@ -21,18 +21,10 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator, NullFormatter, NullLocator
 
 from .. import clock, models
-from ..link import LinkModel, packet_time_ns
-from ..netem import Netem
-from ..schedule import HEADER_BYTES
-from ..sim import sample_delay_table
-from ._common import (
-    BackgroundRun,
-    Explorer,
-    cancel_run,
-    netem_string,
-    reporting,
-    sync_legend,
-)
+from ..link import LinkModel, delay_values_ns, packet_time_ns
+from ..netem import Netem, netem_string
+from ..wire import HEADER_BYTES
+from ._common import BackgroundRun, Explorer, cancel_run, reporting, sync_legend
 
 DELAY_US = (0, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 JITTER_US = (0, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
@@ -42,27 +34,33 @@ QUANTILES = (50, 90, 99)
 MEASURE_SECONDS = 4.0  # the real ping-pong's budget
 
 
-def configured_delays(spec: Netem) -> tuple[str, np.ndarray]:
-    """What the spec configures for one empty probe, in ns: ("table", the 4096 equally
-    likely delays), ("uniform", [low, high]) or ("fixed", [delay]); a rate's serialisation
-    time of the probe's headers is included, as the link model includes it."""
-    wire = int(packet_time_ns(spec, HEADER_BYTES)) if spec.rate_bps else 0
+def configured_law_ns(spec: Netem) -> tuple[str, np.ndarray]:
+    """The law the spec configures for one empty probe's delay, in ns, as the figure draws
+    it: ("table", the 4096 equally likely delays of `link.delay_values_ns`), ("uniform",
+    [low, high]) or ("fixed", [delay]); a rate's serialisation time of the probe's headers
+    is included, as the link model includes it."""
+    wire = _probe_wire_ns(spec)
     if spec.jitter_ns == 0:
         return "fixed", np.array([spec.delay_ns + wire])
     if spec.distribution == "uniform":
         low = max(0, spec.delay_ns - spec.jitter_ns)
         return "uniform", np.array([low + wire, spec.delay_ns + spec.jitter_ns + wire])
-    return "table", np.sort(sample_delay_table(spec)) + wire
+    return "table", delay_values_ns(spec) + wire
 
 
-def configured_quantile(spec: Netem, q: float) -> float:
+def configured_percentile_ns(spec: Netem, q: float) -> float:
     """The q-th percentile (0..100) of the configured delay in ns, from models.jitter_quantile:
     delay + jitter_quantile(q), clipped at 0, plus the probe's serialisation time."""
-    wire = int(packet_time_ns(spec, HEADER_BYTES)) if spec.rate_bps else 0
+    wire = _probe_wire_ns(spec)
     if spec.jitter_ns == 0:
         return float(spec.delay_ns + wire)
     x = models.jitter_quantile(q / 100, spec.distribution, spec.jitter_ns)
     return max(0.0, spec.delay_ns + x) + wire
+
+
+def _probe_wire_ns(spec: Netem) -> int:
+    """Serialisation time of an empty probe (its headers alone) at the spec's rate (0 if none)."""
+    return int(packet_time_ns(spec, HEADER_BYTES))
 
 
 def _ping_pong(count: int) -> list[int]:
@@ -228,7 +226,7 @@ class LinkExplorer(Explorer):
             self.table.value = ""
             return
         rows = [(f"link model ({self.samples} probes)", self.percentiles),
-                ("configured", {q: configured_quantile(self.spec, q) for q in QUANTILES})]
+                ("configured", {q: configured_percentile_ns(self.spec, q) for q in QUANTILES})]
         measured = self.measured_now
         if measured is not None:
             rows.append((f"measured ({len(measured)} pings)",
@@ -293,7 +291,7 @@ class LinkExplorer(Explorer):
         sc["title"].set_color("k")
         sc["error"].set_text("")
         ms = self.delays / 1e6
-        kind, conf = configured_delays(spec)
+        kind, conf = configured_law_ns(spec)
         # The density shows the body; retransmitted probes (>= 200 ms later) go to the tail.
         conf_max = float(conf.max()) / 1e6
         body = ms[ms <= 1.5 * conf_max + 1.0]

@@ -2,35 +2,28 @@
 
 Three predictions of one data-parallel training step, from cheapest to most real:
 
-1. the closed-form curve over N = 1, 2, 4, ..., 1024 nodes (`predict_step`): the α-β costs of
-   `clusterlab.models` for each gradient bucket's all-reduce, plus order-statistics terms for
-   jitter (`models.expected_max`) and for loss (`models.tail_at_scale`), fed through the same
-   compute/communication overlap recurrence as the simulator. Microseconds per point.
-2. the simulator at the chosen N only (`sim.simulate_training`, a few steps): every message of
-   every round replayed with netem's semantics. Its step-time histogram (p50, p99) and its
-   point on the curve show what the closed form leaves out.
-3. "run for real": the largest cluster of this machine (at most 8 processes) trains a
-   synthetic model with the same network, DDP-style, and its measured points (p10-p90 error
-   bars) land on the same axes.
+1. the closed-form curve over N = 1, 2, 4, ..., 1024 nodes (`clusterlab.step_model`): the
+   α-β costs of `clusterlab.models` for each gradient bucket's all-reduce, plus
+   order-statistics terms for jitter and loss, fed through the same compute/communication
+   overlap recurrence as the simulator. Microseconds per point.
+2. the simulator at the chosen N only (`sim.simulate_training`, a few steps, within the
+   time budget of `background_sim`): every message of every round replayed with netem's
+   semantics. Its step-time histogram (p50, p99) and its point on the curve show what the
+   closed form leaves out.
+3. "run for real" (`real_run`): the largest cluster of this machine (at most 8 processes)
+   trains a synthetic model with the same network, DDP-style, and its measured points
+   (p10-p90 error bars) land on the same axes.
 
-The closed form is an approximation where the simulator is exact: where the two disagree
-(heavy jitter, loss), the gap is part of the lesson.
+This module holds only the widget: its controls, its figure and its callbacks.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import functools
-import math
-import multiprocessing as mp
-import signal
-import sys
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import ipywidgets as widgets
@@ -38,23 +31,18 @@ import numpy as np
 from matplotlib.ticker import FixedLocator, LogLocator, MaxNLocator, NullFormatter, NullLocator
 
 from .. import models
-from ..netem import Netem
-from ..schedule import ALLREDUCE_ALGORITHMS, HEADER_BYTES, loss_probability
-from ..sim import SimResult, _bucket_sizes, simulate_training
-from ..timing import all_reduce_spans, durations
-from ._common import (
-    BackgroundRun,
-    Explorer,
-    cancel_run,
-    netem_string,
-    reporting,
-    sync_legend,
+from ..sim import SimResult
+from ..step_model import (
+    NODE_COUNTS,
+    STEP_MODEL_ALGORITHMS,
+    StepPrediction,
+    TrainingSetup,
+    predict_step,
+    predicted_curve,
 )
-
-NODE_COUNTS = tuple(2**i for i in range(11))  # 1 .. 1024, the curve's x values
-MIB = 2**20
-SEGMENT_BYTES = 65536  # TCP segments of the emulator (schedule.Fabric's default)
-FIRST_BUCKET_BYTES = MIB  # DDP's small first bucket, as in simulate_training
+from ._common import BackgroundRun, Explorer, cancel_run, reporting, sync_legend
+from .background_sim import BackgroundSimulator, SimBudget, run_simulation
+from .real_run import REAL_MAX_PROCS, MeasuredRun, RealPlan, measure_real_run
 
 # Slider stops: roughly logarithmic, with 0 where "none" makes sense.
 LATENCY_US = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
@@ -65,510 +53,6 @@ MODEL_MIB = (1, 10, 25, 50, 100, 250, 500, 1000, 4000)
 COMPUTE_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 BUCKET_MIB = (1, 5, 10, 25, 50, 100)
 PROCS_PER_NODE = (1, 2, 4, 8)
-
-# How long the simulator may take inside one update, and beyond it (in the background), and
-# for a static figure (nbval, a terminal), where nothing can be drawn later.
-SYNC_SIM_BUDGET_S = 0.05
-MIN_SIM_STEPS, MAX_SIM_STEPS = 5, 20
-ASYNC_SIM_TARGET_S, MAX_ASYNC_SIM_S = 3.0, 30.0
-STATIC_SIM_TARGET_S, STATIC_SIM_MAX_S = 1.0, 10.0
-
-REAL_MAX_PROCS = 8  # what a 2-core machine holds (Cluster allows up to 64)
-REAL_MODEL_CAP_BYTES = 4 * MIB  # the real run's synthetic model is capped to a few MB
-REAL_MAX_SECONDS = 30.0  # the real run's steps are cut to fit roughly this long
-
-
-@dataclass(frozen=True)
-class TrainingSetup:
-    """Everything one prediction depends on, in the units of the sliders."""
-
-    nodes: int = 16
-    procs_per_node: int = 1
-    latency_us: float = 20
-    jitter_us: float = 5
-    distribution: str = "normal"
-    bandwidth_gbit: float = 100
-    loss_pct: float = 0
-    model_mib: float = 100
-    compute_ms: float = 100
-    bucket_mib: float = 25
-    overlap: bool = True
-    algorithm: str = "ring"
-    batch_per_rank: int = 32
-
-    @property
-    def nic(self) -> str:
-        """The NIC's netem string, e.g. "delay 20us 5us distribution normal rate 100gbit"."""
-        return netem_string(self.latency_us, self.jitter_us, self.distribution,
-                            self.bandwidth_gbit, self.loss_pct)
-
-    @functools.cached_property
-    def spec(self) -> Netem:
-        return Netem.parse(self.nic)
-
-    @property
-    def ranks(self) -> int:
-        return self.nodes * self.procs_per_node
-
-    @property
-    def model_bytes(self) -> int:
-        return int(self.model_mib * MIB)
-
-    @property
-    def bucket_bytes(self) -> int:
-        return int(self.bucket_mib * MIB)
-
-    @property
-    def compute_s(self) -> float:
-        return self.compute_ms / 1e3
-
-    @property
-    def buckets(self) -> list[int]:
-        """Gradient bucket sizes in reduction order (the simulator's own split)."""
-        return _bucket_sizes(self.model_bytes, self.bucket_bytes, FIRST_BUCKET_BYTES)
-
-    def sim_kwargs(self, steps: int, seed: int = 0) -> dict[str, Any]:
-        """The arguments of `simulate_training` for this setup."""
-        return dict(nodes=self.nodes, procs_per_node=self.procs_per_node, nic=self.nic or None,
-                    model_bytes=self.model_bytes, bucket_bytes=self.bucket_bytes,
-                    first_bucket_bytes=FIRST_BUCKET_BYTES, compute_s=self.compute_s,
-                    overlap=self.overlap, algorithm=self.algorithm, steps=steps,
-                    batch_per_rank=self.batch_per_rank, seed=seed)
-
-
-# --- 1. The closed form ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StepPrediction:
-    """The closed form's training step at one node count (seconds, samples/s)."""
-
-    nodes: int
-    ranks: int
-    step_s: float
-    compute_s: float
-    comm_s: float  # all buckets' all-reduces back to back, overlapped or not
-    samples_per_step: int
-
-    @property
-    def exposed_s(self) -> float:
-        """Communication the step waits for: what overlap could not hide."""
-        return self.step_s - self.compute_s
-
-    @property
-    def throughput(self) -> float:
-        return self.samples_per_step / self.step_s
-
-    @property
-    def efficiency(self) -> float:
-        """Throughput over `ranks` times one lone rank's (which only computes)."""
-        return self.compute_s / self.step_s
-
-
-@functools.lru_cache(maxsize=4096)
-def _jitter_max(k: int, distribution: str) -> float:
-    """E[max of k netem jitter draws] in units of the jitter (cached: tables cost ~50 us)."""
-    return models.expected_max(k, distribution, 1.0)
-
-
-@functools.lru_cache(maxsize=4096)
-def _jitter_max_std(k: int, distribution: str) -> float:
-    """Standard deviation of the max of k netem jitter draws in units of the jitter (cached)."""
-    return models.max_std(k, distribution, 1.0)
-
-
-@functools.lru_cache(maxsize=256)
-def _normal_max(p: int) -> float:
-    return models.expected_max_ideal(p, "normal")
-
-
-def _rounds(algorithm: str, nodes: int) -> int:
-    """Rounds of the log-depth algorithms among `nodes` (see models' docstrings)."""
-    lg = nodes.bit_length() - 1
-    fold = 0 if nodes & (nodes - 1) == 0 else 2  # non-powers of two fold ranks in and out
-    return {"recursive_doubling": lg + fold, "rabenseifner": 2 * lg + fold,
-            "tree": 2 * (nodes - 1).bit_length()}[algorithm]
-
-
-def allreduce_seconds(algorithm: str, nodes: int, procs_per_node: int, nbytes: int,
-                      spec: Netem) -> float:
-    """Predicted time of one all-reduce of `nbytes` (closed form, see the module docstring).
-
-    α-β part (models): ring over all ranks, where only one hop in procs_per_node crosses a
-    NIC (the others stay inside the node, unimpaired): the latency term shrinks by that
-    factor, the bandwidth term does not; hierarchical as in `models.hierarchical_allreduce`
-    with free intra-node steps; the log-depth algorithms among nodes with β times
-    procs_per_node, because all processes of a node then share its NIC.
-    Jitter: every round waits for the last segment of its message, delay + E[max of k
-    draws]; a ring adds the Gaussian longest-path term of `models.ring_allreduce_jitter` (with
-    the spread of that max).
-    Loss: a round in which one of the m messages loses a tail segment waits for TCP's
-    retransmission timeout; `tail_at_scale(loss, m x segments)` is how often that happens.
-    Charging it to every round as if rounds were barriers is an upper bound (rounds overlap
-    in reality): against the simulator it is exact within a few percent without loss, and
-    up to ~1.6x too slow at 64 nodes with 0.01% loss.
-    """
-    p = nodes * procs_per_node
-    if p == 1 or nbytes <= 0:
-        return 0.0
-    alpha = spec.delay_s
-    beta = 8 / spec.rate_bps * (SEGMENT_BYTES + HEADER_BYTES) / SEGMENT_BYTES \
-        if spec.rate_bps else 0.0
-    ring = 0  # ranks in a ring, for its longest-path jitter term
-    if algorithm == "ring":
-        # Only one hop in procs_per_node leaves a node: latency is paid on that fraction of
-        # the 2(p-1) rounds, but every round each NIC still serialises one chunk.
-        base = max(models.ring_allreduce(p, nbytes, 0.0, beta),
-                   models.ring_allreduce(p, nbytes, alpha, beta) / procs_per_node)
-        rounds = -(-2 * (p - 1) // procs_per_node)
-        message, fan, ring = -(-nbytes // p), nodes, p
-    elif algorithm == "hierarchical":
-        base = models.hierarchical_allreduce(nodes, procs_per_node, nbytes, alpha_intra=0.0,
-                                             beta_intra=0.0, alpha_inter=alpha, beta_inter=beta)
-        rounds, message, fan, ring = 2 * (nodes - 1), -(-nbytes // nodes), nodes, nodes
-    else:
-        if nodes == 1:
-            return 0.0  # every round stays inside the node
-        base = models.allreduce_time(algorithm, nodes, nbytes, alpha, beta * procs_per_node)
-        rounds, message, fan = _rounds(algorithm, nodes), nbytes, p
-        if algorithm == "rabenseifner":
-            message = -(-nbytes // 2)  # the first (largest) halving message
-    if rounds == 0:
-        return base
-    k = max(1, -(-message // SEGMENT_BYTES))  # segments per message
-    extra = 0.0
-    if spec.jitter_ns:
-        jitter = spec.jitter_s
-        extra += rounds * jitter * _jitter_max(k, spec.distribution)
-        if ring > 1:
-            extra += (jitter * _jitter_max_std(k, spec.distribution) * math.sqrt(rounds)
-                      * _normal_max(ring))
-    q = loss_probability(spec)
-    if q > 0:
-        rto = max(0.2, 4 * alpha)  # Linux's 200 ms floor, or twice the round trip
-        tail, body = min(k, 3), max(k - 3, 0)  # fast retransmit needs 3 later segments
-        extra += rounds * (models.tail_at_scale(q, fan * tail) * (rto + alpha)
-                           + models.tail_at_scale(q, fan * body) * 3 * alpha)
-    return base + extra
-
-
-def predict_step(setup: TrainingSetup, nodes: int | None = None) -> StepPrediction:
-    """The closed-form step at `nodes` (default: setup.nodes).
-
-    Forward is a third of the compute, backward two thirds; bucket b is ready when the
-    backward pass has produced it; with overlap its all-reduce starts then (or when the
-    previous one ends), without overlap after the whole backward pass: the recurrence of
-    `simulate_training` with every time replaced by its prediction.
-    """
-    nodes = setup.nodes if nodes is None else nodes
-    spec, compute = setup.spec, setup.compute_s
-    forward = compute / 3
-    buckets = setup.buckets
-    stream = 0.0
-    comm = 0.0
-    produced = 0
-    for size in buckets:
-        t = allreduce_seconds(setup.algorithm, nodes, setup.procs_per_node, size, spec)
-        produced += size  # the backward pass yields gradient bytes at a steady rate
-        ready = forward + (compute - forward) * produced / sum(buckets) if setup.overlap \
-            else compute
-        stream = max(ready, stream) + t
-        comm += t
-    ranks = nodes * setup.procs_per_node
-    return StepPrediction(nodes=nodes, ranks=ranks, step_s=max(stream, compute),
-                          compute_s=compute, comm_s=comm,
-                          samples_per_step=setup.batch_per_rank * ranks)
-
-
-@functools.lru_cache(maxsize=64)
-def _curve(setup: TrainingSetup) -> tuple[StepPrediction, ...]:
-    return tuple(predict_step(setup, n) for n in NODE_COUNTS)
-
-
-def predicted_curve(setup: TrainingSetup) -> tuple[StepPrediction, ...]:
-    """predict_step at N = 1, 2, 4, ..., 1024 (cached: dragging N alone costs nothing)."""
-    return _curve(replace(setup, nodes=1))
-
-
-# --- 2. The simulator, within a time budget --------------------------------------------------
-
-# Seconds per unit of simulator work, measured on a loaded 2-core machine; the explorer
-# rescales them by what it measures (see SimBudget).
-_COST_FAST_DRAW = 5e-9  # one delay draw in the compiled ring kernel
-_COST_ROUND = 50e-6  # one round through schedule.play (numpy call overheads)
-_COST_MESSAGE = 0.2e-6
-_COST_RATE_MESSAGE = 1e-6  # a message through a rate-limited NIC queue (tail bookkeeping)
-_COST_DRAW = 40e-9  # one segment's delay, loss and serialisation in schedule.play
-_COST_BUCKET = 20e-6
-
-
-def _segments(nbytes: int) -> int:
-    return max(1, -(-int(nbytes) // SEGMENT_BYTES))
-
-
-def sim_seconds_per_step(setup: TrainingSetup) -> float:
-    """Rough wall time of one simulated step: counts of rounds, messages and delay draws."""
-    nodes, ppn = setup.nodes, setup.procs_per_node
-    p = nodes * ppn
-    buckets = setup.buckets
-    if p == 1:
-        return _COST_BUCKET * (1 + len(buckets))
-    spec = setup.spec
-    rate = bool(spec.rate_bps)
-    total = 0.0
-    lg = max(1, (p - 1).bit_length())
-    for n in buckets:
-        total += _COST_BUCKET
-        if setup.algorithm == "ring" and ppn == 1:  # the compiled fast path
-            total += 2 * (p - 1) * p * _segments(n / p) * _COST_FAST_DRAW
-            continue
-        if setup.algorithm == "ring":
-            shapes = [(2 * (p - 1), p, nodes, _segments(n / p))]
-        elif setup.algorithm == "hierarchical":
-            lg_ppn = (ppn - 1).bit_length()
-            shapes = [(2 * lg_ppn, p, 0, 0), (2 * (nodes - 1), nodes, nodes, _segments(n / nodes))]
-        elif setup.algorithm == "tree":
-            shapes = [(2 * lg, p // 2, p // 2, _segments(n))]
-        elif setup.algorithm == "rabenseifner":
-            shapes = [(2 * lg, p, p, max(1, _segments(n) // lg))]
-        else:
-            shapes = [(lg, p, p, _segments(n))]
-        for rounds, messages, inter, segs in shapes:
-            per_round = (_COST_ROUND + messages * _COST_MESSAGE
-                         + inter * (_COST_RATE_MESSAGE if rate else 0) + inter * segs * _COST_DRAW)
-            total += rounds * per_round
-    return total
-
-
-@dataclass
-class SimBudget:
-    """Decides how many steps to simulate, and whether inside the update or in the background.
-
-    `scale` corrects the cost estimate by what the last runs really took (this machine, its
-    load), so the budget holds on a fast laptop and on a busy 2-core VM alike.
-    """
-
-    sync_s: float = SYNC_SIM_BUDGET_S
-    scale: float = 1.0
-
-    def plan(self, setup: TrainingSetup, static: bool = False) -> tuple[str, int, float]:
-        """("sync" | "async" | "skip", steps, estimated seconds of the whole run).
-
-        static: for a figure without widgets, where nothing can arrive later: simulate
-        inside the call unless that would take longer than STATIC_SIM_MAX_S.
-        """
-        per_step = max(sim_seconds_per_step(setup) * self.scale, 1e-6)
-        if static:
-            steps = int(min(MAX_SIM_STEPS, max(3, STATIC_SIM_TARGET_S // per_step)))
-            if steps * per_step > STATIC_SIM_MAX_S:
-                return "skip", 0, 3 * per_step
-            return "sync", steps, steps * per_step
-        steps = int(self.sync_s / per_step)
-        if steps >= MIN_SIM_STEPS:
-            steps = min(steps, MAX_SIM_STEPS)
-            return "sync", steps, steps * per_step
-        if 3 * per_step > MAX_ASYNC_SIM_S:
-            return "skip", 0, 3 * per_step
-        steps = int(min(10, max(3, ASYNC_SIM_TARGET_S // per_step)))
-        return "async", steps, steps * per_step
-
-    def learn(self, setup: TrainingSetup, steps: int, seconds: float) -> None:
-        estimate = sim_seconds_per_step(setup) * steps
-        if estimate > 0.01:  # tiny runs are all overhead; they would teach noise
-            ratio = seconds / estimate
-            self.scale = float(np.clip(math.sqrt(self.scale * ratio), 0.1, 10.0))
-
-
-@functools.cache
-def _warm_up() -> None:
-    """Load the simulator's compiled ring kernel in this process, once, before forking:
-    a child that had to load it from numba's cache would spend ~1 s on it, every time."""
-    simulate_training(2, nic="delay 1us 1us", model_bytes=1024, steps=1)
-
-
-def _simulate_in_child(conn: Any, kwargs: dict[str, Any]) -> None:
-    """Entry point of a forked simulation process: run, send the result back, exit."""
-    if sys.platform.startswith("linux"):  # die with the kernel, like the cluster's ranks
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    try:
-        conn.send(run_simulation(kwargs))
-    finally:
-        conn.close()
-
-
-def run_simulation(kwargs: dict[str, Any]) -> tuple[str, Any]:
-    """("ok", simulate_training(**kwargs)) or ("error", what went wrong), never raising:
-    at 5% loss a segment can be lost 30 times in a row, which TCP would not survive either."""
-    try:
-        return "ok", simulate_training(**kwargs)
-    except Exception as exc:  # noqa: BLE001 - reported to the widget
-        return "error", f"{type(exc).__name__}: {exc}"
-
-
-class BackgroundSimulator:
-    """Runs the simulations too slow for an update, one at a time; a new one replaces it.
-
-    On Linux each runs in a forked child process, which is killed as soon as the learner
-    asks for another setup: a stale simulation costs nothing more, and seconds of numpy
-    work in a thread would hold the GIL and make the widget lag. Elsewhere (no cheap fork)
-    it runs on a thread and a stale result is simply dropped.
-    """
-
-    def __init__(self, use_process: bool | None = None) -> None:
-        self.use_process = sys.platform.startswith("linux") if use_process is None \
-            else use_process
-        self._lock = threading.Lock()
-        self._generation = 0
-        self._proc: Any = None
-        self._watchers: list[threading.Thread] = []
-
-    def submit(self, kwargs: dict[str, Any],
-               done: Callable[[SimResult | None, str | None, float], None]) -> None:
-        """Start simulate_training(**kwargs); later done(result, error, seconds), unless a
-        newer submit() or cancel() came first."""
-        with self._lock:
-            self._generation += 1
-            generation = self._generation
-            self._kill()
-            if self.use_process:
-                _warm_up()
-                ctx = mp.get_context("fork")
-                receiver, sender = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_simulate_in_child, args=(sender, kwargs),
-                                   name="clusterlab-sim", daemon=True)
-                proc.start()
-                sender.close()
-                self._proc = proc
-                work = functools.partial(self._watch, proc, receiver)
-            else:
-                work = functools.partial(run_simulation, kwargs)
-            watcher = threading.Thread(target=self._finish, args=(work, generation, done),
-                                       name="clusterlab-sim-watch", daemon=True)
-            self._watchers = [w for w in self._watchers if w.is_alive()] + [watcher]
-            watcher.start()
-
-    def _watch(self, proc: Any, receiver: Any) -> tuple[str, Any] | None:
-        try:
-            reply = receiver.recv()
-        except (EOFError, OSError):  # killed: a newer request replaced it
-            reply = None
-        finally:
-            receiver.close()
-            proc.join()
-        with self._lock:
-            if self._proc is proc:
-                self._proc = None
-        return reply
-
-    def _finish(self, work: Callable[[], Any], generation: int,
-                done: Callable[[SimResult | None, str | None, float], None]) -> None:
-        t0 = time.perf_counter()
-        reply = work()
-        if generation != self._generation:  # superseded (and killed, if it was a process)
-            return
-        kind, payload = reply or ("error", "the simulation process died without a result")
-        seconds = time.perf_counter() - t0
-        done(payload if kind == "ok" else None, payload if kind == "error" else None, seconds)
-
-    def _kill(self) -> None:
-        if self._proc is not None and self._proc.is_alive():
-            self._proc.kill()  # its watcher sees the pipe close, then reaps it
-
-    @property
-    def busy(self) -> bool:
-        return any(w.is_alive() for w in self._watchers)
-
-    def cancel(self) -> None:
-        """Forget the running simulation (and kill its process)."""
-        with self._lock:
-            self._generation += 1
-            self._kill()
-
-    def wait(self, timeout: float = 60.0) -> bool:
-        """Block until no simulation is running and its result has been handled."""
-        deadline = time.monotonic() + timeout
-        for watcher in list(self._watchers):
-            watcher.join(max(0.0, deadline - time.monotonic()))
-        return not any(w.is_alive() for w in self._watchers)
-
-
-# --- 3. The real cluster ---------------------------------------------------------------------
-
-_GRADIENTS: dict[tuple[int, ...], list] = {}  # per rank process: the step's gradient buckets
-
-
-def _rank_step(bucket_bytes: list[int], compute_s: float, overlap: bool) -> tuple[int, int]:
-    """One data-parallel step on this rank, DDP-style; returns its (start, end) in ns.
-
-    Compute is emulated by sleeping: forward a third of it, backward two thirds cut in one
-    slice per bucket, proportional to its size (as `simulate_training` assumes). Each
-    bucket's all_reduce starts when its slice ends (overlap) or after the whole backward
-    pass; the real Gloo moves real bytes, the netem backend adds the network's time.
-    """
-    import torch
-    import torch.distributed as dist
-
-    key = tuple(bucket_bytes)
-    if key not in _GRADIENTS:
-        _GRADIENTS[key] = [torch.zeros(max(1, n // 4)) for n in bucket_bytes]  # float32
-    grads = _GRADIENTS[key]
-    dist.barrier()
-    start = time.monotonic_ns()
-    time.sleep(compute_s / 3)
-    total = max(1, sum(bucket_bytes))
-    works = []
-    for g, nbytes in zip(grads, bucket_bytes) if grads else [(None, total)]:
-        time.sleep(compute_s * 2 / 3 * nbytes / total)
-        if overlap and g is not None:
-            works.append(dist.all_reduce(g, async_op=True))
-    if not overlap:
-        works = [dist.all_reduce(g, async_op=True) for g in grads]  # one after the other
-    for w in works:
-        w.wait()
-    return start, time.monotonic_ns()
-
-
-@dataclass(frozen=True)
-class RealPlan:
-    """What "run for real" runs: the explorer's setup shrunk to this machine."""
-
-    setup: TrainingSetup  # nodes, procs_per_node and model size as really run
-    steps: int
-    timeout_s: float
-
-    @classmethod
-    def for_setup(cls, setup: TrainingSetup, max_procs: int = REAL_MAX_PROCS,
-                  steps: int = 10) -> RealPlan:
-        """min(N x P, max_procs) processes; at least two nodes whenever N >= 2, so that
-        the network is crossed; the model capped to REAL_MODEL_CAP_BYTES."""
-        ppn = setup.procs_per_node
-        ppn = min(ppn, max(1, max_procs // 2)) if setup.nodes > 1 else min(ppn, max_procs)
-        nodes = max(1, min(setup.nodes, max_procs // ppn))
-        model_mib = min(setup.model_mib, REAL_MODEL_CAP_BYTES / MIB)
-        real = replace(setup, nodes=nodes, procs_per_node=ppn, model_mib=model_mib,
-                       bucket_mib=min(setup.bucket_mib, model_mib))
-        step = predict_step(real).step_s
-        steps = int(max(2, min(steps, REAL_MAX_SECONDS // max(step, 1e-3))))
-        return cls(setup=real, steps=steps, timeout_s=30 + 10 * step)
-
-
-@dataclass
-class MeasuredRun:
-    """Step times measured on real ranks, and the simulator's prediction for the same run."""
-
-    plan: RealPlan
-    step_times: np.ndarray  # seconds, slowest rank of each step
-    predicted: SimResult | None = None
-    native_s: dict[int, float] | None = None  # plain Gloo all_reduce per bucket size, seconds
-
-    @property
-    def samples_per_step(self) -> int:
-        return self.plan.setup.batch_per_rank * self.plan.setup.ranks
-
-    def throughput(self, q: float = 50) -> float:
-        """Samples/s at the q-th percentile of step time (q=90 is the slow end)."""
-        return self.samples_per_step / float(np.percentile(self.step_times, q))
 
 
 # --- The explorer ----------------------------------------------------------------------------
@@ -640,7 +124,7 @@ class ThroughputExplorer(Explorer):
             "bucket_mib": slider("bucket (MiB)", BUCKET_MIB, s.bucket_mib),
             "overlap": widgets.Checkbox(value=s.overlap, description="overlap comm. with backward",
                                         style=style, layout=layout),
-            "algorithm": widgets.Dropdown(options=list(ALLREDUCE_ALGORITHMS), value=s.algorithm,
+            "algorithm": widgets.Dropdown(options=list(STEP_MODEL_ALGORITHMS), value=s.algorithm,
                                           description="all-reduce", style=style, layout=layout),
         }
         self.controls = c
@@ -741,7 +225,7 @@ class ThroughputExplorer(Explorer):
                 return
             if res is not None:
                 self._set_sim(res, kwargs)
-            else:  # e.g. a segment lost 30 times in a row: TCP would reset the connection
+            else:  # e.g. a segment whose retransmissions were all lost: TCP gives up
                 self.sim, self.sim_kwargs, self.sim_state = None, kwargs, "failed"
                 self.sim_note = f"simulator: {error}"
             if redraw:
@@ -958,36 +442,18 @@ class ThroughputExplorer(Explorer):
         self.runner.start(lambda run: self._real_job(run, plan), name="clusterlab-real-run")
 
     def _real_job(self, run: BackgroundRun, plan: RealPlan) -> None:
-        s = plan.setup
-        args = (s.buckets, s.compute_s, s.overlap)
+        def on_step(done: int, seconds: float) -> None:
+            self.progress.value = done
+            self.status.value = f"step {done}/{plan.steps}: {seconds * 1e3:.3g} ms"
+
+        def say(text: str) -> None:
+            self.status.value = text
+
         with reporting(run, self.status, self.run_button, self.cancel_button):
-            # The emulator never completes an all_reduce before plain Gloo could: measure
-            # that floor on the same ranks, so the simulated point is this machine's.
-            self.status.value = "measuring this machine's own all_reduce time (plain Gloo)…"
-            with run.cluster(nodes=s.nodes, procs_per_node=s.procs_per_node, nic=None,
-                             timeout=plan.timeout_s) as cl:
-                spans = cl.run(all_reduce_spans, sorted(set(s.buckets)), 3)
-            floor = {n: float(np.median(durations([r[n] for r in spans]))) for n in spans[0]}
-            predicted = simulate_training(**s.sim_kwargs(max(plan.steps, 10), self.seed),
-                                          native_s=lambda n: floor.get(n, 0.0))
-            run.check()
-            with run.cluster(nodes=s.nodes, procs_per_node=s.procs_per_node, nic=s.nic or None,
-                             algorithm=s.algorithm, seed=self.seed,
-                             timeout=plan.timeout_s) as cl:
-                cl.run(_rank_step, *args)  # warm-up: Gloo connects, buffers are allocated
-                times = []
-                for i in range(plan.steps):
-                    run.check()
-                    # One repeat per rank; from the last rank's start (they leave the
-                    # barrier unevenly) to the end.
-                    spans = cl.run(_rank_step, *args)
-                    times.append(float(durations([[span] for span in spans])[0]) / 1e9)
-                    self.progress.value = i + 1
-                    self.status.value = f"step {i + 1}/{plan.steps}: {times[-1] * 1e3:.3g} ms"
-            self.measured = MeasuredRun(plan=plan, step_times=np.array(times),
-                                        predicted=predicted, native_s=floor)
-            self.status.value = (f"measured {len(times)} steps on {s.ranks} real ranks: "
-                                 f"median {np.median(times) * 1e3:.3g} ms/step")
+            m = measure_real_run(run, plan, seed=self.seed, say=say, on_step=on_step)
+            self.measured = m
+            self.status.value = (f"measured {len(m.step_times)} steps on {plan.setup.ranks} "
+                                 f"real ranks: median {np.median(m.step_times) * 1e3:.3g} ms/step")
             self.update()
 
     def on_cancel(self, _button: Any = None) -> None:
