@@ -16,9 +16,12 @@ network model (`clusterlab.schedule`) and completes the future when this rank's 
 completion time has come, but never before Gloo itself finished. Futures make unmodified
 DistributedDataParallel keep its compute/communication overlap.
 
-Configuration comes from the environment (see `clusterlab.topology` for the topology):
-CLUSTERLAB_SEED, CLUSTERLAB_DILATION, CLUSTERLAB_ALGORITHM (ring | recursive_doubling |
-rabenseifner | tree | hierarchical), CLUSTERLAB_SEGMENT_BYTES, CLUSTERLAB_CORRELATION.
+Configuration: a mapping of CLUSTERLAB_* settings (see `clusterlab.topology` for the
+topology): CLUSTERLAB_SEED, CLUSTERLAB_DILATION, CLUSTERLAB_ALGORITHM (ring |
+recursive_doubling | rabenseifner | tree | hierarchical), CLUSTERLAB_SEGMENT_BYTES,
+CLUSTERLAB_CORRELATION, CLUSTERLAB_TRACE. `clusterlab.Cluster` hands its ranks that mapping
+(`configure`); any other job (torchrun, a script) is configured by the same names in its
+environment, so selecting the backend needs no code change.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import struct
 import tempfile
 import threading
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -51,6 +55,15 @@ BACKEND_NAME = "netem"
 
 # A hook the launcher sets to learn what a rank is doing (for timeout reports).
 status_hook = None
+# The settings the launcher handed this process (`configure`); None: read the environment.
+_settings: Mapping[str, str] | None = None
+
+
+def configure(settings: Mapping[str, str] | None) -> None:
+    """Use `settings` (CLUSTERLAB_* names) for every netem process group created in this
+    process from now on, instead of the environment (None: the environment again)."""
+    global _settings
+    _settings = None if settings is None else dict(settings)
 
 
 def _status(text: str) -> None:
@@ -60,7 +73,7 @@ def _status(text: str) -> None:
 
 @dataclass(frozen=True)
 class NetemConfig:
-    """Everything the backend reads from the environment, validated once."""
+    """Everything the backend reads from its settings, validated once."""
 
     topology: Topology
     seed: int = 0
@@ -69,10 +82,13 @@ class NetemConfig:
     segment_bytes: int = SEGMENT_BYTES
     correlation: str = "netem"
     shm_dir: str = field(default_factory=tempfile.gettempdir)
+    trace: bool = False
 
     @classmethod
-    def from_env(cls, world_size: int) -> NetemConfig:
-        env = os.environ
+    def from_env(cls, world_size: int, env: Mapping[str, str] | None = None) -> NetemConfig:
+        """The settings of a `world_size`-rank job from `env` (CLUSTERLAB_* names; default:
+        this process's environment)."""
+        env = os.environ if env is None else env
         dilation = _number(env, "CLUSTERLAB_DILATION", 1.0, float)
         if dilation <= 0:
             raise ValueError(f"CLUSTERLAB_DILATION must be > 0, got {dilation}")
@@ -99,6 +115,7 @@ class NetemConfig:
             segment_bytes=segment,
             correlation=correlation,
             shm_dir=env.get("CLUSTERLAB_SHM_DIR") or tempfile.gettempdir(),
+            trace=env.get("CLUSTERLAB_TRACE") == "1",
         )
 
 
@@ -255,7 +272,7 @@ class NetemProcessGroup(dist.ProcessGroup):
         world = max(self.global_ranks) + 1 if global_ranks else size
         if dist.is_initialized():
             world = dist.get_world_size()
-        self.config = NetemConfig.from_env(world)
+        self.config = NetemConfig.from_env(world, _settings)
         self.topology = self.config.topology
         self.me = self.global_ranks[rank]
         self.impaired = not self.topology.is_noop
@@ -263,7 +280,7 @@ class NetemProcessGroup(dist.ProcessGroup):
         self._queues: dict[tuple, LinkModel] = {}
         # Sender-side log of every impaired message (peer, sent_ns, bytes, Transmission),
         # kept when CLUSTERLAB_TRACE=1, for fidelity checks and the link explorer.
-        self.trace: list | None = [] if os.environ.get("CLUSTERLAB_TRACE") == "1" else None
+        self.trace: list | None = [] if self.config.trace else None
         self._tails: dict[tuple, SharedTail] = {}
         self._token = self._agree_on_token(store)
         # Collective completion: one FIFO thread, like a communication stream.

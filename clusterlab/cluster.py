@@ -37,6 +37,7 @@ import tempfile
 import time
 import traceback
 import weakref
+from collections.abc import Mapping
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_any
 
@@ -75,7 +76,9 @@ class ClusterTimeout(ClusterError, TimeoutError):
     """Ranks did not finish within the cluster's timeout."""
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux; elsewhere
+    nothing). For every process the launcher, or a lab, forks."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
@@ -83,10 +86,12 @@ def _die_with_parent() -> None:
 
 def _rank_main(rank, world, backend, env, conn, status, dump_path, timeout, threads, parent):
     """Entry point of every rank process."""
-    _die_with_parent()
+    die_with_parent()
     if os.getppid() != parent:  # the parent died before we could ask to die with it
         os._exit(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt stops
+    # The rank's own environment (Gloo, torch and code in `fn` read WORLD_SIZE & co. there);
+    # the backend is handed its settings explicitly below.
     os.environ.update(env)
     dump = open(dump_path, "w")  # noqa: SIM115 - lives as long as the process
     faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
@@ -100,7 +105,11 @@ def _rank_main(rank, world, backend, env, conn, status, dump_path, timeout, thre
 
     from . import backend as netem_backend
 
+    if "TORCH_DISTRIBUTED_DEBUG" in env:  # torch read it when it was imported, before this
+        dist.set_debug_level_from_env()
+
     netem_backend.register()
+    netem_backend.configure(env)
     netem_backend.status_hook = set_status
     torch.set_num_threads(threads)
     try:
@@ -154,7 +163,7 @@ def _rank_main(rank, world, backend, env, conn, status, dump_path, timeout, thre
     os._exit(0)
 
 
-def _kill(procs) -> None:
+def stop_processes(procs) -> None:
     """Stop processes: SIGTERM, a short grace period, then SIGKILL. Never blocks long."""
     for p in procs:
         if p.is_alive():
@@ -186,19 +195,21 @@ class Cluster:
     trace: keep a sender-side log of every impaired point-to-point message
       (`dist.group.WORLD.trace`: peer, send time, bytes, and the link model's Transmission
       with its packet trace).
+    environ: more environment variables for the ranks, e.g. {"TORCH_DISTRIBUTED_DEBUG":
+      "DETAIL"} (this process's own environment is never changed).
     When nic, intra and links are all None the ranks use plain Gloo (the baseline).
     """
 
     def __init__(
         self,
         nodes: int = 4,
+        *,
         procs_per_node: int = 1,
         nic: str | Netem | None = "delay 2ms 500us",
         intra: str | Netem | None = None,
         seed: int = 0,
         timeout: float = 30,
         dilation: float = 1.0,
-        *,
         links: dict | str | None = None,
         algorithm: str = "ring",
         segment_bytes: int = SEGMENT_BYTES,
@@ -206,6 +217,7 @@ class Cluster:
         threads: int | None = None,
         start_method: str | None = None,
         trace: bool = False,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.topology = Topology.build(nodes, procs_per_node, nic, intra, links)
         self.world_size = self.topology.world_size
@@ -220,10 +232,17 @@ class Cluster:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         if not dilation or dilation <= 0:
             raise ValueError(f"dilation must be > 0, got {dilation!r}")
+        if environ is not None and not all(isinstance(k, str) and isinstance(v, str)
+                                           for k, v in dict(environ).items()):
+            raise ValueError(f"environ must map names to strings, got {environ!r}")
         self.plain = nic is None and intra is None and not links
         self.backend = "gloo" if self.plain else BACKEND_NAME
         self.seed, self.timeout, self.dilation = seed, float(timeout), float(dilation)
+        self.algorithm = algorithm
+        # What the ranks are configured with: the backend's CLUSTERLAB_* settings and what
+        # torch.distributed reads, a mapping handed to every rank (see _rank_main).
         self.env = {
+            **(environ or {}),
             **self.topology.to_env(),
             "CLUSTERLAB_SEED": str(seed),
             "CLUSTERLAB_DILATION": repr(self.dilation),
@@ -240,16 +259,8 @@ class Cluster:
             # for seconds where DNS is slow or absent; every rank lives on loopback anyway.
             self.env["GLOO_SOCKET_IFNAME"] = "lo"
         # Validate the backend options here, where the error is readable, not in 8 children.
-        old = {k: os.environ.get(k) for k in self.env}
-        try:
-            os.environ.update(self.env)
-            NetemConfig.from_env(self.world_size)
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        # (The ranks get this mapping; this process's environment is left as it is.)
+        NetemConfig.from_env(self.world_size, self.env)
         cores = os.cpu_count() or 1
         self.threads = threads or max(1, cores // self.world_size)
         if start_method is None:
@@ -322,7 +333,7 @@ class Cluster:
         self._teardown()
 
     def _teardown(self) -> None:
-        _kill(self._procs)
+        stop_processes(self._procs)
         for conn in self._conns:
             with contextlib.suppress(Exception):
                 conn.close()
@@ -443,7 +454,7 @@ def _main_thread_stack(dump: str) -> str:
 
 
 def _cleanup(procs, tmp) -> None:
-    _kill(procs)
+    stop_processes(procs)
     if tmp:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 import clusterlab
 from clusterlab import Cluster
+from clusterlab.backend import NetemConfig
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -76,6 +77,21 @@ def _same(a, b):
     if isinstance(a, torch.Tensor):
         return torch.equal(a, b)
     return a == b
+
+
+def test_settings_come_from_the_mapping_given_or_from_the_environment(monkeypatch):
+    monkeypatch.setenv("CLUSTERLAB_ALGORITHM", "tree")
+    monkeypatch.setenv("CLUSTERLAB_NIC", "delay 3ms")
+    mine = NetemConfig.from_env(4, {"CLUSTERLAB_ALGORITHM": "rabenseifner",
+                                    "CLUSTERLAB_NIC": "delay 1ms", "CLUSTERLAB_TRACE": "1"})
+    assert (mine.algorithm, mine.topology.nic.delay_ns, mine.trace) == ("rabenseifner", 10**6,
+                                                                         True)
+    # Without a mapping (torchrun, a script): the environment, as a user set it.
+    theirs = NetemConfig.from_env(4)
+    assert (theirs.algorithm, theirs.topology.nic.delay_ns, theirs.trace) == ("tree",
+                                                                              3 * 10**6, False)
+    with pytest.raises(ValueError, match="butterfly"):
+        NetemConfig.from_env(4, {"CLUSTERLAB_ALGORITHM": "butterfly"})
 
 
 @pytest.fixture(scope="module")

@@ -163,10 +163,36 @@ def test_ranks_die_with_their_parent(tmp_path):
     ({"nodes": 40, "procs_per_node": 2}, "80 processes"),
     ({"algorithm": "butterfly"}, "butterfly"),
     ({"links": {(0, 7): "delay 1ms"}}, "node 7"),
+    ({"environ": {"TORCH_DISTRIBUTED_DEBUG": 1}}, "environ"),
 ])
 def test_bad_arguments_are_named_and_start_nothing(kwargs, match):
+    before = dict(os.environ)
     with pytest.raises(ValueError, match=match):
         Cluster(**{"nodes": 2, **kwargs})
+    assert dict(os.environ) == before
+
+
+def test_options_after_nodes_are_keyword_only():
+    with pytest.raises(TypeError, match="positional"):
+        Cluster(2, 1)  # procs_per_node? nic? a reader cannot tell: it must be named
+
+
+def backend_settings():
+    config = dist.group.WORLD.config
+    return config.algorithm, config.seed, config.dilation, config.topology.procs_per_node
+
+
+def test_settings_reach_the_ranks_and_leave_this_process_environment_alone(monkeypatch):
+    # A stale setting in this process's environment neither breaks nor configures a Cluster.
+    monkeypatch.setenv("CLUSTERLAB_ALGORITHM", "butterfly")
+    before = dict(os.environ)
+    with Cluster(nodes=2, procs_per_node=2, nic="delay 1ms", algorithm="tree", seed=7,
+                 dilation=2) as cl:
+        assert dict(os.environ) == before
+        out = cl.run(backend_settings)
+        assert dict(os.environ) == before
+    assert dict(os.environ) == before
+    assert out == [("tree", 7, 2.0, 2)] * 4
 
 
 def test_unpicklable_results_are_reported():

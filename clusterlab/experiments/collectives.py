@@ -355,7 +355,7 @@ def p2p_vs_library(on, algorithm: str = "ring", *, sizes: Iterable[int] = (4 * K
     beta) / model), the size of the smallest disagreement a wrong schedule could produce;
     model and replay as in `measure`.
     """
-    configured = on.env.get("CLUSTERLAB_ALGORITHM", "ring")
+    configured = on.algorithm
     if configured != algorithm:
         raise ValueError(f"the cluster replays {configured!r}, not {algorithm!r}")
     topo = on.topology

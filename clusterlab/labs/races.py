@@ -42,7 +42,7 @@ from multiprocessing.connection import wait as wait_any
 import numpy as np
 import torch
 
-from ..cluster import _die_with_parent, _kill
+from ..cluster import die_with_parent, stop_processes
 from .core import Fail, Lab, NotDone, learner_line, shorten
 
 LAB = Lab("06_safe_lock_free", "Races: make lock-free updates safe, and measure the price",
@@ -121,7 +121,7 @@ def _shared(shape, dtype) -> np.ndarray:
 
 
 def _start_worker(parent: int) -> None:
-    _die_with_parent()  # the launcher's PR_SET_PDEATHSIG
+    die_with_parent()  # the launcher's PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the parent died before we could ask to die with it
         os._exit(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt stops
@@ -280,7 +280,7 @@ def _launch(body, args_of, n: int, st: np.ndarray, seq: np.ndarray, updates: int
                 raise Stalled(_stall_sentence(st, seq, updates, stall))
         return [replies[w] for w in range(n)], seen
     finally:
-        _kill(procs)
+        stop_processes(procs)
         for c in conns:
             c.close()
 
