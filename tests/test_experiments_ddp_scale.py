@@ -12,6 +12,7 @@ import pytest
 
 from clusterlab import Cluster, models
 from clusterlab.experiments import ddp, scale
+from clusterlab.sim import scaling_curve, simulate_training
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -100,14 +101,12 @@ def test_hierarchical_beats_flat_ring_when_intra_is_much_faster():
 
 def test_simulated_mitigations_at_scale_keep_their_order():
     kw = dict(nic="delay 2ms", model_bytes=2 << 20, compute_s=0.045, steps=3)
-    ring = scale.simulate_training(128, 8, bucket_bytes=25 << 20, first_bucket_bytes=25 << 20,
-                                   **kw)
-    hier = scale.simulate_training(128, 8, intra="delay 50us", algorithm="hierarchical",
-                                   bucket_bytes=25 << 20, first_bucket_bytes=25 << 20, **kw)
-    small = scale.simulate_training(1024, bucket_bytes=256 << 10, first_bucket_bytes=256 << 10,
-                                    overlap=False, **kw)
-    big = scale.simulate_training(1024, bucket_bytes=25 << 20, first_bucket_bytes=25 << 20,
-                                  **kw)
+    ring = simulate_training(128, 8, bucket_bytes=25 << 20, first_bucket_bytes=25 << 20, **kw)
+    hier = simulate_training(128, 8, intra="delay 50us", algorithm="hierarchical",
+                             bucket_bytes=25 << 20, first_bucket_bytes=25 << 20, **kw)
+    small = simulate_training(1024, bucket_bytes=256 << 10, first_bucket_bytes=256 << 10,
+                              overlap=False, **kw)
+    big = simulate_training(1024, bucket_bytes=25 << 20, first_bucket_bytes=25 << 20, **kw)
     assert hier.mean_step < ring.mean_step  # fewer rounds on the slow network
     assert big.mean_step < small.mean_step  # fewer latency-bound messages
 
@@ -126,9 +125,8 @@ def test_tree_and_hierarchical_collapse_far_less_than_the_flat_ring():
     nic, nodes = "delay 2ms", (8, 256)
     alt = scale._alternative_curves(nic, nodes, 0.05, 1 << 20, 3, "delay 50us", 8)
     ring = {r["nodes"]: r for r in
-            scale.scaling_curve(list(nodes), nic=nic, model_bytes=1 << 20, bucket_bytes=1 << 20,
-                                first_bucket_bytes=1 << 20, compute_s=0.05, overlap=False,
-                                steps=3)}
+            scaling_curve(list(nodes), nic=nic, model_bytes=1 << 20, bucket_bytes=1 << 20,
+                          first_bucket_bytes=1 << 20, compute_s=0.05, overlap=False, steps=3)}
     tree = {r["nodes"]: r["efficiency"] for r in alt["tree"]}
     hier = {r["nodes"]: r["efficiency"] for r in alt["hierarchical (8 ranks per node)"]}
     assert tree[256] > 3 * ring[256]["efficiency"]

@@ -44,18 +44,12 @@ from .. import models
 from ..cluster import Cluster
 from ..netem import Netem
 from ..wire import wire_beta
+from .common import first_ranks, preload_ddp, release, use_or_open
 
 MODES = ("overlap", "deferred", "fused")
+preload = preload_ddp  # notebook 03 calls ddp.preload() before opening its own cluster
 
 
-def preload() -> None:
-    """Import what DDP's constructor imports lazily (torch._dynamo, ~1.5 s of CPU), once, in
-    this process, before a cluster for DDP starts: ranks start by fork, so they inherit it
-    instead of each importing it at the same time on a 2-core machine (several seconds).
-    Called by the functions below that start their own cluster; not at import, because every
-    rank forked afterwards carries it (~30 MB each), DDP or not."""
-    import torch._dynamo  # noqa: F401
-    import torch.distributed.algorithms.ddp_comm_hooks.default_hooks  # noqa: F401
 PHASES = ("forward", "backward", "wait", "optimizer")
 PHASE_COLORS = {"forward": "#4C72B0", "backward": "#55A868", "wait": "#C44E52",
                 "optimizer": "#8172B2", "local": "#CCB974", "comm": "#DD8452"}
@@ -109,7 +103,7 @@ def _ddp_worker(cfg: dict) -> dict:
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    group, members = _subgroup(cfg["ranks"])
+    group, members = first_ranks(cfg["ranks"])
     if group is False:  # this rank sits the run out
         return None
     rank, world = dist.get_rank(), len(members)
@@ -216,38 +210,10 @@ def _ddp_worker(cfg: dict) -> dict:
         if step >= cfg["warmup"]:
             records.extend(micro)
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    _release(group)
+    release(group)
     return {"rank": rank, "records": records,
             "param_bytes": params.numel() * params.element_size(),
             "checksum": float(params.double().sum()), "param_hash": _hash(params)}
-
-
-def _subgroup(ranks):
-    """(group, members) for a run on the first `ranks` ranks of the cluster: (None, all) for
-    the whole world; (False, members) on a rank that is not a member. Every rank must call it
-    (creating a group is collective)."""
-    import torch.distributed as dist
-
-    world = dist.get_world_size()
-    n = world if ranks is None else int(ranks)
-    if not 1 <= n <= world:
-        raise ValueError(f"ranks must be in 1..{world}, got {ranks}")
-    members = list(range(n))
-    if n == world:
-        return None, members
-    group = dist.new_group(members)
-    if dist.get_rank() >= n:
-        _release(group)
-        return False, members
-    return group, members
-
-
-def _release(group) -> None:
-    import torch.distributed as dist
-
-    if group not in (None, False):
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group(group)
 
 
 def _bucket_bytes(bucket) -> int:
@@ -469,7 +435,7 @@ def ddp_run(nodes: int = 4, nic: str | None = "delay 2ms", *, procs_per_node: in
             intra: str | None = None, algorithm: str = "ring", seed: int = 0,
             timeout: float = 60, **options) -> DDPRun:
     """Start a cluster, run DDP once (see run_ddp), stop the cluster."""
-    preload()
+    preload_ddp()
     with Cluster(nodes=nodes, procs_per_node=procs_per_node, nic=nic, intra=intra, seed=seed,
                  timeout=timeout, algorithm=algorithm) as cl:
         return run_ddp(cl, **options)
@@ -501,24 +467,12 @@ def predicted_comm(p: int, bucket_sizes, nic: str | Netem) -> float:
 BUCKET_CONFIGS = ((0.25, "overlap"), (0.25, "deferred"), (25.0, "overlap"), (25.0, "fused"))
 
 
-def _open(cluster: Cluster | None, nodes: int, nic) -> contextlib.AbstractContextManager:
-    """The given open cluster (left open), or a new one closed on exit."""
-    if cluster is not None:
-        return contextlib.nullcontext(cluster)
-    return Cluster(nodes=nodes, nic=nic, timeout=120)
-
-
-def _open_for_ddp(cluster: Cluster | None, nodes: int, nic) -> contextlib.AbstractContextManager:
-    preload()
-    return _open(cluster, nodes, nic)
-
-
 def buckets_and_overlap(nodes: int = 4, nic: str = "delay 2ms", configs=BUCKET_CONFIGS, *,
                         cluster: Cluster | None = None, **options) -> dict:
     """Every (bucket_cap_mb, mode) of `configs` on one cluster (`cluster`, if given, else a
     new one of `nodes` with `nic`): {(cap, mode): summary row}, each with its DDPRun."""
     rows = {}
-    with _open_for_ddp(cluster, nodes, nic) as cl:
+    with use_or_open(cluster, ddp=True, nodes=nodes, nic=nic, timeout=120) as cl:
         for cap, mode in configs:
             run = run_ddp(cl, bucket_cap_mb=cap, mode=mode, **options)
             rows[(cap, mode)] = {**run.summary(), "run": run}
@@ -539,7 +493,7 @@ def latency_bandwidth_sweep(nodes: int = 4, delays_ms=(0.5, 2, 4), rates_mbit=(2
     plan = [("delay", d, fixed_rate_mbit) for d in delays_ms]
     plan += [("rate", fixed_delay_ms, r) for r in rates_mbit]
     measured: dict[tuple, DDPRun] = {}  # one cluster per distinct network, shared by sweeps
-    preload()
+    preload_ddp()
     for _, delay_ms, rate_mbit in plan:
         if (delay_ms, rate_mbit) in measured:
             continue
@@ -567,7 +521,8 @@ def idle_vs_nodes(node_counts=(2, 4, 8), nic: str = "delay 2ms", *,
     max(node_counts) nodes (or `cluster`, left open) runs every count as a subgroup."""
     rows = []
     runs = {}
-    with _open_for_ddp(cluster, max(node_counts), nic) as cl:
+    with use_or_open(cluster, min_ranks=max(node_counts), ddp=True, nodes=max(node_counts),
+                     nic=nic, timeout=120) as cl:
         for n in node_counts:
             runs[n] = run_ddp(cl, ranks=n, **options)
     # imported after the runs: numba's compiled code need not be copied into every rank

@@ -34,9 +34,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..cluster import Cluster, ClusterError
-from .scaling import DEFAULT_NIC, describe_error, make_regression, preload
-
-preload()
+from .common import describe_error, preload_ddp
+from .scaling import DEFAULT_NIC, make_regression
 
 # What `train` can do to the replicas (see Fault).
 SCENARIOS = (
@@ -295,6 +294,7 @@ def train(faults=(Fault(),), steps: int = 40, world: int = 4, features: int = 8,
     names = list(faults) if isinstance(faults, dict) else None
     faults = list(faults.values()) if isinstance(faults, dict) else list(faults)
     faults = [Fault(f) if isinstance(f, str) else f for f in faults]
+    preload_ddp()
     with Cluster(nodes=world, nic=nic, seed=seed, timeout=timeout) as cl:
         out = cl.run(_train_rank, [asdict(f) for f in faults], steps, features, hidden,
                      batch, lr, seed, monitor_every, dict(monitor_options or {}))
@@ -399,30 +399,6 @@ def _quiet() -> None:
     os.close(devnull)
 
 
-@contextlib.contextmanager
-def distributed_debug(level: str | None):
-    """Set TORCH_DISTRIBUTED_DEBUG (OFF, INFO, DETAIL) for clusters started inside the block.
-
-    torch reads the variable when torch.distributed is imported, and ranks are forked from
-    this process, so it is set here AND re-read (dist.set_debug_level_from_env()); both are
-    restored on the way out."""
-    import torch.distributed as dist
-
-    def set_level(value: str | None) -> None:
-        if value is None:
-            os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
-        else:
-            os.environ["TORCH_DISTRIBUTED_DEBUG"] = value
-        dist.set_debug_level_from_env()
-
-    old = os.environ.get("TORCH_DISTRIBUTED_DEBUG")
-    try:
-        set_level(level)
-        yield
-    finally:
-        set_level(old)
-
-
 def _mismatch_rank(case, odd_rank):
     import torch
     import torch.distributed as dist
@@ -446,7 +422,7 @@ def mismatched_collective(case: str = "op", debug: str | None = None, world: int
     all_reduce) or the same one with a different size ("size": 8 elements instead of 4).
 
     Runs on plain Gloo (the debug wrapper wraps Gloo's process group). `debug` sets
-    TORCH_DISTRIBUTED_DEBUG for the ranks (None: unset; "DETAIL": every collective is first
+    TORCH_DISTRIBUTED_DEBUG for the ranks (None: OFF; "DETAIL": every collective is first
     checked against the other ranks' - op, shapes, dtypes - and a mismatch is a RuntimeError
     naming both). Always bounded by the cluster's `timeout`.
 
@@ -460,7 +436,9 @@ def mismatched_collective(case: str = "op", debug: str | None = None, world: int
     res = {"case": case, "debug": debug}
     t0 = time.monotonic()
     try:
-        with distributed_debug(debug), Cluster(nodes=world, nic=None, timeout=timeout) as cl:
+        # "OFF" rather than unset: a level set in this process's environment is not inherited
+        with Cluster(nodes=world, nic=None, timeout=timeout,
+                     environ={"TORCH_DISTRIBUTED_DEBUG": debug or "OFF"}) as cl:
             res.update(error=None, ranks=[], message="", result=cl.run(_mismatch_rank, case,
                                                                        odd_rank))
     except ClusterError as exc:

@@ -40,6 +40,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .common import use_or_open
+
 __all__ = ["ASYNC_VARIANTS", "MODES", "Problem", "async_collective_races", "hogwild", "loss",
            "make_problem", "sync_allreduce", "throughput"]
 
@@ -308,13 +310,9 @@ def sync_allreduce(
 
     Returns the same keys as `hogwild` (mixed_reads and retries are 0 by construction).
     """
-    from clusterlab.cluster import Cluster
-
     if isinstance(problem, str):
         problem = make_problem(problem)
-    with contextlib.ExitStack() as stack:
-        cl = cluster or stack.enter_context(Cluster(nodes=workers, nic=nic, seed=seed,
-                                                    timeout=timeout))
+    with use_or_open(cluster, nodes=workers, nic=nic, seed=seed, timeout=timeout) as cl:
         out = cl.run(_sync_rank, problem, updates, batch, lr, seed)
     total = workers * updates
     expected = total * problem.nnz
@@ -470,10 +468,7 @@ def async_collective_races(
     all elements wrong, "local", "edit_sent", "edit_lost": fractions of elements in those
     states, "disagree_trials": trials whose ranks ended with different bytes}}}.
     """
-    from clusterlab.cluster import Cluster
-
-    with contextlib.ExitStack() as stack:
-        cl = cluster or stack.enter_context(Cluster(nodes=workers, nic=None, timeout=timeout))
+    with use_or_open(cluster, nodes=workers, nic=None, timeout=timeout) as cl:
         out = cl.run(_async_races_rank, numel, trials, add)
     world = len(out)
     variants = {}

@@ -38,9 +38,13 @@ from .. import clock, models
 from ..cluster import Cluster
 from ..netem import Netem
 from ..schedule import Collective, Fabric, play
-from ..sim import scaling_curve, simulate_training
 from ..topology import Topology
 from . import ddp
+from .common import first_ranks, preload_ddp, release, use_or_open
+
+# `clusterlab.sim` is imported by the functions that simulate: it loads numba (~300 modules,
+# a quarter of a second), which importing this module need not cost and the ranks of a real
+# run need not carry.
 
 SIM_NODES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -52,7 +56,7 @@ def _sync_steps(cfg: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    group, _ = ddp._subgroup(cfg["ranks"])
+    group, _ = first_ranks(cfg["ranks"])
     if group is False:  # not a member of this run's subgroup
         return None
     rank = dist.get_rank()
@@ -88,7 +92,7 @@ def _sync_steps(cfg: dict) -> dict:
             dist.all_reduce(x, group=group)
         ends[k] = time.monotonic_ns()
         comm[k] = ends[k] - t1
-    ddp._release(group)
+    release(group)
     w = cfg["warmup"]
     return {"ends": ends[w:], "compute": compute[w:], "slow": slow[w:], "comm": comm[w:],
             "starts": starts[w:]}
@@ -177,14 +181,11 @@ def run_steps(cluster: Cluster, **options) -> StepRun:
     return StepRun(cfg, ranks)
 
 
-def _cluster(nodes: int, nic, cluster: Cluster | None = None):
-    """`cluster` if given (left open), else a new cluster of `nodes` with `nic`."""
-    return ddp._open(cluster, nodes, nic)
-
-
 def simulate(nodes: int, nic: str, *, compute_s: float, nbytes: int, jitter: float = 0.0,
              steps: int = 40, seed: int = 0, **kwargs):
     """The synthetic step in the simulator: compute, then one all_reduce (no overlap)."""
+    from ..sim import simulate_training
+
     return simulate_training(nodes, nic=nic, model_bytes=nbytes, bucket_bytes=max(nbytes, 1),
                              first_bucket_bytes=max(nbytes, 1), compute_s=compute_s,
                              compute_jitter=jitter,
@@ -215,7 +216,7 @@ def throughput_collapse(nics=("delay 2ms", "delay 2ms 4ms distribution pareto"),
     for nic in nics:
         rows = []
         # one cluster per network; n ranks of it stand for an n-node cluster (a subgroup)
-        with _cluster(max(real_nodes), nic) as cl:
+        with Cluster(nodes=max(real_nodes), nic=nic, timeout=120) as cl:
             for n in real_nodes:
                 if n == 1 and single is not None:  # one node has no network: measured once
                     rows.append(single)
@@ -229,6 +230,8 @@ def throughput_collapse(nics=("delay 2ms", "delay 2ms 4ms distribution pareto"),
         for row in rows:
             row["efficiency"] = row["throughput_per_rank"] / base if base else float("nan")
         out["real"][nic] = rows
+        from ..sim import scaling_curve  # after the real runs: their ranks need not carry it
+
         curve = scaling_curve(list(sim_nodes), nic=nic, model_bytes=nbytes,
                               bucket_bytes=nbytes, first_bucket_bytes=nbytes,
                               compute_s=compute_s, overlap=False, steps=sim_steps)
@@ -243,6 +246,8 @@ def throughput_collapse(nics=("delay 2ms", "delay 2ms 4ms distribution pareto"),
 
 def _alternative_curves(nic, sim_nodes, compute_s, nbytes, steps, intra, ppn) -> dict:
     """Efficiency of the same step with a tree and a hierarchical all-reduce (simulated)."""
+    from ..sim import simulate_training
+
     common = dict(nic=nic, model_bytes=nbytes, bucket_bytes=nbytes, first_bucket_bytes=nbytes,
                   compute_s=compute_s, overlap=False, steps=steps)
     single = simulate_training(1, **common).mean_step  # one node: no exchange
@@ -280,7 +285,8 @@ def jitter_growth(node_counts=(2, 4, 8), *, nic: str = "delay 200us", compute_s:
     j_s = compute_s * jitter
     period = compute_s * (1 + jitter) + 0.04 if period_s is None else period_s
     runs = {}
-    with _cluster(max(node_counts), nic, cluster) as cl:
+    with use_or_open(cluster, min_ranks=max(node_counts), nodes=max(node_counts), nic=nic,
+                     timeout=120) as cl:
         for n in node_counts:
             runs[n] = tuple(run_steps(cl, ranks=n, compute_s=compute_s, jitter=j, steps=steps,
                                       nbytes=nbytes, period_s=period, warmup=1)
@@ -321,7 +327,8 @@ def tail_at_scale(node_counts=(2, 4, 8), *, nic: str = "delay 200us", compute_s:
     """
     rows = []
     runs = {}
-    with _cluster(max(node_counts), nic, cluster) as cl:
+    with use_or_open(cluster, min_ranks=max(node_counts), nodes=max(node_counts), nic=nic,
+                     timeout=120) as cl:
         for n in node_counts:
             runs[n] = run_steps(cl, ranks=n, compute_s=compute_s, slow_p=slow_p,
                                 slow_s=slow_s, steps=steps + 1, nbytes=nbytes)
@@ -380,7 +387,7 @@ def predictability(nodes: int = 4, nics=("delay 2ms", "delay 2ms 10ms distributi
     out: dict = {"real": {}, "sim": {}, "delays": {}}
     for nic in nics:
         out["delays"][nic] = delay_stats(nic)
-        with _cluster(nodes, nic) as cl:
+        with Cluster(nodes=nodes, nic=nic, timeout=120) as cl:
             run = run_steps(cl, compute_s=compute_s, steps=steps, nbytes=nbytes)
         st = run.step_times
         out["real"][nic] = {**run.summary(), "step_times": st, "steps": len(st),
@@ -447,7 +454,7 @@ def mitigations(*, nodes: int = 4, nic: str = "delay 2ms", ddp_options: dict | N
         "fewer syncs": dict(mode="overlap", bucket_cap_mb=25.0, accumulate=accumulate),
     }
     real: dict = {}
-    ddp.preload()
+    preload_ddp()
     with Cluster(nodes=nodes, nic=nic, timeout=120) as cl:
         for name, extra in plan.items():
             run = ddp.run_ddp(cl, **{"steps": 4, **opts, **extra})
@@ -455,6 +462,7 @@ def mitigations(*, nodes: int = 4, nic: str = "delay 2ms", ddp_options: dict | N
                           "bucket_sizes": run.bucket_sizes,
                           "param_bytes": run.param_bytes}
     hier = flat_vs_hierarchical(hier_nodes, hier_ppn, hier_nic, hier_intra)
+    from ..sim import scaling_curve, simulate_training  # after the real runs, as above
 
     # The simulator, fed with what was measured: compute per step, model and bucket sizes.
     base = real["baseline"]

@@ -31,12 +31,12 @@ run is deterministic: same arguments, same numbers, on any machine):
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 
 import numpy as np
 
-from ..cluster import Cluster, ClusterError, ClusterTimeout, RankDied, RankError
+from ..cluster import Cluster, ClusterError
+from .common import describe_error, preload_ddp
 
 # The experiments' default network: every node's NIC adds 1 ms +- 200 us. The lessons here
 # are about numbers, not timing, so the impairment is mild; the results do not depend on it
@@ -44,18 +44,6 @@ from ..cluster import Cluster, ClusterError, ClusterTimeout, RankDied, RankError
 DEFAULT_NIC = "delay 1ms 200us"
 METHODS = ("mean_of_means", "global_count", "weighted")
 NO_SYNC_VARIANTS = ("correct", "step_inside_no_sync", "no_final_sync")
-
-
-def preload() -> None:
-    """Import, once and in this process, what DDP's constructor imports lazily (torch._dynamo,
-    a few seconds of CPU): ranks start by fork and inherit it, instead of importing it all at
-    the same time on a 2-core machine."""
-    import torch._dynamo  # noqa: F401
-    import torch.distributed.algorithms.join  # noqa: F401
-    import torch.nn.parallel  # noqa: F401
-
-
-preload()
 
 
 # --- data, models and the single-process reference --------------------------------------------
@@ -136,41 +124,6 @@ def relative_error(g: np.ndarray, ref: np.ndarray) -> float:
     return float(np.max(np.abs(g - ref)) / np.max(np.abs(ref)))
 
 
-# --- reporting failures without machine paths ------------------------------------------------
-
-
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else ""
-
-
-def _tidy(message: str) -> str:
-    """Shorten torch's collective fingerprints to what a person needs to read, and drop the
-    source locations ("[/path/to/pair.cc:537] ") that Gloo puts in its messages."""
-    message = re.sub(r", TensorDeviceTypes=TensorOptions\(.*?\)\)\)", ")", message)
-    message = re.sub(r"\[?/(?:[\w.-]+/)+[\w.-]+(?::\d+)?\]?\s*", "", message)
-    message = re.sub(r"\s+", " ", message)
-    message = re.sub(r"(?<=[A-Za-z0-9])vs ", " vs ", message)
-    message = re.sub(r"\.(?=Collectives differ)", ". ", message)
-    return message.strip()
-
-
-def describe_error(exc: BaseException) -> dict:
-    """A launcher error as plain data: its type, the ranks it names, and a one-line message
-    (the remote traceback and the Python stacks are left out: they hold machine paths)."""
-    if isinstance(exc, RankError):
-        ranks, message = [exc.rank], f"rank {exc.rank} raised {exc.kind}: {_tidy(exc.message)}"
-    elif isinstance(exc, ClusterTimeout):
-        message = _first_line(str(exc))
-        found = re.search(r"ranks still busy: \[([\d, ]*)\]", message)
-        ranks = [int(r) for r in found[1].split(",") if r.strip()] if found else []
-    elif isinstance(exc, RankDied):
-        message = _first_line(str(exc))
-        ranks = [int(r) for r in re.findall(r"rank (\d+) died", message)]
-    else:
-        ranks, message = [], f"{type(exc).__name__}: {_first_line(str(exc))}"
-    return {"error": type(exc).__name__, "ranks": ranks, "message": message}
-
-
 # --- 1. unequal local batches ------------------------------------------------------------------
 
 
@@ -249,6 +202,7 @@ def uneven_batches(batch_sizes=(8, 16, 32, 64), features: int = 8, steps: int = 
     import torch
 
     world, n = len(batch_sizes), int(sum(batch_sizes))
+    preload_ddp()
     with Cluster(nodes=world, nic=nic, seed=seed, timeout=timeout) as cl:
         out = cl.run(_uneven_rank, tuple(batch_sizes), features, seed, steps, lr,
                      tuple(methods))
@@ -342,6 +296,7 @@ def sum_vs_mean(world_sizes=(1, 2, 4), global_batch: int = 64, features: int = 8
     for w in world_sizes:
         if global_batch % w:
             raise ValueError(f"global_batch={global_batch} does not split over {w} ranks")
+        preload_ddp()
         with Cluster(nodes=w, nic=nic, seed=seed, timeout=timeout) as cl:
             out = cl.run(_sum_mean_rank, global_batch, features, seed, steps, lr)[0]
         for red in ("mean", "sum"):
@@ -400,6 +355,7 @@ def accumulation(ks=(1, 2, 4, 8), micro_batch: int = 8, world: int = 2, features
     "rel_error_no_division": against k * big_batch (should be ~1e-16),
     "rel_error_divided": against big_batch}.
     """
+    preload_ddp()
     with Cluster(nodes=world, nic=nic, seed=seed, timeout=timeout) as cl:
         out = cl.run(_accumulation_rank, tuple(ks), micro_batch, features, seed)[0]
     res = {"ks": list(ks), "ratio": [], "ratio_divided": [], "rel_error_no_division": [],
@@ -499,6 +455,7 @@ def no_sync_misuse(variants=NO_SYNC_VARIANTS, steps: int = 20, k: int = 4, world
     Returns {variant: {"divergence": per step, max over ranks of max |params_r - params_0|;
     "per_rank": (steps, world) the same per rank; "loss": rank 0's training loss per step}}.
     """
+    preload_ddp()
     with Cluster(nodes=world, nic=nic, seed=seed, timeout=timeout) as cl:
         out = cl.run(_no_sync_rank, tuple(variants), steps, k, micro_batch, features, hidden,
                      lr, seed)
@@ -561,6 +518,7 @@ def uneven_inputs(batches=(8, 8, 8, 5), use_join: bool = True,
     t0 = time.monotonic()
     res: dict = {"batches": list(batches), "use_join": use_join}
     try:
+        preload_ddp()
         with Cluster(nodes=world, nic=nic, seed=seed, timeout=timeout) as cl:
             out = cl.run(_uneven_inputs_rank, tuple(batches), use_join,
                          divide_by_initial_world_size, micro_batch, features, seed)

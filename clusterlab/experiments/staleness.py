@@ -29,7 +29,7 @@ iteration's stability.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import math
 import threading
 import time
@@ -38,8 +38,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from clusterlab import models
-from clusterlab.cluster import Cluster
+from .. import models
+from ..cluster import Cluster
+from .common import use_or_open
 
 __all__ = [
     "FIXES",
@@ -93,19 +94,6 @@ def compute_draws(
             raise ValueError(f"slow_rank {slow_rank} is outside 0..{ranks - 1}")
         out[:, slow_rank] *= slowdown
     return out
-
-
-@contextlib.contextmanager
-def _cluster(cluster: Cluster | None, world: int, nic, seed: int, timeout: float):
-    """Use the caller's cluster (it must have `world` ranks) or start one for this call."""
-    if cluster is not None:
-        if cluster.world_size != world:
-            raise ValueError(f"this experiment needs {world} ranks, the cluster has "
-                             f"{cluster.world_size}")
-        yield cluster
-        return
-    with Cluster(nodes=world, nic=nic, seed=seed, timeout=timeout) as cl:
-        yield cl
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,7 +159,8 @@ def synchronous_step_times(
         slowdown·(c + m) + ... approximated by max(slowdown·(c + m), c + m·H_N) with one.
     """
     draws = compute_draws(nodes, steps, compute_s, exp_mean_s, seed, slow_rank, slowdown)
-    with _cluster(cluster, nodes, nic, seed, timeout) as cl:
+    with use_or_open(cluster, ranks=nodes, nodes=nodes, nic=nic, seed=seed,
+                     timeout=timeout) as cl:
         out = cl.run(_sync_rank, draws, grad_numel, calib_steps)
     starts = np.stack([o["start"] for o in out], axis=1)
     arrives = np.stack([o["arrive"] for o in out], axis=1)
@@ -339,7 +328,8 @@ def backup_workers(
     backups = [backups] if single else [int(b) for b in backups]
     draws = compute_draws(nodes, steps, compute_s, exp_mean_s, seed)
     results = []
-    with _cluster(cluster, nodes + 1, nic, seed, timeout) as cl:
+    with use_or_open(cluster, ranks=nodes + 1, nodes=nodes + 1, nic=nic, seed=seed,
+                     timeout=timeout) as cl:
         for b in backups:
             if not 0 <= b < nodes:
                 raise ValueError(f"backups must be in 0..{nodes - 1}, got {b}")
@@ -472,11 +462,8 @@ def async_parameter_server(
         raise ValueError(f"fix must be one of {FIXES}, got {fix!r}")
     draws = compute_draws(workers, max(updates, 1), compute_s, exp_mean_s, seed, slow_worker,
                           slowdown)
-    if cluster is not None and cluster.world_size < workers + 1:
-        raise ValueError(f"the cluster has {cluster.world_size} ranks, need {workers + 1}")
-    with contextlib.ExitStack() as stack:
-        cl = cluster or stack.enter_context(
-            Cluster(nodes=workers + 1, nic=nic, seed=seed, timeout=timeout))
+    with use_or_open(cluster, min_ranks=workers + 1, nodes=workers + 1, nic=nic, seed=seed,
+                     timeout=timeout) as cl:
         out = cl.run(_ps_rank, draws, workers, updates, lr, fix, bound, dim, noise, seed)
     rec = out[0]
     lam, x0 = quadratic(dim)
@@ -534,12 +521,16 @@ def _growth_python(a: float, tau: int, steps: int, block: int) -> float:
     return (log_scale - half_log) / (steps - steps // 2)
 
 
-try:  # numba makes 10^5-step runs take a millisecond; pure Python works, only slower
-    from numba import njit as _njit
-
-    _growth_kernel = _njit(cache=True)(_growth_python)
-except ImportError:  # pragma: no cover - numba is a dependency
-    _growth_kernel = _growth_python
+@functools.cache
+def _growth_kernel():
+    """`_growth_python` compiled by numba: 10^5-step runs take a millisecond (pure Python
+    works, only slower). Made on first use, so that importing this module does not load
+    numba (~300 modules) into this process and into every rank it forks."""
+    try:
+        from numba import njit
+    except ImportError:  # pragma: no cover - numba is a dependency
+        return _growth_python
+    return njit(cache=True)(_growth_python)
 
 
 def growth_rate(a: float, tau: int, steps: int = 100_000) -> float:
@@ -554,7 +545,7 @@ def growth_rate(a: float, tau: int, steps: int = 100_000) -> float:
         raise ValueError("tau must be >= 0 and steps >= 128")
     block = 64
     steps -= steps % (2 * block)  # the half-time mark falls on a rescaling
-    return float(_growth_kernel(float(a), tau, steps, block))
+    return float(_growth_kernel()(float(a), tau, steps, block))
 
 
 def stability_boundary(tau: int, tol: float = 1e-7, steps: int = 100_000) -> float:

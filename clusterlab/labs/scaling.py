@@ -19,8 +19,8 @@ same all-reduce DDP's built-in path does); the learner's own `dist.all_reduce` c
 counted by wrapping `torch.distributed.all_reduce` on the ranks while their code runs.
 
 Nothing here imports torch at module level: `clusterlab.labs` imports every lab module,
-and importing torch (and the DDP preload of `clusterlab.experiments.scaling`) is left to
-the first check or measurement that starts ranks.
+and importing torch (and what DDP imports lazily: `experiments.common.preload_ddp`) is left
+to the first check or measurement that starts ranks.
 """
 
 from __future__ import annotations
@@ -48,11 +48,12 @@ NETWORKS = (None, NIC)  # what hidden checks draw from
 
 
 def _torch():
-    """torch, and the DDP preload of notebook 07's experiments (once, before ranks fork)."""
+    """torch, and what DDP's constructor imports lazily (once, before ranks fork)."""
     import torch
 
-    from ..experiments import scaling  # noqa: F401 - imports what DDP's constructor needs
+    from ..experiments.common import preload_ddp
 
+    preload_ddp()
     return torch
 
 

@@ -33,6 +33,7 @@ without them), which narrows the interval of the saving.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -42,6 +43,8 @@ import torch
 import torch.distributed as dist
 
 from .. import clock, models
+from ..cluster import Cluster
+from ..experiments.common import use_or_open
 from ..experiments.staleness import backup_step_prediction, compute_draws
 from .core import Fail, Lab
 
@@ -183,27 +186,11 @@ def _order_stat(run: dict, b: int, first: int) -> np.ndarray:
     return np.sort(took, axis=1)[:, n - b - 1]  # inf (cut short) sorts last, nan after
 
 
-class _maybe_cluster:
-    """Use the caller's open cluster (it must have `world` ranks), or start one."""
-
-    def __init__(self, ctx, cluster, world: int, nic, seed: int) -> None:
-        self.ctx, self.cluster, self.world, self.nic, self.seed = ctx, cluster, world, nic, seed
-        self._own = None
-
-    def __enter__(self):
-        if self.cluster is not None:
-            if self.cluster.world_size != self.world:
-                raise ValueError(f"this measurement needs {self.world} ranks, the cluster "
-                                 f"has {self.cluster.world_size}")
-            return self.cluster
-        from ..cluster import Cluster
-        kw = {"nodes": self.world, "nic": self.nic, "seed": self.seed}
-        self._own = self.ctx.cluster(**kw) if self.ctx is not None else Cluster(timeout=30, **kw)
-        return self._own.__enter__()
-
-    def __exit__(self, *exc) -> None:
-        if self._own is not None:
-            self._own.__exit__(*exc)
+def _use_or_open(ctx, cluster, world: int, nic, seed: int):
+    """The caller's open cluster (it must have `world` ranks), or a new one: the check
+    context's (its short timeout) in a check, else one with a 30 s timeout."""
+    start = ctx.cluster if ctx is not None else functools.partial(Cluster, timeout=30)
+    return use_or_open(cluster, ranks=world, start=start, nodes=world, nic=nic, seed=seed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,7 +214,7 @@ def measure_sync(sync_step, nodes: int, compute_s: float, exp_mean_s: float, ste
     """
     if draws is None:
         draws = compute_draws(nodes, steps, compute_s, exp_mean_s, seed)
-    with _maybe_cluster(_ctx, cluster, nodes, nic, seed) as cl:
+    with _use_or_open(_ctx, cluster, nodes, nic, seed) as cl:
         overhead = 0.0
         if calib_steps:
             cal = _run(_ctx, cl, sync_step, np.zeros((calib_steps, nodes)), seed)
@@ -267,7 +254,7 @@ def measure_backups(backup_step, nodes: int, backups, compute_s: float, exp_mean
     out: dict = {"nodes": nodes, "compute_s": compute_s, "exp_mean_s": exp_mean_s,
                  "steps": len(draws), "draws": draws, "seed": seed, "overhead_s": 0.0}
     ordered = np.sort(draws, axis=1)
-    with _maybe_cluster(_ctx, cluster, nodes + 1, nic, seed) as cl:
+    with _use_or_open(_ctx, cluster, nodes + 1, nic, seed) as cl:
         if calib_steps:
             zero = np.zeros((calib_steps, nodes))
             cal = _run(_ctx, cl, backup_step, zero, seed, max(backups))
