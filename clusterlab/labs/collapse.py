@@ -5,8 +5,8 @@ all-reduce), E[max of n draws] of a distribution given by its equally likely val
 step-time predictor that puts E[max] where the step waits (the slowest rank, the slowest
 chain of ring messages), and the scaling efficiency it implies. Every prediction is
 checked against `clusterlab.sim` (the backend's own link model and ring schedule, replayed
-to 1024 nodes) and against real runs of `clusterlab.experiments.scale.run_steps` (compute
-as a sleep, a real Gloo all_reduce held by the netem backend).
+to 1024 nodes) and against real runs of `clusterlab.experiments.jitter_at_scale.run_steps`
+(compute as a sleep, a real Gloo all_reduce held by the netem backend).
 
 What "right" means here, measured (see the tolerances below):
 
@@ -241,7 +241,7 @@ def ring_setup(rng: np.random.Generator, ranks: int | None = None) -> StepSetup:
 
 
 def real_setup(rng: np.random.Generator | None, ranks: int) -> StepSetup:
-    """What a real run checks: uniform compute jitter (as `scale.run_steps` draws it)."""
+    """What a real run checks: uniform compute jitter (as `jitter_at_scale.run_steps` draws it)."""
     if rng is None:
         return StepSetup(ranks, compute_s=0.010, compute_jitter_s=0.008,
                          delay_s=1e-3, jitter_s=1e-3, jitter_dist="normal")
@@ -275,18 +275,19 @@ def sim_step(setup: StepSetup, seed: int = 0) -> float:
 
 def real_steps(cluster, setup: StepSetup, *, ranks: int | None = None, steps: int = REAL_STEPS,
                seed: int = 0, period_s: float = 0.0):
-    """`scale.run_steps` of `setup` on an open cluster dilated by `cluster.dilation`: returns
-    the StepRun with its times converted to emulated seconds (compute is a sleep, so it is
-    slept `dilation` times longer; the network is dilated by the cluster itself)."""
-    from ..experiments import scale
+    """`jitter_at_scale.run_steps` of `setup` on an open cluster dilated by
+    `cluster.dilation`: returns the StepRun with its times converted to emulated seconds
+    (compute is a sleep, so it is slept `dilation` times longer; the network is dilated by
+    the cluster itself)."""
+    from ..experiments import jitter_at_scale
 
     if setup.compute_jitter_s and setup.compute_dist != "uniform":
-        raise ValueError("real runs draw uniform compute jitter (scale.run_steps)")
+        raise ValueError("real runs draw uniform compute jitter (jitter_at_scale.run_steps)")
     k = cluster.dilation
     jitter = setup.compute_jitter_s / setup.compute_s
-    run = scale.run_steps(cluster, ranks=ranks, compute_s=setup.compute_s * k, jitter=jitter,
-                          nbytes=setup.nbytes, steps=steps, warmup=2, seed=seed,
-                          period_s=period_s * k)
+    run = jitter_at_scale.run_steps(cluster, ranks=ranks, compute_s=setup.compute_s * k,
+                                    jitter=jitter, nbytes=setup.nbytes, steps=steps, warmup=2,
+                                    seed=seed, period_s=period_s * k)
     run.ends, run.starts, run.comm = run.ends / k, run.starts / k, run.comm / k
     run.compute = run.compute / k
     return run

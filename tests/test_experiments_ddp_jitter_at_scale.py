@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from clusterlab import Cluster, models
-from clusterlab.experiments import ddp, scale
+from clusterlab.experiments import ddp, jitter_at_scale
 from clusterlab.sim import scaling_curve, simulate_training
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -58,8 +58,9 @@ def test_overlap_reduces_exposed_communication(latency_bound):
 
 
 def test_jitter_raises_the_step_time_and_its_tail():
-    out = scale.predictability(nodes=4, nics=("delay 2ms", "delay 2ms 10ms distribution pareto"),
-                               steps=30, sim_nodes=(4,), sim_steps=400)
+    out = jitter_at_scale.predictability(nodes=4,
+                                         nics=("delay 2ms", "delay 2ms 10ms distribution pareto"),
+                                         steps=30, sim_nodes=(4,), sim_steps=400)
     calm, rough = out["real"].values()
     # 30 real steps: the medians, with distribution-free intervals that must not overlap (a
     # p99 of 30 samples is their maximum, one load spike of this shared machine away)
@@ -75,8 +76,8 @@ def test_jitter_raises_the_step_time_and_its_tail():
 
 def test_extra_time_from_jitter_grows_like_expected_max():
     compute_s, jitter = 0.02, 1.0
-    rows = {r["nodes"]: r for r in scale.jitter_growth((2, 8), compute_s=compute_s,
-                                                       jitter=jitter, steps=30)}
+    rows = {r["nodes"]: r for r in jitter_at_scale.jitter_growth((2, 8), compute_s=compute_s,
+                                                                 jitter=jitter, steps=30)}
     j = compute_s * jitter
     for n, r in rows.items():
         assert r["predicted_s"] == pytest.approx(j * models.expected_max(n, "uniform"))
@@ -91,7 +92,7 @@ def test_extra_time_from_jitter_grows_like_expected_max():
 
 
 def test_hierarchical_beats_flat_ring_when_intra_is_much_faster():
-    out = scale.flat_vs_hierarchical(2, 2, nic="delay 20ms", intra="delay 50us", steps=8)
+    out = jitter_at_scale.flat_vs_hierarchical(2, 2, nic="delay 20ms", intra="delay 50us", steps=8)
     ring, hier = out["ring"], out["hierarchical"]
     assert hier["emulated_s"] < ring["emulated_s"]
     assert hier["comm_s"] < ring["comm_s"]
@@ -112,9 +113,9 @@ def test_simulated_mitigations_at_scale_keep_their_order():
 
 
 def test_delay_stats_of_a_clipped_heavy_tail():
-    calm = scale.delay_stats("delay 2ms")
+    calm = jitter_at_scale.delay_stats("delay 2ms")
     assert calm["mean_s"] == pytest.approx(2e-3) and calm["zero_share"] == 0
-    rough = scale.delay_stats("delay 2ms 10ms distribution pareto")
+    rough = jitter_at_scale.delay_stats("delay 2ms 10ms distribution pareto")
     # jitter larger than the delay: most draws are clipped to 0, the mean is not the delay
     assert rough["zero_share"] > 0.5 and rough["p50_s"] == 0
     assert rough["mean_s"] > 1.5 * rough["configured_s"]
@@ -123,7 +124,7 @@ def test_delay_stats_of_a_clipped_heavy_tail():
 
 def test_tree_and_hierarchical_collapse_far_less_than_the_flat_ring():
     nic, nodes = "delay 2ms", (8, 256)
-    alt = scale._alternative_curves(nic, nodes, 0.05, 1 << 20, 3, "delay 50us", 8)
+    alt = jitter_at_scale._alternative_curves(nic, nodes, 0.05, 1 << 20, 3, "delay 50us", 8)
     ring = {r["nodes"]: r for r in
             scaling_curve(list(nodes), nic=nic, model_bytes=1 << 20, bucket_bytes=1 << 20,
                           first_bucket_bytes=1 << 20, compute_s=0.05, overlap=False, steps=3)}
@@ -135,7 +136,7 @@ def test_tree_and_hierarchical_collapse_far_less_than_the_flat_ring():
 
 
 def test_steps_to_target_fall_with_the_batch_then_flatten():
-    out = scale.steps_to_target([32, 512, 8192], seeds=(0,))
+    out = jitter_at_scale.steps_to_target([32, 512, 8192], seeds=(0,))
     steps = [r["steps"] for r in out["rows"]]
     assert out["target"] > out["floor"] > 0
     assert steps[0] > 2 * steps[1]  # below the critical batch: more samples, fewer steps
@@ -144,7 +145,7 @@ def test_steps_to_target_fall_with_the_batch_then_flatten():
 
 
 def test_time_to_train_is_steps_times_step_time():
-    out = scale.time_to_train({"a": {1: 0.1, 16: 0.2}}, per_rank_batch=32, seeds=(0,))
+    out = jitter_at_scale.time_to_train({"a": {1: 0.1, 16: 0.2}}, per_rank_batch=32, seeds=(0,))
     steps = {r["batch"]: r["steps"] for r in out["steps"]["rows"]}
     for row in out["curves"]["a"]:
         assert row["time_s"] == pytest.approx(steps[row["nodes"] * 32] * row["step_s"])
