@@ -35,7 +35,7 @@ import numpy as np
 
 from ..cluster import Cluster, ClusterError
 from .common import describe_error, preload_ddp
-from .scaling import DEFAULT_NIC, make_regression
+from .gradient_scaling import DEFAULT_NIC, make_regression
 
 # What `train` can do to the replicas (see Fault).
 SCENARIOS = (

@@ -58,7 +58,7 @@ def _torch():
 
 
 def _regression(n: int, seed: int, dtype: str):
-    from ..experiments.scaling import make_regression
+    from ..experiments.gradient_scaling import make_regression
 
     return make_regression(n, FEATURES, seed, dtype)
 

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from clusterlab.experiments import divergence as D
-from clusterlab.experiments import scaling as S
+from clusterlab.experiments import gradient_scaling as S
 
 pytestmark = pytest.mark.slow
 
