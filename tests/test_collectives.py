@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from clusterlab import Cluster
 from clusterlab.collectives import ALGORITHMS
-from clusterlab.experiments import collectives as ex
+from clusterlab.experiments import allreduce_and_topology as ex
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -119,7 +119,7 @@ def test_rail_hierarchical_is_2_p_minus_1_intra_and_2_n_minus_1_inter_delays(nod
 @pytest.mark.parametrize("nodes,ppn", [(2, 2), (4, 2), (2, 4), (3, 2)])
 @pytest.mark.parametrize("intra", ["delay 100us rate 10gbit", "delay 5ms rate 200mbit"])
 def test_rail_hierarchical_replay_matches_its_closed_form(nodes, ppn, intra):
-    from clusterlab.experiments import collectives as ex
+    from clusterlab.experiments import allreduce_and_topology as ex
 
     n = 4 << 20
     coll = Collective("allreduce", n, algorithm="hierarchical_rail")

@@ -518,7 +518,7 @@ def _structure_rd(outs: list[dict], p: int, n: int) -> None:
 
 
 def _alpha_beta(nic: str) -> tuple[float, float]:
-    from ..experiments.collectives import alpha_beta
+    from ..experiments.allreduce_and_topology import alpha_beta
 
     return alpha_beta(nic)
 
