@@ -381,11 +381,17 @@ def hierarchical_allreduce(tensor: torch.Tensor, procs_per_node: int | None = No
     return _sum_in_place(tensor, _hierarchical, procs_per_node)
 
 
-def _hierarchical(x: torch.Tensor, procs_per_node: int | None = None) -> None:
+def _node_layout(procs_per_node: int | None) -> tuple[int, int, int]:
+    """(processes per node, this rank, world size), the node size checked against the world."""
     ppn = procs_per_node or _procs_per_node()
     me, p = dist.get_rank(), dist.get_world_size()
     if ppn < 1 or p % ppn:
         raise ValueError(f"procs_per_node={ppn} does not divide the world size {p}")
+    return ppn, me, p
+
+
+def _hierarchical(x: torch.Tensor, procs_per_node: int | None = None) -> None:
+    ppn, me, p = _node_layout(procs_per_node)
     node = me // ppn
     local = list(range(node * ppn, (node + 1) * ppn))  # my node's ranks; local[0] leads
     leaders = list(range(0, p, ppn))
@@ -429,10 +435,7 @@ def hierarchical_rail_allreduce(tensor: torch.Tensor,
 
 
 def _hierarchical_rail(x: torch.Tensor, procs_per_node: int | None = None) -> None:
-    ppn = procs_per_node or _procs_per_node()
-    me, p = dist.get_rank(), dist.get_world_size()
-    if ppn < 1 or p % ppn:
-        raise ValueError(f"procs_per_node={ppn} does not divide the world size {p}")
+    ppn, me, p = _node_layout(procs_per_node)
     node, i = divmod(me, ppn)
     local = list(range(node * ppn, (node + 1) * ppn))
     rail = list(range(i, p, ppn))  # local rank i of every node
