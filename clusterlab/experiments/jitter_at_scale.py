@@ -487,26 +487,18 @@ def mitigations(*, nodes: int = 4, nic: str = "delay 2ms", ddp_options: dict | N
         step_k = (k - 1) * compute_s + row["mean_step_s"]
         sim["fewer syncs"].append({"nodes": row["nodes"], "mean_step_s": step_k,
                                    "efficiency": k * compute_s / step_k})
-    # hierarchical: 8 ranks per node with a fast intra link, nodes = ranks / 8
-    sim["hierarchical"] = []
-    for n in sim_nodes:
-        if n < 8:
-            continue
-        res = simulate_training(n // 8, 8, intra=hier_intra, algorithm="hierarchical",
-                                **{**common, **sims["bigger buckets"]})
-        sim["hierarchical"].append({"nodes": n, "mean_step_s": res.mean_step,
-                                    "efficiency": compute_s / res.mean_step})
-    # the flat ring on that same layout (8 ranks per node, fast intra links): what the
-    # hierarchical curve is to be compared with, so that its gain is the algorithm's, not
-    # the layout's
-    sim["ring, 8 per node"] = []
-    for n in sim_nodes:
-        if n < 8:
-            continue
-        res = simulate_training(n // 8, 8, intra=hier_intra, algorithm="ring",
-                                **{**common, **sims["bigger buckets"]})
-        sim["ring, 8 per node"].append({"nodes": n, "mean_step_s": res.mean_step,
-                                        "efficiency": compute_s / res.mean_step})
+    # hierarchical: 8 ranks per node with a fast intra link, nodes = ranks / 8; and the flat
+    # ring on that same layout, what the hierarchical curve is to be compared with, so that
+    # its gain is the algorithm's, not the layout's
+    for name, algorithm in (("hierarchical", "hierarchical"), ("ring, 8 per node", "ring")):
+        sim[name] = []
+        for n in sim_nodes:
+            if n < 8:
+                continue
+            res = simulate_training(n // 8, 8, intra=hier_intra, algorithm=algorithm,
+                                    **{**common, **sims["bigger buckets"]})
+            sim[name].append({"nodes": n, "mean_step_s": res.mean_step,
+                              "efficiency": compute_s / res.mean_step})
     for name in sims:
         for row in sim[name]:
             row["nodes"] = row.get("ranks", row["nodes"])
