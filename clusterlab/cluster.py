@@ -42,6 +42,7 @@ from datetime import timedelta
 from multiprocessing.connection import wait as wait_any
 
 import cloudpickle
+import psutil
 
 from .backend import BACKEND_NAME, NetemConfig
 from .netem import Netem
@@ -294,7 +295,8 @@ class Cluster:
         """Start the rank processes and wait until their process group is up."""
         if self._procs:
             return
-        self._tmp = tempfile.mkdtemp(prefix="clusterlab-")
+        _sweep_orphaned_dirs()
+        self._tmp = tempfile.mkdtemp(prefix=f"clusterlab-{os.getpid()}-")
         env = {**self.env, "CLUSTERLAB_SHM_DIR": self._tmp}
         self._status = self._ctx.Array("c", self.world_size * _STATUS_BYTES, lock=False)
         try:
@@ -451,6 +453,16 @@ def _main_thread_stack(dump: str) -> str:
             if source:
                 kept.append(f"    {source}")
     return "\n".join(kept)
+
+
+def _sweep_orphaned_dirs() -> None:
+    """Remove the scratch directories of clusters whose parent died without cleaning up
+    (kill -9, a killed kernel): their names carry the parent's pid."""
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        m = re.fullmatch(r"clusterlab-(\d+)-\w+", name)
+        if m and not psutil.pid_exists(int(m.group(1))):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
 def _cleanup(procs, tmp) -> None:

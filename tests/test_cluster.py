@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -298,3 +299,20 @@ def test_in_a_real_jupyter_kernel_interrupt_and_restart_leave_nothing(tmp_path):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_a_cluster_start_sweeps_scratch_dirs_of_dead_parents():
+    import tempfile
+
+    from clusterlab.cluster import _sweep_orphaned_dirs
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = tempfile.mkdtemp(prefix=f"clusterlab-{dead.pid}-")
+    alive = tempfile.mkdtemp(prefix=f"clusterlab-{os.getpid()}-")
+    try:
+        _sweep_orphaned_dirs()
+        assert not os.path.exists(orphan) and os.path.isdir(alive)
+    finally:
+        shutil.rmtree(alive, ignore_errors=True)
+        shutil.rmtree(orphan, ignore_errors=True)
