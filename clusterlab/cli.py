@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds each notebook may take in all (default 300)")
     g.add_argument("--seed", type=int, default=None,
                    help="seed of the hidden checks' draws (default: fixed)")
+    g.add_argument("--jobs", type=int, default=1,
+                   help="notebooks graded at once, each in its own process (default 1: "
+                   "labs that time clusters need the cores to themselves)")
     lb = sub.add_parser("labs", help="list the labs, or generate labs/ from solutions/")
     lb.add_argument("action", choices=["list", "build", "verify"],
                     help="list: labs and points; build: write labs/ from solutions/; "
@@ -77,7 +80,7 @@ def _grade(args, parser) -> int:
 
     try:
         rows = grade(args.paths, timeout=args.timeout or DEFAULT_TIMEOUT,
-                     seed=DEFAULT_SEED if args.seed is None else args.seed,
+                     seed=DEFAULT_SEED if args.seed is None else args.seed, jobs=args.jobs,
                      progress=lambda line: print(line, file=sys.stderr, flush=True))
     except (ValueError, FileNotFoundError) as exc:
         parser.error(str(exc))

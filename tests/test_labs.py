@@ -17,7 +17,7 @@ import pytest
 
 from clusterlab.labs import EXERCISES, LABS, run_checks
 from clusterlab.labs.build import annotate, to_lab
-from clusterlab.labs.grade import all_passed, grade, table
+from clusterlab.labs.grade import all_passed, collect, grade, table
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parents[1]
@@ -231,7 +231,8 @@ def test_grading_a_mixed_room_gives_one_clear_row_each(toy, tmp_path, no_leftove
     _write(room / "frank", "notes.ipynb", ["1 + 1"], lab=None)
     (room / "gina").mkdir()
     (room / "gina" / "lab.ipynb").write_text("{ not json")
-    rows = grade([room], timeout=15, seed=7)
+    rows = grade([room], timeout=15, seed=7, jobs=2)  # two workers: the order is kept
+    assert [r["path"] for r in rows] == [str(q) for q in collect([room])]
     by = {r["learner"]: r for r in rows}
     assert set(by) == {"alice", "bob", "carol", "dave", "erin", "frank", "gina"}
     assert by["alice"]["status"] == "graded" and by["alice"]["earned"] == 5
@@ -247,6 +248,12 @@ def test_grading_a_mixed_room_gives_one_clear_row_each(toy, tmp_path, no_leftove
     assert "99_toy: A toy lab (5 points)" in text
     assert "alice" in text and "5/5" in text and "bob c1 [fail]: add(2, 3) returned -1" in text
     assert "frank" in text and "not a lab" in text and "1 of 7 notebook(s)" in text
+
+
+@pytest.mark.parametrize("jobs", [0, -1, 1.5, True, "2"])
+def test_grade_rejects_a_bad_number_of_jobs(jobs, tmp_path):
+    with pytest.raises(ValueError, match="jobs must be a whole number >= 1"):
+        grade([tmp_path], jobs=jobs)
 
 
 @pytest.mark.slow

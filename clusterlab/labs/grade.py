@@ -10,9 +10,11 @@ goes on to the next one, and leaves no kernel or rank behind.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
+import multiprocessing
 import os
 import tempfile
 import threading
@@ -193,20 +195,41 @@ def grade_one(path: Path, learner: str, *, timeout: float, seed: int) -> dict:
 
 
 def grade(paths: list[str | Path], *, timeout: float = DEFAULT_TIMEOUT,
-          seed: int = DEFAULT_SEED, progress=None) -> list[dict]:
-    """Grade every notebook; one row per notebook."""
+          seed: int = DEFAULT_SEED, jobs: int = 1, progress=None) -> list[dict]:
+    """Grade every notebook; one row per notebook, in the order of `collect`.
+
+    `jobs` > 1 grades that many notebooks at once, each in its own worker process (a
+    notebook's environment and leftover-process sweep are per process). Labs that time
+    real clusters share the machine's cores then: give a laptop 1, a many-core host more."""
     if timeout <= 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be a whole number >= 1, got {jobs!r}")
     files = collect(paths)
     if not files:
         raise ValueError("no notebooks to grade in: " + " ".join(map(str, paths)))
     names = _learner_names(files)
-    rows = []
-    for path in files:
-        if progress:
-            progress(f"grading {path} ...")
-        rows.append(grade_one(path, names[path], timeout=timeout, seed=seed))
-    return rows
+    if jobs == 1:
+        rows = []
+        for path in files:
+            if progress:
+                progress(f"grading {path} ...")
+            rows.append(grade_one(path, names[path], timeout=timeout, seed=seed))
+        return rows
+    # fork: workers inherit the lab registry, including labs registered by the caller.
+    context = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(files)),
+                                                mp_context=context) as pool:
+        futures = {pool.submit(grade_one, path, names[path], timeout=timeout, seed=seed): path
+                   for path in files}
+        try:
+            for done in concurrent.futures.as_completed(futures):
+                if progress:
+                    progress(f"graded {futures[done]}")
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        return [future.result() for future in futures]
 
 
 def all_passed(rows: list[dict]) -> bool:
