@@ -18,9 +18,11 @@ spec classes, then the keyword parser that walks the tokens the way netem_parse_
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass, replace
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 from typing import Any
 
 DEFAULT_LIMIT = 1000  # netem's default queue limit, in packets
@@ -79,15 +81,36 @@ _MAX_BPS = 8 * (2**64 - 1)  # and rates in an unsigned 64-bit count of bytes per
 _U32, _S32_MIN, _S32_MAX, _U64 = 2**32 - 1, -(2**31), 2**31 - 1, 2**64 - 1
 
 # The decimal part of what C's strtod() reads: "2", "2.5", ".5", "5.", "1e-3" (no hex/inf/nan).
-_NUMBER = r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+# Written so that no two repeats compete for the same digits ("[0-9]+\.?[0-9]*" would): a
+# failing fullmatch then backtracks in linear, not quadratic, time ("loss 111...1x").
+_NUMBER = r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
 _NUMBER_RE = re.compile(_NUMBER)
 _PERCENT_RE = re.compile(f"({_NUMBER})%?")
 
 
 def _number_and_unit(token: str) -> tuple[Decimal, str] | None:
-    """Split '2.5ms' into (Decimal('2.5'), 'ms') like strtod; Decimal keeps '0.1ms' exact."""
+    """Split '2.5ms' into (Decimal('2.5'), 'ms') like strtod; Decimal keeps '0.1ms' exact.
+
+    The unit is lower-cased for the table lookups, and only if it is ASCII: str.lower() maps
+    the Kelvin sign 'K' to 'k', which C's strcasecmp would never match.
+    """
     match = _NUMBER_RE.match(token)
-    return (Decimal(match.group()), token[match.end() :]) if match else None
+    if match is None:
+        return None
+    unit = token[match.end() :]
+    return _decimal(match.group()), unit.lower() if unit.isascii() else unit
+
+
+def _decimal(number: str) -> Decimal:
+    """Decimal(number), where an exponent beyond Decimal's (10**18) range reads as strtod
+    reads it: HUGE_VAL (infinity, so "too large") or 0."""
+    try:
+        return Decimal(number)
+    except InvalidOperation:  # only an exponent can be out of range: _NUMBER checked the rest
+        mantissa, exponent = re.split("[eE]", number)
+        if Decimal(mantissa) == 0 or exponent.startswith("-"):
+            return Decimal(0)
+        return Decimal("-Infinity" if mantissa.startswith("-") else "Infinity")
 
 
 def _starts_with_digit(token: str) -> bool:
@@ -98,7 +121,7 @@ def _starts_with_digit(token: str) -> bool:
 def _parse_time(token: str, keyword: str) -> int:
     """A time in integer nanoseconds: '2ms' -> 2_000_000, '100' -> 100 (bare means ns)."""
     split = _number_and_unit(token)
-    scale = _TIME_UNITS.get(split[1].lower()) if split else None
+    scale = _TIME_UNITS.get(split[1]) if split else None
     if split is None or scale is None:
         raise ValueError(f"netem: bad time '{token}' after '{keyword}' (units: s, ms, us, ns)")
     if split[0] < 0:
@@ -117,7 +140,7 @@ def _parse_rate(token: str, keyword: str) -> int:
             "give an absolute rate such as 10gbit"
         )
     split = _number_and_unit(token)
-    scale = _RATE_UNITS.get(split[1].lower()) if split else None
+    scale = _RATE_UNITS.get(split[1]) if split else None
     if split is None or scale is None:
         raise ValueError(
             f"netem: bad rate '{token}' after '{keyword}' (units: bit, kbit, mbit, gbit, tbit, "
@@ -148,6 +171,10 @@ def _parse_int(token: str, keyword: str, low: int, high: int, c_base: bool = Tru
     if re.fullmatch(pattern, token) is None:
         raise ValueError(f"netem: bad integer '{token}' after '{keyword}'")
     digits = token.lstrip("+-")
+    # Python refuses to convert more than 4300 digits (with a message naming no token), and
+    # no netem integer needs more than 20: longer ones are out of range, leading 0s aside.
+    if len(digits.lstrip("0xX").lstrip("0")) > 40:
+        raise ValueError(f"netem: integer '{token}' after '{keyword}' is outside {low}..{high}")
     if not c_base:
         value = int(digits)
     elif digits[:2].lower() == "0x":
@@ -182,8 +209,18 @@ def _format_percent(percent: float) -> str:
 
 
 def _check_percent(owner: str, name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{owner}: {name} must be a number of percent, got {value!r}")
     if not 0 <= value <= 100:  # also rejects NaN
         raise ValueError(f"{owner}: {name}={value!r} is outside 0..100 percent")
+
+
+def _check_int(owner: str, name: str, value: int, low: int, high: int) -> None:
+    """An exact integer in low..high, as the kernel's field holds it (bool is no integer)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{owner}: {name} must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{owner}: {name}={value!r} is outside {low}..{high}")
 
 
 def _trim(values: list[float], defaults: list[float]) -> list[float]:
@@ -263,6 +300,13 @@ class LossGemodel:
 
 Loss = LossRandom | LossState | LossGemodel
 
+# Netem's integer fields and the ranges the kernel keeps them in (what the parser accepts).
+_INT_FIELDS = (
+    ("delay_ns", 0, _MAX_NS), ("jitter_ns", 0, _MAX_NS), ("gap", 0, _U32),
+    ("rate_bps", 0, _MAX_BPS), ("packet_overhead", _S32_MIN, _S32_MAX), ("cell_size", 0, _U32),
+    ("cell_overhead", _S32_MIN, _S32_MAX), ("limit", 1, _U32),
+)  # fmt: skip
+
 
 def _drops_packets(loss: Loss | None) -> bool:
     """True for a loss model netem counts as present (tc: opt.loss > 0 or a state model)."""
@@ -295,20 +339,24 @@ class Netem:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        # Range checks only, so hand-built specs cannot hold values netem could never run;
-        # the rules that tie keywords together (reorder needs delay...) live in the parser.
-        for name in ("delay_ns", "jitter_ns", "gap", "rate_bps", "cell_size"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"Netem: {name}={getattr(self, name)!r} must be >= 0")
+        # Type and range checks only (the ranges the parser and the kernel allow), so that
+        # hand-built specs cannot hold values netem could never run; the rules that tie
+        # keywords together (reorder needs delay...) live in the parser.
+        for name, low, high in _INT_FIELDS:
+            _check_int("Netem", name, getattr(self, name), low, high)
+            object.__setattr__(self, name, int(getattr(self, name)))  # numpy ints -> int
         for name in ("delay_correlation", "duplicate", "duplicate_correlation", "corrupt",
                      "corrupt_correlation", "reorder", "reorder_correlation"):  # fmt: skip
             _check_percent("Netem", name, getattr(self, name))
         if self.distribution not in DISTRIBUTIONS:
             raise ValueError(f"Netem: unknown distribution {self.distribution!r}")
-        if self.limit < 1:
-            raise ValueError(f"Netem: limit={self.limit!r} must be at least 1 packet")
-        if self.seed is not None and self.seed < 0:
-            raise ValueError(f"Netem: seed={self.seed!r} must be >= 0")
+        if self.loss is not None and not isinstance(self.loss, Loss):
+            raise TypeError(f"Netem: loss must be LossRandom, LossState, LossGemodel or None, "
+                            f"got {self.loss!r}")
+        if not isinstance(self.ecn, bool):
+            raise TypeError(f"Netem: ecn must be True or False, got {self.ecn!r}")
+        if self.seed is not None:
+            _check_int("Netem", "seed", self.seed, 0, _U64)
 
     @classmethod
     def parse(cls, text: str) -> Netem:
@@ -352,7 +400,7 @@ class Netem:
         quotes the offending token. Empty text means no impairment: `Netem()`.
         """
         if not isinstance(text, str):
-            raise TypeError(f"Netem.parse takes a str, not {type(text).__name__}")
+            raise TypeError(f"Netem.parse: text must be a str, not {type(text).__name__}")
         tokens = text.split()
         if tokens[:1] == ["netem"]:  # as copied from "tc qdisc add ... netem delay 1ms"
             tokens = tokens[1:]
@@ -420,13 +468,22 @@ class Netem:
         nonzero delay, jitter or rate stays nonzero, so the result is still a spec the
         parser accepts (reorder needs a delay, a distribution needs jitter).
         """
+        if isinstance(k, bool) or not isinstance(k, numbers.Real):
+            raise TypeError(f"Netem.scaled: time dilation k must be a number, got {k!r}")
         if not (k > 0 and math.isfinite(k)):
-            raise ValueError(f"Netem.scaled: factor {k!r} must be a positive finite number")
+            raise ValueError(
+                f"Netem.scaled: time dilation k={k!r} must be a positive finite number"
+            )
+
+        exact = Fraction(float(k))  # k = 1e300 would overflow a float product; a Fraction cannot
+        if max(self.delay_ns, self.jitter_ns) * exact > _MAX_NS or self.rate_bps / exact > _MAX_BPS:
+            raise ValueError(f"Netem.scaled: time dilation k={k!r} takes '{self}' beyond netem's "
+                             "64-bit delays and rates")
 
         def stretch(ns: int) -> int:
-            return max(1, round(ns * k)) if ns else 0
+            return max(1, round(ns * exact)) if ns else 0
 
-        rate = max(1, round(self.rate_bps / k)) if self.rate_bps else 0
+        rate = max(1, round(self.rate_bps / exact)) if self.rate_bps else 0
         return replace(
             self, delay_ns=stretch(self.delay_ns), jitter_ns=stretch(self.jitter_ns), rate_bps=rate
         )

@@ -19,6 +19,8 @@ The same topology is described by environment variables, so that an ordinary scr
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import re
 from collections.abc import Mapping
@@ -46,7 +48,16 @@ class Topology:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for (src, dst), spec in self.links.items():
+        for name in ("nic", "intra"):
+            if not isinstance(getattr(self, name), Netem):
+                raise TypeError(f"{name} must be a Netem spec, got {getattr(self, name)!r}")
+        if not isinstance(self.links, Mapping):
+            raise TypeError(f"links must map (src_node, dst_node) to a Netem, got {self.links!r}")
+        for key, spec in self.links.items():
+            if not (isinstance(key, tuple) and len(key) == 2
+                    and all(isinstance(k, int) and not isinstance(k, bool) for k in key)):
+                raise ValueError(f"links: key {key!r} must be a (src_node, dst_node) pair")
+            src, dst = key
             for end in (src, dst):
                 if not 0 <= end < self.nodes:
                     raise ValueError(
@@ -67,23 +78,34 @@ class Topology:
         intra: str | Netem | None = None,
         links: Mapping[tuple[int, int], str | Netem] | str | None = None,
     ) -> Topology:
-        """Build from netem strings or specs (None means no impairment)."""
+        """Build from netem strings or specs (None means no impairment).
+
+        A bad spec's error says which argument held it ("nic: netem: unknown keyword ...").
+        """
         if isinstance(links, str):
-            links = parse_links(links)
+            links = _named("links", parse_links, links)
+        if links is not None and not isinstance(links, Mapping):
+            raise TypeError(
+                f"links must be a dict {{(src_node, dst_node): spec}} or a string "
+                f"'SRC->DST=spec; ...', got {links!r}"
+            )
         parsed = {}
         for key, spec in (links or {}).items():
             try:
-                src, dst = (int(k) for k in key)
+                src, dst = key
+                if not all(float(k).is_integer() for k in key):  # 0.5 is no node
+                    raise ValueError
+                src, dst = int(src), int(dst)
             except (TypeError, ValueError):
                 raise ValueError(
                     f"links: key {key!r} must be a (src_node, dst_node) pair"
                 ) from None
-            parsed[(src, dst)] = as_netem(spec) or NO_IMPAIRMENT
+            parsed[(src, dst)] = _named(f"links[{src}->{dst}]", as_netem, spec) or NO_IMPAIRMENT
         return cls(
             nodes=nodes,
             procs_per_node=procs_per_node,
-            nic=as_netem(nic) or NO_IMPAIRMENT,
-            intra=as_netem(intra) or NO_IMPAIRMENT,
+            nic=_named("nic", as_netem, nic) or NO_IMPAIRMENT,
+            intra=_named("intra", as_netem, intra) or NO_IMPAIRMENT,
             links=parsed,
         )
 
@@ -129,6 +151,8 @@ class Topology:
 
     def scaled(self, k: float) -> Topology:
         """The same topology k times slower (time dilation): delays x k, rates / k."""
+        if isinstance(k, bool) or not isinstance(k, numbers.Real) or not 0 < k < math.inf:
+            raise ValueError(f"time dilation must be a positive finite number, got {k!r}")
         if k == 1:
             return self
         return Topology(
@@ -163,13 +187,29 @@ class Topology:
             raise ValueError(
                 f"CLUSTERLAB_PROCS_PER_NODE={ppn} does not divide the world size {world_size}"
             )
-        return cls.build(
-            nodes=world_size // ppn,
-            procs_per_node=ppn,
-            nic=env.get("CLUSTERLAB_NIC") or None,
-            intra=env.get("CLUSTERLAB_INTRA") or None,
-            links=env.get("CLUSTERLAB_LINKS") or None,
-        )
+        specs = {}
+        for arg, name in (("nic", "CLUSTERLAB_NIC"), ("intra", "CLUSTERLAB_INTRA"),
+                          ("links", "CLUSTERLAB_LINKS")):
+            text = env.get(name) or None
+            specs[arg] = _named(name, parse_links if arg == "links" else as_netem, text)
+        try:
+            return cls.build(nodes=world_size // ppn, procs_per_node=ppn, **specs)
+        except ValueError as exc:  # an override naming a node that does not exist
+            if str(exc).startswith("links"):
+                raise ValueError(f"CLUSTERLAB_LINKS: {exc}") from None
+            raise
+
+
+def _named(argument: str, parse, value):
+    """parse(value), with the argument's name put in front of its error message."""
+    if value is None:
+        return None
+    try:
+        return parse(value)
+    except (TypeError, ValueError) as exc:
+        if str(exc).startswith(f"{argument}"):
+            raise
+        raise type(exc)(f"{argument}: {exc}") from None
 
 
 def parse_links(text: str) -> dict[tuple[int, int], Netem]:
