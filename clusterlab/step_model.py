@@ -8,7 +8,8 @@ previous one ends), without overlap after the whole backward pass. This is the r
 of `clusterlab.sim.simulate_training` with every time replaced by its prediction:
 
 * `allreduce_seconds`: one all-reduce of one bucket, from the α-β costs of
-  `clusterlab.models` plus order-statistics terms for jitter (`models.expected_max`) and for
+  `clusterlab.models` plus terms for jitter (a jittery ring's time per round, measured once
+  by `sim.ring_round_seconds`; order statistics, `models.expected_max`, elsewhere) and for
   loss (`models.tail_at_scale`);
 * `predict_step`: the step at one node count (`StepPrediction`: step, compute,
   communication, throughput, efficiency);
@@ -30,7 +31,7 @@ from typing import Any
 from . import models
 from .netem import Netem, netem_string
 from .schedule import loss_probability
-from .sim import bucket_sizes
+from .sim import bucket_sizes, ring_round_seconds
 from .wire import DUPTHRESH, RTO_MIN_NS, segment_count, wire_beta
 
 NODE_COUNTS = tuple(2**i for i in range(11))  # 1 .. 1024, the curve's x values
@@ -142,6 +143,12 @@ def _normal_max(p: int) -> float:
     return models.expected_max_ideal(p, "normal")
 
 
+@functools.lru_cache(maxsize=1024)
+def _ring_round(spec: Netem, message: int) -> float:
+    """Growth per round of a long jittery ring (`sim.ring_round_seconds`; a few ms, cached)."""
+    return ring_round_seconds(spec, message)
+
+
 def _rounds(algorithm: str, nodes: int) -> int:
     """Rounds of the log-depth algorithms among `nodes` (see models' docstrings)."""
     lg = nodes.bit_length() - 1
@@ -160,9 +167,13 @@ def allreduce_seconds(algorithm: str, nodes: int, procs_per_node: int, nbytes: i
     with free intra-node steps; the log-depth algorithms among nodes with β times
     procs_per_node, because all processes of a node then share its NIC. β is the wire's
     (`wire.wire_beta`: every segment carries its headers).
-    Jitter: every round waits for the last segment of its message, delay + E[max of k
-    draws]; a ring adds the Gaussian longest-path term of `models.ring_allreduce_jitter` (with
-    the spread of that max).
+    Jitter, on a ring of one process per node (and the node ring of hierarchical): its
+    completion is a longest path through 2(p-1) rounds x p ranks, linear in the rounds with
+    a time constant g per round (`sim.ring_round_seconds`, measured once per NIC and message
+    size; docs/models.md, "A ring under jitter"): 2(p-1) g replaces the α and β terms.
+    Otherwise every round waits for the last segment of its message, delay + E[max of k
+    draws]; a ring with several processes per node adds the Gaussian longest-path term of
+    `models.ring_allreduce_jitter` (with the spread of that max), 20-60 % short at scale.
     Loss: a round in which one of the m messages loses a tail segment waits for TCP's
     retransmission timeout; `tail_at_scale(loss, m x segments)` is how often that happens.
     Charging it to every round as if rounds were barriers is an upper bound (rounds overlap
@@ -200,7 +211,11 @@ def allreduce_seconds(algorithm: str, nodes: int, procs_per_node: int, nbytes: i
         return base
     k = segment_count(message)  # segments per message
     extra = 0.0
-    if spec.jitter_ns:
+    if spec.jitter_ns and ring > 1 and (algorithm == "hierarchical" or procs_per_node == 1):
+        # A ring of `ring` jittery hops: a longest path through 2(ring-1) rounds, whose
+        # growth per round g (wire time included) replaces the latency and bandwidth terms.
+        base += rounds * (_ring_round(spec, message) - alpha - message * beta)
+    elif spec.jitter_ns:
         jitter = spec.jitter_s
         extra += rounds * jitter * _jitter_max(k, spec.distribution)
         if ring > 1:

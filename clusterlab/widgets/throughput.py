@@ -5,7 +5,8 @@ Three predictions of one data-parallel training step, from cheapest to most real
 1. the closed-form curve over N = 1, 2, 4, ..., 1024 nodes (`clusterlab.step_model`): the
    α-β costs of `clusterlab.models` for each gradient bucket's all-reduce, plus
    order-statistics terms for jitter and loss, fed through the same compute/communication
-   overlap recurrence as the simulator. Microseconds per point.
+   overlap recurrence as the simulator. Microseconds per point, plus a few milliseconds
+   once per NIC and message size for a jittery ring's time per round.
 2. the simulator at the chosen N only (`sim.simulate_training`, a few steps, within the
    time budget of `background_sim`): every message of every round replayed with netem's
    semantics. Its step-time histogram (p50, p99) and its point on the curve show what the
