@@ -9,12 +9,13 @@ Point-to-point (send/recv): the sender runs its egress link model (netem semanti
 node's shared NIC queue), stamps the message with the absolute delivery time, and the
 receiver holds the message until then. All ranks on one host share CLOCK_MONOTONIC.
 
-Collectives: the calling thread starts the Gloo operation at once, together with a tiny
-all-reduce of the times at which each rank entered it. A completion thread (one per group,
-FIFO, like a communication stream) then replays the collective's algorithm on the replicated
-network model (`clusterlab.schedule`) and completes the future when this rank's emulated
-completion time has come, but never before Gloo itself finished. Futures make unmodified
-DistributedDataParallel keep its compute/communication overlap.
+Collectives: the calling thread notes the time it entered the collective in the group's
+entry table (a file mapped by every rank of the group; without one, as across hosts, a tiny
+Gloo all-reduce of the entry times) and starts the Gloo operation at once. A completion
+thread (one per group, FIFO, like a communication stream) then replays the collective's
+algorithm on the replicated network model (`clusterlab.schedule`) and completes the future
+when this rank's emulated completion time has come, but never before Gloo itself finished.
+Futures make unmodified DistributedDataParallel keep its compute/communication overlap.
 
 Configuration: a mapping of CLUSTERLAB_* settings (see `clusterlab.topology` for the
 topology): CLUSTERLAB_SEED, CLUSTERLAB_DILATION, CLUSTERLAB_ALGORITHM (ring |
@@ -35,6 +36,7 @@ import queue
 import struct
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -158,6 +160,83 @@ class SharedTail:
             pass
 
 
+class EntryTable:
+    """When each rank of a group entered each collective, in a file every rank maps.
+
+    A ring of ENTRY_SLOTS rows of (sequence number, entry time ns) per rank: a rank writes
+    its own cell before it starts the Gloo operation, and every rank reads the whole row.
+    This replaces an all-reduce of the entry times per collective (a second Gloo operation
+    that doubled the messages of small collectives). A row is reused only after every rank
+    has read it (`consumed`), so a rank running ahead by ENTRY_SLOTS collectives waits.
+    """
+
+    def __init__(self, path: str, size: int, rank: int, *, create: bool) -> None:
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        self._fd = os.open(path, flags, 0o600)
+        self.path, self.size, self.rank = path, size, rank
+        length = 8 * (_ENTRY_HEAD + size + ENTRY_SLOTS * size * 2)
+        if create:
+            os.ftruncate(self._fd, length)
+        self._map = mmap.mmap(self._fd, length)
+        words = np.frombuffer(self._map, dtype=np.int64)
+        self.head = words[:_ENTRY_HEAD]  # the group's token, to tell one shared file
+        self.consumed = words[_ENTRY_HEAD : _ENTRY_HEAD + size]  # last row each rank read
+        self.rows = words[_ENTRY_HEAD + size :].reshape(ENTRY_SLOTS, size, 2)
+
+    def write(self, seq: int, now_ns: int, timeout_s: float) -> None:
+        if seq > ENTRY_SLOTS:  # the row's previous use must have been read by every rank
+            _poll(lambda: self.consumed.min() >= seq - ENTRY_SLOTS, timeout_s,
+                  lambda: f"netem: ranks {self._behind(seq - ENTRY_SLOTS)} are more than "
+                          f"{ENTRY_SLOTS} collectives behind rank {self.rank}")
+        cell = self.rows[seq % ENTRY_SLOTS, self.rank]
+        cell[1] = now_ns
+        cell[0] = seq  # after the time: a reader that sees the number sees the time
+
+    def read(self, seq: int) -> np.ndarray | None:
+        """Every rank's entry time of collective `seq`, or None while some rank is missing."""
+        row = self.rows[seq % ENTRY_SLOTS]
+        if not (row[:, 0] == seq).all():
+            return None
+        times = row[:, 1].copy()
+        self.consumed[self.rank] = seq
+        return times
+
+    def wait(self, seq: int, what: str, timeout_s: float) -> np.ndarray:
+        out = []
+        _poll(lambda: out.append(self.read(seq)) or out[-1] is not None, timeout_s,
+              lambda: f"netem: ranks {self._missing(seq)} did not enter {what} within "
+                      f"{timeout_s:g} s")
+        return out[-1]
+
+    def _missing(self, seq: int) -> list[int]:
+        return np.flatnonzero(self.rows[seq % ENTRY_SLOTS, :, 0] != seq).tolist()
+
+    def _behind(self, seq: int) -> list[int]:
+        return np.flatnonzero(self.consumed < seq).tolist()
+
+    def close(self) -> None:
+        self.head = self.consumed = self.rows = None  # views into the map: drop them first
+        with contextlib.suppress(OSError, ValueError, BufferError):
+            self._map.close()
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+ENTRY_SLOTS = 512
+_ENTRY_HEAD = 2  # words: the group's token (12 hex digits) as an integer, and a spare
+
+
+def _poll(done, timeout_s: float, message) -> None:
+    """Wait until done() with short, growing sleeps; RuntimeError(message()) after timeout_s."""
+    deadline = clock.monotonic_ns() + int(timeout_s * 1e9)
+    pause = 20e-6
+    while not done():
+        if clock.monotonic_ns() > deadline:
+            raise RuntimeError(message())
+        time.sleep(pause)
+        pause = min(2 * pause, 500e-6)
+
+
 SMALL_MESSAGE = 65536  # up to this many bytes, header and payload travel as one Gloo message
 _HEADER = 16  # bytes: delivery time (ns), payload size
 _NO_HOLD = 0
@@ -251,7 +330,8 @@ class _FutureWork(dist._Work):
 @dataclass
 class _Pending:
     coll: Collective
-    times: torch.Tensor
+    seq: int
+    times: torch.Tensor | None  # entry times exchanged through Gloo (no entry table)
     times_work: object
     data_work: object
     future: torch.futures.Future
@@ -283,9 +363,11 @@ class NetemProcessGroup(dist.ProcessGroup):
         self.trace: list | None = [] if self.config.trace else None
         self._tails: dict[tuple, SharedTail] = {}
         self._token = self._agree_on_token(store)
+        self._entries = self._open_entry_table() if self.impaired and size > 1 else None
         # Collective completion: one FIFO thread, like a communication stream.
         self.fabric = Fabric(self.topology, segment_bytes=self.config.segment_bytes)
-        self._seq = 0
+        self._seq = 0  # collectives completed (completion thread)
+        self._submitted = 0  # collectives started (calling thread)
         self._done_all = np.zeros(size, dtype=np.int64)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._complete_loop, name="netem-completion",
@@ -304,6 +386,36 @@ class NetemProcessGroup(dist.ProcessGroup):
             store.set("clusterlab-token", token)
             return token
         return store.get("clusterlab-token").decode()
+
+    def _open_entry_table(self) -> EntryTable | None:
+        """Rank 0 creates the group's entry table, the others map it; if any rank cannot
+        (another host, another temp dir), the group exchanges entry times through Gloo."""
+        path = os.path.join(self.config.shm_dir, f"clusterlab-{self._token}-entries")
+        table = None
+        if self._rank == 0:
+            with contextlib.suppress(OSError):
+                table = EntryTable(path, self._size, 0, create=True)
+                table.head[0] = int(self._token, 16)
+        # The first all-reduce orders rank 0's creation before the others open the file.
+        flag = torch.ones(1, dtype=torch.int64)
+        self.gloo.allreduce([flag]).wait()
+        if self._rank != 0:
+            with contextlib.suppress(OSError, ValueError):
+                table = EntryTable(path, self._size, self._rank, create=False)
+                if table.head[0] != int(self._token, 16):
+                    table.close()
+                    table = None
+        flag[0] = table is not None
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MIN
+        self.gloo.allreduce([flag], opts).wait()  # every rank has mapped it, or not all can
+        if self._rank == 0:
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # the maps keep it: nothing is left behind, even on SIGKILL
+        if not flag[0] and table is not None:
+            table.close()
+            table = None
+        return table
 
     # --- point to point ----------------------------------------------------------------------
     #
@@ -446,14 +558,19 @@ class NetemProcessGroup(dist.ProcessGroup):
     def _submit(self, coll: Collective, start_native, result, finish=None):
         """Start the Gloo op and the entry-time exchange now; complete on the FIFO thread."""
         future = torch.futures.Future()
+        self._submitted += 1
         times = None
         times_work = None
-        if self.impaired and self._size > 1:
+        if self._entries is not None:
+            self._entries.write(self._submitted, clock.monotonic_ns(),
+                                self._timeout.total_seconds())
+        elif self.impaired and self._size > 1:
             times = torch.zeros(self._size, dtype=torch.int64)
             times[self._rank] = clock.monotonic_ns()
             times_work = self.gloo.allreduce([times])
         data_work = start_native()
-        self._queue.put(_Pending(coll, times, times_work, data_work, future, result, finish))
+        self._queue.put(_Pending(coll, self._submitted, times, times_work, data_work, future,
+                                 result, finish))
         return _FutureWork(future)
 
     def _complete_loop(self) -> None:
@@ -463,18 +580,33 @@ class NetemProcessGroup(dist.ProcessGroup):
             if item is None:
                 return
             try:
-                self._seq += 1
+                self._seq = item.seq
                 hold = 0
-                if item.times_work is not None:
-                    _status(f"{item.coll.kind} #{self._seq} ({item.coll.nbytes} B)")
+                data_work = item.data_work
+                entered = None
+                if self._entries is not None:
+                    _status(f"{item.coll.kind} #{item.seq} ({item.coll.nbytes} B)")
+                    entered = self._entries.read(item.seq)
+                    if entered is None:  # not every rank is in yet: let Gloo finish first
+                        if data_work is not None:
+                            data_work.wait()
+                            data_work = None
+                        entered = self._entries.wait(item.seq, f"{item.coll.kind} #{item.seq}",
+                                                     self._timeout.total_seconds())
+                elif item.times_work is not None:
+                    _status(f"{item.coll.kind} #{item.seq} ({item.coll.nbytes} B)")
                     item.times_work.wait()
-                    start = np.maximum(item.times.numpy(), self._done_all)
-                    rng = np.random.default_rng([self.config.seed, 0xC011, self._seq])
+                    entered = item.times.numpy()
+                if entered is not None:
+                    start = np.maximum(entered, self._done_all)
+                    # A deterministic network draws nothing: skip seeding a generator.
+                    rng = None if self.fabric.deterministic else np.random.default_rng(
+                        [self.config.seed, 0xC011, item.seq])
                     done = play(self.fabric, item.coll, start, rng, self.global_ranks)
                     self._done_all = done
                     hold = int(done[self._rank])
-                if item.data_work is not None:
-                    item.data_work.wait()
+                if data_work is not None:
+                    data_work.wait()
                 clock.sleep_until(hold)
                 if item.finish is not None:
                     item.finish()
@@ -624,6 +756,9 @@ class NetemProcessGroup(dist.ProcessGroup):
             with contextlib.suppress(OSError):
                 os.unlink(tail.path)
         self._tails.clear()
+        if self._entries is not None:
+            self._entries.close()
+            self._entries = None
 
     def abort(self) -> None:
         self.shutdown()

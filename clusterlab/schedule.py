@@ -46,6 +46,10 @@ from .wire import (
 # simulator's); `models.ALLREDUCE_CLOSED_FORMS` names those with a closed form.
 ALLREDUCE_SCHEDULES = ("ring", "recursive_doubling", "rabenseifner", "tree", "hierarchical",
                        "hierarchical_rail")
+# A group this small has its collectives' max-plus matrices cached on a deterministic fabric
+# (p x p entries each, computed by one vectorised pass); larger groups replay round by round.
+LINEAR_MAX_RANKS = 64
+_NEVER = -(2**62)  # "no path": minus infinity of the max-plus algebra, safe to add delays to
 
 
 @functools.lru_cache(maxsize=256)  # specs are frozen: called for every batch of messages
@@ -84,6 +88,12 @@ def _four_state_loss(loss: LossState) -> float:
     return float(np.clip(pi[2] + pi[3], 0, 1))
 
 
+def deterministic(spec: Netem) -> bool:
+    """True when `Fabric.deliver` on `spec` is send time + a constant: no draws, no queue."""
+    return (not spec.jitter_ns and not spec.rate_bps and not (spec.reorder and spec.gap)
+            and loss_probability(spec) == 0)
+
+
 def segments(nbytes: int, segment_bytes: int) -> np.ndarray:
     """Payload sizes of the segments a message of `nbytes` is cut into (at least one)."""
     k = segment_count(nbytes, segment_bytes=segment_bytes)
@@ -107,6 +117,11 @@ class Fabric:
         self.tails: dict[tuple, int] = {}
         p = topology.world_size
         self._node = np.arange(p) // topology.procs_per_node
+        # Deterministic links keep no state and draw nothing, so a collective's completion
+        # times are a max-plus linear function of its start times: cached per collective.
+        self.deterministic = all(
+            deterministic(s) for s in (topology.nic, topology.intra, *topology.links.values()))
+        self._linear: dict[tuple, np.ndarray] = {}
 
     def deliver(
         self,
@@ -329,11 +344,36 @@ def play(
     ready = start.copy()
     if p == 1:
         return ready
+    if fabric.deterministic and p <= LINEAR_MAX_RANKS:
+        key = (coll, p, glob.tobytes())
+        matrix = fabric._linear.get(key)
+        if matrix is None:
+            matrix = fabric._linear[key] = _linear_matrix(fabric, coll, p, glob)
+        # done[i] = max_j(start[j] + matrix[i, j]): the longest path from j's entry to i's exit.
+        return (matrix + start[None, :]).max(axis=1)
     for senders, receivers, size in rounds_of(coll, p, fabric.topology, glob):
         if len(senders) == 0:
             continue
         delivered = fabric.deliver(glob[senders], glob[receivers], ready[senders], size, rng)
         np.maximum.at(ready, receivers, delivered)
+    return ready
+
+
+def _linear_matrix(fabric: Fabric, coll: Collective, p: int, glob: np.ndarray) -> np.ndarray:
+    """The max-plus matrix of `coll` on a deterministic fabric: entry [i, j] is how long after
+    rank j's entry rank i can finish at the earliest (_NEVER where i does not wait for j).
+
+    The same rounds as `play`, with each rank's ready time a row vector over the ranks' start
+    times; a delivery adds the message's constant delay (its delivery time sent at 0).
+    """
+    ready = np.full((p, p), _NEVER, dtype=np.int64)
+    np.fill_diagonal(ready, 0)
+    for senders, receivers, size in rounds_of(coll, p, fabric.topology, glob):
+        if len(senders) == 0:
+            continue
+        delay = fabric.deliver(glob[senders], glob[receivers], np.zeros(len(senders), np.int64),
+                               size, None)
+        np.maximum.at(ready, receivers, ready[senders] + delay[:, None])
     return ready
 
 

@@ -231,3 +231,38 @@ def test_bad_environment_is_named():
         Topology.from_env(6, {"CLUSTERLAB_PROCS_PER_NODE": "4"})
     with pytest.raises(ValueError, match="node 5"):
         Topology.build(2, 1, None, None, {(0, 5): "delay 1ms"})
+
+
+KINDS = [Collective("allreduce", 3 << 20, algorithm=a) for a in
+         ("ring", "recursive_doubling", "rabenseifner", "tree", "hierarchical",
+          "hierarchical_rail")] + [
+    Collective("broadcast", 5000, root=2), Collective("reduce", 5000, root=1),
+    Collective("allgather", 70000), Collective("reduce_scatter", 70000),
+    Collective("gather", 100, root=3), Collective("scatter", 100, root=0),
+    Collective("alltoall", 1 << 20), Collective("barrier")]
+
+
+@pytest.mark.parametrize("coll", KINDS, ids=lambda c: f"{c.kind}-{c.algorithm}")
+def test_cached_max_plus_replay_equals_the_round_by_round_replay(coll):
+    # A deterministic fabric replays from a cached matrix; it must give the very same times
+    # as the rounds do, for any start times, subgroups and links that differ per node pair.
+    links = parse_links("0->2=delay 7ms; 2->1=delay 20us")
+    topo = Topology.build(3, 2, "delay 1us", "delay 300ns", links)
+    cached, rounds = Fabric(topo), Fabric(topo)
+    assert cached.deterministic
+    rounds.deterministic = False
+    rng = np.random.default_rng(1)
+    for ranks in (None, [0, 2, 3, 5]):
+        p = topo.world_size if ranks is None else len(ranks)
+        for _ in range(3):
+            start = rng.integers(10**12, 10**12 + 10 * MS, size=p)
+            expect = play(rounds, coll, start, np.random.default_rng(0), ranks)
+            assert play(cached, coll, start, None, ranks).tolist() == expect.tolist()
+
+
+def test_only_drawless_stateless_links_are_deterministic():
+    for nic in ("delay 1ms", "", "delay 1ms duplicate 5%"):  # a duplicate costs only a rate
+        assert Fabric(Topology.build(2, 1, nic)).deterministic, nic
+    for nic in ("delay 1ms 1us", "rate 1gbit", "loss 0.1%", "corrupt 1%",
+                "delay 1ms reorder 10%"):
+        assert not Fabric(Topology.build(2, 1, nic)).deterministic, nic
