@@ -64,6 +64,24 @@ def every_op():
     dist.recv(buf, prv)
     w.wait()
     out["ring_send_recv"] = buf
+    # Small frames are packed by raw copies: dtypes numpy lacks, views with an offset.
+    src = (torch.arange(12, dtype=torch.float32) + rank).reshape(3, 4).t().contiguous()
+    src = src.to(torch.bfloat16)
+    w = dist.isend(src, nxt)
+    bf = torch.zeros(4, 3, dtype=torch.bfloat16)
+    dist.recv(bf, prv)
+    w.wait()
+    out["send_bfloat16"] = bf
+    wide = torch.full((10,), -1, dtype=torch.int16)
+    w = dist.isend(torch.arange(5, dtype=torch.int16) * (rank + 1), nxt)
+    dist.recv(wide[3:8], prv)  # into a view at an offset
+    w.wait()
+    out["recv_into_view"] = wide
+    g = torch.full((3,), float(rank), requires_grad=True)
+    w = dist.isend(g.detach(), nxt)
+    dist.recv(buf[:3], prv)
+    w.wait()
+    out["send_detached_grad"] = buf.clone()
     objs = [None] * world
     dist.all_gather_object(objs, {"rank": rank, "s": "x" * rank})
     out["all_gather_object"] = objs

@@ -1,7 +1,11 @@
-"""Overhead bench: the "netem" backend with no impairment vs plain Gloo, in the same run.
+"""Overhead bench: the "netem" backend vs plain Gloo, in the same run.
 
-Both clusters run the same all_reduce sweep, interleaved round by round so that the noise of
-this shared machine hits both alike; the figure is the ratio of medians per size.
+Three 4-rank clusters run the same all_reduce sweep: plain Gloo, netem with no impairment
+(the wrapper alone) and netem 'delay 1us' (negligible time, but the whole machinery runs:
+entry times, schedule replay, hold). They take turns size by size, round by round, in a
+rotating order, so that the noise of this shared machine hits all alike; the figure is the
+ratio of medians per size. Then three 2-rank clusters ping-pong a small message, and the
+figure is the time the emulation adds to one message's native one-way latency.
 """
 
 from __future__ import annotations
@@ -14,60 +18,104 @@ from ..cluster import Cluster
 from . import bench, check, result
 
 SIZES = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
+BIG = 1 << 20  # from here on Gloo moves enough bytes that the machinery must all but vanish
+SMALL_TARGET = 1.5  # netem 'delay 1us' / gloo, 4 KiB .. 256 KiB
+BIG_TARGET = 1.25  # netem 'delay 1us' / gloo, >= 1 MiB
+PING_BYTES = 64
+P2P_TARGET_US = 30.0  # added one-way latency of an emulated small message
 
 
-def _sweep(sizes, iterations):
+def _sweep(nbytes, iterations):
     import torch
     import torch.distributed as dist
 
-    out = {}
-    for nbytes in sizes:
-        x = torch.ones(nbytes // 4)
-        dist.all_reduce(x)  # warm-up
-        dist.barrier()
-        times = []
-        for _ in range(iterations):
-            t0 = time.perf_counter()
-            dist.all_reduce(x)
-            times.append(time.perf_counter() - t0)
-        out[nbytes] = times
-    return out
+    x = torch.ones(nbytes // 4)
+    dist.all_reduce(x)  # warm-up
+    dist.barrier()
+    times = []
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        dist.all_reduce(x)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _ping_pong(nbytes, iterations):
+    import torch
+    import torch.distributed as dist
+
+    x = torch.zeros(nbytes // 4)
+    rank = dist.get_rank()
+    times = []
+    for _ in range(iterations + 10):  # the first ten warm up
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(x, 1)
+            dist.recv(x, 1)
+        else:
+            dist.recv(x, 0)
+            dist.send(x, 0)
+        times.append(time.perf_counter() - t0)
+    return times[10:]
+
+
+def _interleaved(clusters, fn, sizes, rounds, iterations, combine):
+    """samples[name][size]: fn's times on every cluster, taking turns size by size."""
+    samples = {name: {n: [] for n in sizes} for name in clusters}
+    rows = []
+    names = list(clusters)
+    for r in range(rounds):
+        for nbytes in sizes:
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                times = combine(clusters[name].run(fn, nbytes, iterations))
+                samples[name][nbytes].extend(times)
+                rows.append({"backend": name, "round": r, "bytes": nbytes, "times_s": times})
+    return samples, rows
 
 
 @bench("overhead")
 def overhead(quick: bool = False) -> dict:
-    rounds = 2 if quick else 3
-    iterations = 5 if quick else 20
-    samples: dict[str, dict[int, list]] = {"gloo": {}, "netem": {}, "netem-1us": {}}
-    rows = []
-    # "netem-1us" impairs every link by 1 µs: negligible time, but the whole machinery runs
-    # (entry-time exchange, schedule replay, hold), so its ratio is the machinery's cost.
-    clusters = {"gloo": Cluster(nodes=4, nic=None, timeout=120),
-                "netem": Cluster(nodes=4, nic="", timeout=120),
-                "netem-1us": Cluster(nodes=4, nic="delay 1us", timeout=120)}
+    rounds = 2 if quick else 4
+    iterations = 5 if quick else 15
+    specs = {"gloo": None, "netem": "", "netem-1us": "delay 1us"}
+    clusters = {name: Cluster(nodes=4, nic=nic, timeout=120) for name, nic in specs.items()}
     try:
-        for r in range(rounds):
-            for name, cl in clusters.items():
-                with cl:
-                    per_rank = cl.run(_sweep, SIZES, iterations)
-                for nbytes in SIZES:
-                    # A collective ends when its slowest rank is done.
-                    times = np.max([per_rank[k][nbytes] for k in range(4)], axis=0)
-                    samples[name].setdefault(nbytes, []).extend(times.tolist())
-                    rows.append({"backend": name, "round": r, "bytes": nbytes,
-                                 "times_s": times.tolist()})
+        for cl in clusters.values():
+            cl.start()
+        # A collective ends when its slowest rank is done.
+        samples, rows = _interleaved(clusters, _sweep, SIZES, rounds, iterations,
+                                     lambda per_rank: np.max(per_rank, axis=0).tolist())
     finally:
         for cl in clusters.values():
             cl.close()
     checks = []
-    for nbytes in SIZES:
-        ratio = float(np.median(samples["netem"][nbytes]) / np.median(samples["gloo"][nbytes]))
-        big = nbytes >= 1 << 20
-        checks.append(check(f"all_reduce {nbytes // 1024} KiB, 4 ranks: netem / gloo",
-                            "<= 1.5" if big else "report", round(ratio, 3),
-                            ratio <= 1.5 or not big))
-    for nbytes in SIZES:
-        ratio = float(np.median(samples["netem-1us"][nbytes]) / np.median(samples["gloo"][nbytes]))
-        checks.append(check(f"all_reduce {nbytes // 1024} KiB, 4 ranks: netem 'delay 1us' / gloo",
-                            "report", round(ratio, 3), True))
+    for name, label in (("netem", "netem"), ("netem-1us", "netem 'delay 1us'")):
+        for nbytes in SIZES:
+            ratio = float(np.median(samples[name][nbytes]) / np.median(samples["gloo"][nbytes]))
+            if name == "netem":
+                target, ok = "report", True
+            else:
+                limit = BIG_TARGET if nbytes >= BIG else SMALL_TARGET
+                target, ok = f"<= {limit}", ratio <= limit
+            checks.append(check(f"all_reduce {nbytes // 1024} KiB, 4 ranks: {label} / gloo",
+                                target, round(ratio, 3), ok))
+    pings = {name: Cluster(nodes=2, nic=nic, timeout=60) for name, nic in specs.items()}
+    try:
+        for cl in pings.values():
+            cl.start()
+        p2p, p2p_rows = _interleaved(pings, _ping_pong, [PING_BYTES], 3 if quick else 5,
+                                     100 if quick else 300, lambda per_rank: per_rank[0])
+    finally:
+        for cl in pings.values():
+            cl.close()
+    rows += [{**row, "kind": "ping-pong"} for row in p2p_rows]
+    native = np.median(p2p["gloo"][PING_BYTES])
+    checks.append(check(f"ping-pong {PING_BYTES} B, 2 ranks: gloo one-way latency (µs)",
+                        "report", round(float(native) / 2 * 1e6, 1), True))
+    for name, label in (("netem", "netem"), ("netem-1us", "netem 'delay 1us'")):
+        added = float(np.median(p2p[name][PING_BYTES]) - native) / 2 * 1e6
+        limit = P2P_TARGET_US if name == "netem-1us" else None
+        checks.append(check(f"ping-pong {PING_BYTES} B, 2 ranks: {label} adds to the one-way "
+                            "latency (µs)", f"<= {limit:g}" if limit else "report",
+                            round(added, 1), limit is None or added <= limit))
     return result("overhead", rows, checks)
