@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -58,13 +59,19 @@ class ClusterError(RuntimeError):
 
 
 class RankError(ClusterError):
-    """A rank raised an exception inside `run()`: carries the rank and its traceback."""
+    """A rank raised an exception inside `run()`: carries the rank, what it was doing (the
+    launcher's step and the rank's last operation) and its traceback."""
 
-    def __init__(self, rank: int, kind: str, message: str, remote_traceback: str) -> None:
+    def __init__(self, rank: int, kind: str, message: str, remote_traceback: str,
+                 doing: str = "", *, what: str = "", others: str = "") -> None:
         self.rank, self.kind, self.message = rank, kind, message
-        self.remote_traceback = remote_traceback
+        self.remote_traceback, self.doing = remote_traceback, doing
+        where = f" while {what}" if what else ""
+        if doing and doing != what:
+            where += f" (in {doing})"
+        others = f"\n{others}" if others else ""
         super().__init__(
-            f"rank {rank} raised {kind}: {message}\n"
+            f"rank {rank} raised {kind}{where}: {message}{others}\n"
             f"--- traceback from rank {rank} ---\n{remote_traceback.rstrip()}"
         )
 
@@ -85,6 +92,14 @@ def die_with_parent() -> None:
             ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
+def _listen_on_loopback() -> tuple[int, int]:
+    """A listening TCP socket on 127.0.0.1 and a free port, for the rendezvous store: torch's
+    TCPStore server binds the wildcard address (every interface, no authentication) unless
+    it is handed a socket. Returns (port, fd); the store owns the fd from then on."""
+    sock = socket.create_server(("127.0.0.1", 0))
+    return sock.getsockname()[1], sock.detach()
+
+
 def _rank_main(rank, world, backend, env, conn, status, dump_path, timeout, threads, parent):
     """Entry point of every rank process."""
     die_with_parent()
@@ -94,12 +109,27 @@ def _rank_main(rank, world, backend, env, conn, status, dump_path, timeout, thre
     # The rank's own environment (Gloo, torch and code in `fn` read WORLD_SIZE & co. there);
     # the backend is handed its settings explicitly below.
     os.environ.update(env)
-    dump = open(dump_path, "w")  # noqa: SIM115 - lives as long as the process
+    # Private to the user (0600, in a 0700 directory); lives as long as the process.
+    dump = os.fdopen(os.open(dump_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")
     faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
+
+    doing = ["idle"]  # what the launcher last said this rank does (e.g. "running fn")
 
     def set_status(text: str) -> None:
         data = text.encode()[: _STATUS_BYTES - 1].ljust(_STATUS_BYTES, b"\0")
         status[rank * _STATUS_BYTES : (rank + 1) * _STATUS_BYTES] = data
+
+    def set_doing(text: str) -> None:
+        doing[0] = text
+        set_status(text)
+
+    def backend_status(text: str) -> None:
+        # The backend's "idle" says its collectives are done, not that `fn` is: say `fn`.
+        set_status(doing[0] if text == "idle" else text)
+
+    def error(exc: BaseException) -> tuple:  # what the parent turns into a RankError
+        return ("error", (type(exc).__name__, str(exc), traceback.format_exc(),
+                          _read_status(status, rank)))
 
     import torch
     import torch.distributed as dist
@@ -111,16 +141,18 @@ def _rank_main(rank, world, backend, env, conn, status, dump_path, timeout, thre
 
     netem_backend.register()
     netem_backend.configure(env)
-    netem_backend.status_hook = set_status
+    netem_backend.status_hook = backend_status
     torch.set_num_threads(threads)
     try:
-        set_status("joining the process group")
+        set_doing("joining the process group")
         # Rank 0 hosts the rendezvous store on a free loopback port and tells the parent,
         # which passes it on. (Not the parent: a store's server thread in the parent makes
         # forking it unsafe, and a kernel must stay forkable.)
         if rank == 0:
-            store = dist.TCPStore("127.0.0.1", 0, world, is_master=True,
-                                  timeout=timedelta(seconds=timeout), wait_for_workers=False)
+            port, fd = _listen_on_loopback()
+            store = dist.TCPStore("127.0.0.1", port, world, is_master=True,
+                                  timeout=timedelta(seconds=timeout), wait_for_workers=False,
+                                  master_listen_fd=fd)
             conn.send(("port", store.port))
         else:
             _, port = conn.recv()
@@ -131,14 +163,14 @@ def _rank_main(rank, world, backend, env, conn, status, dump_path, timeout, thre
         # reported by the launcher (which names every stuck rank), not as one rank's error.
         dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout + 10))
-        set_status("idle")
+        set_doing("idle")
         # torch's import leaves ~10^5 objects for the cyclic GC to walk: a full collection
         # then stalls a rank for ~100 ms in the middle of an experiment. Freeze them.
         gc.collect()
         gc.freeze()
         conn.send(("ready", None))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, then exit
-        conn.send(("error", (type(exc).__name__, str(exc), traceback.format_exc())))
+        conn.send(error(exc))
         os._exit(1)
     while True:
         try:
@@ -149,19 +181,25 @@ def _rank_main(rank, world, backend, env, conn, status, dump_path, timeout, thre
             break
         try:
             fn, args, kwargs = cloudpickle.loads(payload)
-            set_status(f"running {getattr(fn, '__name__', 'fn')}")
+            set_doing(f"running {getattr(fn, '__name__', 'fn')}")
             result = fn(*args, **kwargs)
             reply = ("ok", cloudpickle.dumps(result))
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
-            reply = ("error", (type(exc).__name__, str(exc), traceback.format_exc()))
-        set_status("idle")
+            reply = error(exc)
+        set_doing("idle")
         try:
             conn.send(reply)
         except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable result
-            conn.send(("error", (type(exc).__name__, str(exc), traceback.format_exc())))
+            conn.send(error(exc))
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
     os._exit(0)
+
+
+def _read_status(status, rank: int) -> str:
+    """What a rank last said it was doing (its slot of the shared status array)."""
+    raw = bytes(status[rank * _STATUS_BYTES : (rank + 1) * _STATUS_BYTES])
+    return raw.rstrip(b"\0").decode(errors="replace")
 
 
 def stop_processes(procs) -> None:
@@ -270,6 +308,7 @@ class Cluster:
         self._procs: list = []
         self._conns: list = []
         self._tmp: str | None = None
+        self._janitor: tuple[int, int] | None = None
         self._broken = False
         self._finalizer = None
 
@@ -314,7 +353,9 @@ class Cluster:
                 theirs.close()
                 self._procs.append(proc)
                 self._conns.append(ours)
-            self._finalizer = weakref.finalize(self, _cleanup, list(self._procs), self._tmp)
+            self._janitor = _start_janitor(self._tmp, [p.pid for p in self._procs])
+            self._finalizer = weakref.finalize(self, _cleanup, list(self._procs), self._tmp,
+                                               self._janitor)
             (port,) = self._collect("starting the rendezvous store", ranks=[0])
             for conn in self._conns[1:]:
                 conn.send(("port", port))
@@ -344,7 +385,8 @@ class Cluster:
             self._finalizer = None
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
-        self._procs, self._conns, self._tmp = [], [], None
+        _release_janitor(self._janitor)
+        self._procs, self._conns, self._tmp, self._janitor = [], [], None, None
 
     # --- running functions -------------------------------------------------------------------
 
@@ -359,9 +401,15 @@ class Cluster:
             payload = cloudpickle.dumps((fn, args, kwargs))
         except Exception as exc:
             raise TypeError(f"cannot send {fn!r} and its arguments to the ranks: {exc}") from exc
-        for conn in self._conns:
-            conn.send(("run", payload))
         name = getattr(fn, "__name__", "fn")
+        for rank, conn in enumerate(self._conns):
+            try:
+                conn.send(("run", payload))
+            except OSError:  # the rank died while idle (killed from outside)
+                err = self._death_error(rank, f"starting {name}")
+                self._broken = True
+                self._teardown()
+                raise err from None
         replies = self._collect(f"running {name}")
         return [cloudpickle.loads(r) for r in replies]
 
@@ -378,31 +426,55 @@ class Cluster:
             while pending:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise self._timeout_error(pending, what)
+                    raise self._timeout_error(pending, what, done=sorted(replies))
                 ready = wait_any([self._conns[r] for r in pending]
                                  + [self._procs[r].sentinel for r in pending], min(left, 0.2))
                 for obj in ready:
                     if isinstance(obj, int):  # a process ended
                         rank = sentinel_of[obj]
                         if rank in pending and not self._conns[rank].poll():
-                            raise self._death_error(rank, what)
+                            raise self._death_error(rank, what, pending)
                         continue
                     rank = conn_of[id(obj)]
                     try:
                         kind, data = obj.recv()
                     except (EOFError, OSError):
-                        raise self._death_error(rank, what) from None
+                        raise self._death_error(rank, what, pending) from None
                     if kind == "error":
-                        raise RankError(rank, *data)
+                        raise self._first_cause(pending, what) or RankError(
+                            rank, *data, what=what, others=self._others(pending - {rank}))
                     replies[rank] = data
                     pending.discard(rank)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):  # say what was stopped
+                exc.add_note(f"clusterlab: interrupted while {what}; stopped "
+                             + ", ".join(f"rank {r} (in {_read_status(self._status, r)})"
+                                         for r in sorted(pending)))
             self._broken = True
             self._teardown()
             raise
         return [replies[r] for r in ranks]
 
-    def _death_error(self, rank: int, what: str) -> RankDied:
+    def _others(self, ranks) -> str:
+        """Where the other ranks were when one failed (the operation they waited in)."""
+        if not ranks:
+            return ""
+        return "the other ranks were in: " + "; ".join(
+            f"rank {r}: {_read_status(self._status, r)}" for r in sorted(ranks))
+
+    def _first_cause(self, pending: set[int], what: str) -> RankDied | None:
+        """When a rank reports an error, a dead peer is usually why (a killed rank 0 takes
+        the store and its Gloo connections with it): name the death, not the symptom."""
+        deadline = time.monotonic() + 0.2  # the peer's exit and its sockets' reset race
+        while True:
+            for rank in sorted(pending):
+                if not self._procs[rank].is_alive():
+                    return self._death_error(rank, what, pending)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
+
+    def _death_error(self, rank: int, what: str, pending=()) -> RankDied:
         proc = self._procs[rank]
         proc.join(0.5)
         code = proc.exitcode
@@ -410,14 +482,15 @@ class Cluster:
         if code is not None and code < 0:
             with contextlib.suppress(ValueError):
                 how = f"signal {signal.Signals(-code).name}"
-        return RankDied(f"rank {rank} died ({how}) while {what}; the cluster was stopped")
+        doing = _read_status(self._status, rank)
+        others = self._others(set(pending) - {rank})
+        return RankDied(f"rank {rank} died ({how}) while {what} (its last operation: "
+                        f"{doing}); the cluster was stopped" + (f"\n{others}" if others else ""))
 
-    def _timeout_error(self, pending: set[int], what: str) -> ClusterTimeout:
+    def _timeout_error(self, pending: set[int], what: str, done=()) -> ClusterTimeout:
         lines = []
         for rank in sorted(pending):
-            raw = bytes(self._status[rank * _STATUS_BYTES : (rank + 1) * _STATUS_BYTES])
-            doing = raw.rstrip(b"\0").decode(errors="replace")
-            lines.append(f"  rank {rank}: in {doing}")
+            lines.append(f"  rank {rank}: in {_read_status(self._status, rank)}")
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self._procs[rank].pid, signal.SIGUSR1)
         time.sleep(0.3)  # let faulthandler write the stacks
@@ -428,8 +501,10 @@ class Cluster:
                 text = _main_thread_stack(f.read())
                 if text:
                     stacks.append(f"--- rank {rank} ---\n{text}")
+        returned = ", ".join(f"rank {r}" for r in done)
         msg = (f"timed out after {self.timeout:g} s while {what}; ranks still busy: "
-               f"{sorted(pending)}\n" + "\n".join(lines))
+               f"{sorted(pending)}" + (f" (returned already: {returned})" if done else "")
+               + "\n" + "\n".join(lines))
         if stacks:
             msg += "\nwhere they were (Python stacks):\n" + "\n".join(stacks)
         return ClusterTimeout(msg)
@@ -465,8 +540,84 @@ def _sweep_orphaned_dirs() -> None:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
-def _cleanup(procs, tmp) -> None:
+def _cleanup(procs, tmp, janitor) -> None:
     stop_processes(procs)
     if tmp:
         shutil.rmtree(tmp, ignore_errors=True)
+    _release_janitor(janitor)
+
+
+def _start_janitor(tmp: str, pids: list[int]) -> tuple[int, int] | None:
+    """Fork a small process that cleans up after a parent killed outright (kill -9, a
+    kernel restart), which runs no finalizer: it waits on a pipe whose write end only the
+    parent holds. End of file (the parent is gone): kill the ranks (where the kernel does
+    not already, PR_SET_PDEATHSIG), then remove the scratch directory. A byte (the parent
+    cleaned up itself): exit. Returns (pid, write end), or None without fork."""
+    if not hasattr(os, "fork"):
+        return None  # the next start's _sweep_orphaned_dirs removes the directory
+    started = {}
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            started[pid] = psutil.Process(pid).create_time()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the janitor
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the parent's business
+            # Hold none of the parent's files and sockets (a kernel's ports, the ranks' pipes).
+            os.closerange(3, r)
+            os.closerange(r + 1, 1 << 16)
+            if not os.read(r, 1):
+                _kill_ranks(started)
+                shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            os._exit(0)
+    os.close(r)
+    return pid, w
+
+
+def _kill_ranks(started: dict[int, float]) -> None:
+    """SIGKILL the ranks that are still the processes we started, then wait (<= 2 s) until
+    they are gone, so that none writes into a directory about to be removed."""
+    procs = []
+    for pid, created in started.items():
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            if proc.create_time() == created:  # not a new process that reused the pid
+                proc.kill()
+                procs.append(proc)
+    deadline = time.monotonic() + 2.0
+    while procs and time.monotonic() < deadline:
+        # A dead rank is a zombie until init reaps it (not at once everywhere): that is gone.
+        procs = [p for p in procs if _running(p)]
+        time.sleep(0.005)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _release_janitor(janitor: tuple[int, int] | None) -> None:
+    """Tell the janitor that cleaning up is done, and reap it."""
+    if janitor is None:
+        return
+    pid, w = janitor
+    with contextlib.suppress(OSError):
+        os.write(w, b"x")
+    with contextlib.suppress(OSError):
+        os.close(w)
+    deadline = time.monotonic() + 1.0
+    while True:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+            if time.monotonic() < deadline:
+                time.sleep(0.005)
+                continue
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        return
 
