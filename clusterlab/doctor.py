@@ -2,10 +2,11 @@
 
 It reports versions, cores and memory, the process start method, the timer's overshoot
 (how late a sleep wakes up), the native one-way latency of a Gloo message between two ranks,
-the smallest delay emulated faithfully (measured through the "netem" backend and judged as
-the fidelity bench judges a median delay), the late tail this machine adds to it, and
-whether kernel shaping is available (network namespaces, the netem and tbf qdiscs), checked
-in a throwaway namespace that is always removed.
+the smallest delay emulated faithfully (measured through the "netem" backend and judged
+exactly as the fidelity bench's delay rows are: `one_way_delays`, `median_delay_met`), the
+late tail this machine adds to it, and whether kernel shaping is available (network
+namespaces, the netem and tbf qdiscs), checked in a throwaway namespace that is always
+removed.
 """
 
 from __future__ import annotations
@@ -18,15 +19,19 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 
 import numpy as np
 
 from . import clock
 
 # A delay is emulated faithfully when the median one-way delay that ranks measure is within
-# this fraction of the configured one (the fidelity bench's target for its delay rows).
+# this fraction of the configured one (`median_delay_met`: the doctor's floor and the fidelity
+# bench's delay rows are judged by it).
 MEDIAN_DELAY_TOLERANCE = 0.02
 FLOOR_CANDIDATES_US = (50, 100, 200, 500, 1000, 2000, 5000, 10000)
+# Messages per rank when a constant delay is measured (the floor and the bench's delay rows).
+DELAY_PROBE_SAMPLES = 300
 
 
 def timer_overshoot_us(samples: int = 200, sleep_us: float = 1000) -> dict:
@@ -42,56 +47,132 @@ def timer_overshoot_us(samples: int = 200, sleep_us: float = 1000) -> dict:
             "max": float(a.max()), "samples": samples}
 
 
-def _one_way(iterations: int = 200) -> list[float]:
-    """Rank body: one-way latencies (µs) of 4-byte messages, measured on the shared clock."""
+# `one_way_delays` starts sending this long after the ranks agreed on a start time: longer
+# than a collective's completion skew between ranks on the networks measured here (the
+# slowest rank leaves the agreeing all-reduce at most a few jitter draws after the first).
+START_MARGIN_S = 0.5
+# Receives kept posted ahead of the one being waited for: Gloo sends a message only once its
+# receive is posted, which must never be what holds a message back.
+RECEIVE_WINDOW = 4
+
+
+def one_way_delays(n: int, spacing_s: float) -> list[int]:
+    """Rank body: one-way delays (ns) of `n` stamped 8-byte messages from rank-1 to this rank.
+
+    Every rank sends message i to rank+1 at start + i * spacing_s, with one start for all
+    ranks, then waits for message i from rank-1 (with the next receives already posted). The
+    common start is what makes the measurement faithful: with a start of its own (e.g. when
+    it left a barrier, which on a jittery network ranks leave milliseconds apart), a rank
+    that starts later than its predecessor by more than a message's delay asks for that
+    message only after it was delivered, and measures its own lateness instead. That made
+    the 4-rank pareto row's median 1 ms too long (KS 0.13-0.2); in the link model alone,
+    3 ms of skew per rank gives KS 0.3 and a common start 0.01. A rank whose receive takes
+    longer than the spacing sends its next message late, but stamped when it is sent, and it
+    then cannot queue behind the previous one (TCP's in-order rule), so no delay is biased.
+    Single-threaded on purpose: a receiver thread would fight the sender for the GIL and, on
+    a busy machine, measured medians at 1 ms were up to 2x too long. The fidelity bench and
+    `faithful_floor` both measure with this.
+    """
+    from collections import deque
+
     import torch
     import torch.distributed as dist
 
-    rank = dist.get_rank()
-    stamp = torch.zeros(1, dtype=torch.int64)
-    out = []
-    for _ in range(iterations):
-        if rank == 0:
-            stamp[0] = time.monotonic_ns()
-            dist.send(stamp, 1)
-            dist.recv(stamp, 1)
-        else:
-            dist.recv(stamp, 0)
-            out.append((time.monotonic_ns() - int(stamp[0])) / 1000)
-            dist.send(stamp, 0)
+    if n < 1 or spacing_s <= 0:
+        raise ValueError(f"one_way_delays needs n >= 1 and spacing_s > 0, got {n}, {spacing_s}")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world < 2:
+        raise ValueError(f"one_way_delays needs >= 2 ranks, got {world}")
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    # A first exchange sets up both peers' routes and Gloo pairs outside the measurement.
+    buf = torch.zeros(1, dtype=torch.int64)
+    work = dist.isend(torch.zeros(1, dtype=torch.int64), nxt)
+    dist.recv(buf, prv)
+    work.wait()
+    start = torch.tensor([time.monotonic_ns()], dtype=torch.int64)
+    dist.all_reduce(start, op=dist.ReduceOp.MAX)
+    start_ns = int(start[0]) + int(START_MARGIN_S * 1e9)
+
+    out: list[int] = []
+    posted: deque = deque()
+    for i in range(n):
+        while len(posted) < RECEIVE_WINDOW and i + len(posted) < n:
+            stamp = torch.zeros(1, dtype=torch.int64)
+            posted.append((stamp, dist.irecv(stamp, prv)))
+        clock.sleep_until(start_ns + int(i * spacing_s * 1e9))
+        work = dist.isend(torch.tensor([time.monotonic_ns()], dtype=torch.int64), nxt)
+        stamp, received = posted.popleft()
+        received.wait()
+        out.append(time.monotonic_ns() - int(stamp[0]))
+        work.wait()
     return out
 
 
+def probe_spacing_s(delay_s: float) -> float:
+    """Spacing of `one_way_delays` messages for a constant `delay_s`: a little more than the
+    delay (few messages in flight), at least 1 ms (the CPU cost of a message stays small)."""
+    return max(1.2 * delay_s, 1e-3)
+
+
+def median_delay_error(samples_ns, delay_ns: float) -> float:
+    """Median measured one-way delay minus the configured one, as a fraction of it."""
+    if delay_ns <= 0:
+        raise ValueError(f"delay_ns must be > 0, got {delay_ns!r}")
+    return float(np.median(np.asarray(samples_ns, dtype=float)) - delay_ns) / delay_ns
+
+
+def median_delay_met(samples_ns, delay_ns: float) -> bool:
+    """Is the median one-way delay within MEDIAN_DELAY_TOLERANCE of the configured one?"""
+    return abs(median_delay_error(samples_ns, delay_ns)) <= MEDIAN_DELAY_TOLERANCE
+
+
+def measure_constant_delay(delay_us: float, *, world: int = 2,
+                           samples: int = DELAY_PROBE_SAMPLES) -> np.ndarray:
+    """One-way delays (ns) that `world` ranks measure with `one_way_delays` through the netem
+    backend on `nic="delay <delay_us>us"`: the doctor's floor and the bench's delay rows."""
+    from .cluster import Cluster
+
+    with Cluster(nodes=world, nic=f"delay {delay_us:g}us", timeout=120) as cl:
+        per_rank = cl.run(one_way_delays, samples, probe_spacing_s(delay_us * 1e-6))
+    return np.concatenate(per_rank).astype(np.int64)
+
+
 def native_latency_us(iterations: int = 200) -> dict:
-    """Native Gloo one-way latency between two plain ranks on loopback (µs)."""
+    """Native Gloo one-way latency between two plain ranks on loopback (µs), measured as the
+    emulated delays are (`one_way_delays`, 1 ms apart)."""
     from .cluster import Cluster
 
     with Cluster(nodes=2, nic=None, timeout=60) as cl:
-        samples = np.array(cl.run(_one_way, iterations)[1])
+        samples = np.concatenate(cl.run(one_way_delays, iterations, 1e-3)) / 1e3
     return {"p50": float(np.percentile(samples, 50)), "p99": float(np.percentile(samples, 99)),
             "samples": iterations}
 
 
-def faithful_floor(*, samples: int = 80, candidates=FLOOR_CANDIDATES_US) -> dict:
+def faithful_floor(*, samples: int = DELAY_PROBE_SAMPLES, candidates=FLOOR_CANDIDATES_US,
+                   measure: Callable[..., np.ndarray] | None = None) -> dict:
     """The smallest configured delay that this machine emulates faithfully, right now.
 
-    For each candidate (ascending) two ranks ping-pong `samples` times through the "netem"
-    backend with `nic="delay <d>us"`; the first whose median one-way delay is within
-    MEDIAN_DELAY_TOLERANCE of d is the floor. Below it the machine's own latency and
-    wake-ups show through: dilate (`dilation_needed`). Also returns what the machine adds at
-    that delay (p99 of measured - configured, from `samples` pings: with a busy machine it is
-    milliseconds, whatever the delay) and every candidate tried.
+    For each candidate d (ascending) two ranks measure `samples` one-way delays each through
+    the "netem" backend with `nic="delay <d>us"` (`measure_constant_delay`, as the fidelity
+    bench measures its delay rows); the first that `median_delay_met` is the floor. Below it
+    the machine's own latency and wake-ups show through: dilate (`dilation_needed`). Also
+    returns what the machine adds at that delay (p99 of measured - configured: with a busy
+    machine it is milliseconds, whatever the delay) and every candidate tried. `measure`
+    (delay_us, samples=...) -> delays in ns replaces the measurement (tests).
     """
-    from .cluster import Cluster
-
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples!r}")
+    if not candidates or any(d <= 0 for d in candidates) or list(candidates) != sorted(candidates):
+        raise ValueError(f"candidates must be ascending delays > 0 (us), got {candidates!r}")
+    measure = measure or measure_constant_delay
     tried = []
     for delay_us in candidates:
-        with Cluster(nodes=2, nic=f"delay {delay_us}us", timeout=60) as cl:
-            late = np.array(cl.run(_one_way, samples)[1]) - delay_us
-        row = {"delay_us": float(delay_us), "median_error_us": float(np.median(late)),
-               "p99_error_us": float(np.percentile(late, 99)), "samples": samples}
+        d = np.asarray(measure(delay_us, samples=samples), dtype=float)
+        late_us = (d - delay_us * 1e3) / 1e3
+        row = {"delay_us": float(delay_us), "median_error_us": float(np.median(late_us)),
+               "p99_error_us": float(np.percentile(late_us, 99)), "samples": len(d)}
         tried.append(row)
-        if abs(row["median_error_us"]) <= MEDIAN_DELAY_TOLERANCE * delay_us:
+        if median_delay_met(d, delay_us * 1e3):
             return {"smallest_faithful_delay_us": float(delay_us),
                     "added_p99_us": row["p99_error_us"], "samples": samples, "tried": tried}
     return {"smallest_faithful_delay_us": None, "added_p99_us": tried[-1]["p99_error_us"],
@@ -209,9 +290,9 @@ def report(info: dict) -> str:
                          f"{pct}% (the machine is busy): emulate with dilation")
         else:
             lines.append(f"smallest delay emulated faithfully here: {floor:.0f} us (median within "
-                         f"{pct}% over {samples} pings; use dilation for less)")
+                         f"{pct}% over 2 x {samples} messages; use dilation for less)")
         lines.append(f"late tail this machine adds: p99 {info['added_p99_us']:.0f} us over "
-                     f"{samples} pings (load and wake-ups, not the network)")
+                     f"2 x {samples} messages (load and wake-ups, not the network)")
     k = info["kernel_shaping"]
     shaping = ", ".join(f"{key} {'yes' if k[key] else 'no'}" for key in ("root", "netns", "netem",
                                                                          "tbf"))
