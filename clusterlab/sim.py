@@ -218,6 +218,7 @@ def _rounds(coll: Collective, p: int) -> int:
 
 def _ring_rounds_fast(
     spec: Netem, start: np.ndarray, nbytes: int, rng: np.random.Generator, overhead_ns: int = 0,
+    message_passing: bool = False,
 ) -> np.ndarray:
     """Ring all-reduce completion times, one process per node, every NIC with `spec`.
 
@@ -226,6 +227,10 @@ def _ring_rounds_fast(
     when its sender is ready, waits behind the sender's NIC tail if there is a rate, and is
     delayed per segment by netem's jitter (a message arrives with its last segment). A 1024-
     node ring has 2046 rounds of 1024 messages: ~2 million delays per all-reduce.
+
+    message_passing=True times a ring written from isend/irecv on Gloo instead
+    (`p2p_ring_allreduce`): a round's send completes only once the receiver has posted its
+    receive, and a connection delivers in order.
     """
     p = len(start)
     payload = segments(-(-nbytes // p), SEGMENT_BYTES)
@@ -242,7 +247,7 @@ def _ring_rounds_fast(
     fast_retx = 3 * spec.delay_ns  # the SACK's way back, then the resend's way there
     return _ring_kernel(np.asarray(start, dtype=np.int64).copy(), wire, values,
                         spec.delay_ns, min(spec.jitter_ns, 2**31 - 1), overhead_ns, p_loss,
-                        rto, fast_retx, int(rng.integers(0, 2**31)))
+                        rto, fast_retx, int(rng.integers(0, 2**31)), message_passing)
 
 
 # The ring `ring_round_seconds` runs to measure the growth per round: long enough that the
@@ -289,7 +294,8 @@ def _splitmix64(state):
 
 
 @_njit
-def _ring_kernel(ready, wire, values, mu, sigma, overhead, p_loss, rto, fast_retx, seed):
+def _ring_kernel(ready, wire, values, mu, sigma, overhead, p_loss, rto, fast_retx, seed,
+                 message_passing):
     # A generator inlined in the loop: numba's np.random costs ~10 ns a draw, and a 1024-node
     # ring needs millions of draws per all-reduce.
     state = np.uint64(seed)
@@ -305,7 +311,11 @@ def _ring_kernel(ready, wire, values, mu, sigma, overhead, p_loss, rto, fast_ret
         u = ((x >> np.uint64(11)) + 1) * (1.0 / 9007199254740993.0)
         until_loss = np.int64(np.log(u) / log_keep)
     span = np.uint64(2 * sigma)
+    delivered = np.full(p, -(2**62), dtype=np.int64)  # last arrival on j's connection
+    entered = np.empty(p, dtype=np.int64)
     for _ in range(2 * (p - 1)):
+        if message_passing:
+            entered[:] = ready  # when each rank entered the round (and posted its receive)
         for j in range(p):
             send = ready[j] + overhead
             t = tail[j]
@@ -345,12 +355,49 @@ def _ring_kernel(ready, wire, values, mu, sigma, overhead, p_loss, rto, fast_ret
                     last = here
             if wire[0] > 0:
                 tail[j] = t
+            if message_passing:
+                if last < delivered[j]:
+                    last = delivered[j]  # TCP delivers in order
+                delivered[j] = last
             arrive[j] = last
         for j in range(p):
             nxt = j + 1 if j + 1 < p else 0
             if arrive[j] > ready[nxt]:
                 ready[nxt] = arrive[j]
+        if message_passing:
+            # Gloo completes a send only when the receiver has posted the matching receive,
+            # and the ring's next round waits for that send: rank j goes on no earlier than
+            # its right neighbour entered this round.
+            for j in range(p):
+                nxt = j + 1 if j + 1 < p else 0
+                if entered[nxt] > ready[j]:
+                    ready[j] = entered[nxt]
     return ready
+
+
+def p2p_ring_allreduce(
+    nic: str | Netem, ranks: int, nbytes: int, *, seeds: int = 200,
+    start: np.ndarray | None = None, overhead_s: float = 0.0, seed: int = 0,
+) -> np.ndarray:
+    """Completion times (s, the slowest rank) of the course's ring all-reduce written from
+    isend/irecv (`collectives.ring_allreduce`), one process per node, over `seeds` draws.
+
+    Not the replay of `dist.all_reduce` (`schedule.play`), which times the pure schedule:
+    each message here also waits for Gloo's rendezvous (a send completes only once the
+    receiver has posted its receive, and the next round waits for it) and for the earlier
+    messages of its connection (TCP delivers in order). `start` (seeds x ranks, s) gives each
+    draw's entry times; `overhead_s` is a per-message software cost of the sender.
+    """
+    spec = nic if isinstance(nic, Netem) else Netem.parse(nic)
+    if ranks < 1 or seeds < 1:
+        raise ValueError(f"ranks and seeds must be >= 1, got {ranks} and {seeds}")
+    starts = (np.zeros((seeds, ranks)) if start is None
+              else np.asarray(start, dtype=float).reshape(seeds, ranks))
+    rng = np.random.default_rng(seed)
+    overhead = int(overhead_s * 1e9)
+    return np.array([_ring_rounds_fast(spec, (row * 1e9).astype(np.int64), nbytes, rng,
+                                       overhead, message_passing=True).max() / 1e9
+                     for row in starts])
 
 
 def scaling_curve(node_counts, **kwargs) -> list[dict]:

@@ -48,3 +48,25 @@ def test_results_table_per_configuration():
     text = markdown([{"bench": "model", "machine": {}, "rows": rows, "checks": []}])
     # model errors 0.1, 0.2, 1.0 -> median 0.2; as is, every prediction is half the time.
     assert "| 4 | delay 2ms | 33 | 0.200 | 0.000 | 0.500 | 0.500 |" in text
+
+
+def test_step_model_rows_carry_the_simulated_steps_and_check_them():
+    from clusterlab.bench.model import STEP_NODES, STEP_TOLERANCE, _rel, step_model_rows
+
+    rows, checks = step_model_rows(quick=True)
+    assert [r["nodes"] for r in rows] == list(STEP_NODES) * 3 and len(checks) == 3
+    for c in checks:  # each check recomputed from its rows' raw step times
+        mine = [r for r in rows if r["nic"] in c["name"].split(", 1 MiB")[0]]
+        worst = max(_rel(r["closed_form_s"], float(np.mean(r["sim_step_s"]))) for r in mine)
+        assert c["measured"] == pytest.approx(worst, abs=1e-4)
+        assert c["ok"] == (worst <= STEP_TOLERANCE)
+
+
+def test_results_table_of_the_p2p_ring():
+    from clusterlab.bench import markdown
+
+    row = {"kind": "p2p_ring", "ranks": 8, "dilation": 30, "measured_s": [0.044, 0.046],
+           "sim_p2p_mean_s": 0.0441, "replay_mean_s": 0.0424,
+           "no_jitter_measured_s": [0.0288, 0.0290], "no_jitter_ideal_s": 0.028}
+    text = markdown([{"bench": "model", "machine": {}, "rows": [row], "checks": []}])
+    assert "| 8 | 30 | 45.0 | 44.1 | 42.4 | 28.9 / 28.0 |" in text

@@ -136,3 +136,50 @@ def test_jittery_ring_closed_form_tracks_the_schedule(nic, p, nbytes):
     assert closed == pytest.approx(simulated, rel=0.07)
     if nbytes // p > 65536:
         assert models.ring_allreduce_jitter(*args) < simulated * 0.93
+
+
+def _p2p_ring_reference(start, delays):
+    """The isend/irecv ring on Gloo written out plainly: delays[s, j] is the delay of the
+    message rank j sends in round s; a send completes once its receiver entered the round;
+    a connection delivers in order."""
+    ready = np.array(start, dtype=float)
+    last = np.full(len(ready), -np.inf)
+    for d in delays:
+        entered = ready.copy()
+        arrive = np.maximum(entered + d, last)
+        last = arrive
+        ready = np.maximum(np.maximum(entered, np.roll(arrive, 1)), np.roll(entered, -1))
+    return ready.max()
+
+
+def test_p2p_ring_models_gloo_rendezvous_and_in_order_delivery():
+    from clusterlab.sim import p2p_ring_allreduce
+
+    # Without jitter every round is one delay, from whatever start.
+    assert p2p_ring_allreduce("delay 2ms", 8, 4096, seeds=1)[0] == pytest.approx(0.028)
+    # Uneven starts: against the plain reference (rank 3 enters 5 ms late, so its left
+    # neighbour's first send cannot complete before then - the replay has no such wait).
+    start = np.zeros((1, 5))
+    start[0, 3] = 0.005
+    got = p2p_ring_allreduce("delay 1ms", 5, 4096, seeds=1, start=start)[0]
+    want = _p2p_ring_reference(start[0], np.full((8, 5), 0.001))
+    assert got == pytest.approx(want, abs=1e-9)
+    # Under jitter: the same law as the reference fed with netem's table, and slower than
+    # the schedule alone (the rendezvous lets a late right neighbour hold a rank back).
+    from clusterlab.link import delay_values_ns
+    from clusterlab.netem import Netem
+
+    nic = "delay 2ms 2ms distribution normal"
+    values = delay_values_ns(Netem.parse(nic)) / 1e9
+    rng = np.random.default_rng(1)
+    reference = np.mean([_p2p_ring_reference(np.zeros(8), rng.choice(values, (14, 8)))
+                         for _ in range(2000)])
+    assert p2p_ring_allreduce(nic, 8, 4096, seeds=2000).mean() == pytest.approx(reference,
+                                                                                 rel=0.015)
+    p2p = p2p_ring_allreduce(nic, 16, 4096, seeds=300).mean()
+    topo = Topology.build(16, 1, nic)
+    sched = np.mean([play(Fabric(topo), Collective("allreduce", 4096), np.zeros(16, dtype=np.int64),
+                          np.random.default_rng(s)).max() / 1e9 for s in range(300)])
+    assert 1.02 * sched < p2p < 1.10 * sched
+    with pytest.raises(ValueError, match="ranks and seeds"):
+        p2p_ring_allreduce(nic, 0, 4096)

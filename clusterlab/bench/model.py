@@ -1,6 +1,6 @@
 """Model bench: predicted (closed forms and simulator) against measured (real ranks).
 
-Three families of rows, each with its own checks:
+Five families of rows, each with its own checks:
 
 1. all_reduce on 2, 4 and 8 ranks, 1 KiB..16 MiB, delays 0.5..5 ms, jitter off and on:
    the closed form (ring, alpha = the configured delay, beta from the rate, jitter through
@@ -19,7 +19,11 @@ Three families of rows, each with its own checks:
    jittery network (the operation ends with the last of p(p-1) messages; medians against
    the median of the max, means reported), and synchronous steps with jittery compute
    (each step waits for the slowest rank; E[max], with a control variate for the draws'
-   own sampling noise), each under a dilation measured for it. See docs/models.md.
+   own sampling noise), each under a dilation measured for it.
+4. The explorer's closed-form step against the simulator at 2..1024 nodes (arithmetic).
+5. The course's isend/irecv ring at 8/16/32 ranks, dilated, against the simulator of that
+   ring (Gloo's send rendezvous and in-order delivery included), with a jitter-free run
+   that measures the machine's own lag. See docs/models.md.
 """
 
 from __future__ import annotations
@@ -288,6 +292,16 @@ def model_bench(quick: bool = False) -> dict:
     rows.append(row)
     checks += more
 
+    # 4. The closed-form step against the simulator at 2..1024 nodes (arithmetic only).
+    more_rows, more = step_model_rows(quick)
+    rows += more_rows
+    checks += more
+
+    # 5. Real message passing at 8-32 ranks against the simulator of the same ring.
+    more_rows, more = p2p_ring_rows(quick)
+    rows += more_rows
+    checks += more
+
     # Synchronous steps with compute jitter. What jitter adds is max over ranks of their
     # draws, minus what this machine's own per-step cost absorbs: a rank that arrives early
     # gets part of the all_reduce's native work done while it waits. Dilation shrinks that
@@ -324,6 +338,125 @@ def model_bench(quick: bool = False) -> dict:
     return result("model", rows, checks)
 
 
+P2P_NIC = "delay 2ms 2ms distribution normal"
+P2P_BYTES = 4096
+P2P_RANKS = (8, 16, 32)
+P2P_DILATION = 30  # the machine's lag per message, measured as its own row, is ~1/k
+P2P_TOLERANCE = 0.05
+
+
+def _p2p_ring_times(nbytes, repeats, period_s):
+    """The course's isend/irecv ring (`collectives.ring_allreduce`), entered by every rank
+    at the same instant of the shared clock, `period_s` apart. Per repeat: this rank's
+    finish and how late it started, in emulated seconds from the scheduled start."""
+    import torch
+    import torch.distributed as dist
+
+    from ..collectives import ring_allreduce
+
+    k = clock.dilation()
+    x = torch.ones(nbytes // 4)
+    ring_allreduce(x.clone())  # open the connections
+    now = torch.tensor([time.monotonic_ns()])
+    dist.all_reduce(now, op=dist.ReduceOp.MAX)
+    # Ranks leave that all_reduce up to its emulated time apart: start well after.
+    base = int(now) + int(0.05e9 * k) + int(0.2e9)
+    ends, late = [], []
+    for i in range(repeats):
+        start = base + int(i * period_s * k * 1e9)
+        clock.sleep_until(start, spin_ns=200_000)
+        late.append((time.monotonic_ns() - start) / 1e9 / k)
+        ring_allreduce(x.clone())
+        ends.append((time.monotonic_ns() - start) / 1e9 / k)
+    return {"end_s": ends, "late_start_s": late}
+
+
+def p2p_ring_rows(quick: bool = False) -> tuple[list[dict], list[dict]]:
+    """The isend/irecv ring at 8/16/32 ranks under dilation, against the simulator of that
+    ring (`sim.p2p_ring_allreduce`: Gloo's rendezvous and in-order delivery modelled, fed
+    with the measured entry times) and against the replay of `dist.all_reduce`
+    (`schedule.play`, which has neither). A jitter-free run at the same dilation measures the
+    machine's own lag along the ring's 2(p-1) messages (reported, not subtracted)."""
+    from ..sim import p2p_ring_allreduce
+
+    rows, checks = [], []
+    delay = Netem.parse(P2P_NIC).delay_s
+    for p in P2P_RANKS[:2] if quick else P2P_RANKS:
+        repeats = 6 if quick else 15
+        period = 3 * 2 * (p - 1) * 2 * delay  # emulated s: well beyond one ring's time
+        measured = {}
+        for nic, reps in ((P2P_NIC, repeats), (f"delay {delay * 1e3:g}ms", 5)):
+            t0 = time.perf_counter()
+            with Cluster(nodes=p, nic=nic, dilation=P2P_DILATION, timeout=900) as cl:
+                per_rank = cl.run(_p2p_ring_times, P2P_BYTES, reps, period)
+            measured[nic] = {"end_s": np.max([r["end_s"] for r in per_rank], axis=0),
+                             "late_start_s": np.array([r["late_start_s"] for r in per_rank]).T,
+                             "wall_s": time.perf_counter() - t0}
+        got = measured[P2P_NIC]
+        draws = 100
+        sim = p2p_ring_allreduce(P2P_NIC, p, P2P_BYTES, seeds=repeats * draws,
+                                 start=np.repeat(got["late_start_s"], draws, axis=0))
+        topo = Topology.build(p, 1, P2P_NIC)
+        replay = [play(Fabric(topo), Collective("allreduce", P2P_BYTES),
+                       np.zeros(p, dtype=np.int64), np.random.default_rng(s)).max() / 1e9
+                  for s in range(400)]
+        plain = measured[f"delay {delay * 1e3:g}ms"]["end_s"]
+        ideal = 2 * (p - 1) * delay
+        rows.append({"kind": "p2p_ring", "ranks": p, "nic": P2P_NIC, "bytes": P2P_BYTES,
+                     "dilation": P2P_DILATION, "repeats": repeats,
+                     "measured_s": got["end_s"].tolist(),
+                     "late_start_s": got["late_start_s"].tolist(),
+                     "sim_p2p_mean_s": float(sim.mean()), "sim_p2p_draws": len(sim),
+                     "replay_mean_s": float(np.mean(replay)),
+                     "no_jitter_measured_s": plain.tolist(), "no_jitter_ideal_s": ideal,
+                     "wall_s": {n: m["wall_s"] for n, m in measured.items()}})
+        mean = float(got["end_s"].mean())
+        err = _rel(float(sim.mean()), mean)
+        checks.append(check(f"isend/irecv ring, {p} ranks, {P2P_BYTES} B, {P2P_NIC}, dilation "
+                            f"{P2P_DILATION}: mean vs the simulator of that ring",
+                            f"relative error <= {P2P_TOLERANCE}", round(err, 4),
+                            err <= P2P_TOLERANCE))
+        checks.append(check(f"isend/irecv ring, {p} ranks: mean vs the replay of dist.all_reduce "
+                            "(no rendezvous)", "report", round(_rel(float(np.mean(replay)), mean),
+                                                              4), True))
+        checks.append(check(f"isend/irecv ring, {p} ranks, no jitter: the machine's lag, median "
+                            f"over 2(p-1) = {2 * (p - 1)} messages, share of the ideal time",
+                            "report", round(float(np.median(plain)) / ideal - 1, 4), True))
+    return rows, checks
+
+
+STEP_SETUP = dict(latency_us=2000, jitter_us=4000, model_mib=1, compute_ms=50)  # issue 13's
+STEP_NODES = tuple(2**i for i in range(1, 11))  # 2 .. 1024
+STEP_TOLERANCE = 0.15
+
+
+def step_model_rows(quick: bool = False) -> tuple[list[dict], list[dict]]:
+    """The explorer's closed-form step (`step_model.predict_step`) against the simulator's
+    mean step (`simulate_training`, its per-step times kept) at 2..1024 nodes, for uniform,
+    normal and pareto jitter as large as twice the delay: no measurement, only arithmetic."""
+    from ..step_model import TrainingSetup, predict_step
+
+    rows, checks = [], []
+    for distribution in ("uniform", "normal", "pareto"):
+        setup = TrainingSetup(distribution=distribution, **STEP_SETUP)
+        errors = {}
+        for n in STEP_NODES:
+            steps = (4 if n > 64 else 10) if quick else (8 if n > 64 else 30)
+            sim = simulate_training(**{**setup.sim_kwargs(steps, seed=n), "nodes": n})
+            closed = predict_step(setup, n).step_s
+            rows.append({"kind": "step_model", "nodes": n, "nic": setup.nic,
+                         "model_bytes": setup.model_bytes, "compute_s": setup.compute_s,
+                         "closed_form_s": closed, "sim_step_s": sim.step_times.tolist(),
+                         "sim_mean_s": sim.mean_step})
+            errors[n] = _rel(closed, sim.mean_step)
+        worst = max(errors, key=errors.get)
+        checks.append(check(f"closed-form step vs simulator, {setup.nic}, 1 MiB, 50 ms compute, "
+                            f"2..1024 nodes (worst: {worst})",
+                            f"relative error <= {STEP_TOLERANCE}", round(errors[worst], 4),
+                            errors[worst] <= STEP_TOLERANCE))
+    return rows, checks
+
+
 @details("model")
 def model_details(rows: list[dict]) -> list[str]:
     """Per configuration: median relative error of each prediction, dilated and as is."""
@@ -343,6 +476,25 @@ def model_details(rows: list[dict]) -> list[str]:
         out.append(f"| {p} | {nic} | {rs[0]['dilation']} | {err['model']:.3f} | "
                    f"{err['sim']:.3f} | {err['model_undilated']:.3f} | "
                    f"{err['sim_undilated']:.3f} |")
+    steps = [r for r in rows if r["kind"] == "step_model"]
+    if steps:
+        nics = list(dict.fromkeys(r["nic"] for r in steps))
+        out += ["", "closed-form step / simulated mean step (1 MiB model, 50 ms compute):", "",
+                "| nodes | " + " | ".join(nics) + " |", "| --- |" + " --- |" * len(nics)]
+        for n in dict.fromkeys(r["nodes"] for r in steps):
+            ratio = {r["nic"]: r["closed_form_s"] / r["sim_mean_s"] for r in steps
+                     if r["nodes"] == n}
+            out.append(f"| {n} | " + " | ".join(f"{ratio[x]:.3f}" for x in nics) + " |")
+    rings = [r for r in rows if r["kind"] == "p2p_ring"]
+    if rings:
+        out += ["", "isend/irecv ring (mean of the repeats; ms):", "",
+                "| ranks | k | measured | sim of that ring | replay of dist.all_reduce | "
+                "no jitter: measured / ideal |", "| --- | --- | --- | --- | --- | --- |"]
+        for r in rings:
+            out.append(f"| {r['ranks']} | {r['dilation']} | {np.mean(r['measured_s']) * 1e3:.1f} "
+                       f"| {r['sim_p2p_mean_s'] * 1e3:.1f} | {r['replay_mean_s'] * 1e3:.1f} | "
+                       f"{np.median(r['no_jitter_measured_s']) * 1e3:.1f} / "
+                       f"{r['no_jitter_ideal_s'] * 1e3:.1f} |")
     return out
 
 
