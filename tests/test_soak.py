@@ -30,19 +30,22 @@ def _rank(step_ms, comm_ms, rss_growth=0.0):
             "n": n}
 
 
-def test_report_separates_network_timeouts_from_stalls() -> None:
+def test_report_sorts_slow_steps_into_network_host_and_engine() -> None:
     rng = np.random.default_rng(1)
     n = 3000
-    step = 20 + rng.uniform(-1, 1, n)
+    step = np.tile(20 + rng.uniform(-1, 1, n), (4, 1))
     comm = step - 3
-    step[100], comm[100] = 250, 247  # an emulated RTO: slow, explained
-    step[2000], comm[2000] = 150, 15  # slow, but the all_reduce was quick: a stall
-    ranks = [_rank(step, comm) for _ in range(4)]
+    step[:, 100], comm[:, 100] = 250, 247  # an emulated RTO: network
+    step[:, 1000], comm[:, 1000] = 150, 140  # peers wait in the all_reduce for rank 2 ...
+    comm[2, 1000] = 15  # ... which was busy (descheduled) outside it: host
+    step[:, 2000], comm[:, 2000] = 150, 140  # every rank waited, under an RTO: the engine
+    ranks = [_rank(step[r], comm[r]) for r in range(4)]
     parent = [(float(a), 300.0) for a in ranks[0]["at_ns"][0][::100]]
     out = soak._report(ranks, parent, None, minutes=1, chunks=[], wall_s=60)
     stalls = next(r for r in out["rows"] if r["kind"] == "stalls")
-    assert stalls["over_5x"] == 2 and stalls["unexplained_over_5x"] == 1
-    assert 0.75 * RTO_MIN_NS > 15e6
+    assert (stalls["over_5x"], stalls["network_over_5x"], stalls["host_over_5x"],
+            stalls["unexplained_over_5x"]) == (3, 1, 1, 1)
+    assert 0.75 * RTO_MIN_NS > 140e6
     drift = next(r for r in out["rows"] if r["kind"] == "drift")
     assert drift["ratio"] == pytest.approx(1.0, abs=0.02) and drift["first_n"] > 100
     (stall_check,) = [c for c in out["checks"] if "not explained" in c["name"]]

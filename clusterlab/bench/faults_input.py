@@ -263,12 +263,15 @@ def _time_limit(seconds: float):
         raise _Hang
 
     old = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)  # a caller's timer, if any
+    t0 = time.monotonic()
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+        if outer:  # give the caller's timer back what is left of it (at least 1 ms)
+            signal.setitimer(signal.ITIMER_REAL, max(1e-3, outer - (time.monotonic() - t0)))
 
 
 def _in_main_thread() -> bool:
@@ -525,6 +528,7 @@ def _run_cases() -> tuple[list[tuple[str, str, object, object]], dict]:
 
 def bad_arguments(*, run_cluster: bool = True) -> list[dict]:
     """One row per (public argument, bad value)."""
+    procs, files = _our_children(), _our_scratch()  # what was there before (other benches)
     rows = [_outcome(*case) for case in _argument_cases()]
     if run_cluster:
         cases, holder = _run_cases()
@@ -537,9 +541,9 @@ def bad_arguments(*, run_cluster: bool = True) -> list[dict]:
         time.sleep(0.2)
         rows.append({"kind": "bad_argument", "target": "Cluster.run", "argument": "(after close)",
                      "value": "", "error": None, "message": "", "named": True,
-                     "leftover_processes": len(_our_children()),
-                     "leftover_files": len(_our_scratch()),
-                     "ok": not _our_children() and not _our_scratch()})
+                     "leftover_processes": len(_our_children() - procs),
+                     "leftover_files": len(_our_scratch() - files),
+                     "ok": not (_our_children() - procs) and not (_our_scratch() - files)})
     return rows
 
 
