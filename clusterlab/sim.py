@@ -218,7 +218,7 @@ def _rounds(coll: Collective, p: int) -> int:
 
 def _ring_rounds_fast(
     spec: Netem, start: np.ndarray, nbytes: int, rng: np.random.Generator, overhead_ns: int = 0,
-    message_passing: bool = False,
+    message_passing: bool = False, procs_per_node: int = 1,
 ) -> np.ndarray:
     """Ring all-reduce completion times, one process per node, every NIC with `spec`.
 
@@ -227,6 +227,10 @@ def _ring_rounds_fast(
     when its sender is ready, waits behind the sender's NIC tail if there is a rate, and is
     delayed per segment by netem's jitter (a message arrives with its last segment). A 1024-
     node ring has 2046 rounds of 1024 messages: ~2 million delays per all-reduce.
+
+    procs_per_node > 1 (for `ring_round_seconds` only): rank j's hop to j+1 crosses the NIC
+    only when j is the last process of its node; the others are free (an unimpaired intra-
+    node link, and the node's one NIC-crossing sender has its queue to itself).
 
     message_passing=True times a ring written from isend/irecv on Gloo instead
     (`p2p_ring_allreduce`): a round's send completes only once the receiver has posted its
@@ -247,7 +251,8 @@ def _ring_rounds_fast(
     fast_retx = 3 * spec.delay_ns  # the SACK's way back, then the resend's way there
     return _ring_kernel(np.asarray(start, dtype=np.int64).copy(), wire, values,
                         spec.delay_ns, min(spec.jitter_ns, 2**31 - 1), overhead_ns, p_loss,
-                        rto, fast_retx, int(rng.integers(0, 2**31)), message_passing)
+                        rto, fast_retx, int(rng.integers(0, 2**31)), message_passing,
+                        procs_per_node)
 
 
 # The ring `ring_round_seconds` runs to measure the growth per round: long enough that the
@@ -258,7 +263,8 @@ RING_DRAW_BUDGET = 1 << 19
 RING_MIN_RANKS = 32
 
 
-def ring_round_seconds(spec: Netem, message_bytes: int, *, seed: int = 0) -> float:
+def ring_round_seconds(spec: Netem, message_bytes: int, *, procs_per_node: int = 1,
+                       seed: int = 0) -> float:
     """The growth per round of a long ring all-reduce whose messages are `message_bytes`,
     every NIC with `spec` (loss left out): the time constant g of its last-passage
     percolation, T(rounds) ~ g x rounds (see docs/models.md, "A ring under jitter").
@@ -267,19 +273,24 @@ def ring_round_seconds(spec: Netem, message_bytes: int, *, seed: int = 0) -> flo
     weights only), so it is measured once here, deterministically: the simulator's own
     ring recurrence on RING_CALIBRATION_RANKS ranks (fewer for many-segment messages, at
     least RING_MIN_RANKS), the completion of the slowest rank over 2(p-1) rounds, averaged
-    over seeds until about RING_DRAW_BUDGET delays were drawn. A few milliseconds.
+    over seeds until about RING_DRAW_BUDGET delays were drawn. A few milliseconds. With
+    procs_per_node > 1 the ring has that many processes per node (a multiple of it in
+    ranks), and only one hop in procs_per_node crosses a NIC.
     """
     if message_bytes < 0:
         raise ValueError(f"message_bytes must be >= 0, got {message_bytes}")
     k = len(segments(message_bytes, SEGMENT_BYTES))
-    ranks = int(min(RING_CALIBRATION_RANKS,
+    if procs_per_node < 1:
+        raise ValueError(f"procs_per_node must be >= 1, got {procs_per_node}")
+    nodes = int(min(RING_CALIBRATION_RANKS,
                     max(RING_MIN_RANKS, np.sqrt(RING_DRAW_BUDGET / (2 * k)))))
+    ranks = nodes * procs_per_node
     rounds = 2 * (ranks - 1)
-    seeds = max(1, RING_DRAW_BUDGET // (ranks * rounds * k))
+    seeds = max(1, RING_DRAW_BUDGET // (nodes * rounds * k))
     quiet = replace(spec, loss=None, corrupt=0.0)  # loss has its own term in the step model
     rng = np.random.default_rng(seed)
-    done = [_ring_rounds_fast(quiet, np.zeros(ranks, dtype=np.int64),
-                              message_bytes * ranks, rng).max() for _ in range(seeds)]
+    done = [_ring_rounds_fast(quiet, np.zeros(ranks, dtype=np.int64), message_bytes * ranks,
+                              rng, procs_per_node=procs_per_node).max() for _ in range(seeds)]
     return float(np.mean(done)) / rounds / 1e9
 
 
@@ -295,7 +306,7 @@ def _splitmix64(state):
 
 @_njit
 def _ring_kernel(ready, wire, values, mu, sigma, overhead, p_loss, rto, fast_retx, seed,
-                 message_passing):
+                 message_passing, every):
     # A generator inlined in the loop: numba's np.random costs ~10 ns a draw, and a 1024-node
     # ring needs millions of draws per all-reduce.
     state = np.uint64(seed)
@@ -320,6 +331,9 @@ def _ring_kernel(ready, wire, values, mu, sigma, overhead, p_loss, rto, fast_ret
             send = ready[j] + overhead
             t = tail[j]
             last = send
+            if j % every != every - 1:  # a hop inside a node: unimpaired, instantaneous
+                arrive[j] = send
+                continue
             for seg in range(k):
                 if sigma == 0:
                     d = mu

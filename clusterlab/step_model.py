@@ -24,7 +24,6 @@ lesson.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -132,21 +131,10 @@ def _jitter_max(k: int, distribution: str) -> float:
     return models.expected_max(k, distribution, 1.0)
 
 
-@functools.lru_cache(maxsize=4096)
-def _jitter_max_std(k: int, distribution: str) -> float:
-    """Standard deviation of the max of k netem jitter draws in units of the jitter (cached)."""
-    return models.max_std(k, distribution, 1.0)
-
-
-@functools.lru_cache(maxsize=256)
-def _normal_max(p: int) -> float:
-    return models.expected_max_ideal(p, "normal")
-
-
 @functools.lru_cache(maxsize=1024)
-def _ring_round(spec: Netem, message: int) -> float:
+def _ring_round(spec: Netem, message: int, procs_per_node: int) -> float:
     """Growth per round of a long jittery ring (`sim.ring_round_seconds`; a few ms, cached)."""
-    return ring_round_seconds(spec, message)
+    return ring_round_seconds(spec, message, procs_per_node=procs_per_node)
 
 
 def _rounds(algorithm: str, nodes: int) -> int:
@@ -167,13 +155,12 @@ def allreduce_seconds(algorithm: str, nodes: int, procs_per_node: int, nbytes: i
     with free intra-node steps; the log-depth algorithms among nodes with β times
     procs_per_node, because all processes of a node then share its NIC. β is the wire's
     (`wire.wire_beta`: every segment carries its headers).
-    Jitter, on a ring of one process per node (and the node ring of hierarchical): its
-    completion is a longest path through 2(p-1) rounds x p ranks, linear in the rounds with
-    a time constant g per round (`sim.ring_round_seconds`, measured once per NIC and message
-    size; docs/models.md, "A ring under jitter"): 2(p-1) g replaces the α and β terms.
-    Otherwise every round waits for the last segment of its message, delay + E[max of k
-    draws]; a ring with several processes per node adds the Gaussian longest-path term of
-    `models.ring_allreduce_jitter` (with the spread of that max), 20-60 % short at scale.
+    Jitter, on a ring (over all ranks, or the node ring of hierarchical): its completion
+    is a longest path through 2(p-1) rounds x p ranks, linear in the rounds with a time
+    constant g per round (`sim.ring_round_seconds`, measured once per NIC, message size and
+    processes per node; docs/models.md, "A ring under jitter"): 2(p-1) g replaces the α and
+    β terms. The log-depth algorithms: every round waits for the last segment of its
+    message, delay + E[max of k draws].
     Loss: a round in which one of the m messages loses a tail segment waits for TCP's
     retransmission timeout; `tail_at_scale(loss, m x segments)` is how often that happens.
     Charging it to every round as if rounds were barriers is an upper bound (rounds overlap
@@ -188,7 +175,7 @@ def allreduce_seconds(algorithm: str, nodes: int, procs_per_node: int, nbytes: i
         return 0.0
     alpha = spec.delay_s
     beta = wire_beta(spec.rate_bps)
-    ring = 0  # ranks in a ring, for its longest-path jitter term
+    ring = 0  # ranks in a ring, whose jitter is a longest path
     if algorithm == "ring":
         # Only one hop in procs_per_node leaves a node: latency is paid on that fraction of
         # the 2(p-1) rounds, but every round each NIC still serialises one chunk.
@@ -211,16 +198,13 @@ def allreduce_seconds(algorithm: str, nodes: int, procs_per_node: int, nbytes: i
         return base
     k = segment_count(message)  # segments per message
     extra = 0.0
-    if spec.jitter_ns and ring > 1 and (algorithm == "hierarchical" or procs_per_node == 1):
-        # A ring of `ring` jittery hops: a longest path through 2(ring-1) rounds, whose
-        # growth per round g (wire time included) replaces the latency and bandwidth terms.
-        base += rounds * (_ring_round(spec, message) - alpha - message * beta)
+    if spec.jitter_ns and ring > 1:
+        # A ring under jitter: a longest path through its rounds, whose growth per round g
+        # (wire time included) replaces the latency and bandwidth terms.
+        ppn = 1 if algorithm == "hierarchical" else procs_per_node
+        base = 2 * (ring - 1) * _ring_round(spec, message, ppn)
     elif spec.jitter_ns:
-        jitter = spec.jitter_s
-        extra += rounds * jitter * _jitter_max(k, spec.distribution)
-        if ring > 1:
-            extra += (jitter * _jitter_max_std(k, spec.distribution) * math.sqrt(rounds)
-                      * _normal_max(ring))
+        extra += rounds * spec.jitter_s * _jitter_max(k, spec.distribution)
     q = loss_probability(spec)
     if q > 0:
         rto = max(RTO_MIN_NS / 1e9, 4 * alpha)  # Linux's 200 ms floor, or twice the round trip
