@@ -31,6 +31,7 @@ import contextlib
 import ctypes
 import fcntl
 import functools
+import math
 import mmap
 import os
 import queue
@@ -93,8 +94,8 @@ class NetemConfig:
         this process's environment)."""
         env = os.environ if env is None else env
         dilation = _number(env, "CLUSTERLAB_DILATION", 1.0, float)
-        if dilation <= 0:
-            raise ValueError(f"CLUSTERLAB_DILATION must be > 0, got {dilation}")
+        if not (math.isfinite(dilation) and dilation > 0):
+            raise ValueError(f"CLUSTERLAB_DILATION must be a finite number > 0, got {dilation}")
         algorithm = env.get("CLUSTERLAB_ALGORITHM") or "ring"
         if algorithm not in ALLREDUCE_SCHEDULES:
             raise ValueError(
@@ -109,16 +110,22 @@ class NetemConfig:
         segment = _number(env, "CLUSTERLAB_SEGMENT_BYTES", SEGMENT_BYTES, int)
         if segment < 1:
             raise ValueError(f"CLUSTERLAB_SEGMENT_BYTES must be >= 1, got {segment}")
+        seed = _number(env, "CLUSTERLAB_SEED", 0, int)
+        if seed < 0:
+            raise ValueError(f"CLUSTERLAB_SEED must be >= 0, got {seed}")
+        trace = env.get("CLUSTERLAB_TRACE") or "0"
+        if trace not in ("0", "1"):
+            raise ValueError(f"CLUSTERLAB_TRACE must be 0 or 1, got {trace!r}")
         topology = Topology.from_env(world_size, env).scaled(dilation)
         return cls(
             topology=topology,
-            seed=_number(env, "CLUSTERLAB_SEED", 0, int),
+            seed=seed,
             dilation=dilation,
             algorithm=algorithm,
             segment_bytes=segment,
             correlation=correlation,
             shm_dir=env.get("CLUSTERLAB_SHM_DIR") or tempfile.gettempdir(),
-            trace=env.get("CLUSTERLAB_TRACE") == "1",
+            trace=trace == "1",
         )
 
 
@@ -570,6 +577,8 @@ class NetemProcessGroup(dist.ProcessGroup):
         """Start the Gloo op and the entry-time exchange now; complete on the FIFO thread."""
         future = torch.futures.Future()
         self._submitted += 1
+        # Named at once: a rank that fails with this collective in flight is reported in it.
+        _status(f"{coll.kind} #{self._submitted} ({coll.nbytes} B)")
         times = None
         times_work = None
         if self._entries is not None:
@@ -624,7 +633,7 @@ class NetemProcessGroup(dist.ProcessGroup):
                 _status("idle")
                 item.future.set_result(item.result)
             except Exception as exc:  # noqa: BLE001 - the caller's wait() re-raises it
-                _status(f"failed: {exc}")
+                _status(f"{item.coll.kind} #{item.seq} failed: {exc}")
                 item.future.set_exception(exc)
 
     def _coll(self, kind, nbytes=0, root=0):

@@ -110,6 +110,10 @@ def test_settings_come_from_the_mapping_given_or_from_the_environment(monkeypatc
                                                                               3 * 10**6, False)
     with pytest.raises(ValueError, match="butterfly"):
         NetemConfig.from_env(4, {"CLUSTERLAB_ALGORITHM": "butterfly"})
+    for name, bad in [("CLUSTERLAB_SEED", "-1"), ("CLUSTERLAB_DILATION", "nan"),
+                      ("CLUSTERLAB_DILATION", "1e999"), ("CLUSTERLAB_TRACE", "yes")]:
+        with pytest.raises(ValueError, match=name):
+            NetemConfig.from_env(4, {name: bad})
 
 
 @pytest.fixture(scope="module")
