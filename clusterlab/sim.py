@@ -261,6 +261,7 @@ def _ring_rounds_fast(
 RING_CALIBRATION_RANKS = 128
 RING_DRAW_BUDGET = 1 << 19
 RING_MIN_RANKS = 32
+RING_MIN_NODES = 8  # with several processes per node: at least this many NIC hops
 
 
 def ring_round_seconds(spec: Netem, message_bytes: int, *, procs_per_node: int = 1,
@@ -274,19 +275,19 @@ def ring_round_seconds(spec: Netem, message_bytes: int, *, procs_per_node: int =
     ring recurrence on RING_CALIBRATION_RANKS ranks (fewer for many-segment messages, at
     least RING_MIN_RANKS), the completion of the slowest rank over 2(p-1) rounds, averaged
     over seeds until about RING_DRAW_BUDGET delays were drawn. A few milliseconds. With
-    procs_per_node > 1 the ring has that many processes per node (a multiple of it in
-    ranks), and only one hop in procs_per_node crosses a NIC.
+    procs_per_node > 1 the ring has that many processes per node (as many ranks, at least
+    RING_MIN_NODES nodes), and only one hop in procs_per_node crosses a NIC.
     """
     if message_bytes < 0:
         raise ValueError(f"message_bytes must be >= 0, got {message_bytes}")
     k = len(segments(message_bytes, SEGMENT_BYTES))
     if procs_per_node < 1:
         raise ValueError(f"procs_per_node must be >= 1, got {procs_per_node}")
-    nodes = int(min(RING_CALIBRATION_RANKS,
-                    max(RING_MIN_RANKS, np.sqrt(RING_DRAW_BUDGET / (2 * k)))))
+    ranks = min(RING_CALIBRATION_RANKS, max(RING_MIN_RANKS, np.sqrt(RING_DRAW_BUDGET / (2 * k))))
+    nodes = max(RING_MIN_NODES, int(ranks) // procs_per_node)
     ranks = nodes * procs_per_node
     rounds = 2 * (ranks - 1)
-    seeds = max(1, RING_DRAW_BUDGET // (nodes * rounds * k))
+    seeds = max(1, RING_DRAW_BUDGET // (ranks * rounds * k))  # hops inside nodes cost too
     quiet = replace(spec, loss=None, corrupt=0.0)  # loss has its own term in the step model
     rng = np.random.default_rng(seed)
     done = [_ring_rounds_fast(quiet, np.zeros(ranks, dtype=np.int64), message_bytes * ranks,
