@@ -34,7 +34,16 @@ def check(name: str, target: str, measured, ok: bool) -> dict:
 
 
 def _load() -> None:
-    from . import fidelity, launch, model, monitor_overhead, overhead, widgets  # noqa: F401
+    from . import (  # noqa: F401
+        faults,
+        fidelity,
+        launch,
+        model,
+        monitor_overhead,
+        overhead,
+        soak,
+        widgets,
+    )
 
 
 def details(name: str):
