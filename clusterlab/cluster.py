@@ -28,6 +28,7 @@ import faulthandler
 import gc
 import linecache
 import multiprocessing as mp
+import numbers
 import os
 import re
 import shutil
@@ -47,10 +48,18 @@ import psutil
 
 from .backend import BACKEND_NAME, NetemConfig
 from .netem import Netem
+from .schedule import ALLREDUCE_SCHEDULES
 from .topology import Topology
 from .wire import SEGMENT_BYTES
 
 MAX_WORLD_SIZE = 64  # a guard against typos like nodes=1000: this is one machine
+MAX_TIMEOUT = 10**6  # seconds (~11 days); more overflows torch's timeouts
+MAX_DILATION = 10**6
+MAX_THREADS = 1024
+CORRELATIONS = ("netem", "ar1")
+# Starting the ranks may take longer than a short `timeout` meant for run() (a loaded
+# machine, a slow first import): starting waits at least this long.
+START_TIMEOUT = 30.0
 _STATUS_BYTES = 160
 
 
@@ -82,6 +91,14 @@ class RankDied(ClusterError):
 
 class ClusterTimeout(ClusterError, TimeoutError):
     """Ranks did not finish within the cluster's timeout."""
+
+
+def _number_in(name: str, value, limit: float, unit: str) -> None:
+    """A finite number in (0, limit], else a ValueError/TypeError naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number {unit}, got {value!r}")
+    if not 0 < value <= limit:  # also refuses nan
+        raise ValueError(f"{name} must be > 0 and <= {limit:g} {unit}, got {value!r}")
 
 
 def die_with_parent() -> None:
@@ -145,19 +162,21 @@ def _rank_main(rank, world, backend, env, conn, status, dump_path, timeout, thre
     torch.set_num_threads(threads)
     try:
         set_doing("joining the process group")
+        store_timeout = max(timeout, START_TIMEOUT)  # joining may be slow on a busy machine
         # Rank 0 hosts the rendezvous store on a free loopback port and tells the parent,
         # which passes it on. (Not the parent: a store's server thread in the parent makes
         # forking it unsafe, and a kernel must stay forkable.)
         if rank == 0:
             port, fd = _listen_on_loopback()
             store = dist.TCPStore("127.0.0.1", port, world, is_master=True,
-                                  timeout=timedelta(seconds=timeout), wait_for_workers=False,
+                                  timeout=timedelta(seconds=store_timeout),
+                                  wait_for_workers=False,
                                   master_listen_fd=fd)
             conn.send(("port", store.port))
         else:
             _, port = conn.recv()
             store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
-                                  timeout=timedelta(seconds=timeout))
+                                  timeout=timedelta(seconds=store_timeout))
         os.environ["MASTER_PORT"] = str(store.port)
         # Gloo's own timeout is a little longer than the launcher's, so that a hang is
         # reported by the launcher (which names every stuck rank), not as one rank's error.
@@ -166,7 +185,9 @@ def _rank_main(rank, world, backend, env, conn, status, dump_path, timeout, thre
         set_doing("idle")
         # torch's import leaves ~10^5 objects for the cyclic GC to walk: a full collection
         # then stalls a rank for ~100 ms in the middle of an experiment. Freeze them.
-        gc.collect()
+        # (No gc.collect() first: with fork it would walk, and so copy, every object inherited
+        # from the parent; a kernel that imported more, e.g. torch._dynamo, made that
+        # seconds. Freezing is a list splice.)
         gc.freeze()
         conn.send(("ready", None))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, then exit
@@ -265,15 +286,28 @@ class Cluster:
                 f"nodes x procs_per_node = {self.world_size} processes is more than this "
                 f"launcher allows on one machine ({MAX_WORLD_SIZE}); use clusterlab.sim for more"
             )
-        if not isinstance(seed, int) or seed < 0:
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-        if not timeout or timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
-        if not dilation or dilation <= 0:
-            raise ValueError(f"dilation must be > 0, got {dilation!r}")
+        # nan would never time out, inf overflows torch's timedelta: finite, bounded numbers.
+        _number_in("timeout", timeout, MAX_TIMEOUT, "seconds")
+        _number_in("dilation", dilation, MAX_DILATION, "(a factor)")
+        for name, value, choices in (("algorithm", algorithm, ALLREDUCE_SCHEDULES),
+                                     ("correlation", correlation, CORRELATIONS)):
+            if value not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                    or not 1 <= threads <= MAX_THREADS):
+            raise ValueError(f"threads must be an integer 1..{MAX_THREADS} or None, "
+                             f"got {threads!r}")
+        if environ is not None and not isinstance(environ, Mapping):
+            raise TypeError(f"environ must be a mapping of names to strings, got {environ!r}")
         if environ is not None and not all(isinstance(k, str) and isinstance(v, str)
                                            for k, v in dict(environ).items()):
             raise ValueError(f"environ must map names to strings, got {environ!r}")
+        methods = mp.get_all_start_methods()
+        if start_method is not None and start_method not in methods:
+            raise ValueError(f"start_method must be one of {', '.join(methods)} or None, "
+                             f"got {start_method!r}")
         self.plain = nic is None and intra is None and not links
         self.backend = "gloo" if self.plain else BACKEND_NAME
         self.seed, self.timeout, self.dilation = seed, float(timeout), float(dilation)
@@ -356,10 +390,11 @@ class Cluster:
             self._janitor = _start_janitor(self._tmp, [p.pid for p in self._procs])
             self._finalizer = weakref.finalize(self, _cleanup, list(self._procs), self._tmp,
                                                self._janitor)
-            (port,) = self._collect("starting the rendezvous store", ranks=[0])
+            wait = max(self.timeout, START_TIMEOUT)
+            (port,) = self._collect("starting the rendezvous store", ranks=[0], timeout=wait)
             for conn in self._conns[1:]:
                 conn.send(("port", port))
-            self._collect("starting the cluster")
+            self._collect("starting the cluster", timeout=wait)
         except BaseException:
             self._teardown()
             raise
@@ -394,13 +429,13 @@ class Cluster:
         """Run fn(*args, **kwargs) on every rank; return the results ordered by rank."""
         if not callable(fn):
             raise TypeError(f"run() needs a function, got {fn!r}")
-        if self._broken or not self._procs:
-            self._teardown()
-            self.start()
-        try:
+        try:  # before starting anything: an unpicklable argument starts no rank
             payload = cloudpickle.dumps((fn, args, kwargs))
         except Exception as exc:
             raise TypeError(f"cannot send {fn!r} and its arguments to the ranks: {exc}") from exc
+        if self._broken or not self._procs:
+            self._teardown()
+            self.start()
         name = getattr(fn, "__name__", "fn")
         for rank, conn in enumerate(self._conns):
             try:
@@ -413,20 +448,23 @@ class Cluster:
         replies = self._collect(f"running {name}")
         return [cloudpickle.loads(r) for r in replies]
 
-    def _collect(self, what: str, ranks: list[int] | None = None) -> list:
+    def _collect(self, what: str, ranks: list[int] | None = None,
+                 timeout: float | None = None) -> list:
         """Wait for one reply from each rank (default: all); turn any failure into a named
         error and a teardown."""
         ranks = list(range(self.world_size)) if ranks is None else ranks
         replies: dict[int, object] = {}
         pending = set(ranks)
-        deadline = time.monotonic() + self.timeout
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         sentinel_of = {p.sentinel: r for r, p in enumerate(self._procs)}
         conn_of = {id(c): r for r, c in enumerate(self._conns)}
         try:
             while pending:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise self._timeout_error(pending, what, done=sorted(replies))
+                    raise self._timeout_error(pending, what, done=sorted(replies),
+                                              waited=timeout)
                 ready = wait_any([self._conns[r] for r in pending]
                                  + [self._procs[r].sentinel for r in pending], min(left, 0.2))
                 for obj in ready:
@@ -487,7 +525,8 @@ class Cluster:
         return RankDied(f"rank {rank} died ({how}) while {what} (its last operation: "
                         f"{doing}); the cluster was stopped" + (f"\n{others}" if others else ""))
 
-    def _timeout_error(self, pending: set[int], what: str, done=()) -> ClusterTimeout:
+    def _timeout_error(self, pending: set[int], what: str, done=(),
+                       waited: float = 0.0) -> ClusterTimeout:
         lines = []
         for rank in sorted(pending):
             lines.append(f"  rank {rank}: in {_read_status(self._status, rank)}")
@@ -502,7 +541,7 @@ class Cluster:
                 if text:
                     stacks.append(f"--- rank {rank} ---\n{text}")
         returned = ", ".join(f"rank {r}" for r in done)
-        msg = (f"timed out after {self.timeout:g} s while {what}; ranks still busy: "
+        msg = (f"timed out after {waited or self.timeout:g} s while {what}; ranks still busy: "
                f"{sorted(pending)}" + (f" (returned already: {returned})" if done else "")
                + "\n" + "\n".join(lines))
         if stacks:
