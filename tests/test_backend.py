@@ -252,3 +252,39 @@ def test_shared_nic_halves_each_process_goodput():
     # Two senders push twice the bytes through one NIC: the span doubles (one message fewer
     # in the span for one sender: 5 vs 2 message-times after the first delivery).
     assert span_both / span_alone == pytest.approx(5 / 2, rel=0.15)
+
+
+def entry_exchange_both_ways(tmp_root):
+    import os
+
+    from clusterlab import backend
+
+    rank = dist.get_rank()
+    world = dist.group.WORLD
+    # A group whose ranks see different temp dirs cannot share an entry table (as across
+    # hosts): it must fall back to exchanging entry times through Gloo, and time the same.
+    mine = os.path.join(tmp_root, f"r{rank}")
+    os.makedirs(mine, exist_ok=True)
+    backend.configure({**backend._settings, "CLUSTERLAB_SHM_DIR": mine})
+    apart = dist.new_group([0, 1])
+    out = {"shared": world._entries is not None, "apart shared": apart._entries is not None,
+           "left": os.listdir(mine)}
+    for name, group in (("world", world), ("apart", apart)):
+        x = torch.tensor([rank + 1.0])
+        t0 = time.monotonic()
+        dist.all_reduce(x, group=group)
+        out[name] = (float(x), time.monotonic() - t0)
+    return out
+
+
+def test_entry_times_through_a_shared_table_or_through_gloo(tmp_path):
+    # Ring on 2 nodes: 2 rounds of one 3 ms link, whichever way the entry times travel.
+    with Cluster(nodes=2, nic="delay 3ms", timeout=60) as cl:
+        got = cl.run(entry_exchange_both_ways, str(tmp_path))
+    for rank in range(2):
+        assert got[rank]["shared"] and not got[rank]["apart shared"]
+        assert got[rank]["left"] == []  # the table file is unlinked once every rank mapped it
+        for name in ("world", "apart"):
+            total, took = got[rank][name]
+            assert total == 3.0
+            assert took >= 2 * 3e-3
