@@ -99,8 +99,10 @@ def one_way_delays(n: int, spacing_s: float) -> list[int]:
         while len(posted) < RECEIVE_WINDOW and i + len(posted) < n:
             stamp = torch.zeros(1, dtype=torch.int64)
             posted.append((stamp, dist.irecv(stamp, prv)))
+        sent = torch.empty(1, dtype=torch.int64)
         clock.sleep_until(start_ns + int(i * spacing_s * 1e9))
-        work = dist.isend(torch.tensor([time.monotonic_ns()], dtype=torch.int64), nxt)
+        sent[0] = time.monotonic_ns()  # right before the call, which the link model sees
+        work = dist.isend(sent, nxt)
         stamp, received = posted.popleft()
         received.wait()
         out.append(time.monotonic_ns() - int(stamp[0]))

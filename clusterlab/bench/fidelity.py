@@ -34,6 +34,16 @@ from ..wire import wire_beta
 from . import bench, check, result
 
 
+def _delays_and_model(n: int, spacing_s: float):
+    """`one_way_delays`, plus the delays this rank's link model gave its own messages (from
+    the backend's trace, warm-up message dropped): the emulator's part, without the machine."""
+    import torch.distributed as dist
+
+    delays = one_way_delays(n, spacing_s)
+    model = [t.delivered_ns - sent for (_, sent, _, t) in dist.group.WORLD.trace[1:]]
+    return delays, model
+
+
 def _ping_pong(n: int):
     """Rank 0 pings rank 1, which answers; returns rank 1's one-way delays of the pings (ns)."""
     import torch
@@ -142,11 +152,11 @@ REPEATS = 3
 DELAY_ROWS_MS = (1, 5)
 # Jitter rows: (distribution, jitter ms, spacing s). One connection's messages are spaced so
 # that TCP's in-order delivery rarely holds one behind its predecessor: the link model alone
-# (LinkModel.transmit on one flow, 5000 messages) then stays within KS ~0.02 and std ratio
-# 0.98..1.04 of the table at these spacings, while at 8 ms pareto spacing the in-order rule
-# alone costs KS 0.05. Pareto gets a wider jitter: its density jumps to 2.25/sigma at its
-# lower edge, so at sigma = 2 ms this machine's ~40 us software path alone would move the KS
-# distance by ~0.045.
+# (LinkModel.transmit on one flow, 5000 messages, 10 seeds) then stays within KS 0.024 and
+# std ratio 0.97..1.04 of the table at these spacings, while at 8 ms pareto spacing the
+# in-order rule alone costs KS 0.05 (and normal at 3 ms, 0.06). Pareto gets a wider
+# jitter: its density jumps to 2.25/sigma at its lower edge, so at sigma = 2 ms this
+# machine's ~40 us software path alone would move the KS distance by ~0.045.
 JITTER_ROWS = (("uniform", 2, 6e-3), ("normal", 2, 6e-3), ("pareto", 5, 15e-3))
 # Delays per jitter row, over all ranks: the KS distance of n exact draws from the table is
 # itself ~0.87/sqrt(n) at its median and 1.36/sqrt(n) at its 95th percentile, i.e. 0.012 and
@@ -169,7 +179,7 @@ def _repeated(name: str, target: str, values: list[float], met: list[bool], repe
 
 def floor_agreement(floor_us: float | None, met_ms: dict[float, bool]) -> tuple[str, bool]:
     """Does the doctor's floor agree with the delay rows? `met_ms` maps each delay row (ms) to
-    whether its median was within the tolerance in every repeat. The doctor must call faithful
+    whether its median was within the tolerance. The doctor must call faithful
     the smallest delay the rows met, and not one the rows missed: at the rows' resolution its
     floor lies in (largest missed delay below the smallest met one, smallest met one]."""
     delays = sorted(met_ms)
@@ -221,13 +231,19 @@ def fidelity(quick: bool = False, repeats: int | None = None) -> dict:
                                                           else f" distribution {dist_name}")
                 spec = Netem.parse(spec_text)
                 n = int(JITTER_SAMPLES // world * scale)
-                with Cluster(nodes=world, nic=spec, timeout=180) as cl:
-                    per_rank = cl.run(one_way_delays, n, spacing)
-                d = np.concatenate(per_rank)
+                with Cluster(nodes=world, nic=spec, timeout=180, trace=True) as cl:
+                    per_rank = cl.run(_delays_and_model, n, spacing)
+                d = np.concatenate([delays for delays, _ in per_rank])
+                # Rank r measured what rank r-1's link model sent it, message for message.
+                model = np.concatenate([per_rank[(r - 1) % world][1] for r in range(world)])
                 ks = ks_distance(d, spec)
                 std_ratio = float(d.std() / reference_std(spec))
+                late_us = (d - model) / 1e3
                 rows.append({"kind": "jitter", "ranks": world, "nic": spec_text, "repeat": repeat,
-                             "samples_ms": (d / 1e6).tolist()})
+                             "samples_ms": (d / 1e6).tolist(),
+                             "link_model_ks": round(ks_distance(model, spec), 4),
+                             "machine_late_us": {q: round(float(np.percentile(late_us, q)), 1)
+                                                 for q in (10, 50, 90, 99)}})
                 note(f"jitter KS distance, {world} ranks, {dist_name}", "< 0.05", ks, ks < 0.05)
                 note(f"jitter std / configured std, {world} ranks, {dist_name}",
                      "within 0.93..1.07", std_ratio, 0.93 <= std_ratio <= 1.07)
@@ -280,11 +296,14 @@ def fidelity(quick: bool = False, repeats: int | None = None) -> dict:
 
     # The doctor's floor, measured now, against what the 2-rank delay rows achieved.
     floor = doctor.faithful_floor(samples=int(doctor.DELAY_PROBE_SAMPLES * scale))
-    met_ms = {delay_ms: figures[(f"median one-way delay, 2 ranks, delay {delay_ms}ms",
-                                 f"within {MEDIAN_DELAY_TOLERANCE:.0%} of {delay_ms} ms")]["met"]
-              for delay_ms in DELAY_ROWS_MS}
-    target, ok = floor_agreement(floor["smallest_faithful_delay_us"],
-                                 {d: all(m) for d, m in met_ms.items()})
+    # A row "met" its delay when the median over repeats of its median did: the doctor
+    # measures once, so it is compared with the rows' typical result, not their worst.
+    met_ms = {}
+    for delay_ms in DELAY_ROWS_MS:
+        f = figures[(f"median one-way delay, 2 ranks, delay {delay_ms}ms",
+                     f"within {MEDIAN_DELAY_TOLERANCE:.0%} of {delay_ms} ms")]
+        met_ms[delay_ms] = median_delay_met(np.array(f["values"]) * 1e6, delay_ms * 1e6)
+    target, ok = floor_agreement(floor["smallest_faithful_delay_us"], met_ms)
     rows.append({"kind": "doctor_floor", "floor": floor})
     checks.append(check("doctor's smallest faithful delay (us) agrees with the 2-rank delay rows",
                         target, floor["smallest_faithful_delay_us"], ok))
