@@ -322,11 +322,15 @@ class _FutureWork(dist._Work):
     exception in wait() (torch 2.13), which would turn a dead peer into silent garbage; this
     one re-raises it."""
 
-    def __init__(self, future: torch.futures.Future) -> None:
+    def __init__(self, future: torch.futures.Future, run=None) -> None:
         super().__init__()
         self._future = future
+        self._run = run  # completes the operation in the caller's thread, if still unclaimed
 
     def wait(self, timeout=None):
+        if self._run is not None:
+            self._run()
+            self._run = None
         self._future.wait()  # raises the operation's error, if any
         return True
 
@@ -347,6 +351,7 @@ class _Pending:
     future: torch.futures.Future
     result: object
     finish: object = None  # optional callable run on the result before completion
+    claimed: bool = False  # taken by the completion thread or by a caller's wait()
 
 
 class NetemProcessGroup(dist.ProcessGroup):
@@ -380,6 +385,11 @@ class NetemProcessGroup(dist.ProcessGroup):
         self._submitted = 0  # collectives started (calling thread)
         self._done_all = np.zeros(size, dtype=np.int64)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        # Collectives complete in order, each by whoever claims it first: the completion
+        # thread, or the caller's wait(). A caller that waits at once (dist.all_reduce without
+        # async_op) saves a thread hop: on 2 busy cores, each wake-up can cost a time slice.
+        self._turn = threading.Condition()
+        self._completed = 0  # the last collective completed
         self._thread = threading.Thread(target=self._complete_loop, name="netem-completion",
                                         daemon=True)
         self._thread.start()
@@ -589,9 +599,10 @@ class NetemProcessGroup(dist.ProcessGroup):
             times[self._rank] = clock.monotonic_ns()
             times_work = self.gloo.allreduce([times])
         data_work = start_native()
-        self._queue.put(_Pending(coll, self._submitted, times, times_work, data_work, future,
-                                 result, finish))
-        return _FutureWork(future)
+        item = _Pending(coll, self._submitted, times, times_work, data_work, future, result,
+                        finish)
+        self._queue.put(item)
+        return _FutureWork(future, functools.partial(self._run, item))
 
     def _complete_loop(self) -> None:
         clock.lower_timer_slack()
@@ -599,42 +610,71 @@ class NetemProcessGroup(dist.ProcessGroup):
             item = self._queue.get()
             if item is None:
                 return
-            try:
-                self._seq = item.seq
-                hold = 0
-                data_work = item.data_work
-                entered = None
-                if self._entries is not None:
-                    _status(f"{item.coll.kind} #{item.seq} ({item.coll.nbytes} B)")
-                    entered = self._entries.read(item.seq)
-                    if entered is None:  # not every rank is in yet: let Gloo finish first
-                        if data_work is not None:
-                            data_work.wait()
-                            data_work = None
-                        entered = self._entries.wait(item.seq, f"{item.coll.kind} #{item.seq}",
-                                                     self._timeout.total_seconds())
-                elif item.times_work is not None:
-                    _status(f"{item.coll.kind} #{item.seq} ({item.coll.nbytes} B)")
-                    item.times_work.wait()
-                    entered = item.times.numpy()
-                if entered is not None:
-                    start = np.maximum(entered, self._done_all)
-                    # A deterministic network draws nothing: skip seeding a generator.
-                    rng = None if self.fabric.deterministic else np.random.default_rng(
-                        [self.config.seed, 0xC011, item.seq])
-                    done = play(self.fabric, item.coll, start, rng, self.global_ranks)
-                    self._done_all = done
-                    hold = int(done[self._rank])
-                if data_work is not None:
-                    data_work.wait()
-                clock.sleep_until(hold)
-                if item.finish is not None:
-                    item.finish()
-                _status("idle")
-                item.future.set_result(item.result)
-            except Exception as exc:  # noqa: BLE001 - the caller's wait() re-raises it
-                _status(f"{item.coll.kind} #{item.seq} failed: {exc}")
-                item.future.set_exception(exc)
+            self._run(item)
+
+    def _run(self, item: _Pending) -> None:
+        """Complete `item` in this thread unless another one claimed it: after the
+        collectives before it (FIFO), like a communication stream."""
+        with self._turn:
+            if item.claimed:
+                return
+            item.claimed = True
+            deadline = clock.monotonic_ns() + int(self._timeout.total_seconds() * 1e9)
+            while self._completed != item.seq - 1:
+                left = (deadline - clock.monotonic_ns()) / 1e9
+                if left <= 0 or not self._turn.wait(left) and self._completed != item.seq - 1:
+                    item.future.set_exception(RuntimeError(
+                        f"netem: {item.coll.kind} #{item.seq} waited {self._timeout} for the "
+                        f"collective #{self._completed + 1} before it"))
+                    return
+        try:
+            self._complete(item)
+        finally:
+            if not item.future.done():  # interrupted (a BaseException): waiters must not hang
+                item.future.set_exception(RuntimeError(
+                    f"netem: {item.coll.kind} #{item.seq} was interrupted"))
+            with self._turn:
+                self._completed = item.seq
+                self._turn.notify_all()
+
+    def _complete(self, item: _Pending) -> None:
+        """Hold `item` until its emulated completion time (and Gloo's), then complete it."""
+        try:
+            self._seq = item.seq
+            hold = 0
+            data_work = item.data_work
+            entered = None
+            if self._entries is not None:
+                _status(f"{item.coll.kind} #{item.seq} ({item.coll.nbytes} B)")
+                entered = self._entries.read(item.seq)
+                if entered is None:  # not every rank is in yet: let Gloo finish first
+                    if data_work is not None:
+                        data_work.wait()
+                        data_work = None
+                    entered = self._entries.wait(item.seq, f"{item.coll.kind} #{item.seq}",
+                                                 self._timeout.total_seconds())
+            elif item.times_work is not None:
+                _status(f"{item.coll.kind} #{item.seq} ({item.coll.nbytes} B)")
+                item.times_work.wait()
+                entered = item.times.numpy()
+            if entered is not None:
+                start = np.maximum(entered, self._done_all)
+                # A deterministic network draws nothing: skip seeding a generator.
+                rng = None if self.fabric.deterministic else np.random.default_rng(
+                    [self.config.seed, 0xC011, item.seq])
+                done = play(self.fabric, item.coll, start, rng, self.global_ranks)
+                self._done_all = done
+                hold = int(done[self._rank])
+            if data_work is not None:
+                data_work.wait()
+            clock.sleep_until(hold)
+            if item.finish is not None:
+                item.finish()
+            _status("idle")
+            item.future.set_result(item.result)
+        except Exception as exc:  # noqa: BLE001 - the caller's wait() re-raises it
+            _status(f"{item.coll.kind} #{item.seq} failed: {exc}")
+            item.future.set_exception(exc)
 
     def _coll(self, kind, nbytes=0, root=0):
         return Collective(kind, int(nbytes), int(root), self.config.algorithm)

@@ -3,11 +3,14 @@
 Three 4-rank clusters run the same all_reduce sweep: plain Gloo, netem with no impairment
 (the wrapper alone) and netem 'delay 1us' (negligible time, but the whole machinery runs:
 entry times, schedule replay, hold). They take turns size by size, round by round, in a
-rotating order, so that the noise of this shared machine hits all alike; the figure is the
-ratio of medians per size. Then three 2-rank clusters ping-pong a small message in many
-short turns, and the figure is the time the emulation adds to one message's native one-way
-latency: half the median over rounds of (its round trip - Gloo's round trip that round),
-a turn's round trip being the RTT_PERCENTILE of its samples.
+rotating order, so that the noise of this shared machine hits all alike; the figure is, per
+size, the median over rounds of (a turn's median / the Gloo turn's median of that round):
+paired turns seconds apart, because load from elsewhere comes and goes in bursts.
+
+Then three 2-rank clusters ping-pong a small message in many short turns, and the figure is
+the time the emulation adds to one message's native one-way latency: half the median over
+rounds of (its round trip - Gloo's round trip that round), a turn's round trip being the
+RTT_PERCENTILE of its samples.
 """
 
 from __future__ import annotations
@@ -66,38 +69,41 @@ def _ping_pong(nbytes, iterations):
 
 
 def _interleaved(clusters, fn, sizes, rounds, iterations, combine):
-    """samples[name][size]: fn's times on every cluster, taking turns size by size."""
-    samples = {name: {n: [] for n in sizes} for name in clusters}
+    """One row per turn of fn on a cluster (its times), taking turns size by size."""
     rows = []
     names = list(clusters)
     for r in range(rounds):
         for nbytes in sizes:
             for name in names[r % len(names):] + names[: r % len(names)]:
                 times = combine(clusters[name].run(fn, nbytes, iterations))
-                samples[name][nbytes].extend(times)
                 rows.append({"backend": name, "round": r, "bytes": nbytes, "times_s": times})
-    return samples, rows
+    return rows
 
 
 @bench("overhead")
 def overhead(quick: bool = False) -> dict:
-    rounds = 2 if quick else 4
-    iterations = 5 if quick else 15
+    rounds = 2 if quick else 10
+    iterations = 5 if quick else 8
     specs = {"gloo": None, "netem": "", "netem-1us": "delay 1us"}
     clusters = {name: Cluster(nodes=4, nic=nic, timeout=120) for name, nic in specs.items()}
     try:
         for cl in clusters.values():
             cl.start()
         # A collective ends when its slowest rank is done.
-        samples, rows = _interleaved(clusters, _sweep, SIZES, rounds, iterations,
-                                     lambda per_rank: np.max(per_rank, axis=0).tolist())
+        rows = _interleaved(clusters, _sweep, SIZES, rounds, iterations,
+                            lambda per_rank: np.max(per_rank, axis=0).tolist())
     finally:
         for cl in clusters.values():
             cl.close()
     checks = []
+    per_round = {}  # (backend, bytes) -> each round's median
+    for row in rows:
+        per_round.setdefault((row["backend"], row["bytes"]), []).append(
+            float(np.median(row["times_s"])))
     for name, label in (("netem", "netem"), ("netem-1us", "netem 'delay 1us'")):
         for nbytes in SIZES:
-            ratio = float(np.median(samples[name][nbytes]) / np.median(samples["gloo"][nbytes]))
+            ratio = float(np.median(np.divide(per_round[name, nbytes],
+                                              per_round["gloo", nbytes])))
             if name == "netem":
                 target, ok = "report", True
             else:
@@ -111,8 +117,8 @@ def overhead(quick: bool = False) -> dict:
             cl.start()
         # Many short turns: a round trip is ~100 µs, so a burst of load from elsewhere would
         # swamp a long turn; the figure pairs each turn with the Gloo turn of its round.
-        _, p2p_rows = _interleaved(pings, _ping_pong, [PING_BYTES], 6 if quick else 30,
-                                   50, lambda per_rank: per_rank[0])
+        p2p_rows = _interleaved(pings, _ping_pong, [PING_BYTES], 6 if quick else 30, 50,
+                                lambda per_rank: per_rank[0])
     finally:
         for cl in pings.values():
             cl.close()
