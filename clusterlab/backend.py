@@ -499,9 +499,6 @@ class NetemProcessGroup(dist.ProcessGroup):
                 return link.tail_ns, result
 
             sent = route.shared.update(through_nic)
-        if self.trace is not None:
-            self.trace.append((peer, now, nbytes, sent))
-        _status(f"send to {peer} ({nbytes} B)")
         header = (sent.delivered_ns, nbytes)
         if nbytes <= SMALL_MESSAGE:
             # Built with struct and memmove: a few torch or numpy ops on small tensors cost
@@ -517,6 +514,11 @@ class NetemProcessGroup(dist.ProcessGroup):
             head = torch.from_numpy(np.array(header, dtype=np.int64))
             waits = [self.gloo.send([head], dst_rank, tag).wait,
                      self.gloo.send(tensors, dst_rank, tag).wait]
+        # Bookkeeping after the bytes are handed to Gloo, off the message's critical path
+        # (posting never blocks; wait() does, and the status names the send by then).
+        if self.trace is not None:
+            self.trace.append((peer, now, nbytes, sent))
+        _status(f"send to {peer} ({nbytes} B)")
         # The sender is busy until its bytes are on the wire.
         busy = int(wire_seconds(nbytes, rate_bps=route.spec.rate_bps,
                                 segment_bytes=self.config.segment_bytes) * 1e9)
