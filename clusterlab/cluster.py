@@ -497,8 +497,16 @@ class Cluster:
         """Where the other ranks were when one failed (the operation they waited in)."""
         if not ranks:
             return ""
-        return "the other ranks were in: " + "; ".join(
-            f"rank {r}: {_read_status(self._status, r)}" for r in sorted(ranks))
+        parts = []
+        for r in sorted(ranks):
+            doing = _read_status(self._status, r)
+            with contextlib.suppress(Exception):
+                if self._conns[r].poll():  # it answered meanwhile: say how (we stop anyway)
+                    kind, data = self._conns[r].recv()
+                    doing = ("returned" if kind != "error" else
+                             f"raised {data[0]} (in {data[3]}): {data[1][:200]}")
+            parts.append(f"rank {r}: {doing}")
+        return "the other ranks were in: " + "; ".join(parts)
 
     def _first_cause(self, pending: set[int], what: str) -> RankDied | None:
         """When a rank reports an error, a dead peer is usually why (a killed rank 0 takes
@@ -574,9 +582,16 @@ def _sweep_orphaned_dirs() -> None:
     (kill -9, a killed kernel): their names carry the parent's pid."""
     root = tempfile.gettempdir()
     for name in os.listdir(root):
-        m = re.fullmatch(r"clusterlab-(\d+)-\w+", name)
+        # clusterlab-<pid>-<anything>: a cluster's scratch dir, and any other scratch entry
+        # named after its process this way (e.g. clusterlab-<pid>-quiz-...).
+        m = re.fullmatch(r"clusterlab-(\d+)-[\w.-]+", name)
         if m and not psutil.pid_exists(int(m.group(1))):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            path = os.path.join(root, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
 
 
 def _cleanup(procs, tmp, janitor) -> None:
@@ -603,6 +618,9 @@ def _start_janitor(tmp: str, pids: list[int]) -> tuple[int, int] | None:
     if pid == 0:  # the janitor
         try:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the parent's business
+            # Out of the parent's process group: a kernel restart SIGKILLs that whole group
+            # (jupyter_client kills with killpg), the janitor must outlive it.
+            os.setsid()
             # Hold none of the parent's files and sockets (a kernel's ports, the ranks' pipes).
             os.closerange(3, r)
             os.closerange(r + 1, 1 << 16)

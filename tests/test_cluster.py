@@ -131,22 +131,23 @@ def test_ranks_die_with_their_parent(tmp_path):
         import sys, clusterlab
         cl = clusterlab.Cluster(nodes=3, nic="delay 1ms")
         cl.start()
-        print(" ".join(str(p.pid) for p in cl._procs), flush=True)
+        print(cl._tmp, " ".join(str(p.pid) for p in cl._procs), flush=True)
         import time; time.sleep(60)
     """))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
-        pids = [int(x) for x in proc.stdout.readline().split()]
-        assert len(pids) == 3
+        scratch, *pids = proc.stdout.readline().split()
+        pids = [int(x) for x in pids]
+        assert len(pids) == 3 and os.path.isdir(scratch)
     finally:
         proc.kill()
         proc.wait(10)
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
-        time.sleep(0.1)
-    alive = [p for p in pids if psutil.pid_exists(p)
-             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-    assert not alive
+    while time.monotonic() < deadline and (_alive(pids) or os.path.exists(scratch)):
+        time.sleep(0.05)
+    assert not _alive(pids)
+    # No finalizer ran in the killed parent: its janitor removed the scratch directory.
+    assert not os.path.exists(scratch)
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -289,13 +290,16 @@ def test_in_a_real_jupyter_kernel_interrupt_and_restart_leave_nothing(tmp_path):
 
         # The next run() starts fresh ranks; then a restart must take them down too.
         run(f"assert cl.run(cell_fn, 1) == [3.0] * 3\n"
-            f"open({str(pid_file)!r}, 'w').write(' '.join(str(p.pid) for p in cl._procs))")
-        pids = [int(x) for x in pid_file.read_text().split()]
+            f"open({str(pid_file)!r}, 'w').write(cl._tmp + ' ' + "
+            f"' '.join(str(p.pid) for p in cl._procs))")
+        scratch, *pids = pid_file.read_text().split()
+        pids = [int(x) for x in pids]
         km.restart_kernel(now=True)
         deadline = time.monotonic() + 5
-        while _alive(pids) and time.monotonic() < deadline:
+        while (_alive(pids) or os.path.exists(scratch)) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not _alive(pids), "ranks outlived the kernel"
+        assert not os.path.exists(scratch), "the restarted kernel's scratch dir is still there"
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
@@ -316,3 +320,51 @@ def test_a_cluster_start_sweeps_scratch_dirs_of_dead_parents():
     finally:
         shutil.rmtree(alive, ignore_errors=True)
         shutil.rmtree(orphan, ignore_errors=True)
+
+
+def _scratch_entries():
+    import tempfile
+
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("clusterlab-")}
+
+
+def _owns_a_cluster_and_is_killed(conn):
+    cl = Cluster(nodes=2, nic="delay 1ms", timeout=20)
+    cl.start()
+    conn.send(cl._tmp)
+    cl.run(time.sleep, 60)
+
+
+def test_no_scratch_entries_survive_ok_failing_and_killed_parents():
+    """Clusters that succeed, fail (an exception, a SIGKILLed rank) or whose parent is
+    SIGKILLed leave no clusterlab-* entry behind once the next cluster has started."""
+    import multiprocessing as mp
+
+    before = _scratch_entries()
+    with Cluster(nodes=2, nic="delay 1ms", timeout=20) as cl:
+        assert cl.run(whoami, 0)[1][0] == 1
+        with pytest.raises(RankError):
+            cl.run(fail_on, 1)
+        with pytest.raises(RankDied):
+            cl.run(die_on, 0)
+    ctx = mp.get_context("fork")
+    ours, theirs = ctx.Pipe()
+    parent = ctx.Process(target=_owns_a_cluster_and_is_killed, args=(theirs,))
+    parent.start()
+    try:
+        assert ours.poll(30)
+        scratch = ours.recv()
+        assert os.path.isdir(scratch)
+    finally:
+        parent.kill()
+        parent.join(10)
+    deadline = time.monotonic() + 5
+    while os.path.exists(scratch) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(scratch)  # the janitor, at once
+    with Cluster(nodes=2, nic=None) as cl:  # and the next start sweeps whatever is left
+        cl.run(whoami, 0)
+    # Only ours count: other processes on this machine may run clusters meanwhile.
+    ours_left = [n for n in _scratch_entries() - before
+                 if n.startswith((f"clusterlab-{os.getpid()}-", f"clusterlab-{parent.pid}-"))]
+    assert not ours_left

@@ -4,8 +4,9 @@ A matrix of faults x where they strike, each cell repeated: a rank raises, is SI
 rank 0 (the rendezvous store's host) is SIGKILLed, a rank hangs (SIGSTOP), a rank returns
 early while the others wait, the ranks call mismatched operations, the caller is
 interrupted (SIGINT to this process while `run()` waits, as Ctrl-C or a kernel interrupt),
-the Jupyter kernel is restarted (the process that owns the Cluster gets SIGTERM, then
-SIGKILL if it lingers, as jupyter_client does), the parent is SIGKILLed; striking before any
+the Jupyter kernel is restarted (the process group of the process that owns the Cluster
+gets SIGTERM, then SIGKILL if it lingers, as jupyter_client does), the parent alone is
+SIGKILLed; striking before any
 collective, inside a collective, inside point-to-point, inside a DDP backward.
 
 Each repetition records the error's type and message (does it name the rank and the
@@ -243,6 +244,7 @@ def _parent_main(fault: str, where: str, conn) -> None:
     """A stand-in for a notebook kernel: owns a Cluster, reports it, runs the cell."""
     from ..cluster import Cluster
 
+    os.setpgid(0, 0)  # a process group of its own, as jupyter_client starts a kernel
     cl = Cluster(nodes=WORLD, nic=NIC, timeout=TIMEOUT)
     cl.start()
     cl.run(_ok)
@@ -271,9 +273,14 @@ def _killed_parent(fault: str, where: str) -> dict:
         time.sleep(STRIKE_AFTER)
         row.update(pids=pids, tmp=tmp, ports=ports)
         t0 = time.monotonic()
-        if fault == "kernel_restart":  # jupyter_client: SIGTERM, SIGKILL after a grace time
-            parent.terminate()
+        if fault == "kernel_restart":
+            # jupyter_client signals the kernel's whole process group: SIGTERM, then
+            # SIGKILL after a grace time (restart_kernel(now=True) sends SIGKILL at once).
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(parent.pid, signal.SIGTERM)
             parent.join(1.0)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(parent.pid, signal.SIGKILL)
         parent.kill()
         parent.join(TIMEOUT)
         gone = _wait_gone(pids, tmp, TIMEOUT + SLACK)
