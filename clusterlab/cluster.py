@@ -471,7 +471,8 @@ class Cluster:
                     if isinstance(obj, int):  # a process ended
                         rank = sentinel_of[obj]
                         if rank in pending and not self._conns[rank].poll():
-                            raise self._death_error(rank, what, pending)
+                            raise self._death_error(self._culprit(rank, pending), what,
+                                                    pending)
                         continue
                     rank = conn_of[id(obj)]
                     try:
@@ -515,10 +516,19 @@ class Cluster:
         while True:
             for rank in sorted(pending):
                 if not self._procs[rank].is_alive():
-                    return self._death_error(rank, what, pending)
+                    return self._death_error(self._culprit(rank, pending), what, pending)
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.02)
+
+    def _culprit(self, rank: int, pending: set[int]) -> int:
+        """Of the dead ranks, the one that died first is the cause; the others may have
+        crashed on its broken connections (their last operation then says "failed"). The
+        kernel does not say who died first: prefer a dead rank whose operation had not
+        failed."""
+        dead = [r for r in sorted(pending) if not self._procs[r].is_alive()] or [rank]
+        clean = [r for r in dead if " failed: " not in _read_status(self._status, r)]
+        return rank if rank in clean else (clean or dead)[0]
 
     def _death_error(self, rank: int, what: str, pending=()) -> RankDied:
         proc = self._procs[rank]

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leftovers")]
 
 # One cell per fault, spread over the four places; the three timeout-only faults run side by
 # side (bench.faults.PARALLEL), so this costs about two timeouts plus ~1 s per other cell.
-SUBSET = [("raise", "collective"), ("sigkill", "ddp"), ("sigkill_rank0", "p2p"),
+SUBSET = [("raise", "ddp"), ("sigkill", "collective"), ("sigkill_rank0", "p2p"),
           ("sigstop", "p2p"), ("return_early", "ddp"), ("mismatch", "collective"),
           ("interrupt", "collective"), ("kernel_restart", "before"),
           ("parent_sigkill", "p2p")]
@@ -26,7 +26,7 @@ def test_a_representative_part_of_the_matrix_meets_every_target():
     assert not missed, (missed, [(r["fault"], r["where"], r["error"], r["message"][:300])
                                  for r in rows])
     by_cell = {(r["fault"], r["where"]): r for r in rows}
-    assert by_cell[("raise", "collective")]["error"] == "RankError"
+    assert by_cell[("raise", "ddp")]["error"] == "RankError"
     assert "rank 0" in by_cell[("sigkill_rank0", "p2p")]["message"]  # the store's host
     assert by_cell[("sigstop", "p2p")]["seconds"] >= faults.TIMEOUT  # waited, not guessed
     assert all(r["ports_seen"] >= 2 for r in rows)  # the port check looked at something

@@ -27,6 +27,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 from . import bench, check, result
@@ -44,6 +45,7 @@ FAULTS = ("raise", "sigkill", "sigkill_rank0", "sigstop", "return_early", "misma
 WHERES = ("before", "collective", "p2p", "ddp")
 PARENT_FAULTS = ("kernel_restart", "parent_sigkill")
 WAIT_FOR_TIMEOUT = ("sigstop", "return_early", "mismatch")  # reported by the timeout
+CRASHES = (-signal.SIGSEGV, -signal.SIGABRT, -signal.SIGBUS, -signal.SIGILL, -signal.SIGFPE)
 # What the error must say about each fault: its type, and the rank it must name.
 EXPECTED = {"raise": "RankError", "sigkill": "RankDied", "sigkill_rank0": "RankDied",
             "sigstop": "ClusterTimeout", "return_early": "ClusterTimeout",
@@ -351,7 +353,12 @@ def _repeat(fault: str, where: str, cl_factory, alone: bool = True) -> dict:
             tmp = cl._tmp
             row["next_run_ok_before"] = cl.run(_ok) == [float(WORLD)] * WORLD
             ports = _listening_ports(pids)
+            procs = list(cl._procs)
             row.update(_in_process(cl, fault, where))
+            for p in procs:
+                p.join(1.0)
+            # A rank that crashed by itself (not killed by the fault or the teardown).
+            row["crashed"] = [p.exitcode for p in procs if p.exitcode in CRASHES]
         except Exception as exc:  # noqa: BLE001 - the warm-up failed: recorded, not fatal
             row.update(next_run_ok_before=False, error=f"warm-up: {type(exc).__name__}",
                        message=str(exc), seconds=None)
@@ -439,6 +446,7 @@ def matrix_checks(rows: list[dict]) -> list[dict]:
         return sum(1 for r in faults if pred(r))
 
     seconds = [r["seconds"] for r in faults if r.get("seconds") is not None]
+    reps_of = Counter(f"{r['fault']} x {r['where']}" for r in faults)
     slow = count(lambda r: r.get("seconds") is None or r["seconds"] > limit)
     cells_seen = len({(r["fault"], r["where"]) for r in faults})
     reps = min((sum(1 for r in faults if (r["fault"], r["where"]) == c)
@@ -460,6 +468,11 @@ def matrix_checks(rows: list[dict]) -> list[dict]:
               sum(r["leftover_files"] + len(r["leftover_shm"]) for r in faults) == 0),
         check("faults: ports still bound", "0", sum(len(r["ports_bound"]) for r in faults),
               sum(len(r["ports_bound"]) for r in faults) == 0),
+        check("faults: ranks that crashed by themselves (SIGSEGV, SIGABRT, ...)", "0",
+              ", ".join(f"{cell}: {k} of {reps_of[cell]}" for cell, k in sorted(Counter(
+                  f"{r['fault']} x {r['where']}" for r in faults if r.get("crashed")).items()))
+              or 0,
+              not any(r.get("crashed") for r in faults)),
         check("faults: the next run() on a new cluster succeeds", f"{n}/{n}",
               f"{count(lambda r: r['next_run_ok'])}/{n}", count(lambda r: r["next_run_ok"]) == n),
     ]
