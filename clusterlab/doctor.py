@@ -100,8 +100,12 @@ def one_way_delays(n: int, spacing_s: float) -> list[int]:
             stamp = torch.zeros(1, dtype=torch.int64)
             posted.append((stamp, dist.irecv(stamp, prv)))
         sent = torch.empty(1, dtype=torch.int64)
+        stamp_view = sent.numpy()
         clock.sleep_until(start_ns + int(i * spacing_s * 1e9))
-        sent[0] = time.monotonic_ns()  # right before the call, which the link model sees
+        # Stamped through numpy right before the call, whose time the link model uses: torch's
+        # __setitem__ took ~60 us on a core that had just woken up from a 15 ms sleep, which
+        # the measurement counted as network delay (5 ms rows: 72 -> 14 us late at median).
+        stamp_view[0] = time.monotonic_ns()
         work = dist.isend(sent, nxt)
         stamp, received = posted.popleft()
         received.wait()
