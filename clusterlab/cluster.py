@@ -327,10 +327,12 @@ class Cluster:
             "MASTER_ADDR": "127.0.0.1",
             "CLUSTERLAB_TRACE": "1" if trace else "0",
         }
-        if sys.platform.startswith("linux") and "GLOO_SOCKET_IFNAME" not in os.environ:
-            # Gloo otherwise resolves the host name to pick an interface, which can stall
-            # for seconds where DNS is slow or absent; every rank lives on loopback anyway.
-            self.env["GLOO_SOCKET_IFNAME"] = "lo"
+        loopback = {"linux": "lo", "darwin": "lo0"}.get(sys.platform.rstrip("0123456789"))
+        if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
+            # Gloo otherwise resolves the host name to pick an interface: that can stall for
+            # seconds where DNS is slow or absent, and listen on a real network interface.
+            # Every rank lives on this machine: loopback only.
+            self.env["GLOO_SOCKET_IFNAME"] = loopback
         # Validate the backend options here, where the error is readable, not in 8 children.
         # (The ranks get this mapping; this process's environment is left as it is.)
         NetemConfig.from_env(self.world_size, self.env)
