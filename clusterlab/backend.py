@@ -314,17 +314,32 @@ class _P2PWork(dist._Work):
                 fut.set_exception(exc)
 
         threading.Thread(target=finish, daemon=True).start()
-        return fut
+        return _for_cpp(fut)
+
+
+def _value(fut: torch.futures.Future):
+    return fut.value()
+
+
+def _for_cpp(fut: torch.futures.Future) -> torch.futures.Future:
+    """`fut` as C++ code (DDP's reducer, comm hooks) may consume it.
+
+    Python's `Future.set_exception` stores the exception as the future's *value*; C++ code
+    that chains on the future sees no error and reads that value as tensors, which crashed
+    a DDP rank whose peer had died (SIGSEGV). A future chained with `then` turns the
+    exception its callback re-raises into a real C++ error."""
+    return fut.then(_value)
 
 
 class _FutureWork(dist._Work):
     """Work backed by a Future. torch's `_create_work_from_future` swallows the future's
     exception in wait() (torch 2.13), which would turn a dead peer into silent garbage; this
-    one re-raises it."""
+    one re-raises it (the original exception, in wait(); as a C++ error, in get_future())."""
 
     def __init__(self, future: torch.futures.Future, run=None) -> None:
         super().__init__()
         self._future = future
+        self._cpp_future = None  # made on first get_future(): plain waits need none
         self._run = run  # completes the operation in the caller's thread, if still unclaimed
 
     def wait(self, timeout=None):
@@ -338,7 +353,9 @@ class _FutureWork(dist._Work):
         return self._future.done()
 
     def get_future(self):
-        return self._future
+        if self._cpp_future is None:
+            self._cpp_future = _for_cpp(self._future)
+        return self._cpp_future
 
 
 @dataclass
