@@ -132,9 +132,13 @@ def _rank_main(rank, world, backend, env, conn, status, dump_path, timeout, thre
 
     doing = ["idle"]  # what the launcher last said this rank does (e.g. "running fn")
 
+    # The backend reports every message and collective: a memoryview copies the bytes in
+    # ~0.2 us, where slice-assigning into the ctypes array took ~4 us per call.
+    status_view = memoryview(status).cast("B")
+
     def set_status(text: str) -> None:
         data = text.encode()[: _STATUS_BYTES - 1].ljust(_STATUS_BYTES, b"\0")
-        status[rank * _STATUS_BYTES : (rank + 1) * _STATUS_BYTES] = data
+        status_view[rank * _STATUS_BYTES : (rank + 1) * _STATUS_BYTES] = data
 
     def set_doing(text: str) -> None:
         doing[0] = text
