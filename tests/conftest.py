@@ -26,3 +26,11 @@ def no_leftovers():
             return
         time.sleep(0.1)
     raise AssertionError(f"processes left behind: {[p.pid for p in left]}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Kernels that nbval or the grader shut down may be killed before their finalizers run;
+    what they left carries their pid (clusterlab-<pid>-*), so remove it once they are gone."""
+    from clusterlab.cluster import _sweep_orphaned_dirs
+
+    _sweep_orphaned_dirs()

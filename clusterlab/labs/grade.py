@@ -157,7 +157,8 @@ def grade_one(path: Path, learner: str, *, timeout: float, seed: int) -> dict:
         row.update(status="not a lab", note=f"names lab {lab_id!r}, which does not exist")
         return row
     row["lab"] = lab_id
-    fd, log = tempfile.mkstemp(prefix="clusterlab-grade-", suffix=".jsonl")
+    # Named after this process: if the grader is killed, the next cluster's start sweeps it.
+    fd, log = tempfile.mkstemp(prefix=f"clusterlab-{os.getpid()}-grade-", suffix=".jsonl")
     os.close(fd)
     try:
         with temp_env(**{ENV_LOG: log, ENV_HIDDEN: "1", ENV_SEED: str(seed), ENV_STRICT: "0",
