@@ -359,8 +359,9 @@ def _p2p_ring_times(nbytes, repeats, period_s):
     ring_allreduce(x.clone())  # open the connections
     now = torch.tensor([time.monotonic_ns()])
     dist.all_reduce(now, op=dist.ReduceOp.MAX)
-    # Ranks leave that all_reduce up to its emulated time apart: start well after.
-    base = int(now) + int(0.05e9 * k) + int(0.2e9)
+    # That all_reduce is a ring too (~1.6x a jitter-free ring's time here): the first entry
+    # comes three periods after it started, when every rank has long left it.
+    base = int(now) + int(3 * period_s * k * 1e9) + int(0.2e9)
     ends, late = [], []
     for i in range(repeats):
         start = base + int(i * period_s * k * 1e9)
