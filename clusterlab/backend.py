@@ -139,6 +139,9 @@ def _number(env, name, default, kind):
         raise ValueError(f"{name} must be a number, got {text!r}") from None
 
 
+_MAX_TAIL_NS = 2**63 - 1
+
+
 class SharedTail:
     """A node's NIC queue tail (ns), shared by that node's processes through a mapped file."""
 
@@ -155,7 +158,8 @@ class SharedTail:
         try:
             (tail,) = struct.unpack("q", self._map[:8])
             new_tail, result = fn(tail if tail else None)
-            self._map[:8] = struct.pack("q", int(new_tail))
+            # Clamped: netem allows delays up to 2**63 - 1 ns, which a tail can exceed.
+            self._map[:8] = struct.pack("q", min(int(new_tail), _MAX_TAIL_NS))
             return result
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
@@ -418,16 +422,21 @@ class NetemProcessGroup(dist.ProcessGroup):
         return f"NetemProcessGroup(rank={self._rank}, size={self._size}, nic='{self.topology.nic}')"
 
     def _agree_on_token(self, store) -> str:
+        """A token naming this group's shared files, from rank 0, with rank 0's pid: files
+        named clusterlab-<pid>-* are removed by the next Cluster's start once that process is
+        gone (a torchrun job killed outright runs no shutdown())."""
         if self._rank == 0:
             token = uuid.uuid4().hex[:12]
-            store.set("clusterlab-token", token)
-            return token
-        return store.get("clusterlab-token").decode()
+            store.set("clusterlab-token", f"{os.getpid()}-{token}")
+        else:
+            pid, token = store.get("clusterlab-token").decode().split("-")
+        self._files = f"clusterlab-{os.getpid() if self._rank == 0 else pid}-{token}"
+        return token
 
     def _open_entry_table(self) -> EntryTable | None:
         """Rank 0 creates the group's entry table, the others map it; if any rank cannot
         (another host, another temp dir), the group exchanges entry times through Gloo."""
-        path = os.path.join(self.config.shm_dir, f"clusterlab-{self._token}-entries")
+        path = os.path.join(self.config.shm_dir, f"{self._files}-entries")
         table = None
         if self._rank == 0:
             with contextlib.suppress(OSError):
@@ -490,7 +499,7 @@ class NetemProcessGroup(dist.ProcessGroup):
         key = (kind, *where)
         tail = self._tails.get(key)
         if tail is None:
-            name = f"clusterlab-{self._token}-nic{where[0]}"
+            name = f"{self._files}-nic{where[0]}"
             tail = self._tails[key] = SharedTail(os.path.join(self.config.shm_dir, name))
         return tail
 

@@ -254,6 +254,32 @@ def test_shared_nic_halves_each_process_goodput():
     assert span_both / span_alone == pytest.approx(5 / 2, rel=0.15)
 
 
+def shared_files_and_pid():
+    import os
+
+    x = torch.zeros(256)
+    rank = dist.get_rank()
+    if rank in (0, 1):
+        dist.send(x, rank + 2)  # through node 0's shared, rate-limited NIC
+    elif rank in (2, 3):
+        dist.recv(x, rank - 2)
+    dist.barrier()
+    names = sorted(os.listdir(os.environ["CLUSTERLAB_SHM_DIR"]))
+    dist.barrier()
+    return os.getpid(), names
+
+
+def test_shared_files_carry_rank_0s_pid_so_a_killed_job_is_swept():
+    # A torchrun job killed outright runs no shutdown(): its NIC-queue and entry-table files
+    # must be named clusterlab-<pid>-*, the pattern the next Cluster's start removes.
+    with Cluster(nodes=2, procs_per_node=2, nic="delay 1ms rate 200mbit", timeout=60) as cl:
+        out = cl.run(shared_files_and_pid)
+    pid0, names = out[0][0], out[0][1]
+    nic_files = [n for n in names if "-nic" in n]
+    assert nic_files, names
+    assert all(n.startswith(f"clusterlab-{pid0}-") for n in nic_files), (pid0, names)
+
+
 def entry_exchange_both_ways(tmp_root):
     import os
 
