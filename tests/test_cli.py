@@ -70,3 +70,21 @@ def test_unknown_bench_is_a_named_error():
 @pytest.mark.parametrize("argv", [[], ["frobnicate"]])
 def test_usage_errors(argv):
     assert clusterlab(*argv).returncode == 2
+
+
+def test_report_puts_repeated_runs_of_a_bench_side_by_side():
+    from clusterlab.bench import check, markdown
+
+    machine = {"cores": 2, "memory_gb": 1, "python": "3", "torch": "t"}
+
+    def run(ks, ok_std):
+        return {"bench": "launch", "machine": machine, "rows": [], "checks": [
+            check("ks", "< 0.05", {"median": ks, "min": round(ks - 0.01, 2),
+                                   "max": round(ks + 0.01, 2), "values": [ks]}, ks < 0.05),
+            check("std", "0.93..1.07", 1.0, ok_std)]}
+
+    text = markdown([run(0.02, True), run(0.03, False), run(0.06, True)])
+    assert text.count("## launch") == 1 and "(3 runs, one after another)" in text
+    assert "Checks met in every run: 0/2; per run: 2/2, 1/2, 1/2." in text
+    assert "| ks | < 0.05 | 0.02 (0.01..0.03) | 0.03 (0.02..0.04) | 0.06 (0.05..0.07) **(no)** |" \
+        " **no** |" in text

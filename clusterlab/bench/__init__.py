@@ -67,24 +67,64 @@ def run(name: str, path: str | None = None, quick: bool = False) -> dict:
     return out
 
 
+def measured_text(measured) -> str:
+    """A check's figure for a table: a repeated figure as its median and range."""
+    if isinstance(measured, dict) and {"median", "min", "max"} <= measured.keys():
+        return f"{measured['median']} ({measured['min']}..{measured['max']})"
+    return str(measured)
+
+
+def _machine_line(m: dict) -> str:
+    return (f"Machine: {m.get('cores')} cores, {m.get('memory_gb')} GB, python "
+            f"{m.get('python')}, torch {m.get('torch')}.")
+
+
 def markdown(outs: list[dict]) -> str:
-    """A RESULTS.md section per bench, generated from its JSON (figures are never typed in)."""
+    """A RESULTS.md section per bench, generated from its JSON (figures are never typed in).
+
+    Several results of one bench (runs repeated to show that a figure reproduces) share one
+    section: a column per run, and whether each check was met in every run."""
     _load()
-    lines = []
+    groups: dict[str, list[dict]] = {}
     for out in outs:
-        m = out["machine"]
-        met = sum(c["ok"] for c in out["checks"])
-        lines += [f"## {out['bench']}", "",
-                  f"Machine: {m.get('cores')} cores, {m.get('memory_gb')} GB, python "
-                  f"{m.get('python')}, torch {m.get('torch')}. Checks met: {met}/"
-                  f"{len(out['checks'])}.", "",
-                  "| check | target | measured | met |", "| --- | --- | --- | --- |"]
-        for c in out["checks"]:
-            lines.append(f"| {c['name']} | {c['target']} | {c['measured']} | "
-                         f"{'yes' if c['ok'] else '**no**'} |")
+        groups.setdefault(out["bench"], []).append(out)
+    lines = []
+    for name, runs in groups.items():
+        first = runs[0]
+        if len(runs) == 1:
+            met = sum(c["ok"] for c in first["checks"])
+            lines += [f"## {name}", "",
+                      f"{_machine_line(first['machine'])} Checks met: {met}/"
+                      f"{len(first['checks'])}.", "",
+                      "| check | target | measured | met |", "| --- | --- | --- | --- |"]
+            for c in first["checks"]:
+                lines.append(f"| {c['name']} | {c['target']} | {measured_text(c['measured'])} "
+                             f"| {'yes' if c['ok'] else '**no**'} |")
+        else:
+            names = [c["name"] for c in first["checks"]]
+            by_run = [{c["name"]: c for c in r["checks"]} for r in runs]
+            every = [n for n in names if all(n in b and b[n]["ok"] for b in by_run)]
+            per_run = ", ".join(f"{sum(c['ok'] for c in r['checks'])}/{len(r['checks'])}"
+                                for r in runs)
+            cols = " | ".join(f"run {i + 1}" for i in range(len(runs)))
+            lines += [f"## {name} ({len(runs)} runs, one after another)", "",
+                      f"{_machine_line(first['machine'])} Checks met in every run: "
+                      f"{len(every)}/{len(names)}; per run: {per_run}.", "",
+                      f"| check | target | {cols} | met in every run |",
+                      "| --- | --- | " + " | ".join("---" for _ in runs) + " | --- |"]
+            for n in names:
+                cells = []
+                for b in by_run:
+                    c = b.get(n)
+                    cells.append("-" if c is None else measured_text(c["measured"])
+                                 + ("" if c["ok"] else " **(no)**"))
+                lines.append(f"| {n} | {first['checks'][names.index(n)]['target']} | "
+                             + " | ".join(cells) + f" | {'yes' if n in every else '**no**'} |")
         lines.append("")
-        if out["bench"] in DETAILS:
-            lines += DETAILS[out["bench"]](out["rows"]) + [""]
+        if name in DETAILS:
+            if len(runs) > 1:
+                lines += ["Details of run 1:", ""]
+            lines += DETAILS[name](first["rows"]) + [""]
     return "\n".join(lines)
 
 
@@ -92,6 +132,7 @@ def summary(out: dict) -> str:
     lines = [f"bench {out['bench']}: {sum(c['ok'] for c in out['checks'])}/"
              f"{len(out['checks'])} checks met"]
     for c in out["checks"]:
-        lines.append(f"  [{'ok' if c['ok'] else 'MISS'}] {c['name']}: {c['measured']} "
+        lines.append(f"  [{'ok' if c['ok'] else 'MISS'}] {c['name']}: "
+                     f"{measured_text(c['measured'])} "
                      f"(target {c['target']})")
     return "\n".join(lines)
