@@ -263,7 +263,18 @@ def machine() -> dict:
     import torch
 
     return {"python": platform.python_version(), "torch": torch.__version__,
-            "cores": os.cpu_count(), "memory_gb": _memory_gb(), "platform": platform.platform()}
+            "cores": os.cpu_count(), "memory_gb": _memory_gb(), "platform": platform.platform(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": _commit()}
+
+
+def _commit() -> str | None:
+    """The checkout's commit, so a result says which code it measured (None outside git)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=5, cwd=os.path.dirname(__file__))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
 
 
 def _memory_gb() -> float | None:

@@ -86,5 +86,9 @@ def test_report_puts_repeated_runs_of_a_bench_side_by_side():
     text = markdown([run(0.02, True), run(0.03, False), run(0.06, True)])
     assert text.count("## launch") == 1 and "(3 runs, one after another)" in text
     assert "Checks met in every run: 0/2; per run: 2/2, 1/2, 1/2." in text
+    assert "Measured before results recorded their date." in text
+    dated = {**run(0.02, True), "machine": {**machine, "date": "2026-12-02 03:00 UTC",
+                                             "commit": "abc1234"}}
+    assert "Measured 2026-12-02 03:00 UTC at commit abc1234." in markdown([dated])
     assert "| ks | < 0.05 | 0.02 (0.01..0.03) | 0.03 (0.02..0.04) | 0.06 (0.05..0.07) **(no)** |" \
         " **no** |" in text

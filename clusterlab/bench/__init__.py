@@ -75,8 +75,10 @@ def measured_text(measured) -> str:
 
 
 def _machine_line(m: dict) -> str:
+    when = (f" Measured {m['date']}" + (f" at commit {m['commit']}" if m.get("commit") else "")
+            + "." if m.get("date") else " Measured before results recorded their date.")
     return (f"Machine: {m.get('cores')} cores, {m.get('memory_gb')} GB, python "
-            f"{m.get('python')}, torch {m.get('torch')}.")
+            f"{m.get('python')}, torch {m.get('torch')}.{when}")
 
 
 def markdown(outs: list[dict]) -> str:
