@@ -398,7 +398,8 @@ class NetemProcessGroup(dist.ProcessGroup):
         # kept when CLUSTERLAB_TRACE=1, for fidelity checks and the link explorer.
         self.trace: list | None = [] if self.config.trace else None
         self._tails: dict[tuple, SharedTail] = {}
-        self._token = self._agree_on_token(store)
+        self._token, owner = self._agree_on_token(store)
+        self._files = f"clusterlab-{owner}-{self._token}"
         self._entries = self._open_entry_table() if self.impaired and size > 1 else None
         # Collective completion: one FIFO thread, like a communication stream.
         self.fabric = Fabric(self.topology, segment_bytes=self.config.segment_bytes)
@@ -421,17 +422,16 @@ class NetemProcessGroup(dist.ProcessGroup):
     def __repr__(self) -> str:
         return f"NetemProcessGroup(rank={self._rank}, size={self._size}, nic='{self.topology.nic}')"
 
-    def _agree_on_token(self, store) -> str:
-        """A token naming this group's shared files, from rank 0, with rank 0's pid: files
-        named clusterlab-<pid>-* are removed by the next Cluster's start once that process is
-        gone (a torchrun job killed outright runs no shutdown())."""
+    def _agree_on_token(self, store) -> tuple[str, str]:
+        """(token, rank 0's pid), from rank 0: the group's shared files are named
+        clusterlab-<pid>-<token>-*, which the next Cluster's start removes once that process
+        is gone (a torchrun job killed outright runs no shutdown())."""
         if self._rank == 0:
-            token = uuid.uuid4().hex[:12]
-            store.set("clusterlab-token", f"{os.getpid()}-{token}")
-        else:
-            pid, token = store.get("clusterlab-token").decode().split("-")
-        self._files = f"clusterlab-{os.getpid() if self._rank == 0 else pid}-{token}"
-        return token
+            owner, token = str(os.getpid()), uuid.uuid4().hex[:12]
+            store.set("clusterlab-token", f"{owner}-{token}")
+            return token, owner
+        owner, token = store.get("clusterlab-token").decode().split("-")
+        return token, owner
 
     def _open_entry_table(self) -> EntryTable | None:
         """Rank 0 creates the group's entry table, the others map it; if any rank cannot

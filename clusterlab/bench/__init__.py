@@ -120,7 +120,7 @@ def markdown(outs: list[dict]) -> str:
                     c = b.get(n)
                     cells.append("-" if c is None else measured_text(c["measured"])
                                  + ("" if c["ok"] else " **(no)**"))
-                lines.append(f"| {n} | {first['checks'][names.index(n)]['target']} | "
+                lines.append(f"| {n} | {by_run[0][n]['target']} | "
                              + " | ".join(cells) + f" | {'yes' if n in every else '**no**'} |")
         lines.append("")
         if name in DETAILS:
