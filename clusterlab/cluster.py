@@ -130,6 +130,8 @@ def _rank_main(rank, world, backend, env, conn, status, dump_path, timeout, thre
     dump = os.fdopen(os.open(dump_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")
     faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
 
+    global _rank_statuses
+    _rank_statuses = status
     doing = ["idle"]  # what the launcher last said this rank does (e.g. "running fn")
 
     # The backend reports every message and collective: a memoryview copies the bytes in
@@ -219,6 +221,18 @@ def _rank_main(rank, world, backend, env, conn, status, dump_path, timeout, thre
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
     os._exit(0)
+
+
+# Inside a rank process: the status array every rank of its cluster writes (None elsewhere).
+_rank_statuses = None
+
+
+def peer_status(rank: int) -> str:
+    """Inside a rank started by a Cluster: what rank `rank` of the same cluster says it is
+    doing now, as a timeout report would name it (e.g. "allreduce #3 (16 B)")."""
+    if _rank_statuses is None:
+        raise RuntimeError("peer_status() works only inside a rank started by a Cluster")
+    return _read_status(_rank_statuses, rank)
 
 
 def _read_status(status, rank: int) -> str:

@@ -378,3 +378,29 @@ def test_no_scratch_entries_survive_ok_failing_and_killed_parents():
     ours_left = [n for n in _scratch_entries() - before
                  if n.startswith((f"clusterlab-{os.getpid()}-", f"clusterlab-{parent.pid}-"))]
     assert not ours_left
+
+
+def _watch_the_peer_wait():
+    import time
+
+    from clusterlab.cluster import peer_status
+
+    t = torch.zeros(1)
+    if dist.get_rank() == 0:
+        dist.recv(t, src=1)  # waits until rank 1 has seen it waiting
+        return None
+    deadline = time.monotonic() + 10
+    while "recv from 1" not in peer_status(0) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    seen = peer_status(0)
+    dist.send(t, dst=0)
+    return seen
+
+
+def test_a_rank_sees_what_its_peer_waits_in():
+    with Cluster(nodes=2, nic="delay 1ms", timeout=20) as cl:
+        assert cl.run(_watch_the_peer_wait)[1].startswith("recv from 1")
+    with pytest.raises(RuntimeError, match="only inside a rank"):
+        from clusterlab.cluster import peer_status
+
+        peer_status(0)

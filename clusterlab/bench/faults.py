@@ -38,7 +38,8 @@ TIMEOUT = 3.0  # seconds: the cluster's timeout in every cell
 SLACK = 2.0  # the error must come within TIMEOUT + SLACK
 REPEATS, QUICK_REPEATS = 10, 1  # per cell
 STRIKE_AFTER = 0.5  # s: when a fault from outside (interrupt, kill of the parent) strikes
-STRIKE_DELAY = 0.1  # s: a rank's own fault waits this long for the others to be inside
+STRIKE_DELAY = 0.02  # s: a rank's own fault waits this long once its peer is inside
+INSIDE_WAIT = 5.0  # s: at most this long for the peer to report being inside the operation
 PARALLEL = 5  # repetitions of a cell that waits for the timeout run side by side
 FAULTS = ("raise", "sigkill", "sigkill_rank0", "sigstop", "return_early", "mismatch",
           "interrupt", "kernel_restart", "parent_sigkill")
@@ -92,7 +93,15 @@ def cell(fault: str, where: str, faulty: int):
     peer = 1 - faulty
     mismatch = fault == "mismatch" and me
 
-    def strike():  # once the others are surely inside the operation
+    def strike():  # once the peer reports that it waits inside the operation
+        # A fixed sleep was not enough under load: the peer could still be on its way, and
+        # the error then named no operation. Its own status says where it is.
+        from ..cluster import peer_status
+
+        deadline = time.monotonic() + INSIDE_WAIT
+        while (not any(op in peer_status(peer) for op in OPERATION[where])
+               and time.monotonic() < deadline):
+            time.sleep(0.002)
         time.sleep(STRIKE_DELAY)
         _strike(fault)
 
