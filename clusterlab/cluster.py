@@ -213,11 +213,13 @@ def _rank_main(rank, world, backend, env, conn, status, dump_path, timeout, thre
             reply = ("ok", cloudpickle.dumps(result))
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
             reply = error(exc)
-        set_doing("idle")
         try:
             conn.send(reply)
         except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable result
             conn.send(error(exc))
+        # Only now: a parent naming where this rank was (it failed because a peer died) must
+        # find either its reply or the operation it was in, never a bare "idle".
+        set_doing("idle")
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
     os._exit(0)
