@@ -382,8 +382,7 @@ class NetemProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)
         self._rank, self._size = rank, size
         self._timeout = timeout
-        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("clusterlab-gloo", store), rank, size,
-                                          timeout)
+        self.gloo = _gloo_group(dist.PrefixStore("clusterlab-gloo", store), rank, size, timeout)
         self.global_ranks = list(global_ranks) if global_ranks else list(range(size))
         world = max(self.global_ranks) + 1 if global_ranks else size
         if dist.is_initialized():
@@ -526,6 +525,7 @@ class NetemProcessGroup(dist.ProcessGroup):
 
             sent = route.shared.update(through_nic)
         header = (sent.delivered_ns, nbytes)
+        tag = _direction_tag(tag, self._rank, dst_rank)
         if nbytes <= SMALL_MESSAGE:
             # Built with struct and memmove: a few torch or numpy ops on small tensors cost
             # more CPU than the message itself (and 4 ranks share 2 cores).
@@ -576,10 +576,19 @@ class NetemProcessGroup(dist.ProcessGroup):
         nbytes = tensor.numel() * tensor.element_size()
         out = _P2PWork([], _NO_HOLD, tensors, -1 if src_rank is None else src_rank)
 
+        if src_rank is None:
+            others = [r for r in range(self._size) if r != self._rank]
+            if others and min(others) < self._rank < max(others):
+                raise NotImplementedError(
+                    f"recv from any source on rank {self._rank}: on an impaired network each "
+                    "direction of a pair has its own connection, so a rank with peers both below "
+                    "and above it must name the source (the first and last ranks need not)")
+            any_tag = _direction_tag(tag, self._size - 1 if self._rank == 0 else 0, self._rank)
+
         def post(buf):
             if src_rank is None:
-                return self.gloo.recv_anysource(buf, tag)
-            return self.gloo.recv(buf, src_rank, tag)
+                return self.gloo.recv_anysource(buf, any_tag)
+            return self.gloo.recv(buf, src_rank, _direction_tag(tag, src_rank, self._rank))
 
         if nbytes <= SMALL_MESSAGE:
             buf = np.empty(_HEADER + nbytes, dtype=np.uint8)
@@ -597,13 +606,14 @@ class NetemProcessGroup(dist.ProcessGroup):
         else:
             head = torch.zeros(2, dtype=torch.int64)
             work = post([head])
-            data = None if src_rank is None else self.gloo.recv(tensors, src_rank, tag)
+            data = (None if src_rank is None else
+                    self.gloo.recv(tensors, src_rank, _direction_tag(tag, src_rank, self._rank)))
 
             def unpack():
                 work.wait()
                 if src_rank is None:
                     out._source = work._source_rank()
-                (data or self.gloo.recv(tensors, out._source, tag)).wait()
+                (data or self.gloo.recv(tensors, out._source, any_tag)).wait()
                 out.hold_ns = int(head[0])
 
         out._waits.append(unpack)
@@ -866,6 +876,36 @@ class _AllWorks:
 
 def _all_works(works) -> _AllWorks:
     return _AllWorks(works)
+
+
+def _gloo_group(store, rank: int, size: int, timeout: timedelta):
+    """The Gloo group underneath, with two TCP connections per pair of ranks.
+
+    An impaired message travels on the connection of its direction (`_direction_tag`). On a
+    shared one, a rank's send waited for the pair's lock while Gloo's I/O thread held it to
+    read the peer's message, and on 2 busy cores that thread could be preempted holding it:
+    when two ranks exchanged at the same instant, the send call took 4-5 ms at p99 (0.7-1.2
+    ms with one connection per direction), and the emulated delivery was that late.
+    """
+    names = [n for n in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if n]
+    devices = ([dist.ProcessGroupGloo.create_device(interface=n) for n in names]
+               or [dist.ProcessGroupGloo.create_default_device()])
+    options = dist.ProcessGroupGloo._Options()
+    options._devices = devices * 2  # an even number of contexts: see _direction_tag
+    options._timeout = timeout
+    options._threads = 2
+    return dist.ProcessGroupGloo(store, rank, size, options)
+
+
+def _direction_tag(tag: int, src: int, dst: int) -> int:
+    """The Gloo tag of a message src -> dst: Gloo picks a pair's connection by tag modulo the
+    (even) number of contexts, so the two directions of a pair never share one."""
+    if not 0 <= tag < _MAX_TAG:
+        raise ValueError(f"tag must be in [0, {_MAX_TAG}) on the netem backend, got {tag}")
+    return 2 * tag + (src > dst)
+
+
+_MAX_TAG = 2**30  # 2 * tag + 1 must fit Gloo's 32-bit signed tag
 
 
 def _queue_id(queue: tuple) -> tuple[int, ...]:

@@ -314,3 +314,36 @@ def test_entry_times_through_a_shared_table_or_through_gloo(tmp_path):
             total, took = got[rank][name]
             assert total == 3.0
             assert took >= 2 * 3e-3
+
+
+def _gather_from_any_source():
+    big, small = torch.zeros(64 * 1024), torch.zeros(2)  # a header, then data; one frame
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        seen = []
+        for buf, tag in ((big, 1), (small, 2)):
+            for _ in range(world - 1):
+                work = dist.irecv(buf, src=None, tag=tag)
+                work.wait()
+                seen.append((tag, work._source_rank(), float(buf[0]), float(buf[-1])))
+        return sorted(seen)
+    dist.send(torch.full((64 * 1024,), float(rank)), dst=0, tag=1)
+    dist.send(torch.full((2,), float(rank)), dst=0, tag=2)
+    if rank == 1:
+        try:
+            dist.recv(small, src=None)  # rank 1 has peers below and above it
+        except NotImplementedError as exc:
+            return str(exc)
+    return None
+
+
+def test_each_direction_of_a_pair_has_its_own_connection_and_any_source_still_works():
+    from clusterlab.backend import _direction_tag
+
+    assert _direction_tag(3, 0, 1) % 2 != _direction_tag(3, 1, 0) % 2
+    with pytest.raises(ValueError, match="tag"):
+        _direction_tag(-1, 0, 1)
+    with Cluster(nodes=3, nic="delay 1ms 500us", timeout=30) as cl:
+        out = cl.run(_gather_from_any_source)
+    assert out[0] == [(t, r, r, r) for t in (1, 2) for r in (1.0, 2.0)]
+    assert "must name the source" in out[1]
