@@ -1,9 +1,10 @@
-"""The `clusterlab` command: doctor, bench, quiz, labs, grade."""
+"""The `clusterlab` command: doctor, bench, quiz, labs, grade, shape."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -43,8 +44,25 @@ def main(argv: list[str] | None = None) -> int:
                     "verify: exit 1 if labs/ is not what build would write")
     lb.add_argument("--root", default=".", help="the course checkout (default: .)")
     lb.add_argument("--only", metavar="LAB", help="just this lab (e.g. 02_ring_allreduce)")
-    args = parser.parse_args(argv)
+    sh = sub.add_parser("shape", help="kernel-shaped network namespaces for torchrun (root)",
+                        description="Nodes in network namespaces on a bridge, each NIC shaped "
+                        "by the real tc (see clusterlab.shaping). up: create and print how to "
+                        "run in them; run: run a command in a node's namespace; down: remove; "
+                        "list: show ours.")
+    sh.add_argument("action", choices=["up", "down", "run", "list"])
+    sh.add_argument("tag", nargs="?", help="the network (as `up` printed it); for run, down")
+    sh.add_argument("--nodes", type=int, default=2, help="up: how many nodes (default 2)")
+    sh.add_argument("--nic", default="", help="up: netem spec of every node's egress, "
+                    "e.g. 'rate 1gbit' (tbf where the kernel has no sch_netem)")
+    sh.add_argument("--node", type=int, default=0, help="run: in which node (default 0)")
+    sh.add_argument("--all", action="store_true", help="down: every network of ours")
+    # `shape run TAG -- COMMAND ...`: everything after the first "--" is the command.
+    command = argv[argv.index("--") + 1:] if argv[:1] == ["shape"] and "--" in argv else []
+    args = parser.parse_args(argv[:len(argv) - len(command) - 1] if command else argv)
+    args.cmd = command
 
+    if args.command == "shape":
+        return _shape(args, parser)
     if args.command == "grade":
         return _grade(args, parser)
     if args.command == "labs":
@@ -72,6 +90,56 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
         print(summary(out))
         return 0 if all(c["ok"] for c in out["checks"]) else 1
+    return 2
+
+
+def _shape(args, parser) -> int:
+    from . import shaping
+
+    try:
+        if args.action == "up":
+            net = shaping.up(args.nodes, args.nic or None, persistent=True)
+            print(f"network {net.tag}: {net.nodes} nodes, nic '{net.nic}' on each eth0: "
+                  + (net.qdisc(0) if not net.nic.is_noop else "no qdisc"))
+            for i in range(net.nodes):
+                print(f"  node {i}: {net.address(i)}, namespace {net.namespace(i)}; run in it: "
+                      f"clusterlab shape run {net.tag} --node {i} -- COMMAND (= "
+                      f"{' '.join(net.exec_prefix(i))} COMMAND)")
+            print("torchrun on every node I (the script uses init_process_group(\"gloo\"): "
+                  "the kernel shapes, nothing to emulate):")
+            for i in range(net.nodes):
+                print(f"  clusterlab shape run {net.tag} --node {i} -- "
+                      + " ".join(net.torchrun_args(i)) + " train.py")
+            print(f"remove: clusterlab shape down {net.tag}")
+            return 0
+        if args.action == "list":
+            for rec in shaping.networks():
+                print(f"{rec['tag']}: {rec['nodes']} nodes, nic '{rec['nic']}', "
+                      + ("persistent" if rec.get("persistent") else f"owner pid {rec['owner']}"))
+            return 0
+        if args.action == "down":
+            if args.all == bool(args.tag):
+                parser.error("shape down: name one network (TAG) or --all")
+            # --all: the persistent networks and what dead owners left, not live clusters'.
+            tags = ([r["tag"] for r in shaping.networks() if r.get("persistent")]
+                    if args.all else [args.tag])
+            for tag in tags:
+                shaping.find(tag).remove()
+            for tag in tags + (shaping.sweep() if args.all else []):
+                print(f"removed {tag}")
+            return 0
+        # run
+        cmd = args.cmd
+        if not args.tag or not cmd:
+            parser.error("shape run: usage: clusterlab shape run TAG --node I -- COMMAND ...")
+        net = shaping.find(args.tag)
+        if not 0 <= args.node < net.nodes:
+            parser.error(f"shape run: --node {args.node} is not a node of {net.tag} "
+                         f"(0..{net.nodes - 1})")
+        sys.stdout.flush()
+        os.execvp("ip", net.exec_prefix(args.node) + cmd)
+    except (ValueError, RuntimeError) as exc:
+        parser.error(str(exc))
     return 2
 
 

@@ -46,6 +46,7 @@ from multiprocessing.connection import wait as wait_any
 import cloudpickle
 import psutil
 
+from . import shaping as kernel_shaping
 from .backend import BACKEND_NAME, NetemConfig
 from .netem import Netem
 from .schedule import ALLREDUCE_SCHEDULES
@@ -109,11 +110,12 @@ def die_with_parent() -> None:
             ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
-def _listen_on_loopback() -> tuple[int, int]:
-    """A listening TCP socket on 127.0.0.1 and a free port, for the rendezvous store: torch's
+def _listen_on_loopback(host: str = "127.0.0.1") -> tuple[int, int]:
+    """A listening TCP socket on 127.0.0.1 (with shaping="kernel": node 0's address in its
+    private namespace) and a free port, for the rendezvous store: torch's
     TCPStore server binds the wildcard address (every interface, no authentication) unless
     it is handed a socket. Returns (port, fd); the store owns the fd from then on."""
-    sock = socket.create_server(("127.0.0.1", 0))
+    sock = socket.create_server((host, 0))
     return sock.getsockname()[1], sock.detach()
 
 
@@ -167,21 +169,25 @@ def _rank_main(rank, world, backend, env, conn, status, dump_path, timeout, thre
     netem_backend.status_hook = backend_status
     torch.set_num_threads(threads)
     try:
+        if env.get("CLUSTERLAB_NETNS"):  # shaping="kernel": sockets from now on are the node's
+            set_doing("entering its node's network namespace")
+            kernel_shaping.enter(env["CLUSTERLAB_NETNS"])
         set_doing("joining the process group")
         store_timeout = max(timeout, START_TIMEOUT)  # joining may be slow on a busy machine
         # Rank 0 hosts the rendezvous store on a free loopback port and tells the parent,
         # which passes it on. (Not the parent: a store's server thread in the parent makes
         # forking it unsafe, and a kernel must stay forkable.)
+        host = env["MASTER_ADDR"]
         if rank == 0:
-            port, fd = _listen_on_loopback()
-            store = dist.TCPStore("127.0.0.1", port, world, is_master=True,
+            port, fd = _listen_on_loopback(host)
+            store = dist.TCPStore(host, port, world, is_master=True,
                                   timeout=timedelta(seconds=store_timeout),
                                   wait_for_workers=False,
                                   master_listen_fd=fd)
             conn.send(("port", store.port))
         else:
             _, port = conn.recv()
-            store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
+            store = dist.TCPStore(host, port, world, is_master=False,
                                   timeout=timedelta(seconds=store_timeout))
         os.environ["MASTER_PORT"] = str(store.port)
         # Gloo's own timeout is a little longer than the launcher's, so that a hang is
@@ -277,6 +283,9 @@ class Cluster:
       with its packet trace).
     environ: more environment variables for the ranks, e.g. {"TORCH_DISTRIBUTED_DEBUG":
       "DETAIL"} (this process's own environment is never changed).
+    shaping: "userspace" (the backend emulates the network) or "kernel" (root only: each
+      node in its own network namespace, `nic` applied by the real tc, plain Gloo; see
+      `clusterlab.shaping`).
     When nic, intra and links are all None the ranks use plain Gloo (the baseline).
     """
 
@@ -298,6 +307,7 @@ class Cluster:
         start_method: str | None = None,
         trace: bool = False,
         environ: Mapping[str, str] | None = None,
+        shaping: str = "userspace",
     ) -> None:
         self.topology = Topology.build(nodes, procs_per_node, nic, intra, links)
         self.world_size = self.topology.world_size
@@ -328,8 +338,15 @@ class Cluster:
         if start_method is not None and start_method not in methods:
             raise ValueError(f"start_method must be one of {', '.join(methods)} or None, "
                              f"got {start_method!r}")
+        if shaping not in kernel_shaping.MODES:
+            raise ValueError(f"shaping must be one of {', '.join(kernel_shaping.MODES)}, "
+                             f"got {shaping!r}")
+        if shaping == "kernel":  # refuse here what the kernel cannot do, before anything runs
+            kernel_shaping.validate(self.topology, dilation=dilation)
+        self.shaping = shaping
         self.plain = nic is None and intra is None and not links
-        self.backend = "gloo" if self.plain else BACKEND_NAME
+        # In the kernel the qdiscs impair the traffic: plain Gloo, nothing emulated on top.
+        self.backend = "gloo" if self.plain or shaping == "kernel" else BACKEND_NAME
         self.seed, self.timeout, self.dilation = seed, float(timeout), float(dilation)
         self.algorithm = algorithm
         # What the ranks are configured with: the backend's CLUSTERLAB_* settings and what
@@ -365,6 +382,7 @@ class Cluster:
         self._conns: list = []
         self._tmp: str | None = None
         self._janitor: tuple[int, int] | None = None
+        self._network: kernel_shaping.Network | None = None
         self._broken = False
         self._finalizer = None
 
@@ -395,13 +413,19 @@ class Cluster:
         env = {**self.env, "CLUSTERLAB_SHM_DIR": self._tmp}
         self._status = self._ctx.Array("c", self.world_size * _STATUS_BYTES, lock=False)
         try:
+            if self.shaping == "kernel":
+                self._network = kernel_shaping.up(
+                    self.topology.nodes, self.topology.scaled(self.dilation).nic)
             for rank in range(self.world_size):
+                rank_env = env if self._network is None else {
+                    **env, **self._network.rank_env(self.topology.node_of(rank))}
                 ours, theirs = self._ctx.Pipe()
                 dump = os.path.join(self._tmp, f"stack-{rank}.txt")
                 proc = self._ctx.Process(
                     target=_rank_main,
                     name=f"clusterlab-rank{rank}",
-                    args=(rank, self.world_size, self.backend, env, theirs, self._status, dump,
+                    args=(rank, self.world_size, self.backend, rank_env, theirs, self._status,
+                          dump,
                           self.timeout, self.threads, os.getpid()),
                     daemon=True,
                 )
@@ -409,9 +433,11 @@ class Cluster:
                 theirs.close()
                 self._procs.append(proc)
                 self._conns.append(ours)
-            self._janitor = _start_janitor(self._tmp, [p.pid for p in self._procs])
+            network = self._network
+            self._janitor = _start_janitor(self._tmp, [p.pid for p in self._procs],
+                                           also=network.remove if network else None)
             self._finalizer = weakref.finalize(self, _cleanup, list(self._procs), self._tmp,
-                                               self._janitor)
+                                               self._janitor, network)
             wait = max(self.timeout, START_TIMEOUT)
             (port,) = self._collect("starting the rendezvous store", ranks=[0], timeout=wait)
             for conn in self._conns[1:]:
@@ -442,8 +468,11 @@ class Cluster:
             self._finalizer = None
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
+        if self._network is not None:
+            self._network.remove()
         _release_janitor(self._janitor)
         self._procs, self._conns, self._tmp, self._janitor = [], [], None, None
+        self._network = None
 
     # --- running functions -------------------------------------------------------------------
 
@@ -626,19 +655,22 @@ def _sweep_orphaned_dirs() -> None:
                     os.remove(path)
 
 
-def _cleanup(procs, tmp, janitor) -> None:
+def _cleanup(procs, tmp, janitor, network=None) -> None:
     stop_processes(procs)
     if tmp:
         shutil.rmtree(tmp, ignore_errors=True)
+    if network is not None:
+        network.remove()
     _release_janitor(janitor)
 
 
-def _start_janitor(tmp: str, pids: list[int]) -> tuple[int, int] | None:
+def _start_janitor(tmp: str, pids: list[int], also=None) -> tuple[int, int] | None:
     """Fork a small process that cleans up after a parent killed outright (kill -9, a
     kernel restart), which runs no finalizer: it waits on a pipe whose write end only the
     parent holds. End of file (the parent is gone): kill the ranks (where the kernel does
     not already, PR_SET_PDEATHSIG), then remove the scratch directory. A byte (the parent
-    cleaned up itself): exit. Returns (pid, write end), or None without fork."""
+    cleaned up itself): exit. `also`: more to undo then (a shaped network's namespaces).
+    Returns (pid, write end), or None without fork."""
     if not hasattr(os, "fork"):
         return None  # the next start's _sweep_orphaned_dirs removes the directory
     started = {}
@@ -659,6 +691,8 @@ def _start_janitor(tmp: str, pids: list[int]) -> tuple[int, int] | None:
             if not os.read(r, 1):
                 _kill_ranks(started)
                 shutil.rmtree(tmp, ignore_errors=True)
+                if also is not None:
+                    also()
         finally:
             os._exit(0)
     os.close(r)
