@@ -43,6 +43,7 @@ import psutil
 
 from .netem import DEFAULT_LIMIT, Netem, _drops_packets, as_netem
 from .topology import Topology
+from .wire import HEADER_BYTES
 
 MODES = ("userspace", "kernel")
 IFNAME = "eth0"  # the node's interface, the same name in every node's namespace
@@ -177,6 +178,12 @@ class Network:
     nic: Netem
     mtu: int = MTU
     persistent: bool = False
+
+    @property
+    def segment_bytes(self) -> int:
+        """TCP payload per segment on eth0 (the MSS): the MTU less IPv4, TCP and timestamp
+        headers; with the Ethernet header, each segment costs wire.HEADER_BYTES on top."""
+        return self.mtu - (HEADER_BYTES - ETH_HEADER)
 
     @property
     def switch(self) -> str:

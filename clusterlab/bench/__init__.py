@@ -41,6 +41,7 @@ def _load() -> None:
         model,
         monitor_overhead,
         overhead,
+        shaping,
         soak,
         widgets,
     )
