@@ -425,8 +425,7 @@ class Cluster:
                     target=_rank_main,
                     name=f"clusterlab-rank{rank}",
                     args=(rank, self.world_size, self.backend, rank_env, theirs, self._status,
-                          dump,
-                          self.timeout, self.threads, os.getpid()),
+                          dump, self.timeout, self.threads, os.getpid()),
                     daemon=True,
                 )
                 proc.start()
