@@ -99,7 +99,16 @@ def test_an_interrupt_while_building_leaves_nothing(monkeypatch):
 # --- a shaped cluster ------------------------------------------------------------------------
 
 def where_am_i():
-    return os.stat("/proc/self/ns/net").st_ino, dist.get_backend(), os.environ["MASTER_ADDR"]
+    """This rank's network namespace, backend, store address, and the addresses its
+    namespace listens on (IPv4 LISTEN sockets, from /proc/net/tcp; IPv6 is off)."""
+    listening = set()
+    with open("/proc/self/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            local, _, state = line.split()[1:4]
+            if state == "0A":
+                listening.add(".".join(str(b) for b in reversed(bytes.fromhex(local[:8]))))
+    return (os.stat("/proc/self/ns/net").st_ino, dist.get_backend(), os.environ["MASTER_ADDR"],
+            sorted(listening))
 
 
 def goodput(nbytes: int, repeats: int) -> list[float]:
@@ -134,7 +143,8 @@ def test_kernel_cluster_shapes_with_tbf_and_removes_everything():
         places = cl.run(where_am_i)
         mine = os.stat("/proc/self/ns/net").st_ino
         assert len({p[0] for p in places} | {mine}) == 3  # each rank in its own node's netns
-        assert {p[1:] for p in places} == {("gloo", net.master_addr)}  # nothing emulated on top
+        assert {p[1:3] for p in places} == {("gloo", net.master_addr)}  # nothing emulated on top
+        assert [p[3] for p in places] == [[net.address(0)], [net.address(1)]]  # store, Gloo
         nbytes = 2_500_000  # 0.2 s at 100 Mbit/s
         out = cl.run(goodput, nbytes, 3)
         assert out[1][-3:] == [2.0, 2.0, 2.0]
