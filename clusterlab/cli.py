@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     sh.add_argument("--nodes", type=int, default=2, help="up: how many nodes (default 2)")
     sh.add_argument("--nic", default="", help="up: netem spec of every node's egress, "
                     "e.g. 'rate 1gbit' (tbf where the kernel has no sch_netem)")
+    sh.add_argument("--links", default="", help="up: per-direction overrides, e.g. "
+                    "'0->1=rate 100mbit; 1->0=rate 10mbit' (htb classes)")
     sh.add_argument("--node", type=int, default=0, help="run: in which node (default 0)")
     sh.add_argument("--all", action="store_true", help="down: every network of ours")
     # `shape run TAG -- COMMAND ...`: everything after the first "--" is the command.
@@ -98,9 +100,12 @@ def _shape(args, parser) -> int:
 
     try:
         if args.action == "up":
-            net = shaping.up(args.nodes, args.nic or None, persistent=True)
+            net = shaping.up(args.nodes, args.nic or None, links=args.links or None,
+                             persistent=True)
             print(f"network {net.tag}: {net.nodes} nodes, nic '{net.nic}' on each eth0: "
-                  + (net.qdisc(0) if not net.nic.is_noop else "no qdisc"))
+                  + (net.qdisc(0) if not net.nic.is_noop or net.links else "no qdisc")
+                  + "".join(f"; {a}->{b}: " + (f"'{spec}'" if not spec.is_noop else "unimpaired")
+                          for (a, b), spec in net.links.items()))
             for i in range(net.nodes):
                 print(f"  node {i}: {net.address(i)}, namespace {net.namespace(i)}; run in it: "
                       f"clusterlab shape run {net.tag} --node {i} -- COMMAND (= "

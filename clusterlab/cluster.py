@@ -414,8 +414,8 @@ class Cluster:
         self._status = self._ctx.Array("c", self.world_size * _STATUS_BYTES, lock=False)
         try:
             if self.shaping == "kernel":
-                self._network = kernel_shaping.up(
-                    self.topology.nodes, self.topology.scaled(self.dilation).nic)
+                scaled = self.topology.scaled(self.dilation)
+                self._network = kernel_shaping.up(scaled.nodes, scaled.nic, links=scaled.links)
             for rank in range(self.world_size):
                 rank_env = env if self._network is None else {
                     **env, **self._network.rank_env(self.topology.node_of(rank))}

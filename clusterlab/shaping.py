@@ -11,7 +11,8 @@ never clash with the host's, and no packet of a cluster leaves its namespaces.
 The NIC spec becomes a root qdisc on each node's `eth0` (its egress, as netem on a real
 NIC): `netem <spec>` where the kernel has sch_netem; where it has not (as on this course's
 build machine), `tbf` for a `rate` (with its packet overhead), and any other impairment is
-refused by name ("delay needs sch_netem, which this kernel lacks"), never dropped.
+refused by name ("delay needs sch_netem, which this kernel lacks"), never dropped. Per-link
+overrides (`links=`) become an htb with a class per overridden direction (`tc_commands`).
 
 The ranks run inside their node's namespace (`enter` right after fork; `ip netns exec`
 for torchrun users, see `clusterlab shape`), bind Gloo to `eth0` (GLOO_SOCKET_IFNAME) and
@@ -37,11 +38,12 @@ import re
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import psutil
 
-from .netem import DEFAULT_LIMIT, Netem, _drops_packets, as_netem
+from .netem import DEFAULT_LIMIT, Netem, _drops_packets
 from .topology import Topology
 from .wire import HEADER_BYTES
 
@@ -58,6 +60,7 @@ COMMAND_TIMEOUT = 10.0  # seconds any one ip/tc call may take
 _NETNS_DIR = "/run/netns"
 _CLONE_NEWNET = 0x40000000
 _NAME = re.compile(r"(cl(\d+)-(\d+))-(n\d+|sw)")  # a namespace of ours: <tag>-n<i> | <tag>-sw
+_UNLIMITED_BPS = 100 * 10**9  # an htb class that is never the bottleneck here
 _counter = itertools.count()
 
 
@@ -113,32 +116,77 @@ def _needs_netem(spec: Netem) -> list[str]:
     return parts
 
 
-def qdisc_args(spec: Netem, *, netem: bool, mtu: int = MTU) -> list[str] | None:
+def _refuse_without_netem(spec: Netem, name: str) -> None:
+    unsupported = _needs_netem(spec)
+    if unsupported:
+        verb = "needs" if len(unsupported) == 1 else "need"
+        raise ValueError(
+            f"{name}='{spec}': {' and '.join(unsupported)} {verb} sch_netem, which this kernel "
+            "lacks (without it only a rate is shaped, by tbf or htb); emulate it instead: "
+            "shaping='userspace' (the netem backend's CLUSTERLAB_* settings under torchrun)")
+
+
+def _burst(spec: Netem, mtu: int) -> int:
+    """Tokens for two full packets (a packet larger than the bucket could never be sent) or
+    1 ms at the rate, whichever is more."""
+    return max(2 * (mtu + ETH_HEADER), spec.rate_bps // 8 // 1000)
+
+
+def qdisc_args(spec: Netem, *, netem: bool, mtu: int = MTU, name: str = "nic") -> list[str] | None:
     """The `tc qdisc add dev eth0 root ...` arguments that apply `spec` to a node's egress;
     None for no impairment. Without sch_netem (`netem=False`) only a rate can be applied,
-    by tbf; anything else raises ValueError naming it."""
+    by tbf; anything else raises ValueError naming it (and `name`, the argument)."""
     if not isinstance(spec, Netem):
         raise TypeError(f"spec must be a Netem, got {spec!r}")
     if spec.is_noop:
         return None
     if netem:
         return ["netem", *str(spec).split()]
-    unsupported = _needs_netem(spec)
-    if unsupported:
-        verb = "needs" if len(unsupported) == 1 else "need"
-        raise ValueError(
-            f"nic='{spec}': {' and '.join(unsupported)} {verb} sch_netem, which this kernel "
-            "lacks (without it only a rate is shaped, by tbf); emulate it instead: "
-            "shaping='userspace' (CLUSTERLAB_NIC with the netem backend under torchrun)")
-    packet = mtu + ETH_HEADER
-    # Tokens for two full packets (a packet larger than the bucket could never be sent) or
-    # 1 ms at the rate, whichever is more; a queue as long as netem's default 1000 packets.
-    burst = max(2 * packet, spec.rate_bps // 8 // 1000)
-    args = ["tbf", "rate", f"{spec.rate_bps}bit", "burst", str(burst),
-            "limit", str(DEFAULT_LIMIT * packet)]
+    _refuse_without_netem(spec, name)
+    # A queue as long as netem's default of 1000 packets.
+    args = ["tbf", "rate", f"{spec.rate_bps}bit", "burst", str(_burst(spec, mtu)),
+            "limit", str(DEFAULT_LIMIT * (mtu + ETH_HEADER))]
     if spec.packet_overhead:
         args += ["overhead", str(spec.packet_overhead)]
     return args
+
+
+def tc_commands(nic: Netem, links: Mapping[int, Netem] | None = None, *, netem: bool,
+                mtu: int = MTU, src: int = 0) -> list[str]:
+    """The `tc` commands (for `tc -batch`) that shape node `src`'s eth0: `nic` for all its
+    egress but the directions in `links` ({dst_node: spec}), which get queues of their own,
+    as the userspace model gives an overridden direction. Without overrides one root qdisc
+    (`qdisc_args`); with them an htb: class 1:1 the NIC (the default), class 1:<dst+2> per
+    override, chosen by destination address; an unimpaired direction bypasses the shaping.
+    With sch_netem each class holds a netem leaf; without, the class's rate does the work."""
+    links = dict(links or {})
+    if not links:
+        args = qdisc_args(nic, netem=netem, mtu=mtu)
+        return [f"qdisc add dev {IFNAME} root {' '.join(args)}"] if args else []
+    classes = {1: ("nic", nic, None)} if not nic.is_noop else {}
+    for dst, spec in sorted(links.items()):
+        classes[dst + 2] = (f"links[{src}->{dst}]", spec, dst)
+    quantum = mtu + ETH_HEADER
+    # No class for the default (an unimpaired NIC): htb sends unclassified packets directly.
+    lines, filters = [f"qdisc add dev {IFNAME} root handle 1: htb default 1"], []
+    for minor, (name, spec, dst) in classes.items():
+        if dst is not None:  # flowid 1:0 is the qdisc itself: htb sends those directly
+            flow = f"1:{minor}" if not spec.is_noop else "1:0"
+            filters.append(f"filter add dev {IFNAME} parent 1: protocol ip prio 1 u32 match "
+                           f"ip dst {SUBNET}.{dst + 1}/32 flowid {flow}")
+        if spec.is_noop:
+            continue
+        if not netem:
+            _refuse_without_netem(spec, name)
+        # With netem its leaf applies the rate too; the class only needs to be fast enough.
+        rate = spec.rate_bps if not netem else max(spec.rate_bps * 2, _UNLIMITED_BPS)
+        overhead = f" overhead {spec.packet_overhead}" if spec.packet_overhead and not netem else ""
+        burst = _burst(spec, mtu)
+        lines.append(f"class add dev {IFNAME} parent 1: classid 1:{minor} htb rate {rate}bit "
+                     f"burst {burst} cburst {burst} quantum {quantum}{overhead}")
+        if netem:
+            lines.append(f"qdisc add dev {IFNAME} parent 1:{minor} handle {minor}: netem {spec}")
+    return lines + filters
 
 
 def validate(topology: Topology, *, dilation: float = 1.0) -> None:
@@ -150,11 +198,15 @@ def validate(topology: Topology, *, dilation: float = 1.0) -> None:
         raise ValueError(f"intra='{topology.intra}' is not supported with shaping='kernel': "
                          "the processes of one node share its namespace's loopback; use "
                          "shaping='userspace'")
-    if topology.links:
-        raise ValueError("links= overrides are not supported with shaping='kernel' (one "
-                         "shaped NIC per node); use shaping='userspace'")
     check_available()
-    qdisc_args(topology.scaled(dilation).nic, netem=kernel_has_netem())
+    scaled = topology.scaled(dilation)
+    for src in range(topology.nodes):
+        tc_commands(scaled.nic, _links_from(scaled.links, src), netem=kernel_has_netem(),
+                    src=src)
+
+
+def _links_from(links: Mapping[tuple[int, int], Netem], src: int) -> dict[int, Netem]:
+    return {dst: spec for (a, dst), spec in links.items() if a == src}
 
 
 # --- one shaped network ----------------------------------------------------------------------
@@ -178,6 +230,7 @@ class Network:
     nic: Netem
     mtu: int = MTU
     persistent: bool = False
+    links: Mapping[tuple[int, int], Netem] = field(default_factory=dict)
 
     @property
     def segment_bytes(self) -> int:
@@ -263,9 +316,12 @@ def _claim_tag(record: dict) -> str:
         return tag
 
 
-def up(nodes: int, nic: str | Netem | None = None, *, mtu: int = MTU,
+def up(nodes: int, nic: str | Netem | None = None, *,
+       links: Mapping[tuple[int, int], str | Netem] | str | None = None, mtu: int = MTU,
        persistent: bool = False) -> Network:
-    """Create `nodes` namespaces on a bridge, each NIC shaped by `nic`; return the Network.
+    """Create `nodes` namespaces on a bridge, each NIC shaped by `nic` (and the directions
+    in `links`, {(src_node, dst_node): spec} or "0->1=rate 10mbit; ...", by theirs); return
+    the Network.
 
     persistent=False (a Cluster's network): owned by this process; its janitor, or the
     next `up()` after this process died, removes it. persistent=True (`clusterlab shape
@@ -274,13 +330,16 @@ def up(nodes: int, nic: str | Netem | None = None, *, mtu: int = MTU,
         raise ValueError(f"nodes must be an integer 1..{MAX_NODES}, got {nodes!r}")
     if isinstance(mtu, bool) or not isinstance(mtu, int) or not 1280 <= mtu <= MTU:
         raise ValueError(f"mtu must be an integer 1280..{MTU}, got {mtu!r}")
-    spec = as_netem(nic) or Netem()
+    topology = Topology.build(nodes, nic=nic, links=links)
+    spec = topology.nic
     check_available()
-    qdisc = qdisc_args(spec, netem=kernel_has_netem(), mtu=mtu)  # refuses before creating
+    shaped = [tc_commands(spec, _links_from(topology.links, i), netem=kernel_has_netem(),
+                          mtu=mtu, src=i) for i in range(nodes)]  # refuses before creating
     sweep()
+    links_text = topology.to_env()["CLUSTERLAB_LINKS"]
     record = {**_owner_record(), "persistent": bool(persistent), "nodes": nodes,
-              "nic": str(spec), "mtu": mtu, "created": time.time()}
-    net = Network(_claim_tag(record), nodes, spec, mtu, bool(persistent))
+              "nic": str(spec), "links": links_text, "mtu": mtu, "created": time.time()}
+    net = Network(_claim_tag(record), nodes, spec, mtu, bool(persistent), topology.links)
     try:
         sw = net.switch
         root = [f"netns add {ns}" for ns in net.namespaces]
@@ -300,8 +359,8 @@ def up(nodes: int, nic: str | Netem | None = None, *, mtu: int = MTU,
             _ip("ip", "-n", ns, batch=[
                 "link set lo up", f"link set {IFNAME} addrgenmode none",
                 f"addr add {net.address(i)}/24 dev {IFNAME}", f"link set {IFNAME} up"])
-            if qdisc:
-                _ip("tc", "-n", ns, "qdisc", "add", "dev", IFNAME, "root", *qdisc)
+            if shaped[i]:
+                _ip("tc", "-n", ns, batch=shaped[i])
     except BaseException:  # an error or an interrupt half-way: nothing stays
         net.remove()
         raise
@@ -324,8 +383,10 @@ def find(tag: str) -> Network:
     """The network `tag` from its state file (for `clusterlab shape run/down`)."""
     for rec in networks():
         if rec.get("tag") == tag:
-            return Network(tag, int(rec["nodes"]), as_netem(rec["nic"]) or Netem(),
-                           int(rec.get("mtu", MTU)), bool(rec.get("persistent")))
+            topology = Topology.build(int(rec["nodes"]), nic=rec["nic"] or None,
+                                      links=rec.get("links") or None)
+            return Network(tag, topology.nodes, topology.nic, int(rec.get("mtu", MTU)),
+                           bool(rec.get("persistent")), topology.links)
     raise ValueError(f"no shaped network named {tag!r}; `clusterlab shape list` shows them")
 
 

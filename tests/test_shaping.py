@@ -51,6 +51,22 @@ def test_bad_mode_and_no_root_are_clear_errors(monkeypatch):
         Cluster(nodes=2, nic="rate 1gbit", shaping="kernel")
 
 
+def test_link_overrides_become_htb_classes():
+    lines = shaping.tc_commands(Netem.parse("rate 200mbit"), {1: Netem.parse("rate 50mbit"),
+                                                            2: Netem()}, netem=False, src=0)
+    assert lines[0].endswith("root handle 1: htb default 1")
+    assert any("classid 1:1 htb rate 200000000bit" in line for line in lines)  # the NIC
+    assert any("classid 1:3 htb rate 50000000bit" in line for line in lines)  # 0->1
+    assert lines[-2:] == [  # chosen by destination; 0->2 unimpaired: sent directly
+        "filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dst 10.77.0.2/32 "
+        "flowid 1:3",
+        "filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dst 10.77.0.3/32 "
+        "flowid 1:0"]
+    assert shaping.tc_commands(Netem.parse("rate 1gbit"), netem=False) == [
+        "qdisc add dev eth0 root " + " ".join(shaping.qdisc_args(Netem.parse("rate 1gbit"),
+                                                                 netem=False))]
+
+
 def test_spec_becomes_tc_arguments():
     rate = Netem.parse("rate 200mbit 20")
     tbf = shaping.qdisc_args(rate, netem=False, mtu=1500)
@@ -75,8 +91,8 @@ def test_what_the_kernel_cannot_apply_is_refused_and_leaves_nothing():
     with pytest.raises(ValueError, match="intra=.* not supported with shaping='kernel'"):
         Cluster(nodes=2, procs_per_node=2, nic="rate 1gbit", intra="rate 1mbit",
                 shaping="kernel")
-    with pytest.raises(ValueError, match="links= overrides are not supported"):
-        Cluster(nodes=2, nic="rate 1gbit", links={(0, 1): "rate 1mbit"}, shaping="kernel")
+    with pytest.raises(ValueError, match=r"links\[0->1\]='loss 1%': loss needs sch_netem"):
+        Cluster(nodes=2, nic="rate 1gbit", links={(0, 1): "loss 1%"}, shaping="kernel")
     assert _namespaces() == before
 
 
@@ -111,19 +127,20 @@ def where_am_i():
             sorted(listening))
 
 
-def goodput(nbytes: int, repeats: int) -> list[float]:
-    """Rank 0 sends `nbytes` to rank 1, which answers with 4 bytes: seconds per transfer."""
+def goodput(nbytes: int, repeats: int, src: int = 0, dst: int = 1) -> list[float]:
+    """`src` sends `nbytes` to `dst`, which answers with 4 bytes: seconds per transfer (on
+    `src`), then an all-reduce of ones (on every rank)."""
     data, ack, out = torch.zeros(nbytes // 4), torch.zeros(1), []
     for _ in range(repeats):
         dist.barrier()
-        if dist.get_rank() == 0:
+        if dist.get_rank() == src:
             t0 = time.perf_counter()
-            dist.send(data, 1)
-            dist.recv(ack, 1)
+            dist.send(data, dst)
+            dist.recv(ack, dst)
             out.append(time.perf_counter() - t0)
-        else:
-            dist.recv(data, 0)
-            dist.send(ack, 0)
+        elif dist.get_rank() == dst:
+            dist.recv(data, src)
+            dist.send(ack, src)
     total = torch.ones(3)
     dist.all_reduce(total)
     return out + total.tolist()
@@ -154,6 +171,18 @@ def test_kernel_cluster_shapes_with_tbf_and_removes_everything():
         assert abs(measured / expected - 1) < 0.10, (measured, expected)
     assert not _ours(net.tag)
     assert net.tag not in {r["tag"] for r in shaping.networks()}
+
+
+@needs_root
+def test_an_overridden_direction_gets_its_own_rate():
+    nic, link = 200e6, 50e6
+    with Cluster(nodes=2, nic="rate 200mbit", links={(0, 1): "rate 50mbit"}, shaping="kernel",
+                 timeout=60) as cl:
+        payload = 1 / wire_beta(1, segment_bytes=cl._network.segment_bytes)  # payload share
+        for src, dst, rate in ((0, 1, link), (1, 0, nic)):
+            nbytes = int(rate / 8 * 0.4)  # 0.4 s: the bucket's head start is ~5 % of it
+            seconds = sorted(cl.run(goodput, nbytes, 3, src, dst)[src][:3])[1]
+            assert abs(nbytes / seconds / (rate * payload) - 1) < 0.10, (src, dst, seconds)
 
 
 PARENT = textwrap.dedent("""
