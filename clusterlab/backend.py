@@ -41,7 +41,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 import numpy as np
@@ -51,7 +51,7 @@ import torch.distributed as dist
 from . import clock
 from .link import LinkModel
 from .netem import Netem
-from .schedule import ALLREDUCE_SCHEDULES, Collective, Fabric, play
+from .schedule import ALLREDUCE_SCHEDULES, Collective, Fabric, play, rounds_of
 from .topology import Topology
 from .wire import SEGMENT_BYTES, wire_seconds
 
@@ -175,8 +175,9 @@ class SharedTail:
 class EntryTable:
     """When each rank of a group entered each collective, in a file every rank maps.
 
-    A ring of ENTRY_SLOTS rows of (sequence number, entry time ns) per rank: a rank writes
-    its own cell before it starts the Gloo operation, and every rank reads the whole row.
+    A ring of ENTRY_SLOTS rows of (sequence number, entry time ns, bytes sent) per rank: a
+    rank writes its own cell before it starts the Gloo operation, and every rank reads the
+    whole row.
     This replaces an all-reduce of the entry times per collective (a second Gloo operation
     that doubled the messages of small collectives). A row is reused only after every rank
     has read it (`consumed`), so a rank running ahead by ENTRY_SLOTS collectives waits.
@@ -186,30 +187,31 @@ class EntryTable:
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         self._fd = os.open(path, flags, 0o600)
         self.path, self.size, self.rank = path, size, rank
-        length = 8 * (_ENTRY_HEAD + size + ENTRY_SLOTS * size * 2)
+        length = 8 * (_ENTRY_HEAD + size + ENTRY_SLOTS * size * 3)
         if create:
             os.ftruncate(self._fd, length)
         self._map = mmap.mmap(self._fd, length)
         words = np.frombuffer(self._map, dtype=np.int64)
         self.head = words[:_ENTRY_HEAD]  # the group's token, to tell one shared file
         self.consumed = words[_ENTRY_HEAD : _ENTRY_HEAD + size]  # last row each rank read
-        self.rows = words[_ENTRY_HEAD + size :].reshape(ENTRY_SLOTS, size, 2)
+        self.rows = words[_ENTRY_HEAD + size :].reshape(ENTRY_SLOTS, size, 3)
 
-    def write(self, seq: int, now_ns: int, timeout_s: float) -> None:
+    def write(self, seq: int, now_ns: int, timeout_s: float, nbytes: int = 0) -> None:
         if seq > ENTRY_SLOTS:  # the row's previous use must have been read by every rank
             _poll(lambda: self.consumed.min() >= seq - ENTRY_SLOTS, timeout_s,
                   lambda: f"netem: ranks {self._behind(seq - ENTRY_SLOTS)} are more than "
                           f"{ENTRY_SLOTS} collectives behind rank {self.rank}")
         cell = self.rows[seq % ENTRY_SLOTS, self.rank]
-        cell[1] = now_ns
+        cell[1], cell[2] = now_ns, nbytes
         cell[0] = seq  # after the time: a reader that sees the number sees the time
 
     def read(self, seq: int) -> np.ndarray | None:
-        """Every rank's entry time of collective `seq`, or None while some rank is missing."""
+        """Every rank's (entry time, bytes sent) of collective `seq`, shape (size, 2), or None
+        while some rank is missing."""
         row = self.rows[seq % ENTRY_SLOTS]
         if not (row[:, 0] == seq).all():
             return None
-        times = row[:, 1].copy()
+        times = row[:, 1:].copy()
         self.consumed[self.rank] = seq
         return times
 
@@ -382,6 +384,7 @@ class NetemProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)
         self._rank, self._size = rank, size
         self._timeout = timeout
+        self._group_name = self._group_desc = ""
         self.gloo = _gloo_group(dist.PrefixStore("clusterlab-gloo", store), rank, size, timeout)
         self.global_ranks = list(global_ranks) if global_ranks else list(range(size))
         world = max(self.global_ranks) + 1 if global_ranks else size
@@ -405,6 +408,7 @@ class NetemProcessGroup(dist.ProcessGroup):
         self._seq = 0  # collectives completed (completion thread)
         self._submitted = 0  # collectives started (calling thread)
         self._done_all = np.zeros(size, dtype=np.int64)
+        self._volumes: dict[Collective, tuple[int, int]] = {}
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         # Collectives complete in order, each by whoever claims it first: the completion
         # thread, or the caller's wait(). A caller that waits at once (dist.all_reduce without
@@ -417,6 +421,20 @@ class NetemProcessGroup(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return BACKEND_NAME
+
+    # torch names every group (DeviceMesh, FSDP2 and functional collectives look groups up by
+    # name); a ProcessGroup subclass without C++ backends must keep its name itself.
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
 
     def __repr__(self) -> str:
         return f"NetemProcessGroup(rank={self._rank}, size={self._size}, nic='{self.topology.nic}')"
@@ -621,20 +639,24 @@ class NetemProcessGroup(dist.ProcessGroup):
 
     # --- collectives -------------------------------------------------------------------------
 
-    def _submit(self, coll: Collective, start_native, result, finish=None):
-        """Start the Gloo op and the entry-time exchange now; complete on the FIFO thread."""
+    def _submit(self, coll: Collective, start_native, result, finish=None, volume=None):
+        """Start the Gloo op and the entry-time exchange now; complete on the FIFO thread.
+
+        `volume`: (sent, received) bytes of this rank when they are not the replayed
+        schedule's (an uneven all-to-all)."""
         future = torch.futures.Future()
         self._submitted += 1
+        _count(coll.kind, *(volume or self._volume(coll)))
         # Named at once: a rank that fails with this collective in flight is reported in it.
         _status(f"{coll.kind} #{self._submitted} ({coll.nbytes} B)")
         times = None
         times_work = None
         if self._entries is not None:
             self._entries.write(self._submitted, clock.monotonic_ns(),
-                                self._timeout.total_seconds())
+                                self._timeout.total_seconds(), coll.nbytes)
         elif self.impaired and self._size > 1:
-            times = torch.zeros(self._size, dtype=torch.int64)
-            times[self._rank] = clock.monotonic_ns()
+            times = torch.zeros(self._size, 2, dtype=torch.int64)
+            times[self._rank] = torch.tensor([clock.monotonic_ns(), coll.nbytes])
             times_work = self.gloo.allreduce([times])
         data_work = start_native()
         item = _Pending(coll, self._submitted, times, times_work, data_work, future, result,
@@ -695,12 +717,16 @@ class NetemProcessGroup(dist.ProcessGroup):
                 _status(f"{item.coll.kind} #{item.seq} ({item.coll.nbytes} B)")
                 item.times_work.wait()
                 entered = item.times.numpy()
+            coll = item.coll
             if entered is not None:
+                entered, sent = entered[:, 0], entered[:, 1]
+                if coll.kind == "alltoall":  # uneven splits: as slow as the busiest sender
+                    coll = replace(coll, nbytes=int(sent.max()))
                 start = np.maximum(entered, self._done_all)
                 # A deterministic network draws nothing: skip seeding a generator.
                 rng = None if self.fabric.deterministic else np.random.default_rng(
                     [self.config.seed, 0xC011, item.seq])
-                done = play(self.fabric, item.coll, start, rng, self.global_ranks)
+                done = play(self.fabric, coll, start, rng, self.global_ranks)
                 self._done_all = done
                 hold = int(done[self._rank])
             if data_work is not None:
@@ -713,6 +739,21 @@ class NetemProcessGroup(dist.ProcessGroup):
         except Exception as exc:  # noqa: BLE001 - the caller's wait() re-raises it
             _status(f"{item.coll.kind} #{item.seq} failed: {exc}")
             item.future.set_exception(exc)
+
+    def _volume(self, coll: Collective) -> tuple[int, int]:
+        """(sent, received) bytes of this rank in the schedule the backend replays for
+        `coll` (ring all-reduce: 2(p-1) chunks of n/p each way), worked out once per shape."""
+        volume = self._volumes.get(coll)
+        if volume is None:
+            sent = received = 0
+            glob = np.asarray(self.global_ranks, dtype=np.int64)
+            if self._size > 1:
+                for senders, receivers, size in rounds_of(coll, self._size, self.topology,
+                                                          glob):
+                    sent += size * int(np.count_nonzero(senders == self._rank))
+                    received += size * int(np.count_nonzero(receivers == self._rank))
+            volume = self._volumes[coll] = (sent, received)
+        return volume
 
     def _coll(self, kind, nbytes=0, root=0):
         return Collective(kind, int(nbytes), int(root), self.config.algorithm)
@@ -824,17 +865,23 @@ class NetemProcessGroup(dist.ProcessGroup):
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
                           opts=None):
         opts = opts or dist.AllToAllOptions()
+        volume = (_off_rank_bytes(input, input_split_sizes, self._rank, self._size),
+                  _off_rank_bytes(output, output_split_sizes, self._rank, self._size))
         return self._submit(self._coll("alltoall", _nbytes([input])),
                             lambda: self.gloo.alltoall_base(output, input, output_split_sizes,
-                                                            input_split_sizes, opts), [output])
+                                                            input_split_sizes, opts), [output],
+                            volume=volume)
 
     alltoall_base = all_to_all_single
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.AllToAllOptions()
+        me = self._rank
+        volume = (_nbytes(input_tensors) - _nbytes(input_tensors[me : me + 1]),
+                  _nbytes(output_tensors) - _nbytes(output_tensors[me : me + 1]))
         return self._submit(self._coll("alltoall", _nbytes(input_tensors)),
                             lambda: self.gloo.alltoall(output_tensors, input_tensors, opts),
-                            output_tensors)
+                            output_tensors, volume=volume)
 
     def barrier(self, opts=None):
         opts = opts or dist.BarrierOptions()
@@ -924,6 +971,68 @@ def _nbytes(tensors) -> int:
     return total
 
 
+def _off_rank_bytes(tensor, split_sizes, rank: int, size: int) -> int:
+    """Bytes of `tensor` (split along dim 0 by `split_sizes`, or evenly) not kept by `rank`."""
+    rows = tensor.shape[0] if tensor.dim() else 1
+    row_bytes = tensor.numel() * tensor.element_size() // max(rows, 1)
+    own = split_sizes[rank] if split_sizes else rows // size
+    return (rows - own) * row_bytes
+
+
+# --- traffic counters ------------------------------------------------------------------------
+
+_traffic: dict[str, list[int]] = {}  # op kind -> [bytes sent, bytes received, operations]
+_traffic_lock = threading.Lock()
+
+
+def _count(kind: str, sent: int, received: int) -> None:
+    with _traffic_lock:
+        row = _traffic.setdefault(kind, [0, 0, 0])
+        row[0] += sent
+        row[1] += received
+        row[2] += 1
+
+
+def traffic(*, reset: bool = False) -> dict[str, dict[str, int]]:
+    """The bytes this process sent and received through "netem" process groups, by kind of
+    operation, since it started or since the last `reset=True` (which also zeroes them).
+
+    Keys: the collectives' kinds ("allreduce", "allgather", "reduce_scatter", "alltoall",
+    "broadcast", "reduce", "gather", "scatter", "barrier"), "p2p" for send/recv, and "total";
+    each maps to {"sent": bytes, "received": bytes, "ops": count}. A collective counts the
+    bytes of the algorithm the backend replays for it (ring all-reduce of n bytes on p ranks:
+    2(p-1)/p n each way; ring all-gather and reduce-scatter: (p-1) shards); an all-to-all its
+    real off-rank splits; send/recv their payloads. Gloo's own wire protocol may move the same
+    data in a different pattern: these are the counts of the network being emulated."""
+    with _traffic_lock:
+        out = {kind: {"sent": s, "received": r, "ops": n} for kind, (s, r, n) in
+               sorted(_traffic.items())}
+        if reset:
+            _traffic.clear()
+    out["total"] = {key: sum(row[key] for row in out.values())
+                    for key in ("sent", "received", "ops")}
+    return out
+
+
+def _counted(method, direction: str):
+    """Count a point-to-point method's payload as sent or received (`traffic`)."""
+
+    @functools.wraps(method)
+    def counted(self, tensors, *args):
+        nbytes = _nbytes(tensors)
+        _count("p2p", nbytes if direction == "sent" else 0,
+               nbytes if direction == "received" else 0)
+        return method(self, tensors, *args)
+
+    return counted
+
+
+# Counted here, for every entry point at once, so the p2p path itself stays as it is.
+NetemProcessGroup.send = _counted(NetemProcessGroup.send, "sent")
+NetemProcessGroup.recv = _counted(NetemProcessGroup.recv, "received")
+NetemProcessGroup.recv_anysource = _counted(NetemProcessGroup.recv_anysource, "received")
+
+
 def _reduce_op(op, tensors, size):
     """Gloo has no AVG: run SUM and divide afterwards, as NCCL's AVG would have."""
     if op == dist.ReduceOp.AVG:
@@ -963,10 +1072,15 @@ def _stamped(fn):
 
 def register() -> None:
     """Register the "netem" backend with torch.distributed (idempotent)."""
+    from torch.distributed import distributed_c10d as c10d
+
     for name in ("send", "isend"):
-        fn = getattr(dist, name)
+        fn = getattr(c10d, name)
         if not getattr(fn, "__clusterlab_stamped__", False):
-            setattr(dist, name, _stamped(fn))
+            fn = _stamped(fn)
+        # Both names: P2POp and batch_isend_irecv compare the op with c10d's own `isend`.
+        setattr(c10d, name, fn)
+        setattr(dist, name, fn)
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
