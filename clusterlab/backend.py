@@ -415,6 +415,10 @@ class NetemProcessGroup(dist.ProcessGroup):
         # async_op) saves a thread hop: on 2 busy cores, each wake-up can cost a time slice.
         self._turn = threading.Condition()
         self._completed = 0  # the last collective completed
+        # The collective whose future this thread is completing: a callback chained on it
+        # (`.then`, as PowerSGD's hook does) may start and wait for the next collective,
+        # which must then run at once in this thread (the FIFO turn is its).
+        self._delivering = threading.local()
         self._thread = threading.Thread(target=self._complete_loop, name="netem-completion",
                                         daemon=True)
         self._thread.start()
@@ -646,22 +650,25 @@ class NetemProcessGroup(dist.ProcessGroup):
         schedule's (an uneven all-to-all)."""
         future = torch.futures.Future()
         self._submitted += 1
-        _count(coll.kind, *(volume or self._volume(coll)))
+        volume = volume or self._volume(coll)
+        _count(coll.kind, *volume)
         # Named at once: a rank that fails with this collective in flight is reported in it.
         _status(f"{coll.kind} #{self._submitted} ({coll.nbytes} B)")
         times = None
         times_work = None
         if self._entries is not None:
             self._entries.write(self._submitted, clock.monotonic_ns(),
-                                self._timeout.total_seconds(), coll.nbytes)
+                                self._timeout.total_seconds(), volume[0])
         elif self.impaired and self._size > 1:
             times = torch.zeros(self._size, 2, dtype=torch.int64)
-            times[self._rank] = torch.tensor([clock.monotonic_ns(), coll.nbytes])
+            times[self._rank] = torch.tensor([clock.monotonic_ns(), volume[0]])
             times_work = self.gloo.allreduce([times])
         data_work = start_native()
         item = _Pending(coll, self._submitted, times, times_work, data_work, future, result,
                         finish)
         self._queue.put(item)
+        if getattr(self._delivering, "seq", None) is not None:  # inside a callback: see above
+            self._run(item)
         return _FutureWork(future, functools.partial(self._run, item))
 
     def _complete_loop(self) -> None:
@@ -680,9 +687,9 @@ class NetemProcessGroup(dist.ProcessGroup):
                 return
             item.claimed = True
             deadline = clock.monotonic_ns() + int(self._timeout.total_seconds() * 1e9)
-            while self._completed != item.seq - 1:
+            while not self._my_turn(item.seq):
                 left = (deadline - clock.monotonic_ns()) / 1e9
-                if left <= 0 or not self._turn.wait(left) and self._completed != item.seq - 1:
+                if left <= 0 or not self._turn.wait(left) and not self._my_turn(item.seq):
                     item.future.set_exception(RuntimeError(
                         f"netem: {item.coll.kind} #{item.seq} waited {self._timeout} for the "
                         f"collective #{self._completed + 1} before it"))
@@ -694,8 +701,11 @@ class NetemProcessGroup(dist.ProcessGroup):
                 item.future.set_exception(RuntimeError(
                     f"netem: {item.coll.kind} #{item.seq} was interrupted"))
             with self._turn:
-                self._completed = item.seq
+                self._completed = max(self._completed, item.seq)  # a nested one may be later
                 self._turn.notify_all()
+
+    def _my_turn(self, seq: int) -> bool:
+        return self._completed == seq - 1 or getattr(self._delivering, "seq", None) == seq - 1
 
     def _complete(self, item: _Pending) -> None:
         """Hold `item` until its emulated completion time (and Gloo's), then complete it."""
@@ -720,8 +730,11 @@ class NetemProcessGroup(dist.ProcessGroup):
             coll = item.coll
             if entered is not None:
                 entered, sent = entered[:, 0], entered[:, 1]
-                if coll.kind == "alltoall":  # uneven splits: as slow as the busiest sender
-                    coll = replace(coll, nbytes=int(sent.max()))
+                if coll.kind == "alltoall" and self._size > 1:
+                    # Uneven splits: every rank replays the busiest sender's off-rank bytes,
+                    # spread evenly over its peers (the replay's all-to-all is uniform).
+                    p = self._size
+                    coll = replace(coll, nbytes=-(-int(sent.max()) * p // (p - 1)))
                 start = np.maximum(entered, self._done_all)
                 # A deterministic network draws nothing: skip seeding a generator.
                 rng = None if self.fabric.deterministic else np.random.default_rng(
@@ -735,7 +748,12 @@ class NetemProcessGroup(dist.ProcessGroup):
             if item.finish is not None:
                 item.finish()
             _status("idle")
-            item.future.set_result(item.result)
+            outer = getattr(self._delivering, "seq", None)
+            self._delivering.seq = item.seq
+            try:
+                item.future.set_result(item.result)  # runs callbacks chained on it, here
+            finally:
+                self._delivering.seq = outer
         except Exception as exc:  # noqa: BLE001 - the caller's wait() re-raises it
             _status(f"{item.coll.kind} #{item.seq} failed: {exc}")
             item.future.set_exception(exc)
