@@ -1,0 +1,112 @@
+"""Which parallelism where: step time of DP, FSDP, TP and PP against the node count.
+
+The closed forms of `clusterlab.parallelism.step_seconds` for one dense model on a network
+you set (latency, bandwidth), from 2 to 1024 ranks, with the points measured on this
+machine drawn on top when given. In a terminal or under nbval, `show()` returns the static
+figure for the current settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ipywidgets as widgets
+from matplotlib.figure import Figure
+
+from ..parallelism import PARALLELISMS, ModelShape, step_table
+from ._common import Explorer
+
+RANKS = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+LATENCY_US = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+BANDWIDTH_GBIT = (0.1, 0.4, 1, 10, 25, 100, 400)
+PARAMS_M = (1, 10, 100, 1000, 7000)
+COMPUTE_MS = (10, 50, 100, 500, 1000, 5000)
+COLORS = {"dp": "#4C72B0", "fsdp": "#55A868", "tp": "#C44E52", "pp": "#8172B2"}
+LABELS = {"dp": "data parallel (DDP)", "fsdp": "FSDP / ZeRO-3", "tp": "tensor parallel",
+          "pp": "pipeline (GPipe)"}
+
+
+class ParallelismExplorer(Explorer):
+    """Sliders for the network and the model; one line per parallelism.
+
+    `measured`: optional {parallelism: [(ranks, step seconds), ...]} drawn as points."""
+
+    figsize = (9.5, 5.0)
+
+    def __init__(self, *, latency_us: float = 10, bandwidth_gbit: float = 100,
+                 params_m: float = 1000, compute_ms: float = 1000, layers: int = 32,
+                 activation_mib: float = 16, microbatches: int = 8,
+                 measured: dict | None = None, debounce_s: float = 0.15) -> None:
+        super().__init__(debounce_s)
+        self.measured = measured or {}
+        self.layers, self.activation_mib, self.microbatches = layers, activation_mib, microbatches
+        self.table: dict[str, list[float]] = {}
+        style, layout = {"description_width": "140px"}, widgets.Layout(width="380px")
+
+        def slider(description, values, value):
+            options = sorted({*values, value})
+            return widgets.SelectionSlider(options=options, value=value, style=style,
+                                           description=description, layout=layout)
+
+        self.controls = {
+            "latency_us": slider("latency (µs)", LATENCY_US, latency_us),
+            "bandwidth_gbit": slider("bandwidth (Gbit/s)", BANDWIDTH_GBIT, bandwidth_gbit),
+            "params_m": slider("parameters (M)", PARAMS_M, params_m),
+            "compute_ms": slider("compute, 1 rank (ms)", COMPUTE_MS, compute_ms),
+        }
+        for c in self.controls.values():
+            c.observe(lambda _: self.debouncer.trigger(), names="value")
+        self.widget = widgets.VBox([*self.controls.values(), self.error_box, self.out])
+        self._build_axes()
+
+    def shape(self) -> ModelShape:
+        v = {k: c.value for k, c in self.controls.items()}
+        return ModelShape(params=int(v["params_m"] * 1e6), layers=self.layers,
+                          activation_bytes=int(self.activation_mib * 2**20),
+                          compute_s=v["compute_ms"] / 1e3, microbatches=self.microbatches)
+
+    def _compute(self) -> None:
+        v = {k: c.value for k, c in self.controls.items()}
+        self.table = step_table(self.shape(), ranks=RANKS, alpha=v["latency_us"] * 1e-6,
+                                beta=8 / (v["bandwidth_gbit"] * 1e9))
+
+    def _make_axes(self, fig: Figure) -> dict[str, Any]:
+        ax = fig.add_subplot(1, 1, 1)
+        lines = {k: ax.plot([], [], "-", color=COLORS[k], lw=2, label=LABELS[k])[0]
+                 for k in PARALLELISMS}
+        for kind, points in self.measured.items():
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, "o", color=COLORS[kind], mec="black", ms=8,
+                        label=f"{LABELS[kind]}, measured here")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("ranks")
+        ax.set_ylabel("step time (s), nothing overlapped")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+        title = ax.set_title("")
+        fig.tight_layout()
+        return {"ax": ax, "lines": lines, "title": title}
+
+    def _draw(self, fig: Figure, axes: dict[str, Any]) -> None:
+        ax = axes["ax"]
+        values = [t for ts in self.table.values() for t in ts]
+        for kind, line in axes["lines"].items():
+            line.set_data(RANKS, self.table[kind])
+        for points in self.measured.values():
+            values += [y for _, y in points]
+        ax.set_xlim(RANKS[0] / 1.2, RANKS[-1] * 1.2)
+        ax.set_ylim(min(values) / 1.5, max(values) * 1.5)
+        best = {n: min(PARALLELISMS, key=lambda k, i=i: self.table[k][i])
+                for i, n in enumerate(RANKS)}
+        v = {k: c.value for k, c in self.controls.items()}
+        axes["title"].set_text(
+            f"{v['params_m']:g}M parameters, {v['latency_us']:g} µs, "
+            f"{v['bandwidth_gbit']:g} Gbit/s: fastest at 8 ranks {best[8]}, at 1024 "
+            f"{best[1024]}")
+
+
+def parallelism_explorer(**defaults: Any) -> ParallelismExplorer:
+    """A ParallelismExplorer; `show()` it."""
+    return ParallelismExplorer(**defaults)

@@ -1,0 +1,152 @@
+"""Closed forms and replays of sharded and model-parallel traffic (`clusterlab.parallelism`):
+against first principles, against each other, and against bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clusterlab import models
+from clusterlab import parallelism as par
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 64, 1024])
+def test_sharded_traffic_is_ddp_volume_or_one_and_a_half(ranks):
+    psi, b = 12_480, 4
+    share = (ranks - 1) / ranks * psi * b
+    ddp = par.sharded_traffic("ddp", params=psi, ranks=ranks)
+    assert ddp["allreduce"] == ddp["total"] == 2 * share
+    for stage in ("zero1", "zero2"):
+        t = par.sharded_traffic(stage, params=psi, ranks=ranks)
+        assert t["reduce_scatter"] == t["allgather"] == share and t["total"] == ddp["total"]
+    for stage in ("zero3", "fsdp"):
+        assert par.sharded_traffic(stage, params=psi, ranks=ranks)["total"] == 1.5 * ddp["total"]
+    keep = par.sharded_traffic("fsdp", params=psi, ranks=ranks, reshard_after_forward=False)
+    assert keep["total"] == ddp["total"]
+    # zero3 is always resharded: the flag is FSDP's.
+    assert par.sharded_traffic("zero3", params=psi, ranks=ranks,
+                               reshard_after_forward=False)["total"] == 1.5 * ddp["total"]
+
+
+def test_sharded_memory_follows_the_zero_paper():
+    psi, n = 7_000_000_000, 64
+    assert par.sharded_memory("ddp", params=psi, ranks=n) == 16 * psi
+    assert par.sharded_memory("zero1", params=psi, ranks=n) == 4 * psi + 12 * psi / n
+    assert par.sharded_memory("zero2", params=psi, ranks=n) == 2 * psi + 14 * psi / n
+    assert par.sharded_memory("zero3", params=psi, ranks=n) == 16 * psi / n
+    assert par.sharded_memory("fsdp", params=psi, ranks=1) == 16 * psi
+
+
+def test_sharded_comm_seconds_counts_one_collective_per_unit():
+    a, b = 1e-3, 1e-9
+    ddp = par.sharded_comm_seconds("ddp", params=1000, ranks=4, alpha=a, beta=b)
+    assert ddp == pytest.approx(models.ring_allreduce(4, 4000, a, b))
+    fsdp = par.sharded_comm_seconds("fsdp", params=1000, ranks=4, alpha=a, beta=b, units=5)
+    assert fsdp == pytest.approx(5 * (2 * models.ring_allgather(4, 800, a, b)
+                                      + models.ring_reduce_scatter(4, 800, a, b)))
+    # Latency-bound: 3 collectives x 3 rounds per unit against the all-reduce's 6 rounds.
+    lat = par.sharded_comm_seconds("fsdp", params=0, ranks=4, alpha=a, beta=0, units=5)
+    assert lat == pytest.approx(5 * 3 * 3 * a)
+
+
+def test_tensor_parallel_counts_and_bytes():
+    assert par.tp_allreduces(12) == {"forward": 24, "backward": 24, "total": 48}
+    assert par.tp_allreduces(12, blocks_per_layer=1)["total"] == 24
+    assert par.tp_traffic(layers=2, ranks=8, activation_bytes=800) == 8 * 2 * 7 / 8 * 800
+    t = par.tp_comm_seconds(layers=2, ranks=8, activation_bytes=800, alpha=1e-3, beta=0)
+    assert t == pytest.approx(8 * 14e-3)
+
+
+@pytest.mark.parametrize("schedule", par.PIPELINE_SCHEDULES)
+@pytest.mark.parametrize("p,m", [(1, 1), (2, 3), (4, 8), (5, 2)])
+def test_pipeline_orders_run_every_microbatch_once_forward_before_backward(schedule, p, m):
+    for s in range(p):
+        order = par.pipeline_order(schedule, p, m, s)
+        assert sorted(order) == sorted([("F", j) for j in range(m)] + [("B", j) for j in range(m)])
+        for j in range(m):
+            assert order.index(("F", j)) < order.index(("B", j))
+        if schedule == "1f1b":  # at most p - s micro-batches in flight on stage s
+            live = peak = 0
+            for kind, _ in order:
+                live += 1 if kind == "F" else -1
+                peak = max(peak, live)
+            assert peak <= min(m, p - s)
+
+
+@pytest.mark.parametrize("schedule", par.PIPELINE_SCHEDULES)
+def test_pipeline_replay_without_latency_is_the_bubble_formula(schedule):
+    run = par.simulate_pipeline(schedule, stages=4, microbatches=8, forward_s=0.01,
+                                backward_s=0.02)
+    ideal = par.pipeline_step_seconds(stages=4, microbatches=8, forward_s=0.01, backward_s=0.02)
+    assert run.step_s == pytest.approx(ideal)
+    assert run.bubble == pytest.approx(par.bubble_fraction(4, 8)) == pytest.approx(3 / 11)
+
+
+def test_pipeline_latency_gpipe_matches_closed_form_and_1f1b_pays_more():
+    kw = dict(stages=4, microbatches=8, forward_s=0.015, backward_s=0.03)
+    gpipe = par.simulate_pipeline("gpipe", nic="delay 5ms", **kw)
+    one = par.simulate_pipeline("1f1b", nic="delay 5ms", **kw)
+    assert gpipe.step_s == pytest.approx(par.pipeline_step_seconds(message_s=0.005, **kw))
+    assert one.step_s > gpipe.step_s
+    jittery = [par.simulate_pipeline("gpipe", nic="delay 5ms 4ms", seed=s, **kw).step_s
+               for s in range(3)]
+    assert min(jittery) > par.pipeline_step_seconds(**kw)
+
+
+def test_moe_traffic_conserves_tokens_and_names_the_hot_rank():
+    t, h, n, hidden = 96, 0.5, 4, 8
+    bal = par.moe_traffic(tokens_per_rank=t, hidden=hidden, ranks=n)
+    assert bal["sent_other"] == bal["received_hot"] == (n - 1) / n * t * hidden * 4
+    hot = par.moe_traffic(tokens_per_rank=t, hidden=hidden, ranks=n, hot_share=h)
+    sent = hot["sent_hot"] + (n - 1) * hot["sent_other"]
+    received = hot["received_hot"] + (n - 1) * hot["received_other"]
+    assert sent == pytest.approx(received)
+    assert hot["received_hot"] == pytest.approx(h * (n - 1) * t * hidden * 4)
+    capped = par.moe_traffic(tokens_per_rank=t, hidden=hidden, ranks=n, hot_share=h,
+                             capacity_factor=1.25)
+    assert capped["sent_hot"] == capped["sent_other"] == pytest.approx(3 * 1.25 * 24 * 32)
+    assert capped["dropped"] == pytest.approx(h - 1.25 / n)
+
+
+def test_alltoall_order_statistics_match_the_replay():
+    for n, nic, dist in ((16, "delay 10ms 2ms distribution normal", "normal"),
+                         (8, "delay 5ms 3ms", "uniform")):
+        done = par.simulate_alltoall(ranks=n, nic=nic, repeats=200, seed=1)
+        spec_delay, spec_jitter = (0.01, 0.002) if n == 16 else (0.005, 0.003)
+        last = par.alltoall_seconds(ranks=n, delay_s=spec_delay, jitter_s=spec_jitter,
+                                    distribution=dist, last_rank=True)
+        each = par.alltoall_seconds(ranks=n, delay_s=spec_delay, jitter_s=spec_jitter,
+                                    distribution=dist)
+        assert done.max(axis=1).mean() == pytest.approx(last, rel=0.03)
+        assert done.mean() == pytest.approx(each, rel=0.03)
+    assert par.alltoall_seconds(ranks=1, delay_s=1.0) == 0.0
+
+
+def test_step_table_covers_every_parallelism_to_1024_ranks():
+    shape = par.ModelShape(params=10**9, layers=32, activation_bytes=2**24, compute_s=1.0)
+    table = par.step_table(shape, ranks=(2, 1024), alpha=1e-5, beta=8 / 100e9)
+    assert set(table) == set(par.PARALLELISMS)
+    assert all(len(v) == 2 and all(np.isfinite(v)) and min(v) > 0 for v in table.values())
+    # More latency hurts TP (many small messages) more than DP (one large one).
+    slow = par.step_table(shape, ranks=(8,), alpha=1e-3, beta=8 / 100e9)
+    fast = par.step_table(shape, ranks=(8,), alpha=1e-5, beta=8 / 100e9)
+    assert slow["tp"][0] - fast["tp"][0] > 10 * (slow["dp"][0] - fast["dp"][0])
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: par.sharded_traffic("zero4", params=1, ranks=2), "strategy"),
+    (lambda: par.sharded_traffic("ddp", params=-1, ranks=2), "params"),
+    (lambda: par.sharded_memory("ddp", params=1, ranks=0), "ranks"),
+    (lambda: par.bubble_fraction(0, 4), "stages"),
+    (lambda: par.pipeline_order("zb", 2, 2, 0), "schedule"),
+    (lambda: par.pipeline_order("gpipe", 2, 2, 2), "stage"),
+    (lambda: par.simulate_pipeline("gpipe", stages=2, microbatches=2, forward_s=-1,
+                                   backward_s=0), "forward_s"),
+    (lambda: par.moe_traffic(tokens_per_rank=4, hidden=2, ranks=4, hot_share=0.1), "hot_share"),
+    (lambda: par.step_seconds("zero", par.ModelShape(1, 1, 1, 1.0), ranks=2, alpha=0, beta=0),
+     "parallelism"),
+    (lambda: par.tp_allreduces(0), "layers"),
+])
+def test_bad_input_names_the_argument(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
