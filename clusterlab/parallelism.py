@@ -23,6 +23,7 @@ activations of at most p micro-batches in flight). MoE: Lepikhin et al., "GShard
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -269,8 +270,8 @@ def moe_traffic(*, tokens_per_rank: int, hidden: int, ranks: int, dtype_bytes: i
     """Bytes of one MoE layer's dispatch all-to-all (the combine is the same, reversed): one
     expert per rank, top-1 routing, T tokens per rank of `hidden` x b bytes each.
 
-    Balanced routing sends (N-1)/N T tokens per rank and keeps 1/N. A hot expert (on rank 0)
-    that gets `hot_share` h of every rank's tokens, the rest spread evenly: rank 0 sends
+    Balanced routing sends (N-1)/N T tokens per rank and keeps 1/N. A hot expert
+    that gets `hot_share` h of every rank's tokens, the rest spread evenly: its rank sends
     (1-h)T and receives h(N-1)T; another rank sends hT + (1-h)T(N-2)/(N-1) and receives
     (1-h)T. With a `capacity_factor` cf (GShard), every expert takes at most cf T/N tokens
     from each rank into fixed-size buffers: every rank sends (N-1) cf T/N tokens whatever the
@@ -355,7 +356,8 @@ def step_seconds(parallelism: str, shape: ModelShape, *, ranks: int, alpha: floa
     dp: the batch split N ways, plus one gradient all-reduce; fsdp: the same compute plus
     the sharded collectives, one per layer; tp: each rank computes 1/N of every layer, plus
     the TP all-reduces of the whole batch's activations; pp: N stages of layers/N, the batch
-    in `microbatches`, the GPipe formula with one activation message per hop."""
+    in `microbatches`, the GPipe formula with one activation message per hop (at most one
+    stage per layer: more ranks than layers is a ValueError)."""
     if parallelism not in PARALLELISMS:
         raise ValueError(f"parallelism must be one of {', '.join(PARALLELISMS)}, "
                          f"got {parallelism!r}")
@@ -372,6 +374,9 @@ def step_seconds(parallelism: str, shape: ModelShape, *, ranks: int, alpha: floa
     if parallelism == "tp":
         return c + tp_comm_seconds(layers=shape.layers, ranks=n, activation_bytes=batch,
                                    alpha=alpha, beta=beta, blocks_per_layer=1)
+    if n > shape.layers:
+        raise ValueError(f"ranks={n} pipeline stages need at least as many layers, the model "
+                         f"has layers={shape.layers}")
     m = shape.microbatches
     per_mb = shape.compute_s / (n * m)  # one stage, one micro-batch, forward + backward
     return pipeline_step_seconds(stages=n, microbatches=m, forward_s=per_mb / 3,
@@ -381,6 +386,10 @@ def step_seconds(parallelism: str, shape: ModelShape, *, ranks: int, alpha: floa
 
 def step_table(shape: ModelShape, *, ranks: Sequence[int], alpha: float, beta: float) -> dict:
     """{parallelism: [step time at each rank count]} for the "which parallelism where"
-    figure and widget."""
-    return {kind: [step_seconds(kind, shape, ranks=int(n), alpha=alpha, beta=beta)
-                   for n in ranks] for kind in PARALLELISMS}
+    figure and widget; NaN where a pipeline would have more stages than layers."""
+    def one(kind, n):
+        if kind == "pp" and n > shape.layers:
+            return math.nan
+        return step_seconds(kind, shape, ranks=n, alpha=alpha, beta=beta)
+
+    return {kind: [one(kind, int(n)) for n in ranks] for kind in PARALLELISMS}

@@ -41,6 +41,7 @@ from ..timing import all_reduce_spans, durations
 from ..topology import Topology
 from ..wire import SEGMENT_BYTES, wire_beta
 from . import bench, check, details, result
+from .model_parallel import parallel_rows
 
 SIZES = [1 << 10, 64 << 10, 1 << 20, 16 << 20]
 NATIVE_SHARE = 0.1  # dilate until the native Gloo time is at most this share of the network's
@@ -335,6 +336,7 @@ def model_bench(quick: bool = False) -> dict:
     more_rows, more = p2p_ring_rows(quick)
     rows += more_rows
     checks += more
+    parallel_rows(rows, checks, quick)  # 6. sharded, tensor, pipeline and expert parallelism
     return result("model", rows, checks)
 
 

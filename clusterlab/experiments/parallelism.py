@@ -23,7 +23,6 @@ bytes and calls are real.
 from __future__ import annotations
 
 import functools
-import statistics
 
 import numpy as np
 
@@ -44,8 +43,15 @@ CLOSED_FORM = {"ddp": ("ddp", True), "zero1": ("zero1", True), "zero2": ("zero2"
 
 
 def preload() -> None:
-    """Import FSDP2, DTensor and DDP in this process before ranks fork (they inherit them)."""
+    """Import FSDP2, DTensor and DDP in this process before ranks fork (they inherit them),
+    and silence torch 2.13's notice that all_gather_into_tensor and reduce_scatter_tensor
+    have new names (FSDP2 itself still calls the old ones, on every rank, every step)."""
+    import warnings
+
     from .common import preload_ddp
+
+    warnings.filterwarnings("ignore", message=r".*is deprecated\. Please use `torch\.distributed",
+                            category=FutureWarning)
 
     preload_ddp()
     import torch.distributed.fsdp  # noqa: F401
@@ -375,7 +381,7 @@ def _alltoall_spans(ranks_list, *, nbytes: int, repeats: int) -> dict:
         dist.all_to_all_single(y, x, group=group)  # warm-up
         spans = []
         for _ in range(repeats):
-            go = torch.tensor([clock.monotonic_ns() + GO_MARGIN_NS])
+            go = torch.tensor([clock.monotonic_ns() + int(GO_MARGIN_NS * clock.dilation())])
             dist.all_reduce(go, op=dist.ReduceOp.MAX, group=group)
             clock.sleep_until(int(go), spin_ns=200_000)  # every rank enters at one instant
             t0 = clock.now()
@@ -389,14 +395,13 @@ def _alltoall_spans(ranks_list, *, nbytes: int, repeats: int) -> dict:
 # --- in the notebook's process ----------------------------------------------------------------
 
 
-def _median(values) -> float:
-    return float(statistics.median(values))
-
-
-def _step_median(per_rank: list[dict], skip: int = 1) -> float:
-    """Median over steps (after `skip` warm-up steps) of the slowest rank's step time."""
+def _fastest_step(per_rank: list[dict], key: str = "step_s", skip: int = 1) -> float:
+    """The fastest step (after `skip` warm-up steps) of the slowest rank. On a network
+    without jitter every step costs the same, and load on this shared machine only ever
+    adds time: the fastest step is the best estimate of what the network and the code cost
+    (a median would carry whatever else the machine was doing)."""
     steps = len(per_rank[0]["steps"])
-    return _median(max(r["steps"][k]["step_s"] for r in per_rank) for k in range(skip, steps))
+    return min(max(r["steps"][k][key] for r in per_rank) for k in range(skip, steps))
 
 
 def sharded_traffic(*, ranks: int = 4, width: int = 64, depth: int = 3,
@@ -431,9 +436,9 @@ def sharded_traffic(*, ranks: int = 4, width: int = 64, depth: int = 3,
 
 def step_time_sweep(nics, *, ranks: int = 2, width: int = 128, depth: int = 3,
                     tp_width: int = 64, tp_layers: int = 4, tp_batch: int = 32,
-                    tp_compute_s: float = 0.004, steps: int = 4,
+                    tp_compute_s: float = 0.004, steps: int = 6,
                     timeout: float = 120) -> list[dict]:
-    """For each NIC spec: the median step time (slowest rank, after a warm-up step) of DDP
+    """For each NIC spec: the fastest step (slowest rank, after a warm-up step) of DDP
     and FSDP2 (`zero3`) on `depth` layers of `width`, and of tensor- vs data-parallel MLP
     blocks (`tp_layers` blocks of width `tp_width`, hidden 4x, a batch of `tp_batch` rows).
 
@@ -456,10 +461,10 @@ def step_time_sweep(nics, *, ranks: int = 2, width: int = 128, depth: int = 3,
         act = tp_batch * tp_width * 4
         tp_params = tp_layers * 2 * 4 * tp_width * tp_width
         rows.append({
-            "nic": str(nic), "alpha": alpha, "beta": beta, "params": params,
+            "nic": str(nic), "alpha": alpha, "beta": beta, "params": params, "steps": steps - 1,
             "tp_params": tp_params, "activation_bytes": act,
-            "ddp_s": _step_median(ddp), "fsdp_s": _step_median(fsdp),
-            "tp_s": _step_median(tp), "tp_dp_s": _step_median(dp),
+            "ddp_s": _fastest_step(ddp), "fsdp_s": _fastest_step(fsdp),
+            "tp_s": _fastest_step(tp), "tp_dp_s": _fastest_step(dp),
             "ddp_comm_s": par.sharded_comm_seconds("ddp", params=params, ranks=ranks,
                                                    alpha=alpha, beta=beta),
             "fsdp_comm_s": par.sharded_comm_seconds("zero3", params=params, ranks=ranks,
@@ -485,30 +490,27 @@ def step_time_sweep(nics, *, ranks: int = 2, width: int = 128, depth: int = 3,
     return rows
 
 
-def fsdp_prefetch(*, ranks: int = 2, nic: str = "delay 3ms", width: int = 64, depth: int = 4,
-                  layer_s: float = 0.004, steps: int = 4, timeout: float = 120) -> dict:
+def fsdp_prefetch(*, ranks: int = 2, nic: str = "delay 8ms", width: int = 64, depth: int = 6,
+                  layer_s: float = 0.008, steps: int = 7, timeout: float = 120) -> dict:
     """FSDP2's forward time with and without `set_modules_to_forward_prefetch`: without it
     each layer waits for its own all-gather; with it the next layer's all-gather travels
-    while this layer computes. Returns measured medians and the two closed forms."""
+    while this layer computes. Only the forward is timed (the backward computes nothing).
+    Returns the fastest forward of each (see `_fastest_step`) and the two closed forms."""
     preload()
     alpha, beta = _network(nic)
     with Cluster(nodes=ranks, nic=nic, timeout=timeout) as cl:
         res = {mode: cl.run(_train, "zero3", width=width, depth=depth, steps=steps, batch=8,
-                            forward_s=layer_s, backward_s=2 * layer_s, prefetch=mode)
+                            forward_s=layer_s, backward_s=0.0, prefetch=mode)
                for mode in (False, True)}
     params_per_layer = width * width + width
     gather = par.models.ring_allgather(ranks, params_per_layer * 4, alpha, beta)
 
-    def forward(per_rank):
-        steps_ = len(per_rank[0]["steps"])
-        return _median(max(r["steps"][k]["forward_s"] for r in per_rank)
-                       for k in range(1, steps_))
-
     return {
-        "forward_s": forward(res[False]), "forward_prefetch_s": forward(res[True]),
+        "forward_s": _fastest_step(res[False], "forward_s"),
+        "forward_prefetch_s": _fastest_step(res[True], "forward_s"),
         "predicted_s": depth * (gather + layer_s),
         "predicted_prefetch_s": gather + depth * max(gather, layer_s),
-        "gather_s": gather, "layer_s": layer_s, "depth": depth,
+        "gather_s": gather, "layer_s": layer_s, "depth": depth, "steps": steps - 1,
     }
 
 
@@ -529,9 +531,14 @@ def pipeline(nics, *, stages: int = 4, microbatches: int = 8, forward_s: float =
                 run = [r["runs"][-1] for r in res]
                 step = max(r["end"] for r in run)
                 busy = sum(e - s for r in run for _, _, s, e in r["ops"]) / stages
+                # The replay gets the operations' durations as measured (a sleep wakes up
+                # late on a busy machine), so that it differs from the run by the network
+                # and by the machine's cost of messages only.
+                took = {k: float(np.mean([e - s for r in run for kind, _, s, e in r["ops"]
+                                          if kind == k])) for k in ("F", "B")}
                 sim = par.simulate_pipeline(schedule, stages=stages,
-                                            microbatches=microbatches, forward_s=forward_s,
-                                            backward_s=backward_s, nic=nic,
+                                            microbatches=microbatches, forward_s=took["F"],
+                                            backward_s=took["B"], nic=nic,
                                             activation_bytes=act)
                 out.append({
                     "nic": str(nic), "schedule": schedule, "step_s": step,
@@ -541,7 +548,8 @@ def pipeline(nics, *, stages: int = 4, microbatches: int = 8, forward_s: float =
                     "ideal_step_s": par.pipeline_step_seconds(
                         stages=stages, microbatches=microbatches, forward_s=forward_s,
                         backward_s=backward_s),
-                    "ops": [r["ops"] for r in run],
+                    "ops": [r["ops"] for r in run], "forward_took_s": took["F"],
+                    "backward_took_s": took["B"],
                     "p2p_sent": [r["traffic"].get("p2p", {}).get("sent", 0) for r in run],
                     "activation_bytes": act,
                 })
@@ -562,8 +570,8 @@ def moe_alltoall(*, ranks: int = 4, nic: str = "delay 2ms rate 40mbit", tokens: 
                          expert_s_per_token=expert_s_per_token, repeats=repeats)
             reps = range(1, repeats) if repeats > 1 else range(repeats)
 
-            def med(key, res=res, reps=reps):
-                return _median(max(r["repeats"][k][key] for r in res) for k in reps)
+            def fastest(key, res=res, reps=reps):  # see _fastest_step
+                return min(max(r["repeats"][k][key] for r in res) for k in reps)
 
             sent = [r["repeats"][-1]["traffic"]["alltoall"]["sent"] for r in res]
             received = [r["repeats"][-1]["traffic"]["alltoall"]["received"] for r in res]
@@ -575,8 +583,9 @@ def moe_alltoall(*, ranks: int = 4, nic: str = "delay 2ms rate 40mbit", tokens: 
             dispatch = alpha + max(pred["sent_hot"], pred["sent_other"]) * beta
             combine = alpha + pred["received_hot"] * beta
             out.append({
-                "hot_share": hot, "dispatch_s": med("dispatch_s"), "expert_s": med("expert_s"),
-                "combine_s": med("combine_s"), "step_s": med("step_s"),
+                "hot_share": hot, "dispatch_s": fastest("dispatch_s"),
+                "expert_s": fastest("expert_s"),
+                "combine_s": fastest("combine_s"), "step_s": fastest("step_s"),
                 "sent": sent, "received": received, "predicted": pred,
                 "hot_tokens": res[-1]["received_tokens"],
                 "predicted_dispatch_s": dispatch, "predicted_combine_s": combine,
@@ -588,19 +597,21 @@ def moe_alltoall(*, ranks: int = 4, nic: str = "delay 2ms rate 40mbit", tokens: 
 
 
 def alltoall_growth(*, ranks=(2, 3, 4), nic: str = "delay 10ms 2ms distribution normal",
-                    nbytes: int = 64, repeats: int = 12, timeout: float = 120) -> list[dict]:
+                    nbytes: int = 64, repeats: int = 12, dilation: float = 1.0,
+                    timeout: float = 120) -> list[dict]:
     """An all-to-all of small messages on the first n ranks of one cluster, for each n,
     every rank entering at one agreed instant: from the first entry ("mean_s", which also
     counts a rank that woke up late) and from the last ("last_entry_mean_s", which misses the
     head start of the others) to the last exit, against the order statistics (the last of
     n(n-1) jittered messages) and the replay `parallelism.simulate_alltoall`.
 
-    Up to 4 ranks: on 2 cores, more ranks wake up milliseconds late and Gloo's own
-    all-to-all costs tens of milliseconds; the replay takes N further."""
+    Up to 4 ranks: on 2 cores more ranks wake up milliseconds late and Gloo's own
+    all-to-all costs tens of milliseconds. The replay takes N further. `dilation` runs the
+    cluster k times slower (times in emulated time)."""
     from .. import timing
 
     spec = Netem.parse(nic)
-    with Cluster(nodes=max(ranks), nic=nic, timeout=timeout) as cl:
+    with Cluster(nodes=max(ranks), nic=nic, timeout=timeout, dilation=dilation) as cl:
         res = cl.run(_alltoall_spans, list(ranks), nbytes=nbytes, repeats=repeats)
     out = []
     for n in ranks:

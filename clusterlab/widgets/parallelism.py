@@ -81,25 +81,29 @@ class ParallelismExplorer(Explorer):
                         label=f"{LABELS[kind]}, measured here")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.set_xlim(RANKS[0] / 1.2, RANKS[-1] * 1.2)
+        ax.set_ylim(1e-3, 1e3)  # until _draw sets them: a log axis cannot start at 0
         ax.set_xlabel("ranks")
         ax.set_ylabel("step time (s), nothing overlapped")
+        ax.text(0.99, 0.02, "pipeline: at most one stage per layer", transform=ax.transAxes,
+                ha="right", fontsize=8, color=COLORS["pp"])
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8, loc="upper left")
-        title = ax.set_title("")
-        fig.tight_layout()
+        title = ax.set_title("", fontsize=10)
+        fig.subplots_adjust(left=0.1, right=0.98, bottom=0.12, top=0.92)
         return {"ax": ax, "lines": lines, "title": title}
 
     def _draw(self, fig: Figure, axes: dict[str, Any]) -> None:
         ax = axes["ax"]
-        values = [t for ts in self.table.values() for t in ts]
+        values = [t for ts in self.table.values() for t in ts if t == t]  # no NaN
         for kind, line in axes["lines"].items():
             line.set_data(RANKS, self.table[kind])
         for points in self.measured.values():
             values += [y for _, y in points]
         ax.set_xlim(RANKS[0] / 1.2, RANKS[-1] * 1.2)
         ax.set_ylim(min(values) / 1.5, max(values) * 1.5)
-        best = {n: min(PARALLELISMS, key=lambda k, i=i: self.table[k][i])
-                for i, n in enumerate(RANKS)}
+        best = {n: min((k for k in PARALLELISMS if self.table[k][i] == self.table[k][i]),
+                       key=lambda k, i=i: self.table[k][i]) for i, n in enumerate(RANKS)}
         v = {k: c.value for k, c in self.controls.items()}
         axes["title"].set_text(
             f"{v['params_m']:g}M parameters, {v['latency_us']:g} µs, "
