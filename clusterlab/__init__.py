@@ -6,6 +6,7 @@
 """
 
 from .backend import register as _register_backend
+from .backend import traffic
 from .clock import elapsed, now
 from .cluster import Cluster, ClusterError, ClusterTimeout, RankDied, RankError
 from .netem import Netem
@@ -21,6 +22,7 @@ __all__ = [
     "Topology",
     "elapsed",
     "now",
+    "traffic",
 ]
 __version__ = "0.1.0"
 
