@@ -436,7 +436,7 @@ def sharded_traffic(*, ranks: int = 4, width: int = 64, depth: int = 3,
 
 def step_time_sweep(nics, *, ranks: int = 2, width: int = 128, depth: int = 3,
                     tp_width: int = 64, tp_layers: int = 4, tp_batch: int = 32,
-                    tp_compute_s: float = 0.004, steps: int = 6,
+                    tp_compute_s: float = 0.004, steps: int = 6, dilation: float = 1.0,
                     timeout: float = 120) -> list[dict]:
     """For each NIC spec: the fastest step (slowest rank, after a warm-up step) of DDP
     and FSDP2 (`zero3`) on `depth` layers of `width`, and of tensor- vs data-parallel MLP
@@ -445,12 +445,15 @@ def step_time_sweep(nics, *, ranks: int = 2, width: int = 128, depth: int = 3,
     Predictions: the closed-form communication time of each (`parallelism`), added to what
     the first NIC's run measured beyond its own closed form (the compute, Python and this
     machine's costs, which no network formula knows): predicted(nic) = measured(first) +
-    comm(nic) - comm(first). The first NIC is the reference; the others test the formulas."""
+    comm(nic) - comm(first). The first NIC is the reference; the others test the formulas.
+    `dilation` runs the cluster k times slower (times in emulated time): this machine's own
+    costs shrink k-fold against the network's (the accelerator's sleeps too, which cancel in
+    the comparison)."""
     preload()
     rows = []
     for nic in nics:
         alpha, beta = _network(nic)
-        with Cluster(nodes=ranks, nic=nic, timeout=timeout) as cl:
+        with Cluster(nodes=ranks, nic=nic, timeout=timeout, dilation=dilation) as cl:
             ddp = cl.run(_train, "ddp", width=width, depth=depth, steps=steps, batch=8)
             fsdp = cl.run(_train, "zero3", width=width, depth=depth, steps=steps, batch=8)
             tp = cl.run(_tp_step, width=tp_width, layers=tp_layers, batch=tp_batch,
