@@ -126,7 +126,11 @@ def test_step_table_covers_every_parallelism_to_1024_ranks():
     shape = par.ModelShape(params=10**9, layers=32, activation_bytes=2**24, compute_s=1.0)
     table = par.step_table(shape, ranks=(2, 1024), alpha=1e-5, beta=8 / 100e9)
     assert set(table) == set(par.PARALLELISMS)
-    assert all(len(v) == 2 and all(np.isfinite(v)) and min(v) > 0 for v in table.values())
+    assert all(len(v) == 2 and v[0] > 0 for v in table.values())
+    assert all(np.isfinite(v[1]) for k, v in table.items() if k != "pp")
+    assert np.isnan(table["pp"][1])  # 1024 stages for 32 layers: no such pipeline
+    with pytest.raises(ValueError, match="layers=32"):
+        par.step_seconds("pp", shape, ranks=64, alpha=0, beta=0)
     # More latency hurts TP (many small messages) more than DP (one large one).
     slow = par.step_table(shape, ranks=(8,), alpha=1e-3, beta=8 / 100e9)
     fast = par.step_table(shape, ranks=(8,), alpha=1e-5, beta=8 / 100e9)
@@ -150,3 +154,22 @@ def test_step_table_covers_every_parallelism_to_1024_ranks():
 def test_bad_input_names_the_argument(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+def test_explorer_redraws_headless_and_follows_its_sliders():
+    from clusterlab.widgets.parallelism import RANKS, ParallelismExplorer
+
+    explorer = ParallelismExplorer(latency_us=10, bandwidth_gbit=100, measured={
+        "dp": [(2, 0.5)]})
+    explorer.update()
+    assert explorer.last_error is None and explorer.png.startswith(b"\x89PNG")
+    lines = explorer._axes["lines"]
+    assert set(lines) == set(par.PARALLELISMS)
+    fast = {k: list(line.get_ydata()) for k, line in lines.items()}
+    explorer.controls["latency_us"].value = 1000
+    explorer.update()
+    slow = {k: list(line.get_ydata()) for k, line in lines.items()}
+    i = RANKS.index(8)
+    assert slow["tp"][i] - fast["tp"][i] > 10 * (slow["dp"][i] - fast["dp"][i]) > 0
+    assert "1000 µs" in explorer._axes["title"].get_text()
+    explorer.close()

@@ -449,6 +449,9 @@ def step_time_sweep(nics, *, ranks: int = 2, width: int = 128, depth: int = 3,
     `dilation` runs the cluster k times slower (times in emulated time): this machine's own
     costs shrink k-fold against the network's (the accelerator's sleeps too, which cancel in
     the comparison)."""
+    nics = list(nics)
+    if not nics:
+        raise ValueError("nics must name at least one network (the first is the reference)")
     preload()
     rows = []
     for nic in nics:
