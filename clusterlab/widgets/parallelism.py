@@ -12,6 +12,7 @@ from typing import Any
 
 import ipywidgets as widgets
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 from ..parallelism import PARALLELISMS, ModelShape, step_table
 from ._common import Explorer
@@ -83,6 +84,7 @@ class ParallelismExplorer(Explorer):
         ax.set_yscale("log")
         ax.set_xlim(RANKS[0] / 1.2, RANKS[-1] * 1.2)
         ax.set_ylim(1e-3, 1e3)  # until _draw sets them: a log axis cannot start at 0
+        ax.yaxis.set_minor_formatter(NullFormatter())  # fewer labels: each costs a redraw
         ax.set_xlabel("ranks")
         ax.set_ylabel("step time (s), nothing overlapped")
         ax.text(0.99, 0.02, "pipeline: at most one stage per layer", transform=ax.transAxes,
