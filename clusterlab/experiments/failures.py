@@ -207,8 +207,9 @@ class JobRun:
         """Per failure: the step it hit, the checkpoint the group resumed from, and
 
         restart_s - from the SIGKILL to the last rank of the new group having loaded the
-          checkpoint (torchrun noticing, stopping the others, starting new Python
-          processes, the rendezvous, the process group, the load);
+          checkpoint, in two parts: respawn_s, until the last new worker has Python and
+          torch loaded (torchrun noticing, stopping the others, starting new processes),
+          and rejoin_s, the rendezvous, the process group and the checkpoint's load;
         redo_s - from there until the group was back at the step where it died;
         lost_s - their sum: the wall time this failure cost.
         """
@@ -219,11 +220,14 @@ class JobRun:
             if not resumes:
                 continue
             resumed_at = max(e["t"] for e in resumes)
+            spawned_at = max(e["t"] for e in self._of("process", attempt=after))
             back = [e["t"] for e in self._of("step", attempt=after, step=kill["step"])]
             back_t = max(back) if back else resumed_at  # died right after a checkpoint
             rows.append({"step": kill["step"], "resumed_from": resumes[0]["step"],
                          "redone_steps": kill["step"] - resumes[0]["step"],
                          "restart_s": (resumed_at - kill["t"]) / 1e9,
+                         "respawn_s": (spawned_at - kill["t"]) / 1e9,
+                         "rejoin_s": (resumed_at - spawned_at) / 1e9,
                          "redo_s": (back_t - resumed_at) / 1e9,
                          "lost_s": (back_t - kill["t"]) / 1e9})
         return rows
@@ -242,6 +246,32 @@ class JobRun:
     def goodput(self) -> float:
         """Useful steps per second of the training (first worker start to the end)."""
         return self.config["steps"] / self.train_s
+
+    def plot_timeline(self, ax=None, title: str | None = None):
+        """Each rank's completed steps over time, one colour per attempt; kills marked."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(10, 3))
+        t0 = self.first_s
+        for a in range(self.attempts):
+            for rank in range(self.config["nodes"]):
+                st = self._of("step", rank=rank, attempt=a)
+                ax.plot([e["t"] / 1e9 - t0 for e in st], [e["step"] for e in st],
+                        ".-" if rank == 0 else ".", color=f"C{a}", ms=3,
+                        label=f"attempt {a}" if rank == 0 else None)
+        for e in self._of("checkpoint"):
+            ax.axhline(e["step"], color="grey", lw=0.5, ls=":")
+        for e in self._of("kill"):
+            ax.axvline(e["t"] / 1e9 - t0, color="red", lw=1)
+            ax.annotate(f"rank {e['rank']} SIGKILL", (e["t"] / 1e9 - t0, e["step"]),
+                        color="red", fontsize=8, xytext=(4, 4), textcoords="offset points")
+        ax.set_xlabel("seconds since the first worker started")
+        ax.set_ylabel("step completed")
+        ax.set_title(title or f"torchrun, {self.config['nodes']} workers, checkpoint every "
+                     f"{self.config['interval']} steps (dotted)")
+        ax.legend(fontsize=8)
+        return ax
 
     def summary(self) -> dict:
         fails = self.failures()
@@ -509,9 +539,9 @@ def checkpoint_stalls(*, nodes: int = 2, steps: int = 18, interval: int = 6,
 
 
 def stall_summary(traces: dict) -> dict:
-    """Per mode: rank 0's median step without a save, and the wall time each save cost the
-    job (rank 0's total minus steps x that median, per save: the other ranks wait for it at
-    the next all-reduce, so this is everyone's loss)."""
+    """Per mode: rank 0's median step without a save; the wall time each save cost the job
+    (rank 0's total minus steps x that median, per save: the other ranks wait for it at the
+    next all-reduce, so this is everyone's loss); rank 0's mean write and copy per save."""
     out = {}
     for mode, tr in traces.items():
         s = np.asarray(tr["step_s"])[0]
@@ -520,8 +550,8 @@ def stall_summary(traces: dict) -> dict:
         plain = float(np.median(s[~mask]))
         lost = (float(s.sum()) - len(s) * plain) / max(1, int(mask.sum()))
         out[mode] = {"step_s": plain, "lost_per_save_s": lost, "saves": int(mask.sum()),
-                     "write_s": float(np.median(tr["write_s"])) if tr["write_s"] else 0.0,
-                     "copy_s": float(np.median(tr["copy_s"])) if tr["copy_s"] else 0.0}
+                     "write_s": float(np.mean(tr["write_s"])) if tr["write_s"] else 0.0,
+                     "copy_s": float(np.mean(tr["copy_s"])) if tr["copy_s"] else 0.0}
     return out
 
 
