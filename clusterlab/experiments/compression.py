@@ -181,11 +181,13 @@ class _DistProxy:
         return getattr(dist, name)
 
 
-def _torch_hooks_through(meter: _Meter) -> None:
-    """Point torch's hook modules at `meter` (in this rank's process only)."""
+def _torch_hooks_through(meter: _Meter | None) -> None:
+    """Point torch's hook modules at `meter` (in this rank's process only); None puts
+    torch.distributed back, so later runs on the same ranks see torch's hooks unchanged."""
+    import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-    default_hooks.dist = powerSGD_hook.dist = _DistProxy(meter)
+    default_hooks.dist = powerSGD_hook.dist = dist if meter is None else _DistProxy(meter)
 
 
 def bf16_hook(meter: _Meter, bucket):
@@ -287,6 +289,14 @@ def register(ddp, method: str, meter: _Meter) -> None:
 
 
 def _train_worker(cfg: dict) -> dict:
+    """One rank's run; torch's hook modules are put back afterwards (the ranks live on)."""
+    try:
+        return _train(cfg)
+    finally:
+        _torch_hooks_through(None)
+
+
+def _train(cfg: dict) -> dict:
     import torch
     import torch.distributed as dist
 
