@@ -1,0 +1,122 @@
+"""Experiments of notebook 11 (compressing communication): the hooks' bytes, error feedback,
+and the break-even model.
+
+Real ranks through the "netem" backend on a shared 2-core machine: no absolute times.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from clusterlab.experiments import compression
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leftovers")]
+
+
+@pytest.mark.parametrize("bad", ["gzip", "powersgd", "powersgd:0", "powersgd:1.5", "topk:0",
+                                 "topk:2", "fp16:2", "topk:x"])
+def test_a_bad_method_is_named(bad):
+    with pytest.raises(ValueError, match="method|rank|fraction"):
+        compression.parse_method(bad)
+    with pytest.raises(TypeError):
+        compression.parse_method(4)
+
+
+def test_predicted_bytes_follow_the_shapes():
+    n = sum(math.prod(s) for s in compression.parameter_shapes())
+    assert compression.predicted_calls("none", 4) == [("allreduce", 4 * n)]
+    assert compression.predicted_calls("bf16", 4) == [("allreduce", 2 * n)]
+    ps = compression.predicted_calls("powersgd:2", 4)
+    # P (rows x 2) and Q (cols x 2) of the three matrices, biases uncompressed
+    assert ps == [("allreduce", 4 * 522), ("allreduce", 4 * 2 * (256 + 256 + 10)),
+                  ("allreduce", 4 * 2 * (32 + 256 + 256))]
+    k = int(0.01 * n)
+    assert compression.predicted_calls("topk:0.01", 8) == [("allgather", 8 * k)]
+    # ring bytes per rank: all-reduce 2(p-1)/p n, all-gather (p-1) n
+    assert compression.sent_bytes("allreduce", 1000, 4) == pytest.approx(1500)
+    assert compression.sent_bytes("allgather", 1000, 4) == pytest.approx(3000)
+
+
+def test_break_even_falls_with_latency_and_ranks():
+    be = compression.breakeven_rate_bps
+    assert be("powersgd:1", 4, 2e-3) > be("powersgd:1", 4, 4e-3) > 0
+    assert be("powersgd:1", 4, 1e-3) > be("powersgd:1", 64, 1e-3)
+    assert be("powersgd:1", 4, 1e-3, overhead_s=1e-3) < be("powersgd:1", 4, 1e-3)
+    assert be("fp16", 4, 1e-3) == math.inf  # fewer bytes, no extra rounds: always pays
+    # at the break-even rate the two exchanges cost the same
+    rate = be("powersgd:4", 8, 1e-3)
+    cost = {m: compression.comm_seconds(compression.predicted_calls(m, 8), 8, 1e-3, 8 / rate)
+            for m in ("none", "powersgd:4")}
+    assert cost["none"] == pytest.approx(cost["powersgd:4"], rel=1e-9)
+
+
+class _LoopbackMeter:
+    """All-gather on one rank: hands back the payload, as a completed future."""
+
+    def __init__(self):
+        self.calls = []
+
+    def all_gather(self, outputs, tensor, group=None):
+        import torch
+
+        self.calls.append(("allgather", tensor.numel() * tensor.element_size()))
+        outputs[0].copy_(tensor)
+        fut = torch.futures.Future()
+        fut.set_result(outputs)
+        return fut
+
+
+class _Bucket:
+    def __init__(self, t):
+        self.t = t
+
+    def buffer(self):
+        return self.t
+
+    def index(self):
+        return 0
+
+
+def test_topk_error_feedback_sends_everything_eventually(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(compression, "_world", lambda: 1)
+    g = torch.tensor([4.0, 1.0, 0.5, -0.25])
+    ef = compression.TopK(0.25, _LoopbackMeter())
+    noef = compression.TopK(0.25, _LoopbackMeter(), error_feedback=False)
+    applied_ef, applied_noef = torch.zeros(4), torch.zeros(4)
+    for _ in range(40):
+        applied_ef += ef(_Bucket(g.clone())).wait()
+        applied_noef += noef(_Bucket(g.clone())).wait()
+    # with the residual, what was applied plus what is still held is exactly the sum of g
+    assert torch.allclose(applied_ef + ef.residuals[0], 40 * g)
+    assert (applied_ef != 0).all(), "every coordinate was sent at some step"
+    assert (applied_noef[1:] == 0).all(), "without it, only the largest ever is"
+    assert ef.meter.calls == [("allgather", 8)] * 40  # one value + one index per step
+
+
+def test_hooks_through_netem_send_what_the_shapes_predict():
+    rows = compression.bytes_table(("none", "fp16", "bf16", "powersgd:2", "topk:0.05"), nodes=2,
+                                   nic="delay 500us")
+    for r in rows:
+        assert r["measured_calls"] == r["predicted_calls"], r["method"]
+        assert r["replicas_identical"], r["method"]
+        assert r["sent_bytes"] == pytest.approx(r["predicted_sent_bytes"])
+    sent = {r["method"]: r["sent_bytes"] for r in rows}
+    assert sent["fp16"] == sent["bf16"] == sent["none"] / 2
+    assert sent["powersgd:2"] < sent["topk:0.05"] < sent["fp16"]
+
+
+def test_run_options_are_checked():
+    from clusterlab import Cluster
+
+    cl = Cluster(2, nic="delay 1ms")  # never started: the checks come first
+    with pytest.raises(TypeError, match="unknown option"):
+        compression.run_method(cl, method="none", speed=3)
+    with pytest.raises(ValueError, match="steps"):
+        compression.run_method(cl, method="none", steps=2)
+    with pytest.raises(ValueError, match="unknown method"):
+        compression.run_method(cl, method="zip")
+    cl.close()

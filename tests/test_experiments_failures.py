@@ -1,0 +1,96 @@
+"""Experiments of notebook 12 (failures and elasticity): a real torchrun restart, hung peers,
+checkpoint stalls, and the closed forms they are held against.
+
+Real processes on a shared 2-core machine: no absolute times; every job is checked for
+processes and temp dirs left behind.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+from clusterlab import models
+from clusterlab.experiments import failures
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("no_leftovers")]
+
+
+def scratch_left() -> list[str]:
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"clusterlab-{os.getpid()}-failures-*")) \
+        + glob.glob(os.path.join(tempfile.gettempdir(), f"clusterlab-{os.getpid()}-checkpoint-*"))
+
+
+def test_young_daly_is_the_minimum_of_the_waste_model():
+    c, m, r = 60.0, 3 * 3600.0, 300.0
+    tau = models.young_daly_interval(c, m)
+    assert tau == pytest.approx(math.sqrt(2 * c * m))
+    grid = np.linspace(0.3 * tau, 3 * tau, 2001)
+    best = grid[np.argmin([models.checkpoint_waste(t, c, m, r) for t in grid])]
+    assert abs(best - tau) <= grid[1] - grid[0]  # the model's minimum, whatever the restart
+    assert models.checkpoint_waste(tau, c, m, r) == pytest.approx(c / tau + (r + tau / 2) / m)
+    assert models.checkpoint_waste(1.0, 100.0, 10.0) == 1.0  # capped
+    with pytest.raises(ValueError, match="mtbf_s"):
+        models.young_daly_interval(1.0, 0.0)
+    with pytest.raises(ValueError, match="checkpoint_s"):
+        models.checkpoint_waste(10.0, -1.0, 100.0)
+
+
+def test_failure_schedule_and_accounting():
+    s = failures.failure_schedule(steps=100, mtbf_steps=10, seed=1, limit=5)
+    assert s == failures.failure_schedule(steps=100, mtbf_steps=10, seed=1, limit=5)
+    assert s == sorted(set(s)) and len(s) <= 5 and all(0 <= x < 100 for x in s)
+    # 10 steps of 1 s, checkpoints at 4 and 8 (2 s each), failures at 5 (1 redone) and 9 (1)
+    t = failures.predicted_train_s(steps=10, interval=4, failures=[5, 9], step_s=1.0,
+                                   checkpoint_s=2.0, restart_s=3.0, startup_s=0.5)
+    assert t == pytest.approx(0.5 + 10 + 2 * 2 + 2 * 3 + 2)
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"nodes": 1}, "nodes"), ({"kill_rank": 2}, "kill_rank"), ({"failures": [5, 3]}, "failures"),
+    ({"failures": [99]}, "failures"), ({"failures": [1, 2, 3, 4]}, "max_restarts"),
+    ({"steps": 0}, "steps")])
+def test_bad_job_options_are_named_and_leave_nothing(options, match):
+    with pytest.raises(ValueError, match=match):
+        failures.torchrun_job(**options)
+    with pytest.raises(TypeError, match="unknown option"):
+        failures.torchrun_job(speed=1)
+    assert not scratch_left()
+
+
+def test_torchrun_restarts_a_killed_rank_from_its_checkpoint():
+    job = failures.torchrun_job(nodes=2, steps=8, interval=3, failures=[4], compute_s=0.02,
+                                state_mb=1.0, timeout_s=90)
+    assert job.returncode == 0 and job.attempts == 2
+    (f,) = job.failures()
+    assert f["step"] == 4 and f["resumed_from"] == 3 and f["redone_steps"] == 1
+    assert f["restart_s"] > 0 and f["lost_s"] >= f["restart_s"]
+    done = [e for e in job.events if e["kind"] == "done"]
+    assert sorted(e["rank"] for e in done) == [0, 1] and all(e["step"] == 8 for e in done)
+    assert {e["step"] for e in job.events if e["kind"] == "checkpoint"} == {3, 6}
+    assert not job.leftover and not scratch_left()
+
+
+def test_a_hung_peer_costs_the_timeout_and_monitored_barrier_names_it():
+    rows = failures.hung_peer(timeouts_s=(0.5,), nodes=3, hang_rank=1)
+    plain, named = rows
+    for r in rows:
+        assert len(r["waited_s"]) == 2 and all(0.5 <= w < 1.5 for w in r["waited_s"])
+    assert "Rank 1" in named["errors"][0] and "Rank 1" not in plain["errors"][0]
+    assert failures.default_timeout().total_seconds() == 1800
+    with pytest.raises(ValueError, match="hang_rank"):
+        failures.hung_peer(nodes=2, hang_rank=2)
+
+
+def test_async_checkpoints_stall_less_than_sync():
+    traces = failures.checkpoint_stalls(nodes=2, steps=8, interval=4, state_mb=16.0,
+                                        compute_s=0.02)
+    stall = failures.stall_summary(traces)
+    assert traces["sync"]["saved"] == [3, 7] and traces["sync"]["step_s"].shape == (2, 8)
+    assert stall["sync"]["lost_per_save_s"] > stall["async"]["lost_per_save_s"]
+    assert not scratch_left()
