@@ -530,7 +530,8 @@ def test_enough_numeric_questions_over_several_models(bank):
     numeric = [q for q in bank.questions if q.kind == "numeric"]
     assert len(numeric) >= 12
     assert len({q.raw["model"] for q in numeric}) >= 8
-    assert {q.id for q in numeric} == set(REFERENCES), "every numeric question needs a reference"
+    on_models = {q.id for q in numeric if hasattr(M, q.raw["model"])}  # the rest: interview_math
+    assert on_models == set(REFERENCES), "every numeric question needs a reference"
 
 
 @pytest.mark.parametrize("qid", sorted(REFERENCES))
