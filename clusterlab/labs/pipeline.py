@@ -225,14 +225,22 @@ def _summary(out: list[dict], p: int, m: int) -> dict:
             "peak": [r["peak"] for r in out]}
 
 
-def measure(fn, p: int, m: int, *, seed: int = 0, unit: float = FORWARD_S) -> dict:
-    """Time the schedule `fn` on p ranks, m micro-batches (forward `unit` s, backward 2 `unit`):
-    step time, the measured bubble (1 - mean busy time / step time), its prediction
-    (p-1)/(m+p-1), and the most micro-batches' activations each stage held at once."""
+def _each_on_rank(fn, name: str, ms: list[int], seed: int, unit: float) -> list[dict]:
+    return [_on_rank(fn, name, m, seed, unit) for m in ms]
+
+
+def measure(fn, p: int, microbatches: list[int], *, seed: int = 0,
+            unit: float = FORWARD_S) -> list[dict]:
+    """Time the schedule `fn` on p ranks (one cluster) for each m in `microbatches`, forward
+    `unit` s and backward 2 `unit` per micro-batch: per m, the step time, the measured bubble
+    (1 - mean busy time / step time), its prediction (p-1)/(m+p-1), and the most
+    micro-batches' activations each stage held at once."""
     from ..cluster import Cluster
 
-    with Cluster(nodes=p, nic=None, timeout=30 + 6 * m * unit * p) as cl:
-        return _summary(cl.run(_on_rank, fn, getattr(fn, "__name__", "fn"), m, seed, unit), p, m)
+    ms = list(microbatches)
+    with Cluster(nodes=p, nic=None, timeout=30 + 6 * sum(ms) * unit * p) as cl:
+        out = cl.run(_each_on_rank, fn, getattr(fn, "__name__", "fn"), ms, seed, unit)
+    return [dict(_summary([r[i] for r in out], p, m), m=m) for i, m in enumerate(ms)]
 
 
 def _timing(ctx, name: str, p: int, m: int) -> dict:
