@@ -3,7 +3,8 @@
 The rehearsal's numeric questions call these (clusterlab/data/questions/*.json name them),
 so the quiz and the course share one formula each. The collective costs come from
 `clusterlab.models`; what is here is what sits around them: memory and bytes of sharded
-training, tensor/pipeline/expert parallelism, compression, failures and utilisation.
+training, tensor/pipeline/expert parallelism, compression, failures and utilisation (the
+checkpoint interval and its waste are `models.young_daly_interval` / `checkpoint_waste`).
 
 Units: bytes, seconds, FLOP and FLOP/s; `alpha` in s per message, `beta` in s per byte, as
 in `clusterlab.models`. Every function checks its arguments and names the bad one.
@@ -18,7 +19,6 @@ from clusterlab import models
 
 __all__ = [
     "ADAM_MIXED_PRECISION_BYTES",
-    "checkpoint_waste",
     "cluster_mtbf",
     "dense_step_compute",
     "expert_capacity",
@@ -30,7 +30,6 @@ __all__ = [
     "sharded_traffic_per_rank",
     "topk_allgather_bytes",
     "tp_allreduce_bytes",
-    "young_daly_interval",
     "zero_memory_per_gpu",
 ]
 
@@ -213,23 +212,3 @@ def cluster_mtbf(component_mtbf: float, components: int) -> float:
     """Mean time between failures of a job that stops when any of `components` independent
     parts fails, each failing at the constant rate 1/component_mtbf: component_mtbf / n."""
     return _positive(component_mtbf, "component_mtbf") / _as_count(components, "components")
-
-
-def young_daly_interval(checkpoint_seconds: float, mtbf_seconds: float) -> float:
-    """The checkpoint interval (compute time between checkpoints) that minimises the time lost
-    to checkpoints plus recomputation: sqrt(2 C M) for a checkpoint costing C and a mean time
-    between failures M (Young 1974; Daly 2006 to first order, valid for C << M)."""
-    return math.sqrt(2 * _positive(checkpoint_seconds, "checkpoint_seconds")
-                     * _positive(mtbf_seconds, "mtbf_seconds"))
-
-
-def checkpoint_waste(interval_seconds: float, checkpoint_seconds: float, mtbf_seconds: float,
-                     restart_seconds: float = 0.0) -> float:
-    """Fraction of wall time lost, to first order: C / tau for writing checkpoints, plus, per
-    failure (one every M), half an interval of lost work and the restart R: (tau/2 + R) / M."""
-    tau = _positive(interval_seconds, "interval_seconds")
-    c = _positive(checkpoint_seconds, "checkpoint_seconds")
-    m = _positive(mtbf_seconds, "mtbf_seconds")
-    if not isinstance(restart_seconds, numbers.Real) or restart_seconds < 0:
-        raise ValueError(f"restart_seconds must be a number >= 0, got {restart_seconds!r}")
-    return c / tau + (tau / 2 + restart_seconds) / m

@@ -46,6 +46,7 @@ __all__ = [
     "binomial_reduce",
     "bus_bandwidth",
     "busbw_factor",
+    "checkpoint_waste",
     "delayed_gd_spectral_radius",
     "delayed_gd_stable_step",
     "expected_max",
@@ -70,6 +71,7 @@ __all__ = [
     "straggler_step",
     "tail_at_scale",
     "tree_allreduce",
+    "young_daly_interval",
 ]
 
 # The all-reduce algorithms `allreduce_time` has a closed form for
@@ -733,6 +735,46 @@ def delayed_gd_spectral_radius(a: float, tau: int) -> float:
     coefficients[1] -= 1.0
     coefficients[-1] += a  # for tau = 0 this is the z^0 term of z - 1 + a
     return float(np.max(np.abs(np.roots(coefficients))))
+
+
+def young_daly_interval(checkpoint_s: float, mtbf_s: float) -> float:
+    """The checkpoint interval (seconds of work between checkpoints) that wastes least:
+    √(2CM) for checkpoint cost C and mean time between failures M.
+
+    Why: per interval τ the job pays C once, and a failure (rate 1/M) throws away on
+    average half an interval: waste ≈ C/τ + τ/(2M), smallest at τ = √(2CM)
+    (`checkpoint_waste` is that model). Valid while C ≪ τ ≪ M; Daly's higher-order
+    optimum differs by less than C.
+
+    Source: Young, "A first order approximation to the optimum checkpoint interval",
+    CACM 17(9), 1974; Daly, "A higher order estimate of the optimum checkpoint interval for
+    restart dumps", FGCS 22(3), 2006.
+    """
+    c = _nonnegative(checkpoint_s, "checkpoint_s")
+    m = _nonnegative(mtbf_s, "mtbf_s")
+    if m == 0:
+        raise ValueError("mtbf_s must be > 0")
+    return math.sqrt(2.0 * c * m)
+
+
+def checkpoint_waste(interval_s: float, checkpoint_s: float, mtbf_s: float,
+                     restart_s: float = 0.0) -> float:
+    """Expected fraction of wall time not spent on useful work (first order):
+    C/(τ+C) + (R + (τ+C)/2)/M, capped at 1.
+
+    Why: a segment of τ seconds of work ends with a checkpoint of C seconds; failures arrive
+    at rate 1/M (exponential, memoryless), and each costs a restart R plus, on average, half
+    a segment of redone work. Minimising over τ gives `young_daly_interval`.
+
+    Source: Young (CACM 1974); Daly (FGCS 2006), section 2.
+    """
+    tau = _nonnegative(interval_s, "interval_s")
+    c = _nonnegative(checkpoint_s, "checkpoint_s")
+    m = _nonnegative(mtbf_s, "mtbf_s")
+    r = _nonnegative(restart_s, "restart_s")
+    if tau == 0 or m == 0:
+        raise ValueError("interval_s and mtbf_s must be > 0")
+    return min(1.0, c / (tau + c) + (r + (tau + c) / 2.0) / m)
 
 
 # ---------------------------------------------------------------------------------------------
