@@ -195,6 +195,39 @@ def _spy(counter: _Bytes):
     return saved
 
 
+def _watched(hook, problems: list[str]):
+    """`hook`, with what it leaves in state.residuals checked on every call: the residual
+    after the call must be the bucket plus the residual before it, minus the k entries sent
+    (so at most k entries may differ). Problems are appended as sentences."""
+    import torch
+
+    def watched(state, bucket):
+        key = bucket.index()
+        grad = bucket.buffer().clone()  # before the hook, which may work in place
+        before = state.residuals.get(key)
+        before = torch.zeros_like(grad) if before is None else before.clone()
+        fut = hook(state, bucket)
+        after = state.residuals.get(key)
+        k = k_of(grad.numel(), state.ratio)
+        if k < grad.numel() and not problems:
+            if not isinstance(after, torch.Tensor) or after.shape != grad.shape:
+                problems.append(f"state.residuals[{key}] holds {type(after).__name__} after "
+                                "the hook: keep there the residual of this bucket (a tensor "
+                                "like bucket.buffer()), or error feedback is lost between steps")
+            else:
+                acc = grad + before
+                moved = ((acc - after).abs() > 1e-6 * (acc.abs() + 1e-12)).sum().item()
+                if moved > k:
+                    problems.append(
+                        f"after the hook, state.residuals[{key}] differs from bucket + the "
+                        f"previous residual in {moved} entries, but only k = {k} were sent: the "
+                        "new residual must be what was not sent of (bucket + previous residual), "
+                        "so add the stored residual before selecting and store the new one")
+        return fut
+
+    return watched
+
+
 def _model(seed: int):
     import torch
 
@@ -227,8 +260,9 @@ def _train_on_rank(runs: list, seed: int) -> list[dict]:
     x, y = _task(rank, seed)
     for hook, ratio, steps in runs:
         ddp = DDP(_model(seed))
+        feedback: list[str] = []
         if hook is not None:
-            ddp.register_comm_hook(TopKState(ratio), hook)
+            ddp.register_comm_hook(TopKState(ratio), _watched(hook, feedback))
         opt = torch.optim.SGD(ddp.parameters(), lr=LR)
         counter, losses, first = _Bytes(), [], None
         for step in range(steps):
@@ -247,7 +281,7 @@ def _train_on_rank(runs: list, seed: int) -> list[dict]:
             dist.all_reduce(t)
             losses.append(t.item() / dist.get_world_size())
         out.append({"losses": losses, "grads": first, "bytes": counter.sent / steps,
-                    "calls": sorted(set(counter.calls)),
+                    "calls": sorted(set(counter.calls)), "feedback": feedback[:1],
                     "numel": sum(q.numel() for q in ddp.parameters())})
     return out
 
@@ -351,6 +385,15 @@ def _hook_bytes(ctx):
             f"{r0['numel']} entries, against {dense} B dense")
 
 
+@HOOK.check("error feedback kept in state.residuals from step to step", points=2)
+def _hook_feedback(ctx):
+    r0 = _visible(ctx)[0][2]
+    if r0["feedback"]:
+        raise Fail(r0["feedback"][0])
+    return (f"{STEPS} steps at ratio {VISIBLE_RATIO:g}: each residual was the previous one plus "
+            "the bucket, minus exactly what was sent")
+
+
 @HOOK.check("converges within a bound of uncompressed DDP (ratio 5%, 60 steps)", points=2)
 def _hook_converges(ctx):
     comp, base = (r["losses"] for r in _visible(ctx)[0][2:])
@@ -371,6 +414,8 @@ def _hook_hidden(ctx):
     out = _run(ctx, [(hook, 1.0, 1), (None, 1.0, 1), (hook, ratio, 1)], 3, seed)
     _exact(out, 3)
     r0 = out[0][2]
+    if r0["feedback"]:
+        raise Fail(f"3 ranks, ratio {ratio:g}: {r0['feedback'][0]}")
     k = k_of(r0["numel"], ratio)
     if r0["bytes"] > BYTES_SLACK * k * 12:
         raise Fail(f"3 ranks, ratio {ratio:g}: a rank sent {r0['bytes']:.0f} B for k = {k}")
