@@ -744,7 +744,7 @@ def young_daly_interval(checkpoint_s: float, mtbf_s: float) -> float:
     Why: per interval τ the job pays C once, and a failure (rate 1/M) throws away on
     average half an interval: waste ≈ C/τ + τ/(2M), smallest at τ = √(2CM)
     (`checkpoint_waste` is that model). Valid while C ≪ τ ≪ M; Daly's higher-order
-    optimum differs by less than C.
+    optimum, √(2CM) - C to the next order, differs by less than C.
 
     Source: Young, "A first order approximation to the optimum checkpoint interval",
     CACM 17(9), 1974; Daly, "A higher order estimate of the optimum checkpoint interval for
@@ -759,12 +759,13 @@ def young_daly_interval(checkpoint_s: float, mtbf_s: float) -> float:
 
 def checkpoint_waste(interval_s: float, checkpoint_s: float, mtbf_s: float,
                      restart_s: float = 0.0) -> float:
-    """Expected fraction of wall time not spent on useful work (first order):
-    C/(τ+C) + (R + (τ+C)/2)/M, capped at 1.
+    """Expected fraction of wall time not spent on useful work, to first order:
+    C/τ + (R + τ/2)/M, capped at 1.
 
-    Why: a segment of τ seconds of work ends with a checkpoint of C seconds; failures arrive
-    at rate 1/M (exponential, memoryless), and each costs a restart R plus, on average, half
-    a segment of redone work. Minimising over τ gives `young_daly_interval`.
+    Why: every τ seconds of work the job pays a checkpoint of C seconds; failures arrive at
+    rate 1/M (exponential, memoryless), and each costs a restart R plus, on average, half an
+    interval of redone work. Its minimum over τ is exactly `young_daly_interval`; the terms
+    neglected (C and R against M, failures during checkpoints and restarts) are second order.
 
     Source: Young (CACM 1974); Daly (FGCS 2006), section 2.
     """
@@ -774,7 +775,7 @@ def checkpoint_waste(interval_s: float, checkpoint_s: float, mtbf_s: float,
     r = _nonnegative(restart_s, "restart_s")
     if tau == 0 or m == 0:
         raise ValueError("interval_s and mtbf_s must be > 0")
-    return min(1.0, c / (tau + c) + (r + (tau + c) / 2.0) / m)
+    return min(1.0, c / tau + (r + tau / 2.0) / m)
 
 
 # ---------------------------------------------------------------------------------------------

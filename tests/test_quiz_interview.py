@@ -52,8 +52,7 @@ REFERENCES = {
     "comp-powersgd-ratio": lambda p: p["m"] * p["n"] / ((p["m"] + p["n"]) * p["r"]),
     "fail-cluster-mtbf": lambda p: p["Mg"] * 1000 / p["n"],
     "fail-young-daly": lambda p: math.sqrt(2 * p["C"] * 60 * p["Mg"] * 1000 * 3600 / p["n"]) / 60,
-    "fail-waste": lambda p: 100 * (p["C"] / (p["tau"] + p["C"])
-                                   + (p["R"] + (p["tau"] + p["C"]) / 2) / (p["M"] * 60)),
+    "fail-waste": lambda p: 100 * (p["C"] / p["tau"] + (p["R"] + p["tau"] / 2) / (p["M"] * 60)),
     "diag-mfu": lambda p: 100 * 6 * p["P"] * 1e9 * p["Tk"] * 1e6 / (
         _mfu_t(p) * p["g"] * p["peak"] * 1e12),
 }
