@@ -388,6 +388,8 @@ def _busbw_ms(p):
     return round(p["S"] / algbw * 1e3, 1)
 
 
+# Topics whose numeric questions are checked in tests/test_quiz_interview.py instead.
+NEWER_TOPICS = ("parallelism_traffic", "compression", "failures_at_scale", "cluster_diagnostics")
 # For each numeric question: (closed form from first principles, the same through
 # clusterlab.models with the argument mapping written out by hand). Both in the question's unit.
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
@@ -530,7 +532,8 @@ def test_enough_numeric_questions_over_several_models(bank):
     numeric = [q for q in bank.questions if q.kind == "numeric"]
     assert len(numeric) >= 12
     assert len({q.raw["model"] for q in numeric}) >= 8
-    assert {q.id for q in numeric} == set(REFERENCES), "every numeric question needs a reference"
+    older = {q.id for q in numeric if not q.topic.startswith(NEWER_TOPICS)}
+    assert older == set(REFERENCES), "every numeric question needs a reference"
 
 
 @pytest.mark.parametrize("qid", sorted(REFERENCES))

@@ -19,7 +19,7 @@ from .core import EXERCISES, LABS, Fail, Lab, LabCheckFailed, NotDone, check, hi
 
 # One module per lab, in course order.
 LAB_MODULES = ("network", "ring", "ddp", "collapse", "stragglers", "races", "scaling",
-               "detective")
+               "detective", "pipeline", "compression")
 
 __all__ = ["EXERCISES", "LABS", "Fail", "Lab", "LabCheckFailed", "NotDone", "all_labs",
            "check", "hint", "run_checks"]

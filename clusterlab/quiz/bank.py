@@ -9,8 +9,9 @@ Three kinds of question:
 
 * ``choice``: one or more correct options, every option with an explanation;
 * ``numeric``: parameters drawn at random from stated ranges every time the question is
-  shown; the expected answer is computed by a named function of `clusterlab.models`, so the
-  quiz and the course share one formula; graded within a relative tolerance;
+  shown; the expected answer is computed by a named function of `clusterlab.models` (or of
+  `clusterlab.interview_math`), so the quiz and the course share one formula; graded within
+  a relative tolerance;
 * ``open``: a model answer and a checklist of key points that the learner ticks (self-graded).
 """
 
@@ -47,6 +48,10 @@ TOPICS = (
     "gradient_scaling",
     "silent_divergence",
     "debugging_hangs",
+    "parallelism_traffic",
+    "compression",
+    "failures_at_scale",
+    "cluster_diagnostics",
 )
 LANGS = ("en", "ru")
 KINDS = ("choice", "numeric", "open")
@@ -73,10 +78,15 @@ def load_syllabus(path: Path | str = SYLLABUS_PATH) -> dict[str, dict[str, Any]]
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
-def _models():
-    from clusterlab import models
+def _formula(name: str):
+    """The function a numeric question names: in clusterlab.models (collective costs) or
+    clusterlab.interview_math (memory, parallelism, failures); None if neither has it."""
+    from clusterlab import interview_math, models
 
-    return models
+    for module in (models, interview_math):
+        if callable(func := getattr(module, name, None)):
+            return func
+    return None
 
 
 @dataclass(frozen=True)
@@ -128,7 +138,7 @@ class Question:
         env: dict[str, Any] = dict(params)
         for name, expr in values:
             env[name] = expr(env)
-        func = getattr(_models(), self.raw["model"])
+        func = _formula(self.raw["model"])
         env["result"] = func(**{k: e(env) for k, e in args.items()})
         env["answer"] = float(answer(env))
         return env
@@ -449,9 +459,10 @@ def _check_numeric(where: str, q: Mapping[str, Any], trial_draws: int) -> list[s
                         format(1.5, m.group(2))
                     except ValueError:
                         problems.append(f"{where}: {part}.{lang}: bad format {m.group(2)!r}")
-    func = getattr(_models(), q["model"], None)
+    func = _formula(q["model"])
     if func is None:
-        return [*problems, f"{where}: clusterlab.models has no {q['model']}"]
+        return [*problems, f"{where}: neither clusterlab.models nor interview_math has "
+                f"{q['model']}"]
     try:
         inspect.signature(func).bind(**q["args"])
     except TypeError as exc:

@@ -1,0 +1,214 @@
+"""Back-of-the-envelope formulas that large-scale training interviews ask for.
+
+The rehearsal's numeric questions call these (clusterlab/data/questions/*.json name them),
+so the quiz and the course share one formula each. The collective costs come from
+`clusterlab.models`; what is here is what sits around them: memory and bytes of sharded
+training, tensor/pipeline/expert parallelism, compression, failures and utilisation (the
+checkpoint interval and its waste are `models.young_daly_interval` / `checkpoint_waste`).
+
+Units: bytes, seconds, FLOP and FLOP/s; `alpha` in s per message, `beta` in s per byte, as
+in `clusterlab.models`. Every function checks its arguments and names the bad one.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from clusterlab import models
+
+__all__ = [
+    "ADAM_MIXED_PRECISION_BYTES",
+    "cluster_mtbf",
+    "dense_step_compute",
+    "expert_capacity",
+    "model_flops_utilization",
+    "moe_all_to_all_bytes",
+    "pipeline_bubble",
+    "powersgd_ratio",
+    "rail_allreduce",
+    "sharded_traffic_per_rank",
+    "topk_allgather_bytes",
+    "tp_allreduce_bytes",
+    "zero_memory_per_gpu",
+]
+
+# Model states per parameter, Adam in mixed precision (Rajbhandari et al., "ZeRO", SC 2020):
+# 2 (bf16/fp16 weights) + 2 (their gradients) + 4 + 4 + 4 (fp32 master weights, momentum,
+# variance). Activations, buffers and fragmentation come on top.
+WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
+ADAM_MIXED_PRECISION_BYTES = WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES
+TRAINING_FLOPS_PER_PARAM_TOKEN = 6  # forward 2 + backward 4 multiply-adds, dense layers
+TP_ALLREDUCES_PER_LAYER = 4  # Megatron: 2 in forward (attention, MLP), 2 in backward
+
+
+def _positive(value: object, name: str) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not value > 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return float(value)
+
+
+def _count(value: object, name: str, minimum: int = 1) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _as_count(value: object, name: str, minimum: int = 1) -> int:
+    """An integer that arrived as a float from a question's expression (8.0 -> 8)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return _count(value, name, minimum)
+
+
+# --- sharded data parallelism: DDP and ZeRO-1/2/3 (FSDP) ------------------------------------
+
+
+def zero_memory_per_gpu(params: float, gpus: int, stage: int) -> float:
+    """Bytes of model states per GPU under ZeRO `stage` (0 = plain DDP, 3 = ZeRO-3 / FSDP's
+    full sharding) with Adam in mixed precision: stage 1 shards the 12 optimizer bytes,
+    stage 2 also the 2 gradient bytes, stage 3 also the 2 weight bytes of every parameter."""
+    params = _positive(params, "params")
+    gpus = _as_count(gpus, "gpus")
+    stage = _as_count(stage, "stage", minimum=0)
+    if stage > 3:
+        raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
+    sharded = (OPTIMIZER_BYTES, OPTIMIZER_BYTES + GRAD_BYTES, ADAM_MIXED_PRECISION_BYTES)
+    part = sharded[stage - 1] if stage else 0
+    return params * ((ADAM_MIXED_PRECISION_BYTES - part) + part / gpus)
+
+
+def sharded_traffic_per_rank(params: float, gpus: int, stage: int, *,
+                             dtype_bytes: float = GRAD_BYTES) -> float:
+    """Bytes each rank sends per step with ring collectives (bandwidth term only).
+
+    DDP and ZeRO-1/2 move the gradients once as an all-reduce, i.e. a reduce-scatter plus an
+    all-gather (of the gradients, or in ZeRO-1/2 of the updated weight shards): 2(p-1)/p of
+    the model. ZeRO-3 / FSDP gathers the weights in the forward AND again in the backward (it
+    freed them in between), then reduce-scatters the gradients: 3(p-1)/p, 1.5x DDP."""
+    params = _positive(params, "params")
+    gpus = _as_count(gpus, "gpus")
+    stage = _as_count(stage, "stage", minimum=0)
+    if stage > 3:
+        raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
+    passes = 3 if stage == 3 else 2
+    return passes * (gpus - 1) / gpus * params * _positive(dtype_bytes, "dtype_bytes")
+
+
+def rail_allreduce(nodes: int, gpus_per_node: int, n: float, alpha_intra: float,
+                   beta_intra: float, alpha_nic: float, beta_nic: float) -> float:
+    """All-reduce of n bytes on a rail-optimised cluster: one NIC per GPU, GPU i of every
+    node on rail i. Reduce-scatter inside each node (NVLink), then GPU i all-reduces its
+    n/gpus_per_node shard with GPU i of the other nodes over its own rail (a ring), then an
+    all-gather inside the node. Every NIC carries 2(nodes-1)/nodes of n/gpus_per_node."""
+    nodes = _as_count(nodes, "nodes")
+    g = _as_count(gpus_per_node, "gpus_per_node")
+    return (models.ring_reduce_scatter(g, n, alpha_intra, beta_intra)
+            + models.ring_allreduce(nodes, n / g, alpha_nic, beta_nic)
+            + models.ring_allgather(g, n, alpha_intra, beta_intra))
+
+
+def dense_step_compute(params: float, tokens: float, gpus: int, peak_flops: float,
+                       mfu: float) -> float:
+    """Seconds of one training step of a dense model: 6 FLOP per parameter per token
+    (forward and backward; attention's extra FLOP ignored), on `gpus` GPUs that reach the
+    fraction `mfu` of their peak FLOP/s."""
+    flops = TRAINING_FLOPS_PER_PARAM_TOKEN * _positive(params, "params") * _positive(
+        tokens, "tokens")
+    mfu = _positive(mfu, "mfu")
+    if mfu > 1:
+        raise ValueError(f"mfu must be a fraction in (0, 1], got {mfu!r}")
+    return flops / (_as_count(gpus, "gpus") * _positive(peak_flops, "peak_flops") * mfu)
+
+
+def model_flops_utilization(params: float, tokens: float, step_seconds: float, gpus: int,
+                            peak_flops: float) -> float:
+    """MFU: the model FLOP a step needs (6 per parameter per token) over what the GPUs could
+    have done in that time at their peak."""
+    flops = TRAINING_FLOPS_PER_PARAM_TOKEN * _positive(params, "params") * _positive(
+        tokens, "tokens")
+    available = (_positive(step_seconds, "step_seconds") * _as_count(gpus, "gpus")
+                 * _positive(peak_flops, "peak_flops"))
+    return flops / available
+
+
+# --- tensor, pipeline and expert parallelism -------------------------------------------------
+
+
+def tp_allreduce_bytes(batch: int, seq: int, hidden: int, layers: int, tp: int, *,
+                       dtype_bytes: float = 2) -> float:
+    """Bytes each GPU sends per training step in Megatron tensor parallelism over `tp` GPUs
+    (no sequence parallelism): 4 all-reduces per layer of the activations, batch x seq x
+    hidden elements each, every one a ring moving 2(tp-1)/tp of it per GPU."""
+    elements = (_as_count(batch, "batch") * _as_count(seq, "seq")
+                * _as_count(hidden, "hidden"))
+    tp = _as_count(tp, "tp")
+    per_allreduce = 2 * (tp - 1) / tp * elements * _positive(dtype_bytes, "dtype_bytes")
+    return TP_ALLREDUCES_PER_LAYER * _as_count(layers, "layers") * per_allreduce
+
+
+def pipeline_bubble(stages: int, microbatches: int) -> float:
+    """The idle fraction of a GPipe or 1F1B schedule with equal stage times:
+    (p - 1) / (m + p - 1). 1F1B has the same bubble; it caps activation memory at p
+    micro-batches instead of m."""
+    p = _as_count(stages, "stages")
+    m = _as_count(microbatches, "microbatches")
+    return (p - 1) / (m + p - 1)
+
+
+def moe_all_to_all_bytes(tokens: int, hidden: int, top_k: int, ranks: int, *,
+                         dtype_bytes: float = 2) -> float:
+    """Bytes one rank sends in ONE all-to-all (a dispatch or a combine) of a mixture-of-experts
+    layer with experts spread over `ranks` ranks and uniform routing: each of its tokens goes
+    to top_k experts, and (ranks-1)/ranks of those copies live on other ranks."""
+    ranks = _as_count(ranks, "ranks")
+    copies = _as_count(tokens, "tokens") * _as_count(top_k, "top_k")
+    return copies * _as_count(hidden, "hidden") * _positive(dtype_bytes, "dtype_bytes") * (
+        ranks - 1) / ranks
+
+
+def expert_capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) -> int:
+    """Token slots per expert (GShard / Switch Transformer): capacity_factor times the
+    expert's fair share tokens x top_k / experts, rounded up. Tokens routed beyond it are
+    dropped (they skip the layer through the residual)."""
+    share = _as_count(tokens, "tokens") * _as_count(top_k, "top_k") / _as_count(
+        experts, "experts")
+    return math.ceil(_positive(capacity_factor, "capacity_factor") * share - 1e-9)
+
+
+# --- compression ------------------------------------------------------------------------------
+
+
+def topk_allgather_bytes(numel: int, density: float, ranks: int, *, value_bytes: float = 4,
+                         index_bytes: float = 8) -> float:
+    """Bytes each rank sends per step when top-k gradients are exchanged by a ring all-gather:
+    every rank's k = density x numel (value, index) pairs, forwarded to the p-1 others. Sparse
+    vectors with different indices cannot be summed in flight, so this grows with p, unlike
+    a dense all-reduce's 2(p-1)/p x numel x value_bytes."""
+    numel = _as_count(numel, "numel")
+    density = _positive(density, "density")
+    if density > 1:
+        raise ValueError(f"density must be a fraction in (0, 1], got {density!r}")
+    k = math.ceil(density * numel)
+    pair = _positive(value_bytes, "value_bytes") + _positive(index_bytes, "index_bytes")
+    return (_as_count(ranks, "ranks") - 1) * k * pair
+
+
+def powersgd_ratio(rows: int, cols: int, rank: int) -> float:
+    """How many times fewer bytes PowerSGD all-reduces for a rows x cols gradient matrix at
+    `rank`: the matrix (rows x cols) against its two factors P (rows x rank) and Q
+    (cols x rank). Both factors are dense, so they are summed by an ordinary all-reduce."""
+    rows, cols, rank = (_as_count(rows, "rows"), _as_count(cols, "cols"),
+                        _as_count(rank, "rank"))
+    return rows * cols / ((rows + cols) * rank)
+
+
+# --- failures ---------------------------------------------------------------------------------
+
+
+def cluster_mtbf(component_mtbf: float, components: int) -> float:
+    """Mean time between failures of a job that stops when any of `components` independent
+    parts fails, each failing at the constant rate 1/component_mtbf: component_mtbf / n."""
+    return _positive(component_mtbf, "component_mtbf") / _as_count(components, "components")
