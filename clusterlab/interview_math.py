@@ -1,10 +1,11 @@
 """Back-of-the-envelope formulas that large-scale training interviews ask for.
 
 The rehearsal's numeric questions call these (clusterlab/data/questions/*.json name them),
-so the quiz and the course share one formula each. The collective costs come from
-`clusterlab.models`; what is here is what sits around them: memory and bytes of sharded
-training, tensor/pipeline/expert parallelism, compression, failures and utilisation (the
-checkpoint interval and its waste are `models.young_daly_interval` / `checkpoint_waste`).
+so the quiz and the course share one formula each. Collective costs come from
+`clusterlab.models`, sharding/TP/PP/MoE traffic from `clusterlab.parallelism` (here in the
+number-in, number-out form the quiz needs); the rest is what sits around them: the rail
+all-reduce, compute time and MFU, expert capacity, compression and failures (the checkpoint
+interval and its waste are `models.young_daly_interval` / `checkpoint_waste`).
 
 Units: bytes, seconds, FLOP and FLOP/s; `alpha` in s per message, `beta` in s per byte, as
 in `clusterlab.models`. Every function checks its arguments and names the bad one.
@@ -15,10 +16,9 @@ from __future__ import annotations
 import math
 import numbers
 
-from clusterlab import models
+from clusterlab import models, parallelism
 
 __all__ = [
-    "ADAM_MIXED_PRECISION_BYTES",
     "cluster_mtbf",
     "dense_step_compute",
     "expert_capacity",
@@ -33,13 +33,9 @@ __all__ = [
     "zero_memory_per_gpu",
 ]
 
-# Model states per parameter, Adam in mixed precision (Rajbhandari et al., "ZeRO", SC 2020):
-# 2 (bf16/fp16 weights) + 2 (their gradients) + 4 + 4 + 4 (fp32 master weights, momentum,
-# variance). Activations, buffers and fragmentation come on top.
-WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
-ADAM_MIXED_PRECISION_BYTES = WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES
+GRAD_BYTES = 2  # bf16 gradients
 TRAINING_FLOPS_PER_PARAM_TOKEN = 6  # forward 2 + backward 4 multiply-adds, dense layers
-TP_ALLREDUCES_PER_LAYER = 4  # Megatron: 2 in forward (attention, MLP), 2 in backward
+_STRATEGIES = ("ddp", "zero1", "zero2", "zero3")  # parallelism's names, by ZeRO stage
 
 
 def _positive(value: object, name: str) -> float:
@@ -68,33 +64,26 @@ def _as_count(value: object, name: str, minimum: int = 1) -> int:
 
 def zero_memory_per_gpu(params: float, gpus: int, stage: int) -> float:
     """Bytes of model states per GPU under ZeRO `stage` (0 = plain DDP, 3 = ZeRO-3 / FSDP's
-    full sharding) with Adam in mixed precision: stage 1 shards the 12 optimizer bytes,
-    stage 2 also the 2 gradient bytes, stage 3 also the 2 weight bytes of every parameter."""
-    params = _positive(params, "params")
-    gpus = _as_count(gpus, "gpus")
+    full sharding) with Adam in mixed precision: `parallelism.sharded_memory`, with the stage
+    as a number (the quiz draws numbers) and a parameter count that may arrive as a float."""
     stage = _as_count(stage, "stage", minimum=0)
     if stage > 3:
         raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
-    sharded = (OPTIMIZER_BYTES, OPTIMIZER_BYTES + GRAD_BYTES, ADAM_MIXED_PRECISION_BYTES)
-    part = sharded[stage - 1] if stage else 0
-    return params * ((ADAM_MIXED_PRECISION_BYTES - part) + part / gpus)
+    return parallelism.sharded_memory(_STRATEGIES[stage], params=_as_count(params, "params"),
+                                      ranks=_as_count(gpus, "gpus"))
 
 
 def sharded_traffic_per_rank(params: float, gpus: int, stage: int, *,
-                             dtype_bytes: float = GRAD_BYTES) -> float:
-    """Bytes each rank sends per step with ring collectives (bandwidth term only).
-
-    DDP and ZeRO-1/2 move the gradients once as an all-reduce, i.e. a reduce-scatter plus an
-    all-gather (of the gradients, or in ZeRO-1/2 of the updated weight shards): 2(p-1)/p of
-    the model. ZeRO-3 / FSDP gathers the weights in the forward AND again in the backward (it
-    freed them in between), then reduce-scatters the gradients: 3(p-1)/p, 1.5x DDP."""
-    params = _positive(params, "params")
-    gpus = _as_count(gpus, "gpus")
+                             dtype_bytes: int = GRAD_BYTES) -> float:
+    """Bytes each rank sends per step with ring collectives under ZeRO `stage` (0 = DDP):
+    the total of `parallelism.sharded_traffic` (2(p-1)/p of the model for DDP and ZeRO-1/2,
+    3(p-1)/p for ZeRO-3 / FSDP)."""
     stage = _as_count(stage, "stage", minimum=0)
     if stage > 3:
         raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
-    passes = 3 if stage == 3 else 2
-    return passes * (gpus - 1) / gpus * params * _positive(dtype_bytes, "dtype_bytes")
+    return parallelism.sharded_traffic(_STRATEGIES[stage], params=_as_count(params, "params"),
+                                       ranks=_as_count(gpus, "gpus"),
+                                       dtype_bytes=_as_count(dtype_bytes, "dtype_bytes"))["total"]
 
 
 def rail_allreduce(nodes: int, gpus_per_node: int, n: float, alpha_intra: float,
@@ -138,35 +127,33 @@ def model_flops_utilization(params: float, tokens: float, step_seconds: float, g
 
 
 def tp_allreduce_bytes(batch: int, seq: int, hidden: int, layers: int, tp: int, *,
-                       dtype_bytes: float = 2) -> float:
+                       dtype_bytes: int = 2) -> float:
     """Bytes each GPU sends per training step in Megatron tensor parallelism over `tp` GPUs
-    (no sequence parallelism): 4 all-reduces per layer of the activations, batch x seq x
-    hidden elements each, every one a ring moving 2(tp-1)/tp of it per GPU."""
+    (no sequence parallelism): `parallelism.tp_traffic` for activations of batch x seq x
+    hidden elements."""
     elements = (_as_count(batch, "batch") * _as_count(seq, "seq")
                 * _as_count(hidden, "hidden"))
-    tp = _as_count(tp, "tp")
-    per_allreduce = 2 * (tp - 1) / tp * elements * _positive(dtype_bytes, "dtype_bytes")
-    return TP_ALLREDUCES_PER_LAYER * _as_count(layers, "layers") * per_allreduce
+    return parallelism.tp_traffic(layers=_as_count(layers, "layers"), ranks=_as_count(tp, "tp"),
+                                  activation_bytes=elements * _as_count(dtype_bytes, "dtype_bytes"))
 
 
 def pipeline_bubble(stages: int, microbatches: int) -> float:
     """The idle fraction of a GPipe or 1F1B schedule with equal stage times:
-    (p - 1) / (m + p - 1). 1F1B has the same bubble; it caps activation memory at p
-    micro-batches instead of m."""
-    p = _as_count(stages, "stages")
-    m = _as_count(microbatches, "microbatches")
-    return (p - 1) / (m + p - 1)
+    `parallelism.bubble_fraction`, (p - 1) / (m + p - 1)."""
+    return parallelism.bubble_fraction(_as_count(stages, "stages"),
+                                       _as_count(microbatches, "microbatches"))
 
 
 def moe_all_to_all_bytes(tokens: int, hidden: int, top_k: int, ranks: int, *,
-                         dtype_bytes: float = 2) -> float:
+                         dtype_bytes: int = 2) -> float:
     """Bytes one rank sends in ONE all-to-all (a dispatch or a combine) of a mixture-of-experts
     layer with experts spread over `ranks` ranks and uniform routing: each of its tokens goes
-    to top_k experts, and (ranks-1)/ranks of those copies live on other ranks."""
-    ranks = _as_count(ranks, "ranks")
+    to top_k experts, so it is `parallelism.moe_traffic`'s balanced top-1 case for
+    tokens x top_k token copies."""
     copies = _as_count(tokens, "tokens") * _as_count(top_k, "top_k")
-    return copies * _as_count(hidden, "hidden") * _positive(dtype_bytes, "dtype_bytes") * (
-        ranks - 1) / ranks
+    return parallelism.moe_traffic(tokens_per_rank=copies, hidden=_as_count(hidden, "hidden"),
+                                   ranks=_as_count(ranks, "ranks"),
+                                   dtype_bytes=_as_count(dtype_bytes, "dtype_bytes"))["sent_other"]
 
 
 def expert_capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) -> int:
