@@ -8,6 +8,7 @@
 from .backend import register as _register_backend
 from .clock import elapsed, now
 from .cluster import Cluster, ClusterError, ClusterTimeout, RankDied, RankError
+from .fabric import Crossbar, Fabric, LeafSpine, RailOptimized
 from .netem import Netem
 from .topology import Topology
 
@@ -15,7 +16,11 @@ __all__ = [
     "Cluster",
     "ClusterError",
     "ClusterTimeout",
+    "Crossbar",
+    "Fabric",
+    "LeafSpine",
     "Netem",
+    "RailOptimized",
     "RankDied",
     "RankError",
     "Topology",

@@ -51,7 +51,7 @@ import torch.distributed as dist
 from . import clock
 from .link import LinkModel
 from .netem import Netem
-from .schedule import ALLREDUCE_SCHEDULES, Collective, Fabric, play
+from .schedule import ALLREDUCE_SCHEDULES, Collective, QueueState, play
 from .topology import Topology
 from .wire import SEGMENT_BYTES, wire_seconds
 
@@ -402,7 +402,7 @@ class NetemProcessGroup(dist.ProcessGroup):
         self._files = f"clusterlab-{owner}-{self._token}"
         self._entries = self._open_entry_table() if self.impaired and size > 1 else None
         # Collective completion: one FIFO thread, like a communication stream.
-        self.fabric = Fabric(self.topology, segment_bytes=self.config.segment_bytes)
+        self.fabric = QueueState(self.topology, segment_bytes=self.config.segment_bytes)
         self._seq = 0  # collectives completed (completion thread)
         self._submitted = 0  # collectives started (calling thread)
         self._done_all = np.zeros(size, dtype=np.int64)

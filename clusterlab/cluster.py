@@ -47,6 +47,7 @@ import cloudpickle
 import psutil
 
 from .backend import BACKEND_NAME, NetemConfig
+from .fabric import Fabric
 from .netem import Netem
 from .schedule import ALLREDUCE_SCHEDULES
 from .topology import Topology
@@ -250,6 +251,8 @@ class Cluster:
     nic: netem spec (string or `Netem`) applied to every node's egress; None = no impairment.
     intra: netem spec between processes of one node; None = unimpaired.
     links: per-direction overrides {(src_node, dst_node): spec}.
+    fabric: the switches behind the NICs (`clusterlab.fabric`: a `LeafSpine`, `RailOptimized`
+      or its string form); None = the crossbar.
     seed: seeds every random draw of the network (same seed, same impairment trace).
     timeout: seconds that a `run()` (and any collective) may take before it is an error.
     dilation: run k times slower than the network it stands for (delays x k, rates / k);
@@ -282,8 +285,9 @@ class Cluster:
         start_method: str | None = None,
         trace: bool = False,
         environ: Mapping[str, str] | None = None,
+        fabric: str | Fabric | None = None,
     ) -> None:
-        self.topology = Topology.build(nodes, procs_per_node, nic, intra, links)
+        self.topology = Topology.build(nodes, procs_per_node, nic, intra, links, fabric)
         self.world_size = self.topology.world_size
         if self.world_size > MAX_WORLD_SIZE:
             raise ValueError(
@@ -312,7 +316,7 @@ class Cluster:
         if start_method is not None and start_method not in methods:
             raise ValueError(f"start_method must be one of {', '.join(methods)} or None, "
                              f"got {start_method!r}")
-        self.plain = nic is None and intra is None and not links
+        self.plain = nic is None and intra is None and not links and self.topology.is_noop
         self.backend = "gloo" if self.plain else BACKEND_NAME
         self.seed, self.timeout, self.dilation = seed, float(timeout), float(dilation)
         self.algorithm = algorithm

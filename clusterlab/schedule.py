@@ -89,7 +89,7 @@ def _four_state_loss(loss: LossState) -> float:
 
 
 def deterministic(spec: Netem) -> bool:
-    """True when `Fabric.deliver` on `spec` is send time + a constant: no draws, no queue."""
+    """True when `QueueState.deliver` on `spec` is send time + a constant: no draws, no queue."""
     return (not spec.jitter_ns and not spec.rate_bps and not (spec.reorder and spec.gap)
             and loss_probability(spec) == 0)
 
@@ -102,10 +102,10 @@ def segments(nbytes: int, segment_bytes: int) -> np.ndarray:
     return sizes
 
 
-class Fabric:
+class QueueState:
     """Queue state of every egress queue of a topology, for batches of concurrent messages.
 
-    Every rank that replays a collective holds an identical Fabric and feeds it identical
+    Every rank that replays a collective holds an identical QueueState and feeds it identical
     inputs and seeds, so all ranks agree on every delivery time without talking about it.
     """
 
@@ -328,7 +328,7 @@ class Collective:
 
 
 def play(
-    fabric: Fabric,
+    fabric: QueueState,
     coll: Collective,
     start_ns: Sequence[int] | np.ndarray,
     rng: np.random.Generator,
@@ -359,7 +359,7 @@ def play(
     return ready
 
 
-def _linear_matrix(fabric: Fabric, coll: Collective, p: int, glob: np.ndarray) -> np.ndarray:
+def _linear_matrix(fabric: QueueState, coll: Collective, p: int, glob: np.ndarray) -> np.ndarray:
     """The max-plus matrix of `coll` on a deterministic fabric: entry [i, j] is how long after
     rank j's entry rank i can finish at the earliest (_NEVER where i does not wait for j).
 

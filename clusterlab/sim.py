@@ -29,7 +29,7 @@ import numpy as np
 
 from .link import delay_values_ns, packet_time_ns, sample_delay_ns
 from .netem import Netem
-from .schedule import Collective, Fabric, loss_probability, play, segments
+from .schedule import Collective, QueueState, loss_probability, play, segments
 from .topology import Topology
 from .wire import DUPTHRESH, HEADER_BYTES, RTO_MIN_NS, SEGMENT_BYTES
 
@@ -170,7 +170,7 @@ def simulate_training(
     buckets = bucket_sizes(int(model_bytes), int(bucket_bytes), int(first_bucket_bytes))
     comp = compute_times(rng, (steps, p), compute_s, compute_jitter, compute_distribution,
                          straggler)
-    fabric = Fabric(topo)
+    fabric = QueueState(topo)
     fast = algorithm == "ring" and procs_per_node == 1 and not topo.links and p > 1
     overhead_ns = int(message_overhead_s * 1e9)
     ends = np.zeros((steps, p))

@@ -35,7 +35,7 @@ import numpy as np
 from .. import clock, models
 from ..cluster import Cluster
 from ..netem import Netem
-from ..schedule import Collective, Fabric, play
+from ..schedule import Collective, QueueState, play
 from ..sim import bucket_sizes, simulate_training
 from ..timing import all_reduce_spans, durations
 from ..topology import Topology
@@ -64,8 +64,8 @@ def _sim_all_reduce(p: int, nic: str, n: int, seeds: int = 41) -> float:
     fabric_topo = Topology.build(p, 1, nic)
     samples = []
     for s in range(seeds):
-        done = play(Fabric(fabric_topo), Collective("allreduce", n), np.zeros(p, dtype=np.int64),
-                    np.random.default_rng(s))
+        done = play(QueueState(fabric_topo), Collective("allreduce", n),
+                    np.zeros(p, dtype=np.int64), np.random.default_rng(s))
         samples.append(done.max() / 1e9)
     return float(np.median(samples))
 
@@ -400,7 +400,7 @@ def p2p_ring_rows(quick: bool = False) -> tuple[list[dict], list[dict]]:
         sim = p2p_ring_allreduce(P2P_NIC, p, P2P_BYTES, seeds=repeats * draws,
                                  start=np.repeat(got["late_start_s"], draws, axis=0))
         topo = Topology.build(p, 1, P2P_NIC)
-        replay = [play(Fabric(topo), Collective("allreduce", P2P_BYTES),
+        replay = [play(QueueState(topo), Collective("allreduce", P2P_BYTES),
                        np.zeros(p, dtype=np.int64), np.random.default_rng(s)).max() / 1e9
                   for s in range(400)]
         plain = measured[f"delay {delay * 1e3:g}ms"]["end_s"]
