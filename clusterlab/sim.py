@@ -16,9 +16,12 @@ without overlap only after the whole backward pass. The step ends when the last 
 reduced (plus `optimizer_s`). The next step starts then, independently on every rank; the
 collectives are what synchronise them.
 
-Large rings are replayed by a dedicated vectorised recurrence (`_ring_rounds_fast`) whenever
+Large rings are replayed by a dedicated compiled recurrence (`_ring_rounds_fast`) whenever
 the topology is one process per node without overrides, which is what the scaling explorer
-sweeps; everything else goes through `schedule.play`.
+sweeps, on a crossbar or a switched fabric whose ports draw nothing (`RingPorts`); so is the
+leaders' ring of a hierarchical all-reduce over free intra-node links (16,384 ranks as 2,048
+nodes x 8). Everything else goes through `schedule.play`. Both see the same fabric
+(`fabric=`, see `clusterlab.fabric`).
 """
 
 from __future__ import annotations
@@ -172,8 +175,20 @@ def simulate_training(
     buckets = bucket_sizes(int(model_bytes), int(bucket_bytes), int(first_bucket_bytes))
     comp = compute_times(rng, (steps, p), compute_s, compute_jitter, compute_distribution,
                          straggler)
-    fast = (algorithm == "ring" and procs_per_node == 1 and not topo.links and p > 1
-            and _HAVE_NUMBA and (topo.fabric.is_crossbar() or RingPorts.applies(topo)))
+    # The compiled ring: a ring of one process per node, or the leaders' ring of a
+    # hierarchical all-reduce whose intra-node steps are free (an unimpaired `intra`: a node's
+    # ranks reach its leader at once), which is a ring of the nodes' latest entries. The
+    # latter draws from another generator than `schedule.play`: it is taken where the two
+    # agree exactly (nothing drawn), on a switched fabric, or where play would be slow.
+    nodes_ring = Topology.build(nodes, 1, topo.nic, fabric=topo.fabric)
+    spec = topo.nic
+    draws_nothing = (not spec.jitter_ns and loss_probability(spec) == 0
+                     and not spec.duplicate and not spec.reorder)
+    leaders_ring = (algorithm == "hierarchical" and topo.intra.is_noop and nodes > 1
+                    and (draws_nothing or p > 1024 or not topo.fabric.is_crossbar()))
+    fast = (p > 1 and _HAVE_NUMBA and not topo.links and not topo.fabric.nic_per_process()
+            and (topo.fabric.is_crossbar() or RingPorts.applies(topo))
+            and ((algorithm == "ring" and procs_per_node == 1) or leaders_ring))
     overhead_ns = int(message_overhead_s * 1e9)
     comp_ns = (comp * 1e9).astype(np.int64)
     produced = np.cumsum(buckets) / max(1, sum(buckets))  # share of gradients ready per bucket
@@ -182,7 +197,7 @@ def simulate_training(
     def steps_of(fast: bool) -> np.ndarray:
         rng.bit_generator.state = draws
         queues = QueueState(topo)
-        ports = RingPorts(topo) if fast and not topo.fabric.is_crossbar() else None
+        ports = RingPorts(nodes_ring) if fast and not topo.fabric.is_crossbar() else None
         ends = np.zeros((steps, p))
         now = np.zeros(p, dtype=np.int64)  # ns; each rank's clock position
         for k in range(steps):
@@ -194,8 +209,10 @@ def simulate_training(
                 issue = ready if overlap else now + comp_ns[k]
                 start = np.maximum(issue, stream)
                 if fast:
-                    stream = _ring_rounds_fast(topo.nic, start, size, rng, overhead_ns,
-                                               ports=ports)
+                    first = start.reshape(nodes, procs_per_node).max(axis=1)
+                    stream = np.repeat(_ring_rounds_fast(topo.nic, first, size, rng,
+                                                         overhead_ns, ports=ports),
+                                       procs_per_node)
                 else:
                     coll = Collective("allreduce", size, algorithm=algorithm)
                     stream = play(queues, coll, start, rng) + overhead_ns * _rounds(coll, p)
@@ -400,6 +417,8 @@ def _ring_kernel(ready, k, wire, table, mu, sigma, overhead, loss, seed, entered
         state, x = _splitmix64(state)
         u = ((x >> np.uint64(11)) + 1) * (1.0 / 9007199254740993.0)
         until_loss = np.int64(np.log(u) / log_keep)
+    if ports is not None:  # unpacked once: each unpacking counts references to 6 arrays
+        hops, ptime, pdelay, ptail, plimit, overflow = ports
     span = np.uint64(2 * sigma)
     delivered = np.full(p, -(2**62), dtype=np.int64)  # last arrival on j's connection
     for _ in range(2 * (p - 1)):
@@ -455,7 +474,6 @@ def _ring_kernel(ready, k, wire, table, mu, sigma, overhead, loss, seed, entered
                 if ports is not None:
                     # The fabric's ports on the way to j + 1, each carrying this ring's one
                     # flow per round: a queue tail each (`fabric._port_kernel` reduces to it)
-                    hops, ptime, pdelay, ptail, plimit, overflow = ports
                     for h in range(hops.shape[1]):
                         q = hops[j, h]
                         if q < 0:
