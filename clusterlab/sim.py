@@ -294,8 +294,12 @@ class RingPorts:
 
     @staticmethod
     def applies(topology: Topology) -> bool:
-        return all(not s.jitter_ns and not s.reorder and not s.duplicate
-                   and loss_probability(s) == 0 for s in topology.port_specs())
+        """Ports that draw nothing, behind NICs that release in order (a rate, or no
+        jitter): each port then sees its flow's packets in order, and a tail is exact."""
+        nic = topology.nic
+        return (bool(nic.rate_bps) or not nic.jitter_ns) and all(
+            not s.jitter_ns and not s.reorder and not s.duplicate and loss_probability(s) == 0
+            for s in topology.port_specs())
 
     def for_segments(self, payload: np.ndarray) -> tuple:
         ptime = np.zeros((len(self.specs), len(payload)), dtype=np.int64)
@@ -456,6 +460,7 @@ def _ring_kernel(ready, k, wire, table, mu, sigma, overhead, loss, seed, entered
                     here = t
                 else:
                     here = send + d
+                recovered = False
                 if loss is not None:
                     until_loss -= 1
                     if until_loss < 0:
@@ -471,6 +476,7 @@ def _ring_kernel(ready, k, wire, table, mu, sigma, overhead, loss, seed, entered
                             here += np.int64(loss[2])
                         else:
                             here = send + np.int64(loss[1]) + mu
+                        recovered = True
                 if ports is not None:
                     # The fabric's ports on the way to j + 1, each carrying this ring's one
                     # flow per round: a queue tail each (`fabric._port_kernel` reduces to it)
@@ -479,6 +485,9 @@ def _ring_kernel(ready, k, wire, table, mu, sigma, overhead, loss, seed, entered
                         if q < 0:
                             break
                         length = ptime[q, seg]
+                        if recovered:  # a retransmission, out of the flow's order: it finds
+                            here += length + pdelay[q]  # the port idle, and queues no one
+                            continue
                         if length > 0:
                             if plimit[q] > 0 and ptail[q] - here >= plimit[q] * length:
                                 overflow[0] = 1  # a drop: the caller replays it exactly
