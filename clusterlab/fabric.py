@@ -9,8 +9,8 @@ validated, each with a string form that parses back (`Fabric.parse(str(f)) == f`
     Crossbar()                                   "crossbar"   (the default: today's model)
     LeafSpine(nodes_per_leaf=4, spines=2, oversubscription=2.0, port="rate 10gbit limit 64")
         "leafspine nodes_per_leaf=4 spines=2 oversubscription=2.0 port=(rate 10gbit limit 64)"
-    RailOptimized(rails=4, spines=1, port="rate 10gbit")
-        "rail rails=4 spines=1 port=(rate 10gbit)"
+    RailOptimized(rails=4, spines=2, port="rate 10gbit")
+        "rail rails=4 spines=2 port=(rate 10gbit)"
 
 Crossbar: a message crosses its sender's NIC egress and nothing else (a perfect switch).
 
