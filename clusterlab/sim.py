@@ -424,6 +424,8 @@ def _ring_kernel(ready, k, wire, table, mu, sigma, overhead, loss, seed, entered
     if ports is not None:  # unpacked once: each unpacking counts references to 6 arrays
         hops, ptime, pdelay, ptail, plimit, overflow = ports
     span = np.uint64(2 * sigma)
+    low = mu - sigma
+    clip = low < 0  # a negative delay means "send now"; impossible unless sigma > mu
     delivered = np.full(p, -(2**62), dtype=np.int64)  # last arrival on j's connection
     for _ in range(2 * (p - 1)):
         if entered is not None:
@@ -450,8 +452,8 @@ def _ring_kernel(ready, k, wire, table, mu, sigma, overhead, loss, seed, entered
                 else:
                     state, x = _splitmix64(state)
                     if table is None:  # uniform on [mu - sigma, mu + sigma)
-                        d = mu - sigma + np.int64(((x >> np.uint64(32)) * span) >> np.uint64(32))
-                        if d < 0:
+                        d = low + np.int64(((x >> np.uint64(32)) * span) >> np.uint64(32))
+                        if clip and d < 0:
                             d = 0
                     else:  # one of the table's 4096 equally likely delays
                         d = table[np.int64(x >> np.uint64(52))]
