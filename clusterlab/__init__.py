@@ -9,6 +9,7 @@ from .backend import register as _register_backend
 from .backend import traffic
 from .clock import elapsed, now
 from .cluster import Cluster, ClusterError, ClusterTimeout, RankDied, RankError
+from .fabric import Crossbar, Fabric, LeafSpine, RailOptimized
 from .netem import Netem
 from .topology import Topology
 
@@ -16,7 +17,11 @@ __all__ = [
     "Cluster",
     "ClusterError",
     "ClusterTimeout",
+    "Crossbar",
+    "Fabric",
+    "LeafSpine",
     "Netem",
+    "RailOptimized",
     "RankDied",
     "RankError",
     "Topology",

@@ -49,9 +49,10 @@ import torch
 import torch.distributed as dist
 
 from . import clock
+from .fabric import SharedPorts
 from .link import LinkModel
 from .netem import Netem
-from .schedule import ALLREDUCE_SCHEDULES, Collective, Fabric, play, rounds_of
+from .schedule import ALLREDUCE_SCHEDULES, Collective, QueueState, play, rounds_of, segments
 from .topology import Topology
 from .wire import SEGMENT_BYTES, wire_seconds
 
@@ -278,6 +279,8 @@ class _Route:
     shared: SharedTail | None
     out_impaired: bool
     in_impaired: bool
+    ports: np.ndarray | None = None  # the fabric's ports after the NIC (None: a crossbar)
+    back_ns: int = 0  # the reverse path's delay, for TCP's recovery of a port's drop
 
 
 class _P2PWork(dist._Work):
@@ -404,7 +407,7 @@ class NetemProcessGroup(dist.ProcessGroup):
         self._files = f"clusterlab-{owner}-{self._token}"
         self._entries = self._open_entry_table() if self.impaired and size > 1 else None
         # Collective completion: one FIFO thread, like a communication stream.
-        self.fabric = Fabric(self.topology, segment_bytes=self.config.segment_bytes)
+        self.fabric = QueueState(self.topology, segment_bytes=self.config.segment_bytes)
         self._seq = 0  # collectives completed (completion thread)
         self._submitted = 0  # collectives started (calling thread)
         self._done_all = np.zeros(size, dtype=np.int64)
@@ -508,7 +511,28 @@ class NetemProcessGroup(dist.ProcessGroup):
             route = self._routes[peer] = _Route(spec, link, self._shared_tail(peer),
                                                 out_impaired=not spec.is_noop,
                                                 in_impaired=not back.is_noop)
+            self._fabric_route(route, peer)
         return route
+
+    def _fabric_route(self, route: _Route, peer: int) -> None:
+        """The switch ports a message to `peer` crosses after the NIC, with their shared
+        state; a path through impaired ports holds messages even behind a plain NIC."""
+        specs = self.topology.port_specs()
+        if all(spec.is_noop for spec in specs):  # no ports, or ports that change nothing
+            return
+        ports = self._tails.get(("ports",))
+        if ports is None:
+            path = os.path.join(self.config.shm_dir, f"{self._files}-ports")
+            ports = self._tails[("ports",)] = SharedPorts(path, specs, seed=self.config.seed,
+                                                          rank=self.me)
+        out, back = (self.topology.paths([a], [b])[0] for a, b in ((self.me, peer),
+                                                                 (peer, self.me)))
+        out, back = out[out >= 0], back[back >= 0]
+        route.out_impaired |= any(not specs[q].is_noop for q in out.tolist())
+        route.in_impaired |= any(not specs[q].is_noop for q in back.tolist())
+        if any(not specs[q].is_noop for q in out.tolist()):
+            route.ports = out
+            route.back_ns = route.link.reverse_delay_ns + ports.back_ns(back)
 
     def _shared_tail(self, peer: int) -> SharedTail | None:
         """The node-wide NIC queue tail when several processes share a rate-limited NIC."""
@@ -546,7 +570,12 @@ class NetemProcessGroup(dist.ProcessGroup):
                 return link.tail_ns, result
 
             sent = route.shared.update(through_nic)
-        header = (sent.delivered_ns, nbytes)
+        delivered = sent.delivered_ns
+        if route.ports is not None:
+            delivered = self._tails[("ports",)].deliver(
+                route.ports, now, sent.segment_ns, segments(nbytes, self.config.segment_bytes),
+                nic_ns=route.spec.delay_ns, back_ns=route.back_ns, flow=peer)
+        header = (delivered, nbytes)
         tag = _direction_tag(tag, self._rank, dst_rank)
         if nbytes <= SMALL_MESSAGE:
             # Built with struct and memmove: a few torch or numpy ops on small tensors cost

@@ -48,6 +48,7 @@ import psutil
 
 from . import shaping as kernel_shaping
 from .backend import BACKEND_NAME, NetemConfig
+from .fabric import Fabric
 from .netem import Netem
 from .schedule import ALLREDUCE_SCHEDULES
 from .topology import Topology
@@ -272,6 +273,8 @@ class Cluster:
     nic: netem spec (string or `Netem`) applied to every node's egress; None = no impairment.
     intra: netem spec between processes of one node; None = unimpaired.
     links: per-direction overrides {(src_node, dst_node): spec}.
+    fabric: the switches behind the NICs (`clusterlab.fabric`: a `LeafSpine`, `RailOptimized`
+      or its string form); None = the crossbar.
     seed: seeds every random draw of the network (same seed, same impairment trace).
     timeout: seconds that a `run()` (and any collective) may take before it is an error.
     dilation: run k times slower than the network it stands for (delays x k, rates / k);
@@ -308,8 +311,9 @@ class Cluster:
         trace: bool = False,
         environ: Mapping[str, str] | None = None,
         shaping: str = "userspace",
+        fabric: str | Fabric | None = None,
     ) -> None:
-        self.topology = Topology.build(nodes, procs_per_node, nic, intra, links)
+        self.topology = Topology.build(nodes, procs_per_node, nic, intra, links, fabric)
         self.world_size = self.topology.world_size
         if self.world_size > MAX_WORLD_SIZE:
             raise ValueError(
@@ -344,7 +348,7 @@ class Cluster:
         if shaping == "kernel":  # refuse here what the kernel cannot do, before anything runs
             kernel_shaping.validate(self.topology, dilation=dilation)
         self.shaping = shaping
-        self.plain = nic is None and intra is None and not links
+        self.plain = nic is None and intra is None and not links and self.topology.is_noop
         # In the kernel the qdiscs impair the traffic: plain Gloo, nothing emulated on top.
         self.backend = "gloo" if self.plain or shaping == "kernel" else BACKEND_NAME
         self.seed, self.timeout, self.dilation = seed, float(timeout), float(dilation)

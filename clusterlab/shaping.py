@@ -198,6 +198,10 @@ def validate(topology: Topology, *, dilation: float = 1.0) -> None:
         raise ValueError(f"intra='{topology.intra}' is not supported with shaping='kernel': "
                          "the processes of one node share its namespace's loopback; use "
                          "shaping='userspace'")
+    if not topology.fabric.is_crossbar():
+        raise ValueError(f"fabric='{topology.fabric}' is not supported with shaping='kernel': "
+                         "the namespaces hang off one bridge (a crossbar); use "
+                         "shaping='userspace'")
     check_available()
     scaled = topology.scaled(dilation)
     for src in range(topology.nodes):

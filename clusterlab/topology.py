@@ -15,6 +15,12 @@ The same topology is described by environment variables, so that an ordinary scr
     CLUSTERLAB_INTRA="delay 20us"                 between processes of one node
     CLUSTERLAB_PROCS_PER_NODE=2                   default 1: every rank is its own node
     CLUSTERLAB_LINKS="0->1=delay 10ms; 1->0=rate 100mbit"   per-direction overrides
+    CLUSTERLAB_FABRIC="leafspine nodes_per_leaf=4 spines=2"  the switches behind the NICs
+
+`fabric` (`clusterlab.fabric`) says what a message crosses after its sender's NIC: nothing
+(the crossbar, the default), or the switch ports of a leaf-spine or rail-optimised fabric.
+A rail-optimised fabric gives every process its own NIC, so a node's processes no longer
+share one egress queue.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .fabric import CROSSBAR, Fabric, as_fabric
 from .netem import Netem, as_netem
 
 NO_IMPAIRMENT = Netem()
@@ -42,6 +49,7 @@ class Topology:
     nic: Netem = NO_IMPAIRMENT
     intra: Netem = NO_IMPAIRMENT
     links: Mapping[tuple[int, int], Netem] = field(default_factory=dict)
+    fabric: Fabric = CROSSBAR
 
     def __post_init__(self) -> None:
         for name in ("nodes", "procs_per_node"):
@@ -68,6 +76,9 @@ class Topology:
                 raise ValueError(f"links: {src}->{dst} is not a link between two nodes")
             if not isinstance(spec, Netem):
                 raise TypeError(f"links[{src}->{dst}] must be a Netem spec, got {spec!r}")
+        if not isinstance(self.fabric, Fabric):
+            raise TypeError(f"fabric must be a clusterlab.fabric description, got {self.fabric!r}")
+        self.fabric.check(self.nodes, self.procs_per_node)
 
     @classmethod
     def build(
@@ -77,6 +88,7 @@ class Topology:
         nic: str | Netem | None = None,
         intra: str | Netem | None = None,
         links: Mapping[tuple[int, int], str | Netem] | str | None = None,
+        fabric: str | Fabric | None = None,
     ) -> Topology:
         """Build from netem strings or specs (None means no impairment).
 
@@ -107,6 +119,7 @@ class Topology:
             nic=_named("nic", as_netem, nic) or NO_IMPAIRMENT,
             intra=_named("intra", as_netem, intra) or NO_IMPAIRMENT,
             links=parsed,
+            fabric=_named("fabric", as_fabric, fabric) or CROSSBAR,
         )
 
     @property
@@ -120,25 +133,41 @@ class Topology:
             self.nic.is_noop
             and self.intra.is_noop
             and all(spec.is_noop for spec in self.links.values())
+            and all(spec.is_noop for spec in self.port_specs())
         )
+
+    def port_specs(self) -> list[Netem]:
+        """The spec of each of the fabric's ports, by port id (none on a crossbar)."""
+        return self.fabric.port_specs(self.nodes, self.procs_per_node, self.nic)
+
+    def paths(self, src, dst, connection=0):
+        """Port ids that messages src[i] -> dst[i] cross after the sender's NIC (`fabric.paths`):
+        an (m, fabric.MAX_HOPS) int array, -1 past the end of a path."""
+        return self.fabric.paths(self.nodes, self.procs_per_node, src, dst, connection)
 
     def node_of(self, rank: int) -> int:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} is outside 0..{self.world_size - 1}")
         return rank // self.procs_per_node
 
+    def nic_of(self, rank: int) -> int:
+        """The NIC rank `rank` sends through: its node's (shared), or its own on rails."""
+        return rank if self.fabric.nic_per_process() else self.node_of(rank)
+
     def queue_of(self, src: int, dst: int) -> tuple:
         """The egress queue a message from rank src to rank dst waits in.
 
-        ("nic", n) is node n's shared NIC; ("link", a, b) an overridden direction with its own
-        queue; ("intra", r) rank r's own link to the other processes of its node.
+        ("nic", n) is NIC n (`nic_of`: node n's shared NIC, or rank n's own on rails);
+        ("link", a, b) an overridden direction with its own queue; ("intra", r) rank r's own
+        link to the other processes of its node. The fabric's ports come after it
+        (`fabric.paths`).
         """
         a, b = self.node_of(src), self.node_of(dst)
         if a == b:
             return ("intra", src)
         if (a, b) in self.links:
             return ("link", a, b)
-        return ("nic", a)
+        return ("nic", self.nic_of(src))
 
     def spec(self, src: int, dst: int) -> Netem:
         """The impairment that a message from rank src to rank dst experiences."""
@@ -161,6 +190,7 @@ class Topology:
             nic=self.nic.scaled(k),
             intra=self.intra.scaled(k),
             links={key: spec.scaled(k) for key, spec in self.links.items()},
+            fabric=self.fabric.scaled(k),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -170,6 +200,7 @@ class Topology:
             "CLUSTERLAB_INTRA": str(self.intra),
             "CLUSTERLAB_PROCS_PER_NODE": str(self.procs_per_node),
             "CLUSTERLAB_LINKS": "; ".join(f"{a}->{b}={s}" for (a, b), s in self.links.items()),
+            "CLUSTERLAB_FABRIC": str(self.fabric),
         }
 
     @classmethod
@@ -187,7 +218,8 @@ class Topology:
             raise ValueError(
                 f"CLUSTERLAB_PROCS_PER_NODE={ppn} does not divide the world size {world_size}"
             )
-        specs = {}
+        fabric = env.get("CLUSTERLAB_FABRIC") or None
+        specs = {"fabric": _named("CLUSTERLAB_FABRIC", as_fabric, fabric)}
         for arg, name in (("nic", "CLUSTERLAB_NIC"), ("intra", "CLUSTERLAB_INTRA"),
                           ("links", "CLUSTERLAB_LINKS")):
             text = env.get(name) or None

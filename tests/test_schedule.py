@@ -11,7 +11,7 @@ from clusterlab.link import LinkModel
 from clusterlab.netem import LossGemodel, LossRandom, Netem
 from clusterlab.schedule import (
     Collective,
-    Fabric,
+    QueueState,
     _release,
     loss_probability,
     play,
@@ -24,7 +24,7 @@ MS = 1_000_000
 
 def finish(nodes, nic, coll, start=None, ppn=1, intra=None, seed=0, segment=65536):
     topo = Topology.build(nodes, ppn, nic, intra)
-    fabric = Fabric(topo, segment_bytes=segment)
+    fabric = QueueState(topo, segment_bytes=segment)
     start = np.zeros(topo.world_size, dtype=np.int64) if start is None else np.asarray(start)
     return play(fabric, coll, start, np.random.default_rng(seed))
 
@@ -146,7 +146,7 @@ def test_rail_hierarchical_on_uneven_groups_replays_as_the_leader_scheme():
     glob = np.array([0, 1, 2])  # node 0 holds two of the group's ranks, node 1 one
     times = []
     for algo in ("hierarchical_rail", "hierarchical"):
-        fabric = Fabric(topo)
+        fabric = QueueState(topo)
         times.append(play(fabric, Collective("allreduce", 4096, algorithm=algo),
                           np.zeros(3, dtype=np.int64), np.random.default_rng(0), ranks=glob))
     assert (times[0] == times[1]).all()
@@ -248,7 +248,7 @@ def test_cached_max_plus_replay_equals_the_round_by_round_replay(coll):
     # as the rounds do, for any start times, subgroups and links that differ per node pair.
     links = parse_links("0->2=delay 7ms; 2->1=delay 20us")
     topo = Topology.build(3, 2, "delay 1us", "delay 300ns", links)
-    cached, rounds = Fabric(topo), Fabric(topo)
+    cached, rounds = QueueState(topo), QueueState(topo)
     assert cached.deterministic
     rounds.deterministic = False
     rng = np.random.default_rng(1)
@@ -262,7 +262,7 @@ def test_cached_max_plus_replay_equals_the_round_by_round_replay(coll):
 
 def test_only_drawless_stateless_links_are_deterministic():
     for nic in ("delay 1ms", "", "delay 1ms duplicate 5%"):  # a duplicate costs only a rate
-        assert Fabric(Topology.build(2, 1, nic)).deterministic, nic
+        assert QueueState(Topology.build(2, 1, nic)).deterministic, nic
     for nic in ("delay 1ms 1us", "rate 1gbit", "loss 0.1%", "corrupt 1%",
                 "delay 1ms reorder 10%"):
-        assert not Fabric(Topology.build(2, 1, nic)).deterministic, nic
+        assert not QueueState(Topology.build(2, 1, nic)).deterministic, nic

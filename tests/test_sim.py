@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from clusterlab import models
-from clusterlab.schedule import Collective, Fabric, play
+from clusterlab.schedule import Collective, QueueState, play
 from clusterlab.sim import _ring_rounds_fast, compute_times, scaling_curve, simulate_training
 from clusterlab.topology import Topology
 from clusterlab.wire import HEADER_BYTES
@@ -18,7 +18,7 @@ BETA = (SEG + HEADER_BYTES) / SEG * 8 / RATE  # seconds per payload byte on the 
 
 
 def replay(p, nic, coll):
-    fabric = Fabric(Topology.build(p, 1, nic))
+    fabric = QueueState(Topology.build(p, 1, nic))
     return play(fabric, coll, np.zeros(p, dtype=np.int64), np.random.default_rng(0)).max() / 1e9
 
 
@@ -64,7 +64,7 @@ def test_fast_ring_equals_the_schedule_exactly_without_jitter(nic):
     topo = Topology.build(16, 1, nic)
     start = np.random.default_rng(1).integers(0, 10**6, 16)
     for n in (10**5, 10**7):
-        a = play(Fabric(topo), Collective("allreduce", n), start, np.random.default_rng(0))
+        a = play(QueueState(topo), Collective("allreduce", n), start, np.random.default_rng(0))
         b = _ring_rounds_fast(topo.nic, start, n, np.random.default_rng(0))
         assert (a == b).all()
 
@@ -74,7 +74,7 @@ def test_fast_ring_equals_the_schedule_exactly_without_jitter(nic):
 def test_fast_ring_agrees_with_the_schedule_in_distribution(nic):
     topo = Topology.build(16, 1, nic)
     start = np.zeros(16, dtype=np.int64)
-    a = [play(Fabric(topo), Collective("allreduce", 10**6), start,
+    a = [play(QueueState(topo), Collective("allreduce", 10**6), start,
               np.random.default_rng(s)).max() for s in range(60)]
     b = [_ring_rounds_fast(topo.nic, start, 10**6, np.random.default_rng(s)).max()
          for s in range(60)]
@@ -128,7 +128,7 @@ def test_jittery_ring_closed_form_tracks_the_schedule(nic, p, nbytes):
 
     spec = Netem.parse(nic)
     topo = Topology.build(p, 1, nic)
-    done = [play(Fabric(topo), Collective("allreduce", nbytes), np.zeros(p, dtype=np.int64),
+    done = [play(QueueState(topo), Collective("allreduce", nbytes), np.zeros(p, dtype=np.int64),
                  np.random.default_rng(seed)).max() / 1e9 for seed in range(60)]
     simulated = float(np.mean(done))
     args = (p, nbytes, spec.delay_s, 0.0, spec.jitter_s, spec.distribution)
@@ -178,8 +178,36 @@ def test_p2p_ring_models_gloo_rendezvous_and_in_order_delivery():
                                                                                  rel=0.015)
     p2p = p2p_ring_allreduce(nic, 16, 4096, seeds=300).mean()
     topo = Topology.build(16, 1, nic)
-    sched = np.mean([play(Fabric(topo), Collective("allreduce", 4096), np.zeros(16, dtype=np.int64),
-                          np.random.default_rng(s)).max() / 1e9 for s in range(300)])
+    sched = np.mean([play(QueueState(topo), Collective("allreduce", 4096),
+                          np.zeros(16, dtype=np.int64), np.random.default_rng(s)).max() / 1e9
+                     for s in range(300)])
     assert 1.02 * sched < p2p < 1.10 * sched
     with pytest.raises(ValueError, match="ranks and seeds"):
         p2p_ring_allreduce(nic, 0, 4096)
+
+
+def test_compiled_ring_on_a_leaf_spine_and_the_leaders_ring_equal_the_replay():
+    from clusterlab.sim import RingPorts
+
+    start = np.random.default_rng(0).integers(0, 10**6, 32)
+    for fab in ("leafspine nodes_per_leaf=4 spines=2 oversubscription=4",
+                "leafspine nodes_per_leaf=2 spines=3 port=(delay 3us rate 1gbit)"):
+        topo = Topology.build(32, 1, "delay 20us rate 1gbit", fabric=fab)
+        replay = play(QueueState(topo), Collective("allreduce", 3 * 10**6), start, None)
+        fast = _ring_rounds_fast(topo.nic, start, 3 * 10**6, np.random.default_rng(0),
+                                 ports=RingPorts(topo))
+        assert np.array_equal(replay, fast), fab
+        # 8 nodes x 4: the hierarchical all-reduce is the ring of the nodes' last entries
+        topo = Topology.build(8, 4, "delay 20us rate 1gbit", fabric=fab)
+        replay = play(QueueState(topo), Collective("allreduce", 10**6, algorithm="hierarchical"),
+                      start, None)
+        nodes = Topology.build(8, 1, "delay 20us rate 1gbit", fabric=fab)
+        fast = _ring_rounds_fast(topo.nic, start.reshape(8, 4).max(axis=1), 10**6,
+                                 np.random.default_rng(0), ports=RingPorts(nodes))
+        assert np.array_equal(replay, np.repeat(fast, 4)), fab
+    # and simulate_training takes these paths with the same results as before on a crossbar
+    hier = simulate_training(8, 4, nic="delay 20us rate 1gbit", algorithm="hierarchical",
+                             model_bytes=4e6, bucket_bytes=2**21, steps=2)
+    ring = simulate_training(8, 1, nic="delay 20us rate 1gbit", model_bytes=4e6,
+                             bucket_bytes=2**21, steps=2)
+    assert np.allclose(hier.step_end, np.repeat(ring.step_end, 4, axis=1))

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from clusterlab import models  # noqa: E402
 from clusterlab.link import LinkModel, delay_values_ns  # noqa: E402
 from clusterlab.netem import Netem  # noqa: E402
-from clusterlab.schedule import Collective, Fabric, play  # noqa: E402
+from clusterlab.schedule import Collective, QueueState, play  # noqa: E402
 from clusterlab.sim import simulate_training  # noqa: E402
 from clusterlab.step_model import (  # noqa: E402
     NODE_COUNTS,
@@ -304,7 +304,7 @@ def test_ring_timeline_matches_schedule_play_and_shows_the_slow_link():
     p, n = 4, 8 * 2**20
     topo = Topology.build(p, 1, "delay 100us rate 10gbit", links={(1, 2): "delay 100us rate 1gbit"})
     tl = ring_timeline(topo, n, seed=3)
-    done = play(Fabric(topo), Collective("allreduce", n), np.zeros(p, dtype=np.int64),
+    done = play(QueueState(topo), Collective("allreduce", n), np.zeros(p, dtype=np.int64),
                 np.random.default_rng(3))
     np.testing.assert_array_equal(tl.ready_ns[-1], done)
     assert tl.rounds == 6 and tl.total_ns == done.max()

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import models
 from ..netem import Netem, as_netem
-from ..schedule import Collective, Fabric, play
+from ..schedule import Collective, QueueState, play
 from ..timing import durations
 from ..topology import Topology
 from ..wire import SEGMENT_BYTES, wire_beta
@@ -147,10 +147,10 @@ def replay(
     over the link model, all ranks entering at 0; the last rank's finish.
 
     The parameter server has no schedule in the backend; it is replayed here with the same
-    `Fabric`, as its two rounds: p-1 pushes to rank 0, then rank 0's p-1 replies.
+    `QueueState`, as its two rounds: p-1 pushes to rank 0, then rank 0's p-1 replies.
     """
     topology = Topology.build(nodes, procs_per_node, nic, intra)
-    fabric = Fabric(topology, segment_bytes=SEGMENT_BYTES)
+    fabric = QueueState(topology, segment_bytes=SEGMENT_BYTES)
     rng = np.random.default_rng(seed)
     p = topology.world_size
     start = np.zeros(p, dtype=np.int64)

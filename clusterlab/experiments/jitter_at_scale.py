@@ -37,7 +37,7 @@ import numpy as np
 from .. import clock, models
 from ..cluster import Cluster
 from ..netem import Netem
-from ..schedule import Collective, Fabric, play
+from ..schedule import Collective, QueueState, play
 from ..topology import Topology
 from . import ddp
 from .common import first_ranks, preload_ddp, release, use_or_open
@@ -410,7 +410,7 @@ def emulated_allreduce(nodes: int, procs_per_node: int, nic, intra, algorithm: s
     """The network's own time for one all-reduce entered by every rank at once (seconds): the
     schedule the backend replays, without this machine's costs."""
     topo = Topology.build(nodes, procs_per_node, nic, intra)
-    done = play(Fabric(topo), Collective("allreduce", nbytes, algorithm=algorithm),
+    done = play(QueueState(topo), Collective("allreduce", nbytes, algorithm=algorithm),
                 np.zeros(topo.world_size, dtype=np.int64), np.random.default_rng(seed))
     return float(done.max()) / 1e9
 

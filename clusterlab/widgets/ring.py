@@ -8,7 +8,7 @@ has every chunk. 2(p - 1) rounds, each moving one 1/p-th of the vector per link.
 
 The left panel is the state after k rounds: a p x p grid (rank x chunk), coloured by how
 many ranks' contributions the chunk holds, "✓" when complete. The right panel is the
-timeline on an emulated network (`schedule.Fabric.deliver`, the very function the
+timeline on an emulated network (`schedule.QueueState.deliver`, the very function the
 backend and the simulator use): one row per link, one bar per round from send to arrival.
 Every round waits for its slowest link, so one slow link stretches every round: the ring
 runs at the pace of its worst link.
@@ -24,7 +24,7 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from ..netem import Netem
-from ..schedule import Fabric, ring_rounds
+from ..schedule import QueueState, ring_rounds
 from ..topology import Topology
 from ._common import Explorer
 
@@ -75,12 +75,12 @@ def ring_timeline(topology: Topology, nbytes: int, seed: int = 0) -> RingTimelin
     """Replay a ring all-reduce of `nbytes` on `topology`, round by round.
 
     The loop of `schedule.play` for the ring, unrolled so that each round's send and arrival
-    times are kept: a rank sends when it is ready, `Fabric.deliver` says when the message
+    times are kept: a rank sends when it is ready, `QueueState.deliver` says when the message
     arrives (delay, jitter, rate and queueing of that link), and the receiver is ready for
     the next round once it has arrived. Same seed, same numbers as `play`.
     """
     p = topology.world_size
-    fabric = Fabric(topology)
+    fabric = QueueState(topology)
     rng = np.random.default_rng(seed)
     ready = np.zeros(p, dtype=np.int64)
     sends, arrivals, readies = [], [], []
