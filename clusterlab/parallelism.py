@@ -32,7 +32,7 @@ import numpy as np
 from . import models
 from .models import _count, _nonnegative
 from .netem import Netem
-from .schedule import Collective, Fabric, play
+from .schedule import Collective, QueueState, play
 from .topology import Topology
 
 DP_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
@@ -216,10 +216,10 @@ def simulate_pipeline(schedule: str, *, stages: int, microbatches: int, forward_
     """Replay one pipeline step: stage s is node s, each operation takes its compute time,
     and every activation (forward) or its gradient (backward) crosses the link between
     neighbouring stages through the same link model as the backend's collectives
-    (`schedule.Fabric`: netem delay, jitter, rate and loss). Sends do not block compute."""
+    (`schedule.QueueState`: netem delay, jitter, rate and loss). Sends do not block compute."""
     p, m = _count(stages, "stages"), _count(microbatches, "microbatches")
     tf, tb = _nonnegative(forward_s, "forward_s"), _nonnegative(backward_s, "backward_s")
-    fabric = Fabric(Topology.build(p, 1, nic, None))
+    queues = QueueState(Topology.build(p, 1, nic, None))
     rng = np.random.default_rng(seed)
     orders = [pipeline_order(schedule, p, m, s) for s in range(p)]
     arrived: dict = {}  # (stage, kind, j) -> when its input is at that stage (ns)
@@ -248,7 +248,7 @@ def simulate_pipeline(schedule: str, *, stages: int, microbatches: int, forward_
             free[s] = t1
             to = s + 1 if kind == "F" else s - 1
             if 0 <= to < p:
-                (done,) = fabric.deliver(np.array([s]), np.array([to]), np.array([t1]),
+                (done,) = queues.deliver(np.array([s]), np.array([to]), np.array([t1]),
                                          activation_bytes, rng)
                 arrived[(to, kind, j)] = int(done)
             pos[s] += 1
@@ -323,13 +323,13 @@ def simulate_alltoall(*, ranks: int, nic: str | Netem, nbytes: int = 64, repeats
     """Per-repeat, per-rank completion times (s) of an all-to-all started by every rank at
     once, replayed by the backend's schedule (`schedule.play`): shape (repeats, ranks)."""
     n = _count(ranks, "ranks")
-    fabric = Fabric(Topology.build(n, 1, nic, None))
+    queues = QueueState(Topology.build(n, 1, nic, None))
     rng = np.random.default_rng(seed)
     coll = Collective("alltoall", int(nbytes) * n)
     out = np.empty((_count(repeats, "repeats"), n))
     for k in range(len(out)):
-        fabric.tails.clear()
-        out[k] = play(fabric, coll, np.zeros(n, dtype=np.int64), rng) / 1e9
+        queues.tails.clear()
+        out[k] = play(queues, coll, np.zeros(n, dtype=np.int64), rng) / 1e9
     return out
 
 
