@@ -49,9 +49,10 @@ import torch
 import torch.distributed as dist
 
 from . import clock
+from .fabric import SharedPorts
 from .link import LinkModel
 from .netem import Netem
-from .schedule import ALLREDUCE_SCHEDULES, Collective, QueueState, play
+from .schedule import ALLREDUCE_SCHEDULES, Collective, QueueState, play, segments
 from .topology import Topology
 from .wire import SEGMENT_BYTES, wire_seconds
 
@@ -276,6 +277,8 @@ class _Route:
     shared: SharedTail | None
     out_impaired: bool
     in_impaired: bool
+    ports: np.ndarray | None = None  # the fabric's ports after the NIC (None: a crossbar)
+    back_ns: int = 0  # the reverse path's delay, for TCP's recovery of a port's drop
 
 
 class _P2PWork(dist._Work):
@@ -487,7 +490,28 @@ class NetemProcessGroup(dist.ProcessGroup):
             route = self._routes[peer] = _Route(spec, link, self._shared_tail(peer),
                                                 out_impaired=not spec.is_noop,
                                                 in_impaired=not back.is_noop)
+            self._fabric_route(route, peer)
         return route
+
+    def _fabric_route(self, route: _Route, peer: int) -> None:
+        """The switch ports a message to `peer` crosses after the NIC, with their shared
+        state; a path through impaired ports holds messages even behind a plain NIC."""
+        specs = self.topology.port_specs()
+        if not specs:
+            return
+        ports = self._tails.get(("ports",))
+        if ports is None:
+            path = os.path.join(self.config.shm_dir, f"{self._files}-ports")
+            ports = self._tails[("ports",)] = SharedPorts(path, specs, seed=self.config.seed,
+                                                          rank=self.me)
+        out, back = (self.topology.paths([a], [b])[0] for a, b in ((self.me, peer),
+                                                                 (peer, self.me)))
+        out, back = out[out >= 0], back[back >= 0]
+        route.out_impaired |= any(not specs[q].is_noop for q in out.tolist())
+        route.in_impaired |= any(not specs[q].is_noop for q in back.tolist())
+        if len(out):
+            route.ports = out
+            route.back_ns = route.link.reverse_delay_ns + ports.back_ns(back)
 
     def _shared_tail(self, peer: int) -> SharedTail | None:
         """The node-wide NIC queue tail when several processes share a rate-limited NIC."""
@@ -525,7 +549,12 @@ class NetemProcessGroup(dist.ProcessGroup):
                 return link.tail_ns, result
 
             sent = route.shared.update(through_nic)
-        header = (sent.delivered_ns, nbytes)
+        delivered = sent.delivered_ns
+        if route.ports is not None:
+            delivered = self._tails[("ports",)].deliver(
+                route.ports, now, sent.segment_ns, segments(nbytes, self.config.segment_bytes),
+                nic_ns=route.spec.delay_ns, back_ns=route.back_ns, flow=peer)
+        header = (delivered, nbytes)
         if nbytes <= SMALL_MESSAGE:
             # Built with struct and memmove: a few torch or numpy ops on small tensors cost
             # more CPU than the message itself (and 4 ranks share 2 cores).

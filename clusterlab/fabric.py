@@ -39,13 +39,19 @@ may collide on one uplink while another idles, as in a real fabric.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import math
+import mmap
+import os
 import re
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .link import packet_time_ns, sample_delay_ns
 from .netem import Netem
+from .wire import DUPTHRESH, HEADER_BYTES, RTO_MIN_NS
 
 # Hop kinds, in the order a message crosses them; a port's integer id is laid out as
 # [ports | uplinks (leaf, spine) | downlinks (spine, leaf)] (see `Fabric.port_count`).
@@ -291,6 +297,130 @@ class RailOptimized(_Switched):
 CROSSBAR = Crossbar()
 
 
+# --- Ports: what a packet experiences in one switch port --------------------------------------
+#
+# One implementation, two consumers: the backend's point-to-point path (one message at a time,
+# the state in a file the ranks share) and the collective replay (a batch of messages, the
+# state in the replay's QueueState), so emulated runs and simulations see the same queues.
+# A port's state is one int64 row: [tail, packets kept, ring head, finish times of the last
+# `limit` packets kept...]; a packet finds the port full when the oldest of those has not
+# finished serialising when it arrives (finish times are monotonic: one FIFO, one rate).
+
+STATE_HEAD = 3
+
+
+def state_width(specs: list[Netem]) -> int:
+    """Columns of a port-state row for ports with these specs (the ring only where a rate
+    makes packets wait)."""
+    return STATE_HEAD + max([s.limit for s in specs if s.rate_bps] or [0])
+
+
+def _port_kernel(state, ports, arrive, ptime, delay, lost, limits):
+    """Packets of message i (row i, its segments in order) through port ports[i], messages in
+    FIFO order; returns when each leaves the port (-1: dropped, by the buffer or a loss)."""
+    m, k = arrive.shape
+    out = np.empty((m, k), dtype=np.int64)
+    for i in range(m):
+        q = ports[i]
+        limit = limits[q]
+        for s in range(k):
+            a = arrive[i, s]
+            if a < 0:  # dropped upstream
+                out[i, s] = -1
+                continue
+            if ptime[i, s] > 0:
+                if limit > 0 and state[q, 1] >= limit and state[q, STATE_HEAD + state[q, 2]] > a:
+                    out[i, s] = -1  # the buffer holds `limit` packets: a tail drop
+                    continue
+                start = a if a > state[q, 0] else state[q, 0]
+                state[q, 0] = start + ptime[i, s]
+                if limit > 0:
+                    state[q, STATE_HEAD + state[q, 2]] = state[q, 0]
+                    state[q, 2] = (state[q, 2] + 1) % limit
+                    if state[q, 1] < limit:
+                        state[q, 1] += 1
+                t = state[q, 0]
+            else:
+                t = a
+            out[i, s] = -1 if lost[i, s] else t + delay[i, s]
+    return out
+
+
+_compiled = None
+
+
+def port_kernel():
+    """`_port_kernel` compiled by numba (the replay pushes millions of packets through ports
+    at 1024 nodes), on first use: a crossbar never pays for importing numba."""
+    global _compiled
+    if _compiled is None:
+        try:
+            from numba import njit
+        except ImportError:  # pragma: no cover - numba is in requirements.txt
+            _compiled = _port_kernel
+        else:
+            _compiled = njit(cache=True, nogil=True)(_port_kernel)
+            one = np.zeros((1, 1), dtype=np.int64)  # load it now, not in the first message
+            _compiled(np.zeros((1, STATE_HEAD + 1), dtype=np.int64), np.zeros(1, np.int64),
+                      one, one, one, np.zeros((1, 1), dtype=np.bool_), np.zeros(1, np.int64))
+    return _compiled
+
+
+def cross_ports(state: np.ndarray, specs: list[Netem], ports: np.ndarray, arrive: np.ndarray,
+                payload: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
+    """Messages (rows of `arrive`: when each segment reaches the port) through the ports
+    `ports[i]`, in row order (FIFO); `payload` the segments' payload bytes. Returns the
+    segments' departure times, -1 for a dropped one. `rng` draws jitter and loss (None: the
+    ports have neither)."""
+    from .schedule import loss_probability  # schedule imports this module
+
+    m, k = arrive.shape
+    ptime = np.zeros((m, k), dtype=np.int64)
+    delay = np.zeros((m, k), dtype=np.int64)
+    lost = np.zeros((m, k), dtype=np.bool_)
+    for q in np.unique(ports).tolist():
+        spec = specs[q]
+        rows = ports == q if m > 1 else slice(None)
+        n = int(np.count_nonzero(rows)) if m > 1 else 1
+        if spec.rate_bps:
+            ptime[rows] = packet_time_ns(spec, payload + HEADER_BYTES)
+        if spec.jitter_ns:
+            delay[rows] = sample_delay_ns(spec, rng, (n, k))
+        elif spec.delay_ns:
+            delay[rows] = spec.delay_ns
+        p = loss_probability(spec)
+        if p > 0:
+            lost[rows] = rng.random((n, k)) < p
+    limits = np.array([s.limit if s.rate_bps else 0 for s in specs], dtype=np.int64)
+    return port_kernel()(state, np.asarray(ports, dtype=np.int64), arrive, ptime, delay, lost,
+                         limits)
+
+
+def recover_drops(done: np.ndarray, send_ns: np.ndarray, forward_ns: np.ndarray,
+                  back_ns: np.ndarray) -> np.ndarray:
+    """Each message's delivery once TCP has recovered the segments the ports dropped (-1).
+
+    As the link model charges a loss: fast retransmit when DUPTHRESH later segments of the
+    message arrived (their SACKs take `back_ns` to the sender, the resend `forward_ns`, the
+    path's unloaded one-way time, to the receiver), else an RTO of max(RTO_MIN, 2 x RTT)
+    after the send. A retransmission is not dropped again (it finds the burst gone).
+    """
+    delivered = done.max(axis=1)
+    rows, cols = np.nonzero(done < 0)
+    if not len(rows):
+        return delivered
+    out = done.copy()
+    for r, c in zip(rows.tolist(), cols.tolist()):
+        later = done[r, c + 1 :]
+        later = np.sort(later[later >= 0])
+        if len(later) >= DUPTHRESH:
+            out[r, c] = later[DUPTHRESH - 1] + back_ns[r] + forward_ns[r]
+        else:
+            rto = max(RTO_MIN_NS, 2 * (forward_ns[r] + back_ns[r]))
+            out[r, c] = send_ns[r] + rto + forward_ns[r]
+    return out.max(axis=1)
+
+
 def ecmp_hash(seed: int, src, dst, connection=0) -> np.ndarray:
     """A flow's 64-bit ECMP hash (splitmix64 of seed, src, dst, connection), vectorised."""
     with np.errstate(over="ignore"):
@@ -376,3 +506,50 @@ def as_fabric(value: str | Fabric | None) -> Fabric:
 
 __all__ = ["CROSSBAR", "Crossbar", "Fabric", "LeafSpine", "RailOptimized", "as_fabric",
            "ecmp_hash", "parse_fabric"]
+
+
+class SharedPorts:
+    """The fabric's port states in a file every rank of one host maps: the point-to-point
+    path's queues, shared so that messages of different senders queue behind each other at a
+    receiver's port (incast) or an uplink, in the order the senders sent them."""
+
+    def __init__(self, path: str, specs: list[Netem], *, seed: int = 0, rank: int = 0) -> None:
+        self.path, self.specs = path, specs
+        width = state_width(specs)
+        size = 8 * len(specs) * width
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        if os.fstat(self._fd).st_size < size:
+            os.ftruncate(self._fd, size)
+        self._map = mmap.mmap(self._fd, size)
+        self.state = np.frombuffer(self._map, dtype=np.int64).reshape(len(specs), width)
+        self.delay = np.array([s.delay_ns for s in specs], dtype=np.int64)
+        self._rng = np.random.default_rng([seed, rank, 0xFAB])
+        self._last: dict[int, int] = {}  # last delivery per flow: TCP delivers in order
+
+    def deliver(self, path: np.ndarray, send_ns: int, segment_ns, payload: np.ndarray, *,
+                nic_ns: int, back_ns: int, flow: int) -> int:
+        """When a message that left the sender's NIC at `segment_ns` (per segment) is
+        delivered across the ports `path`; `nic_ns`/`back_ns` the NIC's delay and the reverse
+        path's (for the TCP recovery of a dropped segment)."""
+        arrive = np.asarray(segment_ns, dtype=np.int64).reshape(1, -1)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            for q in path.tolist():
+                arrive = cross_ports(self.state, self.specs, np.array([q]), arrive, payload,
+                                     self._rng)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        forward = np.array([nic_ns + int(self.delay[path].sum())])
+        done = int(recover_drops(arrive, np.array([send_ns]), forward, np.array([back_ns]))[0])
+        done = max(done, self._last.get(flow, done))
+        self._last[flow] = done
+        return done
+
+    def back_ns(self, path: np.ndarray) -> int:
+        return int(self.delay[path].sum())
+
+    def close(self) -> None:
+        self.state = None
+        with contextlib.suppress(OSError, ValueError, BufferError):
+            self._map.close()
+            os.close(self._fd)

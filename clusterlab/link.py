@@ -352,6 +352,7 @@ class Transmission:
     timeouts: int = 0  # retransmissions triggered by an RTO rather than by fast retransmit
     marked: int = 0  # packets ECN-marked instead of dropped (spec.ecn)
     trace: PacketTrace | None = None  # filled only when LinkModel(trace=True)
+    segment_ns: list[int] | None = None  # when each segment's data arrived (the fabric's input)
 
 
 class _Record:
@@ -562,7 +563,7 @@ class LinkModel:
         return Transmission(
             delivered_ns=delivered, arrival_ns=last_arrival, packets=len(wire), lost=lost,
             retransmits=retransmits, duplicates=record.duplicates, timeouts=timeouts,
-            marked=record.marked, trace=record.packet_trace(),
+            marked=record.marked, trace=record.packet_trace(), segment_ns=arrival,
         )  # fmt: skip
 
     def _recover(

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .fabric import cross_ports, port_kernel, recover_drops, state_width
 from .link import packet_time_ns, sample_delay_ns
 from .netem import LossGemodel, LossRandom, LossState, Netem
 from .topology import Topology
@@ -117,10 +118,18 @@ class QueueState:
         self.tails: dict[tuple, int] = {}
         p = topology.world_size
         self._node = np.arange(p) // topology.procs_per_node
+        # The fabric's switch ports (none on a crossbar): their specs and queue state.
+        self.port_specs = topology.port_specs()
+        self.ports = (np.zeros((len(self.port_specs), state_width(self.port_specs)), np.int64)
+                      if self.port_specs else None)
+        self._port_delay = np.array([s.delay_ns for s in self.port_specs] + [0], np.int64)
+        if self.port_specs:
+            port_kernel()  # compile (or load) it now, not inside the first collective
         # Deterministic links keep no state and draw nothing, so a collective's completion
         # times are a max-plus linear function of its start times: cached per collective.
         self.deterministic = all(
-            deterministic(s) for s in (topology.nic, topology.intra, *topology.links.values()))
+            deterministic(s) for s in (topology.nic, topology.intra, *topology.links.values(),
+                                       *self.port_specs))
         self._linear: dict[tuple, np.ndarray] = {}
 
     def deliver(
@@ -155,14 +164,46 @@ class QueueState:
                 groups.append((topo.links[pair], one, queue))
             idx = idx[~override]
         if len(idx):
-            groups.append((topo.nic, idx, topo.world_size + self._node[src[idx]]))
+            nic = self._node[src[idx]] if not topo.fabric.nic_per_process() else src[idx]
+            groups.append((topo.nic, idx, topo.world_size + nic))
+        if self.ports is not None:  # the NIC's output per segment, then the switch ports
+            full = np.empty((len(src), len(segments(nbytes, self.segment_bytes))), np.int64)
+            for spec, msgs, queues in groups:
+                full[msgs] = self._deliver_group(spec, src[msgs], dst[msgs], send_ns[msgs],
+                                                 queues, nbytes, rng, per_segment=True)
+            return self._cross_fabric(src, dst, send_ns, full, nbytes, rng)
         for spec, msgs, queues in groups:
             out[msgs] = self._deliver_group(spec, src[msgs], dst[msgs], send_ns[msgs], queues,
                                             nbytes, rng)
         return out
 
-    def _deliver_group(self, spec, src, dst, send_ns, queues, nbytes, rng) -> np.ndarray:
+    def _cross_fabric(self, src, dst, send_ns, arrive, nbytes, rng) -> np.ndarray:
+        """Messages whose segments left their NICs at `arrive` through the fabric's ports, hop
+        by hop, each port's messages in send order (FIFO, as the p2p path queues them)."""
+        topo = self.topology
+        paths = topo.paths(src, dst)
+        payload = segments(nbytes, self.segment_bytes)
+        for hop in range(paths.shape[1]):
+            rows = np.flatnonzero(paths[:, hop] >= 0)
+            if not len(rows):
+                break
+            rows = rows[np.argsort(send_ns[rows], kind="stable")]
+            arrive[rows] = cross_ports(self.ports, self.port_specs, paths[rows, hop],
+                                       arrive[rows], payload, rng)
+        if not (arrive < 0).any():
+            return arrive.max(axis=1)
+        nic = np.array([topo.spec(s, d).delay_ns for s, d in zip(src.tolist(), dst.tolist())])
+        back = np.array([topo.spec(d, s).delay_ns for s, d in zip(src.tolist(), dst.tolist())])
+        forward = nic + self._port_delay[paths].sum(axis=1)
+        back = back + self._port_delay[topo.paths(dst, src)].sum(axis=1)
+        return recover_drops(arrive, send_ns, forward, back)
+
+    def _deliver_group(self, spec, src, dst, send_ns, queues, nbytes, rng,
+                       per_segment=False) -> np.ndarray:
         if spec.is_noop:
+            if per_segment:
+                k = len(segments(nbytes, self.segment_bytes))
+                return np.repeat(send_ns[:, None], k, axis=1)
             return send_ns.copy()
         payload = segments(nbytes, self.segment_bytes)
         m, k = len(send_ns), len(payload)
@@ -184,7 +225,7 @@ class QueueState:
         p_loss = loss_probability(spec)
         if p_loss > 0:
             arrive = self._recover(spec, arrive, send_ns, src, dst, p_loss, rng)
-        return arrive.max(axis=1)
+        return arrive if per_segment else arrive.max(axis=1)
 
     def _serialise(self, ready, per_packet, queues, send_ns) -> np.ndarray:
         """netem with a rate: time_to_send_i = max(ready_i, time_to_send_{i-1}) + wire_i."""

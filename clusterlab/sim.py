@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from .fabric import Fabric
 from .link import delay_values_ns, packet_time_ns, sample_delay_ns
 from .netem import Netem
 from .schedule import Collective, QueueState, loss_probability, play, segments
@@ -152,6 +153,7 @@ def simulate_training(
     seed: int = 0,
     message_overhead_s: float = 0.0,
     native_s=None,
+    fabric: str | Fabric | None = None,
 ) -> SimResult:
     """Simulate `steps` synchronous data-parallel steps; see the module docstring.
 
@@ -160,7 +162,7 @@ def simulate_training(
     Gloo needs for an all-reduce of that size (the backend never completes a collective
     before Gloo itself has: completion = max(emulated, last entry + native)).
     """
-    topo = Topology.build(nodes, procs_per_node, nic, intra)
+    topo = Topology.build(nodes, procs_per_node, nic, intra, fabric=fabric)
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if model_bytes < 0 or bucket_bytes <= 0:
@@ -171,7 +173,8 @@ def simulate_training(
     comp = compute_times(rng, (steps, p), compute_s, compute_jitter, compute_distribution,
                          straggler)
     fabric = QueueState(topo)
-    fast = algorithm == "ring" and procs_per_node == 1 and not topo.links and p > 1
+    fast = (algorithm == "ring" and procs_per_node == 1 and not topo.links and p > 1
+            and topo.fabric.is_crossbar())
     overhead_ns = int(message_overhead_s * 1e9)
     ends = np.zeros((steps, p))
     now = np.zeros(p, dtype=np.int64)  # ns; each rank's clock position
@@ -198,8 +201,37 @@ def simulate_training(
     return SimResult(nodes=nodes, procs_per_node=procs_per_node, step_end=ends, compute=comp,
                      samples_per_step=batch_per_rank * p,
                      config={"nic": str(topo.nic), "intra": str(topo.intra),
+                             "fabric": str(topo.fabric),
                              "model_bytes": model_bytes, "bucket_bytes": bucket_bytes,
                              "compute_s": compute_s, "overlap": overlap, "algorithm": algorithm})
+
+
+def simulate_collective(
+    kind: str,
+    nbytes: int,
+    *,
+    nodes: int,
+    procs_per_node: int = 1,
+    nic: str | Netem | None = None,
+    intra: str | Netem | None = None,
+    fabric: str | Fabric | None = None,
+    algorithm: str = "ring",
+    root: int = 0,
+    start_s=None,
+    seed: int = 0,
+) -> np.ndarray:
+    """When each rank finishes one collective (seconds), every rank entering at `start_s`
+    (default 0): the replay the backend runs (`schedule.play`), on any fabric. kind and
+    nbytes as in `schedule.Collective` (e.g. "gather": every rank sends nbytes to `root`,
+    which is an incast at the root's port)."""
+    topo = Topology.build(nodes, procs_per_node, nic, intra, fabric=fabric)
+    p = topo.world_size
+    start = (np.zeros(p, dtype=np.int64) if start_s is None
+             else (np.asarray(start_s, dtype=float) * 1e9).astype(np.int64))
+    if start.shape != (p,):
+        raise ValueError(f"start_s must hold one time per rank ({p}), got shape {start.shape}")
+    coll = Collective(kind, int(nbytes), root=root, algorithm=algorithm)
+    return play(QueueState(topo), coll, start, np.random.default_rng(seed)) / 1e9
 
 
 def bucket_sizes(model_bytes: int, bucket_bytes: int, first_bucket_bytes: int) -> list[int]:
