@@ -349,11 +349,12 @@ def bottleneck_time(topology, algorithm: str, nbytes: int, *, ranks=None,
 
         delays along the path + wire bytes / share + one segment's time per further hop
 
-    (store and forward: a switch forwards a packet once it has it whole). The round takes as
-    long as its slowest message, and the rounds run one after another, as in the closed
-    forms of `clusterlab.models` (on a crossbar with one process per node this is
-    `models.allreduce_time`, hop for hop). Fair sharing and whole rounds are the
-    approximations: the replay lets each rank move on as soon as its own messages are in.
+    (store and forward: a switch forwards a packet once it has it whole). A rank sends a
+    round's message once it has received what the rounds before brought it, so the time is
+    the longest chain of messages through the rounds (max-plus, as the replay advances);
+    on a crossbar with one process per node, where all messages of a round cost the same,
+    that is the sum of the rounds, the closed forms of `clusterlab.models` term for term.
+    The fair share over whole rounds is the approximation.
     """
     from .schedule import Collective, rounds_of
 
@@ -369,10 +370,17 @@ def bottleneck_time(topology, algorithm: str, nbytes: int, *, ranks=None,
     else:
         rounds = list(rounds_of(Collective("allreduce", nbytes, algorithm=algorithm), p,
                                 topology, glob))
-    costs = [round_cost(topology, glob[np.asarray(senders)], glob[np.asarray(receivers)],
-                        int(size), segment_bytes=segment_bytes)
-             for senders, receivers, size in rounds if len(senders)]
-    return float(sum(c.time_s for c in costs)), costs
+    ready = np.zeros(p)
+    costs = []
+    for senders, receivers, size in rounds:
+        if not len(senders):
+            continue
+        senders, receivers = np.asarray(senders), np.asarray(receivers)
+        times, cost = _message_times(topology, glob[senders], glob[receivers], int(size),
+                                     segment_bytes)
+        np.maximum.at(ready, receivers, ready[senders] + times)
+        costs.append(cost)
+    return float(ready.max()), costs
 
 
 def round_cost(topology, src, dst, nbytes: int, *,
@@ -385,6 +393,11 @@ def round_cost(topology, src, dst, nbytes: int, *,
     if src.shape != dst.shape or src.ndim != 1 or not len(src):
         raise ValueError(f"src and dst must be equal-length, non-empty rank lists, got "
                          f"{src.tolist()} and {dst.tolist()}")
+    return _message_times(topology, src, dst, int(nbytes), segment_bytes)[1]
+
+
+def _message_times(topology, src, dst, nbytes, segment_bytes) -> tuple[np.ndarray, RoundCost]:
+    """Each message's time at its bottleneck share, and the round's cost (its slowest)."""
     ports = topology.port_specs()
     hops: list[list[tuple[tuple, object, str]]] = []  # per message: (queue key, spec, kind)
     paths = topology.paths(src, dst)
@@ -401,18 +414,21 @@ def round_cost(topology, src, dst, nbytes: int, *,
             flows[key] = flows.get(key, 0) + 1
     wire = nbytes + HEADER_BYTES * segment_count(nbytes, segment_bytes=segment_bytes)
     segment = min(nbytes, segment_bytes) + HEADER_BYTES
+    times = np.empty(len(hops))
     worst = None
-    for path in hops:
+    for i, path in enumerate(hops):
         delay = sum(spec.delay_ns for _, spec, _ in path) / 1e9
-        shares = [(spec.rate_bps / flows[key], flows[key], kind)
+        shares = [(spec.rate_bps / flows[key], flows[key], kind, spec.rate_bps)
                   for key, spec, kind in path if spec.rate_bps]
         if shares:
-            share, crowd, where = min(shares)
-            forward = sum(segment * 8 / (r * c) for r, c, _ in shares) - segment * 8 / share
+            share, crowd, where, rate = min(shares)
+            # every other hop holds the message back by one segment at its own rate
+            forward = sum(segment * 8 / r for *_, r in shares) - segment * 8 / rate
             t = delay + wire * 8 / share + forward
         else:
             share, crowd, where, t = math.inf, 1, path[0][2], delay
+        times[i] = t
         if worst is None or t > worst.time_s:
             worst = RoundCost(time_s=t, nbytes=nbytes, messages=len(src), share_bps=share,
                               flows_on_bottleneck=crowd, bottleneck=where)
-    return worst
+    return times, worst
