@@ -302,47 +302,99 @@ CROSSBAR = Crossbar()
 # One implementation, two consumers: the backend's point-to-point path (one message at a time,
 # the state in a file the ranks share) and the collective replay (a batch of messages, the
 # state in the replay's QueueState), so emulated runs and simulations see the same queues.
-# A port's state is one int64 row: [tail, packets kept, ring head, finish times of the last
-# `limit` packets kept...]; a packet finds the port full when the oldest of those has not
-# finished serialising when it arrives (finish times are monotonic: one FIFO, one rate).
+#
+# A port is a calendar of when its wire is busy: a packet takes the first idle slot, as long
+# as its serialisation, at or after its arrival. Messages are placed one after another (in
+# the order they were sent, as the p2p path must: a sender cannot know later senders), and a
+# later message's packets fill the gaps an earlier one left, so two flows that each arrive at
+# half the port's rate share it as a switch interleaving their packets would (a single queue
+# tail would make the second wait for all of the first). The buffer: a packet is tail-dropped
+# when the port's backlog at its arrival is `limit` packets of its size or more.
+# A port's state is one int64 row: [busy intervals, start_0, end_0, start_1, end_1, ...],
+# sorted, merged where they touch; when full, the oldest gap is filled in (counted busy).
 
-STATE_HEAD = 3
+INTERVALS = 16
 
 
 def state_width(specs: list[Netem]) -> int:
-    """Columns of a port-state row for ports with these specs (the ring only where a rate
-    makes packets wait)."""
-    return STATE_HEAD + max([s.limit for s in specs if s.rate_bps] or [0])
+    """Columns of a port-state row."""
+    return 1 + 2 * INTERVALS
 
 
 def _port_kernel(state, ports, arrive, ptime, delay, lost, limits):
     """Packets of message i (row i, its segments in order) through port ports[i], messages in
-    FIFO order; returns when each leaves the port (-1: dropped, by the buffer or a loss)."""
+    the order given; returns when each leaves the port (-1: dropped, by the buffer or a
+    loss)."""
     m, k = arrive.shape
     out = np.empty((m, k), dtype=np.int64)
     for i in range(m):
         q = ports[i]
-        limit = limits[q]
+        row = state[q]
         for s in range(k):
             a = arrive[i, s]
+            length = ptime[i, s]
             if a < 0:  # dropped upstream
                 out[i, s] = -1
                 continue
-            if ptime[i, s] > 0:
-                if limit > 0 and state[q, 1] >= limit and state[q, STATE_HEAD + state[q, 2]] > a:
-                    out[i, s] = -1  # the buffer holds `limit` packets: a tail drop
+            if length <= 0:
+                out[i, s] = -1 if lost[i, s] else a + delay[i, s]
+                continue
+            n = row[0]
+            if limits[q] > 0:
+                backlog = 0
+                for j in range(n):
+                    end = row[2 + 2 * j]
+                    if end > a:
+                        start = row[1 + 2 * j]
+                        backlog += end - (start if start > a else a)
+                if backlog >= limits[q] * length:
+                    out[i, s] = -1  # the buffer is full: a tail drop
                     continue
-                start = a if a > state[q, 0] else state[q, 0]
-                state[q, 0] = start + ptime[i, s]
-                if limit > 0:
-                    state[q, STATE_HEAD + state[q, 2]] = state[q, 0]
-                    state[q, 2] = (state[q, 2] + 1) % limit
-                    if state[q, 1] < limit:
-                        state[q, 1] += 1
-                t = state[q, 0]
+            # first idle slot of `length` at or after a: before interval j, or after all
+            t = a
+            j = 0
+            while j < n:
+                start, end = row[1 + 2 * j], row[2 + 2 * j]
+                if end <= t:
+                    j += 1
+                    continue
+                if start >= t + length:
+                    break
+                t = end
+                j += 1
+            # insert [t, t + length) before interval j, merging with neighbours that touch
+            joins_prev = j > 0 and row[2 + 2 * (j - 1)] == t
+            joins_next = j < n and row[1 + 2 * j] == t + length
+            if joins_prev and joins_next:
+                row[2 + 2 * (j - 1)] = row[2 + 2 * j]
+                for r in range(j, n - 1):
+                    row[1 + 2 * r] = row[3 + 2 * r]
+                    row[2 + 2 * r] = row[4 + 2 * r]
+                row[0] = n - 1
+            elif joins_prev:
+                row[2 + 2 * (j - 1)] = t + length
+            elif joins_next:
+                row[1 + 2 * j] = t
             else:
-                t = a
-            out[i, s] = -1 if lost[i, s] else t + delay[i, s]
+                if n == INTERVALS:  # full: fill in the oldest gap (counted busy from now on)
+                    row[2] = row[4]
+                    for r in range(1, n - 1):
+                        row[1 + 2 * r] = row[3 + 2 * r]
+                        row[2 + 2 * r] = row[4 + 2 * r]
+                    n -= 1
+                    row[0] = n
+                    if j == 1:  # the slot was in that gap: it is inside interval 0 now
+                        out[i, s] = -1 if lost[i, s] else t + length + delay[i, s]
+                        continue
+                    if j > 1:
+                        j -= 1
+                for r in range(n, j, -1):
+                    row[1 + 2 * r] = row[2 * r - 1]
+                    row[2 + 2 * r] = row[2 * r]
+                row[1 + 2 * j] = t
+                row[2 + 2 * j] = t + length
+                row[0] = n + 1
+            out[i, s] = -1 if lost[i, s] else t + length + delay[i, s]
     return out
 
 
@@ -361,7 +413,7 @@ def port_kernel():
         else:
             _compiled = njit(cache=True, nogil=True)(_port_kernel)
             one = np.zeros((1, 1), dtype=np.int64)  # load it now, not in the first message
-            _compiled(np.zeros((1, STATE_HEAD + 1), dtype=np.int64), np.zeros(1, np.int64),
+            _compiled(np.zeros((1, 1 + 2 * INTERVALS), dtype=np.int64), np.zeros(1, np.int64),
                       one, one, one, np.zeros((1, 1), dtype=np.bool_), np.zeros(1, np.int64))
     return _compiled
 
