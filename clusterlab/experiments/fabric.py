@@ -52,6 +52,22 @@ def _stats(times: Sequence[float]) -> dict:
             "median": float(statistics.median(times))}
 
 
+def _cluster(**options):
+    """A `Cluster` with a fabric, its port kernel compiled in this process first: forked
+    ranks inherit it instead of each loading it (seconds apiece on a busy 2-core machine)."""
+    from .. import sim
+    from ..cluster import Cluster
+
+    if not _warm:
+        sim.simulate_collective("barrier", 1, nodes=2, nic=options.get("nic"),
+                                fabric=LeafSpine(nodes_per_leaf=2, port="rate 1gbit limit 4"))
+        _warm.append(True)
+    return Cluster(**options)
+
+
+_warm: list[bool] = []
+
+
 # --- rank bodies -------------------------------------------------------------------------------
 
 
@@ -215,14 +231,12 @@ def incast(counts: Sequence[int] = (1, 2, 4, 7), *, nbytes: int = MiB, nic: str 
     for N = 1 or when N = 1 is not measured), goodput (N nbytes / best) and `model`, the
     `fabric_models.incast` prediction.
     """
-    from ..cluster import Cluster
-
     counts = [int(n) for n in counts]
     if not counts or min(counts) < 1:
         raise ValueError(f"counts must be sender counts >= 1, got {counts}")
     nodes = max(counts) + 1
     rounds = [[(i, 0) for i in range(1, n + 1)] for n in counts]
-    with Cluster(nodes=nodes, nic=nic, fabric=incast_fabric(nodes, limit=limit, nic=nic),
+    with _cluster(nodes=nodes, nic=nic, fabric=incast_fabric(nodes, limit=limit, nic=nic),
                  seed=seed, timeout=timeout) as cl:
         per_rank = cl.run(_rounds_body, rounds, nbytes, repeats, START_MARGIN_S)
     spec = as_netem(nic)
@@ -246,11 +260,9 @@ def ps_vs_ring(*, nodes: int = 8, nbytes: int = MiB, nic: str = NIC, repeats: in
 
     Row per algorithm: times, best, median, model (`fabric_models.bottleneck_time` on this
     fabric) and crossbar (the same on a perfect crossbar, where only the NICs queue)."""
-    from ..cluster import Cluster
-
     fabric = incast_fabric(nodes, nic=nic)
     plan = [(a, nbytes, repeats, {}) for a in ("parameter_server", "ring")]
-    with Cluster(nodes=nodes, nic=nic, fabric=fabric, seed=seed, timeout=timeout) as cl:
+    with _cluster(nodes=nodes, nic=nic, fabric=fabric, seed=seed, timeout=timeout) as cl:
         times = _collective_times(cl.run(_collective_body, plan, START_MARGIN_S), plan)
     topo = Topology.build(nodes, 1, nic, fabric=fabric)
     flat = Topology.build(nodes, 1, nic)
@@ -284,13 +296,11 @@ def oversubscribed(oversubscriptions: Sequence[float] = (1, 4),
     Row per (oversubscription, algorithm): times, best, median, model (the bottleneck share
     form on that fabric), crossbar (the same without switches), and the busiest round's
     flows on one uplink (`crowd`)."""
-    from ..cluster import Cluster
-
     rows = []
     plan = [(a, nbytes, repeats, {}) for a in algorithms]
     for o in oversubscriptions:
         fabric = leaf_spine(o, nodes_per_leaf=nodes_per_leaf)
-        with Cluster(nodes=nodes, nic=nic, fabric=fabric, seed=seed, timeout=timeout,
+        with _cluster(nodes=nodes, nic=nic, fabric=fabric, seed=seed, timeout=timeout,
                      dilation=dilation) as cl:
             times = _collective_times(cl.run(_collective_body, plan, START_MARGIN_S), plan,
                                       dilation)
@@ -348,20 +358,23 @@ def ecmp_rounds(*, nodes_per_leaf: int = 4, spines: int = 4, pairings: int = 8,
     """Every node of leaf 0 sends to a node of leaf 1 at once, `pairings` different pairings
     (permutations), through `spines` spines whose uplinks each run at the NIC's rate
     (oversubscription 1: the fabric could carry every flow at full speed). ECMP hashes each
-    pairing's flows to spines its own way; the round waits for the busiest uplink.
+    pairing's flows to spines its own way; the round waits for the busiest uplink. The
+    pairings are spread evenly over all permutations sorted by their busiest uplink.
 
     Row per pairing: its messages, the loads per spine, the busiest uplink's flows (`peak`),
     times, best, median and model (`fabric_models.round_cost`)."""
-    from ..cluster import Cluster
-
     fabric = LeafSpine(nodes_per_leaf=nodes_per_leaf, spines=spines)
-    perms = list(itertools.islice(itertools.permutations(range(nodes_per_leaf)), 0, None))
-    rng = np.random.default_rng(seed)
-    chosen = [perms[i] for i in rng.choice(len(perms), size=min(pairings, len(perms)),
-                                           replace=False)]
+    # Every pairing's busiest uplink is known from the hash before anything runs: measure
+    # pairings spread evenly over them, from the luckiest to the unluckiest.
+    perms = list(itertools.permutations(range(nodes_per_leaf)))
+    peaks = [int(ecmp_loads(fabric, [(i, nodes_per_leaf + perm[i])
+                                     for i in range(nodes_per_leaf)]).max()) for perm in perms]
+    order = np.argsort(peaks, kind="stable")
+    picks = np.unique(np.linspace(0, len(perms) - 1, min(pairings, len(perms))).round())
+    chosen = [perms[order[int(i)]] for i in picks]
     rounds = [[(i, nodes_per_leaf + perm[i]) for i in range(nodes_per_leaf)] for perm in chosen]
     nodes = 2 * nodes_per_leaf
-    with Cluster(nodes=nodes, nic=nic, fabric=fabric, seed=seed, timeout=timeout) as cl:
+    with _cluster(nodes=nodes, nic=nic, fabric=fabric, seed=seed, timeout=timeout) as cl:
         per_rank = cl.run(_rounds_body, rounds, nbytes, repeats, START_MARGIN_S)
     topo = Topology.build(nodes, 1, nic, fabric=fabric)
     rows = []
@@ -387,13 +400,11 @@ def rails(*, oversubscription: float = 4, nodes: int = 2, procs_per_node: int = 
     Row per layout: times, best, median, model (bottleneck share, with the layout's rank
     order) and the inter-node rounds' bottleneck (where, and how many flows share it).
     `dilation` as in `oversubscribed` (the intra-node steps are short)."""
-    from ..cluster import Cluster
-
     fabric = RailOptimized(rails=procs_per_node, oversubscription=oversubscription)
     options = {"procs_per_node": procs_per_node}
     plan = [("rail_naive", nbytes, repeats, {**options, "rotate": False}),
             ("rail_naive", nbytes, repeats, {**options, "rotate": True})]
-    with Cluster(nodes=nodes, procs_per_node=procs_per_node, nic=nic, intra=intra,
+    with _cluster(nodes=nodes, procs_per_node=procs_per_node, nic=nic, intra=intra,
                  fabric=fabric, seed=seed, timeout=timeout, dilation=dilation) as cl:
         times = _collective_times(cl.run(_collective_body, plan, START_MARGIN_S), plan,
                                   dilation)

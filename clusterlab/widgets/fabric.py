@@ -85,7 +85,9 @@ class OversubscriptionExplorer(Explorer):
     def algorithm(self) -> str:
         return self.algo_buttons.value
 
-    def _curve(self, algorithm: str, o: float | None) -> np.ndarray:
+    def curve(self, algorithm: str, o: float | None) -> np.ndarray:
+        """The efficiency curve at fabric.NODES for this algorithm and oversubscription
+        (None: the crossbar), simulated once and then cached."""
         key = (algorithm, o)
         if key not in self._cache:
             self._cache[key] = efficiency_curve(algorithm, o)
@@ -93,8 +95,8 @@ class OversubscriptionExplorer(Explorer):
 
     def _compute(self) -> None:
         a, o = self.algorithm, self.oversubscription
-        self.curves = {"crossbar": self._curve(a, None), "non-blocking": self._curve(a, 1),
-                       "chosen": self._curve(a, o)}
+        self.curves = {"crossbar": self.curve(a, None), "non-blocking": self.curve(a, 1),
+                       "chosen": self.curve(a, o)}
         self.caption.value = self.sentence()
 
     def sentence(self) -> str:
