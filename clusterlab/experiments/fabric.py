@@ -429,20 +429,20 @@ def plot_incast(rows: Sequence[dict], axes=None, title: str | None = None):
     import matplotlib.pyplot as plt
 
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+        _, axes = plt.subplots(1, 2, figsize=(10, 3.4), layout="constrained")
     n = [r["senders"] for r in rows]
-    port = rows[0]["model"].goodput / rows[0]["model"].link_share
+    port = rows[0]["model"].goodput / rows[0]["model"].link_share * 8 / 1e6
     axes[0].plot(n, [r["goodput"] * 8 / 1e6 for r in rows], "o-", label="measured")
     axes[0].plot(n, [r["model"].goodput * 8 / 1e6 for r in rows], "k--", label="closed form")
-    axes[0].axhline(port * 8 / 1e6, color="0.6", lw=1, label="port's payload rate")
-    axes[0].set(xlabel="senders N", ylabel="goodput (Mbit/s)", ylim=(0, None),
+    axes[0].axhline(port, color="0.6", lw=1, ls=":", label="port's payload rate")
+    axes[0].set(xlabel="senders N", ylabel="goodput (Mbit/s)", ylim=(0, 1.15 * port),
                 title="goodput into one port")
     axes[1].plot(n, [r["queue"] * 1e3 for r in rows], "o-", label="measured: last message")
     axes[1].plot(n, [r["model"].max_queue_s * 1e3 for r in rows], "k--",
                  label="closed form: (N-1) k w")
     axes[1].set(xlabel="senders N", ylabel="queueing delay (ms)", title="the port's queue")
     for ax in axes:
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="lower right")
         ax.set_xticks(n)
     if title:
         axes[0].figure.suptitle(title)
@@ -465,38 +465,40 @@ def plot_bars(rows: Sequence[dict], key: str, ax=None, title: str | None = None)
 
 
 def plot_ecmp(hashing: Sequence[dict], rounds: Sequence[dict], axes=None):
-    """Left: collision probability and busiest-uplink load vs flows, over seeds, against
-    balls-in-bins; right: each measured round's time against its busiest uplink's flows."""
+    """Left: P(collision) against flows, over seeds, with the birthday problem; middle: the
+    busiest uplink's mean load with balls-in-bins and perfect spreading; right: each measured
+    round's time against its busiest uplink's flows, with the closed form."""
     import matplotlib.pyplot as plt
 
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+        _, axes = plt.subplots(1, 3, figsize=(12, 3.4), layout="constrained")
     f = [r["flows"] for r in hashing]
-    per_uplink = [x / hashing[0]["spines"] for x in f]
-    axes[0].plot(per_uplink, [r["collisions"] for r in hashing], "o", label="P(collision), hash")
-    axes[0].plot(per_uplink, [r["collision_model"] for r in hashing], "k--", lw=1,
+    spines = hashing[0]["spines"]
+    axes[0].plot(f, [r["collisions"] for r in hashing], "o", label="fabric's hash")
+    axes[0].plot(f, [r["collision_model"] for r in hashing], "k--", lw=1,
                  label="birthday problem")
-    twin = axes[0].twinx()
-    twin.plot(per_uplink, [r["max_load"] for r in hashing], "s", color="C1",
-              label="busiest uplink, hash")
-    twin.plot(per_uplink, [r["max_load_model"] for r in hashing], ":", color="C1",
-              label="balls in bins")
-    twin.plot(per_uplink, [max(1, -(-x // hashing[0]["spines"])) for x in f], color="0.6",
-              lw=1, label="perfect spreading")
-    twin.set_ylabel("flows on the busiest uplink")
-    axes[0].set(xscale="log", xlabel="flows per uplink (F / S)", ylabel="P(some collision)",
-                title=f"ECMP over {hashing[0]['seeds']} seeds, {hashing[0]['spines']} spines")
-    axes[0].legend(fontsize=7, loc="center left")
-    twin.legend(fontsize=7, loc="lower right")
+    axes[0].set(ylabel="P(two flows share an uplink)", ylim=(-0.03, 1.05),
+                title=f"collisions, {hashing[0]['seeds']} seeds")
+    axes[1].plot(f, [r["max_load"] for r in hashing], "s", color="C1", label="fabric's hash")
+    axes[1].plot(f, [r["max_load_model"] for r in hashing], ":", color="C1",
+                 label="balls in bins")
+    axes[1].plot(f, [max(1, -(-x // spines)) for x in f], color="0.6", lw=1,
+                 label="perfect spreading")
+    axes[1].set(ylabel="flows on the busiest uplink", title="the busiest uplink")
+    for ax in axes[:2]:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(f, [str(x) for x in f])
+        ax.set_xlabel(f"flows hashed to {spines} uplinks")
+        ax.legend(fontsize=8)
     peaks = [r["peak"] for r in rounds]
-    axes[1].plot(peaks, [r["best"] * 1e3 for r in rounds], "o", label="measured round")
+    axes[2].plot(peaks, [r["best"] * 1e3 for r in rounds], "o", label="measured round")
     order = np.argsort(peaks)
-    axes[1].plot(np.array(peaks)[order], np.array([r["model"] for r in rounds])[order] * 1e3,
+    axes[2].plot(np.array(peaks)[order], np.array([r["model"] for r in rounds])[order] * 1e3,
                  "k--", label="closed form")
-    axes[1].set(xlabel="flows on the busiest uplink", ylabel="round time (ms)",
+    axes[2].set(xlabel="flows on the busiest uplink", ylabel="round time (ms)",
                 title="one round, several pairings")
-    axes[1].set_xticks(sorted(set(peaks)))
-    axes[1].legend(fontsize=8)
+    axes[2].set_xticks(sorted(set(peaks)))
+    axes[2].legend(fontsize=8)
     return axes
 
 
