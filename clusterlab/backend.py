@@ -497,7 +497,7 @@ class NetemProcessGroup(dist.ProcessGroup):
         """The switch ports a message to `peer` crosses after the NIC, with their shared
         state; a path through impaired ports holds messages even behind a plain NIC."""
         specs = self.topology.port_specs()
-        if not specs:
+        if all(spec.is_noop for spec in specs):  # no ports, or ports that change nothing
             return
         ports = self._tails.get(("ports",))
         if ports is None:
@@ -509,7 +509,7 @@ class NetemProcessGroup(dist.ProcessGroup):
         out, back = out[out >= 0], back[back >= 0]
         route.out_impaired |= any(not specs[q].is_noop for q in out.tolist())
         route.in_impaired |= any(not specs[q].is_noop for q in back.tolist())
-        if len(out):
+        if any(not specs[q].is_noop for q in out.tolist()):
             route.ports = out
             route.back_ns = route.link.reverse_delay_ns + ports.back_ns(back)
 

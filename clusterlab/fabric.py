@@ -8,9 +8,9 @@ validated, each with a string form that parses back (`Fabric.parse(str(f)) == f`
 
     Crossbar()                                   "crossbar"   (the default: today's model)
     LeafSpine(nodes_per_leaf=4, spines=2, oversubscription=2.0, port="rate 10gbit limit 64")
-        "leafspine nodes_per_leaf=4 spines=2 oversubscription=2 port=(rate 10gbit limit 64)"
-    RailOptimized(rails=4, spines=1, port="rate 10gbit")
-        "rail rails=4 spines=1 port=(rate 10gbit)"
+        "leafspine nodes_per_leaf=4 spines=2 oversubscription=2.0 port=(rate 10gbit limit 64)"
+    RailOptimized(rails=4, spines=2, port="rate 10gbit")
+        "rail rails=4 spines=2 port=(rate 10gbit)"
 
 Crossbar: a message crosses its sender's NIC egress and nothing else (a perfect switch).
 
@@ -143,6 +143,8 @@ class _Switched(Fabric):
     def __post_init__(self) -> None:
         _check_int("spines", self.spines)
         _check_int("ecmp_seed", self.ecmp_seed, 0)
+        if self.ecmp_seed >= 2**63:
+            raise ValueError(f"ecmp_seed must be < 2**63, got {self.ecmp_seed}")
         o = self.oversubscription
         if isinstance(o, bool) or not isinstance(o, (int, float)) or not (
                 math.isfinite(o) and o > 0):
@@ -204,7 +206,7 @@ class _Switched(Fabric):
         if self.spines != 1 or self.kind == "leafspine":
             parts.append(f"spines={self.spines}")
         if self.oversubscription != 1.0:
-            parts.append(f"oversubscription={self.oversubscription:g}")
+            parts.append(f"oversubscription={self.oversubscription!r}")  # round-trips
         if self.port is not None:
             parts.append(f"port=({self.port})")
         if self.ecmp_seed:

@@ -120,10 +120,11 @@ class QueueState:
         self._node = np.arange(p) // topology.procs_per_node
         # The fabric's switch ports (none on a crossbar): their specs and queue state.
         self.port_specs = topology.port_specs()
+        impaired = any(not s.is_noop for s in self.port_specs)  # else: as good as a crossbar
         self.ports = (np.zeros((len(self.port_specs), state_width(self.port_specs)), np.int64)
-                      if self.port_specs else None)
+                      if impaired else None)
         self._port_delay = np.array([s.delay_ns for s in self.port_specs] + [0], np.int64)
-        if self.port_specs:
+        if impaired:
             port_kernel()  # compile (or load) it now, not inside the first collective
         # Deterministic links keep no state and draw nothing, so a collective's completion
         # times are a max-plus linear function of its start times: cached per collective.

@@ -16,9 +16,12 @@ without overlap only after the whole backward pass. The step ends when the last 
 reduced (plus `optimizer_s`). The next step starts then, independently on every rank; the
 collectives are what synchronise them.
 
-Large rings are replayed by a dedicated vectorised recurrence (`_ring_rounds_fast`) whenever
+Large rings are replayed by a dedicated compiled recurrence (`_ring_rounds_fast`) whenever
 the topology is one process per node without overrides, which is what the scaling explorer
-sweeps; everything else goes through `schedule.play`.
+sweeps, on a crossbar or a switched fabric whose ports draw nothing (`RingPorts`); so is the
+leaders' ring of a hierarchical all-reduce over free intra-node links (16,384 ranks as 2,048
+nodes x 8). Everything else goes through `schedule.play`. Both see the same fabric
+(`fabric=`, see `clusterlab.fabric`).
 """
 
 from __future__ import annotations
@@ -172,32 +175,57 @@ def simulate_training(
     buckets = bucket_sizes(int(model_bytes), int(bucket_bytes), int(first_bucket_bytes))
     comp = compute_times(rng, (steps, p), compute_s, compute_jitter, compute_distribution,
                          straggler)
-    fabric = QueueState(topo)
-    fast = (algorithm == "ring" and procs_per_node == 1 and not topo.links and p > 1
-            and topo.fabric.is_crossbar())
+    # The compiled ring: a ring of one process per node, or the leaders' ring of a
+    # hierarchical all-reduce whose intra-node steps are free (an unimpaired `intra`: a node's
+    # ranks reach its leader at once), which is a ring of the nodes' latest entries. The
+    # latter draws from another generator than `schedule.play`: it is taken where the two
+    # agree exactly (nothing drawn), on a switched fabric, or where play would be slow.
+    nodes_ring = Topology.build(nodes, 1, topo.nic, fabric=topo.fabric)
+    spec = topo.nic
+    draws_nothing = (not spec.jitter_ns and loss_probability(spec) == 0
+                     and not spec.duplicate and not spec.reorder)
+    leaders_ring = (algorithm == "hierarchical" and topo.intra.is_noop and nodes > 1
+                    and (draws_nothing or p > 1024 or not topo.fabric.is_crossbar()))
+    fast = (p > 1 and _HAVE_NUMBA and not topo.links and not topo.fabric.nic_per_process()
+            and (topo.fabric.is_crossbar() or RingPorts.applies(topo))
+            and ((algorithm == "ring" and procs_per_node == 1) or leaders_ring))
     overhead_ns = int(message_overhead_s * 1e9)
-    ends = np.zeros((steps, p))
-    now = np.zeros(p, dtype=np.int64)  # ns; each rank's clock position
     comp_ns = (comp * 1e9).astype(np.int64)
     produced = np.cumsum(buckets) / max(1, sum(buckets))  # share of gradients ready per bucket
-    for k in range(steps):
-        forward = comp_ns[k] // 3
-        backward = comp_ns[k] - forward
-        stream = now.copy()  # the communication stream is free from the step's start
-        for b, size in enumerate(buckets):
-            ready = now + forward + (backward * produced[b]).astype(np.int64)
-            issue = ready if overlap else now + comp_ns[k]
-            start = np.maximum(issue, stream)
-            if fast and _HAVE_NUMBA:
-                stream = _ring_rounds_fast(topo.nic, start, size, rng, overhead_ns)
-            else:
-                coll = Collective("allreduce", size, algorithm=algorithm)
-                stream = play(fabric, coll, start, rng) + overhead_ns * _rounds(coll, p)
-            if native_s is not None and p > 1:
-                stream = np.maximum(stream, start.max() + int(native_s(size) * 1e9))
-        done = np.maximum(stream, now + comp_ns[k]) + int(optimizer_s * 1e9)
-        ends[k] = done / 1e9
-        now = done
+    draws = rng.bit_generator.state
+
+    def steps_of(fast: bool) -> np.ndarray:
+        rng.bit_generator.state = draws
+        queues = QueueState(topo)
+        ports = RingPorts(nodes_ring) if fast and not topo.fabric.is_crossbar() else None
+        ends = np.zeros((steps, p))
+        now = np.zeros(p, dtype=np.int64)  # ns; each rank's clock position
+        for k in range(steps):
+            forward = comp_ns[k] // 3
+            backward = comp_ns[k] - forward
+            stream = now.copy()  # the communication stream is free from the step's start
+            for b, size in enumerate(buckets):
+                ready = now + forward + (backward * produced[b]).astype(np.int64)
+                issue = ready if overlap else now + comp_ns[k]
+                start = np.maximum(issue, stream)
+                if fast:
+                    first = start.reshape(nodes, procs_per_node).max(axis=1)
+                    stream = np.repeat(_ring_rounds_fast(topo.nic, first, size, rng,
+                                                         overhead_ns, ports=ports),
+                                       procs_per_node)
+                else:
+                    coll = Collective("allreduce", size, algorithm=algorithm)
+                    stream = play(queues, coll, start, rng) + overhead_ns * _rounds(coll, p)
+                if native_s is not None and p > 1:
+                    stream = np.maximum(stream, start.max() + int(native_s(size) * 1e9))
+            done = np.maximum(stream, now + comp_ns[k]) + int(optimizer_s * 1e9)
+            ends[k] = done / 1e9
+            now = done
+        if ports is not None and ports.overflow[0]:  # a port dropped: replay exactly
+            return steps_of(False)
+        return ends
+
+    ends = steps_of(fast)
     return SimResult(nodes=nodes, procs_per_node=procs_per_node, step_end=ends, compute=comp,
                      samples_per_step=batch_per_rank * p,
                      config={"nic": str(topo.nic), "intra": str(topo.intra),
@@ -248,9 +276,43 @@ def _rounds(coll: Collective, p: int) -> int:
     return 2 * (p - 1) if coll.algorithm == "ring" else max(1, (p - 1).bit_length()) * 2
 
 
+class RingPorts:
+    """The fabric's ports as `_ring_kernel` sees them: a ring of one process per node puts
+    one flow on each port per round (the hop j -> j+1 of a leaf's last node uses one uplink,
+    ECMP-hashed), so each port is a queue tail, kept across the simulation's collectives.
+    For fabrics whose ports draw nothing (no jitter, loss or reordering; rate, delay and
+    limit are fine); a tail drop sets `overflow`, and the caller replays exactly instead."""
+
+    def __init__(self, topology: Topology) -> None:
+        p = topology.world_size
+        self.specs = topology.port_specs()
+        self.hops = topology.paths(np.arange(p), (np.arange(p) + 1) % p)
+        self.delay = np.array([s.delay_ns for s in self.specs], dtype=np.int64)
+        self.tail = np.full(len(self.specs), -(2**62), dtype=np.int64)
+        self.limit = np.array([s.limit if s.rate_bps else 0 for s in self.specs], np.int64)
+        self.overflow = np.zeros(1, dtype=np.int64)
+
+    @staticmethod
+    def applies(topology: Topology) -> bool:
+        """Ports that draw nothing, behind NICs that release in order (a rate, or no
+        jitter): each port then sees its flow's packets in order, and a tail is exact."""
+        nic = topology.nic
+        return (bool(nic.rate_bps) or not nic.jitter_ns) and all(
+            not s.jitter_ns and not s.reorder and not s.duplicate and loss_probability(s) == 0
+            for s in topology.port_specs())
+
+    def for_segments(self, payload: np.ndarray) -> tuple:
+        ptime = np.zeros((len(self.specs), len(payload)), dtype=np.int64)
+        for spec in set(self.specs):
+            if spec.rate_bps:
+                rows = [i for i, s in enumerate(self.specs) if s == spec]
+                ptime[rows] = packet_time_ns(spec, payload + HEADER_BYTES)
+        return self.hops, ptime, self.delay, self.tail, self.limit, self.overflow
+
+
 def _ring_rounds_fast(
     spec: Netem, start: np.ndarray, nbytes: int, rng: np.random.Generator, overhead_ns: int = 0,
-    message_passing: bool = False, procs_per_node: int = 1,
+    message_passing: bool = False, procs_per_node: int = 1, ports: RingPorts | None = None,
 ) -> np.ndarray:
     """Ring all-reduce completion times, one process per node, every NIC with `spec`.
 
@@ -271,20 +333,20 @@ def _ring_rounds_fast(
     p = len(start)
     payload = segments(-(-nbytes // p), SEGMENT_BYTES)
     wire = (packet_time_ns(spec, payload + HEADER_BYTES).astype(np.int64) if spec.rate_bps
-            else np.zeros(len(payload), dtype=np.int64))
-    if spec.jitter_ns == 0:
-        values = np.array([max(spec.delay_ns, 0)], dtype=np.int64)
-    elif spec.distribution == "uniform":
-        values = np.empty(0, dtype=np.int64)  # the kernel draws uniform delays itself
-    else:
-        values = delay_values_ns(spec)
+            else None)
+    table = (delay_values_ns(spec) if spec.jitter_ns and spec.distribution != "uniform"
+             else None)
     p_loss = loss_probability(spec)
     rto = max(RTO_MIN_NS, 2 * spec.delay_ns)
     fast_retx = 3 * spec.delay_ns  # the SACK's way back, then the resend's way there
-    return _ring_kernel(np.asarray(start, dtype=np.int64).copy(), wire, values,
-                        spec.delay_ns, min(spec.jitter_ns, 2**31 - 1), overhead_ns, p_loss,
-                        rto, fast_retx, int(rng.integers(0, 2**31)), message_passing,
-                        procs_per_node)
+    loss = np.array([p_loss, rto, fast_retx], dtype=np.float64) if p_loss > 0 else None
+    if ports is not None:
+        ports = ports.for_segments(payload)
+    return _ring_kernel(np.asarray(start, dtype=np.int64).copy(), len(payload), wire, table,
+                        spec.delay_ns, min(spec.jitter_ns, 2**31 - 1), overhead_ns, loss,
+                        int(rng.integers(0, 2**31)),
+                        np.empty(p, dtype=np.int64) if message_passing else None,
+                        procs_per_node if procs_per_node > 1 else None, ports)
 
 
 # The ring `ring_round_seconds` runs to measure the growth per round: long enough that the
@@ -338,52 +400,70 @@ def _splitmix64(state):
 
 
 @_njit
-def _ring_kernel(ready, wire, values, mu, sigma, overhead, p_loss, rto, fast_retx, seed,
-                 message_passing, every):
+def _ring_kernel(ready, k, wire, table, mu, sigma, overhead, loss, seed, entered, every,
+                 ports):
+    # One compiled variant per combination of the optional arguments (None or not: numba
+    # prunes the `is None` branches at compile time): a rate (`wire`), a delay table (`table`;
+    # without one, uniform jitter or none), loss (`loss` = [p, rto, fast retransmit]), the
+    # message-passing ring (`entered`), several processes per node (`every`), the fabric's
+    # ports (`ports`). The common cases run no test for what they do not have.
     # A generator inlined in the loop: numba's np.random costs ~10 ns a draw, and a 1024-node
     # ring needs millions of draws per all-reduce.
     state = np.uint64(seed)
     p = ready.shape[0]
-    k = wire.shape[0]
     tail = np.full(p, -(2**62), dtype=np.int64)
-    arrive = np.empty(p, dtype=np.int64)
-    n_values = values.shape[0]
-    log_keep = np.log(1.0 - p_loss) if 0.0 < p_loss < 1.0 else -np.inf
+    p_loss = 0.0
+    log_keep = -np.inf
     until_loss = np.int64(0)  # segments left before the next loss (drawn at the first one)
-    if p_loss > 0.0:
+    if loss is not None:
+        p_loss = loss[0]
+        log_keep = np.log(1.0 - p_loss) if 0.0 < p_loss < 1.0 else -np.inf
         state, x = _splitmix64(state)
         u = ((x >> np.uint64(11)) + 1) * (1.0 / 9007199254740993.0)
         until_loss = np.int64(np.log(u) / log_keep)
+    if ports is not None:  # unpacked once: each unpacking counts references to 6 arrays
+        hops, ptime, pdelay, ptail, plimit, overflow = ports
     span = np.uint64(2 * sigma)
+    low = mu - sigma
+    clip = low < 0  # a negative delay means "send now"; impossible unless sigma > mu
     delivered = np.full(p, -(2**62), dtype=np.int64)  # last arrival on j's connection
-    entered = np.empty(p, dtype=np.int64)
     for _ in range(2 * (p - 1)):
-        if message_passing:
+        if entered is not None:
             entered[:] = ready  # when each rank entered the round (and posted its receive)
+        local = 0
+        carry = np.int64(-(2**62))  # the arrival from j - 1 in this round
         for j in range(p):
             send = ready[j] + overhead
+            # j has sent this round's chunk: it may now take in the one from j - 1 (one pass
+            # over the ring, instead of a second loop moving arrivals into `ready`)
+            if carry > ready[j]:
+                ready[j] = carry
+            if every is not None:
+                local += 1
+                if local < every:  # a hop inside a node: unimpaired, instantaneous
+                    carry = send
+                    continue
+                local = 0
             t = tail[j]
             last = send
-            if j % every != every - 1:  # a hop inside a node: unimpaired, instantaneous
-                arrive[j] = send
-                continue
             for seg in range(k):
                 if sigma == 0:
                     d = mu
                 else:
                     state, x = _splitmix64(state)
-                    if n_values == 0:  # uniform on [mu - sigma, mu + sigma)
-                        d = mu - sigma + np.int64(((x >> np.uint64(32)) * span) >> np.uint64(32))
-                        if d < 0:
+                    if table is None:  # uniform on [mu - sigma, mu + sigma)
+                        d = low + np.int64(((x >> np.uint64(32)) * span) >> np.uint64(32))
+                        if clip and d < 0:
                             d = 0
                     else:  # one of the table's 4096 equally likely delays
-                        d = values[np.int64(x >> np.uint64(52))]
-                if wire[seg] > 0:
+                        d = table[np.int64(x >> np.uint64(52))]
+                if wire is not None:
                     t = max(send + d, t) + wire[seg]
                     here = t
                 else:
                     here = send + d
-                if p_loss > 0.0:
+                recovered = False
+                if loss is not None:
                     until_loss -= 1
                     if until_loss < 0:
                         # Geometric skip: draw how many segments pass before the next loss,
@@ -395,23 +475,41 @@ def _ring_kernel(ready, wire, values, mu, sigma, overhead, p_loss, rto, fast_ret
                         # SACKs of 3 later segments come back one reverse delay later and the
                         # resend crosses again; without them, the RTO fires.
                         if seg + DUPTHRESH < k:
-                            here += fast_retx
+                            here += np.int64(loss[2])
                         else:
-                            here = send + rto + mu
+                            here = send + np.int64(loss[1]) + mu
+                        recovered = True
+                if ports is not None:
+                    # The fabric's ports on the way to j + 1, each carrying this ring's one
+                    # flow per round: a queue tail each (`fabric._port_kernel` reduces to it)
+                    for h in range(hops.shape[1]):
+                        q = hops[j, h]
+                        if q < 0:
+                            break
+                        length = ptime[q, seg]
+                        if recovered:  # a retransmission, out of the flow's order: it finds
+                            here += length + pdelay[q]  # the port idle, and queues no one
+                            continue
+                        if length > 0:
+                            if plimit[q] > 0 and ptail[q] - here >= plimit[q] * length:
+                                overflow[0] = 1  # a drop: the caller replays it exactly
+                            if ptail[q] > here:
+                                here = ptail[q]
+                            here += length
+                            ptail[q] = here
+                        here += pdelay[q]
                 if here > last:
                     last = here
-            if wire[0] > 0:
+            if wire is not None:
                 tail[j] = t
-            if message_passing:
+            if entered is not None:
                 if last < delivered[j]:
                     last = delivered[j]  # TCP delivers in order
                 delivered[j] = last
-            arrive[j] = last
-        for j in range(p):
-            nxt = j + 1 if j + 1 < p else 0
-            if arrive[j] > ready[nxt]:
-                ready[nxt] = arrive[j]
-        if message_passing:
+            carry = last
+        if carry > ready[0]:  # rank p - 1's chunk reaches rank 0
+            ready[0] = carry
+        if entered is not None:
             # Gloo completes a send only when the receiver has posted the matching receive,
             # and the ring's next round waits for that send: rank j goes on no earlier than
             # its right neighbour entered this round.

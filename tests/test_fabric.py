@@ -264,3 +264,16 @@ def test_netem_spec_of_a_port_is_a_netem():
     fab = LeafSpine(nodes_per_leaf=2, port=Netem.parse("delay 10us rate 1gbit"))
     assert isinstance(fab.port, Netem) and fab.port.delay_ns == 10_000
     assert Topology.build(4, fabric=fab).scaled(2).fabric.port.delay_ns == 20_000
+
+
+def test_collectives_in_real_processes_cross_the_fabric():
+    from clusterlab.timing import all_reduce_spans, durations
+
+    fab, nic, n = "leafspine nodes_per_leaf=2 oversubscription=4", "delay 1ms rate 100mbit", 2**20
+    with Cluster(nodes=4, nic=nic, fabric=fab, timeout=60) as cl:
+        per_rank = cl.run(all_reduce_spans, [n], 3)
+    measured = float(np.median(durations([r[n] for r in per_rank])))
+    predicted = simulate_collective("allreduce", n, nodes=4, nic=nic, fabric=fab).max()
+    crossbar = simulate_collective("allreduce", n, nodes=4, nic=nic).max()
+    assert predicted > 1.8 * crossbar  # each of the ring's two leaf crossings: a half-rate uplink
+    assert measured == pytest.approx(predicted, rel=0.1)

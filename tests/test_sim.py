@@ -184,3 +184,30 @@ def test_p2p_ring_models_gloo_rendezvous_and_in_order_delivery():
     assert 1.02 * sched < p2p < 1.10 * sched
     with pytest.raises(ValueError, match="ranks and seeds"):
         p2p_ring_allreduce(nic, 0, 4096)
+
+
+def test_compiled_ring_on_a_leaf_spine_and_the_leaders_ring_equal_the_replay():
+    from clusterlab.sim import RingPorts
+
+    start = np.random.default_rng(0).integers(0, 10**6, 32)
+    for fab in ("leafspine nodes_per_leaf=4 spines=2 oversubscription=4",
+                "leafspine nodes_per_leaf=2 spines=3 port=(delay 3us rate 1gbit)"):
+        topo = Topology.build(32, 1, "delay 20us rate 1gbit", fabric=fab)
+        replay = play(QueueState(topo), Collective("allreduce", 3 * 10**6), start, None)
+        fast = _ring_rounds_fast(topo.nic, start, 3 * 10**6, np.random.default_rng(0),
+                                 ports=RingPorts(topo))
+        assert np.array_equal(replay, fast), fab
+        # 8 nodes x 4: the hierarchical all-reduce is the ring of the nodes' last entries
+        topo = Topology.build(8, 4, "delay 20us rate 1gbit", fabric=fab)
+        replay = play(QueueState(topo), Collective("allreduce", 10**6, algorithm="hierarchical"),
+                      start, None)
+        nodes = Topology.build(8, 1, "delay 20us rate 1gbit", fabric=fab)
+        fast = _ring_rounds_fast(topo.nic, start.reshape(8, 4).max(axis=1), 10**6,
+                                 np.random.default_rng(0), ports=RingPorts(nodes))
+        assert np.array_equal(replay, np.repeat(fast, 4)), fab
+    # and simulate_training takes these paths with the same results as before on a crossbar
+    hier = simulate_training(8, 4, nic="delay 20us rate 1gbit", algorithm="hierarchical",
+                             model_bytes=4e6, bucket_bytes=2**21, steps=2)
+    ring = simulate_training(8, 1, nic="delay 20us rate 1gbit", model_bytes=4e6,
+                             bucket_bytes=2**21, steps=2)
+    assert np.allclose(hier.step_end, np.repeat(ring.step_end, 4, axis=1))
