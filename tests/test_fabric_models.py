@@ -158,3 +158,19 @@ def test_rails_aligned_avoid_the_spine_and_naive_layouts_pay_its_share():
     assert naive > 3 * aligned
     with pytest.raises(ValueError, match="permutation"):
         fm.bottleneck_time(topo, "ring", MIB, ranks=[0, 0, 1, 2])
+
+
+# --- the oversubscription explorer ----------------------------------------------------------
+
+
+def test_explorer_refuses_bad_settings_and_shows_the_tree_losing_more():
+    from clusterlab.widgets import fabric as fw
+
+    with pytest.raises(ValueError, match="oversubscription"):
+        fw.OversubscriptionExplorer(oversubscription=3)
+    with pytest.raises(ValueError, match="algorithm"):
+        fw.efficiency_curve("butterfly", 4)
+    nodes = [8, 16]  # one leaf, then two: the tree's top round crosses the spine
+    tree = [fw.efficiency_curve("tree", o, nodes=nodes) for o in (1, 8)]
+    assert tree[0][0] == pytest.approx(tree[1][0])  # inside one leaf the uplinks are idle
+    assert tree[1][1] < tree[0][1] - 0.02
