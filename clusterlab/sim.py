@@ -164,6 +164,7 @@ def simulate_training(
     software cost paid by the sender, and `native_s(nbytes)` the time this machine's plain
     Gloo needs for an all-reduce of that size (the backend never completes a collective
     before Gloo itself has: completion = max(emulated, last entry + native)).
+    `fabric`: the switches behind the NICs (`clusterlab.fabric`; None: the crossbar).
     """
     topo = Topology.build(nodes, procs_per_node, nic, intra, fabric=fabric)
     if steps < 1:
