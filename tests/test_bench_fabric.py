@@ -40,3 +40,14 @@ def test_a_naive_rail_layout_crosses_the_oversubscribed_spine():
     assert naive["best"] > 2 * aligned["best"]
     for r in rows:
         assert r["best"] == pytest.approx(r["model"], rel=0.25)
+
+
+def test_bad_experiment_input_is_named_before_anything_starts():
+    with pytest.raises(ValueError, match="counts"):
+        ex.incast([0, 2])
+    with pytest.raises(ValueError, match="no rate"):
+        ex.rate_bps("delay 1ms")
+    with pytest.raises(ValueError, match="flows"):
+        ex.ecmp_hashing((40,), nodes_per_leaf=32)
+    with pytest.raises(ValueError, match="oversubscription"):
+        ex.rails(oversubscription=0, repeats=1)
