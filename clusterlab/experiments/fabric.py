@@ -1,0 +1,507 @@
+"""Experiments of notebook 13: switches. Incast, oversubscribed uplinks, ECMP and rails.
+
+Every measurement starts a real `clusterlab.Cluster` whose ranks sit behind a switched fabric
+(`clusterlab.fabric`: `LeafSpine` or `RailOptimized`): real processes send real bytes
+through Gloo, and the "netem" backend holds each message until the link model says it has
+crossed the sender's NIC and every switch port on its way, queueing behind the other ranks'
+messages there. Each measurement comes with its closed form (`clusterlab.fabric_models`).
+
+All sends of one measured round start at one agreed instant (`_common_start`), as the
+fidelity bench's delay rows do, so a queue at a port is built by messages that really
+arrive together. Times are in seconds, sizes in bytes; results are plain lists of dicts.
+The fastest of a case's repetitions is its measurement (`best`): the emulated network
+never delivers early, so this machine's scheduling noise can only lengthen a repetition.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Sequence
+
+import numpy as np
+
+from .. import fabric_models as fm
+from ..fabric import LeafSpine, RailOptimized, as_fabric
+from ..netem import Netem, as_netem
+from ..topology import Topology
+
+KiB, MiB = 1024, 1024 * 1024
+
+# Every node's NIC: 1 ms of latency and 100 Mbit/s, so a 1 MiB message takes ~84 ms on the
+# wire: queues of several messages stand far above this machine's scheduling noise (a few
+# ms when two cores run eight ranks), and the notebook's experiments fit their budget.
+NIC = "delay 1ms rate 100mbit"
+INTRA = "delay 100us rate 10gbit"  # inside a node, as in notebook 02
+START_MARGIN_S = 0.15  # the agreed start lies this far after the agreement (ranks wake late)
+LABELS = {"ring": "ring", "tree": "binomial tree", "recursive_doubling": "recursive doubling",
+          "rabenseifner": "Rabenseifner", "parameter_server": "parameter server",
+          "hierarchical_rail": "hierarchical (rails)"}
+
+
+def rate_bps(spec: str | Netem | None) -> float:
+    """The rate (bit/s) of a netem spec; ValueError when it has none."""
+    net = as_netem(spec) or Netem()
+    if not net.rate_bps:
+        raise ValueError(f"the network {str(net)!r} has no rate: a switch cannot queue")
+    return float(net.rate_bps)
+
+
+def _stats(times: Sequence[float]) -> dict:
+    return {"times": [float(t) for t in times], "best": float(min(times)),
+            "median": float(statistics.median(times))}
+
+
+def _cluster(**options):
+    """A `Cluster` with a fabric, its port kernel compiled in this process first: forked
+    ranks inherit it instead of each loading it (seconds apiece on a busy 2-core machine)."""
+    from .. import sim
+    from ..cluster import Cluster
+
+    if not _warm:
+        sim.simulate_collective("barrier", 1, nodes=2, nic=options.get("nic"),
+                                fabric=LeafSpine(nodes_per_leaf=2, port="rate 1gbit limit 4"))
+        _warm.append(True)
+    return Cluster(**options)
+
+
+_warm: list[bool] = []
+
+
+# --- rank bodies -------------------------------------------------------------------------------
+
+
+def _common_start(margin_s: float) -> int:
+    """An instant (CLOCK_MONOTONIC ns) every rank agrees on, margin_s after the slowest rank
+    reached this call: a tiny all-reduce of the ranks' clocks (MAX)."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.tensor([time.monotonic_ns()], dtype=torch.int64)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    return int(mine[0]) + int(margin_s * 1e9)
+
+
+def _rounds_body(rounds, nbytes: int, repeats: int, margin_s: float):
+    """On every rank: each round is a list of (src, dst) messages of `nbytes`, all sent at
+    one agreed instant; a receiver notes when each of its messages is in. Returns, per round
+    and repetition, (start ns, {(src, dst): arrival ns}) as this rank saw it."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from .. import clock
+
+    me = dist.get_rank()
+    payload = torch.ones(max(1, nbytes // 4))
+    pairs = sorted({pair for r in rounds for pair in r})
+    for src, dst in pairs:  # open every connection (and route) outside the measurement
+        if me == src:
+            dist.send(torch.zeros(1), dst)
+        elif me == dst:
+            dist.recv(torch.zeros(1), src)
+    out = []
+    for messages in rounds:
+        for _ in range(repeats):
+            start = _common_start(margin_s)
+            incoming = [(s, d) for s, d in messages if d == me]
+            bufs = [torch.empty_like(payload) for _ in incoming]
+            works = [dist.irecv(b, s) for b, (s, _) in zip(bufs, incoming)]
+            clock.sleep_until(start)
+            sends = [dist.isend(payload, d) for s, d in messages if s == me]
+            got = {}
+            for pair, work in zip(incoming, works):
+                work.wait()
+                got[pair] = time.monotonic_ns()
+            for work in sends:
+                work.wait()
+            out.append((start, got))
+    return out
+
+
+def _round_times(per_rank, rounds, repeats: int, dilation: float = 1.0) -> list[dict]:
+    """Per round: the times (s) from the agreed start to its last arrival, per repetition,
+    and each message's arrival (s after the start) in every repetition."""
+    rows = []
+    for r, messages in enumerate(rounds):
+        times, arrivals = [], {pair: [] for pair in messages}
+        for k in range(repeats):
+            got = {}
+            start = per_rank[0][r * repeats + k][0]
+            for rank_out in per_rank:
+                got.update(rank_out[r * repeats + k][1])
+            for pair in messages:
+                arrivals[pair].append((got[pair] - start) / 1e9 / dilation)
+            times.append(max(arrivals[pair][-1] for pair in messages))
+        rows.append({"messages": list(messages), "arrivals": arrivals, **_stats(times)})
+    return rows
+
+
+def _collective_body(plan, margin_s: float):
+    """On every rank: each (algorithm, nbytes, repeats, options) of `plan` from one agreed
+    start per repetition; returns (start ns, this rank's end ns) per repetition."""
+    import time
+
+    import torch
+
+    from .. import clock
+    from ..collectives import ALGORITHMS
+
+    out = []
+    for algorithm, nbytes, repeats, options in plan:
+        run = rail_allreduce if algorithm == "rail_naive" else ALGORITHMS[algorithm]
+        run(torch.ones(1024), **options)  # opens the connections it uses
+        spans = []
+        for _ in range(repeats):
+            x = torch.ones(max(1, nbytes // 4))
+            start = _common_start(margin_s)
+            clock.sleep_until(start)
+            run(x, **options)
+            spans.append((start, time.monotonic_ns()))
+            import torch.distributed as dist
+
+            if float(x[0]) != dist.get_world_size():
+                raise AssertionError(f"{algorithm}: wrong sum {float(x[0])}")
+        out.append(spans)
+    return out
+
+
+def _collective_times(per_rank, plan, dilation: float = 1.0) -> list[list[float]]:
+    """Per plan item, per repetition: from the agreed start to the last rank's end (s of
+    the emulated cluster: wall time / dilation)."""
+    return [[(max(rank[i][k][1] for rank in per_rank) - per_rank[0][i][k][0]) / 1e9 / dilation
+             for k in range(plan[i][2])] for i in range(len(plan))]
+
+
+def rail_allreduce(tensor, *, procs_per_node: int, rotate: bool = True):
+    """The rail-style hierarchical all-reduce (`collectives.hierarchical_rail_allreduce`),
+    laid out naively when `rotate`: on node n the node's ranks are taken in an order rotated
+    by n, so the ranks that all-reduce one shard across nodes have different local indices,
+    i.e. sit on different rails (as when a node's NIC i is not cabled to rail switch i).
+    The same bytes, the same rounds: only the layout differs."""
+    import torch.distributed as dist
+
+    from ..collectives import _bounds, _ring, _ring_allgather, _ring_reduce_scatter
+
+    me, p = dist.get_rank(), dist.get_world_size()
+    ppn = procs_per_node
+    if ppn < 1 or p % ppn:
+        raise ValueError(f"procs_per_node={ppn} does not divide the world size {p}")
+    x = tensor.view(-1)
+    node = me // ppn
+    shift = node if rotate else 0
+    order = [node * ppn + (j + shift) % ppn for j in range(ppn)]  # this node, in ring order
+    shard = _ring_reduce_scatter(x, order)  # this rank now holds the node's sum of a shard
+    position = order.index(me)
+    rail = [n * ppn + (position + (n if rotate else 0)) % ppn for n in range(p // ppn)]
+    b = _bounds(x.numel(), ppn)
+    _ring(x[b[shard] : b[shard + 1]], rail)
+    _ring_allgather(x, order)
+    return tensor
+
+
+def naive_rail_order(nodes: int, procs_per_node: int) -> list[int]:
+    """The rank order of `rail_allreduce(rotate=True)` as `schedule.play` and
+    `fabric_models.bottleneck_time` take it (node by node, each rotated by its index)."""
+    return [n * procs_per_node + (j + n) % procs_per_node for n in range(nodes)
+            for j in range(procs_per_node)]
+
+
+# --- 1. incast --------------------------------------------------------------------------------
+
+
+def incast_fabric(nodes: int, *, limit: int | None = None, nic: str = NIC) -> LeafSpine:
+    """One leaf holding every node; ports at the NIC's rate, with a buffer of `limit` packets
+    (None: netem's default of 1000)."""
+    port = f"rate {as_netem(nic).rate_bps}bit" + (f" limit {limit}" if limit else "")
+    return LeafSpine(nodes_per_leaf=nodes, port=port)
+
+
+def incast(counts: Sequence[int] = (1, 2, 4, 7), *, nbytes: int = MiB, nic: str = NIC,
+           limit: int | None = None, repeats: int = 2, seed: int = 0,
+           timeout: float = 120) -> list[dict]:
+    """N senders (ranks 1..N) each send `nbytes` to rank 0 at one instant, on one leaf whose
+    ports have a buffer of `limit` packets, for every N in `counts`.
+
+    Row per N: times (agreed start to the last arrival, every repetition), best, median,
+    queue (best - the best of a lone sender: the last message's wait behind the others; 0
+    for N = 1 or when N = 1 is not measured), goodput (N nbytes / best) and `model`, the
+    `fabric_models.incast` prediction.
+    """
+    counts = [int(n) for n in counts]
+    if not counts or min(counts) < 1:
+        raise ValueError(f"counts must be sender counts >= 1, got {counts}")
+    nodes = max(counts) + 1
+    rounds = [[(i, 0) for i in range(1, n + 1)] for n in counts]
+    with _cluster(nodes=nodes, nic=nic, fabric=incast_fabric(nodes, limit=limit, nic=nic),
+                 seed=seed, timeout=timeout) as cl:
+        per_rank = cl.run(_rounds_body, rounds, nbytes, repeats, START_MARGIN_S)
+    spec = as_netem(nic)
+    rows = []
+    for n, row in zip(counts, _round_times(per_rank, rounds, repeats)):
+        model = fm.incast(n, nbytes, rate_bps=spec.rate_bps, delay_s=spec.delay_ns / 1e9,
+                          buffer_packets=limit or spec.limit)
+        rows.append({"senders": n, "nbytes": nbytes, "limit": limit, "model": model,
+                     "goodput": n * nbytes / row["best"], **row})
+    lone = next((r["best"] for r in rows if r["senders"] == 1), None)
+    for r in rows:
+        r["queue"] = r["best"] - lone if lone is not None else 0.0
+    return rows
+
+
+def ps_vs_ring(*, nodes: int = 8, nbytes: int = MiB, nic: str = NIC, repeats: int = 2,
+               seed: int = 0, timeout: float = 120) -> list[dict]:
+    """A parameter server (rank 0 sums the pushes of the others and sends the sum back) and
+    a ring all-reduce of `nbytes` on `nodes` nodes of one leaf: the server's port takes an
+    incast of nodes - 1 messages, the ring's ports one message a round each.
+
+    Row per algorithm: times, best, median, model (`fabric_models.bottleneck_time` on this
+    fabric) and crossbar (the same on a perfect crossbar, where only the NICs queue)."""
+    fabric = incast_fabric(nodes, nic=nic)
+    plan = [(a, nbytes, repeats, {}) for a in ("parameter_server", "ring")]
+    with _cluster(nodes=nodes, nic=nic, fabric=fabric, seed=seed, timeout=timeout) as cl:
+        times = _collective_times(cl.run(_collective_body, plan, START_MARGIN_S), plan)
+    topo = Topology.build(nodes, 1, nic, fabric=fabric)
+    flat = Topology.build(nodes, 1, nic)
+    return [{"algorithm": a, "nbytes": nbytes, "nodes": nodes,
+             "model": fm.bottleneck_time(topo, a, nbytes)[0],
+             "crossbar": fm.bottleneck_time(flat, a, nbytes)[0], **_stats(t)}
+            for (a, *_), t in zip(plan, times)]
+
+
+# --- 2. oversubscription -----------------------------------------------------------------------
+
+
+def leaf_spine(oversubscription: float, *, nodes_per_leaf: int = 4, spines: int = 1,
+               ecmp_seed: int = 0) -> LeafSpine:
+    """Leaves of `nodes_per_leaf` nodes; ports at the NIC's rate (port=None)."""
+    return LeafSpine(nodes_per_leaf=nodes_per_leaf, spines=spines,
+                     oversubscription=oversubscription, ecmp_seed=ecmp_seed)
+
+
+def oversubscribed(oversubscriptions: Sequence[float] = (1, 4),
+                   algorithms: Sequence[str] = ("ring", "tree"), *, nodes: int = 8,
+                   nodes_per_leaf: int = 4, nbytes: int = MiB, nic: str = NIC,
+                   repeats: int = 2, dilation: float = 1.0, seed: int = 0,
+                   timeout: float = 120) -> list[dict]:
+    """All-reduce algorithms (the course's, from isend/irecv) on a leaf-spine of `nodes`
+    nodes, `nodes_per_leaf` per leaf and one spine, at each oversubscription ratio.
+    `dilation` runs the cluster that many times slower than the network it stands for
+    (times are reported in the emulated network's time): each of the ring's 2(p-1) steps
+    also pays this machine's cost of a message exchange, which dilation divides.
+
+    Row per (oversubscription, algorithm): times, best, median, model (the bottleneck share
+    form on that fabric), crossbar (the same without switches), and the busiest round's
+    flows on one uplink (`crowd`)."""
+    rows = []
+    plan = [(a, nbytes, repeats, {}) for a in algorithms]
+    for o in oversubscriptions:
+        fabric = leaf_spine(o, nodes_per_leaf=nodes_per_leaf)
+        with _cluster(nodes=nodes, nic=nic, fabric=fabric, seed=seed, timeout=timeout,
+                     dilation=dilation) as cl:
+            times = _collective_times(cl.run(_collective_body, plan, START_MARGIN_S), plan,
+                                      dilation)
+        topo = Topology.build(nodes, 1, nic, fabric=fabric)
+        for (a, *_), t in zip(plan, times):
+            model, costs = fm.bottleneck_time(topo, a, nbytes)
+            rows.append({"oversubscription": float(o), "algorithm": a, "nbytes": nbytes,
+                         "nodes": nodes, "model": model,
+                         "crossbar": fm.bottleneck_time(Topology.build(nodes, 1, nic), a,
+                                                        nbytes)[0],
+                         "crowd": max(c.flows_on_bottleneck for c in costs
+                                      if c.bottleneck in ("uplink", "downlink"))
+                         if any(c.bottleneck in ("uplink", "downlink") for c in costs) else 0,
+                         **_stats(t)})
+    return rows
+
+
+# --- 3. ECMP -----------------------------------------------------------------------------------
+
+
+def ecmp_loads(fabric: LeafSpine, pairs: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Flows each spine carries for these (src rank, dst rank) flows (every flow hashed)."""
+    src, dst = (np.array(x, dtype=np.int64) for x in zip(*pairs))
+    return np.bincount(fabric.spine_of(src, dst).astype(np.int64), minlength=fabric.spines)
+
+
+def ecmp_hashing(flows: Sequence[int] = (1, 2, 4, 8, 16, 32), *, spines: int = 8,
+                 seeds: int = 2000, nodes_per_leaf: int = 32) -> list[dict]:
+    """The fabric's own ECMP hash over many seeds: F flows from distinct nodes of leaf 0 to
+    distinct nodes of leaf 1, hashed to `spines` spines. Row per F: the share of seeds with a
+    collision (two flows on one uplink) and the mean load of the busiest uplink, with the
+    balls-in-bins values (`fabric_models.collision_probability`, `expected_max_load`)."""
+    rows = []
+    for f in flows:
+        if not 1 <= f <= nodes_per_leaf:
+            raise ValueError(f"flows must be in 1..{nodes_per_leaf}, got {f}")
+        pairs = [(i, nodes_per_leaf + i) for i in range(f)]
+        peaks = np.array([ecmp_loads(LeafSpine(nodes_per_leaf=nodes_per_leaf, spines=spines,
+                                               ecmp_seed=s), pairs).max()
+                          for s in range(seeds)])
+        law = fm.max_load_distribution(f, spines)
+        rows.append({"flows": f, "spines": spines, "seeds": seeds,
+                     "collisions": float(np.mean(peaks >= 2)),
+                     "collision_model": fm.collision_probability(f, spines),
+                     "max_load": float(peaks.mean()),
+                     "max_load_model": fm.expected_max_load(f, spines),
+                     "max_load_law": law.tolist(),
+                     "max_load_counts": np.bincount(peaks, minlength=f + 1).tolist()})
+    return rows
+
+
+def ecmp_rounds(*, nodes_per_leaf: int = 4, spines: int = 4, pairings: int = 8,
+                nbytes: int = 512 * KiB, nic: str = NIC, repeats: int = 1, seed: int = 0,
+                timeout: float = 120) -> list[dict]:
+    """Every node of leaf 0 sends to a node of leaf 1 at once, `pairings` different pairings
+    (permutations), through `spines` spines whose uplinks each run at the NIC's rate
+    (oversubscription 1: the fabric could carry every flow at full speed). ECMP hashes each
+    pairing's flows to spines its own way; the round waits for the busiest uplink. The
+    pairings are spread evenly over all permutations sorted by their busiest uplink.
+
+    Row per pairing: its messages, the loads per spine, the busiest uplink's flows (`peak`),
+    times, best, median and model (`fabric_models.round_cost`)."""
+    fabric = LeafSpine(nodes_per_leaf=nodes_per_leaf, spines=spines)
+    # Every pairing's busiest uplink is known from the hash before anything runs: measure
+    # pairings spread evenly over them, from the luckiest to the unluckiest.
+    perms = list(itertools.permutations(range(nodes_per_leaf)))
+    peaks = [int(ecmp_loads(fabric, [(i, nodes_per_leaf + perm[i])
+                                     for i in range(nodes_per_leaf)]).max()) for perm in perms]
+    order = np.argsort(peaks, kind="stable")
+    picks = np.unique(np.linspace(0, len(perms) - 1, min(pairings, len(perms))).round())
+    chosen = [perms[order[int(i)]] for i in picks]
+    rounds = [[(i, nodes_per_leaf + perm[i]) for i in range(nodes_per_leaf)] for perm in chosen]
+    nodes = 2 * nodes_per_leaf
+    with _cluster(nodes=nodes, nic=nic, fabric=fabric, seed=seed, timeout=timeout) as cl:
+        per_rank = cl.run(_rounds_body, rounds, nbytes, repeats, START_MARGIN_S)
+    topo = Topology.build(nodes, 1, nic, fabric=fabric)
+    rows = []
+    for messages, row in zip(rounds, _round_times(per_rank, rounds, repeats)):
+        loads = ecmp_loads(fabric, messages)
+        src, dst = zip(*messages)
+        rows.append({**row, "loads": loads.tolist(), "peak": int(loads.max()),
+                     "model": fm.round_cost(topo, src, dst, nbytes).time_s})
+    return rows
+
+
+# --- 4. rails ----------------------------------------------------------------------------------
+
+
+def rails(*, oversubscription: float = 4, nodes: int = 2, procs_per_node: int = 2,
+          nbytes: int = 4 * MiB, nic: str = NIC, intra: str = INTRA, repeats: int = 2,
+          dilation: float = 1.0, seed: int = 0, timeout: float = 120) -> list[dict]:
+    """The rail-style hierarchical all-reduce on a rail-optimised fabric (NIC i of every
+    node on rail switch i; one spine, oversubscribed), laid out two ways: aligned (the ranks
+    that all-reduce a shard across nodes share a rail) and naive (`rail_allreduce` with
+    rotate=True: they sit on different rails, so every inter-node message crosses the spine).
+
+    Row per layout: times, best, median, model (bottleneck share, with the layout's rank
+    order) and the inter-node rounds' bottleneck (where, and how many flows share it).
+    `dilation` as in `oversubscribed` (the intra-node steps are short)."""
+    fabric = RailOptimized(rails=procs_per_node, oversubscription=oversubscription)
+    options = {"procs_per_node": procs_per_node}
+    plan = [("rail_naive", nbytes, repeats, {**options, "rotate": False}),
+            ("rail_naive", nbytes, repeats, {**options, "rotate": True})]
+    with _cluster(nodes=nodes, procs_per_node=procs_per_node, nic=nic, intra=intra,
+                 fabric=fabric, seed=seed, timeout=timeout, dilation=dilation) as cl:
+        times = _collective_times(cl.run(_collective_body, plan, START_MARGIN_S), plan,
+                                  dilation)
+    topo = Topology.build(nodes, procs_per_node, nic, intra, fabric=fabric)
+    rows = []
+    for layout, order, t in (("aligned", None, times[0]),
+                             ("naive", naive_rail_order(nodes, procs_per_node), times[1])):
+        model, costs = fm.bottleneck_time(topo, "hierarchical_rail", nbytes, ranks=order)
+        inter = [c for c in costs if c.bottleneck != "intra"]
+        rows.append({"layout": layout, "nbytes": nbytes, "oversubscription": oversubscription,
+                     "model": model, "bottleneck": inter[0].bottleneck if inter else "intra",
+                     "crowd": inter[0].flows_on_bottleneck if inter else 0, **_stats(t)})
+    return rows
+
+
+# --- plots -------------------------------------------------------------------------------------
+
+
+def plot_incast(rows: Sequence[dict], axes=None, title: str | None = None):
+    """Left: goodput per sender count, measured vs closed form, with the port's rate; right:
+    the last message's queueing (best - lone sender) vs the closed form's peak wait."""
+    import matplotlib.pyplot as plt
+
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(10, 3.4), layout="constrained")
+    n = [r["senders"] for r in rows]
+    port = rows[0]["model"].goodput / rows[0]["model"].link_share * 8 / 1e6
+    axes[0].plot(n, [r["goodput"] * 8 / 1e6 for r in rows], "o-", label="measured")
+    axes[0].plot(n, [r["model"].goodput * 8 / 1e6 for r in rows], "k--", label="closed form")
+    axes[0].axhline(port, color="0.6", lw=1, ls=":", label="port's payload rate")
+    axes[0].set(xlabel="senders N", ylabel="goodput (Mbit/s)", ylim=(0, 1.15 * port),
+                title="goodput into one port")
+    axes[1].plot(n, [r["queue"] * 1e3 for r in rows], "o-", label="measured: last message")
+    axes[1].plot(n, [r["model"].max_queue_s * 1e3 for r in rows], "k--",
+                 label="closed form: (N-1) k w")
+    axes[1].set(xlabel="senders N", ylabel="queueing delay (ms)", title="the port's queue")
+    for ax in axes:
+        ax.legend(fontsize=8, loc="lower right")
+        ax.set_xticks(n)
+    if title:
+        axes[0].figure.suptitle(title)
+    return axes
+
+
+def plot_bars(rows: Sequence[dict], key: str, ax=None, title: str | None = None):
+    """Measured (best) vs closed form per row, grouped by `key` (an algorithm, a layout)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.4))
+    x = np.arange(len(rows))
+    ax.bar(x - 0.2, [r["best"] * 1e3 for r in rows], 0.4, label="measured (best)")
+    ax.bar(x + 0.2, [r["model"] * 1e3 for r in rows], 0.4, label="closed form", color="0.7")
+    ax.set_xticks(x, [key(r) for r in rows], fontsize=8)
+    ax.set(ylabel="time (ms)", title=title)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def plot_ecmp(hashing: Sequence[dict], rounds: Sequence[dict], axes=None):
+    """Left: P(collision) against flows, over seeds, with the birthday problem; middle: the
+    busiest uplink's mean load with balls-in-bins and perfect spreading; right: each measured
+    round's time against its busiest uplink's flows, with the closed form."""
+    import matplotlib.pyplot as plt
+
+    if axes is None:
+        _, axes = plt.subplots(1, 3, figsize=(12, 3.4), layout="constrained")
+    f = [r["flows"] for r in hashing]
+    spines = hashing[0]["spines"]
+    axes[0].plot(f, [r["collisions"] for r in hashing], "o", label="fabric's hash")
+    axes[0].plot(f, [r["collision_model"] for r in hashing], "k--", lw=1,
+                 label="birthday problem")
+    axes[0].set(ylabel="P(two flows share an uplink)", ylim=(-0.03, 1.05),
+                title=f"collisions, {hashing[0]['seeds']} seeds")
+    axes[1].plot(f, [r["max_load"] for r in hashing], "s", color="C1", label="fabric's hash")
+    axes[1].plot(f, [r["max_load_model"] for r in hashing], ":", color="C1",
+                 label="balls in bins")
+    axes[1].plot(f, [max(1, -(-x // spines)) for x in f], color="0.6", lw=1,
+                 label="perfect spreading")
+    axes[1].set(ylabel="flows on the busiest uplink", title="the busiest uplink")
+    for ax in axes[:2]:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(f, [str(x) for x in f])
+        ax.set_xlabel(f"flows hashed to {spines} uplinks")
+        ax.legend(fontsize=8)
+    peaks = [r["peak"] for r in rounds]
+    axes[2].plot(peaks, [r["best"] * 1e3 for r in rounds], "o", label="measured round")
+    order = np.argsort(peaks)
+    axes[2].plot(np.array(peaks)[order], np.array([r["model"] for r in rounds])[order] * 1e3,
+                 "k--", label="closed form")
+    axes[2].set(xlabel="flows on the busiest uplink", ylabel="round time (ms)",
+                title="one round, several pairings")
+    axes[2].set_xticks(sorted(set(peaks)))
+    axes[2].legend(fontsize=8)
+    return axes
+
+
+def fabric_of(spec: str) -> str:
+    """The canonical string form of a fabric (for printing)."""
+    return str(as_fabric(spec))
