@@ -48,7 +48,7 @@ import psutil
 
 from . import shaping as kernel_shaping
 from .backend import BACKEND_NAME, NetemConfig
-from .fabric import Fabric
+from .fabric import Fabric, port_kernel
 from .netem import Netem
 from .schedule import ALLREDUCE_SCHEDULES
 from .topology import Topology
@@ -417,6 +417,10 @@ class Cluster:
         env = {**self.env, "CLUSTERLAB_SHM_DIR": self._tmp}
         self._status = self._ctx.Array("c", self.world_size * _STATUS_BYTES, lock=False)
         try:
+            if not self.topology.fabric.is_crossbar() and self._ctx.get_start_method() == "fork":
+                # Forked ranks inherit the compiled port kernel; loading it in each rank took
+                # seconds apiece on a busy 2-core machine.
+                port_kernel()
             if self.shaping == "kernel":
                 scaled = self.topology.scaled(self.dilation)
                 self._network = kernel_shaping.up(scaled.nodes, scaled.nic, links=scaled.links)

@@ -53,19 +53,9 @@ def _stats(times: Sequence[float]) -> dict:
 
 
 def _cluster(**options):
-    """A `Cluster` with a fabric, its port kernel compiled in this process first: forked
-    ranks inherit it instead of each loading it (seconds apiece on a busy 2-core machine)."""
-    from .. import sim
     from ..cluster import Cluster
 
-    if not _warm:
-        sim.simulate_collective("barrier", 1, nodes=2, nic=options.get("nic"),
-                                fabric=LeafSpine(nodes_per_leaf=2, port="rate 1gbit limit 4"))
-        _warm.append(True)
     return Cluster(**options)
-
-
-_warm: list[bool] = []
 
 
 # --- rank bodies -------------------------------------------------------------------------------
