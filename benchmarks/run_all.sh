@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 out=benchmarks/results
 mkdir -p "$out"
-for name in launch overhead fidelity model monitor sim widgets faults soak shaping; do
+for name in launch overhead fidelity model monitor sim widgets fabric faults soak shaping; do
   .venv/bin/clusterlab bench "$name" --json "$out/$name.json"
 done
 # Fidelity and overhead again, one after another: a figure must reproduce, and the report

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("quiz", help="interview rehearsal in the terminal (clusterlab quiz --help)")
     b = sub.add_parser("bench", help="run a benchmark and write its JSON")
     b.add_argument("name", help="fidelity, overhead, launch, model, sim, monitor, widgets, "
-                   "faults, soak, shaping; or "
+                   "fabric, faults, soak, shaping; or "
                    "'report' to turn JSON results (given with --json, repeatable) into "
                    "markdown")
     b.add_argument("--json", metavar="PATH", action="append",
