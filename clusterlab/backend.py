@@ -48,7 +48,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import clock
+from . import clock, clocksync
 from .fabric import SharedPorts
 from .link import LinkModel
 from .netem import Netem
@@ -389,6 +389,9 @@ class NetemProcessGroup(dist.ProcessGroup):
         self._timeout = timeout
         self._group_name = self._group_desc = ""
         self.gloo = _gloo_group(dist.PrefixStore("clusterlab-gloo", store), rank, size, timeout)
+        # Which ranks share a host (and its files) and a clock; off rank 0's clock, correct it.
+        self.placement, self._clock = clocksync.synchronize(
+            store, self.gloo, rank, size, timeout, default_group=not dist.is_initialized())
         self.global_ranks = list(global_ranks) if global_ranks else list(range(size))
         world = max(self.global_ranks) + 1 if global_ranks else size
         if dist.is_initialized():
@@ -403,9 +406,11 @@ class NetemProcessGroup(dist.ProcessGroup):
         # kept when CLUSTERLAB_TRACE=1, for fidelity checks and the link explorer.
         self.trace: list | None = [] if self.config.trace else None
         self._tails: dict[tuple, SharedTail] = {}
-        self._token, owner = self._agree_on_token(store)
-        self._files = f"clusterlab-{owner}-{self._token}"
-        self._entries = self._open_entry_table() if self.impaired and size > 1 else None
+        self.placement.check_nodes([self.topology.node_of(g) for g in self.global_ranks])
+        self._token = self._agree_on_token(store)
+        self._files = f"clusterlab-{self.placement.owner_pid(rank)}-{self._token}"
+        self._entries = (self._open_entry_table()
+                         if self.impaired and size > 1 and self.placement.one_host else None)
         # Collective completion: one FIFO thread, like a communication stream.
         self.fabric = QueueState(self.topology, segment_bytes=self.config.segment_bytes)
         self._seq = 0  # collectives completed (completion thread)
@@ -446,16 +451,16 @@ class NetemProcessGroup(dist.ProcessGroup):
     def __repr__(self) -> str:
         return f"NetemProcessGroup(rank={self._rank}, size={self._size}, nic='{self.topology.nic}')"
 
-    def _agree_on_token(self, store) -> tuple[str, str]:
-        """(token, rank 0's pid), from rank 0: the group's shared files are named
-        clusterlab-<pid>-<token>-*, which the next Cluster's start removes once that process
-        is gone (a torchrun job killed outright runs no shutdown())."""
+    def _agree_on_token(self, store) -> str:
+        """The group's token, from rank 0: its shared files on each host are named
+        clusterlab-<pid>-<token>-*, with the pid of that host's lowest rank, so the next
+        Cluster's start there removes them once that process is gone (a torchrun job killed
+        outright runs no shutdown())."""
         if self._rank == 0:
-            owner, token = str(os.getpid()), uuid.uuid4().hex[:12]
-            store.set("clusterlab-token", f"{owner}-{token}")
-            return token, owner
-        owner, token = store.get("clusterlab-token").decode().split("-")
-        return token, owner
+            token = uuid.uuid4().hex[:12]
+            store.set("clusterlab-token", token)
+            return token
+        return store.get("clusterlab-token").decode()
 
     def _open_entry_table(self) -> EntryTable | None:
         """Rank 0 creates the group's entry table, the others map it; if any rank cannot
@@ -939,6 +944,8 @@ class NetemProcessGroup(dist.ProcessGroup):
         return self.gloo.monitored_barrier(timeout or self._timeout, wait_all_ranks)
 
     def shutdown(self) -> None:
+        if self._clock is not None:
+            self._clock.close()
         self._queue.put(None)
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=self._timeout.total_seconds())

@@ -89,7 +89,7 @@ def one_way_delays(n: int, spacing_s: float) -> list[int]:
     work = dist.isend(torch.zeros(1, dtype=torch.int64), nxt)
     dist.recv(buf, prv)
     work.wait()
-    start = torch.tensor([time.monotonic_ns()], dtype=torch.int64)
+    start = torch.tensor([clock.monotonic_ns()], dtype=torch.int64)
     dist.all_reduce(start, op=dist.ReduceOp.MAX)
     start_ns = int(start[0]) + int(START_MARGIN_S * 1e9)
 
@@ -105,11 +105,11 @@ def one_way_delays(n: int, spacing_s: float) -> list[int]:
         # Stamped through numpy right before the call, whose time the link model uses: torch's
         # __setitem__ took ~60 us on a core that had just woken up from a 15 ms sleep, which
         # the measurement counted as network delay (5 ms rows: 72 -> 14 us late at median).
-        stamp_view[0] = time.monotonic_ns()
+        stamp_view[0] = clock.monotonic_ns()
         work = dist.isend(sent, nxt)
         stamp, received = posted.popleft()
         received.wait()
-        out.append(time.monotonic_ns() - int(stamp[0]))
+        out.append(clock.monotonic_ns() - int(stamp[0]))
         work.wait()
     return out
 
