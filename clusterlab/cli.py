@@ -1,4 +1,4 @@
-"""The `clusterlab` command: doctor, bench, quiz, labs, grade, shape."""
+"""The `clusterlab` command: doctor, bench, quiz, labs, grade, shape, nettest."""
 
 from __future__ import annotations
 
@@ -14,12 +14,18 @@ def main(argv: list[str] | None = None) -> int:
         from .quiz.cli import main as quiz_main
 
         return quiz_main(argv[1:])
+    if argv and argv[0] == "nettest":  # its own options: `clusterlab nettest --help`
+        from .nettest import main as nettest_main
+
+        return nettest_main(argv[1:])
     parser = argparse.ArgumentParser(prog="clusterlab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     doc = sub.add_parser("doctor", help="is this machine ready, and how precise can it emulate")
     doc.add_argument("--json", action="store_true", help="print the report as JSON")
     doc.add_argument("--no-latency", action="store_true", help="skip the two-rank latency probe")
     sub.add_parser("quiz", help="interview rehearsal in the terminal (clusterlab quiz --help)")
+    sub.add_parser("nettest", help="measure a cluster's network under torchrun, nccl-tests "
+                   "style (clusterlab nettest --help)")
     b = sub.add_parser("bench", help="run a benchmark and write its JSON")
     b.add_argument("name", help="fidelity, overhead, launch, model, sim, monitor, widgets, "
                    "fabric, faults, soak, shaping; or "

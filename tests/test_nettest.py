@@ -1,0 +1,114 @@
+"""`clusterlab nettest`: its numbers match a configured network within the fidelity targets,
+its outlier report names the slow link, and its JSON calibrates the simulator."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from clusterlab import Cluster, models, nettest, sim
+from clusterlab.doctor import MEDIAN_DELAY_TOLERANCE
+from clusterlab.netem import Netem
+from clusterlab.wire import wire_beta
+
+pytestmark = pytest.mark.timeout(150)
+
+GOODPUT_TOLERANCE = 0.05  # the fidelity bench's goodput target (goodput / rate in 0.95..1.05)
+
+
+def _synthetic(slow=(1, 2), world=3, delay_ns=1_000_000, bw=1e8, slow_bw=1e7):
+    rng = np.random.default_rng(0)
+    opts = nettest.Options(ping_iters=20, bw_bytes=1 << 20, sizes=(1024, 4096))
+    latency = {(a, b): list(delay_ns + rng.integers(0, 5000, 20))
+               for a in range(world) for b in range(a + 1, world)}
+    rtt = 2 * delay_ns
+    bandwidth = {(s, d): [int(rtt + (1 << 20) / (slow_bw if (s, d) == slow else bw) * 1e9)] * 3
+                 for s in range(world) for d in range(world) if s != d}
+    rows = [{"collective": "all_reduce", "bytes": n, "ranks": world, "time_s": 1e-3 + n / bw,
+             "algbw": 0.0, "busbw": 0.0} for n in (1024, 4096)]
+    return nettest.summarize(latency, bandwidth, rows, world=world, hosts=["h0", "h1", "h2"],
+                             procs_per_node=1, backend="gloo", opts=opts)
+
+
+def test_outliers_name_the_slow_link_and_calibrate_the_simulator():
+    result = _synthetic()
+    named = [o["what"] for o in result["outliers"]]
+    assert named == ["link 1->2"], named
+    bw = {(ln["src"], ln["dst"]): ln["bandwidth_Bps"] for ln in result["links"]}
+    assert bw[(0, 1)] == pytest.approx(1e8, rel=1e-3)  # the round trip is subtracted
+    # A rank whose every link is slow is named itself.
+    slow_rank = nettest.outliers({**result, "links": [
+        {**ln, "bandwidth_Bps": ln["bandwidth_Bps"] / (10 if 0 in (ln["src"], ln["dst"]) else 1)}
+        for ln in result["links"]]})
+    assert "rank 0" in [o["what"] for o in slow_rank]
+    cal = nettest.load_calibration(json.loads(json.dumps(result)))
+    assert cal.nic.delay_ns == pytest.approx(1.0025e6, rel=0.01)
+    assert 1 / wire_beta(cal.nic.rate_bps) == pytest.approx(1e8, rel=0.01)  # payload rate
+    assert cal.topology().world_size == 3
+    out = sim.simulate_training(cal.nodes, cal.procs_per_node, nic=cal.nic, intra=cal.intra,
+                                model_bytes=1e6, steps=2)
+    assert out.mean_step > 0
+    assert "OUTLIER (bandwidth): link 1->2" in nettest.table(result)
+    with pytest.raises(ValueError, match="nettest result"):
+        nettest.load_calibration({"world": 2})
+    with pytest.raises(ValueError, match="ping_iters"):
+        nettest.Options(ping_iters=0)
+    with pytest.raises(ValueError, match="collectives"):
+        nettest.Options(collectives=("allreduce",))
+
+
+def _measure_small():
+    return nettest.measure(nettest.Options(ping_iters=20, bw_bytes=1 << 16, bw_reps=2,
+                                           sizes=(4096, 65536), coll_iters=2, warmup=1))
+
+
+def test_plain_gloo_on_loopback(no_leftovers):
+    with Cluster(nodes=2, nic=None, timeout=60) as cl:
+        result = cl.run(_measure_small)[0]
+    assert result["backend"] == "gloo" and result["configured"] is None
+    assert len(result["pairs"]) == 1 and len(result["links"]) == 2
+    assert result["pairs"][0]["samples"] == 20 and result["pairs"][0]["p50_us"] > 0
+    assert {r["collective"] for r in result["collectives"]} == set(nettest.COLLECTIVES)
+    for r in result["collectives"]:
+        assert r["busbw"] == pytest.approx(r["algbw"] * models.busbw_factor(r["collective"], 2))
+
+
+def test_nettest_under_torchrun_matches_the_configured_network(tmp_path, no_leftovers):
+    """3 ranks under torchrun on "netem": 5 ms, 200 Mbit/s NICs, and link 1->2 at 20 Mbit/s."""
+    out = tmp_path / "cluster.json"
+    png = tmp_path / "cluster.png"
+    env = {**os.environ, "CLUSTERLAB_NIC": "delay 5ms rate 200mbit",
+           "CLUSTERLAB_LINKS": "1->2=delay 5ms rate 20mbit", "GLOO_SOCKET_IFNAME": "lo",
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "clusterlab", "nettest", "--nproc-per-node", "3",
+           "--iters", "30", "--bw-bytes", str(1 << 20), "--bw-reps", "3",
+           "--sizes", "4096,65536", "--coll-iters", "2", "--json", str(out), "--png", str(png)]
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        text, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    assert proc.returncode == 0, text[-3000:]
+    result = json.loads(out.read_text())
+    assert png.stat().st_size > 10_000
+    assert result["backend"] == "netem" and result["configured"]["CLUSTERLAB_NIC"]
+    for p in result["pairs"]:  # the fidelity bench's delay target: median within 2 %
+        assert abs(p["p50_us"] / 5000 - 1) <= MEDIAN_DELAY_TOLERANCE, p
+    rate = {(ln["src"], ln["dst"]): ln["bandwidth_Bps"] for ln in result["links"]}
+    payload = {k: 1 / wire_beta(Netem.parse("rate 20mbit" if k == (1, 2) else
+                                            "rate 200mbit").rate_bps) for k in rate}
+    ratios = {k: rate[k] / payload[k] for k in rate}
+    assert all(abs(r - 1) <= GOODPUT_TOLERANCE for r in ratios.values()), ratios
+    assert [o["what"] for o in result["outliers"]] == ["link 1->2"], result["outliers"]
+    assert "OUTLIER (bandwidth): link 1->2" in text
+    cal = nettest.load_calibration(out)
+    assert abs(cal.nic.delay_ns / 5e6 - 1) <= MEDIAN_DELAY_TOLERANCE
