@@ -7,7 +7,8 @@ moment the emulated network would have completed it.
 
 Point-to-point (send/recv): the sender runs its egress link model (netem semantics, its
 node's shared NIC queue), stamps the message with the absolute delivery time, and the
-receiver holds the message until then. All ranks on one host share CLOCK_MONOTONIC.
+receiver holds the message until then. Every rank reads one clock, rank 0's
+(`clusterlab.clock`; on other hosts corrected by `clusterlab.clocksync`).
 
 Collectives: the calling thread notes the time it entered the collective in the group's
 entry table (a file mapped by every rank of the group; without one, as across hosts, a tiny

@@ -318,10 +318,23 @@ def _resync_from_env() -> float:
     return value
 
 
+_current: ClockSync | None = None  # this process's, from its default group
+
+
+def status() -> dict:
+    """This process's clock: its offset to rank 0 (ns, 0 on rank 0's clock), the bound on
+    that estimate's error, the fitted drift rate, how many estimates were made."""
+    if _current is None:
+        return {"reference": True, "offset_ns": 0, "uncertainty_ns": 0, "rate_ppm": 0.0,
+                "estimates": 0, "clients": [], "last_error": None}
+    return _current.status()
+
+
 def synchronize(store, gloo, rank: int, size: int, timeout: timedelta, *, default_group: bool
                 ) -> tuple[Placement, ClockSync | None]:
     """At process-group creation: where the ranks run, and (for the default group) put this
     process on rank 0's clock. Every rank of the group calls it."""
+    global _current
     skew_s, drift_ppm = clock.skew_from_env(rank)
     if default_group:
         clock.apply_test_skew(skew_s, drift_ppm)
@@ -329,5 +342,7 @@ def synchronize(store, gloo, rank: int, size: int, timeout: timedelta, *, defaul
     if not default_group or len(set(where.clocks)) == 1:
         if default_group:
             clock.set_correction(None)  # this process reads rank 0's clock itself
+            _current = None
         return where, None
-    return where, ClockSync(store, rank, size, where, timeout)
+    _current = ClockSync(store, rank, size, where, timeout)
+    return where, _current

@@ -27,7 +27,7 @@ import json, os, sys, time
 import torch
 import torch.distributed as dist
 import clusterlab  # registers the "netem" backend
-from clusterlab import clock
+from clusterlab import clock, clocksync
 from clusterlab.doctor import one_way_delays
 
 dist.init_process_group("netem")
@@ -38,10 +38,11 @@ delays = one_way_delays(40, 6e-3)
 time.sleep(0.5)  # re-estimates run meanwhile (CLUSTERLAB_CLOCK_RESYNC_S)
 pg = dist.group.WORLD
 corr = clock.correction()
+status = clocksync.status()
 out = {"sum": float(x[0]), "delays": delays, "hosts": pg.placement.host_count,
        "entry_table": pg._entries is not None, "files": pg._files,
        "error_ns": None if corr is None else corr.at(clock.raw_ns()) + clock.test_skew_ns(),
-       "clock": None if pg._clock is None else pg._clock.status()}
+       "clock": status}
 dist.destroy_process_group()
 with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
     json.dump(out, f)
