@@ -9,7 +9,9 @@ rank takes part; rank 0 prints the table and writes the JSON and the figure. It 
 
 - pairwise ping-pong, one pair at a time (so no pair's numbers include another's traffic):
   half round trips of an 8-byte message, p50 / p99 / p99.9 (with their sample count) and
-  jitter (their standard deviation);
+  jitter (their standard deviation); and, where the ranks share one clock (one host, or
+  the "netem" backend's common clock across hosts), each direction's one-way delays, which
+  leave out the responder's turnaround that a round trip counts;
 - per-direction bandwidth: a large message and an 8-byte acknowledgement, minus the pair's
   small-message round trip (p50), so what is left is the bytes' own time on the link; from
   the fastest of `bw_reps` repetitions (the one least disturbed by anything else the hosts
@@ -102,12 +104,14 @@ def measure(opts: Options | None = None) -> dict | None:
     dist.all_gather_object(hosts, os.environ.get(HOST_VARIABLE) or socket.gethostname())
     ppn = _procs_per_node(hosts)
     pairs = [(a, b) for a in range(world) for b in range(a + 1, world)]
-    latency = {}
+    latency, oneway = {}, {}
     for a, b in pairs:
         dist.barrier()
-        half = _ping_pong(rank, a, b, opts, device)
+        half, heard = _ping_pong(rank, a, b, opts, device)
         if half is not None:
             latency[(a, b)] = half
+        if heard is not None:
+            oneway[(b, a) if rank == a else (a, b)] = heard
     bandwidth = {}
     for a, b in pairs:
         for src, dst in ((a, b), (b, a)):
@@ -119,15 +123,19 @@ def measure(opts: Options | None = None) -> dict | None:
                    for kind in opts.collectives for size in opts.sizes]
     # Rank 0 gathers every rank's pair results (a pair is measured by its lower rank).
     gathered: list = [None] * world
-    dist.all_gather_object(gathered, (latency, bandwidth))
+    dist.all_gather_object(gathered, (latency, oneway, bandwidth))
     if rank != 0:
         return None
-    for lat, bw in gathered:
+    for lat, one, bw in gathered:
         latency.update(lat)
+        oneway.update(one)
         bandwidth.update(bw)
     backend = dist.get_backend()
+    # One-way delays need one clock: one host's, or the "netem" backend's common clock.
+    common = backend == "netem" or len(set(hosts)) == 1
     return summarize(latency, bandwidth, collectives, world=world, hosts=hosts,
                      procs_per_node=ppn, backend=backend, opts=opts,
+                     oneway=oneway if common else None,
                      configured=_configured() if backend == "netem" else None)
 
 
@@ -167,25 +175,43 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def _ping_pong(rank, a, b, opts, device) -> list[int] | None:
-    """Half round trips (ns) of 8-byte messages between a and b, measured at a."""
+def _ping_pong(rank, a, b, opts, device):
+    """(half round trips measured at a, one-way delays of the messages this rank received),
+    in ns, of 8-byte messages between a and b; (None, None) on other ranks.
+
+    Each message carries its sender's clock reading at the send call, so the receiver has
+    the one-way delay too (meaningful only on one clock); the round trip also counts the
+    responder's turnaround, as any ping-pong does."""
     import torch
     import torch.distributed as dist
 
-    buf = torch.zeros(1, dtype=torch.int64, device=device)
-    out = []
-    for k in range(opts.warmup + opts.ping_iters):
-        if rank == a:
-            t0 = clock.monotonic_ns()
-            dist.send(buf, b)
-            dist.recv(buf, b)
+    if rank not in (a, b):
+        return None, None
+    sent = torch.zeros(1, dtype=torch.int64)
+    got = torch.zeros(1, dtype=torch.int64)
+    stamp = sent.numpy()
+    peer = b if rank == a else a
+    half, heard = [], []
+
+    def one(direction_out: bool, k: int) -> None:
+        if direction_out:
+            stamp[0] = clock.monotonic_ns()
+            dist.send(sent.to(device), peer)
+        else:
+            buf = got.to(device)
+            dist.recv(buf, peer)
             _sync(device)
+            arrived = clock.monotonic_ns()
             if k >= opts.warmup:
-                out.append((clock.monotonic_ns() - t0) // 2)
-        elif rank == b:
-            dist.recv(buf, a)
-            dist.send(buf, a)
-    return out if rank == a else None
+                heard.append(arrived - int(buf.cpu()[0]))
+
+    for k in range(opts.warmup + opts.ping_iters):
+        t0 = clock.monotonic_ns()
+        one(rank == a, k)
+        one(rank != a, k)
+        if rank == a and k >= opts.warmup:
+            half.append((clock.monotonic_ns() - t0) // 2)
+    return (half if rank == a else None), heard
 
 
 def _stream(rank, src, dst, opts, device) -> list[int] | None:
@@ -264,24 +290,27 @@ def _percentiles(values) -> dict:
 
 
 def summarize(latency, bandwidth, collectives, *, world, hosts, procs_per_node, backend,
-              opts: Options, configured=None) -> dict:
+              opts: Options, oneway=None, configured=None) -> dict:
     """The result dict from raw measurements: latency[(a, b)] = half round trips (ns),
-    bandwidth[(src, dst)] = ack times (ns), collectives = sweep rows."""
+    bandwidth[(src, dst)] = ack times (ns), collectives = sweep rows, oneway[(src, dst)] =
+    one-way delays (ns; None where the ranks do not share one clock)."""
     pairs = []
     for (a, b), half in sorted(latency.items()):
         pairs.append({"a": a, "b": b, "hosts": [hosts[a], hosts[b]],
                       "intra_node": a // procs_per_node == b // procs_per_node,
-                      **_percentiles(half)})
-    p50 = {(p["a"], p["b"]): p["p50_us"] for p in pairs}
+                      **_percentiles(half), "min_us": float(np.min(half)) / 1e3})
+    fastest = {(p["a"], p["b"]): p["min_us"] for p in pairs}
     links = []
     for (src, dst), times in sorted(bandwidth.items()):
-        rtt_s = 2 * p50[(min(src, dst), max(src, dst))] / 1e6
+        # The best repetition against the best round trip: both as undisturbed as they come.
+        rtt_s = 2 * fastest[(min(src, dst), max(src, dst))] / 1e6
         best, median = (float(np.min(times)) / 1e9, float(np.median(times)) / 1e9)
         links.append({"src": src, "dst": dst, "hosts": [hosts[src], hosts[dst]],
                       "intra_node": src // procs_per_node == dst // procs_per_node,
                       "bytes": opts.bw_bytes, "reps": len(times), "time_s": best,
                       "bandwidth_Bps": opts.bw_bytes / max(best - rtt_s, 1e-12),
-                      "bandwidth_median_Bps": opts.bw_bytes / max(median - rtt_s, 1e-12)})
+                      "bandwidth_median_Bps": opts.bw_bytes / max(median - rtt_s, 1e-12),
+                      "one_way": _percentiles(oneway[(src, dst)]) if oneway else None})
     fits = {}
     for kind in sorted({r["collective"] for r in collectives}):
         rows = [r for r in collectives if r["collective"] == kind]
@@ -375,12 +404,16 @@ def table(result: dict) -> str:
     lines.append("(latency = half the round trip of an 8-byte message; p99.9 of fewer than "
                  "1000 samples is close to their maximum)")
     lines.append("")
-    lines.append(f"{'link':>8} {'where':>6} {'MB/s':>10} {'Gbit/s':>8} {'median MB/s':>12}")
+    lines.append(f"{'link':>8} {'where':>6} {'MB/s':>10} {'Gbit/s':>8} {'median MB/s':>12}"
+                 f" {'1-way p50 us':>13} {'1-way p99 us':>13}")
     for ln in result["links"]:
         bw = ln["bandwidth_Bps"]
+        one = ln.get("one_way")
         lines.append(f"{ln['src']:>3}->{ln['dst']:<4} {'intra' if ln['intra_node'] else 'inter':>6}"
                      f" {bw / 1e6:10.2f} {bw * 8 / 1e9:8.3f} "
-                     f"{ln['bandwidth_median_Bps'] / 1e6:12.2f}")
+                     f"{ln['bandwidth_median_Bps'] / 1e6:12.2f} "
+                     + (f"{one['p50_us']:13.1f} {one['p99_us']:13.1f}" if one else
+                        f"{'-':>13} {'-':>13}"))
     lines.append(f"(payload bandwidth, best of {result['options']['bw_reps']} messages of "
                  f"{result['options']['bw_bytes']} bytes)")
     lines.append("")
@@ -460,7 +493,8 @@ class Calibration:
 
 def load_calibration(source) -> Calibration:
     """A nettest JSON (a path or the loaded dict) as netem specs: per kind of link (between
-    nodes; within a node), delay = median latency p50, jitter = sqrt(2) x the median
+    nodes; within a node), delay = the median one-way p50 (without one clock, the median
+    half-round-trip p50), jitter = sqrt(2) x the median
     half-round-trip std as a normal distribution (a half round trip averages two draws),
     rate = the median bandwidth turned into a wire rate (TCP headers included, as netem's
     rate counts them). Approximate by design: one spec per kind of link, no tails."""
@@ -477,7 +511,8 @@ def load_calibration(source) -> Calibration:
         if not pairs:
             specs[intra] = None
             continue
-        delay = float(np.median([p["p50_us"] for p in pairs]))
+        ones = [ln["one_way"]["p50_us"] for ln in links if ln.get("one_way")]
+        delay = float(np.median(ones or [p["p50_us"] for p in pairs]))
         jitter = float(np.median([p["jitter_us"] for p in pairs])) * math.sqrt(2)
         text = f"delay {delay:.1f}us"
         if jitter >= 0.01 * delay and jitter >= 1:
