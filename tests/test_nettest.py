@@ -66,6 +66,17 @@ def test_outliers_name_the_slow_link_and_calibrate_the_simulator():
         nettest.Options(collectives=("allreduce",))
 
 
+def test_command_line_errors_name_the_option(capsys):
+    for argv, name in ((["--iters", "0"], "ping_iters"), (["--sizes", "1k"], "--sizes"),
+                       (["--nproc-per-node", "1"], "--nproc-per-node")):
+        with pytest.MonkeyPatch.context() as mp:
+            for var in ("RANK", "WORLD_SIZE"):
+                mp.delenv(var, raising=False)
+            with pytest.raises(SystemExit) as exc:
+                nettest.main(argv)
+        assert exc.value.code == 2 and name in capsys.readouterr().err
+
+
 def _measure_small():
     return nettest.measure(nettest.Options(ping_iters=20, bw_bytes=1 << 16, bw_reps=2,
                                            sizes=(4096, 65536), coll_iters=2, warmup=1))
