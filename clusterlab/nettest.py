@@ -490,6 +490,13 @@ class Calibration:
         """The measured links on `nodes` nodes (default: as many as were measured)."""
         return Topology.build(nodes or self.nodes, self.procs_per_node, self.nic, self.intra)
 
+    def explorer_settings(self) -> dict:
+        """The inter-node link in the throughput explorer's units:
+        `clusterlab.widgets.throughput_explorer(**cal.explorer_settings())`."""
+        return {"latency_us": self.nic.delay_ns / 1e3, "jitter_us": self.nic.jitter_ns / 1e3,
+                "distribution": "normal", "bandwidth_gbit": self.nic.rate_bps / 1e9,
+                "procs_per_node": self.procs_per_node}
+
 
 def load_calibration(source) -> Calibration:
     """A nettest JSON (a path or the loaded dict) as netem specs: per kind of link (between

@@ -57,6 +57,11 @@ def test_outliers_name_the_slow_link_and_calibrate_the_simulator():
     out = sim.simulate_training(cal.nodes, cal.procs_per_node, nic=cal.nic, intra=cal.intra,
                                 model_bytes=1e6, steps=2)
     assert out.mean_step > 0
+    from clusterlab.step_model import TrainingSetup  # what the throughput explorer takes
+
+    setup = TrainingSetup(nodes=64, **cal.explorer_settings())
+    assert setup.spec.delay_ns == pytest.approx(cal.nic.delay_ns, rel=1e-3)
+    assert setup.spec.rate_bps == pytest.approx(cal.nic.rate_bps, rel=1e-3)
     assert "OUTLIER (bandwidth): link 1->2" in nettest.table(result)
     with pytest.raises(ValueError, match="nettest result"):
         nettest.load_calibration({"world": 2})
