@@ -427,7 +427,9 @@ def table(result: dict) -> str:
         lines.append(f"fit {kind}: t = {f['alpha_s'] * 1e6:.1f} us + n / {bw:.2f} MB/s "
                      f"(R^2 {f['r2']:.3f})")
     lf = result["link_fit"]
-    lines.append(f"links between nodes: alpha {lf['alpha_s'] * 1e6:.1f} us (median p50), "
+    kind = ("between nodes" if any(not p["intra_node"] for p in result["pairs"])
+            else "within a node (no pair crosses nodes)")
+    lines.append(f"links {kind}: alpha {lf['alpha_s'] * 1e6:.1f} us (median p50), "
                  f"{lf['bandwidth_Bps'] / 1e6:.2f} MB/s (median)")
     lines.append("")
     if result["outliers"]:
@@ -504,7 +506,8 @@ def load_calibration(source) -> Calibration:
     half-round-trip p50), jitter = sqrt(2) x the median
     half-round-trip std as a normal distribution (a half round trip averages two draws),
     rate = the median bandwidth turned into a wire rate (TCP headers included, as netem's
-    rate counts them). Approximate by design: one spec per kind of link, no tails."""
+    rate counts them). Approximate by design: one spec per kind of link, no tails. A run in
+    which no pair crosses nodes (one host) has only its intra-node link to stand for the NIC."""
     if isinstance(source, (str, os.PathLike)):
         with open(source) as f:
             source = json.load(f)
