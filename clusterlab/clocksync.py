@@ -22,7 +22,13 @@ CLUSTERLAB_CLOCK_RESYNC_S seconds (default 30; 0: never) and fits the drift rate
 recent estimates, so the correction follows the drift between estimates too.
 
 The exchanges run over a Gloo process group of their own (created only when the group
-spans several clocks), served by one thread on rank 0.
+spans several clocks), served by one thread on rank 0. Each process on another clock
+estimates for itself, so two processes of one host may differ by a few microseconds (their
+estimates' errors), far below the delays emulated across hosts.
+
+Test-only variables stand in for a second host on one machine: CLUSTERLAB_TEST_CLOCK_SKEW_S
+and CLUSTERLAB_TEST_CLOCK_DRIFT_PPM shift a process's raw clock (`clusterlab.clock`), and
+CLUSTERLAB_TEST_HOST_ID gives a process another host's identity (no shared files).
 
 Shared files: the backend shares some state between the processes of a host through files
 (the collectives' entry table, the NIC queue tails of emulated nodes with several
@@ -344,5 +350,7 @@ def synchronize(store, gloo, rank: int, size: int, timeout: timedelta, *, defaul
             clock.set_correction(None)  # this process reads rank 0's clock itself
             _current = None
         return where, None
+    if where.clocks[rank] == where.clocks[0]:
+        clock.set_correction(None)  # rank 0's clock itself (an earlier job's correction goes)
     _current = ClockSync(store, rank, size, where, timeout)
     return where, _current
