@@ -43,6 +43,7 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import numpy as np
 
@@ -550,15 +551,19 @@ def _parser() -> argparse.ArgumentParser:
                    help="ping-pong round trips per pair")
     p.add_argument("--bw-bytes", type=int, default=Options.bw_bytes,
                    help="message size of the bandwidth test (bytes)")
-    p.add_argument("--bw-reps", type=int, default=Options.bw_reps)
+    p.add_argument("--bw-reps", type=int, default=Options.bw_reps,
+                   help="messages per direction in the bandwidth test (the best counts)")
     p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)),
                    help="collective sizes in bytes, comma-separated")
     p.add_argument("--coll-iters", type=int, default=Options.coll_iters,
                    help="back-to-back operations timed per collective and size")
-    p.add_argument("--collectives", default=",".join(COLLECTIVES))
+    p.add_argument("--collectives", default=",".join(COLLECTIVES),
+                   help="which of them to sweep, comma-separated")
     p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl", "netem"],
                    help="auto: netem if a CLUSTERLAB_* network is set, nccl with CUDA, else "
                    "gloo")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds any one operation may wait for its peers (default 600)")
     p.add_argument("--nproc-per-node", type=int, default=2,
                    help="outside torchrun: ranks of the one-host run started for you")
     return p
@@ -591,6 +596,8 @@ def main(argv: list[str] | None = None) -> int:
         opts = options_from(args)
     except ValueError as exc:
         parser.error(str(exc))
+    if not args.timeout > 0:
+        parser.error(f"--timeout must be > 0 seconds, got {args.timeout}")
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         if args.nproc_per_node < 2:
             parser.error(f"--nproc-per-node must be >= 2, got {args.nproc_per_node}")
@@ -604,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
     backend = _backend(args.backend)
     if backend == "netem":
         import clusterlab  # noqa: F401 - registers the backend
-    dist.init_process_group(backend)
+    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     try:
         result = measure(opts)
     finally:

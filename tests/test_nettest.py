@@ -73,7 +73,8 @@ def test_outliers_name_the_slow_link_and_calibrate_the_simulator():
 
 def test_command_line_errors_name_the_option(capsys):
     for argv, name in ((["--iters", "0"], "ping_iters"), (["--sizes", "1k"], "--sizes"),
-                       (["--nproc-per-node", "1"], "--nproc-per-node")):
+                       (["--nproc-per-node", "1"], "--nproc-per-node"),
+                       (["--timeout", "0"], "--timeout")):
         with pytest.MonkeyPatch.context() as mp:
             for var in ("RANK", "WORLD_SIZE"):
                 mp.delenv(var, raising=False)
