@@ -44,6 +44,7 @@ import hashlib
 import os
 import socket
 import threading
+import warnings
 from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
@@ -56,6 +57,7 @@ EXCHANGES = 32  # four-timestamp exchanges per estimate
 RESYNC_VARIABLE = "CLUSTERLAB_CLOCK_RESYNC_S"
 DEFAULT_RESYNC_S = 30.0
 HOST_VARIABLE = "CLUSTERLAB_TEST_HOST_ID"  # test only: pretend to be another host
+WARN_UNCERTAINTY_NS = 100_000  # a first estimate looser than this warns
 _RATE_WINDOW = 8  # estimates the drift rate is fitted over
 _BYE = 1  # request flag: this client stops
 _TAG = 0
@@ -204,7 +206,14 @@ class ClockSync:
                                             daemon=True)
             self._thread.start()
         elif rank in self.clients:
-            self._apply(self.measure())
+            est = self.measure()
+            self._apply(est)
+            if est.uncertainty_ns > WARN_UNCERTAINTY_NS:
+                warnings.warn(
+                    f"netem: rank {rank}'s clock offset to rank 0 is known only within "
+                    f"+-{est.uncertainty_ns / 1e3:.0f} us (smallest round trip "
+                    f"{est.min_rtt_ns / 1e3:.0f} us): emulated delays between hosts may be off "
+                    f"by as much", RuntimeWarning, stacklevel=2)
             if self.resync_s:
                 self._thread = threading.Thread(target=self._resync_loop,
                                                 name="netem-clock-resync", daemon=True)
