@@ -94,15 +94,16 @@ def measure(opts: Options | None = None) -> dict | None:
     result (a JSON-ready dict), the others None."""
     import torch.distributed as dist
 
-    from .clocksync import HOST_VARIABLE
+    from .clocksync import clock_key
 
     opts = opts or Options()
     rank, world = dist.get_rank(), dist.get_world_size()
     if world < 2:
         raise ValueError(f"nettest needs at least 2 ranks, got a world of {world}")
     device = _device()
-    hosts: list = [None] * world
-    dist.all_gather_object(hosts, os.environ.get(HOST_VARIABLE) or socket.gethostname())
+    who: list = [None] * world
+    dist.all_gather_object(who, (_host_name(), _netns(), clock_key()))
+    hosts = _host_labels(who)
     ppn = _procs_per_node(hosts)
     pairs = [(a, b) for a in range(world) for b in range(a + 1, world)]
     latency, oneway = {}, {}
@@ -133,11 +134,34 @@ def measure(opts: Options | None = None) -> dict | None:
         bandwidth.update(bw)
     backend = dist.get_backend()
     # One-way delays need one clock: one host's, or the "netem" backend's common clock.
-    common = backend == "netem" or len(set(hosts)) == 1
+    common = backend == "netem" or len({w[2] for w in who}) == 1
     return summarize(latency, bandwidth, collectives, world=world, hosts=hosts,
                      procs_per_node=ppn, backend=backend, opts=opts,
                      oneway=oneway if common else None,
                      configured=_configured() if backend == "netem" else None)
+
+
+def _host_name() -> str:
+    from .clocksync import HOST_VARIABLE
+
+    return os.environ.get(HOST_VARIABLE) or socket.gethostname()
+
+
+def _netns() -> str:
+    try:
+        return os.readlink("/proc/self/ns/net")  # e.g. net:[4026531840]
+    except OSError:
+        return ""
+
+
+def _host_labels(who) -> list[str]:
+    """A name per rank's host: its hostname, and where network namespaces of one machine
+    share a hostname (`ip netns`), the namespace too: each is a host to the network."""
+    spaces: dict[str, set] = {}
+    for name, ns, _ in who:
+        spaces.setdefault(name, set()).add(ns)
+    return [name if len(spaces[name]) == 1 else f"{name}[{ns.removeprefix('net:')}]"
+            for name, ns, _ in who]
 
 
 def _device():
