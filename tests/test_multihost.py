@@ -175,10 +175,10 @@ def test_two_hosts_under_torchrun(tmp_path, no_leftovers):
         assert abs(ranks[r]["error_ns"]) <= 50_000, (r, ranks[r]["error_ns"], st)
         assert abs(abs(st["offset_ns"]) - SKEW_S * 1e9) <= 50_000, st
         assert st["estimates"] >= 2 and st["last_error"] is None, st
-    # Ranks 0 -> 1 and 2 -> 3 share a node (no delay); 1 -> 2 and 3 -> 0 cross hosts.
-    for r in (0, 2):
-        d = np.asarray(ranks[r]["delays"])
-        assert median_delay_met(d, DELAY_NS), (r, median_delay_error(d, DELAY_NS))
+    # Ranks 0 -> 1 and 2 -> 3 share a node (no delay); 1 -> 2 and 3 -> 0 cross hosts: their
+    # receivers' delays pooled, as the fidelity bench judges a delay row.
+    d = np.concatenate([ranks[r]["delays"] for r in (0, 2)])
+    assert median_delay_met(d, DELAY_NS), median_delay_error(d, DELAY_NS)
     net = ranks[0]["nettest"]
     assert sorted(set(net["hosts"])) == ["hostA", "hostB"] and net["procs_per_node"] == 2
     inter = [ln for ln in net["links"] if not ln["intra_node"]]
