@@ -206,36 +206,49 @@ def _ping_pong(rank, a, b, opts, device):
 
     Each message carries its sender's clock reading at the send call, so the receiver has
     the one-way delay too (meaningful only on one clock); the round trip also counts the
-    responder's turnaround, as any ping-pong does."""
+    responder's turnaround, as any ping-pong does. Every receive is posted before its
+    message can arrive (as `clusterlab.doctor.one_way_delays` does): a receive posted late
+    would count the posting as network time."""
     import torch
     import torch.distributed as dist
 
     if rank not in (a, b):
         return None, None
-    sent = torch.zeros(1, dtype=torch.int64)
-    got = torch.zeros(1, dtype=torch.int64)
-    stamp = sent.numpy()
     peer = b if rank == a else a
+    stamp = torch.zeros(1, dtype=torch.int64)
+    clock_view = stamp.numpy()
     half, heard = [], []
 
-    def one(direction_out: bool, k: int) -> None:
-        if direction_out:
-            stamp[0] = clock.monotonic_ns()
-            dist.send(sent.to(device), peer)
-        else:
-            buf = got.to(device)
-            dist.recv(buf, peer)
-            _sync(device)
-            arrived = clock.monotonic_ns()
-            if k >= opts.warmup:
-                heard.append(arrived - int(buf.cpu()[0]))
+    def post():
+        buf = torch.zeros(1, dtype=torch.int64, device=device)
+        return buf, dist.irecv(buf, peer)
 
-    for k in range(opts.warmup + opts.ping_iters):
-        t0 = clock.monotonic_ns()
-        one(rank == a, k)
-        one(rank != a, k)
-        if rank == a and k >= opts.warmup:
-            half.append((clock.monotonic_ns() - t0) // 2)
+    def send() -> None:
+        clock_view[0] = clock.monotonic_ns()
+        dist.isend(stamp.to(device), peer).wait()
+
+    def receive(posted, k: int) -> None:
+        buf, work = posted
+        work.wait()
+        _sync(device)
+        arrived = clock.monotonic_ns()
+        if k >= opts.warmup:
+            heard.append(arrived - int(buf.cpu()[0]))
+
+    rounds = opts.warmup + opts.ping_iters
+    pending = post()
+    for k in range(rounds):
+        if rank == a:
+            t0 = clock.monotonic_ns()
+            send()
+            receive(pending, k)
+            if k >= opts.warmup:
+                half.append((clock.monotonic_ns() - t0) // 2)
+        else:  # the reply at once; the next receive is still in time: the next request
+            # leaves only once this reply has arrived
+            receive(pending, k)
+            send()
+        pending = post() if k + 1 < rounds else None
     return (half if rank == a else None), heard
 
 
