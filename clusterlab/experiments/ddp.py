@@ -84,6 +84,14 @@ def build_model(width: int = 256, depth: int = 8, forward_s: float = 0.0,
     """depth x (Linear(width, width), ReLU, accelerator sleep), then Linear(width, 10)."""
     import torch
 
+    return torch.nn.Sequential(*layer_stack(width, depth, forward_s, backward_s),
+                               torch.nn.Linear(width, 10))
+
+
+def layer_stack(width: int, depth: int, forward_s: float = 0.0, backward_s: float = 0.0):
+    """depth x (Linear(width, width), ReLU, accelerator sleep), as a list of modules."""
+    import torch
+
     accelerator = _accelerator_fn()
 
     class Layer(torch.nn.Module):
@@ -94,7 +102,7 @@ def build_model(width: int = 256, depth: int = 8, forward_s: float = 0.0,
         def forward(self, x):
             return accelerator.apply(torch.relu(self.linear(x)), forward_s, backward_s)
 
-    return torch.nn.Sequential(*[Layer() for _ in range(depth)], torch.nn.Linear(width, 10))
+    return [Layer() for _ in range(depth)]
 
 
 def _ddp_worker(cfg: dict) -> dict:

@@ -31,7 +31,7 @@ from ..cluster import Cluster
 from ..netem import Netem
 from ..wire import wire_beta
 from .common import first_ranks, release
-from .ddp import _accelerator_fn
+from .ddp import _accelerator_fn, layer_stack
 
 # Ranks leave an all-reduce on a jittery network up to a few jitters apart; the all-to-all
 # timings start every rank at one agreed instant this far ahead, as `clusterlab.doctor` does.
@@ -71,18 +71,8 @@ def _layers(width: int, depth: int, forward_s: float, backward_s: float):
     """depth x (Linear(width, width), ReLU, accelerator sleep), identical on every rank."""
     import torch
 
-    accelerator = _accelerator_fn()
-
-    class Layer(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear = torch.nn.Linear(width, width)
-
-        def forward(self, x):
-            return accelerator.apply(torch.relu(self.linear(x)), forward_s, backward_s)
-
     torch.manual_seed(0)
-    return torch.nn.Sequential(*[Layer() for _ in range(depth)])
+    return torch.nn.Sequential(*layer_stack(width, depth, forward_s, backward_s))
 
 
 def _train(strategy: str, *, width: int, depth: int, steps: int, batch: int,
