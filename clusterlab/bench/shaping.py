@@ -52,21 +52,7 @@ def _goodput(nbytes: int, repeats: int) -> list[float]:
 
 def _round_trips(repeats: int) -> list[float]:
     """On rank 0: seconds per 4-byte ping-pong with rank 1."""
-    import torch
-    import torch.distributed as dist
-
-    x, out = torch.zeros(1), []
-    for _ in range(repeats + 1):
-        dist.barrier()
-        if dist.get_rank() == 0:
-            t0 = time.perf_counter()
-            dist.send(x, 1)
-            dist.recv(x, 1)
-            out.append(time.perf_counter() - t0)
-        elif dist.get_rank() == 1:
-            dist.recv(x, 0)
-            dist.send(x, 0)
-    return out[1:]
+    return _goodput(4, repeats)
 
 
 def _segment(cluster: Cluster) -> int:
