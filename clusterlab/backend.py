@@ -580,7 +580,7 @@ class NetemProcessGroup(dist.ProcessGroup):
         if route.ports is not None:
             delivered = self._tails[("ports",)].deliver(
                 route.ports, now, sent.segment_ns, segments(nbytes, self.config.segment_bytes),
-                nic_ns=route.spec.delay_ns, back_ns=route.back_ns, flow=peer)
+                nic=route.spec, back_ns=route.back_ns, flow=peer)
         header = (delivered, nbytes)
         tag = _direction_tag(tag, self._rank, dst_rank)
         if nbytes <= SMALL_MESSAGE:

@@ -51,7 +51,7 @@ import numpy as np
 
 from .link import packet_time_ns, sample_delay_ns
 from .netem import Netem
-from .wire import DUPTHRESH, HEADER_BYTES, RTO_MIN_NS
+from .wire import DUPTHRESH, HEADER_BYTES, MAX_RETRANSMISSIONS, RTO_MAX_NS, RTO_MIN_NS
 
 # Hop kinds, in the order a message crosses them; a port's integer id is laid out as
 # [ports | uplinks (leaf, spine) | downlinks (spine, leaf)] (see `Fabric.port_count`).
@@ -421,14 +421,17 @@ def port_kernel():
 
 
 def cross_ports(state: np.ndarray, specs: list[Netem], ports: np.ndarray, arrive: np.ndarray,
-                payload: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
+                payload: np.ndarray, rng: np.random.Generator | None, *,
+                tail_drop: bool = True) -> np.ndarray:
     """Messages (rows of `arrive`: when each segment reaches the port) through the ports
-    `ports[i]`, in row order (FIFO); `payload` the segments' payload bytes. Returns the
-    segments' departure times, -1 for a dropped one. `rng` draws jitter and loss (None: the
-    ports have neither)."""
+    `ports[i]`, in row order (FIFO); `payload` the segments' payload bytes (one row for all
+    messages, or one per message). Returns the segments' departure times, -1 for a dropped
+    one. `rng` draws jitter and loss (None: the ports have neither); tail_drop=False admits
+    every packet however full the buffer (TCP's retransmissions, see `recover_drops`)."""
     from .schedule import loss_probability  # schedule imports this module
 
     m, k = arrive.shape
+    payload = np.broadcast_to(payload, (m, k))
     ptime = np.zeros((m, k), dtype=np.int64)
     delay = np.zeros((m, k), dtype=np.int64)
     lost = np.zeros((m, k), dtype=np.bool_)
@@ -437,7 +440,7 @@ def cross_ports(state: np.ndarray, specs: list[Netem], ports: np.ndarray, arrive
         rows = ports == q if m > 1 else slice(None)
         n = int(np.count_nonzero(rows)) if m > 1 else 1
         if spec.rate_bps:
-            ptime[rows] = packet_time_ns(spec, payload + HEADER_BYTES)
+            ptime[rows] = packet_time_ns(spec, payload[rows] + HEADER_BYTES)
         if spec.jitter_ns:
             delay[rows] = sample_delay_ns(spec, rng, (n, k))
         elif spec.delay_ns:
@@ -445,34 +448,86 @@ def cross_ports(state: np.ndarray, specs: list[Netem], ports: np.ndarray, arrive
         p = loss_probability(spec)
         if p > 0:
             lost[rows] = rng.random((n, k)) < p
-    limits = np.array([s.limit if s.rate_bps else 0 for s in specs], dtype=np.int64)
+    limits = np.array([s.limit if s.rate_bps and tail_drop else 0 for s in specs],
+                      dtype=np.int64)
     return port_kernel()(state, np.asarray(ports, dtype=np.int64), arrive, ptime, delay, lost,
                          limits)
 
 
+def cross_path(state: np.ndarray, specs: list[Netem], paths: np.ndarray, arrive: np.ndarray,
+               payload: np.ndarray, order: np.ndarray, rng: np.random.Generator | None, *,
+               tail_drop: bool = True) -> np.ndarray:
+    """Messages whose segments reach their first port at `arrive` (rows) along `paths` (a row
+    of port ids per message, -1 past its last hop), hop by hop; at each port the messages are
+    queued in the order of `order` (their send times: FIFO, as the p2p path queues them).
+    Returns when each segment leaves its last port (-1: dropped somewhere); `tail_drop` as
+    in `cross_ports`."""
+    arrive = arrive.copy()
+    payload = np.broadcast_to(payload, arrive.shape)
+    for hop in range(paths.shape[1]):
+        rows = np.flatnonzero(paths[:, hop] >= 0)
+        if not len(rows):
+            break
+        rows = rows[np.argsort(order[rows], kind="stable")]
+        arrive[rows] = cross_ports(state, specs, paths[rows, hop], arrive[rows], payload[rows],
+                                   rng, tail_drop=tail_drop)
+    return arrive
+
+
+def resent_at_port(nic: Netem, leave_ns: np.ndarray, payload: np.ndarray) -> np.ndarray:
+    """When segments of `payload` bytes resent at `leave_ns` reach the first port: through
+    the sender's NIC, its delay and its serialisation (not its queue: by the time TCP
+    resends, the burst that was queued there has long left)."""
+    return leave_ns + nic.delay_ns + packet_time_ns(nic, np.asarray(payload) + HEADER_BYTES)
+
+
 def recover_drops(done: np.ndarray, send_ns: np.ndarray, forward_ns: np.ndarray,
-                  back_ns: np.ndarray) -> np.ndarray:
+                  back_ns: np.ndarray, resend) -> np.ndarray:
     """Each message's delivery once TCP has recovered the segments the ports dropped (-1).
 
-    As the link model charges a loss: fast retransmit when DUPTHRESH later segments of the
-    message arrived (their SACKs take `back_ns` to the sender, the resend `forward_ns`, the
-    path's unloaded one-way time, to the receiver), else an RTO of max(RTO_MIN, 2 x RTT)
-    after the send. A retransmission is not dropped again (it finds the burst gone).
+    As the link model recovers a loss: a fast retransmit when DUPTHRESH later segments of the
+    message arrived (their SACKs take `back_ns` to the sender, which resends at once), else a
+    retransmission timeout of max(RTO_MIN, 2 x RTT) after the send; `forward_ns` is the
+    path's unloaded one-way time. A resent segment crosses the ports again and queues there
+    behind whatever they hold by then: `resend(rows, cols, leave_ns)` sends segment cols[i]
+    of message rows[i] at leave_ns[i] (in that order) and returns when it leaves the last
+    port, or -1 when it is lost again. The callers admit a retransmission into a full buffer
+    (after an RTO TCP restarts from one segment per round trip, a trickle next to the burst
+    that overflowed the buffer; modelling that slow start is left out), so only a port's
+    random loss loses one again: it then waits for an RTO, doubled after each loss (up to
+    RTO_MAX), and after MAX_RETRANSMISSIONS the connection times out (RuntimeError).
     """
-    delivered = done.max(axis=1)
     rows, cols = np.nonzero(done < 0)
     if not len(rows):
-        return delivered
+        return done.max(axis=1)
     out = done.copy()
-    for r, c in zip(rows.tolist(), cols.tolist()):
+    rto = np.maximum(RTO_MIN_NS, 2 * (forward_ns + back_ns)).astype(np.int64)
+    leave = np.empty(len(rows), dtype=np.int64)
+    backoff = np.zeros(len(rows), dtype=np.int64)  # RTOs waited so far per segment
+    for i, (r, c) in enumerate(zip(rows.tolist(), cols.tolist())):
         later = done[r, c + 1 :]
-        later = np.sort(later[later >= 0])
+        later = later[later >= 0]
         if len(later) >= DUPTHRESH:
-            out[r, c] = later[DUPTHRESH - 1] + back_ns[r] + forward_ns[r]
+            leave[i] = int(np.partition(later, DUPTHRESH - 1)[DUPTHRESH - 1]) + back_ns[r]
         else:
-            rto = max(RTO_MIN_NS, 2 * (forward_ns[r] + back_ns[r]))
-            out[r, c] = send_ns[r] + rto + forward_ns[r]
-    return out.max(axis=1)
+            leave[i] = send_ns[r] + rto[r]
+            backoff[i] = 1
+    for _ in range(MAX_RETRANSMISSIONS):
+        order = np.lexsort((cols, rows, leave))  # in time; a message's segments in order
+        rows, cols, leave, backoff = rows[order], cols[order], leave[order], backoff[order]
+        got = resend(rows, cols, leave)
+        out[rows, cols] = got
+        lost = got < 0
+        if not lost.any():
+            return out.max(axis=1)
+        rows, cols, leave, backoff = rows[lost], cols[lost], leave[lost], backoff[lost]
+        leave = leave + np.minimum(rto[rows] << backoff, RTO_MAX_NS)
+        backoff = backoff + 1
+    raise RuntimeError(
+        f"a segment of a message through the fabric was dropped {MAX_RETRANSMISSIONS + 1} "
+        f"times in a row: Linux TCP gives up after {MAX_RETRANSMISSIONS} retransmissions and "
+        "the connection times out. Does a port lose 100% of its packets, or is its buffer "
+        "(limit) smaller than the traffic that keeps arriving?")
 
 
 def ecmp_hash(seed: int, src, dst, connection=0) -> np.ndarray:
@@ -581,20 +636,29 @@ class SharedPorts:
         self._last: dict[int, int] = {}  # last delivery per flow: TCP delivers in order
 
     def deliver(self, path: np.ndarray, send_ns: int, segment_ns, payload: np.ndarray, *,
-                nic_ns: int, back_ns: int, flow: int) -> int:
+                nic: Netem, back_ns: int, flow: int) -> int:
         """When a message that left the sender's NIC at `segment_ns` (per segment) is
-        delivered across the ports `path`; `nic_ns`/`back_ns` the NIC's delay and the reverse
-        path's (for the TCP recovery of a dropped segment)."""
+        delivered across the ports `path`; `nic` the sender's NIC and `back_ns` the reverse
+        path's delay (for the TCP recovery of a dropped segment)."""
         arrive = np.asarray(segment_ns, dtype=np.int64).reshape(1, -1)
+        paths = path.reshape(1, -1)
+        payload = np.asarray(payload, dtype=np.int64)
+        order = np.zeros(1, dtype=np.int64)
+
+        def resend(rows, cols, leave_ns):  # each resent segment a message of its own
+            return cross_path(self.state, self.specs, np.repeat(paths, len(cols), axis=0),
+                              resent_at_port(nic, leave_ns, payload[cols]).reshape(-1, 1),
+                              payload[cols].reshape(-1, 1), leave_ns, self._rng,
+                              tail_drop=False)[:, 0]
+
+        forward = np.array([nic.delay_ns + int(self.delay[path].sum())])
         fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
-            for q in path.tolist():
-                arrive = cross_ports(self.state, self.specs, np.array([q]), arrive, payload,
-                                     self._rng)
+        try:  # the resends too: they queue behind what the ports hold by then
+            arrive = cross_path(self.state, self.specs, paths, arrive, payload, order, self._rng)
+            done = int(recover_drops(arrive, np.array([send_ns]), forward, np.array([back_ns]),
+                                     resend)[0])
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
-        forward = np.array([nic_ns + int(self.delay[path].sum())])
-        done = int(recover_drops(arrive, np.array([send_ns]), forward, np.array([back_ns]))[0])
         done = max(done, self._last.get(flow, done))
         self._last[flow] = done
         return done

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .fabric import cross_ports, port_kernel, recover_drops, state_width
+from .fabric import cross_path, port_kernel, recover_drops, resent_at_port, state_width
 from .link import packet_time_ns, sample_delay_ns
 from .netem import LossGemodel, LossRandom, LossState, Netem
 from .topology import Topology
@@ -184,20 +184,22 @@ class QueueState:
         topo = self.topology
         paths = topo.paths(src, dst)
         payload = segments(nbytes, self.segment_bytes)
-        for hop in range(paths.shape[1]):
-            rows = np.flatnonzero(paths[:, hop] >= 0)
-            if not len(rows):
-                break
-            rows = rows[np.argsort(send_ns[rows], kind="stable")]
-            arrive[rows] = cross_ports(self.ports, self.port_specs, paths[rows, hop],
-                                       arrive[rows], payload, rng)
+        arrive = cross_path(self.ports, self.port_specs, paths, arrive, payload, send_ns, rng)
         if not (arrive < 0).any():
             return arrive.max(axis=1)
-        nic = np.array([topo.spec(s, d).delay_ns for s, d in zip(src.tolist(), dst.tolist())])
+        nics = [topo.spec(s, d) for s, d in zip(src.tolist(), dst.tolist())]
         back = np.array([topo.spec(d, s).delay_ns for s, d in zip(src.tolist(), dst.tolist())])
-        forward = nic + self._port_delay[paths].sum(axis=1)
+        forward = np.array([n.delay_ns for n in nics]) + self._port_delay[paths].sum(axis=1)
         back = back + self._port_delay[topo.paths(dst, src)].sum(axis=1)
-        return recover_drops(arrive, send_ns, forward, back)
+
+        def resend(rows, cols, leave_ns):  # each resent segment a message of its own
+            at_port = np.array([resent_at_port(nics[r], t, payload[c]) for r, c, t
+                                in zip(rows.tolist(), cols.tolist(), leave_ns.tolist())])
+            return cross_path(self.ports, self.port_specs, paths[rows], at_port.reshape(-1, 1),
+                              payload[cols].reshape(-1, 1), leave_ns, rng,
+                              tail_drop=False)[:, 0]
+
+        return recover_drops(arrive, send_ns, forward, back, resend)
 
     def _deliver_group(self, spec, src, dst, send_ns, queues, nbytes, rng,
                        per_segment=False) -> np.ndarray:

@@ -12,10 +12,10 @@ import torch.distributed as dist
 
 import clusterlab
 from clusterlab import Cluster, Crossbar, LeafSpine, Netem, RailOptimized, Topology, clock
-from clusterlab.fabric import ecmp_hash, parse_fabric
+from clusterlab.fabric import ecmp_hash, parse_fabric, recover_drops
 from clusterlab.schedule import QueueState
 from clusterlab.sim import simulate_collective
-from clusterlab.wire import HEADER_BYTES, SEGMENT_BYTES
+from clusterlab.wire import HEADER_BYTES, RTO_MIN_NS, SEGMENT_BYTES
 
 
 def wire_ns(nbytes: int, rate_bps: int) -> float:
@@ -143,6 +143,39 @@ def test_a_full_buffer_drops_and_tcp_pays_a_timeout():
     # segments to SACK them, only the RTO (>= 200 ms) recovers them
     assert tight.max() > 0.2
 
+
+
+def test_a_resent_segment_lost_again_waits_for_a_doubled_rto():
+    # One message of 5 segments; the ports dropped segment 1 and the tail (3, 4). Fewer than
+    # 3 later segments got through after any of them, so each waits for the RTO; the
+    # stand-in for the ports loses each segment's first two retransmissions.
+    done = np.array([[10, -1, 30, -1, -1]], dtype=np.int64)
+    tries: dict[int, int] = {}
+    calls = []
+
+    def resend(rows, cols, leave):
+        calls.append(leave.tolist())
+        out = []
+        for c, t in zip(cols.tolist(), leave.tolist()):
+            tries[c] = tries.get(c, 0) + 1
+            out.append(-1 if tries[c] <= 2 else t + 5)
+        return np.array(out, dtype=np.int64)
+
+    send, forward, back = np.array([0]), np.array([1_000]), np.array([1_000])
+    got = recover_drops(done, send, forward, back, resend)
+    rto = RTO_MIN_NS  # max(RTO_MIN, 2 x RTT) with a 2 us round trip
+    assert calls == [[rto] * 3, [3 * rto] * 3, [7 * rto] * 3]  # after rto, then 2 rto, 4 rto
+    assert got.tolist() == [7 * rto + 5]
+    # fast retransmit: 3 later segments arrived, the SACK of the third returns in back_ns
+    fast = recover_drops(np.array([[-1, 10, 20, 30]]), send, forward, back,
+                         lambda rows, cols, leave: leave + 7)
+    assert fast.tolist() == [30 + 1_000 + 7]
+
+
+def test_a_port_that_loses_everything_times_the_connection_out():
+    with pytest.raises(RuntimeError, match="15 retransmissions"):
+        simulate_collective("gather", 2**20, nodes=2, nic="rate 1gbit",
+                            fabric="leafspine nodes_per_leaf=2 port=(rate 1gbit loss 100%)")
 
 def test_oversubscription_divides_the_uplinks():
     # 2 leaves of 2 nodes, one spine: nodes 0, 1 send 1 MiB each to nodes 2, 3. At
