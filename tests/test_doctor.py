@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 
 from clusterlab import doctor
-from clusterlab.bench.fidelity import _repeated, floor_agreement, ks_distance
+from clusterlab.bench.fidelity import (
+    STALL_MARGIN_NS,
+    _repeated,
+    delay_ceiling_ns,
+    floor_agreement,
+    ks_distance,
+)
 from clusterlab.link import sample_delay_ns
 from clusterlab.netem import Netem
 
@@ -90,6 +96,20 @@ def test_ks_distance_tells_the_table_from_a_shifted_table(text):
     # A quarter of the jitter added to every message: far outside that band.
     assert ks_distance(draws + spec.jitter_ns // 4, spec) > 0.05 + ks_distance(draws, spec)
 
+
+
+@pytest.mark.parametrize("text", ["delay 5ms 2ms", "delay 5ms 2ms distribution normal",
+                                  "delay 5ms 5ms distribution pareto"])
+def test_the_stall_ceiling_lies_above_every_delay_the_table_can_produce(text):
+    spec = Netem.parse(text)
+    draws = sample_delay_ns(spec, np.random.default_rng(2), 50_000)
+    ceiling = delay_ceiling_ns(spec)
+    assert draws.max() <= ceiling - STALL_MARGIN_NS < ceiling  # none would count as stalled
+    if "distribution" not in text:
+        assert ceiling == spec.delay_ns + spec.jitter_ns + STALL_MARGIN_NS
+    # a stall as long as the ceiling: those delays count as stalled, the others do not
+    stalled = np.concatenate([draws[:100] + ceiling, draws[100:]]) > ceiling
+    assert stalled[:100].all() and not stalled[100:].any()
 
 def _first_send(n, spacing_s):
     import torch.distributed as dist

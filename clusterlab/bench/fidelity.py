@@ -3,9 +3,10 @@
 Every figure is measured by real ranks exchanging real messages through the "netem"
 backend, timestamped on the shared CLOCK_MONOTONIC, and compared with the configuration:
 median one-way delay, the jitter distribution (KS distance and standard deviation against
-netem's own table), goodput against the configured rate (one sender, and two processes
-sharing one NIC), loss fraction against its binomial 3-sigma band, and inversions (a message
-sent later but delivered earlier, across flows) with jitter, with a rate, and with reorder.
+netem's own table; the std over the delays the table can produce, see STALL_MARGIN_NS),
+goodput against the configured rate (one sender, and two processes sharing one NIC), loss
+fraction against its binomial 3-sigma band, and inversions (a message sent later but
+delivered earlier, across flows) with jitter, with a rate, and with reorder.
 
 The delay and jitter rows run REPEATS times (each on fresh clusters, interleaved so that each
 repeat spans the bench): their checks report the median, min and max of each figure over the
@@ -141,6 +142,23 @@ def ks_distance(samples: np.ndarray, spec: Netem) -> float:
     return float(max(np.max(ecdf_hi - cdf), np.max(cdf - ecdf_lo)))
 
 
+# A machine-wide stall: on this VM both cores sometimes stop for 5-20 ms at once, and every
+# rank's message then in flight arrives late at the same index (4 plain processes sleeping on
+# one schedule, no torch, show it too). The few delays it stretches would move a std by
+# several %, so the std is taken over the delays netem's distribution can produce, plus this
+# margin for the machine's own latency (its p99 here is ~0.5 ms), and the share left out is
+# a figure of its own.
+STALL_MARGIN_NS = 1_000_000
+STALLED_SHARE_TARGET = 0.01
+
+
+def delay_ceiling_ns(spec: Netem) -> int:
+    """The longest delay netem's distribution for `spec` can produce, plus STALL_MARGIN_NS."""
+    ref = reference_delays(spec)
+    top = spec.delay_ns + spec.jitter_ns if ref is None else int(ref.max())
+    return top + STALL_MARGIN_NS
+
+
 def reference_std(spec: Netem) -> float:
     ref = reference_delays(spec)
     if ref is None:
@@ -239,16 +257,23 @@ def fidelity(quick: bool = False, repeats: int | None = None) -> dict:
                 # Rank r measured what rank r-1's link model sent it, message for message.
                 model = np.concatenate([per_rank[(r - 1) % world][1] for r in range(world)])
                 ks = ks_distance(d, spec)
-                std_ratio = float(d.std() / reference_std(spec))
+                stalled = d > delay_ceiling_ns(spec)
+                std_ratio = float(d[~stalled].std() / reference_std(spec))
                 late_us = (d - model) / 1e3
                 rows.append({"kind": "jitter", "ranks": world, "nic": spec_text, "repeat": repeat,
                              "samples_ms": (d / 1e6).tolist(),
                              "link_model_ks": round(ks_distance(model, spec), 4),
+                             "stalled": int(stalled.sum()), "std_all": round(
+                                 float(d.std() / reference_std(spec)), 4),
                              "machine_late_us": {q: round(float(np.percentile(late_us, q)), 1)
                                                  for q in (10, 50, 90, 99)}})
                 note(f"jitter KS distance, {world} ranks, {dist_name}", "< 0.05", ks, ks < 0.05)
-                note(f"jitter std / configured std, {world} ranks, {dist_name}",
-                     "within 0.93..1.07", std_ratio, 0.93 <= std_ratio <= 1.07)
+                note(f"jitter std / configured std, {world} ranks, {dist_name} (delays up to "
+                     "the distribution's maximum + 1 ms)", "within 0.93..1.07", std_ratio,
+                     0.93 <= std_ratio <= 1.07)
+                note(f"share of delays beyond the distribution's maximum + 1 ms (stalls), "
+                     f"{world} ranks, {dist_name}", f"< {STALLED_SHARE_TARGET:.0%}",
+                     float(stalled.mean()), stalled.mean() < STALLED_SHARE_TARGET)
 
     for (name, target), f in figures.items():
         checks.append(_repeated(name, target, f["values"], f["met"], repeats))
