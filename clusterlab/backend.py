@@ -561,10 +561,12 @@ class NetemProcessGroup(dist.ProcessGroup):
         peer = self.global_ranks[dst_rank]
         route = self._route(peer)
         if not route.out_impaired:
+            _count("p2p", _nbytes(tensors), 0)
             work = self.gloo.send(tensors, dst_rank, tag)
             return _P2PWork([work.wait], _NO_HOLD, tensors, self._rank)
         (tensor,) = tensors
         nbytes = tensor.numel() * tensor.element_size()
+        _count("p2p", nbytes, 0)
         link = route.link
         if route.shared is None:
             sent = link.transmit(now, nbytes, flow=peer)
@@ -610,6 +612,7 @@ class NetemProcessGroup(dist.ProcessGroup):
     def recv(self, tensors, src_rank, tag):
         peer = self.global_ranks[src_rank]
         if not self._route(peer).in_impaired:
+            _count("p2p", 0, _nbytes(tensors))
             work = self.gloo.recv(tensors, src_rank, tag)
             return _P2PWork([work.wait], _NO_HOLD, tensors, src_rank)
         _status(f"recv from {peer}")
@@ -617,6 +620,7 @@ class NetemProcessGroup(dist.ProcessGroup):
 
     def recv_anysource(self, tensors, tag):
         if not self.impaired:
+            _count("p2p", 0, _nbytes(tensors))
             work = self.gloo.recv_anysource(tensors, tag)
             out = _P2PWork([work.wait], _NO_HOLD, tensors)
             out._waits.append(lambda: setattr(out, "_source", work._source_rank()))
@@ -631,6 +635,7 @@ class NetemProcessGroup(dist.ProcessGroup):
         """Post the Gloo receive(s) now; wait() unpacks the header and holds until delivery."""
         (tensor,) = tensors
         nbytes = tensor.numel() * tensor.element_size()
+        _count("p2p", 0, nbytes)
         out = _P2PWork([], _NO_HOLD, tensors, -1 if src_rank is None else src_rank)
 
         if src_rank is None:
@@ -1067,25 +1072,6 @@ def traffic(*, reset: bool = False) -> dict[str, dict[str, int]]:
     out["total"] = {key: sum(row[key] for row in out.values())
                     for key in ("sent", "received", "ops")}
     return out
-
-
-def _counted(method, direction: str):
-    """Count a point-to-point method's payload as sent or received (`traffic`)."""
-
-    @functools.wraps(method)
-    def counted(self, tensors, *args):
-        nbytes = _nbytes(tensors)
-        _count("p2p", nbytes if direction == "sent" else 0,
-               nbytes if direction == "received" else 0)
-        return method(self, tensors, *args)
-
-    return counted
-
-
-# Counted here, for every entry point at once, so the p2p path itself stays as it is.
-NetemProcessGroup.send = _counted(NetemProcessGroup.send, "sent")
-NetemProcessGroup.recv = _counted(NetemProcessGroup.recv, "received")
-NetemProcessGroup.recv_anysource = _counted(NetemProcessGroup.recv_anysource, "received")
 
 
 def _reduce_op(op, tensors, size):
