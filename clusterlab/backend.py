@@ -566,7 +566,6 @@ class NetemProcessGroup(dist.ProcessGroup):
             return _P2PWork([work.wait], _NO_HOLD, tensors, self._rank)
         (tensor,) = tensors
         nbytes = tensor.numel() * tensor.element_size()
-        _count("p2p", nbytes, 0)
         link = route.link
         if route.shared is None:
             sent = link.transmit(now, nbytes, flow=peer)
@@ -601,6 +600,7 @@ class NetemProcessGroup(dist.ProcessGroup):
                      self.gloo.send(tensors, dst_rank, tag).wait]
         # Bookkeeping after the bytes are handed to Gloo, off the message's critical path
         # (posting never blocks; wait() does, and the status names the send by then).
+        _count("p2p", nbytes, 0)
         if self.trace is not None:
             self.trace.append((peer, now, nbytes, sent))
         _status(f"send to {peer} ({nbytes} B)")
@@ -615,8 +615,9 @@ class NetemProcessGroup(dist.ProcessGroup):
             _count("p2p", 0, _nbytes(tensors))
             work = self.gloo.recv(tensors, src_rank, tag)
             return _P2PWork([work.wait], _NO_HOLD, tensors, src_rank)
-        _status(f"recv from {peer}")
-        return self._receive(tensors, src_rank, tag)
+        out = self._receive(tensors, src_rank, tag)
+        _status(f"recv from {peer}")  # after posting: the peer's send waits for the post
+        return out
 
     def recv_anysource(self, tensors, tag):
         if not self.impaired:
@@ -628,15 +629,17 @@ class NetemProcessGroup(dist.ProcessGroup):
         # Every impaired message starts with its header, so the first Gloo message names the
         # source. (Unimpaired links send no header: on a network where some directions are
         # impaired and others not, any-source receives are not supported.)
+        out = self._receive(tensors, None, tag)
         _status("recv from any source")
-        return self._receive(tensors, None, tag)
+        return out
 
     def _receive(self, tensors, src_rank, tag):
-        """Post the Gloo receive(s) now; wait() unpacks the header and holds until delivery."""
+        """Post the Gloo receive(s) now; wait() unpacks the header and holds until delivery.
+
+        Posted before any bookkeeping: Gloo's sender writes a message only once the
+        receiver's post has reached it, so every microsecond before the post delays it."""
         (tensor,) = tensors
         nbytes = tensor.numel() * tensor.element_size()
-        _count("p2p", 0, nbytes)
-        out = _P2PWork([], _NO_HOLD, tensors, -1 if src_rank is None else src_rank)
 
         if src_rank is None:
             others = [r for r in range(self._size) if r != self._rank]
@@ -678,7 +681,8 @@ class NetemProcessGroup(dist.ProcessGroup):
                 (data or self.gloo.recv(tensors, out._source, any_tag)).wait()
                 out.hold_ns = int(head[0])
 
-        out._waits.append(unpack)
+        _count("p2p", 0, nbytes)
+        out = _P2PWork([unpack], _NO_HOLD, tensors, -1 if src_rank is None else src_rank)
         return out
 
     # --- collectives -------------------------------------------------------------------------
