@@ -424,14 +424,13 @@ def cross_ports(state: np.ndarray, specs: list[Netem], ports: np.ndarray, arrive
                 payload: np.ndarray, rng: np.random.Generator | None, *,
                 tail_drop: bool = True) -> np.ndarray:
     """Messages (rows of `arrive`: when each segment reaches the port) through the ports
-    `ports[i]`, in row order (FIFO); `payload` the segments' payload bytes (one row for all
-    messages, or one per message). Returns the segments' departure times, -1 for a dropped
-    one. `rng` draws jitter and loss (None: the ports have neither); tail_drop=False admits
-    every packet however full the buffer (TCP's retransmissions, see `recover_drops`)."""
+    `ports[i]`, in row order (FIFO); `payload` the segments' payload bytes (the shape of
+    `arrive`). Returns the segments' departure times, -1 for a dropped one. `rng` draws
+    jitter and loss (None: the ports have neither); tail_drop=False admits every packet
+    however full the buffer (TCP's retransmissions, see `recover_drops`)."""
     from .schedule import loss_probability  # schedule imports this module
 
     m, k = arrive.shape
-    payload = np.broadcast_to(payload, (m, k))
     ptime = np.zeros((m, k), dtype=np.int64)
     delay = np.zeros((m, k), dtype=np.int64)
     lost = np.zeros((m, k), dtype=np.bool_)
@@ -474,11 +473,25 @@ def cross_path(state: np.ndarray, specs: list[Netem], paths: np.ndarray, arrive:
     return arrive
 
 
-def resent_at_port(nic: Netem, leave_ns: np.ndarray, payload: np.ndarray) -> np.ndarray:
-    """When segments of `payload` bytes resent at `leave_ns` reach the first port: through
-    the sender's NIC, its delay and its serialisation (not its queue: by the time TCP
-    resends, the burst that was queued there has long left)."""
-    return leave_ns + nic.delay_ns + packet_time_ns(nic, np.asarray(payload) + HEADER_BYTES)
+def resender(state: np.ndarray, specs: list[Netem], paths: np.ndarray, nics: list[Netem],
+             payload: np.ndarray, rng: np.random.Generator | None):
+    """The `resend` of `recover_drops` for messages along `paths` (a row per message) sent by
+    the NICs `nics` (one per message), `payload` bytes per segment: each resent segment is a
+    message of its own, through its sender's NIC (its delay and serialisation, not its queue:
+    by the time TCP resends, the burst queued there has long left), then the ports, admitted
+    however full their buffers are (see `recover_drops`)."""
+
+    def at_port(r: int, c: int, leave: int) -> int:
+        nic = nics[r]
+        return leave + nic.delay_ns + int(packet_time_ns(nic, int(payload[c]) + HEADER_BYTES))
+
+    def resend(rows, cols, leave_ns):
+        arrive = np.array([at_port(r, c, t) for r, c, t in
+                           zip(rows.tolist(), cols.tolist(), leave_ns.tolist())], dtype=np.int64)
+        return cross_path(state, specs, paths[rows], arrive.reshape(-1, 1),
+                          payload[cols].reshape(-1, 1), leave_ns, rng, tail_drop=False)[:, 0]
+
+    return resend
 
 
 def recover_drops(done: np.ndarray, send_ns: np.ndarray, forward_ns: np.ndarray,
@@ -643,18 +656,12 @@ class SharedPorts:
         arrive = np.asarray(segment_ns, dtype=np.int64).reshape(1, -1)
         paths = path.reshape(1, -1)
         payload = np.asarray(payload, dtype=np.int64)
-        order = np.zeros(1, dtype=np.int64)
-
-        def resend(rows, cols, leave_ns):  # each resent segment a message of its own
-            return cross_path(self.state, self.specs, np.repeat(paths, len(cols), axis=0),
-                              resent_at_port(nic, leave_ns, payload[cols]).reshape(-1, 1),
-                              payload[cols].reshape(-1, 1), leave_ns, self._rng,
-                              tail_drop=False)[:, 0]
-
+        resend = resender(self.state, self.specs, paths, [nic], payload, self._rng)
         forward = np.array([nic.delay_ns + int(self.delay[path].sum())])
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:  # the resends too: they queue behind what the ports hold by then
-            arrive = cross_path(self.state, self.specs, paths, arrive, payload, order, self._rng)
+            arrive = cross_path(self.state, self.specs, paths, arrive, payload, np.zeros(1),
+                                self._rng)
             done = int(recover_drops(arrive, np.array([send_ns]), forward, np.array([back_ns]),
                                      resend)[0])
         finally:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .fabric import cross_path, port_kernel, recover_drops, resent_at_port, state_width
+from .fabric import cross_path, port_kernel, recover_drops, resender, state_width
 from .link import packet_time_ns, sample_delay_ns
 from .netem import LossGemodel, LossRandom, LossState, Netem
 from .topology import Topology
@@ -192,13 +192,7 @@ class QueueState:
         forward = np.array([n.delay_ns for n in nics]) + self._port_delay[paths].sum(axis=1)
         back = back + self._port_delay[topo.paths(dst, src)].sum(axis=1)
 
-        def resend(rows, cols, leave_ns):  # each resent segment a message of its own
-            at_port = np.array([resent_at_port(nics[r], t, payload[c]) for r, c, t
-                                in zip(rows.tolist(), cols.tolist(), leave_ns.tolist())])
-            return cross_path(self.ports, self.port_specs, paths[rows], at_port.reshape(-1, 1),
-                              payload[cols].reshape(-1, 1), leave_ns, rng,
-                              tail_drop=False)[:, 0]
-
+        resend = resender(self.ports, self.port_specs, paths, nics, payload, rng)
         return recover_drops(arrive, send_ns, forward, back, resend)
 
     def _deliver_group(self, spec, src, dst, send_ns, queues, nbytes, rng,

@@ -97,7 +97,6 @@ def test_ks_distance_tells_the_table_from_a_shifted_table(text):
     assert ks_distance(draws + spec.jitter_ns // 4, spec) > 0.05 + ks_distance(draws, spec)
 
 
-
 @pytest.mark.parametrize("text", ["delay 5ms 2ms", "delay 5ms 2ms distribution normal",
                                   "delay 5ms 5ms distribution pareto"])
 def test_the_stall_ceiling_lies_above_every_delay_the_table_can_produce(text):
@@ -110,6 +109,7 @@ def test_the_stall_ceiling_lies_above_every_delay_the_table_can_produce(text):
     # a stall as long as the ceiling: those delays count as stalled, the others do not
     stalled = np.concatenate([draws[:100] + ceiling, draws[100:]]) > ceiling
     assert stalled[:100].all() and not stalled[100:].any()
+
 
 def _first_send(n, spacing_s):
     import torch.distributed as dist

@@ -144,7 +144,6 @@ def test_a_full_buffer_drops_and_tcp_pays_a_timeout():
     assert tight.max() > 0.2
 
 
-
 def test_a_resent_segment_lost_again_waits_for_a_doubled_rto():
     # One message of 5 segments; the ports dropped segment 1 and the tail (3, 4). Fewer than
     # 3 later segments got through after any of them, so each waits for the RTO; the
@@ -176,6 +175,7 @@ def test_a_port_that_loses_everything_times_the_connection_out():
     with pytest.raises(RuntimeError, match="15 retransmissions"):
         simulate_collective("gather", 2**20, nodes=2, nic="rate 1gbit",
                             fabric="leafspine nodes_per_leaf=2 port=(rate 1gbit loss 100%)")
+
 
 def test_oversubscription_divides_the_uplinks():
     # 2 leaves of 2 nodes, one spine: nodes 0, 1 send 1 MiB each to nodes 2, 3. At

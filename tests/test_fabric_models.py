@@ -110,7 +110,6 @@ def test_incast_matches_the_replay_without_drops():
         assert replay == pytest.approx(model, rel=0.01)
 
 
-
 @pytest.mark.parametrize("senders", [4, 8])
 def test_incast_with_drops_matches_the_replay(senders):
     # A six-packet buffer: the late senders lose segments, TCP resends them after the RTO
@@ -124,6 +123,7 @@ def test_incast_with_drops_matches_the_replay(senders):
     assert replay == pytest.approx(model.time_s, rel=0.02)
     # the RTO, then every resent segment through the port, one after another
     assert replay > RTO_MIN_NS / 1e9 + model.drops * SEGMENT_BYTES * 8 / 100e6
+
 
 # --- oversubscription and rails -------------------------------------------------------------
 

@@ -258,13 +258,14 @@ def fidelity(quick: bool = False, repeats: int | None = None) -> dict:
                 model = np.concatenate([per_rank[(r - 1) % world][1] for r in range(world)])
                 ks = ks_distance(d, spec)
                 stalled = d > delay_ceiling_ns(spec)
-                std_ratio = float(d[~stalled].std() / reference_std(spec))
+                ref_std = reference_std(spec)
+                std_ratio = float(d[~stalled].std() / ref_std)
                 late_us = (d - model) / 1e3
                 rows.append({"kind": "jitter", "ranks": world, "nic": spec_text, "repeat": repeat,
                              "samples_ms": (d / 1e6).tolist(),
                              "link_model_ks": round(ks_distance(model, spec), 4),
-                             "stalled": int(stalled.sum()), "std_all": round(
-                                 float(d.std() / reference_std(spec)), 4),
+                             "stalled": int(stalled.sum()),
+                             "std_all": round(float(d.std() / ref_std), 4),
                              "machine_late_us": {q: round(float(np.percentile(late_us, q)), 1)
                                                  for q in (10, 50, 90, 99)}})
                 note(f"jitter KS distance, {world} ranks, {dist_name}", "< 0.05", ks, ks < 0.05)
