@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SYLLABUS = json.loads((ROOT / "clusterlab/data/syllabus.json").read_text())
 LABS = all_labs()
 COURSE_LABS = sorted(lab for lab in LABS if not lab.startswith("99_"))
-SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
+SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]*_*.ipynb"))
 
 
 def test_at_least_eight_labs_each_with_a_solution_and_a_lab():

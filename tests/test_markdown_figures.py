@@ -12,8 +12,10 @@ a percentage or a ratio) only when it is
 - the premise of a question: a `## Self-check` cell or a **Predict first.** prompt, outside
   its answer (`<details>`);
 - a lab's planned duration ("Time: about 45 minutes.");
-- a reviewed definition or constant in tests/data/markdown_figures.json: "figures" anywhere,
-  "scoped" in the one notebook named (e.g. a lab check's tolerance, defined in its module).
+- a constant of a real system from the ledger of external facts (clusterlab/data/facts), with
+  its unit (tests/test_facts.py checks that such constants come from there);
+- a reviewed definition in tests/data/markdown_figures.json: "figures" anywhere, "scoped" in
+  the one notebook named (e.g. a lab check's tolerance, defined in its module).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")) + sorted(
-    (ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb")) + sorted(
+    (ROOT / "solutions").glob("[0-9][0-9]*_*.ipynb"))
 ALLOWED = json.loads((ROOT / "tests/data/markdown_figures.json").read_text())
 
 # Unit spellings, by family; code writes the same quantity in netem or Python spellings.
@@ -106,6 +108,14 @@ def code_inputs(cells: list[dict]) -> set[tuple[str, float]]:
     return found
 
 
+def ledger_quantities() -> set[tuple[str, float]]:
+    """The ledger's numeric facts with units, as (dimension, base value)."""
+    from clusterlab import facts
+
+    return {quantity(float(f.value), f.unit) for f in facts.ledger().values()
+            if isinstance(f.value, (int, float)) and f.unit}
+
+
 def figures(text: str):
     """(figure text, sentence) for every figure in a markdown text outside code and math."""
     prose = CODE.sub(" ", text)
@@ -119,7 +129,7 @@ def is_derivation(sentence: str) -> bool:
 
 def violations(path: Path) -> list[str]:
     cells = json.loads(path.read_text())["cells"]
-    inputs = code_inputs(cells)
+    inputs = code_inputs(cells) | ledger_quantities()
     name = f"{path.parent.name}/{path.name}"
     allowed = set(ALLOWED["figures"]) | {key.split(": ", 1)[1] for key in ALLOWED["scoped"]
                                          if key.split(": ", 1)[0] == name}

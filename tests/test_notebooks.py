@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SYLLABUS = json.loads((ROOT / "clusterlab/data/syllabus.json").read_text())
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 MACHINE_PATH = re.compile(r"(/work/|/tmp/|/root/|/home/\w+/)")
 
 
@@ -55,7 +55,7 @@ def test_committed_with_clean_outputs(nb):
 
 
 PNG_DPI = re.compile(rb"pHYs(.{4})(.{4})\x01", re.S)
-LABS_SOLVED = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
+LABS_SOLVED = sorted((ROOT / "solutions").glob("[0-9][0-9]*_*.ipynb"))
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS + LABS_SOLVED, ids=lambda p: f"{p.parent.name}/{p.stem}")

@@ -1,0 +1,160 @@
+"""The ledger of external facts (clusterlab/data/facts) and its use by the course.
+
+A constant of a real system (a default timeout, a bandwidth, an RTO floor) is stated in one
+place, the ledger, with its source and the version it holds for. These tests fail when
+
+- a ledger entry lacks its source, its version, or is defined twice;
+- a notebook, solved lab or question names a fact id the ledger does not have;
+- a sentence about a real system (NCCL, NVLink, InfiniBand, Linux TCP, PyTorch, ...) in a
+  notebook's markdown or in the question bank states a figure that is neither a ledger value
+  (with its unit), a configured input of the notebook's own code, nor the result of a
+  derivation written out in the sentence. Question premises ("Self-check", "Predict first")
+  are hypotheses and are not checked.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from test_markdown_figures import (
+    CODE,
+    DETAILS,
+    PROMPT,
+    code_inputs,
+    figures,
+    ledger_quantities,
+    number,
+    quantity,
+    unit_of,
+)
+
+from clusterlab import facts
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb")) + sorted(
+    (ROOT / "solutions").glob("[0-9][0-9]*_*.ipynb"))
+QUESTIONS = sorted((ROOT / "clusterlab/data/questions").glob("*.json"))
+
+# A sentence naming one of these speaks of real systems, not of the emulator.
+REAL = re.compile(
+    r"\b(NCCL|RCCL|NVLink|NVSwitch|NVLS|NVL\d+|InfiniBand|IB|RoCE|RDMA|ConnectX|GPUDirect|"
+    r"SHARP|H100|H200|A100|B200|GB200|HGX|DGX|PCIe|Linux|TCP|RTO|TLP|RACK|PFC|ECN|DCQCN|"
+    r"Ethernet|MTU|jumbo|GbE|PyTorch|torch|DDP|FSDP|ZeRO|DeepSpeed|Megatron|torchrun|Gloo|"
+    r"nccl-tests|GPUs?|HBM|datacentre|datacenter|data centre|data center|Llama)\b")
+
+
+def test_the_ledger_loads_and_every_entry_is_sourced():
+    ledger = facts.ledger()
+    assert ledger, "the ledger is empty"
+    for fact in ledger.values():
+        assert fact.source.startswith("https://"), fact.id
+        assert len(fact.source_title.split()) >= 2, f"{fact.id}: name the source"
+        assert len(fact.holds_for.split()) >= 2, f"{fact.id}: say what version it holds for"
+        assert len(fact.says.split()) >= 3, f"{fact.id}: say what the value is"
+
+
+def test_render_cites_each_fact_once_and_lists_its_source():
+    fact = next(iter(facts.ledger().values()))
+    text = facts.render(f"A [[{fact.id}]] and again [[{fact.id}]]; bare [[{fact.id}|value]].")
+    assert text.count("<sup>[1]</sup>") == 2 and "[2]" not in text
+    assert fact.source in text and fact.holds_for in text
+    with pytest.raises(KeyError, match="no fact"):
+        facts.render("[[no.such_fact]]")
+
+
+def test_a_bad_entry_is_refused_with_its_name(tmp_path, monkeypatch):
+    (tmp_path / "x.toml").write_text('[a.b]\nvalue = 1\nsays = "x y z"\nholds_for = "v 1"\n'
+                                      'source = "http://insecure"\nsource_title = "a b"\n')
+    monkeypatch.setattr(facts, "LEDGER_DIR", tmp_path)
+    facts.ledger.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="a.b.*https"):
+            facts.ledger()
+    finally:
+        monkeypatch.undo()
+        facts.ledger.cache_clear()
+
+
+def _texts_of_notebook(path: Path):
+    for index, cell in enumerate(json.loads(path.read_text())["cells"]):
+        yield index, cell["cell_type"], "".join(cell["source"])
+
+
+def _strings(node, lang="en"):
+    """Every string of a question file in one language (both when lang is None)."""
+    if isinstance(node, dict):
+        if lang and set(node) >= {"en", "ru"}:
+            yield from _strings(node[lang], lang)
+            return
+        for value in node.values():
+            yield from _strings(value, lang)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings(value, lang)
+    elif isinstance(node, str):
+        yield node
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS + QUESTIONS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_fact_id_used_is_in_the_ledger(path):
+    if path.suffix == ".json":
+        texts = list(_strings(json.loads(path.read_text()), lang=None))
+    else:
+        texts = [text for _, _, text in _texts_of_notebook(path)]
+    unknown = {i for text in texts for i in facts.placeholders(text)} - set(facts.ledger())
+    assert not unknown, f"{path.name} names facts the ledger lacks: {sorted(unknown)}"
+
+
+def real_system_violations(text: str, allowed: set[tuple[str, float]]) -> list[str]:
+    bad = []
+    for m, sentence in figures(text):
+        if not REAL.search(CODE.sub(" ", sentence)):
+            continue
+        # In a derivation only the premises (left of the first = or ≈) are stated constants.
+        head = re.split(r"[=≈]", sentence, maxsplit=1)[0]
+        if m.group(0) not in head:
+            continue
+        if quantity(number(m["value"]), unit_of(m)) in allowed:
+            continue
+        bad.append(f"{' '.join(m.group(0).split())!r} in {' '.join(sentence.split())[:150]!r}")
+    return bad
+
+
+def test_the_rule_flags_untracked_constants_and_spares_ledger_values():
+    value = facts.get("pytorch.nccl_timeout_default")
+    allowed = ledger_quantities() | {quantity(1.0, "gbit")}
+    text = (f"NCCL times out after {value.text}. A ConnectX-7 runs at 400 Gb/s. "
+            "Here the emulated NIC is 1 Gbit/s, so 4 MiB takes 32 ms ≈ 4 × 8 ms. "
+            "The run took 12 ms.")
+    flagged = [b.split(" in ")[0] for b in real_system_violations(text, allowed)]
+    assert flagged == ["'400 Gb/s'"]
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_real_system_constants_in_notebooks_come_from_the_ledger(nb):
+    cells = json.loads(nb.read_text())["cells"]
+    allowed = ledger_quantities() | code_inputs(cells)
+    bad = []
+    for index, kind, text in _texts_of_notebook(nb):
+        if kind != "markdown":
+            continue
+        if re.match(r"\s*##\s+Self-check", text):
+            text = " ".join(DETAILS.findall(text))
+        text = PROMPT.sub(" ", text)
+        bad += [f"cell {index}: {b}" for b in real_system_violations(text, allowed)]
+    assert not bad, (f"{nb.name}: real-system constants not in the ledger (add them to "
+                     "clusterlab/data/facts with a source, or render them with facts.show):\n"
+                     + "\n".join(bad))
+
+
+@pytest.mark.parametrize("path", QUESTIONS, ids=lambda p: p.stem)
+def test_real_system_constants_in_questions_come_from_the_ledger(path):
+    allowed = ledger_quantities()
+    bad = []
+    for text in _strings(json.loads(path.read_text()), lang="en"):
+        bad += real_system_violations(text, allowed)
+    assert not bad, (f"{path.name}: real-system constants not in the ledger:\n"
+                     + "\n".join(bad))
