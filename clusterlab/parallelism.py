@@ -160,14 +160,26 @@ def bubble_fraction(stages: int, microbatches: int) -> float:
 
 
 def pipeline_step_seconds(*, stages: int, microbatches: int, forward_s: float,
-                          backward_s: float, message_s: float = 0.0) -> float:
-    """GPipe step on a network whose stage-to-stage message takes `message_s` (<= the
-    per-micro-batch compute): (m+p-1)(t_f+t_b) + 2(p-1) c. The first micro-batch's forward
-    crosses p-1 links, and so does the last one's backward; the rest overlaps with compute."""
+                          backward_s: float, message_s: float = 0.0,
+                          serialise_s: float = 0.0) -> float:
+    """GPipe step on a network whose stage-to-stage message takes `message_s` from send to
+    arrival: (m+p-1)(t_f+t_b) + 2(p-1) c. The first micro-batch's forward crosses p-1
+    links, and so does the last one's backward; the rest overlaps with compute.
+
+    Valid only while the link keeps up with the stages: a message's time on the wire
+    (`serialise_s`, its bytes / rate, part of `message_s`) must not exceed the shorter of
+    t_f and t_b, else the link, not the compute, paces the pipeline and messages queue
+    behind each other. Outside that domain this raises ValueError: replay the schedule with
+    `simulate_pipeline` instead (as `step_seconds("pp", ...)` does)."""
     p, m = _count(stages, "stages"), _count(microbatches, "microbatches")
-    tf, tb, c = (_nonnegative(x, name) for x, name in ((forward_s, "forward_s"),
-                                                        (backward_s, "backward_s"),
-                                                        (message_s, "message_s")))
+    tf, tb, c, w = (_nonnegative(x, name) for x, name in ((forward_s, "forward_s"),
+                                                           (backward_s, "backward_s"),
+                                                           (message_s, "message_s"),
+                                                           (serialise_s, "serialise_s")))
+    if p > 1 and m > 1 and w > min(tf, tb):
+        raise ValueError(f"serialise_s={w:g} s exceeds the per-micro-batch compute "
+                         f"(forward_s={tf:g}, backward_s={tb:g}): the link paces this pipeline "
+                         "and the closed form does not hold; use simulate_pipeline")
     return (m + p - 1) * (tf + tb) + 2 * (p - 1) * c
 
 
@@ -346,22 +358,37 @@ class ModelShape:
     compute_s: float  # forward + backward of the whole batch on one rank (no parallelism)
     dtype_bytes: int = 4
     microbatches: int = 8  # for pipeline parallelism
+    heads: int = 16  # attention heads: tensor parallelism splits them, at most one per rank
+
+
+def _nic(alpha: float, beta: float) -> str | None:
+    """The netem spec of an alpha-beta link (delay alpha, rate 8/beta bit/s), for the replay."""
+    parts = []
+    if alpha > 0:
+        parts.append(f"delay {alpha * 1e9:.0f}ns")
+    if beta > 0:
+        parts.append(f"rate {8 / beta:.0f}bit")
+    return " ".join(parts) or None
 
 
 def step_seconds(parallelism: str, shape: ModelShape, *, ranks: int, alpha: float,
                  beta: float) -> float:
-    """Step time of `shape` on `ranks` ranks with one kind of parallelism, closed forms,
-    nothing overlapped (a pessimistic bound, the same for all four):
+    """Step time of `shape` on `ranks` ranks with one kind of parallelism:
 
-    dp: the batch split N ways, plus one gradient all-reduce; fsdp: the same compute plus
-    the sharded collectives, one per layer; tp: each rank computes 1/N of every layer, plus
-    the TP all-reduces of the whole batch's activations; pp: N stages of layers/N, the batch
-    in `microbatches`, the GPipe formula with one activation message per hop (at most one
-    stage per layer: more ranks than layers is a ValueError)."""
+    dp: the batch split N ways, plus one gradient all-reduce, not overlapped with the
+    backward (an upper bound: DDP overlaps it bucket by bucket); fsdp: the same compute plus
+    the sharded collectives, one per layer, not overlapped (prefetching hides part of it);
+    tp: each rank computes 1/N of every layer, plus Megatron's 4 all-reduces per layer (2
+    blocks x f and g, `tp_allreduces`) of the whole batch's activations, which sit on the
+    critical path anyway; at most one attention head per rank (more ranks than
+    `shape.heads` is a ValueError); pp: N stages of layers/N, the batch in `microbatches`,
+    GPipe replayed over the link model (`simulate_pipeline`, so a link slower than the
+    stages' compute queues messages as it would), at most one stage per layer."""
     if parallelism not in PARALLELISMS:
         raise ValueError(f"parallelism must be one of {', '.join(PARALLELISMS)}, "
                          f"got {parallelism!r}")
     n = _count(ranks, "ranks")
+    alpha, beta = _nonnegative(alpha, "alpha"), _nonnegative(beta, "beta")
     c = _nonnegative(shape.compute_s, "compute_s") / n
     if parallelism == "dp":
         return c + sharded_comm_seconds("ddp", params=shape.params, ranks=n, alpha=alpha,
@@ -372,23 +399,27 @@ def step_seconds(parallelism: str, shape: ModelShape, *, ranks: int, alpha: floa
                                         units=shape.layers)
     batch = shape.activation_bytes * shape.microbatches
     if parallelism == "tp":
+        if n > shape.heads:
+            raise ValueError(f"ranks={n} tensor-parallel ranks need at least as many attention "
+                             f"heads, the model has heads={shape.heads}")
         return c + tp_comm_seconds(layers=shape.layers, ranks=n, activation_bytes=batch,
-                                   alpha=alpha, beta=beta, blocks_per_layer=1)
+                                   alpha=alpha, beta=beta)
     if n > shape.layers:
         raise ValueError(f"ranks={n} pipeline stages need at least as many layers, the model "
                          f"has layers={shape.layers}")
     m = shape.microbatches
     per_mb = shape.compute_s / (n * m)  # one stage, one micro-batch, forward + backward
-    return pipeline_step_seconds(stages=n, microbatches=m, forward_s=per_mb / 3,
-                                 backward_s=2 * per_mb / 3,
-                                 message_s=alpha + shape.activation_bytes * beta)
+    return simulate_pipeline("gpipe", stages=n, microbatches=m, forward_s=per_mb / 3,
+                             backward_s=2 * per_mb / 3, nic=_nic(alpha, beta),
+                             activation_bytes=shape.activation_bytes).step_s
 
 
 def step_table(shape: ModelShape, *, ranks: Sequence[int], alpha: float, beta: float) -> dict:
     """{parallelism: [step time at each rank count]} for the "which parallelism where"
-    figure and widget; NaN where a pipeline would have more stages than layers."""
+    figure and widget; NaN where a pipeline would have more stages than layers, or tensor
+    parallelism more ranks than attention heads."""
     def one(kind, n):
-        if kind == "pp" and n > shape.layers:
+        if (kind == "pp" and n > shape.layers) or (kind == "tp" and n > shape.heads):
             return math.nan
         return step_seconds(kind, shape, ranks=n, alpha=alpha, beta=beta)
 

@@ -127,10 +127,13 @@ def test_step_table_covers_every_parallelism_to_1024_ranks():
     table = par.step_table(shape, ranks=(2, 1024), alpha=1e-5, beta=8 / 100e9)
     assert set(table) == set(par.PARALLELISMS)
     assert all(len(v) == 2 and v[0] > 0 for v in table.values())
-    assert all(np.isfinite(v[1]) for k, v in table.items() if k != "pp")
+    assert all(np.isfinite(v[1]) for k, v in table.items() if k in ("dp", "fsdp"))
     assert np.isnan(table["pp"][1])  # 1024 stages for 32 layers: no such pipeline
+    assert np.isnan(table["tp"][1])  # 1024-way TP of 16 heads: no such split
     with pytest.raises(ValueError, match="layers=32"):
         par.step_seconds("pp", shape, ranks=64, alpha=0, beta=0)
+    with pytest.raises(ValueError, match="heads=16"):
+        par.step_seconds("tp", shape, ranks=32, alpha=0, beta=0)
     # More latency hurts TP (many small messages) more than DP (one large one).
     slow = par.step_table(shape, ranks=(8,), alpha=1e-3, beta=8 / 100e9)
     fast = par.step_table(shape, ranks=(8,), alpha=1e-5, beta=8 / 100e9)
@@ -173,3 +176,47 @@ def test_explorer_redraws_headless_and_follows_its_sliders():
     assert slow["tp"][i] - fast["tp"][i] > 10 * (slow["dp"][i] - fast["dp"][i]) > 0
     assert "1000 µs" in explorer._axes["title"].get_text()
     explorer.close()
+
+
+def test_explorer_tp_charges_megatrons_four_all_reduces_per_layer():
+    shape = par.ModelShape(params=10**9, layers=32, activation_bytes=2**24, compute_s=1.0)
+    a, b = 1e-5, 8 / 100e9
+    comm = par.step_seconds("tp", shape, ranks=8, alpha=a, beta=b) - 1.0 / 8
+    per_allreduce = models.ring_allreduce(8, shape.activation_bytes * shape.microbatches, a, b)
+    assert par.tp_allreduces(32)["total"] == 4 * 32
+    assert comm == pytest.approx(4 * 32 * per_allreduce)
+
+
+@pytest.mark.parametrize("stages", [8, 32])
+def test_explorer_pipeline_is_the_replay_on_a_slow_network(stages):
+    """On 1 ms, 1 Gbit/s a 16 MiB activation takes ~135 ms on the wire, far more than a
+    stage's compute per micro-batch: the closed form is out of its domain (and refuses), and
+    the explorer must give what the replay gives, which is much slower."""
+    shape = par.ModelShape(params=10**9, layers=32, activation_bytes=16 * 2**20, compute_s=1.0)
+    a, b = 1e-3, 8 / 1e9
+    explorer = par.step_seconds("pp", shape, ranks=stages, alpha=a, beta=b)
+    per_mb = 1.0 / (stages * 8)
+    replay = par.simulate_pipeline("gpipe", stages=stages, microbatches=8,
+                                   forward_s=per_mb / 3, backward_s=2 * per_mb / 3,
+                                   nic="delay 1ms rate 1gbit",
+                                   activation_bytes=shape.activation_bytes).step_s
+    assert explorer == pytest.approx(replay, rel=1e-6)
+    wire = shape.activation_bytes * b
+    naive = (8 + stages - 1) * per_mb + 2 * (stages - 1) * (a + wire)
+    assert replay > 1.1 * naive  # the closed form would have been optimistic
+    with pytest.raises(ValueError, match="simulate_pipeline"):
+        par.pipeline_step_seconds(stages=stages, microbatches=8, forward_s=per_mb / 3,
+                                  backward_s=2 * per_mb / 3, message_s=a + wire,
+                                  serialise_s=wire)
+
+
+def test_explorer_pipeline_agrees_with_the_closed_form_inside_its_domain():
+    shape = par.ModelShape(params=10**9, layers=32, activation_bytes=2**20, compute_s=1.0)
+    a, b = 1e-5, 8 / 100e9
+    per_mb = 1.0 / (8 * 8)
+    closed = par.pipeline_step_seconds(stages=8, microbatches=8, forward_s=per_mb / 3,
+                                       backward_s=2 * per_mb / 3,
+                                       message_s=a + shape.activation_bytes * b,
+                                       serialise_s=shape.activation_bytes * b)
+    assert par.step_seconds("pp", shape, ranks=8, alpha=a, beta=b) == pytest.approx(
+        closed, rel=0.01)

@@ -427,10 +427,11 @@ def sharded_traffic(*, ranks: int = 4, width: int = 64, depth: int = 3,
 def step_time_sweep(nics, *, ranks: int = 2, width: int = 128, depth: int = 3,
                     tp_width: int = 64, tp_layers: int = 4, tp_batch: int = 32,
                     tp_compute_s: float = 0.004, steps: int = 6, dilation: float = 1.0,
-                    timeout: float = 120) -> list[dict]:
+                    parts=("sharded", "tp"), timeout: float = 120) -> list[dict]:
     """For each NIC spec: the fastest step (slowest rank, after a warm-up step) of DDP
-    and FSDP2 (`zero3`) on `depth` layers of `width`, and of tensor- vs data-parallel MLP
-    blocks (`tp_layers` blocks of width `tp_width`, hidden 4x, a batch of `tp_batch` rows).
+    and FSDP2 (`zero3`) on `depth` layers of `width` (part "sharded"), and of tensor- vs
+    data-parallel MLP blocks (part "tp": `tp_layers` blocks of width `tp_width`, hidden 4x,
+    a batch of `tp_batch` rows). `parts` names which to run; the rows hold only their keys.
 
     Predictions: the closed-form communication time of each (`parallelism`), added to what
     the first NIC's run measured beyond its own closed form (the compute, Python and this
@@ -442,45 +443,59 @@ def step_time_sweep(nics, *, ranks: int = 2, width: int = 128, depth: int = 3,
     nics = list(nics)
     if not nics:
         raise ValueError("nics must name at least one network (the first is the reference)")
+    parts = tuple(parts)
+    if not parts or set(parts) - {"sharded", "tp"}:
+        raise ValueError(f"parts must be a non-empty subset of ('sharded', 'tp'), got {parts!r}")
     preload()
     rows = []
     for nic in nics:
         alpha, beta = _network(nic)
+        row = {"nic": str(nic), "alpha": alpha, "beta": beta, "steps": steps - 1}
         with Cluster(nodes=ranks, nic=nic, timeout=timeout, dilation=dilation) as cl:
-            ddp = cl.run(_train, "ddp", width=width, depth=depth, steps=steps, batch=8)
-            fsdp = cl.run(_train, "zero3", width=width, depth=depth, steps=steps, batch=8)
-            tp = cl.run(_tp_step, width=tp_width, layers=tp_layers, batch=tp_batch,
-                        steps=steps, compute_s=tp_compute_s, mode="tp")
-            dp = cl.run(_tp_step, width=tp_width, layers=tp_layers, batch=tp_batch,
-                        steps=steps, compute_s=tp_compute_s, mode="dp")
-        params = ddp[0]["params"]
-        act = tp_batch * tp_width * 4
-        tp_params = tp_layers * 2 * 4 * tp_width * tp_width
-        rows.append({
-            "nic": str(nic), "alpha": alpha, "beta": beta, "params": params, "steps": steps - 1,
-            "tp_params": tp_params, "activation_bytes": act,
-            "ddp_s": _fastest_step(ddp), "fsdp_s": _fastest_step(fsdp),
-            "tp_s": _fastest_step(tp), "tp_dp_s": _fastest_step(dp),
-            "ddp_comm_s": par.sharded_comm_seconds("ddp", params=params, ranks=ranks,
-                                                   alpha=alpha, beta=beta),
-            "fsdp_comm_s": par.sharded_comm_seconds("zero3", params=params, ranks=ranks,
-                                                    alpha=alpha, beta=beta, units=depth),
-            "tp_comm_s": par.tp_comm_seconds(layers=tp_layers, ranks=ranks,
-                                             activation_bytes=act, alpha=alpha, beta=beta,
-                                             blocks_per_layer=1),
-            "tp_dp_comm_s": par.sharded_comm_seconds("ddp", params=tp_params, ranks=ranks,
-                                                     alpha=alpha, beta=beta),
-            "tp_max_error": max(r["max_error_vs_unsplit"] for r in tp),
-            "tp_allreduces": tp[0]["steps"][-1]["traffic"]["allreduce"]["ops"],
-            "dp_allreduces": dp[0]["steps"][-1]["traffic"]["allreduce"]["ops"],
-            "ddp_sent": ddp[0]["steps"][-1]["traffic"]["total"]["sent"],
-            "fsdp_sent": fsdp[0]["steps"][-1]["traffic"]["total"]["sent"],
-            "tp_sent": tp[0]["steps"][-1]["traffic"]["total"]["sent"],
-            "tp_dp_sent": dp[0]["steps"][-1]["traffic"]["total"]["sent"],
-        })
+            if "sharded" in parts:
+                ddp = cl.run(_train, "ddp", width=width, depth=depth, steps=steps, batch=8)
+                fsdp = cl.run(_train, "zero3", width=width, depth=depth, steps=steps, batch=8)
+            if "tp" in parts:
+                tp = cl.run(_tp_step, width=tp_width, layers=tp_layers, batch=tp_batch,
+                            steps=steps, compute_s=tp_compute_s, mode="tp")
+                dp = cl.run(_tp_step, width=tp_width, layers=tp_layers, batch=tp_batch,
+                            steps=steps, compute_s=tp_compute_s, mode="dp")
+        if "sharded" in parts:
+            params = ddp[0]["params"]
+            row.update({
+                "params": params, "ddp_s": _fastest_step(ddp), "fsdp_s": _fastest_step(fsdp),
+                "ddp_comm_s": par.sharded_comm_seconds("ddp", params=params, ranks=ranks,
+                                                       alpha=alpha, beta=beta),
+                "fsdp_comm_s": par.sharded_comm_seconds("zero3", params=params, ranks=ranks,
+                                                        alpha=alpha, beta=beta, units=depth),
+                "ddp_sent": ddp[0]["steps"][-1]["traffic"]["total"]["sent"],
+                "fsdp_sent": fsdp[0]["steps"][-1]["traffic"]["total"]["sent"],
+            })
+        if "tp" in parts:
+            act = tp_batch * tp_width * 4
+            tp_params = tp_layers * 2 * 4 * tp_width * tp_width
+            row.update({
+                "tp_params": tp_params, "activation_bytes": act,
+                "tp_s": _fastest_step(tp), "tp_dp_s": _fastest_step(dp),
+                # Each block here is one MLP (column- then row-split): one all-reduce
+                # forward (g) and one backward (f); a transformer layer has two such blocks.
+                "tp_comm_s": par.tp_comm_seconds(layers=tp_layers, ranks=ranks,
+                                                 activation_bytes=act, alpha=alpha, beta=beta,
+                                                 blocks_per_layer=1),
+                "tp_dp_comm_s": par.sharded_comm_seconds("ddp", params=tp_params, ranks=ranks,
+                                                         alpha=alpha, beta=beta),
+                "tp_max_error": max(r["max_error_vs_unsplit"] for r in tp),
+                "tp_allreduces": tp[0]["steps"][-1]["traffic"]["allreduce"]["ops"],
+                "dp_allreduces": dp[0]["steps"][-1]["traffic"]["allreduce"]["ops"],
+                "tp_sent": tp[0]["steps"][-1]["traffic"]["total"]["sent"],
+                "tp_dp_sent": dp[0]["steps"][-1]["traffic"]["total"]["sent"],
+            })
+        rows.append(row)
     base = rows[0]
+    kinds = (("ddp", "fsdp") if "sharded" in parts else ()) + (
+        ("tp", "tp_dp") if "tp" in parts else ())
     for row in rows:
-        for kind in ("ddp", "fsdp", "tp", "tp_dp"):
+        for kind in kinds:
             row[f"{kind}_predicted_s"] = (base[f"{kind}_s"] + row[f"{kind}_comm_s"]
                                           - base[f"{kind}_comm_s"])
     return rows
@@ -569,6 +584,13 @@ def moe_alltoall(*, ranks: int = 4, nic: str = "delay 2ms rate 40mbit", tokens: 
             def fastest(key, res=res, reps=reps):  # see _fastest_step
                 return min(max(r["repeats"][k][key] for r in res) for k in reps)
 
+            # One repeat's phases, on the hot rank's own clock: dispatch, expert and combine
+            # follow each other there, so they add up to its step. (Stacking each phase's
+            # maximum over ranks would count the hot expert twice: the other ranks' combine
+            # already contains their wait for it.) The repeat is the one whose slowest rank
+            # was fastest, as for the other times (see _fastest_step).
+            best = min(reps, key=lambda k, res=res: max(r["repeats"][k]["step_s"] for r in res))
+            hot_rank = res[-1]["repeats"][best]
             sent = [r["repeats"][-1]["traffic"]["alltoall"]["sent"] for r in res]
             received = [r["repeats"][-1]["traffic"]["alltoall"]["received"] for r in res]
             hot = round(h * tokens) / tokens  # the share the ranks really routed
@@ -582,6 +604,9 @@ def moe_alltoall(*, ranks: int = 4, nic: str = "delay 2ms rate 40mbit", tokens: 
                 "hot_share": hot, "dispatch_s": fastest("dispatch_s"),
                 "expert_s": fastest("expert_s"),
                 "combine_s": fastest("combine_s"), "step_s": fastest("step_s"),
+                "hot_phases": {k: hot_rank[k] for k in ("dispatch_s", "expert_s", "combine_s")},
+                "hot_step_s": hot_rank["step_s"],
+                "best_step_s": max(r["repeats"][best]["step_s"] for r in res),
                 "sent": sent, "received": received, "predicted": pred,
                 "hot_tokens": res[-1]["received_tokens"],
                 "predicted_dispatch_s": dispatch, "predicted_combine_s": combine,

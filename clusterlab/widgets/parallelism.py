@@ -1,9 +1,10 @@
 """Which parallelism where: step time of DP, FSDP, TP and PP against the node count.
 
-The closed forms of `clusterlab.parallelism.step_seconds` for one dense model on a network
-you set (latency, bandwidth), from 2 to 1024 ranks, with the points measured on this
-machine drawn on top when given. In a terminal or under nbval, `show()` returns the static
-figure for the current settings.
+`clusterlab.parallelism.step_seconds` for one dense model on a network you set (latency,
+bandwidth), from 2 to 1024 ranks: closed forms for DP, FSDP and TP, the GPipe replay for PP;
+tensor parallelism stops at one attention head per rank, the pipeline at one layer per
+stage. The points measured on this machine are drawn on top when given. In a terminal or
+under nbval, `show()` returns the static figure for the current settings.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import ipywidgets as widgets
 from matplotlib.figure import Figure
-from matplotlib.ticker import NullFormatter
+from matplotlib.ticker import LogLocator, NullFormatter, StrMethodFormatter
 
 from ..parallelism import PARALLELISMS, ModelShape, step_table
 from ._common import Explorer
@@ -24,7 +25,7 @@ PARAMS_M = (1, 10, 100, 1000, 7000)
 COMPUTE_MS = (10, 50, 100, 500, 1000, 5000)
 COLORS = {"dp": "#4C72B0", "fsdp": "#55A868", "tp": "#C44E52", "pp": "#8172B2"}
 LABELS = {"dp": "data parallel (DDP)", "fsdp": "FSDP / ZeRO-3", "tp": "tensor parallel",
-          "pp": "pipeline (GPipe)"}
+          "pp": "pipeline (GPipe, replayed)"}
 
 
 class ParallelismExplorer(Explorer):
@@ -36,11 +37,12 @@ class ParallelismExplorer(Explorer):
 
     def __init__(self, *, latency_us: float = 10, bandwidth_gbit: float = 100,
                  params_m: float = 1000, compute_ms: float = 1000, layers: int = 32,
-                 activation_mib: float = 16, microbatches: int = 8,
+                 activation_mib: float = 16, microbatches: int = 8, heads: int = 16,
                  measured: dict | None = None, debounce_s: float = 0.15) -> None:
         super().__init__(debounce_s)
         self.measured = measured or {}
         self.layers, self.activation_mib, self.microbatches = layers, activation_mib, microbatches
+        self.heads = heads
         self.table: dict[str, list[float]] = {}
         style, layout = {"description_width": "140px"}, widgets.Layout(width="380px")
 
@@ -64,7 +66,8 @@ class ParallelismExplorer(Explorer):
         v = {k: c.value for k, c in self.controls.items()}
         return ModelShape(params=int(v["params_m"] * 1e6), layers=self.layers,
                           activation_bytes=int(self.activation_mib * 2**20),
-                          compute_s=v["compute_ms"] / 1e3, microbatches=self.microbatches)
+                          compute_s=v["compute_ms"] / 1e3, microbatches=self.microbatches,
+                          heads=self.heads)
 
     def _compute(self) -> None:
         v = {k: c.value for k, c in self.controls.items()}
@@ -84,11 +87,18 @@ class ParallelismExplorer(Explorer):
         ax.set_yscale("log")
         ax.set_xlim(RANKS[0] / 1.2, RANKS[-1] * 1.2)
         ax.set_ylim(1e-3, 1e3)  # until _draw sets them: a log axis cannot start at 0
-        ax.yaxis.set_minor_formatter(NullFormatter())  # fewer labels: each costs a redraw
+        # Ticks at 1, 2 and 5 of each decade, labelled as plain numbers: readable over any
+        # range the sliders give (a log axis otherwise labels decades only).
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xticks(RANKS, [str(n) for n in RANKS])
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("ranks")
-        ax.set_ylabel("step time (s), nothing overlapped")
-        ax.text(0.99, 0.02, "pipeline: at most one stage per layer", transform=ax.transAxes,
-                ha="right", fontsize=8, color=COLORS["pp"])
+        ax.set_ylabel("step time (s)")
+        ax.text(0.99, 0.02, f"TP: at most one of {self.heads} heads per rank; pipeline: at most "
+                f"one of {self.layers} layers per stage; DP and FSDP not overlapped",
+                transform=ax.transAxes, ha="right", fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8, loc="upper left")
         title = ax.set_title("", fontsize=10)
