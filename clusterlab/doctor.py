@@ -185,13 +185,54 @@ def faithful_floor(*, samples: int = DELAY_PROBE_SAMPLES, candidates=FLOOR_CANDI
             "samples": samples, "tried": tried}
 
 
-def dilation_needed(delay_us: float, *, floor_us: float | None) -> int:
-    """The smallest whole dilation k >= 1 at which `delay_us` x k reaches the faithful floor."""
+# What `dilation_with_margin` asks of a dilated delay: at least this many times the faithful
+# floor (the floor passes on its median only, exactly at the tolerance's edge), and at least
+# the late tail this machine adds (its p99: a step that waits for the slowest of many
+# messages meets that tail, so it must not exceed the delay it would be read against).
+FLOOR_MARGIN = 2.0
+
+
+def dilation_needed(delay_us: float, *, floor_us: float | None, margin: float = 1.0,
+                    tail_us: float | None = None) -> int:
+    """The smallest whole dilation k >= 1 at which `delay_us` x k reaches `margin` x the
+    faithful floor and, given `tail_us` (the late tail the machine adds, e.g. the doctor's
+    `added_p99_us`), is at least that tail too.
+
+    With the defaults (margin 1, no tail) k only brings the delay up to the floor, where the
+    median is faithful by definition but the machine's late tail can still exceed the delay;
+    an experiment whose conclusions rest on tails asks for a margin and the tail."""
     if delay_us <= 0:
         raise ValueError(f"delay_us must be > 0, got {delay_us!r}")
+    if margin < 1:
+        raise ValueError(f"margin must be >= 1, got {margin!r}")
     if floor_us is None:
         raise ValueError("no delay was emulated faithfully on this machine: it is too busy")
-    return max(1, int(np.ceil(floor_us / delay_us - 1e-9)))
+    if tail_us is not None and tail_us < 0:
+        raise ValueError(f"tail_us must be >= 0, got {tail_us!r}")
+    need = max(margin * floor_us, tail_us or 0.0)
+    return max(1, int(np.ceil(need / delay_us - 1e-9)))
+
+
+def dilation_with_margin(delay_us: float, info: dict, *, margin: float = FLOOR_MARGIN,
+                         limit: int = 32) -> dict:
+    """The dilation an experiment with delays of `delay_us` should run at on this machine,
+    from a `collect()` record: `dilation_needed` with `margin` x the faithful floor and the
+    late tail the machine adds (`added_p99_us`). A machine on which no candidate delay was
+    faithful is treated as if its floor were the largest candidate. The result is capped at
+    `limit` (a busier machine would make the run too slow; the cap is reported).
+
+    Returns {"k", "reason": "floor" | "tail" | "none", "capped", "floor_us", "tail_us",
+    "samples"} where reason says which requirement set k ("none": k = 1 met both)."""
+    floor_us = info["smallest_faithful_delay_us"]
+    floor_us = FLOOR_CANDIDATES_US[-1] if floor_us is None else floor_us
+    tail_us = float(info["added_p99_us"])
+    by_floor = dilation_needed(delay_us, floor_us=floor_us, margin=margin)
+    by_tail = dilation_needed(delay_us, floor_us=floor_us, margin=1.0, tail_us=tail_us)
+    k = max(by_floor, by_tail)
+    reason = "none" if k == 1 else ("tail" if by_tail > by_floor else "floor")
+    samples = info.get("faithful_floor", {}).get("samples")
+    return {"k": min(k, limit), "reason": reason, "capped": k > limit, "floor_us": floor_us,
+            "tail_us": tail_us, "samples": samples}
 
 
 def kernel_shaping() -> dict:

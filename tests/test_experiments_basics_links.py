@@ -126,6 +126,27 @@ def test_network_bounds_and_slow_steps_split_the_network_from_the_machine(breakd
     assert plain["dilation"] == 1.0 and plain["cores"] >= 1 and len(plain["load_average"]) == 2
 
 
+def test_a_one_rank_baseline_is_the_reference_of_efficiency():
+    plain, solo = basics.compare(nics=(None,), nodes=2, steps=3, warmup=1, chunk=3,
+                                 sizes=(32, 64, 10), batch=16, solo=True)
+    assert (plain["nodes"], solo["nodes"]) == (2, 1)
+    assert solo["rounds"] == 0 and solo["predicted_all_reduce"] == 0
+    assert basics.label(solo) == "1 rank, no exchange"
+    assert basics.efficiency(solo, plain) == pytest.approx(
+        solo["step_median"] / plain["step_median"])
+    with pytest.raises(ValueError):
+        basics.efficiency(plain, solo)
+
+
+def test_backward_costs_two_products_per_layer_but_the_first():
+    # one layer: no input gradient, so backward = forward
+    assert basics.backward_forward_flops((8, 4)) == 1.0
+    # two equal layers: forward 2 products, backward 3
+    assert basics.backward_forward_flops((8, 8, 8)) == pytest.approx(1.5)
+    ratio = basics.backward_forward_flops()
+    assert 1.6 < ratio < 1.7  # 256-512-512-10: the first layer is a third of the products
+
+
 def test_dilated_loop_reports_emulated_time():
     plain, impaired = basics.compare(nics=(None, "delay 2ms rate 1gbit"), nodes=2, steps=3,
                                      warmup=1, chunk=3, sizes=(32, 64, 10), batch=16,

@@ -58,6 +58,18 @@ def gradient_tensors(sizes=DEFAULT_SIZES) -> list[int]:
     return out
 
 
+def backward_forward_flops(sizes=DEFAULT_SIZES) -> float:
+    """FLOPs of the backward pass over those of the forward pass for `make_model(sizes)`.
+
+    A linear layer a -> b on a batch costs one matrix product forward (2·batch·a·b FLOPs);
+    backward it costs one for the weight gradient and one for the input gradient, except in
+    the first layer, whose input (the data) needs no gradient. So the ratio is
+    1 + (the products of every layer but the first) / (the products of all layers), a little
+    under 2 (biases, ReLUs and the loss are left out: they are O(batch·b), not O(batch·a·b))."""
+    products = [a * b for a, b in zip(sizes[:-1], sizes[1:])]
+    return 1 + sum(products[1:]) / sum(products)
+
+
 # Per rank process: the model, optimizer and data of each running experiment, so that a loop
 # run in several chunks (see `compare`) continues where it stopped.
 _STATE: dict = {}
@@ -116,7 +128,7 @@ def synchronous_loop(steps: int, sizes=DEFAULT_SIZES, batch: int = 128, lr: floa
 
 def compare(nics=(None, IMPAIRED_NIC), nodes: int = 2, steps: int = 12, warmup: int = 2,
             chunk: int = 3, sizes=DEFAULT_SIZES, batch: int = 128, seed: int = 0,
-            timeout: float = 60, *, dilation: float = 1.0) -> list[dict]:
+            timeout: float = 60, *, dilation: float = 1.0, solo: bool = False) -> list[dict]:
     """Run `synchronous_loop` on `nodes` ranks (one per node) behind each network in `nics`.
 
     All the clusters are started together and take turns, `chunk` steps at a time, so that
@@ -138,19 +150,26 @@ def compare(nics=(None, IMPAIRED_NIC), nodes: int = 2, steps: int = 12, warmup: 
     (`Cluster(dilation=k)`), and every time is reported divided by k (`clusterlab.now()`), so
     network times are the configured network's while the CPU's compute stands for a CPU k
     times faster. Use it when the doctor's faithful floor is above the configured delay.
+
+    solo: also run the same loop on ONE rank (nic=None: no exchange at all, the all_reduce of
+    a world of one returns at once), interleaved with the others; its result comes last
+    (nodes = 1). It is the baseline of scaling efficiency: each rank of the others computes
+    the same per-rank batch, so `efficiency(solo, run)` = solo step / run step is the share of
+    the single-process speed that each rank keeps (weak scaling).
     """
     if steps <= warmup:
         raise ValueError(f"steps ({steps}) must be more than warmup ({warmup})")
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     nics = list(nics)
+    shapes = [(nic, nodes) for nic in nics] + ([(None, 1)] if solo else [])
     run_id = uuid.uuid4().hex[:8]
     load_before = os.getloadavg()[0]
-    per_nic: list[list[list[dict]]] = [[] for _ in nics]  # nic -> chunk -> rank -> result
+    per_nic: list[list[list[dict]]] = [[] for _ in shapes]  # run -> chunk -> rank -> result
     with contextlib.ExitStack() as stack:
-        clusters = [stack.enter_context(Cluster(nodes=nodes, nic=nic, seed=seed,
+        clusters = [stack.enter_context(Cluster(nodes=n, nic=nic, seed=seed,
                                                 timeout=timeout * dilation, dilation=dilation))
-                    for nic in nics]
+                    for nic, n in shapes]
         done = 0
         while done < steps:
             n = min(chunk, steps - done)
@@ -159,7 +178,8 @@ def compare(nics=(None, IMPAIRED_NIC), nodes: int = 2, steps: int = 12, warmup: 
                                          f"{run_id}-{i}"))
             done += n
     load = (load_before, os.getloadavg()[0])
-    out = [_summarise(nic, nodes, chunks, warmup, sizes) for nic, chunks in zip(nics, per_nic)]
+    out = [_summarise(nic, n, chunks, warmup, sizes)
+           for (nic, n), chunks in zip(shapes, per_nic)]
     for r in out:
         r.update(dilation=float(dilation), load_average=load, cores=os.cpu_count())
     return out
@@ -250,7 +270,18 @@ def slowdown(baseline: dict, impaired: dict) -> float:
     return impaired["step_median"] / baseline["step_median"]
 
 
+def efficiency(solo: dict, result: dict) -> float:
+    """Scaling efficiency of `result` against the one-rank run of the same loop
+    (`compare(..., solo=True)`): median step on one rank / median step of `result`. Every rank
+    computes the same per-rank batch, so 1 means no cost of synchronising at all."""
+    if solo["nodes"] != 1:
+        raise ValueError(f"the baseline must be a one-rank run, got {solo['nodes']} ranks")
+    return solo["step_median"] / result["step_median"]
+
+
 def label(result: dict) -> str:
+    if result["nodes"] == 1:
+        return "1 rank, no exchange"
     return "no impairment (plain Gloo)" if result["nic"] is None else f"nic: {result['nic']}"
 
 
@@ -288,7 +319,8 @@ def plot_breakdown(results: list[dict], ax=None):
                        label=name if not positions else None)
                 bottom += value
             positions.append(x)
-            labels.append(("plain" if r["nic"] is None else "impaired") + f"\nrank {rank}")
+            kind = "1 rank" if r["nodes"] == 1 else ("plain" if r["nic"] is None else "impaired")
+            labels.append(kind + ("" if r["nodes"] == 1 else f"\nrank {rank}"))
             x += 1
         x += 0.5
     ax.set_xticks(positions, labels)
