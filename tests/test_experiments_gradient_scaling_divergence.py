@@ -66,6 +66,58 @@ def test_sum_losses_scale_the_gradient_with_the_per_rank_batch():
         assert n == pytest.approx(mean[0] * 16 / w, rel=1e-12)
 
 
+def test_with_adam_sum_and_mean_losses_train_alike():
+    sm = S.sum_vs_mean(world_sizes=(1, 4), steps=8, optimizer="adam")
+    # The summed loss's gradient is 64/W times larger, yet Adam's steps are the same (up to eps).
+    assert sm["grad_norm"]["sum"][0] > 10 * sm["grad_norm"]["mean"][0]
+    for i in range(2):
+        np.testing.assert_allclose(sm["loss"]["sum"][i], sm["loss"]["mean"][i], rtol=1e-6)
+    assert sm["effective_lr"]["sum"] == [sm["lr"]] * 2
+
+
+def test_with_adam_the_mean_of_means_is_still_biased():
+    r = S.uneven_batches(batch_sizes=(3, 10, 40, 99), steps=10, optimizer="adam", lr=0.05)
+    assert r["param_error"]["global_count"][-1] < 1e-10
+    assert r["param_error"]["mean_of_means"][-1] > 1e-3
+
+
+def test_unknown_optimizer_is_refused():
+    with pytest.raises(ValueError, match="optimizer"):
+        S.sum_vs_mean(optimizer="lamb")
+
+
+def test_mean_of_means_minimiser_moves():
+    m = S.minimisers(batch_sizes=(3, 10, 40, 99))
+    assert 1e-3 < m["shift"] < 0.1 * m["scale"]
+    assert m["excess_loss"] > 0
+    same = S.minimisers(batch_sizes=(40, 40))  # equal shards: the same objective
+    assert same["shift"] < 1e-12
+
+
+def test_clipping_by_the_global_norm_matches_one_process_and_local_does_not():
+    c = S.clipping(world=4, features=8, steps=3)
+    assert c["global"]["rel_error"] < 1e-12 and c["global"]["param_error"][-1] < 1e-12
+    assert np.ptp(c["global"]["block_scale"]) < 1e-12  # one factor for every block
+    assert c["local"]["cosine"] < 0.99  # each block its own factor: another direction
+    assert np.ptp(c["local"]["block_scale"]) > 0.01
+    with pytest.raises(ValueError, match="blocks"):
+        S.clipping(world=4, features=10)
+
+
+def test_grad_scaler_skips_consistently_only_when_the_inf_is_shared():
+    r = S.loss_scaling(steps=4, inf_step=1, inf_rank=2)
+    for case in ("ddp", "sharded_synced"):
+        assert r[case]["skipped"][1].all() and not r[case]["skipped"][[0, 2, 3]].any(), case
+        assert (r[case]["scale"][-1] == r[case]["scale"][-1, 0]).all()
+    local = r["sharded_local"]
+    assert local["skipped"][1].tolist() == [False, False, True, False]
+    assert local["scale"][-1, 2] == local["scale"][-1, 0] / 2  # the scales now disagree
+    # every rank holds the same (all-gathered) parameters, but they differ from a synced run
+    assert np.abs(local["params"][-1] - r["sharded_synced"]["params"][-1]).max() > 1e-3
+    with pytest.raises(ValueError, match="shards"):
+        S.loss_scaling(features=8)
+
+
 def test_accumulation_without_division_gives_k_times_the_gradient():
     r = S.accumulation(ks=(1, 4), micro_batch=4)
     assert r["ratio"] == pytest.approx([1.0, 4.0], rel=1e-12)
@@ -145,6 +197,21 @@ def test_mismatched_collective_without_debug_is_still_bounded():
     r = D.mismatched_collective("op", debug=None, timeout=2.0)
     assert r["error"] in ("ClusterTimeout", "RankError", "RankDied")
     assert r["ranks"]
+
+
+@pytest.mark.parametrize("debug", [None, "DETAIL"])
+def test_swapped_same_shape_all_reduces_are_silent_even_with_detail(debug):
+    r = D.swapped_order(debug)
+    assert r["error"] is None, r["message"]
+    assert r["wrong"] == [["layer_a", "layer_b"], ["layer_a", "layer_b"]]
+    assert not r["ranks_agree"]
+
+
+def test_forgetting_set_epoch_repeats_the_order():
+    o = D.data_order(epochs=2, set_epoch=False)
+    assert o["shared"]["same_order_as_previous_epoch"] == [True]
+    o = D.data_order(epochs=2, set_epoch=True)
+    assert o["shared"]["same_order_as_previous_epoch"] == [False]
 
 
 def test_monitored_barrier_names_the_missing_rank():

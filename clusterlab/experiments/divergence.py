@@ -17,6 +17,8 @@ the replicas' parameter fingerprints step by step:
 * `data_order` - per-rank sampler seeds: duplicated and missing samples;
 * `mismatched_collective` - one rank calls a different collective (or another size): a hang
   or a crash, and a named error with TORCH_DISTRIBUTED_DEBUG=DETAIL;
+* `swapped_order` - two same-shape all-reduces issued in opposite orders on two ranks: no
+  error, no hang, not even with TORCH_DISTRIBUTED_DEBUG=DETAIL; each rank's sums are wrong;
 * `missed_barrier` - a rank that never arrives, named by a monitored barrier;
 * `detection` - SyncMonitor on several faults: each flagged with its rank and step, and
   silence on a healthy run.
@@ -444,6 +446,59 @@ def mismatched_collective(case: str = "op", debug: str | None = None, world: int
     except ClusterError as exc:
         res.update(describe_error(exc))
     res["wall_s"] = time.monotonic() - t0
+    return res
+
+
+def _swapped_rank(odd_rank):
+    import torch
+    import torch.distributed as dist
+
+    _quiet()
+    rank = dist.get_rank()
+    # Two gradient buckets of the same shape, e.g. two layers of the same size. The odd rank
+    # reduces them in the other order (say, it iterates over a set or a dict built in another
+    # order, or its hooks fired in another order).
+    grads = {"layer_a": torch.full((4,), float(rank + 1)),
+             "layer_b": torch.full((4,), 10.0 * (rank + 1))}
+    order = ["layer_b", "layer_a"] if rank == odd_rank else ["layer_a", "layer_b"]
+    for name in order:
+        dist.all_reduce(grads[name])
+    return {name: t.tolist() for name, t in grads.items()}
+
+
+def swapped_order(debug: str | None = None, world: int = 2, odd_rank: int = 1,
+                  timeout: float = 10.0) -> dict:
+    """Every rank all-reduces two same-shape tensors, "layer_a" (rank r holds r + 1) and
+    "layer_b" (10 (r + 1)); rank `odd_rank` issues the two calls in the opposite order.
+
+    Collectives are matched by their position in each rank's sequence, so the first call of
+    one rank is summed with the first call of the other: the odd rank's "layer_b" is added to
+    the others' "layer_a". Op, shape and dtype agree at every position, so nothing hangs and
+    TORCH_DISTRIBUTED_DEBUG=DETAIL (`debug`), which compares exactly those, has nothing to
+    report. Runs on plain Gloo, bounded by `timeout`.
+
+    Returns {"debug", "error" (None if it completed), "message", "result": per rank
+    {name: values}, "expected": {name: the correct sum}, "wrong": per rank, the names whose
+    sum is wrong, "ranks_agree": every rank holds the same values for every name, "wall_s"}.
+    """
+    import time
+
+    res: dict = {"debug": debug}
+    t0 = time.monotonic()
+    try:
+        with Cluster(nodes=world, nic=None, timeout=timeout,
+                     environ={"TORCH_DISTRIBUTED_DEBUG": debug or "OFF"}) as cl:
+            out = cl.run(_swapped_rank, odd_rank)
+        res.update(error=None, message="", result=out)
+    except ClusterError as exc:
+        res.update(describe_error(exc), result=None)
+    res["wall_s"] = time.monotonic() - t0
+    n = world * (world + 1) / 2
+    res["expected"] = {"layer_a": [n] * 4, "layer_b": [10 * n] * 4}
+    if res["result"] is not None:
+        res["wrong"] = [[k for k, v in r.items() if v != res["expected"][k]]
+                        for r in res["result"]]
+        res["ranks_agree"] = all(r == res["result"][0] for r in res["result"])
     return res
 
 

@@ -25,7 +25,15 @@ run is deterministic: same arguments, same numbers, on any machine):
   depend on the world size;
 * `accumulation` - gradient accumulation with and without dividing by the micro-steps;
 * `no_sync_misuse` - `DDP.no_sync` used wrongly: replicas drift apart;
-* `uneven_inputs` - a rank with fewer batches: a hang without `Join`, completion with it.
+* `uneven_inputs` - a rank with fewer batches: a hang without `Join`, completion with it;
+* `minimisers` - where full-batch training and the mean of means converge (closed form);
+* `clipping` - gradient clipping when each rank holds a shard of the weights: by the shard's
+  own norm (the bug) or by the global norm;
+* `loss_scaling` - GradScaler's skip decision under DDP and with sharded gradients, with and
+  without agreeing on it across ranks (ShardedGradScaler).
+
+`uneven_batches` and `sum_vs_mean` also take ``optimizer="adam"``: Adam's update is (up to
+its eps) invariant to a constant gradient scale, but not to a re-weighting of the samples.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from .common import describe_error, preload_ddp
 # (Gloo's sums are the same bit for bit whatever the delays).
 DEFAULT_NIC = "delay 1ms 200us"
 METHODS = ("mean_of_means", "global_count", "weighted")
+OPTIMIZERS = ("sgd", "adam")
 NO_SYNC_VARIANTS = ("correct", "step_inside_no_sync", "no_final_sync")
 
 
@@ -88,6 +97,17 @@ def _offsets(sizes) -> list[int]:
     return [0, *np.cumsum(sizes).tolist()]
 
 
+def _optimizer(name: str, params, lr: float):
+    """torch.optim.SGD or torch.optim.Adam (default betas and eps) over `params`."""
+    import torch
+
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
+
+
 def full_batch_gradient(n: int, features: int = 8, seed: int = 0) -> np.ndarray:
     """The gradient of the mean squared error over all n samples, in one process (float64),
     at the same initial weights the experiments use: the reference every method is judged by.
@@ -101,13 +121,14 @@ def full_batch_gradient(n: int, features: int = 8, seed: int = 0) -> np.ndarray:
 
 
 def full_batch_descent(n: int, features: int = 8, seed: int = 0, steps: int = 30,
-                       lr: float = 0.1) -> dict:
-    """Plain gradient descent on all n samples in one process: parameters and loss per step."""
+                       lr: float = 0.1, optimizer: str = "sgd") -> dict:
+    """Full-batch descent (SGD or Adam) on all n samples in one process: parameters and loss
+    per step."""
     import torch
 
     x, y = make_regression(n, features, seed)
     model = _linear(features, seed, "float64")
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    opt = _optimizer(optimizer, model.parameters(), lr)
     params, losses = [], []
     for _ in range(steps):
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -127,7 +148,7 @@ def relative_error(g: np.ndarray, ref: np.ndarray) -> float:
 # --- 1. unequal local batches ------------------------------------------------------------------
 
 
-def _uneven_rank(batch_sizes, features, seed, steps, lr, methods):
+def _uneven_rank(batch_sizes, features, seed, steps, lr, methods, optimizer):
     """On every rank: one DDP gradient per method at the initial weights, then `steps` steps."""
     import torch
     import torch.distributed as dist
@@ -161,7 +182,7 @@ def _uneven_rank(batch_sizes, features, seed, steps, lr, methods):
         with torch.no_grad():
             for p, p0 in zip(model.parameters(), init):
                 p.copy_(p0)
-        opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+        opt = _optimizer(optimizer, ddp.parameters(), lr)
         params = []
         for step in range(steps + 1):
             opt.zero_grad()
@@ -177,15 +198,16 @@ def _uneven_rank(batch_sizes, features, seed, steps, lr, methods):
 
 
 def uneven_batches(batch_sizes=(8, 16, 32, 64), features: int = 8, steps: int = 30,
-                   lr: float = 0.1, seed: int = 0, methods=METHODS, nic=DEFAULT_NIC,
-                   timeout: float = 60) -> dict:
+                   lr: float = 0.1, seed: int = 0, methods=METHODS, optimizer: str = "sgd",
+                   nic=DEFAULT_NIC, timeout: float = 60) -> dict:
     """Ranks with unequal local batches (rank r holds batch_sizes[r] samples) under DDP.
 
     For each method of writing the loss ("mean_of_means": the usual mean loss;
     "global_count": summed loss divided by the all-reduced global count; "weighted": the mean
     loss weighted by n_r / N), the DDP gradient at the initial weights is compared with the
     single-process full-batch gradient over all N = sum(batch_sizes) samples (float64), and
-    `steps` of SGD are compared with full-batch gradient descent.
+    `steps` of `optimizer` ("sgd" or "adam") are compared with full-batch descent by the same
+    optimizer.
 
     Returns a dict with:
       batch_sizes, world, n_global;
@@ -202,10 +224,12 @@ def uneven_batches(batch_sizes=(8, 16, 32, 64), features: int = 8, steps: int = 
     import torch
 
     world, n = len(batch_sizes), int(sum(batch_sizes))
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
     preload_ddp()
     with Cluster(nodes=world, nic=nic, seed=seed, timeout=timeout) as cl:
         out = cl.run(_uneven_rank, tuple(batch_sizes), features, seed, steps, lr,
-                     tuple(methods))
+                     tuple(methods), optimizer)
     ref = full_batch_gradient(n, features, seed)
     # What DDP should compute with mean losses, predicted in one process.
     offsets, shard_means = _offsets(batch_sizes), []
@@ -215,7 +239,7 @@ def uneven_batches(batch_sizes=(8, 16, 32, 64), features: int = 8, steps: int = 
         lo, hi = offsets[r], offsets[r + 1]
         torch.nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi]).backward()
         shard_means.append(_flat_grad(model))
-    descent = full_batch_descent(n, features, seed, steps, lr)
+    descent = full_batch_descent(n, features, seed, steps, lr, optimizer)
 
     def data_loss(params: np.ndarray) -> float:
         w = torch.from_numpy(params[:features]).reshape(1, features)
@@ -223,6 +247,7 @@ def uneven_batches(batch_sizes=(8, 16, 32, 64), features: int = 8, steps: int = 
         return float(torch.nn.functional.mse_loss(x @ w.T + b, y))
 
     res = {"batch_sizes": list(batch_sizes), "world": world, "n_global": n,
+           "optimizer": optimizer, "params": {"full_batch": descent["params"]},
            "reference": ref, "predicted_mean_of_means": np.mean(shard_means, axis=0),
            "grad": {}, "ranks_agree": {}, "max_abs_error": {}, "rel_error": {},
            "sample_weight": {}, "param_error": {}, "loss": {"full_batch": descent["loss"]}}
@@ -235,6 +260,7 @@ def uneven_batches(batch_sizes=(8, 16, 32, 64), features: int = 8, steps: int = 
         res["sample_weight"][m] = ([n / (world * b) for b in batch_sizes]
                                    if m == "mean_of_means" else [1.0] * world)
         params = out[0]["params"][m]
+        res["params"][m] = params
         res["param_error"][m] = np.max(np.abs(params - descent["params"]), axis=1)
         # The loss of the parameters *before* each step, as descent["loss"] records it.
         before = np.vstack([_flat_params(_linear(features, seed, "float64")), params[:-1]])
@@ -245,7 +271,7 @@ def uneven_batches(batch_sizes=(8, 16, 32, 64), features: int = 8, steps: int = 
 # --- 2. sum or mean ------------------------------------------------------------------------
 
 
-def _sum_mean_rank(global_batch, features, seed, steps, lr):
+def _sum_mean_rank(global_batch, features, seed, steps, lr, optimizer):
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -259,7 +285,7 @@ def _sum_mean_rank(global_batch, features, seed, steps, lr):
     for reduction in ("mean", "sum"):
         model = _linear(features, seed, "float64")
         ddp = DDP(model)
-        opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+        opt = _optimizer(optimizer, ddp.parameters(), lr)
         losses, norm = [], None
         for _ in range(steps):
             opt.zero_grad()
@@ -272,13 +298,13 @@ def _sum_mean_rank(global_batch, features, seed, steps, lr):
                 full = F.mse_loss(model(x), y).reshape(1)
             dist.all_reduce(full)
             losses.append(float(full) / world)
-        out[reduction] = {"grad_norm": norm, "loss": losses}
+        out[reduction] = {"grad_norm": norm, "loss": losses, "params": _flat_params(model)}
     return out
 
 
 def sum_vs_mean(world_sizes=(1, 2, 4), global_batch: int = 64, features: int = 8,
-                steps: int = 15, lr: float = 0.03, seed: int = 0, nic=DEFAULT_NIC,
-                timeout: float = 60) -> dict:
+                steps: int = 15, lr: float = 0.03, seed: int = 0, optimizer: str = "sgd",
+                nic=DEFAULT_NIC, timeout: float = 60) -> dict:
     """The same global batch split over W ranks, with reduction="mean" and "sum" losses.
 
     DDP divides the summed gradients by W. With mean losses the result is the full-batch
@@ -287,9 +313,15 @@ def sum_vs_mean(world_sizes=(1, 2, 4), global_batch: int = 64, features: int = 8
 
     Returns {"world_sizes", "per_rank_batch", "grad_norm": {"mean": [...], "sum": [...]},
     "loss": {"mean": [[per step] per W], "sum": ...}, "effective_lr": {"mean", "sum"}}, where
-    the loss is the global-batch mean squared error after each SGD step with the same lr.
+    the loss is the global-batch mean squared error after each step with the same lr, and
+    "params": {"mean": [...], "sum": [...]} the final parameters per W. With
+    optimizer="adam" the effective learning rate is lr whatever the gradient's scale (Adam
+    divides the step by the gradient's running RMS), up to Adam's eps.
     """
-    res = {"world_sizes": list(world_sizes), "global_batch": global_batch,
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    res = {"world_sizes": list(world_sizes), "global_batch": global_batch, "optimizer": optimizer,
+           "params": {"mean": [], "sum": []},
            "per_rank_batch": [global_batch // w for w in world_sizes], "lr": lr,
            "grad_norm": {"mean": [], "sum": []}, "loss": {"mean": [], "sum": []},
            "effective_lr": {"mean": [], "sum": []}}
@@ -298,12 +330,13 @@ def sum_vs_mean(world_sizes=(1, 2, 4), global_batch: int = 64, features: int = 8
             raise ValueError(f"global_batch={global_batch} does not split over {w} ranks")
         preload_ddp()
         with Cluster(nodes=w, nic=nic, seed=seed, timeout=timeout) as cl:
-            out = cl.run(_sum_mean_rank, global_batch, features, seed, steps, lr)[0]
+            out = cl.run(_sum_mean_rank, global_batch, features, seed, steps, lr, optimizer)[0]
         for red in ("mean", "sum"):
             res["grad_norm"][red].append(out[red]["grad_norm"])
             res["loss"][red].append(np.array(out[red]["loss"]))
+            res["params"][red].append(out[red]["params"])
         res["effective_lr"]["mean"].append(lr)
-        res["effective_lr"]["sum"].append(lr * global_batch / w)
+        res["effective_lr"]["sum"].append(lr * global_batch / w if optimizer == "sgd" else lr)
     return res
 
 
@@ -536,4 +569,285 @@ def uneven_inputs(batches=(8, 8, 8, 5), use_join: bool = True,
         scale.append(float(np.linalg.norm(synced) / np.linalg.norm(mean_own)))
         active.append(len(ranks))
     res.update(grad_scale=np.array(scale), active=np.array(active))
+    return res
+
+
+# --- 6. where the mean of means converges ------------------------------------------------------
+
+
+def minimisers(batch_sizes=(3, 10, 40, 99), features: int = 8, seed: int = 0) -> dict:
+    """The parameters full-batch training converges to, and those the mean of means does.
+
+    The mean-of-means loss (1/W) sum_r (1/n_r) sum_{i on r} (x_i w + b - y_i)^2 is a weighted
+    least-squares problem (sample weight 1 / (W n_r)); its minimiser differs from the ordinary
+    least-squares one unless the shards look alike. Closed form, one process (float64).
+
+    Returns {"full_batch", "mean_of_means": parameter vectors [w..., b]; "shift": max |their
+    difference|; "scale": max |full_batch|; "excess_loss": the full-data loss at the
+    mean-of-means minimiser over the one at the full-batch minimiser, minus 1}.
+    """
+    x, y = make_regression(int(sum(batch_sizes)), features, seed)
+    a = np.hstack([x.numpy(), np.ones((len(x), 1))])
+    t = y.numpy()[:, 0]
+    weights = np.concatenate([np.full(n, 1.0 / (len(batch_sizes) * n)) for n in batch_sizes])
+    full = np.linalg.lstsq(a, t, rcond=None)[0]
+    root = np.sqrt(weights)
+    mom = np.linalg.lstsq(a * root[:, None], t * root, rcond=None)[0]
+
+    def loss(p):
+        return float(np.mean((a @ p - t) ** 2))
+
+    return {"full_batch": full, "mean_of_means": mom,
+            "shift": float(np.max(np.abs(mom - full))), "scale": float(np.max(np.abs(full))),
+            "excess_loss": loss(mom) / loss(full) - 1}
+
+
+# --- 7. clipping sharded gradients -----------------------------------------------------------
+
+CLIP_MODES = ("none", "local", "global")
+
+
+def _shard_data(n, features, world, seed):
+    """Regression data whose feature blocks (one per rank) have scales 1, 2, 4, ...: the
+    shards' gradient norms then differ, as the layers of a real model do."""
+    import torch
+
+    x, y = make_regression(n, features, seed)
+    scale = torch.repeat_interleave(2.0 ** torch.arange(world, dtype=torch.float64),
+                                    features // world)
+    return x * scale, y
+
+
+def _clip_rank(features, n, max_norm, steps, lr, seed):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x, y = _shard_data(n, features, world, seed)
+    per = features // world
+    cols = slice(rank * per, (rank + 1) * per)
+    w0 = torch.linspace(-0.5, 0.5, features, dtype=torch.float64).reshape(features, 1)
+    out = {}
+    for mode in CLIP_MODES:
+        # This rank's block of the weights, as under tensor parallelism (a column block of a
+        # linear layer) or FSDP (a shard of the flat parameter).
+        w = torch.nn.Parameter(w0[cols].clone())
+        opt = torch.optim.SGD([w], lr=lr)
+        grads, params, local_norms = [], [], []
+        for _ in range(steps):
+            partial = x[:, cols] @ w
+            total = partial.detach().clone()
+            dist.all_reduce(total)  # the full prediction: the sum of every block's part
+            pred = partial + (total - partial.detach())  # its gradient flows to this block
+            opt.zero_grad()
+            F.mse_loss(pred, y).backward()
+            local_norms.append(float(w.grad.norm()))
+            if mode == "local":  # what clip_grad_norm_ does on the parameters it is given
+                torch.nn.utils.clip_grad_norm_([w], max_norm)
+            elif mode == "global":  # the norm of the WHOLE gradient: sum the squares first
+                sq = w.grad.pow(2).sum().reshape(1)
+                dist.all_reduce(sq)
+                coef = torch.clamp(max_norm / (sq.sqrt() + 1e-6), max=1.0)  # as clip_grad_norm_
+                w.grad.mul_(coef)
+            grads.append(w.grad.detach().reshape(-1).clone())
+            opt.step()
+            params.append(w.detach().reshape(-1).clone())
+        # Put the blocks back together, as a checkpoint would.
+        g_all = [torch.empty(steps * per, dtype=torch.float64) for _ in range(world)]
+        p_all = [torch.empty(steps * per, dtype=torch.float64) for _ in range(world)]
+        dist.all_gather(g_all, torch.cat(grads))
+        dist.all_gather(p_all, torch.cat(params))
+        n_all = [torch.empty(steps, dtype=torch.float64) for _ in range(world)]
+        dist.all_gather(n_all, torch.tensor(local_norms, dtype=torch.float64))
+        out[mode] = {
+            "grad": torch.cat([g.reshape(steps, per) for g in g_all], dim=1).numpy(),
+            "params": torch.cat([p.reshape(steps, per) for p in p_all], dim=1).numpy(),
+            "local_norms": torch.stack(n_all, dim=1).numpy()}
+    return out
+
+
+def _clip_reference(features, n, world, max_norm, steps, lr, seed, clip):
+    """The same model in one process, clipped (or not) with clip_grad_norm_ on all weights."""
+    import torch
+    import torch.nn.functional as F
+
+    x, y = _shard_data(n, features, world, seed)
+    w = torch.nn.Parameter(torch.linspace(-0.5, 0.5, features, dtype=torch.float64)
+                           .reshape(features, 1))
+    opt = torch.optim.SGD([w], lr=lr)
+    grads, params, norms = [], [], []
+    for _ in range(steps):
+        opt.zero_grad()
+        F.mse_loss(x @ w, y).backward()
+        norms.append(float(w.grad.norm()))
+        if clip:
+            torch.nn.utils.clip_grad_norm_([w], max_norm)
+        grads.append(w.grad.detach().reshape(-1).clone().numpy())
+        opt.step()
+        params.append(w.detach().reshape(-1).clone().numpy())
+    return {"grad": np.array(grads), "params": np.array(params), "norm": np.array(norms)}
+
+
+def clipping(world: int = 4, features: int = 16, n: int = 256, max_norm: float = 1.0,
+             steps: int = 20, lr: float = 0.02, seed: int = 0, nic=DEFAULT_NIC,
+             timeout: float = 60) -> dict:
+    """Gradient clipping when each of `world` ranks holds one block of a linear model's
+    weights (as under tensor parallelism or FSDP), against one process that holds them all.
+
+    "local": every rank calls clip_grad_norm_(its block, max_norm), so every block is clipped
+    by its OWN norm; "global": the squared block norms are all-reduced first, so every block
+    is scaled by the same factor max_norm / ||whole gradient|| (what clip_grad_norm_ computes
+    in one process, and what FSDP's clip_grad_norm_ and DTensor-aware clipping do);
+    "none": no clipping. The feature blocks have scales 1, 2, 4, ... so the blocks' gradient
+    norms differ.
+
+    Returns {"max_norm", "reference": {"grad", "params", "norm"} (one process, clipped),
+    "unclipped_reference", and per mode: "grad" (steps, features) the clipped gradient,
+    "params" (steps, features), "local_norms" (steps, world) each block's norm before
+    clipping, "rel_error" of step 0's gradient against the reference (see relative_error),
+    "cosine" between step 0's gradient and the reference's, "block_scale" (world,) the
+    factor each block's gradient was multiplied by at step 0, "param_error" per step}.
+    """
+    if features % world:
+        raise ValueError(f"features={features} does not split into {world} blocks")
+    preload_ddp()
+    with Cluster(nodes=world, nic=nic, seed=seed, timeout=timeout) as cl:
+        out = cl.run(_clip_rank, features, n, max_norm, steps, lr, seed)[0]
+    ref = _clip_reference(features, n, world, max_norm, steps, lr, seed, clip=True)
+    raw = _clip_reference(features, n, world, max_norm, steps, lr, seed, clip=False)
+    res = {"max_norm": max_norm, "world": world, "reference": ref, "unclipped_reference": raw}
+    per = features // world
+    g_raw = raw["grad"][0]
+    for mode, r in out.items():
+        g = r["grad"][0]
+        scale = [float(np.linalg.norm(g[b * per:(b + 1) * per])
+                       / np.linalg.norm(g_raw[b * per:(b + 1) * per])) for b in range(world)]
+        res[mode] = {**r, "rel_error": relative_error(g, ref["grad"][0]),
+                     "cosine": float(g @ ref["grad"][0]
+                                     / (np.linalg.norm(g) * np.linalg.norm(ref["grad"][0]))),
+                     "block_scale": np.array(scale),
+                     "param_error": np.max(np.abs(r["params"] - ref["params"]), axis=1)}
+    return res
+
+
+# --- 8. loss scaling (GradScaler) and its skip decision ----------------------------------------
+
+SCALER_CASES = ("ddp", "sharded_local", "sharded_synced")
+
+
+def _scaler_rank(cases, steps, inf_step, inf_rank, features, batch, lr, init_scale, seed):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x_all, y_all = make_regression(world * batch, features, seed, dtype="float32")
+    x, y = x_all[rank * batch:(rank + 1) * batch], y_all[rank * batch:(rank + 1) * batch]
+    out = {}
+    for case in cases:
+        torch.manual_seed(seed)
+        flat0 = torch.randn(features + 1) * 0.1  # [w..., b], the same on every rank
+        scales, skipped, params = [], [], []
+        if case == "ddp":
+            model = torch.nn.Linear(features, 1)
+            with torch.no_grad():
+                model.weight.copy_(flat0[:features].reshape(1, -1))
+                model.bias.copy_(flat0[features:])
+            ddp = DDP(model)
+            opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+            scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+            state = {"step": -1}
+
+            def overflow(grad, state=state):  # this rank's backward overflows (as fp16 can)
+                if state["step"] == inf_step and rank == inf_rank:
+                    grad = grad.clone()
+                    grad.view(-1)[0] = float("inf")
+                return grad
+
+            model.weight.register_hook(overflow)  # runs before DDP's all-reduce
+            for step in range(steps):
+                state["step"] = step
+                opt.zero_grad()
+                before = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+                scaler.scale(F.mse_loss(ddp(x), y)).backward()  # DDP all-reduces here
+                scaler.step(opt)  # skipped if this rank's (synchronised) gradient has an inf
+                scaler.update()
+                now = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+                skipped.append(bool(torch.equal(before, now)))
+                scales.append(float(scaler.get_scale()))
+                params.append(now.numpy().copy())
+        else:
+            # FSDP-style: each rank owns one shard of the flat parameter vector and updates
+            # only that shard; the full vector is all-gathered for the forward pass.
+            per = (features + 1) // world  # loss_scaling checks that it divides
+            lo, hi = rank * per, (rank + 1) * per
+            shard = torch.nn.Parameter(flat0[lo:hi].clone())
+            opt = torch.optim.SGD([shard], lr=lr)
+            scaler = (ShardedGradScaler(device="cpu", init_scale=init_scale)
+                      if case == "sharded_synced"
+                      else torch.amp.GradScaler("cpu", init_scale=init_scale))
+            full = flat0.clone()
+            for step in range(steps):
+                theta = full.clone().requires_grad_(True)
+                loss = F.mse_loss(x @ theta[:features].reshape(-1, 1) + theta[features], y)
+                scaler.scale(loss).backward()
+                g = theta.grad
+                if step == inf_step and rank == inf_rank:  # overflow in this rank's backward,
+                    g[lo] = float("inf")  # in an element of its own shard
+                dist.all_reduce(g)  # then each rank keeps its shard (a reduce-scatter)
+                shard.grad = g[lo:hi] / world
+                before = shard.detach().clone()
+                scaler.step(opt)  # decided on THIS rank's shard only, unless synchronised
+                scaler.update()
+                skipped.append(bool(torch.equal(before, shard.detach())))
+                scales.append(float(scaler.get_scale()))
+                parts = [torch.empty(per) for _ in range(world)]
+                dist.all_gather(parts, shard.detach().clone())
+                full = torch.cat(parts)
+                params.append(full.numpy().copy())
+                opt.zero_grad()
+        out[case] = {"skipped": skipped, "scale": scales, "params": np.array(params)}
+    return out
+
+
+def loss_scaling(cases=SCALER_CASES, world: int = 4, steps: int = 6, inf_step: int = 2,
+                 inf_rank: int = 2, features: int = 7, batch: int = 16, lr: float = 0.05,
+                 init_scale: float = 2.0 ** 16, seed: int = 0, nic=DEFAULT_NIC,
+                 timeout: float = 60) -> dict:
+    """torch.amp.GradScaler on `world` real ranks when one rank's backward overflows.
+
+    At step `inf_step`, rank `inf_rank`'s gradient gets an inf (what an fp16 overflow
+    produces; here float32 with a scaled loss, so that it runs on CPU). GradScaler then skips
+    the optimizer step and halves its scale - on the ranks that see the inf.
+
+    "ddp": DDP all-reduces the gradients before the scaler looks at them, so every rank sees
+    the inf, skips, and halves its scale: consistent. "sharded_local": each rank owns a shard
+    of the parameters (as under FSDP) and a plain GradScaler checks only that shard, so only
+    the shard's owner skips; its scale then differs from the others' and the next all-reduce
+    sums gradients scaled by different factors. "sharded_synced": ShardedGradScaler (FSDP's)
+    all-reduces the found-inf flag, so every rank skips.
+
+    Returns {case: {"skipped": (steps, world) the step left this rank's parameters unchanged,
+    "scale": (steps, world) the scale after the step, "params": (steps, world, n) the full
+    parameter vector every rank holds after the step}} plus "inf_step", "inf_rank".
+    """
+    unknown = set(cases) - set(SCALER_CASES)
+    if unknown:
+        raise ValueError(f"unknown cases {sorted(unknown)}; choose from {SCALER_CASES}")
+    if not 0 <= inf_rank < world:
+        raise ValueError(f"inf_rank must be in 0..{world - 1}, got {inf_rank}")
+    if (features + 1) % world:
+        raise ValueError(f"features + 1 = {features + 1} parameters do not split into {world} "
+                         "equal shards")
+    preload_ddp()
+    with Cluster(nodes=world, nic=nic, seed=seed, timeout=timeout) as cl:
+        out = cl.run(_scaler_rank, tuple(cases), steps, inf_step, inf_rank, features, batch,
+                     lr, init_scale, seed)
+    res: dict = {"inf_step": inf_step, "inf_rank": inf_rank, "world": world}
+    for case in cases:
+        res[case] = {k: np.stack([np.array(o[case][k]) for o in out], axis=1)
+                     for k in ("skipped", "scale", "params")}
     return res
