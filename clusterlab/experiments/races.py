@@ -111,6 +111,9 @@ def _worker(w, problem, shared, lock, go, mode, updates, lr, seed):
     idx_all, val_all, y_all = problem.idx, problem.val, problem.y
     order = np.random.default_rng([seed, w]).integers(0, problem.examples, updates)
     reads = mixed = retries = 0
+    # write-backs that erased exactly one other update (an overlap), or two or more at once
+    # (a rollback: the writer was descheduled between its read and its write), and how many
+    one = big = big_sum = 0
     whole = problem.nnz == problem.dim  # every update writes every coordinate (dense)
     go.wait()
     t0 = time.monotonic()  # the workers time themselves: the parent only polls
@@ -142,6 +145,13 @@ def _worker(w, problem, shared, lock, go, mode, updates, lr, seed):
                 count[idx] += 1
                 end[idx] = stamp
         else:  # write back what we computed from what we read: a read-modify-write
+            if mode == "none":  # updates that landed since our read (a racy look, too)
+                age = int(count[idx[0]] - c[0])
+                if age == 1:
+                    one += 1
+                elif age >= 2:
+                    big += 1
+                    big_sum += age
             begin[idx] = stamp
             x[idx] = xv - step
             count[idx] = c + 1
@@ -149,7 +159,7 @@ def _worker(w, problem, shared, lock, go, mode, updates, lr, seed):
             if mode == "lock":
                 lock.release()
         if (k & 255) == 255 or k == updates - 1:
-            stats[w] = (k + 1, reads, mixed, retries)
+            stats[w] = (k + 1, reads, mixed, retries, one, big, big_sum)
     cpu[w] = (time.process_time() - cpu0, t0, time.monotonic())
 
 
@@ -176,7 +186,12 @@ def hogwild(
 
     Returns a dict: mode, kind, workers, updates (total), expected (coordinate increments
     that should have happened), counted, lost (= expected - counted), lost_fraction,
-    reads, mixed_reads, mixed_fraction, retries, elapsed_s (the first worker's start to the
+    reads, mixed_reads, mixed_fraction, retries; for mode "none", from a racy look at the
+    first touched coordinate's counter just before each write-back: overwrote_one (write-
+    backs that erased exactly one other update: two workers overlapping), rollbacks (write-
+    backs that erased two or more at once: the writer was descheduled between its read and
+    its write, then wrote back old values) and rollback_mean (updates erased per rollback);
+    elapsed_s (the first worker's start to the
     last worker's finish, timed by the workers: the parent only polls), updates_per_s, cpu_s
     (CPU seconds of all workers), parallelism (cpu_s / elapsed_s: how many workers ran at
     once, on average), curve_updates, curve_loss, curve_t (the sampled loss), initial_loss,
@@ -191,7 +206,7 @@ def hogwild(
     count = torch.zeros(problem.dim, dtype=torch.int64).share_memory_()
     begin = torch.zeros(problem.dim, dtype=torch.int64).share_memory_()
     end = torch.zeros(problem.dim, dtype=torch.int64).share_memory_()
-    stats = torch.zeros((workers, 4), dtype=torch.int64).share_memory_()
+    stats = torch.zeros((workers, 7), dtype=torch.int64).share_memory_()
     cpu = torch.zeros((workers, 3), dtype=torch.float64).share_memory_()  # cpu s, start, end
     shared = (x, count, begin, end, stats, cpu)
     lock, go = ctx.Lock(), ctx.Event()
@@ -237,7 +252,7 @@ def hogwild(
     times = cpu.numpy()
     cpu_s = float(times[:, 0].sum())
     elapsed = float(times[:, 2].max() - times[:, 1].min())  # first start to last finish
-    reads, mixed, retries = (int(v) for v in sn[:, 1:].sum(axis=0))
+    reads, mixed, retries, one, big, big_sum = (int(v) for v in sn[:, 1:].sum(axis=0))
     final = loss(problem, xn)
     curve_t.append(elapsed)
     curve_u.append(total)
@@ -247,7 +262,9 @@ def hogwild(
         "expected": expected, "counted": counted, "lost": expected - counted,
         "lost_fraction": (expected - counted) / expected,
         "reads": reads, "mixed_reads": mixed, "mixed_fraction": mixed / max(reads, 1),
-        "retries": retries, "elapsed_s": elapsed, "updates_per_s": total / elapsed,
+        "retries": retries, "overwrote_one": one, "rollbacks": big,
+        "rollback_mean": big_sum / big if big else 0.0,
+        "elapsed_s": elapsed, "updates_per_s": total / elapsed,
         "cpu_s": cpu_s, "parallelism": cpu_s / elapsed,
         "curve_t": np.array(curve_t), "curve_updates": np.array(curve_u),
         "curve_loss": np.array(curve_l), "initial_loss": initial, "final_loss": final,
@@ -303,12 +320,16 @@ def sync_allreduce(
 
     Each rank keeps its own replica of x, takes `batch` examples per step from its seeded
     stream, and all-reduces the summed gradient through the emulated network `nic`; every
-    rank applies x -= lr·(sum of all ranks' example gradients)/workers: a step as large as
-    `batch` sequential Hogwild updates. Updates per worker: `updates` (examples).
-    Coordinate counts are all-reduced too, so lost updates are counted the same way as in
-    `hogwild` (and are 0: no two writers ever share memory).
+    rank applies x -= lr·(sum of all ranks' example gradients)/workers: ONE parameter update
+    per step, as large as `batch` sequential Hogwild updates taken from a single point.
+    Examples per worker: `updates`. Coordinate counts are all-reduced too, so lost
+    increments are counted per example the same way as in `hogwild` (and are 0: no two
+    writers ever share memory).
 
-    Returns the same keys as `hogwild` (mixed_reads and retries are 0 by construction).
+    Returns the keys of `hogwild` that apply (mixed_reads and retries are 0 by
+    construction; "updates" counts examples, as the lost-update accounting does) plus
+    examples, steps (parameter updates actually applied), examples_per_s, steps_per_s and
+    replicas_agree (every rank's x has the same bytes).
     """
     if isinstance(problem, str):
         problem = make_problem(problem)
@@ -324,7 +345,8 @@ def sync_allreduce(
         "expected": expected, "counted": counted, "lost": expected - counted,
         "lost_fraction": (expected - counted) / expected,
         "reads": total, "mixed_reads": 0, "mixed_fraction": 0.0, "retries": 0,
-        "elapsed_s": elapsed, "updates_per_s": total / elapsed,
+        "elapsed_s": elapsed, "examples": total, "steps": -(-updates // batch),
+        "examples_per_s": total / elapsed, "steps_per_s": -(-updates // batch) / elapsed,
         "curve_updates": np.array(out[0]["curve_u"]), "curve_loss": np.array(out[0]["curve_l"]),
         "initial_loss": float(out[0]["curve_l"][0]), "final_loss": loss(problem, out[0]["x"]),
         "replicas_agree": replicas_agree,

@@ -15,6 +15,8 @@ Public API (each function documents its return value):
 * `async_parameter_server`: an asynchronous parameter server (rank 0) and workers; measures
   the staleness τ of every applied gradient, the "step back", and two fixes (step size
   divided by τ + 1, and bounded staleness, SSP);
+* `shared_versions`: which applied gradients were computed on the same parameter version
+  (workers released together by SSP): k such gradients act like one step of k·a;
 * `delayed_gd`, `growth_rate`, `stability_boundary`: deterministic delayed gradient descent
   x_{t+1} = x_t - a·x_{t-τ} on a 1-D quadratic; the boundary found by bisection on
   measured growth equals 2·sin(π/(4τ + 2)) (`models.delayed_gd_stable_step`).
@@ -51,6 +53,7 @@ __all__ = [
     "delayed_gd",
     "growth_rate",
     "quadratic",
+    "shared_versions",
     "simulated_step_times",
     "stability_boundary",
     "synchronous_step_times",
@@ -453,8 +456,9 @@ def async_parameter_server(
     `cluster` may be an open Cluster with at least workers + 1 ranks (extra ranks idle);
     without one, a cluster of workers + 1 ranks is started for the call.
 
-    Returns a dict of per-update arrays: tau, worker, loss_before, loss_after, backward
-    (the applied gradient points uphill at the current parameters), t (s since start);
+    Returns a dict of per-update arrays: tau, worker, version (the parameter version the
+    gradient was computed on), loss_before, loss_after, backward (the applied gradient
+    points uphill at the current parameters), t (s since start);
     and elapsed_s, updates_per_s, step_back (fraction of updates that raised the loss),
     final_loss, initial_loss.
     """
@@ -469,6 +473,8 @@ def async_parameter_server(
     lam, x0 = quadratic(dim)
     return {
         **{k: rec[k] for k in ("tau", "worker", "loss_before", "loss_after", "t")},
+        # update i is applied to version i; its gradient was computed on version i - τ
+        "version": np.arange(len(rec["tau"])) - rec["tau"].astype(int),
         "backward": rec["backward"].astype(bool),
         "workers": workers, "fix": fix, "lr": lr, "bound": bound,
         "elapsed_s": rec["elapsed_s"], "updates_per_s": updates / rec["elapsed_s"],
@@ -477,6 +483,35 @@ def async_parameter_server(
         "final_loss": float(rec["loss_after"][-1]),
         "pushed": [o.get("pushed", 0) for o in out[1:workers + 1]],
     }
+
+
+def shared_versions(result: dict, *, skip_start: bool = True) -> dict:
+    """Group the applied gradients of an `async_parameter_server` run by the version they
+    were computed on.
+
+    Plain asynchronous SGD hands every version to one worker only (the one that just
+    pushed), so each version is used once. Under SSP the workers that were blocked are
+    released together, pull the same version and push gradients of the same parameters:
+    k gradients of one version add up to one step of k·a along the stiffest coordinate,
+    stable only while k·a < 2, whatever their τ. Version 0 (every worker starts on it) is
+    left out when `skip_start`.
+
+    Returns {"sizes": count of gradients per version used (array), "shared": versions used
+    by >= 2 gradients (synchronised releases), "in_shared": fraction of the gradients that
+    belong to such a version, "typical": the most common group size among shared versions
+    (1 if none), "largest": the largest group}.
+    """
+    version = np.asarray(result["version"], dtype=int)
+    if skip_start:
+        version = version[version > 0]
+    if version.size == 0:
+        raise ValueError("no applied gradient beyond the starting version")
+    _, sizes = np.unique(version, return_counts=True)
+    shared = sizes[sizes >= 2]
+    typical = int(np.bincount(shared).argmax()) if shared.size else 1
+    return {"sizes": sizes, "shared": int(shared.size),
+            "in_shared": float(shared.sum() / sizes.sum()), "typical": typical,
+            "largest": int(sizes.max())}
 
 
 # ---------------------------------------------------------------------------------------------
