@@ -166,8 +166,12 @@ def compare(nics=(None, IMPAIRED_NIC), nodes: int = 2, steps: int = 12, warmup: 
     run_id = uuid.uuid4().hex[:8]
     load_before = os.getloadavg()[0]
     per_nic: list[list[list[dict]]] = [[] for _ in shapes]  # run -> chunk -> rank -> result
+    # Every rank computes with the threads a rank of the `nodes`-rank runs gets: the one-rank
+    # baseline must not get all the cores (on a shared machine that oversubscribes them, and
+    # it would compare different compute, not the cost of synchronising).
+    threads = max(1, (os.cpu_count() or 1) // nodes)
     with contextlib.ExitStack() as stack:
-        clusters = [stack.enter_context(Cluster(nodes=n, nic=nic, seed=seed,
+        clusters = [stack.enter_context(Cluster(nodes=n, nic=nic, seed=seed, threads=threads,
                                                 timeout=timeout * dilation, dilation=dilation))
                     for nic, n in shapes]
         done = 0
