@@ -37,6 +37,7 @@ __all__ = [
     "ALGORITHMS",
     "hierarchical_allreduce",
     "hierarchical_rail_allreduce",
+    "in_network_allreduce",
     "parameter_server",
     "rabenseifner_allreduce",
     "recursive_doubling_allreduce",
@@ -459,3 +460,65 @@ ALGORITHMS = {
     "hierarchical": hierarchical_allreduce,
     "hierarchical_rail": hierarchical_rail_allreduce,
 }
+
+
+# --- 8. in-network reduction: a switch that adds ------------------------------------------------
+
+
+def in_network_allreduce(tensor: torch.Tensor, switch: int | None = None,
+                         chunks: int = 16) -> torch.Tensor:
+    """All-reduce through a reducing switch, as InfiniBand SHARP and NVSwitch NVLS do it.
+
+    One rank, `switch` (default: the last), plays the switch and is NOT a worker: its
+    tensor is not summed in (it is overwritten with the sum). Every worker sends its tensor
+    to the switch once and receives the sum once, in `chunks` pieces so that the way up and
+    the way down overlap (a switch reduces packets as they stream; here a chunk at a time).
+    The switch adds chunk k as soon as every worker's chunk k has arrived and sends it back
+    to every worker.
+
+    On a network where each of the switch's ports to a worker is its own link at the NIC's
+    rate (`experiments.allreduce_and_topology.switch_links`), each worker's NIC carries n up
+    and its switch port n down: 2 alpha + (1 + 1/chunks) n beta whatever the number of
+    workers, against the ring's 2(p-1) alpha + 2((p-1)/p) n beta, whose bandwidth term is
+    the lower bound only when the reductions happen at the endpoints.
+
+    What it leaves out of a real switch: the reduction is a Python process adding tensors
+    (no ASIC), a chunk is stored whole before it is added (a switch adds per packet), its
+    buffer is unbounded, and there is one switch (SHARP builds a tree of switches).
+    """
+    if dist.get_world_size() < 2 or tensor.numel() == 0:
+        return tensor
+    work = tensor if tensor.is_contiguous() else tensor.contiguous()
+    _in_network(work.view(-1), switch, chunks)
+    if work is not tensor:
+        tensor.copy_(work)
+    return tensor
+
+
+def _in_network(x: torch.Tensor, switch: int | None, chunks: int) -> None:
+    me, p = dist.get_rank(), dist.get_world_size()
+    switch = p - 1 if switch is None else switch
+    if not 0 <= switch < p:
+        raise ValueError(f"switch must be a rank in 0..{p - 1}, got {switch}")
+    if not isinstance(chunks, int) or chunks < 1:
+        raise ValueError(f"chunks must be an integer >= 1, got {chunks!r}")
+    b = _bounds(x.numel(), min(chunks, x.numel()))
+    pieces = range(len(b) - 1)
+    if me != switch:
+        mine = x.clone()  # sent while the sum arrives into x
+        sends = [_send(mine[b[k] : b[k + 1]], switch) for k in pieces]
+        _wait(*[_recv(x[b[k] : b[k + 1]], switch) for k in pieces], *sends)
+        return
+    workers = [r for r in range(p) if r != switch]
+    inbox = [torch.empty_like(x) for _ in workers]
+    arriving = [[_recv(buf[b[k] : b[k + 1]], w) for buf, w in zip(inbox, workers)]
+                for k in pieces]  # every receive posted up front, as a switch's ports are
+    sends = []
+    for k in pieces:
+        _wait(*arriving[k])
+        piece = x[b[k] : b[k + 1]]
+        piece.copy_(inbox[0][b[k] : b[k + 1]])
+        for buf in inbox[1:]:
+            piece.add_(buf[b[k] : b[k + 1]])
+        sends += [_send(piece, w) for w in workers]  # one port per worker: they overlap
+    _wait(*sends)

@@ -267,3 +267,63 @@ def test_measure_on_a_running_cluster_takes_its_topology():
     assert [r["config"] for r in rows + again] == ["2x2"] * 3
     for r in rows + again:
         assert r["measured"] >= 0.999 * r["replay"] > 0
+
+
+# --- in-network reduction: a switch that adds ---------------------------------------------------
+
+
+def sum_through_switch(lengths, chunks):
+    """On every rank (the last is the switch): in_network_allreduce against the sum of the
+    workers' tensors; returns the mismatches."""
+    from clusterlab.collectives import in_network_allreduce
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    bad = []
+    for n in lengths:
+        for k in chunks:
+            x = torch.arange(n, dtype=torch.float64) + rank  # worker w holds arange(n) + w
+            expected = (world - 1) * torch.arange(n, dtype=torch.float64) + sum(range(world - 1))
+            out = in_network_allreduce(x, chunks=k)
+            if not (out is x and torch.equal(x, expected)):
+                bad.append((rank, n, k))
+    return bad
+
+
+def test_in_network_allreduce_sums_the_workers_only():
+    # 3 workers and a switch; lengths shorter than, equal to and longer than the pieces.
+    with Cluster(nodes=4, nic="delay 100us", links=ex.switch_links(3, "delay 100us"),
+                 timeout=90) as cl:
+        results = cl.run(sum_through_switch, [1, 3, 16, 1000], [1, 4, 16])
+    assert results == [[], [], [], []]
+
+
+def test_in_network_refuses_bad_input():
+    with pytest.raises(ValueError, match="chunks"):
+        ex.in_network_time(1, 0.1, 0.1, chunks=0)
+    with pytest.raises(ValueError, match="workers"):
+        ex.switch_links(0)
+    with pytest.raises(ValueError, match="workers"):
+        ex.measure_in_network(1)
+
+
+def test_in_network_closed_form_and_pieces():
+    a, b = ex.alpha_beta(ex.NIC)
+    n = 4 * ex.MiB
+    assert ex.in_network_chunks(n) == 16 and ex.in_network_chunks(4096) == 1
+    assert ex.in_network_time(n, a, b, 16) == pytest.approx(2 * a + 17 / 16 * n * b)
+    # Whatever the number of workers, it stays below the ring's time from 2 workers on
+    # at this size (the ring's bandwidth term alone is (2(p-1)/p) n beta >= n beta).
+    for p in (4, 8, 64):
+        assert ex.in_network_time(n, a, b, 16) < ex.models.allreduce_time("ring", p, n, a, b)
+    links = ex.switch_links(3, "rate 1gbit")
+    assert sorted(links) == [(3, 0), (3, 1), (3, 2)]
+
+
+def test_measure_in_network_is_never_faster_than_its_closed_form():
+    t0 = time.monotonic()
+    (row,) = ex.measure_in_network(3, sizes=[1 << 20], nic="delay 2ms rate 1gbit", repeats=2)
+    assert time.monotonic() - t0 < 60
+    assert row["config"] == "3+switch" and row["p"] == 3 and len(row["times"]) == 2
+    assert row["chunks"] == 4
+    assert row["measured"] >= 0.98 * row["model"]
+    assert row["replay"] != row["replay"]  # nan: the backend has no schedule for a switch

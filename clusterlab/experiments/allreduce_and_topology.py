@@ -45,6 +45,7 @@ FLAT_ALGORITHMS = P2P_ALGORITHMS[:5]  # the ones that ignore nodes (notebook 02'
 LIBRARY_ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "tree", "hierarchical",
                       "hierarchical_rail")
 LABELS = {
+    "in_network": "switch reduces (in-network)",
     "parameter_server": "parameter server",
     "ring": "ring",
     "recursive_doubling": "recursive doubling",
@@ -242,7 +243,7 @@ def measure(
     library: bool = False,
     seed: int = 0,
     timeout: float = 60,
-    big_repeats: int = 2,
+    big_repeats: int = 5,
     on=None,
 ) -> list[dict]:
     """Time all-reduce algorithms on a real emulated cluster; predict each with the closed
@@ -255,7 +256,8 @@ def measure(
     replaces nodes, procs_per_node, nic, intra and seed.
 
     Repetitions: `repeats` for every size if given, else 7 up to 256 KiB and `big_repeats`
-    above. Each row: config, algorithm, nbytes, p, times (every repetition, s), best (the
+    (5) above: enough for a best and a median; tables print the count. Each row: config,
+    algorithm, nbytes, p, times (every repetition, s), best (the
     fastest repetition), median, measured (= best), model, replay, algbw and busbw (bytes/s,
     from `measured`).
 
@@ -384,6 +386,116 @@ def p2p_vs_library(on, algorithm: str = "ring", *, sizes: Iterable[int] = (4 * K
     return rows
 
 
+# --- in-network reduction: a switch that adds --------------------------------------------------
+
+# The switch's pieces: 256 KiB each, at most 16 (4 MiB -> 16 pieces; 4 KiB -> 1).
+CHUNK_BYTES, MAX_CHUNKS = 256 * KiB, 16
+
+
+def in_network_chunks(nbytes: int, *, chunk_bytes: int = CHUNK_BYTES,
+                      max_chunks: int = MAX_CHUNKS) -> int:
+    """How many pieces `collectives.in_network_allreduce` cuts nbytes into here."""
+    if chunk_bytes < 1 or max_chunks < 1:
+        raise ValueError("chunk_bytes and max_chunks must be >= 1")
+    return max(1, min(max_chunks, nbytes // chunk_bytes))
+
+
+def switch_links(workers: int, nic: str | None = NIC) -> dict[tuple[int, int], str | None]:
+    """Per-link overrides that make node `workers` a switch with one port per worker.
+
+    Node w < workers is a worker; its NIC sends to the switch (n up). Each direction
+    switch -> worker w gets its own queue with the NIC's spec: the switch's port towards w,
+    so the switch sends the sum to all workers at once, each at the NIC's rate (n down).
+    The switch's receive side is not shaped, as no node's is: each worker's bytes arrive at
+    its own NIC's rate, which is what a switch port at line rate sees.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    return {(workers, w): nic for w in range(workers)}
+
+
+def in_network_time(n: float, alpha: float, beta: float, chunks: int = 1) -> float:
+    """Closed form (s) of the all-reduce through a reducing switch, in `chunks` pieces.
+
+    Piece k reaches the switch at alpha + (k+1)(n/chunks) beta (all workers send at once,
+    each on its own NIC); the switch adds it and sends it down every port at once, so the last
+    piece is back at 2 alpha + n beta + (n/chunks) beta, whatever the number of workers.
+    Gamma (the adding) is left out, as in the other closed forms.
+    """
+    if chunks < 1:
+        raise ValueError(f"chunks must be >= 1, got {chunks}")
+    return 2 * alpha + (1 + 1 / chunks) * n * beta
+
+
+def _timed_in_network(sizes, repeats: int, chunk_bytes: int, max_chunks: int):
+    """On every rank (the last is the switch): per size, `repeats` timed all-reduces through
+    the switch; (entry, exit) spans on the shared clock. Workers check the sum."""
+    import torch
+    import torch.distributed as dist
+
+    from .. import clock
+    from ..collectives import in_network_allreduce
+
+    me, world = dist.get_rank(), dist.get_world_size()
+    out = []
+    for nbytes in sizes:
+        k = in_network_chunks(nbytes, chunk_bytes=chunk_bytes, max_chunks=max_chunks)
+        in_network_allreduce(torch.ones(1024), chunks=1)  # open the connections
+        spans = []
+        for _ in range(repeats):
+            x = torch.ones(max(1, nbytes // 4))
+            dist.barrier()
+            t0 = clock.now()
+            in_network_allreduce(x, chunks=k)
+            spans.append((t0, clock.now()))
+            if me != world - 1 and float(x[-1]) != world - 1:
+                raise AssertionError(f"in-network all-reduce: wrong sum {float(x[-1])}")
+        out.append(spans)
+    return out
+
+
+def measure_in_network(workers: int = 4, sizes: Iterable[int] = (4 * MiB,), *,
+                       nic: str | None = NIC, repeats: int = 5, seed: int = 0,
+                       timeout: float = 60, chunk_bytes: int = CHUNK_BYTES,
+                       max_chunks: int = MAX_CHUNKS) -> list[dict]:
+    """Time `collectives.in_network_allreduce` on `workers` nodes plus one switch node whose
+    every port to a worker is its own link at the NIC's spec (`switch_links`).
+
+    Rows as `measure`'s (config "<workers>+switch", algorithm "in_network", p = workers),
+    timed over the workers only (first worker in, last worker out); model =
+    `in_network_time` with the pieces used; no replay (nan): the backend has no schedule for
+    a switch. busbw is computed with the all-reduce factor 2(p-1)/p like every other row,
+    which assumes the reductions happen at the endpoints; here they do not.
+    """
+    from ..cluster import Cluster
+
+    if workers < 2:
+        raise ValueError(f"workers must be >= 2, got {workers}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    sizes = list(sizes)
+    with Cluster(nodes=workers + 1, nic=nic, links=switch_links(workers, nic), seed=seed,
+                 timeout=timeout) as cl:
+        spans = cl.run(_timed_in_network, sizes, repeats, chunk_bytes, max_chunks)
+    a, b = alpha_beta(nic)
+    rows = []
+    for k, nbytes in enumerate(sizes):
+        times = durations([rank[k] for rank in spans[:workers]], since="first").tolist()
+        nbytes_sent = max(1, nbytes // 4) * 4
+        best = min(times)
+        chunks = in_network_chunks(nbytes, chunk_bytes=chunk_bytes, max_chunks=max_chunks)
+        rows.append({
+            "config": f"{workers}+switch", "nodes": workers + 1, "procs_per_node": 1,
+            "p": workers, "algorithm": "in_network", "library": False, "nbytes": nbytes_sent,
+            "chunks": chunks, "times": times, "best": best,
+            "median": statistics.median(times), "measured": best,
+            "model": in_network_time(nbytes_sent, a, b, chunks), "replay": float("nan"),
+            "algbw": models.alg_bandwidth(nbytes_sent, best),
+            "busbw": models.bus_bandwidth("all_reduce", workers, nbytes_sent, best),
+        })
+    return rows
+
+
 # --- presentation ------------------------------------------------------------------------------
 
 
@@ -409,12 +521,19 @@ def one(rows: Sequence[dict], **where) -> dict:
     return found[0]
 
 
-def format_table(rows: Sequence[dict], predictions_only: bool = False) -> str:
-    """A fixed-width text table of the rows (times in ms, bandwidths in MB/s from the best).
+def format_table(rows: Sequence[dict], predictions_only: bool = False, *,
+                 bandwidths: bool = False) -> str:
+    """A fixed-width text table of the rows (times in ms).
+
+    Measured rows show the best and the median repetition and `n`, how many repetitions
+    there were (a best or a median of 3 says less than one of 7). bandwidths=True adds algbw
+    and busbw (MB/s, from the best repetition); they are defined in notebook 02b, so the
+    first tables leave them out.
 
     A row of `measure(library=True)` is named "dist.all_reduce, replaying <algorithm>"; when
     the table mixes both kinds, the others are marked "isend/irecv" (the course's
-    point-to-point implementation in `clusterlab.collectives`).
+    point-to-point implementation in `clusterlab.collectives`). A row without a replay (the
+    switch of `measure_in_network`) prints "-" there.
 
     predictions_only=True leaves out everything measured: that table is the same on every
     machine and every run.
@@ -422,7 +541,9 @@ def format_table(rows: Sequence[dict], predictions_only: bool = False) -> str:
     mixed = len({bool(r.get("library")) for r in rows}) > 1
     head = ["config", "algorithm", "size", "model ms", "replay ms"]
     if not predictions_only:
-        head += ["best ms", "median ms", "best/model", "algbw MB/s", "busbw MB/s"]
+        head += ["n", "best ms", "median ms", "best/model"]
+        if bandwidths:
+            head += ["algbw MB/s", "busbw MB/s"]
     lines = []
     for r in rows:
         name = LABELS.get(r["algorithm"], r["algorithm"])
@@ -430,12 +551,15 @@ def format_table(rows: Sequence[dict], predictions_only: bool = False) -> str:
             name = f"dist.all_reduce, replaying {name}"
         elif mixed:
             name += ", isend/irecv"
+        replayed = r["replay"]
         cells = [r["config"], name, human_bytes(r["nbytes"]), f"{r['model'] * 1e3:.2f}",
-                 f"{r['replay'] * 1e3:.2f}"]
+                 "-" if replayed != replayed else f"{replayed * 1e3:.2f}"]  # nan: no replay
         if not predictions_only:
             ratio = r["measured"] / r["model"] if r["model"] else float("nan")
-            cells += [f"{r['measured'] * 1e3:.2f}", f"{r['median'] * 1e3:.2f}", f"{ratio:.2f}",
-                      f"{r['algbw'] / 1e6:.2f}", f"{r['busbw'] / 1e6:.2f}"]
+            cells += [str(len(r["times"])), f"{r['measured'] * 1e3:.2f}",
+                      f"{r['median'] * 1e3:.2f}", f"{ratio:.2f}"]
+            if bandwidths:
+                cells += [f"{r['algbw'] / 1e6:.2f}", f"{r['busbw'] / 1e6:.2f}"]
         lines.append(cells)
     widths = [max(len(h), *(len(c[i]) for c in lines)) if lines else len(h)
               for i, h in enumerate(head)]

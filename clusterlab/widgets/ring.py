@@ -283,9 +283,14 @@ class RingStepper(Explorer):
                       for s in range(rounds) if start[s] > tl.send_ns[s, j]]
             bars = [(start[s] / scale, (tl.arrive_ns[s, j] - start[s]) / scale)
                     for s in range(rounds)]
-            edge = "C3" if slow and slow[0] == j else "none"
+            # A white edge between messages and the round's number on each: a link's rounds
+            # follow each other without a gap, and would otherwise merge into one bar.
+            edge = "C3" if slow and slow[0] == j else "white"
             sc["bars"].append(line.broken_barh(bars, (j - 0.38, 0.76), edgecolors=edge,
-                                               linewidth=1.2))
+                                               linewidth=1.5))
+            for s, (x0, width) in enumerate(bars):
+                line.text(x0 + width / 2, j, str(s + 1), ha="center", va="center",
+                          fontsize=7 if rounds <= 14 else 5, color="0.1")
         sc["now"] = line.axvline(0, color="k", lw=1)
         sc["now_text"] = line.text(0, -0.68, "", fontsize=8, va="top")
         handles = [line.plot([], [], "s", color="C0", label="reduce-scatter")[0],
@@ -302,7 +307,8 @@ class RingStepper(Explorer):
                                      label=f"slow link {slow[0]} → {slow[1]}")[0])
         line.set_yticks(range(p), [f"{j} → {(j + 1) % p}" for j in range(p)])
         line.set(ylim=(p + 0.1 + 0.3 * len(handles), -0.7), xlim=(0, tl.total_ns / scale * 1.02),
-                 xlabel="time (ms)", ylabel="link", title="when each message is on its way")
+                 xlabel="time (ms)", ylabel="link",
+                 title="when each message is on its way (numbers: rounds)")
         line.xaxis.set_major_locator(MaxNLocator(6))
         line.legend(handles=handles, fontsize=8, loc="lower right")
         sc["config"] = self._config
