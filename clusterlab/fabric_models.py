@@ -1,14 +1,16 @@
 """Closed forms of a switched fabric: incast, oversubscribed uplinks, ECMP collisions, rails.
 
-`clusterlab.models` costs collectives on a perfect crossbar: every rank has its NIC and
-nothing else is in the way. Behind the NICs of a real cluster are switches, and four things
+`clusterlab.models` costs collectives with NIC shaping only (the package's "crossbar"
+fabric): every rank has its NIC and nothing else is in the way, not even a receiver's switch
+port. Behind the NICs of a real cluster are switches, and four things
 there change the cost of a collective. Each has a formula here, next to the measurement that
 tests it (`clusterlab bench fabric`, notebook 13):
 
 1. incast: N senders into one receiver port. The port drains at its rate while N arrive at
    once, so a queue builds; its delay grows like N, and when it outgrows the port's buffer the
-   drops cost TCP's recovery (a retransmission timeout of at least 200 ms when no later
-   segment of the flow gets through);
+   drops cost TCP's recovery as this package models it (a retransmission timeout of at least
+   200 ms when no later segment of the flow gets through; Linux's tail loss probe, which
+   usually repairs a lost tail in about two round trips, is not modelled);
 2. oversubscription: a leaf switch whose uplinks carry less than its nodes can send. A round
    of a collective in which c flows share one uplink runs at that uplink's share, not at the
    NIC's rate;

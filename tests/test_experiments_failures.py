@@ -94,3 +94,42 @@ def test_async_checkpoints_stall_less_than_sync():
     assert traces["sync"]["saved"] == [3, 7] and traces["sync"]["step_s"].shape == (2, 8)
     assert stall["sync"]["lost_per_save_s"] > stall["async"]["lost_per_save_s"]
     assert not scratch_left()
+
+
+def elastic_left() -> list[str]:
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"clusterlab-{os.getpid()}-elastic-*"))
+
+
+@pytest.mark.timeout(240)
+def test_a_dead_node_shrinks_the_job_and_the_checkpoint_is_resharded():
+    """Two torchrun agents (--nnodes 1:2), node B dies at step 5: node A continues alone from
+    the step-4 DCP checkpoint that two ranks wrote, and ends where one process would."""
+    from clusterlab.experiments import elastic
+
+    run = elastic.elastic_job(steps=8, interval=2, kill_step=5, compute_s=0.02)
+    assert run.returncodes["A"] == 0 and run.returncodes["B"] == -9
+    assert not run.leftover and not elastic_left()
+    f = run.failure()
+    assert (f["step"], f["world_before"], f["world_after"], f["resumed_from"]) == (5, 2, 1, 4)
+    assert f["error"] and 0 < f["detected_s"] < f["regrouped_s"] < f["resumed_s"]
+    rounds = run.rounds()
+    assert rounds[-1]["world"] == 1 and rounds[-1]["to_step"] == 8
+    assert any(r["world"] == 2 for r in rounds[:-1])
+    rs = run.resharding()
+    assert (rs["step"], rs["saved_world"], rs["loaded_world"]) == (4, 2, 1) and rs["identical"]
+    # each of two ranks held half the first layer's rows; the one rank holds all of them
+    assert rs["saved_shapes"]["0.weight"][0] * 2 == rs["loaded_shapes"]["0.weight"][0]
+    assert run.final_error() < 1e-5  # the same parameters as one plain process
+    assert float((run.final - run.saved[min(run.saved)]).abs().max()) > 0  # it did train
+
+
+def test_bad_elastic_options_are_named():
+    from clusterlab.experiments import elastic
+
+    with pytest.raises(ValueError, match="kill_step"):
+        elastic.elastic_job(steps=6, interval=3, kill_step=1)
+    with pytest.raises(ValueError, match="batch"):
+        elastic.elastic_job(batch=63)
+    with pytest.raises(TypeError, match="unknown option"):
+        elastic.elastic_job(nodes=3)
+    assert not elastic_left()

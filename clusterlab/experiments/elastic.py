@@ -39,8 +39,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-import numpy as np
-
 from .failures import scratch_dir
 
 JOB_ENV = "CLUSTERLAB_ELASTIC_JOB"  # the job's config file; also marks its processes
@@ -313,6 +311,15 @@ class ElasticRun:
             ax.axvline((e["t"] - self.t0) / 1e9, color="red", lw=1)
             ax.annotate("node B killed", ((e["t"] - self.t0) / 1e9, e["step"]), color="red",
                         fontsize=8, xytext=(4, -12), textcoords="offset points")
+        f = self.failure()
+        if f["regrouped_s"] is not None and f["resumed_s"] is not None:
+            kill_s = (self._of("kill")[0]["t"] - self.t0) / 1e9
+            for lo, hi, colour, text in (
+                    (0.0, f["regrouped_s"], "0.85", "rendezvous without B"),
+                    (f["regrouped_s"], f["resumed_s"], "0.93", "new worker: start, load")):
+                ax.axvspan(kill_s + lo, kill_s + hi, color=colour, zorder=0)
+                ax.text(kill_s + (lo + hi) / 2, 0.5 * (1 + self.config["steps"]), text,
+                        ha="center", va="center", fontsize=8, rotation=90, color="0.3")
         ax.set_xlabel("seconds since the first worker started")
         ax.set_ylabel("step completed")
         ax.set_title("torchrun --nnodes 1:2: two agents, one dies (checkpoints dotted)")

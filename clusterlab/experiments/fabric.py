@@ -249,7 +249,9 @@ def ps_vs_ring(*, nodes: int = 8, nbytes: int = MiB, nic: str = NIC, repeats: in
     incast of nodes - 1 messages, the ring's ports one message a round each.
 
     Row per algorithm: times, best, median, model (`fabric_models.bottleneck_time` on this
-    fabric) and crossbar (the same on a perfect crossbar, where only the NICs queue)."""
+    fabric) and crossbar (the same with NIC shaping only, the package's "crossbar" fabric:
+    no switch port, so only the NICs queue; a real crossbar switch would still have the
+    server's output port, where the pushes meet)."""
     fabric = incast_fabric(nodes, nic=nic)
     plan = [(a, nbytes, repeats, {}) for a in ("parameter_server", "ring")]
     with _cluster(nodes=nodes, nic=nic, fabric=fabric, seed=seed, timeout=timeout) as cl:

@@ -4,7 +4,8 @@ Pick an oversubscription ratio (1 = non-blocking: a leaf's uplinks carry all its
 send; 4 = "4:1") and an all-reduce algorithm; the figure shows the scaling efficiency,
 throughput(N) / (N x throughput(1)), of the same training step at N = 8 .. 64 nodes, from the
 simulator (`sim.scaling_curve`, which replays every message of every round through the
-fabric's ports, `clusterlab.fabric`), against the same job on a perfect crossbar and on the
+fabric's ports, `clusterlab.fabric`), against the same job with NIC shaping only (the
+package's "crossbar" fabric: no switch port, so nothing meets anywhere) and on the
 non-blocking fabric. A ring sends one flow per leaf across the spine in each round, so its
 curve barely moves; a binomial tree sends every node of a leaf across at once, and its curve
 collapses as soon as the fabric spans more than one leaf.
@@ -105,13 +106,14 @@ class OversubscriptionExplorer(Explorer):
         return (f"At {n} nodes ({n // NODES_PER_LEAF} leaves of {NODES_PER_LEAF}), the "
                 f"{self.algorithm} keeps {c['chosen'][-1]:.0%} scaling efficiency at "
                 f"{self.oversubscription:g}:1 oversubscription, {c['non-blocking'][-1]:.0%} "
-                f"on a non-blocking fabric and {c['crossbar'][-1]:.0%} on a perfect crossbar.")
+                f"on a non-blocking fabric and {c['crossbar'][-1]:.0%} with NIC shaping only "
+                f"(no switch ports).")
 
     def _make_axes(self, fig) -> dict[str, Any]:
         ax = fig.add_subplot(1, 1, 1)
         lines = {
             "crossbar": ax.plot(NODES, np.ones(len(NODES)), "--", color="0.55",
-                                label="perfect crossbar")[0],
+                                label="NIC shaping only, no switch")[0],
             "non-blocking": ax.plot(NODES, np.ones(len(NODES)), "o-", color="C0", alpha=0.5,
                                     label="leaf-spine, non-blocking (1:1)")[0],
             "chosen": ax.plot(NODES, np.ones(len(NODES)), "o-", color="C3", lw=2,
