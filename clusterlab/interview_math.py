@@ -5,7 +5,10 @@ so the quiz and the course share one formula each. Collective costs come from
 `clusterlab.models`, sharding/TP/PP/MoE traffic from `clusterlab.parallelism` (here in the
 number-in, number-out form the quiz needs); the rest is what sits around them: the rail
 all-reduce, compute time and MFU, expert capacity, compression and failures (the checkpoint
-interval and its waste are `models.young_daly_interval` / `checkpoint_waste`).
+interval and its waste are `models.young_daly_interval` / `checkpoint_waste`), and the small
+closed forms behind notebooks 06-08: how often sparse updates collide, how DDP weighs
+uneven local batches and scales gradients under Join, and what a flipped bit does to an
+averaged gradient.
 
 Units: bytes, seconds, FLOP and FLOP/s; `alpha` in s per message, `beta` in s per byte, as
 in `clusterlab.models`. Every function checks its arguments and names the bad one.
@@ -19,14 +22,18 @@ import numbers
 from clusterlab import models, parallelism
 
 __all__ = [
+    "bitflip_mean_change",
     "cluster_mtbf",
     "dense_step_compute",
     "expert_capacity",
+    "join_gradient_scale",
+    "mean_of_means_weight",
     "model_flops_utilization",
     "moe_all_to_all_bytes",
     "pipeline_bubble",
     "powersgd_ratio",
     "rail_allreduce",
+    "sparse_overlap_probability",
     "sharded_traffic_per_rank",
     "topk_allgather_bytes",
     "tp_allreduce_bytes",
@@ -199,3 +206,60 @@ def cluster_mtbf(component_mtbf: float, components: int) -> float:
     """Mean time between failures of a job that stops when any of `components` independent
     parts fails, each failing at the constant rate 1/component_mtbf: component_mtbf / n."""
     return _positive(component_mtbf, "component_mtbf") / _as_count(components, "components")
+
+
+# --- races, gradient scaling, silent divergence (notebooks 06, 07, 08) --------------------------
+
+
+def sparse_overlap_probability(dim: int, nnz: int) -> float:
+    """Probability that two updates, each touching `nnz` distinct coordinates drawn uniformly
+    from `dim`, share at least one: 1 - C(dim - nnz, nnz) / C(dim, nnz), about nnz^2 / dim
+    when that is small. Hogwild!'s argument: sparse updates rarely collide; a dense update
+    (nnz = dim) always does."""
+    dim = _as_count(dim, "dim")
+    nnz = _as_count(nnz, "nnz")
+    if nnz > dim:
+        raise ValueError(f"nnz must be at most dim ({dim}), got {nnz!r}")
+    return 1.0 - math.comb(dim - nnz, nnz) / math.comb(dim, nnz)
+
+
+def mean_of_means_weight(n_rank: int, n_global: int, world: int) -> float:
+    """The weight DDP gives each of rank r's samples, relative to the full-batch mean, when
+    every rank averages its own loss over n_r samples and DDP averages over W ranks:
+    (1/W)(1/n_r) against 1/N, i.e. N / (W n_r). 1 only when every rank has N / W samples."""
+    n_rank = _as_count(n_rank, "n_rank")
+    n_global = _as_count(n_global, "n_global")
+    if n_rank > n_global:
+        raise ValueError(f"n_rank must be at most n_global ({n_global}), got {n_rank!r}")
+    return n_global / (_as_count(world, "world") * n_rank)
+
+
+def join_gradient_scale(active: int, world: int) -> float:
+    """The factor on the active ranks' mean gradient once some ranks have joined (run out of
+    data) under DDP's Join: joined ranks contribute zeros to the all-reduce, and DDP still
+    divides by the initial world size (divide_by_initial_world_size=True, the default), so
+    the update is active / W of the active ranks' mean."""
+    world = _as_count(world, "world")
+    active = _as_count(active, "active")
+    if active > world:
+        raise ValueError(f"active must be at most world ({world}), got {active!r}")
+    return active / world
+
+
+def bitflip_mean_change(bit: int, world: int, value: float = 1.0) -> float:
+    """How much a mean all-reduce over `world` ranks changes, on every rank, when bit `bit`
+    of one rank's float32 copy of `value` flips before the reduction (all ranks held
+    `value`): the flip's change divided by W. Computed in float32 bits, like the corruption
+    of notebook 08 (clusterlab.experiments.divergence.corrupt_)."""
+    import struct
+
+    bit = _as_count(bit, "bit", minimum=0)
+    if bit > 30:
+        raise ValueError(f"bit must be 0..30 (31 is the sign), got {bit!r}")
+    world = _as_count(world, "world")
+    (as_int,) = struct.unpack("<i", struct.pack("<f", value))
+    (flipped,) = struct.unpack("<f", struct.pack("<i", as_int ^ (1 << bit)))
+    if not math.isfinite(flipped):
+        raise ValueError(f"flipping bit {bit} of {value!r} gives {flipped!r}, not a number")
+    (exact,) = struct.unpack("<f", struct.pack("<f", value))
+    return abs(flipped - exact) / world

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from clusterlab import interview_math as IM
 from clusterlab import models as M
 from clusterlab.quiz import cli
 from clusterlab.quiz.bank import (
@@ -524,6 +525,24 @@ REFERENCES = {
     "strag-delayed-gd-stable-lr": (
         lambda p: 2 * math.sin(math.pi / (4 * p["tau"] + 2)) / p["L"],
         lambda p: M.delayed_gd_stable_step(p["tau"]) / p["L"],
+    ),
+    # Races, gradient scaling, silent divergence (notebooks 06-08), via clusterlab.interview_math.
+    "races-sparse-collisions": (  # P(no overlap) = prod_i (d - k - i) / (d - i)
+        lambda p: 100 * (1 - math.prod((p["d"] - p["k"] - i) / (p["d"] - i)
+                                       for i in range(p["k"]))),
+        lambda p: 100 * IM.sparse_overlap_probability(p["d"], p["k"]),
+    ),
+    "gs-mean-of-means-weight": (  # weight 1/(W n_s) against 1/N
+        lambda p: (p["ns"] + (p["W"] - 1) * p["nb"]) / (p["W"] * p["ns"]),
+        lambda p: IM.mean_of_means_weight(p["ns"], p["ns"] + (p["W"] - 1) * p["nb"], p["W"]),
+    ),
+    "gs-join-scale": (  # (W - J) active gradients and J zeros, divided by W
+        lambda p: 100 * (p["W"] - p["J"]) / p["W"],
+        lambda p: 100 * IM.join_gradient_scale(p["W"] - p["J"], p["W"]),
+    ),
+    "sd-bitflip-before-allreduce": (  # 1.0 has a zero mantissa: the flip adds 2^(b - 23)
+        lambda p: 2.0 ** (p["b"] - 23) / p["W"],
+        lambda p: IM.bitflip_mean_change(p["b"], p["W"]),
     ),
 }
 

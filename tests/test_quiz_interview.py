@@ -4,6 +4,7 @@ numeric answer recomputed independently over many draws."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -11,6 +12,7 @@ import pytest
 
 from clusterlab import interview_math as IM
 from clusterlab import models as M
+from clusterlab.quiz.bank import QUESTIONS_DIR as QUESTIONS
 from clusterlab.quiz.bank import Bank
 from clusterlab.quiz.numfmt import fmt
 
@@ -85,6 +87,47 @@ def test_new_numeric_answers_recomputed_independently_for_200_draws(bank, qid):
             assert "{" not in inst.text(lang) and "{" not in inst.solution(lang), (qid, lang)
 
 
+def test_the_06_to_08_formulas_against_what_the_notebooks_show():
+    # 06: two 4-coordinate updates out of 10000 overlap with probability about 16/10000;
+    # a dense update always collides
+    assert IM.sparse_overlap_probability(10_000, 4) == pytest.approx(16 / 10_000, rel=0.01)
+    assert IM.sparse_overlap_probability(32, 32) == 1.0
+    # 07: equal batches weigh 1; Join with one of four ranks joined scales by 3/4
+    assert IM.mean_of_means_weight(8, 32, 4) == 1.0
+    assert IM.mean_of_means_weight(3, 3 + 10 + 40 + 99, 4) == pytest.approx(152 / 12)
+    assert IM.join_gradient_scale(3, 4) == 0.75
+    # 08: bit 22 is the top mantissa bit: 1.0 becomes 1.5, averaged over 4 ranks +0.125
+    assert IM.bitflip_mean_change(22, 4) == 0.125
+    assert IM.bitflip_mean_change(23, 1) == 0.5  # the lowest exponent bit: 1.0 -> 0.5
+
+
+def test_seed_answers_come_in_four_bullets_for_sixty_seconds(bank):
+    from clusterlab.quiz.widget import seed_question_text
+
+    for qid in ("seed-gradient-sync", "seed-nic-latency-jitter"):
+        q = bank.by_id[qid]
+        for lang, heading in (("en", "In 60 seconds"), ("ru", "За 60 секунд")):
+            bullets = bank.draw(q, 0).answer_60s(lang)
+            assert len(bullets) == 4, (qid, lang)
+            # about 150 spoken words a minute
+            assert sum(len(b.split()) for b in bullets) <= 150, (qid, lang)
+            text = seed_question_text(qid, lang, bank)
+            model = {"en": "Model answer", "ru": "Эталонный ответ"}[lang]
+            assert heading in text and text.index(heading) < text.index(model), (qid, lang)
+            for b in bullets:  # shown whole, before the model answer
+                assert b.split()[-1] in text[:text.index(model)], (qid, lang, b)
+
+
+def test_only_open_questions_take_a_sixty_second_answer(bank):
+    from clusterlab.quiz.validate import schema_errors
+
+    doc = json.loads((QUESTIONS / "races.json").read_text(encoding="utf-8"))
+    assert schema_errors(doc) == []
+    choice = next(q for q in doc["questions"] if q["kind"] == "choice")
+    choice["answer_60s"] = [{"en": "a", "ru": "б"}] * 4
+    assert schema_errors(doc), "a choice question has no spoken answer"
+
+
 def test_formulas_against_the_textbook_numbers():
     # ZeRO paper's example: 7.5B parameters on 64 GPUs -> 120 GB, 31.4 GB, 16.6 GB, 1.9 GB
     for stage, gb in ((0, 120), (1, 31.4), (2, 16.6), (3, 1.875)):
@@ -109,6 +152,10 @@ def test_formulas_against_the_textbook_numbers():
     lambda: IM.topk_allgather_bytes(100, 0, 4),
     lambda: IM.cluster_mtbf(0, 8),
     lambda: IM.tp_allreduce_bytes(1, 1, 1, 1, 2.5),
+    lambda: IM.sparse_overlap_probability(10, 11),
+    lambda: IM.mean_of_means_weight(0, 10, 2),
+    lambda: IM.join_gradient_scale(5, 4),
+    lambda: IM.bitflip_mean_change(31, 4),
 ])
 def test_bad_arguments_are_named(call):
     with pytest.raises(ValueError, match=r"must be"):

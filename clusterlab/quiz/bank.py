@@ -206,6 +206,10 @@ class Instance:
         more = self.question.raw.get("answer_more")
         return more[lang] if more else None
 
+    def answer_60s(self, lang: str) -> list[str]:
+        """The answer in 60 seconds (a few bullets), if the question has one."""
+        return [item[lang] for item in self.question.raw.get("answer_60s", [])]
+
     def checklist(self, lang: str) -> list[str]:
         return [item[lang] for item in self.question.raw.get("checklist", [])]
 

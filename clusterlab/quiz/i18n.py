@@ -67,6 +67,7 @@ STRINGS: dict[str, dict[str, str]] = {
         "ru": "(засчитываются ответы в пределах ±{tol}% от него)",
     },
     "solution": {"en": "Worked solution", "ru": "Решение"},
+    "answer_60s": {"en": "In 60 seconds", "ru": "За 60 секунд"},
     "model_answer": {"en": "Model answer", "ru": "Эталонный ответ"},
     "key_points": {"en": "Key points", "ru": "Ключевые пункты"},
     "more": {"en": "More", "ru": "Подробнее"},

@@ -37,8 +37,13 @@ def link_text(bank: Bank, link: dict[str, str]) -> str:
 
 
 def answer_blocks(inst: Instance, lang: str) -> list[Block]:
-    """An open question's model answer (spoken length), and its longer version folded."""
-    blocks: list[Block] = [("h", t("model_answer", lang))]
+    """An open question's answer in 60 seconds (if it has one), its model answer (spoken
+    length), and its longer version folded."""
+    blocks: list[Block] = []
+    if bullets := inst.answer_60s(lang):
+        blocks.append(("h", t("answer_60s", lang)))
+        blocks += [("li", f"• {b}") for b in bullets]
+    blocks.append(("h", t("model_answer", lang)))
     blocks += [("p", para) for para in inst.model_answer(lang).split("\n\n")]
     more = inst.answer_more(lang)
     if more:
