@@ -258,14 +258,14 @@ def test_throughput_explorer_redraws_within_1s_and_its_real_run_cancels(open_not
         no_widget_errors(nb)
 
 
-# --- notebook 01: the link explorer ---------------------------------------------------------------
+# --- notebook 01b: the link explorer ---------------------------------------------------------------
 
 
 def test_link_explorer_accepts_a_netem_string_and_shows_why_it_rejects_one(open_notebook):
     good, bad = "delay 1ms 200us distribution normal", "delay 5xs"
     with pytest.raises(ValueError) as rejected:
         Netem.parse(bad)
-    path = "notebooks/01_nic_latency_jitter.ipynb"
+    path = "notebooks/01b_tails_jitter_loss_contention.ipynb"
     with open_notebook(path) as nb:
         saved_outputs_show_no_widget_error(nb)
         nb.run(nb.index_of("import matplotlib.pyplot as plt"))
