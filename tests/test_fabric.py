@@ -310,3 +310,17 @@ def test_collectives_in_real_processes_cross_the_fabric():
     crossbar = simulate_collective("allreduce", n, nodes=4, nic=nic).max()
     assert predicted > 1.8 * crossbar  # each of the ring's two leaf crossings: a half-rate uplink
     assert measured == pytest.approx(predicted, rel=0.1)
+
+
+def test_too_busy_names_rows_far_above_their_closed_form(capsys):
+    from clusterlab.experiments import fabric as ex
+
+    class Model:
+        time_s = 0.1
+
+    fine = [{"best": 0.11, "model": 0.1}, {"best": 0.12, "model": Model()}]
+    assert not ex.too_busy(fine, "a check") and capsys.readouterr().out == ""
+    slow = fine + [{"best": 0.2, "model": Model()}]
+    assert ex.too_busy(slow, "a check")
+    out = capsys.readouterr().out
+    assert "too busy for a check" in out and "200 ms against 100 ms" in out
