@@ -556,21 +556,51 @@ def plot_jitter(results: dict, axes=None):
         _, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3), sharey=False)
     axes = np.atleast_1d(axes)
     # the configured range plus a margin; slower (noisy) messages pile up in the last bin
-    hi = max(float(r["configured_ms"].max()) for r in results.values()) * 1.25
-    bins = np.linspace(0, hi, 60)
+    hi_all = max(float(r["configured_ms"].max()) for r in results.values()) * 1.25
     for ax, name in zip(axes, names):
         r = results[name]
-        ax.hist(np.clip(r["one_way_ms"], 0, hi), bins=bins, density=True, color="#4C72B0",
+        lo, hi = 0.0, hi_all
+        if np.ptp(r["configured_ms"]) == 0:  # no jitter: zoom in, or it is one spike at D
+            d = float(r["configured_ms"][0])
+            lo, hi = 0.98 * d, max(float(r["percentiles"]["p99"]) * 1.02, 1.05 * d)
+        bins = np.linspace(lo, hi, 60)
+        ax.hist(np.clip(r["one_way_ms"], lo, hi), bins=bins, density=True, color="#4C72B0",
                 alpha=0.7, label="measured")
         ax.hist(r["configured_ms"], bins=bins, density=True, histtype="step", color="#C44E52",
                 lw=1.5, label="configured (netem)")
         ax.axvline(min(r["percentiles"]["p99"], hi), color="k", ls="--", lw=1,
                    label="measured p99")
-        ax.set_title(name, fontsize=10)
-        ax.set_xlabel(f"one-way delay (ms, clipped at {hi:.0f})")
+        ax.set_title(name + (" (zoomed in)" if lo else ""), fontsize=10)
+        ax.set_xlabel(f"one-way delay (ms, clipped at {hi:.3g})")
     axes[0].set_ylabel("density")
     axes[0].legend(fontsize=7)
     return axes
+
+
+def plot_tail_split(results: dict, ax=None, q: float = 0.99):
+    """Per result, its measured q-quantile split into the network's part (the quantile of the
+    delays the network drew, replayed from the seed) and what this machine added on top,
+    with the quantile's distribution-free 95 % interval (an arrow where it is open above)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 2.8))
+    names = list(results)
+    for i, name in enumerate(names):
+        t = tail_split(results[name], q)
+        ax.barh(i, t["network"], color="#4C72B0", label="the network's draws" if i == 0 else None)
+        ax.barh(i, max(t["machine_extra"], 0), left=t["network"], color="#DD8452",
+                label="added by this machine" if i == 0 else None)
+        lo, hi = t["measured_ci"]
+        top = hi if np.isfinite(hi) else t["measured"] * 1.08
+        ax.plot([lo, top], [i, i], color="k", lw=1, label="95% interval" if i == 0 else None)
+        if not np.isfinite(hi):
+            ax.annotate("", xy=(top, i), xytext=(lo, i),
+                        arrowprops={"arrowstyle": "->", "color": "k", "lw": 1})
+    ax.set_yticks(range(len(names)), names)
+    ax.set_xlabel(f"p{100 * q:g} of the one-way delay (ms)")
+    ax.legend(fontsize=7, loc="lower right")
+    return ax
 
 
 def plot_sweep(sweep: dict, axes=None):
