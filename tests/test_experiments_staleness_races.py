@@ -86,6 +86,29 @@ def test_async_ps_measures_staleness_and_the_step_size_fix_helps():
     assert plain["tau"].mean() > 1 and plain["tau"].max() >= 2
     assert plain["step_back"] > 0
     assert fixed["final_loss"] < plain["final_loss"]
+    # plain async hands each version to one worker: nothing is released together
+    assert np.array_equal(plain["version"], np.arange(150) - plain["tau"].astype(int))
+    assert staleness.shared_versions(plain)["shared"] == 0
+
+
+def test_ssp_releases_blocked_workers_together_and_their_steps_add_up():
+    from clusterlab import Cluster
+
+    with Cluster(nodes=5, nic="delay 100us") as cl:
+        kw = dict(fix="ssp", bound=1, slow_worker=3, slowdown=4.0, cluster=cl)
+        runs = {a: staleness.async_parameter_server(4, 150, lr=a, **kw) for a in (0.45, 0.55)}
+    g = staleness.shared_versions(runs[0.45])
+    assert g["typical"] == 4 and g["in_shared"] > 0.8  # all four pull one version
+    # four gradients of one version are one step of 4a: stable iff 4a < 2, whatever τ
+    assert runs[0.45]["final_loss"] < runs[0.45]["initial_loss"] < runs[0.55]["final_loss"]
+
+
+def test_shared_versions_counts_gradients_of_one_version():
+    g = staleness.shared_versions({"version": np.array([0, 0, 1, 2, 2, 2, 3, 5, 5])})
+    assert list(g["sizes"]) == [1, 3, 1, 2] and g["shared"] == 2 and g["typical"] == 2
+    assert g["in_shared"] == pytest.approx(5 / 7) and g["largest"] == 3
+    with pytest.raises(ValueError, match="beyond the starting version"):
+        staleness.shared_versions({"version": np.zeros(3)})
 
 
 def test_hogwild_loses_updates_without_a_lock_and_not_with_one():
@@ -93,7 +116,9 @@ def test_hogwild_loses_updates_without_a_lock_and_not_with_one():
     free = races.hogwild(problem, workers=4, updates=2000, lr=0.05, mode="none")
     locked = races.hogwild(problem, workers=4, updates=2000, lr=0.05, mode="lock")
     assert free["lost"] > 0
+    assert free["overwrote_one"] + free["rollbacks"] > 0  # the write-backs that lost them
     assert locked["lost"] == 0 and locked["mixed_reads"] == 0
+    assert locked["overwrote_one"] == locked["rollbacks"] == 0
     assert locked["counted"] == locked["expected"] == 4 * 2000 * problem.dim
     seq = races.hogwild(problem, workers=4, updates=1000, lr=0.05, mode="seqlock")
     assert seq["lost"] == 0
@@ -102,6 +127,7 @@ def test_hogwild_loses_updates_without_a_lock_and_not_with_one():
 def test_sync_allreduce_has_no_lost_updates_and_identical_replicas():
     r = races.sync_allreduce("sparse", workers=2, updates=256, batch=32)
     assert r["lost"] == 0 and r["replicas_agree"]
+    assert r["examples"] == 2 * 256 and r["steps"] == 256 // 32  # one update per step
     assert r["final_loss"] < r["initial_loss"]
 
 
