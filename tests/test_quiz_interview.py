@@ -160,3 +160,9 @@ def test_formulas_against_the_textbook_numbers():
 def test_bad_arguments_are_named(call):
     with pytest.raises(ValueError, match=r"must be"):
         call()
+
+
+def test_a_review_link_names_a_split_notebook_by_its_number_and_letter(bank):
+    split = next(nb for nb in bank.syllabus if nb[2] != "_")  # e.g. 10b_...
+    link = {"notebook": split, "section": bank.syllabus[split]["sections"][0]}
+    assert bank.section_title(link).startswith(split.split("_")[0] + " ")

@@ -314,7 +314,7 @@ class Bank:
         course itself is in English, so its titles are too)."""
         nb = link["notebook"]
         title = self.syllabus[nb]["title"]
-        return f"{nb[:2]} {title} › {link['section']}"
+        return f"{nb.split('_', 1)[0]} {title} › {link['section']}"  # "10b" for a split part
 
     # ---- drawing and grading -------------------------------------------------------------
 

@@ -190,7 +190,9 @@ def to_text(blocks: list[Block], width: int = 100) -> str:
         if kind == "p" and previous == "p":
             out.append("")
         indent = _MARKS.get(kind, "")
-        hanging = " " * (len(indent) + (3 if kind in ("li", "ok", "bad") else 0))
+        # under "a. " or "1. " (3 characters), or under a bullet "• " (2)
+        marker = 2 if text.startswith("• ") else 3
+        hanging = " " * (len(indent) + (marker if kind in ("li", "ok", "bad") else 0))
         for para in text.split("\n"):
             if para.startswith("    "):  # code: keep as is
                 out.append(indent + para)
