@@ -142,6 +142,28 @@ def test_steps_to_target_fall_with_the_batch_then_flatten():
     assert steps[0] > 2 * steps[1]  # below the critical batch: more samples, fewer steps
     assert steps[2] > steps[1] / 16 * 2  # far from linear beyond it (16x the batch)
     assert not any(r["reused"] for r in out["rows"])
+    # the learning rate is searched, not capped: it grows with the batch, and at the largest
+    # batch the next rate up on the grid did no better (the loss's own stability limit)
+    lrs = [r["lr"] for r in out["rows"]]
+    assert lrs[0] < lrs[1] <= lrs[2]
+    assert out["rows"][2]["lr_above"] is None or out["rows"][2]["lr_above"] >= steps[2]
+
+
+def test_lr_search_walks_past_its_best():
+    # a toy training whose steps are least at lr 2: the search starts at 1, climbs to 2, tries
+    # 4 (worse) and stops; a rate that never reaches the target counts as None
+    calls = []
+
+    def train(lr, cap):
+        calls.append(lr)
+        steps = {0.5: 40, 1.0: 20, 2.0: 10, 4.0: None}[lr]
+        return [steps if steps is not None and steps <= cap else None]
+
+    best = jitter_at_scale._search_lr(train, [0.5, 1.0, 2.0, 4.0], start=1, max_steps=100)
+    assert best["lr"] == 2.0 and best["steps"] == 10 and best["lr_above"] is None
+    assert calls == [1.0, 2.0, 4.0, 0.5]
+    with pytest.raises(ValueError):
+        jitter_at_scale.steps_to_target([32], lr_grid=())
 
 
 def test_time_to_train_is_steps_times_step_time():

@@ -101,8 +101,12 @@ def test_throughput_explorer_draws_what_models_and_sim_compute():
     np.testing.assert_array_equal(sim.step_times, ex.sim.step_times)
     assert list(ex._axes["sim_thr"].get_data()[1]) == [sim.throughput]
     assert ex._axes["p50"].get_xdata()[0] == pytest.approx(sim.percentile(50) * 1e3)
-    assert ex._axes["p99"].get_xdata()[0] == pytest.approx(sim.percentile(99) * 1e3)
-    assert f"p99 (dashed) {sim.percentile(99) * 1e3:.4g} ms" in axes["hist"].get_title()
+    # a few simulated steps cannot estimate a p99: the dashed line is the slowest step
+    assert len(sim.step_times) < 40
+    assert ex._axes["tail"].get_xdata()[0] == pytest.approx(sim.step_times.max() * 1e3)
+    assert (f"slowest of {len(sim.step_times)} (dashed) {sim.step_times.max() * 1e3:.4g} ms"
+            in axes["hist"].get_title())
+    assert "p99" not in axes["hist"].get_title() and "p99" not in ex.summary.value
     assert f"{sim.throughput:,.0f} samples/s" in ex.summary.value
     assert f"{predict_step(setup).throughput:,.0f} samples/s" in ex.summary.value
     # Breakdown: compute + exposed communication, closed form and simulated.

@@ -355,8 +355,9 @@ class DDPRun:
         return tuple(range(first, first + count))
 
     def plot_timeline(self, ax=None, steps=(0, 1), title: str | None = None):
-        """A Gantt chart: per rank, a compute lane (phases) and a communication lane
-        (each bucket's all_reduce from issue to completion)."""
+        """A Gantt chart: per rank, a compute lane (phases) and a communication lane: each
+        bucket's all_reduce queued (hatched, from issue until the previous bucket is done: the
+        stream is FIFO) and in flight (solid, until completion)."""
         import matplotlib.pyplot as plt
         from matplotlib.patches import Patch
 
@@ -378,17 +379,30 @@ class DDPRun:
                 for name, a, b in seg:
                     ax.barh(base + 1, (b - a) / 1e6, left=self._s(a) * 1e3, height=0.8,
                             color=PHASE_COLORS[name], edgecolor="none")
-                for i, b in enumerate(sorted(rec["buckets"], key=lambda b: b["index"])):
-                    ax.barh(base + 0.1 + 0.4 * (i % 2), (b["done"] - b["issue"]) / 1e6,
-                            left=self._s(b["issue"]) * 1e3, height=0.35,
-                            color=PHASE_COLORS["comm"], edgecolor="black", linewidth=0.4)
+                # The stream is FIFO: a bucket is on the wire only once the one before it is
+                # done; before that it is queued. Drawn apart, so that queueing does not
+                # read as a long transfer.
+                prev_done = None
+                for i, b in enumerate(sorted(rec["buckets"], key=lambda b: b["issue"])):
+                    start = b["issue"] if prev_done is None else max(b["issue"], prev_done)
+                    y = base + 0.1 + 0.4 * (i % 2)
+                    if start > b["issue"]:
+                        ax.barh(y, (start - b["issue"]) / 1e6, left=self._s(b["issue"]) * 1e3,
+                                height=0.35, color="none", edgecolor=PHASE_COLORS["comm"],
+                                hatch="///", linewidth=0.4)
+                    ax.barh(y, (b["done"] - start) / 1e6, left=self._s(start) * 1e3,
+                            height=0.35, color=PHASE_COLORS["comm"], edgecolor="black",
+                            linewidth=0.4)
+                    prev_done = b["done"] if prev_done is None else max(prev_done, b["done"])
             yticks += [base + 1, base + 0.3]
             ylabels += [f"rank {r['rank']} compute", f"rank {r['rank']} all_reduce"]
         ax.set_yticks(yticks, ylabels)
         ax.set_xlabel("time since the first measured step began (ms)")
         names = PHASES + (("local",) if self.config.get("accumulate", 1) > 1 else ())
         handles = [Patch(color=PHASE_COLORS[k], label=k) for k in names]
-        handles.append(Patch(color=PHASE_COLORS["comm"], label="bucket all_reduce"))
+        handles.append(Patch(color=PHASE_COLORS["comm"], label="bucket all_reduce in flight"))
+        handles.append(Patch(facecolor="none", edgecolor=PHASE_COLORS["comm"], hatch="///",
+                             label="queued behind the previous bucket"))
         ax.legend(handles=handles, ncols=len(handles), loc="upper center",
                   bbox_to_anchor=(0.5, -0.25),
                   frameon=False)
@@ -409,7 +423,9 @@ def _union_length(intervals) -> int:
     return total
 
 
-DEFAULTS = dict(width=256, depth=8, batch=32, forward_s=0.001, backward_s=0.004,
+# The emulated accelerator: backward about twice forward per layer (it computes the gradients
+# of both the inputs and the weights), as notebook 00 measures on a real MLP.
+DEFAULTS = dict(width=256, depth=8, batch=32, forward_s=0.002, backward_s=0.004,
                 bucket_cap_mb=25.0, mode="overlap", steps=6, warmup=2, accumulate=1, seed=0,
                 ranks=None)
 
@@ -517,22 +533,33 @@ def latency_bandwidth_sweep(nodes: int = 4, delays_ms=(0.5, 2, 4), rates_mbit=(2
         bandwidth = sum(models.ring_allreduce(p, n, 0.0, beta_of(nic)) for n in sizes)
         out[kind].append({**run.summary(), "delay_ms": delay_ms, "rate_mbit": rate_mbit,
                           "predicted_latency_s": latency, "predicted_bandwidth_s": bandwidth,
-                          "predicted_comm_s": latency + bandwidth, "bucket_sizes": sizes})
+                          "predicted_comm_s": latency + bandwidth, "bucket_sizes": sizes,
+                          "steps": run.config["steps"]})
     return out
 
 
 def idle_vs_nodes(node_counts=(2, 4, 8), nic: str = "delay 2ms", *,
-                  cluster: Cluster | None = None, **options) -> list[dict]:
+                  cluster: Cluster | None = None, native: bool = True,
+                  **options) -> list[dict]:
     """The share of the step the accelerator waits for the exchange, measured on 2, 4, 8
     ranks, next to the simulator's prediction for the same step (the measured compute time,
     optimizer time and bucket sizes fed to `sim.simulate_training`). One cluster of
-    max(node_counts) nodes (or `cluster`, left open) runs every count as a subgroup."""
+    max(node_counts) nodes (or `cluster`, left open) runs every count as a subgroup.
+
+    With `native`, the same DDP runs again on plain Gloo (no emulated network) on the same
+    counts: `native_wait_s` is this machine's own cost of the exchange, the floor below
+    which the emulator cannot go (it completes an operation at max(native, network))."""
     rows = []
     runs = {}
     with use_or_open(cluster, min_ranks=max(node_counts), ddp=True, nodes=max(node_counts),
                      nic=nic, timeout=120) as cl:
         for n in node_counts:
             runs[n] = run_ddp(cl, ranks=n, **options)
+    natives = {}
+    if native:
+        with Cluster(nodes=max(node_counts), nic=None, timeout=120) as plain:
+            for n in node_counts:
+                natives[n] = run_ddp(plain, ranks=n, **options).summary()["wait_s"]
     # imported after the runs: numba's compiled code need not be copied into every rank
     from ..sim import simulate_training
 
@@ -545,6 +572,7 @@ def idle_vs_nodes(node_counts=(2, 4, 8), nic: str = "delay 2ms", *,
                                 optimizer_s=s["optimizer_s"], overlap=run.config["mode"] ==
                                 "overlap", steps=10)
         rows.append({**s, "sim_step_s": sim.mean_step, "sim_wait_s": sim.exposed_comm,
+                     "native_wait_s": natives.get(n, float("nan")),
                      "sim_idle_fraction": sim.exposed_comm / sim.mean_step, "run": run})
     return rows
 

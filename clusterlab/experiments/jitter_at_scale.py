@@ -29,6 +29,7 @@ slow_p a rank's step takes slow_s longer (a page fault, a GC pause, a noisy neig
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
@@ -133,6 +134,12 @@ class StepRun:
         return self.ends - self.comm
 
     @property
+    def after_last_arrival(self) -> np.ndarray:
+        """Per step: from the last rank's arrival at the all_reduce to the last rank's end:
+        the exchange once everyone is there (network plus this machine's Gloo)."""
+        return self.ends.max(axis=1) - self.arrivals.max(axis=1)
+
+    @property
     def wait_for_slowest(self) -> np.ndarray:
         """Per step: from the previous step's end (slowest rank) to the last rank's arrival
         at this step's all_reduce: the compute part of the step, which the whole cluster
@@ -196,7 +203,15 @@ def simulate(nodes: int, nic: str, *, compute_s: float, nbytes: int, jitter: flo
 # --- 1. throughput collapse -------------------------------------------------------------------
 
 
-def throughput_collapse(nics=("delay 2ms", "delay 2ms 4ms distribution pareto"),
+# A jittery network with a floor: netem adds mu + sigma x (table value), and the Pareto table's
+# smallest value is -2/3, so with mu = 2 ms + 2/3 sigma no message is faster than the calm
+# network's 2 ms and the jitter is a right tail only (a real fabric has a propagation and
+# serialisation floor; a jitter larger than the delay would clip many messages to 0 s).
+COLLAPSE_NICS = ("delay 2ms", "delay 4ms 3ms distribution pareto")
+PREDICTABILITY_NICS = ("delay 2ms", "delay 8ms 9ms distribution pareto")
+
+
+def throughput_collapse(nics=COLLAPSE_NICS,
                         real_nodes=(1, 2, 4, 8), sim_nodes=SIM_NODES, *, compute_s: float = 0.05,
                         nbytes: int = 1 << 20, steps: int = 15, sim_steps: int = 20,
                         alternatives: bool = True, intra: str = "delay 50us",
@@ -215,8 +230,10 @@ def throughput_collapse(nics=("delay 2ms", "delay 2ms 4ms distribution pareto"),
     single = None
     for nic in nics:
         rows = []
-        # one cluster per network; n ranks of it stand for an n-node cluster (a subgroup)
-        with Cluster(nodes=max(real_nodes), nic=nic, timeout=120) as cl:
+        # one cluster per network; n ranks of it stand for an n-node cluster (a subgroup);
+        # real_nodes=() simulates only
+        with (Cluster(nodes=max(real_nodes), nic=nic, timeout=120) if real_nodes
+              else contextlib.nullcontext()) as cl:
             for n in real_nodes:
                 if n == 1 and single is not None:  # one node has no network: measured once
                     rows.append(single)
@@ -226,7 +243,7 @@ def throughput_collapse(nics=("delay 2ms", "delay 2ms 4ms distribution pareto"),
                 if n == 1:
                     single = row
                 rows.append(row)
-        base = rows[0]["throughput_per_rank"] if real_nodes[0] == 1 else None
+        base = rows[0]["throughput_per_rank"] if real_nodes and real_nodes[0] == 1 else None
         for row in rows:
             row["efficiency"] = row["throughput_per_rank"] / base if base else float("nan")
         out["real"][nic] = rows
@@ -300,7 +317,11 @@ def jitter_growth(node_counts=(2, 4, 8), *, nic: str = "delay 200us", compute_s:
         # The same in the run without jitter: this machine's own lateness in waking N ranks
         # at the same instant (2 cores: the last one waits for a core).
         calm_lateness = float(calm.wait_for_slowest.mean() - compute_s)
+        # A scheduled step is (last arrival - start) + (last end - last arrival), so the end to
+        # end extra = arrival_extra - calm_lateness + (jittery_after - calm_after) exactly.
         rows.append({"nodes": n, "calm_s": calm.mean_step, "jittery_s": rough.mean_step,
+                     "calm_after_s": float(calm.after_last_arrival.mean()),
+                     "jittery_after_s": float(rough.after_last_arrival.mean()),
                      "extra_s": rough.mean_step - calm.mean_step, "drawn_max_s": drawn_max,
                      "arrival_extra_s": arrival_extra, "calm_lateness_s": calm_lateness,
                      "predicted_s": j_s * models.expected_max(n, "uniform"),
@@ -309,6 +330,23 @@ def jitter_growth(node_counts=(2, 4, 8), *, nic: str = "delay 200us", compute_s:
                      "predicted_median_s": j_s * models.max_quantile(n, 0.5, "uniform"),
                      "calm": calm, "jittery": rough})
     return rows
+
+
+def native_allreduce(node_counts=(2, 4, 8), *, nbytes: int = 4096, compute_s: float = 0.02,
+                     steps: int = 20) -> dict:
+    """This machine's own cost of the synthetic step's all_reduce on plain Gloo (no emulated
+    network), on a common schedule as in `jitter_growth`: {N: mean seconds from the last
+    rank's arrival to the last rank's end}. The emulator completes an operation at
+    max(native, network), so where this is near the emulated network's time, what is
+    measured is mostly the host, not the network."""
+    period = compute_s + 0.04
+    out = {}
+    with Cluster(nodes=max(node_counts), nic=None, timeout=120) as cl:
+        for n in node_counts:
+            run = run_steps(cl, ranks=n, compute_s=compute_s, steps=steps, nbytes=nbytes,
+                            period_s=period, warmup=1)
+            out[n] = float(run.after_last_arrival.mean())
+    return out
 
 
 # --- 3. tail at scale -------------------------------------------------------------------------
@@ -365,6 +403,7 @@ def delay_stats(nic: str) -> dict:
     else:
         values = delay_values_ns(spec).astype(float)
     return {"nic": nic, "configured_s": spec.delay_ns / 1e9, "mean_s": float(values.mean()) / 1e9,
+            "min_s": float(values.min()) / 1e9,
             "p50_s": float(np.median(values)) / 1e9,
             "p99_s": float(np.percentile(values, 99)) / 1e9,
             "zero_share": float((values == 0).mean())}
@@ -376,7 +415,7 @@ def _quantiles(samples, qs=(0.5, 0.9, 0.99)) -> dict:
     return {f"p{round(q * 100)}": models.quantile_ci(samples, q) for q in qs}
 
 
-def predictability(nodes: int = 4, nics=("delay 2ms", "delay 2ms 10ms distribution pareto"),
+def predictability(nodes: int = 4, nics=PREDICTABILITY_NICS,
                    *, compute_s: float = 0.02, steps: int = 60, nbytes: int = 1 << 16,
                    sim_nodes=SIM_NODES[:9], sim_steps: int = 400) -> dict:
     """Step-time distributions with and without network jitter on `nodes` real ranks, and
@@ -434,7 +473,7 @@ def flat_vs_hierarchical(nodes: int = 2, procs_per_node: int = 2, nic: str = "de
 def mitigations(*, nodes: int = 4, nic: str = "delay 2ms", ddp_options: dict | None = None,
                 hier_nodes: int = 2, hier_ppn: int = 2, hier_nic: str = "delay 20ms",
                 hier_intra: str | None = "delay 50us", accumulate: int = 4,
-                sim_nodes=SIM_NODES, sim_steps: int = 5) -> dict:
+                steps: int = 10, sim_nodes=SIM_NODES, sim_steps: int = 5) -> dict:
     """Each mitigation measured on the real cluster, then simulated to 1024 nodes.
 
     Real (DDP through the emulated network, `experiments.ddp`): baseline = small buckets,
@@ -457,7 +496,7 @@ def mitigations(*, nodes: int = 4, nic: str = "delay 2ms", ddp_options: dict | N
     preload_ddp()
     with Cluster(nodes=nodes, nic=nic, timeout=120) as cl:
         for name, extra in plan.items():
-            run = ddp.run_ddp(cl, **{"steps": 4, **opts, **extra})
+            run = ddp.run_ddp(cl, **{"steps": steps, **opts, **extra})
             real[name] = {**run.summary(), "steps": run.config["steps"],
                           "bucket_sizes": run.bucket_sizes,
                           "param_bytes": run.param_bytes}
@@ -550,6 +589,7 @@ def _train_to_target(x, y, xe, ye, target: float, batch: int, lr: float, max_ste
     b = torch.zeros(classes, requires_grad=True)
     n = len(x)
     start = int(np.random.default_rng(seed).integers(n))
+    diverged = 4 * math.log(classes)  # 4x the loss of the zero model we start from
     for step in range(max_steps):
         lo = (start + step * batch) % n
         if lo + batch <= n:  # a view, no copy
@@ -562,26 +602,76 @@ def _train_to_target(x, y, xe, ye, target: float, batch: int, lr: float, max_ste
         with torch.no_grad():
             w -= lr * gw
             b -= lr * gb
-            if float(F.cross_entropy(xe @ w + b, ye)) < target:
+            held_out = float(F.cross_entropy(xe @ w + b, ye))
+            if held_out < target:
                 return step + 1
+            if not held_out < diverged:  # blown up (or nan): this rate will not get there
+                return None
     return None
 
 
-def steps_to_target(global_batches, *, seeds=(0, 1), lr_factors=(1.0, 0.5),
-                    lr_max: float = 8.0, max_steps: int = 1500, task: dict | None = None) -> dict:
+# Learning rates tried: a factor of 2 apart. The search per batch walks this grid from the
+# square-root-scaling guess, so the largest usable rate is found, not imposed.
+LR_GRID = tuple(2.0 ** k for k in range(-3, 8))
+
+
+def _search_lr(train, grid, start: int, max_steps: int) -> dict | None:
+    """Walk `grid` from `start`: up while the mean steps improve, then down (also while
+    nothing has reached the target yet); then try the grid value above the best, so that
+    its outcome is known. train(lr, cap) -> per-seed steps (None: not within cap)."""
+    tried: dict[int, float | None] = {}
+    best: dict | None = None
+
+    def attempt(i: int) -> bool:
+        nonlocal best
+        cap = max_steps if best is None else int(best["steps"]) + 1
+        runs = train(grid[i], cap)
+        mean = None if any(r is None for r in runs) else float(np.mean(runs))
+        tried[i] = mean
+        if mean is not None and (best is None or mean < best["steps"]):
+            best = {"steps": mean, "lr": grid[i], "index": i, "per_seed": runs}
+            return True
+        return False
+
+    attempt(start)
+    i = start + 1
+    while i < len(grid) and attempt(i):  # up while it improves
+        i += 1
+    i = start - 1
+    while i >= 0 and (attempt(i) or best is None):  # then down while it improves
+        i -= 1
+    if best is None:
+        return None
+    above = best.pop("index") + 1
+    if above < len(grid) and above not in tried:
+        attempt(above)
+    best["lr_above"] = tried.get(above) if above < len(grid) else float("nan")
+    return best
+
+
+def steps_to_target(global_batches, *, seeds=(0, 1), lr_grid=LR_GRID, max_steps: int = 1500,
+                    task: dict | None = None) -> dict:
     """Measured steps to the target loss at each global batch (real SGD, one process).
 
     Target: the held-out loss within `margin` nats of the teacher's own loss on the same
-    held-out set. Learning rate: for each batch B the best (fewest mean steps over `seeds`)
-    of lr_factors x min(sqrt(B / 32), lr_max) -- square-root scaling as a first guess, then
-    a small search, so that the comparison is less a test of one rule. A candidate is
-    stopped once it cannot beat the best so far (keeps the search cheap). Every seed reads
-    the same pool of fresh samples from its own offset.
-    Returns {"target", "floor", "rows": [{"batch", "steps", "lr", "per_seed", "reused"}]}.
+    held-out set. Learning rate: for each batch B a search over `lr_grid` (fewest mean steps
+    over `seeds`), starting at the grid value nearest sqrt(B / 32) (square-root scaling as a
+    first guess; no higher than the previous, smaller batch's best) and walking up, then
+    down, while it improves. The search walks past its
+    best value: `lr_above` is the next grid value's outcome (its mean steps, or None when it
+    did not reach the target within the best's steps: too large to help, often diverged), so
+    a plateau of the best rate is the loss's own stability limit, not a cap of ours. A
+    candidate is stopped once it cannot beat the best so far (keeps the search cheap). Every
+    seed reads the same pool of fresh samples from its own offset.
+    Returns {"target", "floor", "rows": [{"batch", "steps", "lr", "lr_above", "per_seed",
+    "reused"}]}.
     """
     import torch
     import torch.nn.functional as F
 
+    grid = sorted(lr_grid)
+    if not grid or grid[0] <= 0:
+        raise ValueError("lr_grid must hold positive learning rates")
     cfg = {**TASK, **(task or {})}
     torch.set_num_threads(1)  # tiny tensors: threads only add overhead
     opts = dict(features=cfg["features"], classes=cfg["classes"],
@@ -592,21 +682,18 @@ def steps_to_target(global_batches, *, seeds=(0, 1), lr_factors=(1.0, 0.5),
     pool = make_classification(cfg["pool"], seed=0, **opts)[:2]  # seeds start at other offsets
     rows = []
     for batch in global_batches:
-        guess = min(math.sqrt(batch / 32), lr_max)
-        best = None
-        for factor in lr_factors:
-            lr = guess * factor
-            cap = max_steps if best is None else int(best["steps"]) + 1
-            runs = [_train_to_target(*pool, xe, ye, target, batch, lr, cap, s)
-                    for s in seeds]
-            if any(r is None for r in runs):
-                continue
-            mean = float(np.mean(runs))
-            if best is None or mean < best["steps"]:
-                best = {"batch": int(batch), "steps": mean, "lr": lr, "per_seed": runs}
+        start = int(np.argmin([abs(math.log(lr / math.sqrt(batch / 32))) for lr in grid]))
+        if rows and batch > rows[-1]["batch"]:  # no higher than what worked at a smaller
+            start = min(start, grid.index(rows[-1]["lr"]))  # batch: a failing start is slow
+
+        def train(lr, cap, batch=batch):
+            return [_train_to_target(*pool, xe, ye, target, batch, lr, cap, s) for s in seeds]
+
+        best = _search_lr(train, grid, start, max_steps)
         if best is None:
-            raise RuntimeError(f"batch {batch}: no learning rate reached the target loss "
-                               f"{target:.3f} within {max_steps} steps")
+            raise RuntimeError(f"batch {batch}: no learning rate of {grid} reached the target "
+                               f"loss {target:.3f} within {max_steps} steps")
+        best["batch"] = int(batch)
         best["reused"] = max(best["per_seed"]) * batch > cfg["pool"]  # a sample seen twice?
         rows.append(best)
     return {"target": target, "floor": floor, "rows": rows, "seeds": list(seeds),
