@@ -1,5 +1,5 @@
 """Lab 09: pipeline-parallel schedules, GPipe then 1F1B, with real send/recv of activations and
-gradients between stages (follows notebook 10_sharding_and_parallelism_traffic).
+gradients between stages (follows notebook 10b_tensor_pipeline_expert_parallelism).
 
 The learner writes, on every rank (rank r is pipeline stage r of p):
 
@@ -30,7 +30,7 @@ from .. import interview_math
 from .core import Fail, Lab
 
 LAB = Lab("09_pipeline_schedule", "Pipeline schedules: GPipe and 1F1B",
-          follows="10_sharding_and_parallelism_traffic")
+          follows="10b_tensor_pipeline_expert_parallelism")
 
 WIDTH, BATCH = 16, 4  # each stage: Linear(WIDTH, WIDTH) + tanh; micro-batches of BATCH rows
 FORWARD_S = 0.04  # seconds a stage's forward "computes" per micro-batch (backward: twice)
