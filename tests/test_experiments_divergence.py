@@ -41,5 +41,12 @@ def test_a_detached_optimizer_and_a_divided_learning_rate_stall_without_any_alar
                                1 / (world * batch), rtol=1e-3)
     np.testing.assert_allclose(divided["grad_norm"][0], ok["grad_norm"][0], rtol=1e-6)
     assert np.all(ok["update_ratio"] > 0)
+    # The learning rate SGD actually applied, ||update|| / ||gradient||, against the configured
+    # one: exactly lr when healthy, lr / (W x batch) when divided, 0 when detached.
+    lr = 0.05
+    np.testing.assert_allclose(ok["update_norm"] / ok["grad_norm"], lr, rtol=1e-4)
+    np.testing.assert_allclose(divided["update_norm"] / divided["grad_norm"],
+                               lr / (world * batch), rtol=1e-3)
+    assert np.all(detached["update_norm"] == 0)
     assert ok["eval_loss"][-1, 0] < divided["eval_loss"][-1, 0] < detached["eval_loss"][-1, 0]
 

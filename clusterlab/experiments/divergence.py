@@ -183,7 +183,7 @@ def _train_rank(faults, steps, features, hidden, batch, lr, seed, every, monitor
         mon = SyncMonitor(net, every=every, **monitor_options) if every else None
         gen = torch.Generator().manual_seed(7919 * (seed + 1) + rank)  # this rank's batches
         loss_log, eval_log, dist_log, finite_log, fp_log = [], [], [], [], []
-        gnorm_log, ratio_log = [], []
+        gnorm_log, ratio_log, unorm_log = [], [], []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyncWarning)
             for step in range(steps):
@@ -234,7 +234,9 @@ def _train_rank(faults, steps, features, hidden, batch, lr, seed, every, monitor
                     else:
                         opt.step()
                     model.zero_grad()  # through the model, as many loops do
-                    ratio_log.append(float((_flat(model) - before).norm() / before.norm()))
+                    update = float((_flat(model) - before).norm())
+                    unorm_log.append(update)
+                    ratio_log.append(update / float(before.norm()))
                     if s is not None:
                         s.record_loss(loss)
                 model.eval()
@@ -260,6 +262,7 @@ def _train_rank(faults, steps, features, hidden, batch, lr, seed, every, monitor
             "distance": np.array(dist_log), "finite": np.array(finite_log),
             "fingerprint": np.array(fp_log, dtype=np.int64), "alerts": alerts,
             "grad_norm": np.array(gnorm_log), "update_ratio": np.array(ratio_log),
+            "update_norm": np.array(unorm_log),
             "params": _flat(model).numpy(),
             "report": report if mon is not None else "",
         }
@@ -287,6 +290,8 @@ def train(faults=(Fault(),), steps: int = 40, world: int = 4, features: int = 8,
       "grad_norm": (steps, world) L2 norm of the gradient the optimizer is given (after the
                    sync, and after a "grad_after" corruption),
       "update_ratio": (steps, world) ||w_after - w_before|| / ||w_before|| of each step,
+      "update_norm": (steps, world) ||w_after - w_before||: divided by grad_norm, the
+                     learning rate SGD actually applied (compare with the configured lr),
       "params": (world, n) each replica's parameters after the last step (float64),
       "alerts": rank 0's SyncMonitor alerts as dicts (step, kind, ranks, message),
       "report": rank 0's mon.report() ("" without a monitor)}}.
@@ -305,7 +310,7 @@ def train(faults=(Fault(),), steps: int = 40, world: int = 4, features: int = 8,
         name = names[i] if names else key
         res[name] = {k: np.stack([o[key][k] for o in out], axis=1)
                      for k in ("loss", "eval_loss", "finite", "fingerprint", "grad_norm",
-                               "update_ratio")}
+                               "update_ratio", "update_norm")}
         res[name]["params"] = np.stack([o[key]["params"] for o in out])
         res[name]["distance"] = out[0][key]["distance"]  # every rank computed the same rows
         res[name]["alerts"] = out[0][key]["alerts"]
