@@ -258,7 +258,7 @@ def test_throughput_explorer_redraws_within_1s_and_its_real_run_cancels(open_not
         no_widget_errors(nb)
 
 
-# --- notebook 01b: the link explorer ---------------------------------------------------------------
+# --- notebook 01b: the link explorer -----------------------------------------------------------
 
 
 def test_link_explorer_accepts_a_netem_string_and_shows_why_it_rejects_one(open_notebook):

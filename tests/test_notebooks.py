@@ -54,6 +54,31 @@ def test_committed_with_clean_outputs(nb):
             assert not MACHINE_PATH.search(text), f"{nb.name}: a machine path in an output"
 
 
+# About 2,500 words of prose per notebook (at most three ideas): past that learners lose the
+# thread. Prose is the markdown plus the text the ledger renders into "On a real GPU cluster".
+WORDS = re.compile(r"[A-Za-z0-9]+(?:['’-][A-Za-z0-9]+)*")
+WORD_BUDGET = 2600
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_notebook_is_short_enough_to_follow(nb):
+    words = sum(len(WORDS.findall("".join(c["source"]))) for c in cells(nb)
+                if c["cell_type"] == "markdown")
+    assert words <= WORD_BUDGET, (f"{nb.name}: {words} words of markdown; split it or trim "
+                                  f"it to about 2,500 (budget {WORD_BUDGET})")
+
+
+@pytest.mark.parametrize("nb", [p for p in NOTEBOOKS if p.stem != "09_interview_rehearsal"],
+                         ids=lambda p: p.stem)
+def test_a_notebook_says_what_carries_over_to_a_real_gpu_cluster(nb):
+    """Each topic ends with "On a real GPU cluster", its constants cited from the ledger."""
+    sources = ["".join(c["source"]) for c in cells(nb)]
+    assert any(re.search(r"^##\s+On a real GPU cluster\s*$", s, flags=re.M) for s in sources), (
+        f"{nb.name} has no '## On a real GPU cluster' section")
+    assert any("facts.show(" in s for s in sources), (
+        f"{nb.name}: its real-cluster section cites nothing from the ledger (facts.show)")
+
+
 PNG_DPI = re.compile(rb"pHYs(.{4})(.{4})\x01", re.S)
 LABS_SOLVED = sorted((ROOT / "solutions").glob("[0-9][0-9]*_*.ipynb"))
 
