@@ -4,7 +4,10 @@
   the block, closed on exit;
 * `preload_ddp` - DDP's lazy imports, loaded once in this process before ranks fork;
 * `first_ranks`, `release` - a subgroup of a cluster's first n ranks, for a run on part of it;
-* `describe_error` - a launcher error as plain data (type, ranks, one-line message).
+* `describe_error` - a launcher error as plain data (type, ranks, one-line message);
+* `conclude` - a measured conclusion: asserted, or said to be not shown on this run when the
+  machine was demonstrably busy; `beyond_closed_form` - that evidence from runs far above their
+  closed form (`load_per_core` - the other evidence, the load average).
 
 Nothing here imports torch at module level: the functions that run on ranks import it.
 """
@@ -12,8 +15,9 @@ Nothing here imports torch at module level: the functions that run on ranks impo
 from __future__ import annotations
 
 import contextlib
+import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from ..cluster import Cluster, ClusterTimeout, RankDied, RankError
 
@@ -115,3 +119,67 @@ def describe_error(exc: BaseException) -> dict:
     else:
         ranks, message = [], f"{type(exc).__name__}: {_first_line(str(exc))}"
     return {"error": type(exc).__name__, "ranks": ranks, "message": message}
+
+
+# A run this much slower than its closed form measured the machine, not the network: the
+# emulator adds no time beyond the closed form on its own except its own small overheads (the
+# notebooks' assertions allow it a few percent), so 30 % more is processes waiting for a core.
+BUSY_FACTOR = 1.3
+
+# The 1-minute load average counts the processes running or waiting for a core. Above 2 per
+# core, every process that wants a core waits on average at least as long as it runs, so a
+# measured time is as much the queue for the CPUs as the emulated network. (The experiments'
+# own ranks mostly sleep in the emulator and add little to it.)
+BUSY_LOAD_PER_CORE = 2.0
+
+
+def load_per_core() -> float:
+    """This machine's 1-minute load average divided by its cores (0.0 where the system does
+    not report one, so that a failing conclusion is then asserted, not excused)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
+    return load / (os.cpu_count() or 1)
+
+
+def beyond_closed_form(pairs: Iterable[tuple[float, float]], *,
+                       factor: float = BUSY_FACTOR) -> str | None:
+    """The evidence, as a short phrase for `conclude(busy=...)`, that this machine and not the
+    emulated network set some of the measured times: the (measured, closed form) pairs, in
+    seconds, whose measurement exceeds `factor` times its closed form; None if there is none."""
+    if factor <= 1:
+        raise ValueError(f"factor must be above 1, got {factor}")
+    slow = [f"{measured * 1e3:.0f} ms against {model * 1e3:.0f} ms"
+            for measured, model in pairs if measured > factor * model]
+    if not slow:
+        return None
+    return (f"{'runs' if len(slow) > 1 else 'a run'} above {factor:g}x the closed form: "
+            + "; ".join(slow))
+
+
+def conclude(holds: bool, claim: str, *, busy: str | None = None) -> bool:
+    """One measured conclusion of a notebook, robust on a busy machine.
+
+    True when `holds`. Otherwise, when the machine was demonstrably busy - `busy`, the
+    caller's own evidence as a short phrase (e.g. from `beyond_closed_form`), or, when None, a
+    load average above BUSY_LOAD_PER_CORE - prints one plain sentence saying that the claim is
+    not shown on this run and why, and returns False. Otherwise (a quiet machine) raises
+    AssertionError naming the claim: there, a conclusion that does not hold is a real failure.
+    Only fragile measured comparisons belong here; what must hold physically (the emulated
+    network is never early) stays a plain assert."""
+    if not isinstance(claim, str) or not claim.strip():
+        raise ValueError("claim must be a sentence saying what the run should show")
+    if busy is not None and (not isinstance(busy, str) or not busy.strip()):
+        raise ValueError("busy must be None or a short phrase giving the evidence")
+    if bool(holds):
+        return True
+    if busy is None:
+        load = load_per_core()
+        if load <= BUSY_LOAD_PER_CORE:
+            raise AssertionError(f"not shown on a quiet machine (load average {load:.1f} per "
+                                 f"core): {claim}")
+        busy = f"load average {load:.1f} per core on {os.cpu_count()} cores"
+    print(f"Not shown on this run: {claim} ({busy}; processes waiting for a core, not the "
+          f"emulated network, set the time here: rerun on a quieter machine).")
+    return False

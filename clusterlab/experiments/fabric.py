@@ -25,6 +25,7 @@ from .. import fabric_models as fm
 from ..fabric import LeafSpine, RailOptimized, as_fabric
 from ..netem import Netem, as_netem
 from ..topology import Topology
+from .common import BUSY_FACTOR, beyond_closed_form
 
 KiB, MiB = 1024, 1024 * 1024
 
@@ -415,25 +416,12 @@ def rails(*, oversubscription: float = 4, nodes: int = 2, procs_per_node: int = 
 # --- plots -------------------------------------------------------------------------------------
 
 
-BUSY_FACTOR = 1.3  # a best run this much slower than its closed form measured the machine
-
-
-def too_busy(rows: Sequence[dict], what: str, *, factor: float = BUSY_FACTOR) -> bool:
-    """True, after printing a plain sentence, when a row's best run took more than `factor`
-    times its closed form: then processes waiting for a core, not the emulated network, set
-    the time (the network never delivers late by that much on its own), and a conclusion
-    drawn from the measurement would be about this machine. The notebook then states that
-    the conclusion is not shown on this run instead of asserting it."""
-    slow = []
-    for r in rows:
-        model = getattr(r["model"], "time_s", r["model"])
-        if r["best"] > factor * model:
-            slow.append(f"{r['best'] * 1e3:.0f} ms against {model * 1e3:.0f} ms")
-    if slow:
-        print(f"This machine was too busy for {what} to be measured on this run (best runs "
-              + "; ".join(slow) + " in the closed form): the measured comparison is not "
-              "shown here; rerun on a quieter machine.")
-    return bool(slow)
+def slowed(rows: Sequence[dict], *, factor: float = BUSY_FACTOR) -> str | None:
+    """The evidence for `conclude(busy=...)` that this machine set the time: a phrase naming
+    the rows whose best run took more than `factor` times its closed form (the emulated
+    network never delivers late by that much on its own), or None."""
+    return beyond_closed_form(((r["best"], getattr(r["model"], "time_s", r["model"]))
+                               for r in rows), factor=factor)
 
 
 def plot_incast(rows: Sequence[dict], axes=None, title: str | None = None):
