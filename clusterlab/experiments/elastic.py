@@ -117,7 +117,9 @@ def _train(cfg: dict, node: str, work: Path, event) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    event("imported")  # torch is loaded: the interpreter's start-up is over
     dist.init_process_group("gloo", timeout=timedelta(seconds=cfg["collective_timeout_s"]))
+    event("group")  # the process group exists (its store was set up by this rendezvous)
     rank, world = dist.get_rank(), dist.get_world_size()
     model = _model(cfg)
     fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
@@ -254,19 +256,28 @@ class ElasticRun:
     def failure(self) -> dict:
         """The node's death and the recovery, from the events (seconds on the shared clock):
         detected_s: kill to the survivor's error; regrouped_s: kill to the new group's first
-        worker process (rendezvous without the dead node, incl. its keep-alive expiry and
-        the last call); resumed_s: kill to the checkpoint loaded at the new world size."""
+        worker process (the agent stopping the old worker, the rendezvous round without the
+        dead node, incl. its keep-alive expiry and the last call, and spawning the new
+        interpreter); imported_s, group_s: kill to torch imported and to the process group
+        created in that worker; resumed_s: kill to the checkpoint loaded at the new world
+        size (after the resharding load and one all-gather of the parameters)."""
         (kill,) = self._of("kill")
-        err = [e for e in self._of("error", node="A") if e["t"] > kill["t"]]
-        after = [e for e in self._of("process", node="A") if e["t"] > kill["t"]]
-        res = [e for e in self._of("resume", node="A") if e["t"] > kill["t"]]
-        return {"step": kill["step"], "world_before": kill["world"],
-                "world_after": res[0]["world"] if res else None,
-                "resumed_from": res[0]["step"] if res else None,
-                "error": err[0]["error"] if err else None,
-                "detected_s": (err[0]["t"] - kill["t"]) / 1e9 if err else None,
-                "regrouped_s": (after[0]["t"] - kill["t"]) / 1e9 if after else None,
-                "resumed_s": (res[0]["t"] - kill["t"]) / 1e9 if res else None}
+
+        def first(kind: str) -> dict | None:
+            later = [e for e in self._of(kind, node="A") if e["t"] > kill["t"]]
+            return later[0] if later else None
+
+        def since(e: dict | None) -> float | None:
+            return (e["t"] - kill["t"]) / 1e9 if e else None
+
+        err, res = first("error"), first("resume")
+        out = {"step": kill["step"], "world_before": kill["world"],
+               "world_after": res["world"] if res else None,
+               "resumed_from": res["step"] if res else None,
+               "error": err["error"] if err else None, "detected_s": since(err),
+               "regrouped_s": since(first("process")), "imported_s": since(first("imported")),
+               "group_s": since(first("group")), "resumed_s": since(res)}
+        return out
 
     def resharding(self) -> dict:
         """The checkpoint the smaller group loaded: who wrote it, how each parameter was
