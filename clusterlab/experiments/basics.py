@@ -151,8 +151,9 @@ def compare(nics=(None, IMPAIRED_NIC), nodes: int = 2, steps: int = 12, warmup: 
     network times are the configured network's while the CPU's compute stands for a CPU k
     times faster. Use it when the doctor's faithful floor is above the configured delay.
 
-    solo: also run the same loop on ONE rank (nic=None: no exchange at all, the all_reduce of
-    a world of one returns at once), interleaved with the others; its result comes last
+    solo: also run the same loop on ONE rank (nic=None: no exchange at all; the all_reduce of
+    a world of one moves no bytes but still costs Gloo's per-call overhead, its small
+    all_reduce phase), interleaved with the others; its result comes last
     (nodes = 1). It is the baseline of scaling efficiency: each rank of the others computes
     the same per-rank batch, so `efficiency(solo, run)` = solo step / run step is the share of
     the single-process speed that each rank keeps (weak scaling).
