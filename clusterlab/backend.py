@@ -77,6 +77,24 @@ def _status(text: str) -> None:
         status_hook(text)
 
 
+def match_intra_op_threads() -> None:
+    """Give the calling thread the process's intra-op thread count (`torch.set_num_threads`);
+    every thread that may run tensor arithmetic on a rank's behalf starts with it.
+
+    torch.set_num_threads(n) (the launcher sets it on each rank) records n for the process but
+    applies it to MKL only in the calling thread (`mkl_set_num_threads_local`). Another thread
+    applies it lazily, when it first runs an op through at::parallel_for; small element-wise
+    ops and reductions take a serial path that never gets there, and a matmul goes straight to
+    MKL. So a new thread's first matmuls run with MKL's default, every core, and round
+    differently: (10x2) @ (2x256) in fp32 differs from the calling thread's in 85 of its 2560
+    entries (torch 2.13, MKL 2024.2, 2 cores). A callback chained on a collective's future
+    runs on whichever thread completes it (this backend's completion thread, a waiter's, or
+    the caller's if the future was done when it chained), so torch's PowerSGD hook
+    decompressed a gradient with 1 MKL thread on one rank and 2 on another, and the replicas
+    drifted apart by ulps in about 3 runs in 8."""
+    torch.set_num_threads(torch.get_num_threads())  # get: the process's count, applied lazily
+
+
 @dataclass(frozen=True)
 class NetemConfig:
     """Everything the backend reads from its settings, validated once."""
@@ -317,6 +335,7 @@ class _P2PWork(dist._Work):
         fut = torch.futures.Future()
 
         def finish():
+            match_intra_op_threads()  # callbacks chained on `fut` run here
             try:
                 self.wait()
                 fut.set_result(self._tensors)
@@ -717,6 +736,7 @@ class NetemProcessGroup(dist.ProcessGroup):
 
     def _complete_loop(self) -> None:
         clock.lower_timer_slack()
+        match_intra_op_threads()  # callbacks chained on the futures run here (see there)
         while True:
             item = self._queue.get()
             if item is None:

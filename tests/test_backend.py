@@ -347,3 +347,41 @@ def test_each_direction_of_a_pair_has_its_own_connection_and_any_source_still_wo
         out = cl.run(_gather_from_any_source)
     assert out[0] == [(t, r, r, r) for t in (1, 2) for r in (1.0, 2.0)]
     assert "must name the source" in out[1]
+
+
+def _matmul_in_callbacks():
+    """A matmul in callbacks chained on the backend's futures (collective and point to point)
+    and the same matmul here: (thread the callback ran on, bit-identical)."""
+    import threading
+
+    gen = torch.Generator().manual_seed(0)
+    p, q = torch.randn(1, 10, 2, generator=gen), torch.randn(1, 256, 2, generator=gen)
+    here = torch.bmm(p, q.transpose(1, 2))
+
+    def product(fut):
+        return threading.current_thread().name, torch.equal(torch.bmm(p, q.transpose(1, 2)),
+                                                            here)
+
+    # Chained at once, on a 20 ms network: the futures are not done yet, so the callbacks run
+    # on the threads that complete them.
+    out = [dist.all_reduce(torch.ones(1), async_op=True).get_future().then(product).wait()]
+    if dist.get_rank() == 0:
+        work = dist.isend(torch.ones(1), dst=1)
+    else:
+        work = dist.irecv(torch.zeros(1), src=0)
+    out.append(work.get_future().then(product).wait())
+    return out
+
+
+def test_callbacks_on_the_backends_threads_compute_as_the_caller_does():
+    # torch.set_num_threads reaches MKL only in the thread that calls it: a thread of the
+    # backend's own ran its first matmuls on every core and rounded differently (85 of these
+    # 2560 entries on 2 cores), so torch's PowerSGD hook left DDP's replicas ulps apart
+    # whenever its callbacks ran on the completion thread on one rank and not on the other.
+    with Cluster(nodes=2, nic="delay 20ms", threads=1, timeout=60) as cl:
+        out = cl.run(_matmul_in_callbacks)
+    for rank in out:
+        (coll_thread, coll_same), (p2p_thread, p2p_same) = rank
+        assert coll_thread == "netem-completion"
+        assert p2p_thread != "MainThread"
+        assert coll_same and p2p_same, rank

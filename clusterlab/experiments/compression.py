@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import models
+from ..backend import match_intra_op_threads
 from ..cluster import Cluster
 from ..netem import Netem
 from ..wire import wire_beta
@@ -129,6 +130,10 @@ class _Meter:
         out = torch.futures.Future()
 
         def wait():
+            # The hook's callbacks chained on `out` (PowerSGD's orthogonalisation and matmuls)
+            # run in this thread: with the rank's intra-op thread count, as on every other
+            # rank, or they round differently and the replicas drift apart.
+            match_intra_op_threads()
             try:
                 work.wait()
                 out.set_result(value)
