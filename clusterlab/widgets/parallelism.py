@@ -119,8 +119,8 @@ class ParallelismExplorer(Explorer):
         v = {k: c.value for k, c in self.controls.items()}
         axes["title"].set_text(
             f"{v['params_m']:g}M parameters, {v['latency_us']:g} µs, "
-            f"{v['bandwidth_gbit']:g} Gbit/s: fastest at 8 ranks {best[8]}, at 1024 "
-            f"{best[1024]}")
+            f"{v['bandwidth_gbit']:g} Gbit/s: lowest curve at 8 ranks {best[8]}, at 1024 "
+            f"{best[1024]} (DP and FSDP: upper bounds, nothing overlapped)")
 
 
 def parallelism_explorer(**defaults: Any) -> ParallelismExplorer:
