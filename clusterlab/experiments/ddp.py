@@ -356,8 +356,8 @@ class DDPRun:
 
     def plot_timeline(self, ax=None, steps=(0, 1), title: str | None = None):
         """A Gantt chart: per rank, a compute lane (phases) and a communication lane: each
-        bucket's all_reduce queued (hatched, from issue until the previous bucket is done: the
-        stream is FIFO) and in flight (solid, until completion)."""
+        bucket's all_reduce in flight (solid, one row) and, below it, how many buckets are
+        queued behind the one in flight (hatched; the stream is FIFO)."""
         import matplotlib.pyplot as plt
         from matplotlib.patches import Patch
 
@@ -380,21 +380,27 @@ class DDPRun:
                     ax.barh(base + 1, (b - a) / 1e6, left=self._s(a) * 1e3, height=0.8,
                             color=PHASE_COLORS[name], edgecolor="none")
                 # The stream is FIFO: a bucket is on the wire only once the one before it is
-                # done; before that it is queued. Drawn apart, so that queueing does not
-                # read as a long transfer.
-                prev_done = None
-                for i, b in enumerate(sorted(rec["buckets"], key=lambda b: b["issue"])):
+                # done; before that it is queued. In flight (solid, one row: FIFO transfers
+                # never overlap) and queued (hatched, below: how many buckets wait, whose
+                # intervals do overlap) are drawn apart, so queueing does not read as transfer.
+                prev_done, queued = None, []
+                for b in sorted(rec["buckets"], key=lambda b: b["issue"]):
                     start = b["issue"] if prev_done is None else max(b["issue"], prev_done)
-                    y = base + 0.1 + 0.4 * (i % 2)
                     if start > b["issue"]:
-                        ax.barh(y, (start - b["issue"]) / 1e6, left=self._s(b["issue"]) * 1e3,
-                                height=0.35, color="none", edgecolor=PHASE_COLORS["comm"],
-                                hatch="///", linewidth=0.4)
-                    ax.barh(y, (b["done"] - start) / 1e6, left=self._s(start) * 1e3,
-                            height=0.35, color=PHASE_COLORS["comm"], edgecolor="black",
+                        queued.append((b["issue"], start))
+                    ax.barh(base + 0.55, (b["done"] - start) / 1e6, left=self._s(start) * 1e3,
+                            height=0.3, color=PHASE_COLORS["comm"], edgecolor="black",
                             linewidth=0.4)
                     prev_done = b["done"] if prev_done is None else max(prev_done, b["done"])
-            yticks += [base + 1, base + 0.3]
+                if queued:
+                    edges = sorted({x for iv in queued for x in iv})
+                    depth = [sum(a <= e < z for a, z in queued) for e in edges]
+                    top = max(depth)
+                    xs = [self._s(e) * 1e3 for e in edges]
+                    ax.fill_between(xs, base + 0.05, [base + 0.05 + 0.3 * d / top for d in depth],
+                                    step="post", facecolor="none", edgecolor=PHASE_COLORS["comm"],
+                                    hatch="///", linewidth=0.4)
+            yticks += [base + 1, base + 0.45]
             ylabels += [f"rank {r['rank']} compute", f"rank {r['rank']} all_reduce"]
         ax.set_yticks(yticks, ylabels)
         ax.set_xlabel("time since the first measured step began (ms)")
@@ -402,7 +408,7 @@ class DDPRun:
         handles = [Patch(color=PHASE_COLORS[k], label=k) for k in names]
         handles.append(Patch(color=PHASE_COLORS["comm"], label="bucket all_reduce in flight"))
         handles.append(Patch(facecolor="none", edgecolor=PHASE_COLORS["comm"], hatch="///",
-                             label="queued behind the previous bucket"))
+                             label="buckets queued (height: how many)"))
         ax.legend(handles=handles, ncols=len(handles), loc="upper center",
                   bbox_to_anchor=(0.5, -0.25),
                   frameon=False)
