@@ -7,7 +7,8 @@
 * `describe_error` - a launcher error as plain data (type, ranks, one-line message);
 * `conclude` - a measured conclusion: asserted, or said to be not shown on this run when the
   machine was demonstrably busy; `beyond_closed_form` - that evidence from runs far above their
-  closed form (`load_per_core` - the other evidence, the load average).
+  closed form (`load_per_core` - the other evidence, the load average);
+* `marked_processes` - the live processes a torchrun job marked in their environment.
 
 Nothing here imports torch at module level: the functions that run on ranks import it.
 """
@@ -18,6 +19,7 @@ import contextlib
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
 from ..cluster import Cluster, ClusterTimeout, RankDied, RankError
 
@@ -183,3 +185,18 @@ def conclude(holds: bool, claim: str, *, busy: str | None = None) -> bool:
     print(f"Not shown on this run: {claim} ({busy}; processes waiting for a core, not the "
           f"emulated network, set the time here: rerun on a quieter machine).")
     return False
+
+
+def marked_processes(env: str, value: str) -> list[int]:
+    """Live processes other than this one whose environment holds `env=value`: a torchrun
+    job marks its agents and workers so, and they are found (and cleaned up) even after the
+    launcher that started them is gone."""
+    marker = f"{env}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+    return found

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from .common import marked_processes
 from .failures import scratch_dir
 
 JOB_ENV = "CLUSTERLAB_ELASTIC_JOB"  # the job's config file; also marks its processes
@@ -193,15 +194,7 @@ def _free_port() -> int:
 
 def job_processes(config_path: str) -> list[int]:
     """Live processes that carry this job's marker in their environment."""
-    marker = f"{JOB_ENV}={config_path}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            if marker in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-    return found
+    return marked_processes(JOB_ENV, config_path)
 
 
 def _kill_all(procs: dict, config_path: str) -> None:

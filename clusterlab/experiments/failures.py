@@ -41,6 +41,7 @@ import numpy as np
 
 from .. import models
 from ..cluster import Cluster
+from .common import marked_processes
 
 JOB_ENV = "CLUSTERLAB_FAILURE_JOB"  # the job's config file; also marks its processes
 JOB_DEFAULTS = dict(nodes=2, steps=24, interval=4, compute_s=0.05, failures=(), kill_rank=1,
@@ -145,15 +146,7 @@ def scratch_dir(kind: str) -> str:
 
 def job_processes(config_path: str) -> list[int]:
     """Live processes that carry this job's config in their environment (its workers)."""
-    marker = f"{JOB_ENV}={config_path}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            if marker in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-    return found
+    return marked_processes(JOB_ENV, config_path)
 
 
 @dataclass
