@@ -123,20 +123,12 @@ def test_run_options_are_checked():
 
 
 def _matmul_after_a_relayed_all_reduce():
-    """A matmul in a callback chained on a _Meter's all-reduce (as PowerSGD chains its steps),
-    and the same one here: (thread the callback ran on, bit-identical)."""
-    import threading
-
+    """test_backend's matmul_probe in a callback chained on a _Meter's all-reduce (as PowerSGD
+    chains its steps)."""
     import torch
+    from test_backend import matmul_probe
 
-    gen = torch.Generator().manual_seed(0)
-    p, q = torch.randn(1, 10, 2, generator=gen), torch.randn(1, 256, 2, generator=gen)
-    here = torch.bmm(p, q.transpose(1, 2))
-
-    def product(fut):
-        return threading.current_thread().name, torch.equal(torch.bmm(p, q.transpose(1, 2)),
-                                                            here)
-
+    product = matmul_probe()
     fut = compression._Meter().all_reduce(torch.ones(1), async_op=True).get_future()
     return fut.then(product).wait()  # chained at once: the 20 ms all-reduce is not done yet
 
