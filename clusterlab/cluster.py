@@ -538,7 +538,9 @@ class Cluster:
                     except (EOFError, OSError):
                         raise self._death_error(rank, what, pending) from None
                     if kind == "error":
-                        raise self._first_cause(pending, what) or RankError(
+                        # Its reply is consumed here, and the rank then says "idle": keep
+                        # the operation it failed in for the report of a peer's death.
+                        raise self._first_cause(pending, what, {rank: data}) or RankError(
                             rank, *data, what=what, others=self._others(pending - {rank}))
                     replies[rank] = data
                     pending.discard(rank)
@@ -552,29 +554,35 @@ class Cluster:
             raise
         return [replies[r] for r in ranks]
 
-    def _others(self, ranks) -> str:
-        """Where the other ranks were when one failed (the operation they waited in)."""
+    def _others(self, ranks, errors=None) -> str:
+        """Where the other ranks were when one failed (the operation they waited in).
+        `errors`: error replies already received, by rank."""
         if not ranks:
             return ""
         parts = []
         for r in sorted(ranks):
             doing = _read_status(self._status, r)
+            reply = ("error", errors[r]) if errors and r in errors else None
             with contextlib.suppress(Exception):
-                if self._conns[r].poll():  # it answered meanwhile: say how (we stop anyway)
-                    kind, data = self._conns[r].recv()
-                    doing = ("returned" if kind != "error" else
-                             f"raised {data[0]} (in {data[3]}): {data[1][:200]}")
+                if reply is None and self._conns[r].poll():  # it answered meanwhile
+                    reply = self._conns[r].recv()
+            if reply is not None:  # say how it answered (we stop anyway)
+                kind, data = reply
+                doing = ("returned" if kind != "error" else
+                         f"raised {data[0]} (in {data[3]}): {data[1][:200]}")
             parts.append(f"rank {r}: {doing}")
         return "the other ranks were in: " + "; ".join(parts)
 
-    def _first_cause(self, pending: set[int], what: str) -> RankDied | None:
+    def _first_cause(self, pending: set[int], what: str, errors=None) -> RankDied | None:
         """When a rank reports an error, a dead peer is usually why (a killed rank 0 takes
-        the store and its Gloo connections with it): name the death, not the symptom."""
+        the store and its Gloo connections with it): name the death, not the symptom.
+        `errors`: the error replies received so far, by rank."""
         deadline = time.monotonic() + 0.2  # the peer's exit and its sockets' reset race
         while True:
             for rank in sorted(pending):
                 if not self._procs[rank].is_alive():
-                    return self._death_error(self._culprit(rank, pending), what, pending)
+                    return self._death_error(self._culprit(rank, pending), what, pending,
+                                             errors)
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.02)
@@ -588,7 +596,7 @@ class Cluster:
         clean = [r for r in dead if " failed: " not in _read_status(self._status, r)]
         return rank if rank in clean else (clean or dead)[0]
 
-    def _death_error(self, rank: int, what: str, pending=()) -> RankDied:
+    def _death_error(self, rank: int, what: str, pending=(), errors=None) -> RankDied:
         proc = self._procs[rank]
         proc.join(0.5)
         code = proc.exitcode
@@ -597,7 +605,7 @@ class Cluster:
             with contextlib.suppress(ValueError):
                 how = f"signal {signal.Signals(-code).name}"
         doing = _read_status(self._status, rank)
-        others = self._others(set(pending) - {rank})
+        others = self._others(set(pending) - {rank}, errors)
         return RankDied(f"rank {rank} died ({how}) while {what} (its last operation: "
                         f"{doing}); the cluster was stopped" + (f"\n{others}" if others else ""))
 
