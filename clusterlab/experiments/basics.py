@@ -296,7 +296,8 @@ def format_breakdown(results: dict | list[dict]) -> str:
         results = [results]
     lines = []
     for r in results:
-        lines.append(f"{label(r)}  ({r['nodes']} ranks, {r['steps']} steps)")
+        ranks = f"{r['nodes']} rank{'s' if r['nodes'] != 1 else ''}"
+        lines.append(f"{label(r)}  ({ranks}, {r['steps']} steps)")
         lines.append(f"  {'phase':<11}{'mean ms':>9}{'share':>8}")
         for name in PHASES:
             lines.append(f"  {name:<11}{r['mean'][name] * 1e3:>9.2f}{r['share'][name]:>8.0%}")

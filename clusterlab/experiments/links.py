@@ -70,8 +70,9 @@ def tail_split(result: dict, q: float = 0.99, confidence: float = 0.95) -> dict:
     above the network's. Returns (ms) n, measured (the q-quantile with `quantile_ci`'s
     interval: measured_ci), network (the q-quantile of the network's draws for these pings),
     network_tail (network - the configured delay: what the jitter puts on top of the
-    delay), machine_extra (measured - network: what this machine put on top of the network
-    at that quantile), noise (the q-quantile of the machine's noise alone), and beyond_network:
+    delay), machine_extra (measured - network: how far this machine moved that quantile;
+    quantiles do not add, so it is not `noise`), noise (the q-quantile of the machine's noise
+    alone), and beyond_network:
     how many pings were later than the largest delay the configured distribution can draw
     (only this machine can have made them that late).
     """
@@ -507,7 +508,8 @@ def latency_under_load(nic: str = "delay 1ms rate 100mbit", nbytes: int = 256 * 
     Rank 0 streams to rank 2 (node 0 -> node 1), rank 1 pings rank 3 through the same NIC
     queue. Returns idle_ms and loaded_ms (the pings' one-way delays without and with the
     bulk stream), their percentiles, and message_ms: the time one bulk message occupies the
-    NIC (its serialisation time), the scale of the queueing delay a ping can meet.
+    NIC (its serialisation time), the scale of the queueing delay a ping can meet, and
+    offered: the share of the NIC's rate the bulk sender offers (its busy fraction).
     Pings leave on a fixed schedule (every `spacing_s`, longer than a loaded round trip), so
     they sample the bulk stream at every phase; the bulk sender offers 1/1.1 of the NIC's
     rate on a fixed schedule too (so a moment's delay of this machine does not leave a
@@ -523,7 +525,7 @@ def latency_under_load(nic: str = "delay 1ms rate 100mbit", nbytes: int = 256 * 
     idle_ms, loaded_ms = np.array(idle) * 1e3, np.array(loaded) * 1e3
     return {"nic": nic, "idle_ms": idle_ms, "loaded_ms": loaded_ms,
             "idle": percentiles(idle_ms), "loaded": percentiles(loaded_ms),
-            "message_ms": message_s * 1e3, "bulk_count": bulk_count}
+            "message_ms": message_s * 1e3, "bulk_count": bulk_count, "offered": 1 / 1.1}
 
 
 # --- figures ------------------------------------------------------------------------------------
@@ -579,8 +581,9 @@ def plot_jitter(results: dict, axes=None):
 
 def plot_tail_split(results: dict, ax=None, q: float = 0.99):
     """Per result, its measured q-quantile split into the network's part (the quantile of the
-    delays the network drew, replayed from the seed) and what this machine added on top,
-    with the quantile's distribution-free 95 % interval (an arrow where it is open above)."""
+    delays the network drew, replayed from the seed) and how far this machine moved it (a
+    difference of quantiles, not the quantile of what it added), with the quantile's
+    distribution-free 95 % interval (an arrow where it is open above)."""
     import matplotlib.pyplot as plt
 
     if ax is None:
@@ -590,7 +593,7 @@ def plot_tail_split(results: dict, ax=None, q: float = 0.99):
         t = tail_split(results[name], q)
         ax.barh(i, t["network"], color="#4C72B0", label="the network's draws" if i == 0 else None)
         ax.barh(i, max(t["machine_extra"], 0), left=t["network"], color="#DD8452",
-                label="added by this machine" if i == 0 else None)
+                label="how far this machine moved it" if i == 0 else None)
         lo, hi = t["measured_ci"]
         top = hi if np.isfinite(hi) else t["measured"] * 1.08
         ax.plot([lo, top], [i, i], color="k", lw=1, label="95% interval" if i == 0 else None)
