@@ -851,3 +851,36 @@ def loss_scaling(cases=SCALER_CASES, world: int = 4, steps: int = 6, inf_step: i
         res[case] = {k: np.stack([np.array(o[case][k]) for o in out], axis=1)
                      for k in ("skipped", "scale", "params")}
     return res
+
+
+# --- 9. a scale that changes mid-run, under Adam ---------------------------------------------
+
+
+def rescaled_midway(factor: float = 0.75, before: int = 1000, after: int = 3000,
+                    lr: float = 1e-3, optimizer: str = "adam",
+                    probes=(1, 10, 100, 1000, 3000)) -> dict:
+    """The step size when every gradient is multiplied by `factor` from step `before` on.
+
+    One parameter, gradient 1 for `before` steps, then `factor` (as `Join`'s active / W does
+    once a rank is done), `optimizer` with PyTorch's defaults (one process, float64). A
+    constant factor over the whole run cancels in Adam's m / sqrt(v); a factor that switches
+    mid-run does not at once: m follows within ~1/(1-beta1) steps, v within ~1/(1-beta2).
+
+    Returns {"factor", "before", "optimizer", "betas" (Adam's, else None), "probes": steps
+    after the switch, "ratio": the step size `probe` steps after the switch over the last
+    step size before it}.
+    """
+    import torch
+
+    p = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    opt = _optimizer(optimizer, [p], lr)
+    sizes = []
+    for t in range(before + max(probes)):
+        p.grad = torch.full_like(p, 1.0 if t < before else factor)
+        old = p.detach().clone()
+        opt.step()
+        sizes.append(float((p.detach() - old).abs()))
+    ref = sizes[before - 1]
+    return {"factor": factor, "before": before, "optimizer": optimizer,
+            "betas": tuple(opt.defaults["betas"]) if "betas" in opt.defaults else None,
+            "probes": list(probes), "ratio": [sizes[before - 1 + k] / ref for k in probes]}

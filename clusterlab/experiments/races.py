@@ -12,6 +12,13 @@ reads the coordinates an example touches, computes its gradient, and writes the 
   a seqlock: a read that finds begin != end on any coordinate overlapped a write, so the
   values it got may mix two versions (a mixed, or torn, read).
 
+Mode "inplace" is Hogwild as the paper and PyTorch's shared-memory training write it: the
+worker subtracts its step from the shared coordinates in place, element by element
+(`np.subtract.at`, as `optimizer.step()`'s `param.add_` does on a shared tensor), so an
+update that lands meanwhile is not erased; only a racing load-add-store of the same element
+can lose one element's update. The write-back of mode "none" instead stores values computed
+from its (possibly old) read, which erases everything that landed since.
+
 Fixes, each measured for its cost (updates per second) and its effect: a lock around the
 whole read-compute-write ("lock"); lock-free reads retried until consistent plus writes that
 apply their delta under a short lock ("seqlock"); and synchronous data parallelism with an
@@ -33,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import resource
 import time
 from dataclasses import dataclass
 
@@ -45,7 +53,7 @@ from .common import use_or_open
 __all__ = ["ASYNC_VARIANTS", "MODES", "Problem", "async_collective_races", "hogwild", "loss",
            "make_problem", "sync_allreduce", "throughput"]
 
-MODES = ("none", "lock", "seqlock")
+MODES = ("none", "inplace", "lock", "seqlock")
 
 
 @dataclass(frozen=True)
@@ -111,11 +119,13 @@ def _worker(w, problem, shared, lock, go, mode, updates, lr, seed):
     idx_all, val_all, y_all = problem.idx, problem.val, problem.y
     order = np.random.default_rng([seed, w]).integers(0, problem.examples, updates)
     reads = mixed = retries = 0
-    # write-backs that erased exactly one other update (an overlap), or two or more at once
-    # (a rollback: the writer was descheduled between its read and its write), and how many
+    # write-backs after exactly one other update landed since the read, or two or more, and
+    # their sum: with a write-back ("none") those updates are erased (one: an overlap, two or
+    # more: a rollback); with in-place adds ("inplace") they are only the gradient's staleness
     one = big = big_sum = 0
     whole = problem.nnz == problem.dim  # every update writes every coordinate (dense)
     go.wait()
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)  # this worker's context switches, from here
     t0 = time.monotonic()  # the workers time themselves: the parent only polls
     cpu0 = time.process_time()  # CPU this worker burns (a worker blocked on the lock burns none)
     for k, e in enumerate(order):
@@ -144,23 +154,31 @@ def _worker(w, problem, shared, lock, go, mode, updates, lr, seed):
                 x[idx] -= step
                 count[idx] += 1
                 end[idx] = stamp
-        else:  # write back what we computed from what we read: a read-modify-write
-            if mode == "none":  # updates that landed since our read (a racy look, too)
+        else:
+            if mode in ("none", "inplace"):  # updates that landed since our read (racy, too)
                 age = int(count[idx[0]] - c[0])
                 if age == 1:
                     one += 1
                 elif age >= 2:
                     big += 1
                     big_sum += age
-            begin[idx] = stamp
-            x[idx] = xv - step
-            count[idx] = c + 1
-            end[idx] = stamp
+            if mode == "inplace":  # Hogwild: subtract in place, element by element, no lock
+                begin[idx] = stamp
+                np.subtract.at(x, idx, step)
+                np.add.at(count, idx, 1)
+                end[idx] = stamp
+            else:  # write back what we computed from what we read: a read-modify-write
+                begin[idx] = stamp
+                x[idx] = xv - step
+                count[idx] = c + 1
+                end[idx] = stamp
             if mode == "lock":
                 lock.release()
         if (k & 255) == 255 or k == updates - 1:
             stats[w] = (k + 1, reads, mixed, retries, one, big, big_sum)
-    cpu[w] = (time.process_time() - cpu0, t0, time.monotonic())
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu[w] = (time.process_time() - cpu0, t0, time.monotonic(),
+              ru1.ru_nivcsw - ru0.ru_nivcsw, ru1.ru_nvcsw - ru0.ru_nvcsw)
 
 
 def hogwild(
@@ -177,9 +195,11 @@ def hogwild(
     """`workers` processes each run `updates` SGD steps on one shared parameter vector.
 
     problem: a `Problem` or "dense"/"sparse" (`make_problem` with defaults).
-    mode: "none" (Hogwild: read-modify-write with no lock), "lock" (a multiprocessing.Lock
-    held across read, gradient and write), "seqlock" (reads retried until no write overlapped
-    them, writes apply their delta under a lock held only for the write).
+    mode: "none" (lock-free read-modify-write: write back values computed from the read),
+    "inplace" (Hogwild: subtract the step in place, element by element), "lock" (a
+    multiprocessing.Lock held across read, gradient and write), "seqlock" (reads retried
+    until no write overlapped them, writes apply their delta under a lock held only for the
+    write).
     Every worker picks examples from its own seeded stream. The parent samples the loss
     every `sample_every_s` while the workers run. No process outlives the call: workers
     still alive after `timeout` s are terminated, then killed, and the call raises.
@@ -189,8 +209,13 @@ def hogwild(
     reads, mixed_reads, mixed_fraction, retries; for mode "none", from a racy look at the
     first touched coordinate's counter just before each write-back: overwrote_one (write-
     backs that erased exactly one other update: two workers overlapping), rollbacks (write-
-    backs that erased two or more at once: the writer was descheduled between its read and
-    its write, then wrote back old values) and rollback_mean (updates erased per rollback);
+    backs that erased two or more at once: the writer was held up between its read and its
+    write, descheduled or otherwise delayed, then wrote back old values) and rollback_mean
+    (updates erased per rollback);
+    for modes "none" and "inplace", age_mean (updates that landed between a worker's read and
+    its write, per update: erased by a write-back, only staleness for in-place adds);
+    switches_involuntary / switches_voluntary (context switches of all workers while they
+    ran, getrusage: the scheduler took the CPU away / the worker blocked);
     elapsed_s (the first worker's start to the
     last worker's finish, timed by the workers: the parent only polls), updates_per_s, cpu_s
     (CPU seconds of all workers), parallelism (cpu_s / elapsed_s: how many workers ran at
@@ -207,7 +232,8 @@ def hogwild(
     begin = torch.zeros(problem.dim, dtype=torch.int64).share_memory_()
     end = torch.zeros(problem.dim, dtype=torch.int64).share_memory_()
     stats = torch.zeros((workers, 7), dtype=torch.int64).share_memory_()
-    cpu = torch.zeros((workers, 3), dtype=torch.float64).share_memory_()  # cpu s, start, end
+    # cpu s, start, end, involuntary and voluntary context switches
+    cpu = torch.zeros((workers, 5), dtype=torch.float64).share_memory_()
     shared = (x, count, begin, end, stats, cpu)
     lock, go = ctx.Lock(), ctx.Event()
     procs = [ctx.Process(target=_worker, name=f"hogwild-{w}", daemon=True,
@@ -262,8 +288,12 @@ def hogwild(
         "expected": expected, "counted": counted, "lost": expected - counted,
         "lost_fraction": (expected - counted) / expected,
         "reads": reads, "mixed_reads": mixed, "mixed_fraction": mixed / max(reads, 1),
-        "retries": retries, "overwrote_one": one, "rollbacks": big,
-        "rollback_mean": big_sum / big if big else 0.0,
+        "retries": retries,
+        "overwrote_one": one if mode == "none" else 0, "rollbacks": big if mode == "none" else 0,
+        "rollback_mean": big_sum / big if big and mode == "none" else 0.0,
+        "age_mean": (one + big_sum) / total,
+        "switches_involuntary": int(times[:, 3].sum()),
+        "switches_voluntary": int(times[:, 4].sum()),
         "elapsed_s": elapsed, "updates_per_s": total / elapsed,
         "cpu_s": cpu_s, "parallelism": cpu_s / elapsed,
         "curve_t": np.array(curve_t), "curve_updates": np.array(curve_u),
@@ -372,7 +402,9 @@ def throughput(
     a lock lets one worker run at a time, up to the number of free cores without one.
 
     Returns {"workers", "modes", "repeats", "cores", "rate": {mode: [[per repeat] per W]},
-    "median": {mode: [median updates/s per W]}, "parallelism": {mode: [median per W]},
+    "median": {mode: [median updates/s per W]}, "lost_fraction": {mode: [[per repeat] per
+    W]}, "useful_median": {mode: [median over repeats of updates/s x (1 - lost_fraction),
+    the updates that survived, per W]}, "parallelism": {mode: [median per W]},
     "cpu_us_per_update": {mode: [median CPU µs per update per W]}, "median_run": {mode:
     [(updates/s, parallelism, CPU µs per update) of the median-rate repeat, per W]}}.
     updates/s = parallelism / CPU seconds per update, exactly, within one run.
@@ -382,6 +414,7 @@ def throughput(
     rate = {m: [[] for _ in workers] for m in modes}
     par = {m: [[] for _ in workers] for m in modes}
     cpu = {m: [[] for _ in workers] for m in modes}
+    lost = {m: [[] for _ in workers] for m in modes}
     for rep in range(repeats):
         for i, w in enumerate(workers):
             for m in modes:
@@ -390,12 +423,17 @@ def throughput(
                 rate[m][i].append(r["updates_per_s"])
                 par[m][i].append(r["parallelism"])
                 cpu[m][i].append(1e6 * r["cpu_s"] / r["updates"])
+                lost[m][i].append(r["lost_fraction"])
     return {
         "workers": list(workers), "modes": list(modes), "repeats": repeats,
         "cores": (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                   else os.cpu_count()),
         "rate": rate,
         "median": {m: [float(np.median(v)) for v in rate[m]] for m in modes},
+        "lost_fraction": lost,
+        # updates that survived (not erased by a later write-back), per second, run by run
+        "useful_median": {m: [float(np.median(np.multiply(rate[m][i], np.subtract(1, lost[m][i]))))
+                              for i in range(len(workers))] for m in modes},
         "parallelism": {m: [float(np.median(v)) for v in par[m]] for m in modes},
         "cpu_us_per_update": {m: [float(np.median(v)) for v in cpu[m]] for m in modes},
         # rate = parallelism / CPU per update holds exactly within one run: the median run's
