@@ -120,6 +120,23 @@ def sharded_comm_seconds(strategy: str, *, params: int, ranks: int, alpha: float
                 + models.ring_reduce_scatter(n, each, alpha, beta))
 
 
+def fsdp_forward_seconds(*, layers: int, gather_s: float, compute_s: float,
+                         prefetch: bool) -> float:
+    """Forward time of `layers` FSDP units, each all-gathering its parameters (gather_s)
+    and then computing (compute_s), the all-gathers one at a time on the network.
+
+    Without overlap each unit waits for its own all-gather: L(g + c). With the next unit's
+    all-gather issued as a unit starts computing (one unit ahead), the first all-gather is
+    exposed, each of the L-1 later units starts after max(g, c), and the last computes:
+    g + c + (L-1) max(g, c), a saving of (L-1) min(g, c). (FSDP2 on a GPU overlaps like
+    this by default, issuing all-gathers on their own stream; a CPU process blocks.)"""
+    n = _count(layers, "layers")
+    g, c = _nonnegative(gather_s, "gather_s"), _nonnegative(compute_s, "compute_s")
+    if not prefetch:
+        return n * (g + c)
+    return g + c + (n - 1) * max(g, c)
+
+
 # --- tensor parallel --------------------------------------------------------------------------
 
 

@@ -49,6 +49,42 @@ def test_sharded_comm_seconds_counts_one_collective_per_unit():
     assert lat == pytest.approx(5 * 3 * 3 * a)
 
 
+def _one_ahead_forward(layers, g, c):
+    """Event replay of a forward with one-ahead prefetch: unit i+1's all-gather is issued
+    when unit i starts computing, after unit i's own all-gather (one at a time)."""
+    gathered = [0.0] * layers
+    gathered[0] = g  # the first all-gather overlaps nothing
+    end = 0.0
+    for i in range(layers):
+        start = max(end, gathered[i])
+        if i + 1 < layers:
+            gathered[i + 1] = max(start, gathered[i]) + g
+        end = start + c
+    return end
+
+
+@pytest.mark.parametrize("g, c", [(0.008, 0.008), (0.012, 0.004), (0.004, 0.012),
+                                  (0.010, 0.0), (0.0, 0.005)])
+@pytest.mark.parametrize("layers", [1, 2, 6])
+def test_fsdp_prefetch_closed_form_matches_a_replay_when_gather_and_compute_differ(
+        g, c, layers):
+    # g != c is the case the notebook's g = c experiment cannot tell apart: the prefetched
+    # forward is g + c + (L-1) max(g, c), not g + L max(g, c) (wrong by g - c when g > c).
+    plain = par.fsdp_forward_seconds(layers=layers, gather_s=g, compute_s=c, prefetch=False)
+    ahead = par.fsdp_forward_seconds(layers=layers, gather_s=g, compute_s=c, prefetch=True)
+    assert plain == pytest.approx(layers * (g + c))
+    assert ahead == pytest.approx(_one_ahead_forward(layers, g, c))
+    assert plain - ahead == pytest.approx((layers - 1) * min(g, c))
+
+
+def test_fsdp_prefetch_closed_form_g_above_c_exposes_g_minus_c_per_unit():
+    # 6 units, g = 12 ms, c = 4 ms: 12 + 4 + 5 x 12 = 76 ms (the old g + L max(g, c) said 84).
+    ahead = par.fsdp_forward_seconds(layers=6, gather_s=0.012, compute_s=0.004, prefetch=True)
+    assert ahead == pytest.approx(0.076)
+    with pytest.raises(ValueError, match="gather_s"):
+        par.fsdp_forward_seconds(layers=6, gather_s=-1.0, compute_s=0.004, prefetch=True)
+
+
 def test_tensor_parallel_counts_and_bytes():
     assert par.tp_allreduces(12) == {"forward": 24, "backward": 24, "total": 48}
     assert par.tp_allreduces(12, blocks_per_layer=1)["total"] == 24

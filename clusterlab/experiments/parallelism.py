@@ -503,10 +503,13 @@ def step_time_sweep(nics, *, ranks: int = 2, width: int = 128, depth: int = 3,
 
 def fsdp_prefetch(*, ranks: int = 2, nic: str = "delay 8ms", width: int = 64, depth: int = 6,
                   layer_s: float = 0.008, steps: int = 7, timeout: float = 120) -> dict:
-    """FSDP2's forward time with and without `set_modules_to_forward_prefetch`: without it
-    each layer waits for its own all-gather; with it the next layer's all-gather travels
-    while this layer computes. Only the forward is timed (the backward computes nothing).
-    Returns the fastest forward of each (see `_fastest_step`) and the two closed forms."""
+    """FSDP2's forward time with and without prefetching the next layer's all-gather
+    (`FSDPModule.unshard(async_op=True)` as a layer starts): without it each layer waits for
+    its own all-gather, which is what a CPU process gets (on a GPU, FSDP2's default already
+    overlaps it, see `parallelism.fsdp_forward_seconds`); with it the next layer's
+    all-gather travels while this layer computes. Only the forward is timed (the backward
+    computes nothing). Returns the fastest forward of each (see `_fastest_step`) and the two
+    closed forms (`parallelism.fsdp_forward_seconds`)."""
     preload()
     alpha, beta = _network(nic)
     with Cluster(nodes=ranks, nic=nic, timeout=timeout) as cl:
@@ -519,8 +522,10 @@ def fsdp_prefetch(*, ranks: int = 2, nic: str = "delay 8ms", width: int = 64, de
     return {
         "forward_s": _fastest_step(res[False], "forward_s"),
         "forward_prefetch_s": _fastest_step(res[True], "forward_s"),
-        "predicted_s": depth * (gather + layer_s),
-        "predicted_prefetch_s": gather + depth * max(gather, layer_s),
+        "predicted_s": par.fsdp_forward_seconds(layers=depth, gather_s=gather,
+                                                compute_s=layer_s, prefetch=False),
+        "predicted_prefetch_s": par.fsdp_forward_seconds(layers=depth, gather_s=gather,
+                                                         compute_s=layer_s, prefetch=True),
         "gather_s": gather, "layer_s": layer_s, "depth": depth, "steps": steps - 1,
     }
 
