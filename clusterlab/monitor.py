@@ -568,6 +568,7 @@ class SyncMonitor:
         self.last_check: list[dict] = []  # what every rank reported at the latest check
         self.steps = 0
         self.checks = 0
+        self.check_bytes = 0  # what one check's all_gather sends per rank
         self._current: MonitoredStep | None = None
         self._pending: _Pending | None = None
         self._last_label: int | None = None
@@ -716,7 +717,9 @@ class SyncMonitor:
         Waiting here would add the collective's latency, and the time until the slowest
         rank arrives, to the step. Instead the all_gather overlaps the next step's compute."""
         params = _Snapshot(self._params)
-        work, parts = self._gather(_pack(self._summary(step, params, grads)), wait=False)
+        packed = _pack(self._summary(step, params, grads))
+        self.check_bytes = packed.numel() * packed.element_size()
+        work, parts = self._gather(packed, wait=False)
         self._pending = _Pending(step, work, parts, params, grads)
         self._window = _Window()
 
@@ -986,7 +989,8 @@ class SyncMonitor:
     def report(self) -> str:
         """A human-readable summary: alerts, then what every rank reported at the last check."""
         lines = [f"SyncMonitor: {self.steps} steps, {self.checks} checks (every {self.every} "
-                 f"steps), {self.world} ranks, on_alert={self.on_alert!r}"]
+                 f"steps), {self.world} ranks, on_alert={self.on_alert!r}; one check "
+                 f"all-gathers {self.check_bytes} bytes per rank"]
         if not self.alerts:
             exact = "bitwise identical" if self.rtol == 0 and self.atol == 0 else "within tolerance"
             lines.append(f"no alerts: the replicas were {exact} at every check"

@@ -207,6 +207,16 @@ def test_swapped_same_shape_all_reduces_are_silent_even_with_detail(debug):
     assert not r["ranks_agree"]
 
 
+def test_a_skipped_collective_is_named_only_with_detail():
+    plain = D.skipped_collective(None, wait_s=0.5)
+    detail = D.skipped_collective("DETAIL", wait_s=0.5)
+    # plain Gloo: the waiting ranks time out in their own send/recv, naming nobody
+    assert plain["named_ranks"] == [] and all("Timed out" in m for m in plain["messages"][:2])
+    # DETAIL: the wrapper's monitored barrier before the all_reduce names the absent rank
+    assert detail["named_ranks"] == [2], detail["messages"]
+    assert detail["messages"][2] == "" and min(detail["waits_s"][:2]) >= 0.4
+
+
 def test_forgetting_set_epoch_repeats_the_order():
     o = D.data_order(epochs=2, set_epoch=False)
     assert o["shared"]["same_order_as_previous_epoch"] == [True]

@@ -166,11 +166,12 @@ def _train_rank(faults, steps, features, hidden, batch, lr, seed, every, monitor
         if f.scenario == "dropout_rank_seeds":
             torch.manual_seed(seed + 100 + rank)
         step_now = {"step": -1}
+        injected = {}  # the corrupted element's (value before, value after), on its rank
         if f.scenario == "grad_before" and me:
-            def hook(grad, f=f, step_now=step_now):
+            def hook(grad, f=f, step_now=step_now, injected=injected):
                 if step_now["step"] == f.step:
                     grad = grad.clone()
-                    corrupt_(grad, f.corruption, f.bit)
+                    injected["values"] = corrupt_(grad, f.corruption, f.bit)
                 return grad
 
             model[0].weight.register_hook(hook)  # runs before DDP sees the gradient
@@ -220,7 +221,8 @@ def _train_rank(faults, steps, features, hidden, batch, lr, seed, every, monitor
                             g.copy_(flat[offset:offset + g.numel()].view_as(g))
                             offset += g.numel()
                     if f.scenario == "grad_after" and me and step == f.step:
-                        corrupt_(model[0].weight.grad, f.corruption, f.bit)
+                        injected["values"] = corrupt_(model[0].weight.grad, f.corruption,
+                                                      f.bit)
                     if s is not None:
                         s.after_backward()
                     # What a cheap stall detector reads: the norm of the gradient the
@@ -265,6 +267,7 @@ def _train_rank(faults, steps, features, hidden, batch, lr, seed, every, monitor
             "update_norm": np.array(unorm_log),
             "params": _flat(model).numpy(),
             "report": report if mon is not None else "",
+            "injected": injected.get("values"),
         }
     return results
 
@@ -294,7 +297,9 @@ def train(faults=(Fault(),), steps: int = 40, world: int = 4, features: int = 8,
                      learning rate SGD actually applied (compare with the configured lr),
       "params": (world, n) each replica's parameters after the last step (float64),
       "alerts": rank 0's SyncMonitor alerts as dicts (step, kind, ranks, message),
-      "report": rank 0's mon.report() ("" without a monitor)}}.
+      "report": rank 0's mon.report() ("" without a monitor),
+      "injected": a gradient corruption's (element before, element after) on the faulty
+                  rank, or None}}.
     `faults` may also be a dict {name: fault}: the results are then keyed by those names.
     Otherwise they are keyed by scenario name (a scenario used twice: "name#i").
     """
@@ -315,6 +320,8 @@ def train(faults=(Fault(),), steps: int = 40, world: int = 4, features: int = 8,
         res[name]["distance"] = out[0][key]["distance"]  # every rank computed the same rows
         res[name]["alerts"] = out[0][key]["alerts"]
         res[name]["report"] = out[0][key]["report"]
+        res[name]["injected"] = next((tuple(o[key]["injected"]) for o in out
+                                      if o[key]["injected"] is not None), None)
     return res
 
 
@@ -452,6 +459,53 @@ def mismatched_collective(case: str = "op", debug: str | None = None, world: int
         res.update(describe_error(exc))
     res["wall_s"] = time.monotonic() - t0
     return res
+
+
+def _skipped_rank(odd_rank, wait_s):
+    import time
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    _quiet()
+    # A group of its own whose timeout is `wait_s`: under DETAIL the wrapper's monitored
+    # barrier (a helper Gloo group) inherits it, so the wait is short here.
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=wait_s))
+    if dist.get_rank() == odd_rank:
+        return {"message": "", "wait_s": 0.0}  # took another branch: no all_reduce
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4), group=group)
+    except RuntimeError as exc:
+        message = re.sub(r"\[/\S+\] ", "", " ".join(str(exc).split()))  # no build paths
+        return {"message": message, "wait_s": time.monotonic() - t0}
+    return {"message": "", "wait_s": time.monotonic() - t0}
+
+
+def skipped_collective(debug: str | None = None, world: int = 3, odd_rank: int = 2,
+                       wait_s: float = 1.0, timeout: float = 10.0) -> dict:
+    """Rank `odd_rank` skips one all_reduce (another branch); the others call it.
+
+    The all_reduce runs on a Gloo group whose timeout is `wait_s`. Plain Gloo: the others
+    wait `wait_s` and raise a timeout of their own send or receive, naming no rank. With
+    TORCH_DISTRIBUTED_DEBUG=DETAIL (`debug`) the process-group wrapper runs a monitored
+    barrier (wait_all_ranks) before every collective, on a helper Gloo group with the same
+    timeout: rank 0's error names the ranks that did not arrive.
+
+    Returns {"debug", "messages" (per rank; "" for the odd rank), "named_ranks" (ranks that
+    rank 0's message names as missing), "waits_s" (per rank), "wall_s"}.
+    """
+    import time
+
+    t0 = time.monotonic()
+    with Cluster(nodes=world, nic=None, timeout=timeout,
+                 environ={"TORCH_DISTRIBUTED_DEBUG": debug or "OFF"}) as cl:
+        out = cl.run(_skipped_rank, odd_rank, wait_s)
+    found = re.search(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier", out[0]["message"])
+    named = [int(r) for r in found[1].split(",") if r.strip()] if found else []
+    return {"debug": debug, "messages": [o["message"] for o in out], "named_ranks": named,
+            "waits_s": [o["wait_s"] for o in out], "wall_s": time.monotonic() - t0}
 
 
 def _swapped_rank(odd_rank):
