@@ -1113,3 +1113,18 @@ def test_terminal_end_of_input_and_listing(bank):
     assert cli.parse_letters("bd", 4) == {1, 3} and cli.parse_letters("E", 4) is None
     assert cli.parse_ticks("1 3", 4) == {0, 2} and cli.parse_ticks("all", 3) == {0, 1, 2}
     assert cli.parse_ticks("9", 3) is None
+
+
+def test_russian_interface_agrees_in_case_and_gender(bank):
+    from clusterlab.quiz.render import question_blocks, to_text
+
+    inst = bank.draw("par-moe-capacity", seed=9)
+    ru = to_text(question_blocks(inst, "ru", bank))
+    assert "Введите число в токенах" in ru and "единица —" not in ru
+    assert "уровень: базовый" in ru and "сложность:" not in ru
+    assert "{Tk},000 tokens" in bank.by_id["par-moe-capacity"].raw["text"]["en"]  # not "16k"
+    from clusterlab.quiz.render import link_text
+
+    link = bank.by_id["par-moe-capacity"].section
+    assert link_text(bank, link, "ru").startswith("ноутбук 10b «")
+    assert link_text(bank, link, "en") == bank.section_title(link)

@@ -21,7 +21,7 @@ import sys
 from typing import TextIO
 
 from .bank import KINDS, LANGS, TOPICS, Bank
-from .i18n import t
+from .i18n import t, unit_in
 from .numfmt import AnswerFormatError, fmt
 from .progress import Progress
 from .render import (
@@ -233,7 +233,9 @@ def _ask(session: Session, term: Terminal) -> Result:
     if inst.kind == "numeric":
         unit = inst.unit(lg)
         prompt = (
-            t("cli_numeric_prompt", lg, unit=unit) if unit else t("cli_numeric_prompt_nounit", lg)
+            t("cli_numeric_prompt", lg, unit=unit_in(unit, lg))
+            if unit
+            else t("cli_numeric_prompt_nounit", lg)
         )
         while True:
             line = term.ask(prompt)
@@ -244,7 +246,7 @@ def _ask(session: Session, term: Terminal) -> Result:
                 return session.answer(line)
             except AnswerFormatError as exc:
                 key = "bad_unit" if exc.reason == "unit" else "not_a_number"
-                term.say(t(key, lg, text=repr(exc.text), unit=unit or "—"))
+                term.say(t(key, lg, text=repr(exc.text), unit=unit_in(unit, lg) or "—"))
     # open: answer first (out loud or one line), then the model answer and self-grading
     term.ask(t("cli_open_prompt", lg))
     in_time = session.reveal()

@@ -7,8 +7,8 @@ STRINGS: dict[str, dict[str, str]] = {
     "language": {"en": "Language", "ru": "Язык"},
     "topics": {"en": "Topics", "ru": "Темы"},
     "all_topics": {"en": "all topics", "ru": "все темы"},
-    "difficulty": {"en": "Difficulty", "ru": "Сложность"},
-    "any_difficulty": {"en": "any", "ru": "любая"},
+    "difficulty": {"en": "Difficulty", "ru": "Уровень"},
+    "any_difficulty": {"en": "any", "ru": "любой"},
     "mode": {"en": "Mode", "ru": "Режим"},
     "practice": {"en": "practice", "ru": "тренировка"},
     "mock": {"en": "mock interview", "ru": "пробное собеседование"},
@@ -28,13 +28,12 @@ STRINGS: dict[str, dict[str, str]] = {
     "your_number": {"en": "Your answer", "ru": "Ваш ответ"},
     "question_n": {"en": "Question {i} of {n}", "ru": "Вопрос {i} из {n}"},
     "question_i": {"en": "Question {i}", "ru": "Вопрос {i}"},
-    "difficulty_label": {"en": "difficulty", "ru": "сложность"},
+    "difficulty_label": {"en": "difficulty", "ru": "уровень"},
     "choose_one": {"en": "Choose one answer.", "ru": "Выберите один ответ."},
     "choose_all": {"en": "Choose all correct answers.", "ru": "Выберите все верные ответы."},
     "numeric_hint": {
         "en": "Type a number in {unit}; answers within ±{tol}% of the right one count.",
-        "ru": "Введите число, единица — {unit}; "
-        "засчитывается отклонение от верного ответа до ±{tol}%.",
+        "ru": "Введите число в {unit}; засчитывается отклонение от верного ответа до ±{tol}%.",
     },
     "numeric_hint_nounit": {
         "en": "Type a number; answers within ±{tol}% of the right one count.",
@@ -73,13 +72,18 @@ STRINGS: dict[str, dict[str, str]] = {
     "more": {"en": "More", "ru": "Подробнее"},
     "covered": {"en": "You covered {k} of {n} key points.", "ru": "Вы назвали {k} из {n} пунктов."},
     "review": {"en": "Review: {link}", "ru": "Повторить: {link}"},
+    # A section of the course, whose titles are English: in Russian marked as titles.
+    "section_link": {
+        "en": "{nb} {title} › {section}",
+        "ru": "ноутбук {nb} «{title}», раздел «{section}»",
+    },
     "not_a_number": {
         "en": "Could not read a number from {text}. Try again, e.g. 12.5 or 12,5.",
         "ru": "Не получилось прочитать число из {text}. Попробуйте ещё раз, например 12,5.",
     },
     "bad_unit": {
         "en": "The unit in {text} does not fit: answer in {unit} (or a number alone).",
-        "ru": "Единица в {text} не подходит: нужна {unit} или просто число.",
+        "ru": "Единица в {text} не подходит: ответьте в {unit} или просто числом.",
     },
     "no_choice": {"en": "Choose at least one option.", "ru": "Выберите хотя бы один вариант."},
     "summary": {"en": "Result", "ru": "Итог"},
@@ -94,7 +98,7 @@ STRINGS: dict[str, dict[str, str]] = {
     "to_review": {"en": "Sections to review", "ru": "Что повторить"},
     "no_questions": {
         "en": "No questions match these topics and difficulty.",
-        "ru": "Нет вопросов с такими темами и сложностью.",
+        "ru": "Нет вопросов с такими темами и уровнем.",
     },
     "finished": {"en": "Session finished.", "ru": "Сессия завершена."},
     "progress_recovered": {
@@ -108,7 +112,7 @@ STRINGS: dict[str, dict[str, str]] = {
     },
     "cli_numeric_prompt": {
         "en": "Your answer in {unit} (empty line = skip, q = quit): ",
-        "ru": "Ваш ответ, {unit} (пустая строка — пропустить, q — выйти): ",
+        "ru": "Ваш ответ в {unit} (пустая строка — пропустить, q — выйти): ",
     },
     "cli_numeric_prompt_nounit": {
         "en": "Your answer (empty line = skip, q = quit): ",
@@ -154,6 +158,16 @@ DIFFICULTY_NAMES = {
     2: {"en": "intermediate", "ru": "средний"},
     3: {"en": "advanced", "ru": "продвинутый"},
 }
+
+
+# A unit after "in" ("Type a number in {unit}"): Russian puts it in the prepositional case,
+# which only word units change; symbols (мс, ГБ/с, %) stay as they are.
+_RU_UNIT_IN = {"токенов": "токенах"}
+
+
+def unit_in(unit: str, lang: str) -> str:
+    """`unit` (as the bank writes it after a number) in the form that follows "in"."""
+    return _RU_UNIT_IN.get(unit, unit) if lang == "ru" else unit
 
 
 def t(key: str, lang: str, **kwargs: object) -> str:

@@ -14,7 +14,7 @@ import re
 import textwrap
 
 from .bank import PASS_SCORE, Bank, Instance
-from .i18n import DIFFICULTY_NAMES, t
+from .i18n import DIFFICULTY_NAMES, t, unit_in
 from .numfmt import fmt
 from .session import Result, Summary
 
@@ -32,8 +32,11 @@ def clock(seconds: float) -> str:
     return f"{s // 60}:{s % 60:02d}"
 
 
-def link_text(bank: Bank, link: dict[str, str]) -> str:
-    return bank.section_title(link)
+def link_text(bank: Bank, link: dict[str, str], lang: str = "en") -> str:
+    """A notebook section, named by its (English) titles; in Russian marked as titles."""
+    nb = link["notebook"]
+    return t("section_link", lang, nb=nb.split("_", 1)[0], title=bank.syllabus[nb]["title"],
+             section=link["section"])
 
 
 def answer_blocks(inst: Instance, lang: str) -> list[Block]:
@@ -73,7 +76,7 @@ def question_blocks(
         tol = fmt(q.raw["tolerance"] * 100, lang)
         unit = inst.unit(lang)
         key = "numeric_hint" if unit else "numeric_hint_nounit"
-        blocks.append(("note", t(key, lang, unit=unit, tol=tol)))
+        blocks.append(("note", t(key, lang, unit=unit_in(unit, lang), tol=tol)))
     else:
         blocks.append(("note", t("open_hint", lang)))
     return blocks
@@ -119,7 +122,7 @@ def feedback_blocks(
         n = len(inst.checklist(lang))
         if grade.status not in ("skipped", "timeout"):
             blocks.append(("p", t("covered", lang, k=len(ticked), n=n)))
-    blocks.append(("note", t("review", lang, link=link_text(bank, q.section))))
+    blocks.append(("note", t("review", lang, link=link_text(bank, q.section, lang))))
     return blocks
 
 
@@ -153,7 +156,7 @@ def summary_blocks(
         blocks.append(("p", t("no_weak_topics", lang)))
     if summary.review:
         blocks.append(("h", t("to_review", lang)))
-        blocks += [("li", link_text(bank, link)) for link in summary.review]
+        blocks += [("li", link_text(bank, link, lang)) for link in summary.review]
     if details and summary.results:
         blocks.append(("h", t("review_list", lang)))
         for i, result in enumerate(summary.results):

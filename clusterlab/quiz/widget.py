@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .bank import Bank
-from .i18n import DIFFICULTY_NAMES, t
+from .i18n import DIFFICULTY_NAMES, t, unit_in
 from .numfmt import AnswerFormatError, fmt
 from .progress import Progress
 from .render import (
@@ -397,7 +397,7 @@ class QuizWidget:
             except AnswerFormatError as exc:
                 unit = s.current.unit(lg)
                 key = "bad_unit" if exc.reason == "unit" else "not_a_number"
-                self._notice(t(key, lg, text=repr(exc.text), unit=unit or "—"))
+                self._notice(t(key, lg, text=repr(exc.text), unit=unit_in(unit, lg) or "—"))
                 return
             self._after_answer(result)
 
