@@ -121,6 +121,9 @@ def test_a_dead_node_shrinks_the_job_and_the_checkpoint_is_resharded():
     assert (rs["step"], rs["saved_world"], rs["loaded_world"]) == (4, 2, 1) and rs["identical"]
     # each of two ranks held half the first layer's rows; the one rank holds all of them
     assert rs["saved_shapes"]["0.weight"][0] * 2 == rs["loaded_shapes"]["0.weight"][0]
+    # dim 0 is split like torch.chunk: the 1-row output layer sits whole on rank 0, rank 1's
+    # shard of it is empty
+    assert [r["2.weight"] for r in rs["saved_rank_shapes"]] == [[1, 32], [0, 32]]
     assert run.final_error() < 1e-5  # the same parameters as one plain process
     assert float((run.final - run.saved[min(run.saved)]).abs().max()) > 0  # it did train
 

@@ -169,10 +169,12 @@ def _train(cfg: dict, node: str, work: Path, event) -> None:
             path = work / f"ckpt-{step:04d}"
             dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)  # a shard per rank
             params = full_params()
+            every = [None] * world  # each rank's shard shapes: dim 0 is split like torch.chunk
+            dist.all_gather_object(every, shapes())
             if rank == 0:
                 torch.save(params, path / "params.pt")
                 (path / "saved.json").write_text(json.dumps(
-                    {"step": step, "world": world, "shapes": shapes()}))
+                    {"step": step, "world": world, "shapes": shapes(), "rank_shapes": every}))
             dist.barrier()
             event("checkpoint", step=step, world=world,
                   seconds=(time.monotonic_ns() - t0) / 1e9)
@@ -274,7 +276,8 @@ class ElasticRun:
 
     def resharding(self) -> dict:
         """The checkpoint the smaller group loaded: who wrote it, how each parameter was
-        split then and now, and whether the loaded parameters are the saved ones."""
+        split then (rank 0's shapes, and every rank's in `saved_rank_shapes`) and now, and
+        whether the loaded parameters are the saved ones."""
         import torch
 
         f = self.failure()
@@ -283,7 +286,7 @@ class ElasticRun:
         step = res["loaded"]["step"]
         return {"step": step, "saved_world": res["loaded"]["world"],
                 "loaded_world": f["world_after"], "saved_shapes": res["loaded"]["shapes"],
-                "loaded_shapes": res["shapes"],
+                "saved_rank_shapes": res["loaded"]["rank_shapes"], "loaded_shapes": res["shapes"],
                 "identical": bool(torch.equal(self.saved[step], self.resumed[res["pid"]]))}
 
     def final_error(self) -> float:
