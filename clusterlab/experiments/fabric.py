@@ -35,7 +35,9 @@ KiB, MiB = 1024, 1024 * 1024
 NIC = "delay 1ms rate 100mbit"
 INTRA = "delay 100us rate 10gbit"  # inside a node, as in notebook 02
 START_MARGIN_S = 0.15  # the agreed start lies this far after the agreement (ranks wake late)
-LABELS = {"ring": "ring", "tree": "binomial tree", "recursive_doubling": "recursive doubling",
+LABELS = {"ring": "ring", "tree": "binomial tree",
+          "tree_neighbours_first": "binomial tree, neighbours first",
+          "recursive_doubling": "recursive doubling",
           "rabenseifner": "Rabenseifner", "parameter_server": "parameter server",
           "hierarchical_rail": "hierarchical (rails)"}
 
@@ -143,7 +145,9 @@ def _collective_body(plan, margin_s: float):
 
     out = []
     for algorithm, nbytes, repeats, options in plan:
-        run = rail_allreduce if algorithm == "rail_naive" else ALGORITHMS[algorithm]
+        run = {"rail_naive": rail_allreduce,
+               "tree_neighbours_first": tree_neighbours_first}.get(algorithm)
+        run = run or ALGORITHMS[algorithm]
         run(torch.ones(1024), **options)  # opens the connections it uses
         spans = []
         for _ in range(repeats):
@@ -192,6 +196,35 @@ def rail_allreduce(tensor, *, procs_per_node: int, rotate: bool = True):
     _ring(x[b[shard] : b[shard + 1]], rail)
     _ring_allgather(x, order)
     return tensor
+
+
+def neighbours_first_order(p: int) -> list[int]:
+    """The bit-reversal of 0..p-1 (p a power of two). The course's binomial tree
+    (`collectives._binomial_reduce`) pairs rank i with i + p/2 first, the largest stride
+    first; run over the ranks in this order, the same code pairs neighbours first (1 -> 0,
+    3 -> 2, ..., then 2 -> 0, ..., then p/2 -> 0), the order of MPICH's binomial reduce
+    (`mask = 0x1; ... mask <<= 1` in src/mpi/coll/reduce/reduce_intra_binomial.c); the
+    broadcast mirrors it."""
+    bits = (p - 1).bit_length()
+    if p < 1 or 1 << bits != p:
+        raise ValueError(f"p must be a power of two, got {p}")
+    return [int(f"{i:0{bits}b}"[::-1], 2) if bits else 0 for i in range(p)]
+
+
+def tree_neighbours_first(tensor):
+    """The course's binomial-tree all-reduce with its rounds pairing neighbours first (the
+    ranks taken in `neighbours_first_order`): same rounds, same bytes, other partners."""
+    import torch.distributed as dist
+
+    from ..collectives import _binomial_broadcast, _binomial_reduce, _sum_in_place
+
+    order = neighbours_first_order(dist.get_world_size())
+
+    def body(x):
+        _binomial_reduce(x, order)
+        _binomial_broadcast(x, order)
+
+    return _sum_in_place(tensor, body)
 
 
 def naive_rail_order(nodes: int, procs_per_node: int) -> list[int]:
@@ -280,8 +313,9 @@ def oversubscribed(oversubscriptions: Sequence[float] = (1, 4),
                    nodes_per_leaf: int = 4, nbytes: int = MiB, nic: str = NIC,
                    repeats: int = 2, dilation: float = 1.0, seed: int = 0,
                    timeout: float = 120) -> list[dict]:
-    """All-reduce algorithms (the course's, from isend/irecv) on a leaf-spine of `nodes`
-    nodes, `nodes_per_leaf` per leaf and one spine, at each oversubscription ratio.
+    """All-reduce algorithms (the course's, from isend/irecv; "tree_neighbours_first" is the
+    binomial tree pairing neighbours first) on a leaf-spine of `nodes` nodes,
+    `nodes_per_leaf` per leaf and one spine, at each oversubscription ratio.
     `dilation` runs the cluster that many times slower than the network it stands for
     (times are reported in the emulated network's time): each of the ring's 2(p-1) steps
     also pays this machine's cost of a message exchange, which dilation divides.
@@ -299,11 +333,13 @@ def oversubscribed(oversubscriptions: Sequence[float] = (1, 4),
                                       dilation)
         topo = Topology.build(nodes, 1, nic, fabric=fabric)
         for (a, *_), t in zip(plan, times):
-            model, costs = fm.bottleneck_time(topo, a, nbytes)
+            name = "tree" if a == "tree_neighbours_first" else a
+            order = neighbours_first_order(nodes) if a == "tree_neighbours_first" else None
+            model, costs = fm.bottleneck_time(topo, name, nbytes, ranks=order)
             rows.append({"oversubscription": float(o), "algorithm": a, "nbytes": nbytes,
                          "nodes": nodes, "model": model,
-                         "crossbar": fm.bottleneck_time(Topology.build(nodes, 1, nic), a,
-                                                        nbytes)[0],
+                         "crossbar": fm.bottleneck_time(Topology.build(nodes, 1, nic), name,
+                                                        nbytes, ranks=order)[0],
                          "crowd": max(c.flows_on_bottleneck for c in costs
                                       if c.bottleneck in ("uplink", "downlink"))
                          if any(c.bottleneck in ("uplink", "downlink") for c in costs) else 0,
@@ -352,19 +388,22 @@ def ecmp_rounds(*, nodes_per_leaf: int = 4, spines: int = 4, pairings: int = 8,
     (permutations), through `spines` spines whose uplinks each run at the NIC's rate
     (oversubscription 1: the fabric could carry every flow at full speed). ECMP hashes each
     pairing's flows to spines its own way; the round waits for the busiest uplink. The
-    pairings are spread evenly over all permutations sorted by their busiest uplink.
+    pairings are spread evenly over all permutations sorted by their busiest uplink, then
+    run in a shuffled order (seeded by `seed`), so that a warm-up or a drift of this
+    machine's load does not fall on one class of pairings.
 
     Row per pairing: its messages, the loads per spine, the busiest uplink's flows (`peak`),
     times, best, median and model (`fabric_models.round_cost`)."""
     fabric = LeafSpine(nodes_per_leaf=nodes_per_leaf, spines=spines)
     # Every pairing's busiest uplink is known from the hash before anything runs: measure
-    # pairings spread evenly over them, from the luckiest to the unluckiest.
+    # pairings spread evenly over them, from the luckiest to the unluckiest, in random order.
     perms = list(itertools.permutations(range(nodes_per_leaf)))
     peaks = [int(ecmp_loads(fabric, [(i, nodes_per_leaf + perm[i])
                                      for i in range(nodes_per_leaf)]).max()) for perm in perms]
     order = np.argsort(peaks, kind="stable")
     picks = np.unique(np.linspace(0, len(perms) - 1, min(pairings, len(perms))).round())
     chosen = [perms[order[int(i)]] for i in picks]
+    chosen = [chosen[i] for i in np.random.default_rng(seed).permutation(len(chosen))]
     rounds = [[(i, nodes_per_leaf + perm[i]) for i in range(nodes_per_leaf)] for perm in chosen]
     nodes = 2 * nodes_per_leaf
     with _cluster(nodes=nodes, nic=nic, fabric=fabric, seed=seed, timeout=timeout) as cl:
@@ -426,7 +465,8 @@ def slowed(rows: Sequence[dict], *, factor: float = BUSY_FACTOR) -> str | None:
 
 def plot_incast(rows: Sequence[dict], axes=None, title: str | None = None):
     """Left: goodput per sender count, measured vs closed form, with the port's rate; right:
-    the last message's queueing (best - lone sender) vs the closed form's peak wait."""
+    the last message's queueing, inferred as best(N) - best(1) (the emulator serves whole
+    messages, so that difference is the last one's wait), vs the closed form's peak wait."""
     import matplotlib.pyplot as plt
 
     if axes is None:
@@ -438,7 +478,7 @@ def plot_incast(rows: Sequence[dict], axes=None, title: str | None = None):
     axes[0].axhline(port, color="0.6", lw=1, ls=":", label="port's payload rate")
     axes[0].set(xlabel="senders N", ylabel="goodput (Mbit/s)", ylim=(0, 1.15 * port),
                 title="goodput into one port")
-    axes[1].plot(n, [r["queue"] * 1e3 for r in rows], "o-", label="measured: last message")
+    axes[1].plot(n, [r["queue"] * 1e3 for r in rows], "o-", label="inferred: best(N) - best(1)")
     axes[1].plot(n, [r["model"].max_queue_s * 1e3 for r in rows], "k--",
                  label="closed form: (N-1) k w")
     axes[1].set(xlabel="senders N", ylabel="queueing delay (ms)", title="the port's queue")
