@@ -118,7 +118,7 @@ def _worker(w, problem, shared, lock, go, mode, updates, lr, seed):
     x, count, begin, end, stats, cpu = (t.numpy() for t in shared)
     idx_all, val_all, y_all = problem.idx, problem.val, problem.y
     order = np.random.default_rng([seed, w]).integers(0, problem.examples, updates)
-    reads = mixed = retries = 0
+    reads = mixed = retries = retried = 0  # retried: updates whose read needed >= 1 retry
     # write-backs after exactly one other update landed since the read, or two or more, and
     # their sum: with a write-back ("none") those updates are erased (one: an overlap, two or
     # more: a rollback); with in-place adds ("inplace") they are only the gradient's staleness
@@ -133,6 +133,7 @@ def _worker(w, problem, shared, lock, go, mode, updates, lr, seed):
         stamp = (w + 1) * 10_000_000 + k + 1  # unique per update
         if mode == "lock":
             lock.acquire()
+        spun = False
         while True:  # read: end stamps, values, counters, begin stamps (a seqlock's order)
             e_seen = end[idx]
             xv = x[idx]
@@ -145,8 +146,10 @@ def _worker(w, problem, shared, lock, go, mode, updates, lr, seed):
                 mixed += 1
                 if mode == "seqlock":
                     retries += 1
+                    spun = True
                     continue
             break
+        retried += spun
         step = lr * (a @ xv - y_all[e]) * a  # the gradient of this example, times lr
         if mode == "seqlock":
             with lock:  # apply the delta to the CURRENT values: no write is lost
@@ -175,7 +178,7 @@ def _worker(w, problem, shared, lock, go, mode, updates, lr, seed):
             if mode == "lock":
                 lock.release()
         if (k & 255) == 255 or k == updates - 1:
-            stats[w] = (k + 1, reads, mixed, retries, one, big, big_sum)
+            stats[w] = (k + 1, reads, mixed, retries, one, big, big_sum, retried)
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu[w] = (time.process_time() - cpu0, t0, time.monotonic(),
               ru1.ru_nivcsw - ru0.ru_nivcsw, ru1.ru_nvcsw - ru0.ru_nvcsw)
@@ -206,7 +209,9 @@ def hogwild(
 
     Returns a dict: mode, kind, workers, updates (total), expected (coordinate increments
     that should have happened), counted, lost (= expected - counted), lost_fraction,
-    reads, mixed_reads, mixed_fraction, retries; for mode "none", from a racy look at the
+    reads (read attempts, retries included), mixed_reads, mixed_fraction, retries (every
+    retry of a seqlock read, so one update's read can count several), retried_reads (updates
+    whose read needed at least one retry); for mode "none", from a racy look at the
     first touched coordinate's counter just before each write-back: overwrote_one (write-
     backs that erased exactly one other update: two workers overlapping), rollbacks (write-
     backs that erased two or more at once: the writer was held up between its read and its
@@ -231,7 +236,7 @@ def hogwild(
     count = torch.zeros(problem.dim, dtype=torch.int64).share_memory_()
     begin = torch.zeros(problem.dim, dtype=torch.int64).share_memory_()
     end = torch.zeros(problem.dim, dtype=torch.int64).share_memory_()
-    stats = torch.zeros((workers, 7), dtype=torch.int64).share_memory_()
+    stats = torch.zeros((workers, 8), dtype=torch.int64).share_memory_()
     # cpu s, start, end, involuntary and voluntary context switches
     cpu = torch.zeros((workers, 5), dtype=torch.float64).share_memory_()
     shared = (x, count, begin, end, stats, cpu)
@@ -278,7 +283,7 @@ def hogwild(
     times = cpu.numpy()
     cpu_s = float(times[:, 0].sum())
     elapsed = float(times[:, 2].max() - times[:, 1].min())  # first start to last finish
-    reads, mixed, retries, one, big, big_sum = (int(v) for v in sn[:, 1:].sum(axis=0))
+    reads, mixed, retries, one, big, big_sum, retried = (int(v) for v in sn[:, 1:].sum(axis=0))
     final = loss(problem, xn)
     curve_t.append(elapsed)
     curve_u.append(total)
@@ -288,7 +293,7 @@ def hogwild(
         "expected": expected, "counted": counted, "lost": expected - counted,
         "lost_fraction": (expected - counted) / expected,
         "reads": reads, "mixed_reads": mixed, "mixed_fraction": mixed / max(reads, 1),
-        "retries": retries,
+        "retries": retries, "retried_reads": retried,
         "overwrote_one": one if mode == "none" else 0, "rollbacks": big if mode == "none" else 0,
         "rollback_mean": big_sum / big if big and mode == "none" else 0.0,
         "age_mean": (one + big_sum) / total,
@@ -374,7 +379,7 @@ def sync_allreduce(
         "mode": "allreduce", "kind": problem.kind, "workers": workers, "updates": total,
         "expected": expected, "counted": counted, "lost": expected - counted,
         "lost_fraction": (expected - counted) / expected,
-        "reads": total, "mixed_reads": 0, "mixed_fraction": 0.0, "retries": 0,
+        "reads": total, "mixed_reads": 0, "mixed_fraction": 0.0, "retries": 0, "retried_reads": 0,
         "elapsed_s": elapsed, "examples": total, "steps": -(-updates // batch),
         "examples_per_s": total / elapsed, "steps_per_s": -(-updates // batch) / elapsed,
         "curve_updates": np.array(out[0]["curve_u"]), "curve_loss": np.array(out[0]["curve_l"]),
