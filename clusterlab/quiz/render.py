@@ -182,7 +182,8 @@ def to_text(blocks: list[Block], width: int = 100) -> str:
             label, _, body = text.partition("\n\n")
             out += ["", f"{label}:"]
             for para in body.split("\n\n"):
-                out += [textwrap.fill(line, width) for line in para.split("\n")] + [""]
+                out += [textwrap.fill(line, width, break_on_hyphens=False)
+                        for line in para.split("\n")] + [""]
             out.pop()
             previous = "p"
             continue
@@ -200,7 +201,9 @@ def to_text(blocks: list[Block], width: int = 100) -> str:
             if para.startswith("    "):  # code: keep as is
                 out.append(indent + para)
                 continue
-            wrapped = textwrap.fill(para, width, initial_indent=indent, subsequent_indent=hanging)
+            # break_on_hyphens=False: never split "all-to-all" or "lock-free" across lines
+            wrapped = textwrap.fill(para, width, initial_indent=indent, subsequent_indent=hanging,
+                                    break_on_hyphens=False)
             out.append(wrapped or indent)
         previous = kind
     return "\n".join(out).lstrip("\n")
