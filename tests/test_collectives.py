@@ -297,6 +297,18 @@ def test_in_network_allreduce_sums_the_workers_only():
     assert results == [[], [], [], []]
 
 
+def test_ring_vs_switch_pairs_like_with_like():
+    rows = ex.ring_vs_switch(3, sizes=[4096], nic="delay 1ms", repeats=2, timeout=90)
+    ring, switch = ex.one(rows, algorithm="ring"), ex.one(rows, algorithm="in_network")
+    assert ring["config"] == "3x1" and switch["config"] == "3+switch"
+    assert len(ring["times"]) == len(switch["times"]) == 2
+    a, _ = ex.alpha_beta("delay 1ms")
+    assert min(ring["times"]) >= 0.98 * 4 * a  # 2(p-1) one-way delays: never early
+    assert min(switch["times"]) >= 0.98 * 2 * a
+    with pytest.raises(ValueError, match="repeats"):
+        ex.ring_vs_switch(3, repeats=0)
+
+
 def test_in_network_refuses_bad_input():
     with pytest.raises(ValueError, match="chunks"):
         ex.in_network_time(1, 0.1, 0.1, chunks=0)

@@ -52,6 +52,10 @@ def test_overlap_reduces_exposed_communication(latency_bound):
     on, off = rows[(0.25, "overlap")], rows[(0.25, "deferred")]
     assert on["wait_s"] < off["wait_s"]
     assert on["hidden_fraction"] > 0 and off["hidden_fraction"] == 0
+    # Per step: shares in [0, 1], one per measured step; none hidden without overlap.
+    per_step = on["run"].hidden_fractions()
+    assert len(per_step) == 4 and np.all((per_step >= 0) & (per_step <= 1))
+    assert np.all(off["run"].hidden_fractions() == 0)
     # Without overlap the accelerator waits for every bucket: at least all of their rounds.
     n_buckets = off["buckets"]
     assert off["wait_s"] > 0.9 * n_buckets * 2 * (off["ranks"] - 1) * DELAY_S

@@ -496,6 +496,88 @@ def measure_in_network(workers: int = 4, sizes: Iterable[int] = (4 * MiB,), *,
     return rows
 
 
+def _timed_ring_vs_switch(sizes, repeats: int, workers: int, chunk_bytes: int, max_chunks: int):
+    """On every rank of a `workers` + switch cluster: per size, `repeats` pairs of (the ring
+    among the workers, the all-reduce through the switch), the order alternating from pair to
+    pair so that a slow spell of this machine falls on both. Per size, (ring spans, switch
+    spans) of (entry, exit) on the shared clock; the switch rank idles during the ring."""
+    import torch
+    import torch.distributed as dist
+
+    from .. import clock
+    from ..collectives import _ring, in_network_allreduce
+
+    me, world = dist.get_rank(), dist.get_world_size()
+    ring_ranks = list(range(workers))
+
+    def ring(x):
+        if me in ring_ranks:
+            _ring(x, ring_ranks)
+
+    out = []
+    for nbytes in sizes:
+        k = in_network_chunks(nbytes, chunk_bytes=chunk_bytes, max_chunks=max_chunks)
+        switch = lambda x, k=k: in_network_allreduce(x, chunks=k)  # noqa: E731
+        ring(torch.ones(1024))  # open the connections
+        switch(torch.ones(1024))
+        spans = {"ring": [], "switch": []}
+        for rep in range(repeats):
+            order = ("ring", "switch") if rep % 2 == 0 else ("switch", "ring")
+            for name in order:
+                x = torch.ones(max(1, nbytes // 4))
+                dist.barrier()
+                t0 = clock.now()
+                (ring if name == "ring" else switch)(x)
+                spans[name].append((t0, clock.now()))
+                if me != world - 1 and float(x[-1]) != workers:
+                    raise AssertionError(f"{name}: wrong sum {float(x[-1])}")
+        out.append((spans["ring"], spans["switch"]))
+    return out
+
+
+def ring_vs_switch(workers: int = 4, sizes: Iterable[int] = (4 * MiB,), *,
+                   nic: str | None = NIC, repeats: int = 7, seed: int = 0, timeout: float = 60,
+                   chunk_bytes: int = CHUNK_BYTES, max_chunks: int = MAX_CHUNKS) -> list[dict]:
+    """The ring and the all-reduce through a reducing switch, measured like with like: on the
+    same cluster (`workers` nodes plus the switch node of `measure_in_network`), the same
+    number of repetitions, in interleaved order (ring, switch, then switch, ring, ...).
+
+    The ring runs `collectives`' ring among the workers only, over their NICs (the switch's
+    links are not on its path): its closed form and replay are those of a `workers` x 1 ring.
+    Rows as `measure`'s; the ring's config is "<workers>x1", the switch's "<workers>+switch".
+    """
+    from ..cluster import Cluster
+
+    if workers < 2:
+        raise ValueError(f"workers must be >= 2, got {workers}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    sizes = list(sizes)
+    with Cluster(nodes=workers + 1, nic=nic, links=switch_links(workers, nic), seed=seed,
+                 timeout=timeout) as cl:
+        spans = cl.run(_timed_ring_vs_switch, sizes, repeats, workers, chunk_bytes, max_chunks)
+    a, b = alpha_beta(nic)
+    rows = []
+    for k, nbytes in enumerate(sizes):
+        ring_times, switch_times = (
+            durations([rank[k][j] for rank in spans[:workers]], since="first").tolist()
+            for j in (0, 1))
+        rows.append(_row("ring", nbytes, workers, 1, nic, None, ring_times, False, seed))
+        nbytes_sent = max(1, nbytes // 4) * 4
+        best = min(switch_times)
+        chunks = in_network_chunks(nbytes, chunk_bytes=chunk_bytes, max_chunks=max_chunks)
+        rows.append({
+            "config": f"{workers}+switch", "nodes": workers + 1, "procs_per_node": 1,
+            "p": workers, "algorithm": "in_network", "library": False, "nbytes": nbytes_sent,
+            "chunks": chunks, "times": switch_times, "best": best,
+            "median": statistics.median(switch_times), "measured": best,
+            "model": in_network_time(nbytes_sent, a, b, chunks), "replay": float("nan"),
+            "algbw": models.alg_bandwidth(nbytes_sent, best),
+            "busbw": models.bus_bandwidth("all_reduce", workers, nbytes_sent, best),
+        })
+    return rows
+
+
 # --- presentation ------------------------------------------------------------------------------
 
 

@@ -343,6 +343,15 @@ class DDPRun:
             "samples_per_s_per_rank": self.config["batch"] * self.config["accumulate"] / step,
         }
 
+    def hidden_fractions(self) -> np.ndarray:
+        """Per synced step: the share of the communication that overlap hid, 1 - wait / busy,
+        each taken as the mean over ranks (the per-step values behind `summary`'s
+        hidden_fraction, which uses the median step)."""
+        wait = self.phases()["wait"].mean(axis=0)
+        busy = self.comm_busy().mean(axis=0)
+        return np.where(busy > 0, np.clip(1.0 - wait / np.where(busy > 0, busy, 1.0), 0.0, 1.0),
+                        0.0)
+
     def typical_steps(self, count: int = 2) -> tuple[int, ...]:
         """`count` consecutive steps whose total duration is closest to the median's: the
         ones to draw as an example."""
