@@ -431,13 +431,25 @@ def step_seconds(parallelism: str, shape: ModelShape, *, ranks: int, alpha: floa
                              activation_bytes=shape.activation_bytes).step_s
 
 
-def step_table(shape: ModelShape, *, ranks: Sequence[int], alpha: float, beta: float) -> dict:
+def step_table(shape: ModelShape, *, ranks: Sequence[int], alpha: float, beta: float,
+               node_beta: float | None = None, node_ranks: int | None = None) -> dict:
     """{parallelism: [step time at each rank count]} for the "which parallelism where"
     figure and widget; NaN where a pipeline would have more stages than layers, or tensor
-    parallelism more ranks than attention heads."""
+    parallelism more ranks than attention heads.
+
+    With `node_beta` (s per byte of a link inside a node, e.g. NVLink's) and `node_ranks`
+    (GPUs per node) the table also holds "tp_node": tensor parallelism on that intra-node
+    bandwidth (same latency `alpha`), NaN beyond `node_ranks` ranks, where it would leave
+    the node."""
     def one(kind, n):
         if (kind == "pp" and n > shape.layers) or (kind == "tp" and n > shape.heads):
             return math.nan
         return step_seconds(kind, shape, ranks=n, alpha=alpha, beta=beta)
 
-    return {kind: [one(kind, int(n)) for n in ranks] for kind in PARALLELISMS}
+    table = {kind: [one(kind, int(n)) for n in ranks] for kind in PARALLELISMS}
+    if node_beta is not None:
+        limit = min(shape.heads, _count(node_ranks, "node_ranks"))
+        table["tp_node"] = [step_seconds("tp", shape, ranks=int(n), alpha=alpha,
+                                         beta=_nonnegative(node_beta, "node_beta"))
+                            if int(n) <= limit else math.nan for n in ranks]
+    return table

@@ -174,6 +174,10 @@ def test_step_table_covers_every_parallelism_to_1024_ranks():
     slow = par.step_table(shape, ranks=(8,), alpha=1e-3, beta=8 / 100e9)
     fast = par.step_table(shape, ranks=(8,), alpha=1e-5, beta=8 / 100e9)
     assert slow["tp"][0] - fast["tp"][0] > 10 * (slow["dp"][0] - fast["dp"][0])
+    # TP on an intra-node link (NVLink-class bandwidth) up to a node's GPUs, NaN beyond.
+    node = par.step_table(shape, ranks=(8, 16), alpha=1e-5, beta=8 / 100e9,
+                          node_beta=1 / 450e9, node_ranks=8)
+    assert node["tp_node"][0] < node["tp"][0] and np.isnan(node["tp_node"][1])
 
 
 @pytest.mark.parametrize("call, name", [
@@ -204,6 +208,8 @@ def test_explorer_redraws_headless_and_follows_its_sliders():
     assert explorer.last_error is None and explorer.png.startswith(b"\x89PNG")
     lines = explorer._axes["lines"]
     assert set(lines) == set(par.PARALLELISMS)
+    node = list(explorer._axes["node_line"].get_ydata())
+    assert node[RANKS.index(8)] < list(lines["tp"].get_ydata())[RANKS.index(8)]
     fast = {k: list(line.get_ydata()) for k, line in lines.items()}
     explorer.controls["latency_us"].value = 1000
     explorer.update()

@@ -573,6 +573,9 @@ def pipeline(nics, *, stages: int = 4, microbatches: int = 8, forward_s: float =
                     "backward_took_s": took["B"],
                     "p2p_sent": [r["traffic"].get("p2p", {}).get("sent", 0) for r in run],
                     "activation_bytes": act, "steps_kept_of": len(candidates),
+                    # every kept step's time (slowest rank), for a comparison step by step
+                    "step_samples_s": [max(r["runs"][k]["end"] for r in res)
+                                       for k in candidates],
                 })
     return out
 
@@ -618,6 +621,7 @@ def moe_alltoall(*, ranks: int = 4, nic: str = "delay 2ms rate 40mbit", tokens: 
                 "hot_step_s": hot_rank["step_s"],
                 "best_step_s": max(r["repeats"][best]["step_s"] for r in res),
                 "sent": sent, "received": received, "predicted": pred,
+                "repeats_kept_of": len(reps),
                 "hot_tokens": res[-1]["received_tokens"],
                 "predicted_dispatch_s": dispatch, "predicted_combine_s": combine,
                 "predicted_expert_s": expert_s_per_token * res[-1]["received_tokens"],

@@ -3,7 +3,9 @@
 `clusterlab.parallelism.step_seconds` for one dense model on a network you set (latency,
 bandwidth), from 2 to 1024 ranks: closed forms for DP, FSDP and TP, the GPipe replay for PP;
 tensor parallelism stops at one attention head per rank, the pipeline at one layer per
-stage. The points measured on this machine are drawn on top when given. In a terminal or
+stage. Tensor parallelism is drawn twice: on the network you set, and inside one node on the
+ledger's NVLink bandwidth (H100, per direction; up to the ledger's GPUs per node), where real
+layouts put it. The points measured on this machine are drawn on top when given. In a terminal or
 under nbval, `show()` returns the static figure for the current settings.
 """
 
@@ -15,6 +17,7 @@ import ipywidgets as widgets
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, NullFormatter, StrMethodFormatter
 
+from .. import facts
 from ..parallelism import PARALLELISMS, ModelShape, step_table
 from ._common import Explorer
 
@@ -34,6 +37,12 @@ LABELS = {"dp": "data parallel (DDP), upper bound: nothing overlapped",
           "pp": "pipeline (GPipe, replayed)"}
 
 
+def _node_link() -> tuple[float, int]:
+    """NVLink's bandwidth per direction (GB/s) and GPUs per node, from the ledger."""
+    return (float(facts.get("nvidia.h100_nvlink_bw_per_direction").value),
+            int(facts.get("nvidia.hgx_h100_gpus").value))
+
+
 class ParallelismExplorer(Explorer):
     """Sliders for the network and the model; one line per parallelism.
 
@@ -49,6 +58,7 @@ class ParallelismExplorer(Explorer):
         self.measured = measured or {}
         self.layers, self.activation_mib, self.microbatches = layers, activation_mib, microbatches
         self.heads = heads
+        self.node_gbyte, self.node_ranks = _node_link()
         self.table: dict[str, list[float]] = {}
         style, layout = {"description_width": "140px"}, widgets.Layout(width="380px")
 
@@ -78,12 +88,18 @@ class ParallelismExplorer(Explorer):
     def _compute(self) -> None:
         v = {k: c.value for k, c in self.controls.items()}
         self.table = step_table(self.shape(), ranks=RANKS, alpha=v["latency_us"] * 1e-6,
-                                beta=8 / (v["bandwidth_gbit"] * 1e9))
+                                beta=8 / (v["bandwidth_gbit"] * 1e9),
+                                node_beta=1 / (self.node_gbyte * 1e9),
+                                node_ranks=self.node_ranks)
 
     def _make_axes(self, fig: Figure) -> dict[str, Any]:
         ax = fig.add_subplot(1, 1, 1)
         lines = {k: ax.plot([], [], "-", color=COLORS[k], lw=2, label=LABELS[k])[0]
                  for k in PARALLELISMS}
+        node_line = ax.plot([], [], "--", color=COLORS["tp"], lw=2,
+                            label=f"tensor parallel inside a node: NVLink {self.node_gbyte:g} "
+                            f"GB/s per direction (H100), same latency, up to "
+                            f"{self.node_ranks} GPUs")[0]
         for kind, points in self.measured.items():
             if points:
                 xs, ys = zip(*points)
@@ -109,19 +125,22 @@ class ParallelismExplorer(Explorer):
         ax.legend(fontsize=8, loc="upper left")
         title = ax.set_title("", fontsize=10)
         fig.subplots_adjust(left=0.1, right=0.98, bottom=0.12, top=0.92)
-        return {"ax": ax, "lines": lines, "title": title}
+        return {"ax": ax, "lines": lines, "node_line": node_line, "title": title}
 
     def _draw(self, fig: Figure, axes: dict[str, Any]) -> None:
         ax = axes["ax"]
         values = [t for ts in self.table.values() for t in ts if t == t]  # no NaN
         for kind, line in axes["lines"].items():
             line.set_data(RANKS, self.table[kind])
+        axes["node_line"].set_data(RANKS, self.table["tp_node"])
         for points in self.measured.values():
             values += [y for _, y in points]
         ax.set_xlim(RANKS[0] / 1.2, RANKS[-1] * 1.2)
         ax.set_ylim(min(values) / 1.5, max(values) * 4)  # room for the legend above
-        best = {n: min((k for k in PARALLELISMS if self.table[k][i] == self.table[k][i]),
+        kinds = (*PARALLELISMS, "tp_node")  # TP inside a node competes at up to 8 ranks
+        best = {n: min((k for k in kinds if self.table[k][i] == self.table[k][i]),
                        key=lambda k, i=i: self.table[k][i]) for i, n in enumerate(RANKS)}
+        best = {n: "tp inside a node" if k == "tp_node" else k for n, k in best.items()}
         v = {k: c.value for k, c in self.controls.items()}
         axes["title"].set_text(
             f"{v['params_m']:g}M parameters, {v['latency_us']:g} µs, "
