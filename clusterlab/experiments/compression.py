@@ -332,10 +332,11 @@ def _train(cfg: dict) -> dict:
         calls.append(list(meter.calls))
     with torch.no_grad():
         test_loss = float(torch.nn.functional.cross_entropy(model(x_test), y_test))
-        accuracy = float((model(x_test).argmax(1) == y_test).float().mean())
+        correct = model(x_test).argmax(1) == y_test  # per test sample, for paired comparisons
+        accuracy = float(correct.float().mean())
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return {"rank": rank, "step_s": steps, "loss": losses, "calls": calls,
-            "test_loss": test_loss, "accuracy": accuracy,
+            "test_loss": test_loss, "accuracy": accuracy, "correct": correct.tolist(),
             "param_bytes": params.numel() * params.element_size(),
             "checksum": float(params.double().sum())}
 
@@ -434,6 +435,7 @@ class CompressionRun:
                 "steps_measured": len(steps),
                 "final_loss": float(loss[-tail:].mean()),
                 "test_loss": self.ranks[0]["test_loss"], "accuracy": self.ranks[0]["accuracy"],
+                "correct": np.array(self.ranks[0]["correct"], dtype=bool),
                 "replicas_identical": self.replicas_identical}
 
 

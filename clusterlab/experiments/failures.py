@@ -473,6 +473,9 @@ def _stall_worker(cfg: dict) -> dict:
     grad = torch.ones(cfg["grad_floats"])
     path = Path(cfg["dir"]) / f"checkpoint-{cfg['mode']}.pt"
     writer = None
+    # async: one staging buffer, allocated (and its pages touched) once, reused by every save;
+    # a fresh clone per save would time the kernel's page faults, not the copy
+    staging = torch.zeros_like(state) if cfg["mode"] == "async" else None
     steps, saved, copy_s, write_s = [], [], [], []
 
     def write(snapshot):
@@ -485,14 +488,14 @@ def _stall_worker(cfg: dict) -> dict:
         time.sleep(cfg["compute_s"])
         dist.all_reduce(grad)
         state[: grad.numel()] += 1e-6
-        if rank == 0 and (step + 1) % cfg["interval"] == 0:
+        if rank == 0 and cfg["mode"] != "none" and (step + 1) % cfg["interval"] == 0:
             if cfg["mode"] == "sync":
                 write({"state": state, "step": step})
             else:  # async: copy in the step (the state keeps changing), write in a thread
                 if writer is not None:
                     writer.join()  # one save in flight at a time
                 c0 = time.monotonic_ns()
-                snapshot = {"state": state.clone(), "step": step}
+                snapshot = {"state": staging.copy_(state), "step": step}
                 copy_s.append((time.monotonic_ns() - c0) / 1e9)
                 writer = threading.Thread(target=write, args=(snapshot,))
                 writer.start()
@@ -504,13 +507,15 @@ def _stall_worker(cfg: dict) -> dict:
             "write_s": write_s}
 
 
-def checkpoint_stalls(*, nodes: int = 2, steps: int = 18, interval: int = 6,
+def checkpoint_stalls(*, nodes: int = 2, steps: int = 34, interval: int = 5,
                       state_mb: float = 32.0, compute_s: float = 0.04,
                       nic: str = "delay 1ms rate 1gbit", cluster: Cluster | None = None) -> dict:
     """Step-time traces with rank 0 checkpointing `state_mb` every `interval` steps, saved
     synchronously ("sync": the step waits for torch.save + fsync) or asynchronously
     ("async": the step copies the state, a thread writes it; what
-    torch.distributed.checkpoint.async_save does, staging to memory first).
+    torch.distributed.checkpoint.async_save does, staging to memory first), and a control
+    run without saves ("none": the same steps, nothing written) that measures what this
+    machine does to the same statistic when no save happens.
     {mode: {"step_s": (ranks, steps) seconds, "saved": the steps that saved, "copy_s",
     "write_s": per save, rank 0's copy and write times}}."""
     from .common import use_or_open
@@ -519,7 +524,7 @@ def checkpoint_stalls(*, nodes: int = 2, steps: int = 18, interval: int = 6,
     out = {}
     try:
         with use_or_open(cluster, nodes=nodes, nic=nic, timeout=120) as cl:
-            for mode in ("sync", "async"):
+            for mode in ("none", "sync", "async"):
                 cfg = dict(mode=mode, steps=steps, interval=interval, state_mb=state_mb,
                            compute_s=compute_s, grad_floats=65536, dir=work)
                 res = cl.run(_stall_worker, cfg)
@@ -532,19 +537,46 @@ def checkpoint_stalls(*, nodes: int = 2, steps: int = 18, interval: int = 6,
 
 
 def stall_summary(traces: dict) -> dict:
-    """Per mode: rank 0's median step without a save; the wall time each save cost the job
-    (rank 0's total minus steps x that median, per save: the other ranks wait for it at the
-    next all-reduce, so this is everyone's loss); rank 0's mean write and copy per save."""
+    """Per mode, statistics that one machine-wide stall cannot drive (the median over saves).
+
+    A save's window is its step and the steps up to the next save (rank 0's steps; the ranks
+    meet at every all-reduce, so a window's time is the job's). A save's cost to the job is
+    its window's time minus the window's length x the median step of the run without saves
+    ("none"); "lost_per_save_s" is the median over the saves (step 0, the warm-up, is in no
+    window). "noise_s" is the same statistic on the run without saves, windows at the same
+    steps (median over windows) and "noise_max_s" its largest absolute value: what this
+    machine adds to a window when nothing is saved. "blocked_s": the median excess of rank 0's
+    save step alone (the part of a save the step waits for); "after_s": the median of rank 1's
+    step right after a save ("after_n" of them) against its median step "rank1_step_s";
+    rank 0's median write and copy per save, "write_s" and "copy_s"."""
+    control = np.asarray(traces["none"]["step_s"]) if "none" in traces else None
+    saved = next(tr["saved"] for mode, tr in traces.items() if mode != "none")
+    steps = np.asarray(next(iter(traces.values()))["step_s"]).shape[1]
+    interval = saved[1] - saved[0] if len(saved) > 1 else steps - saved[0]
+    windows = [(k, min(k + interval, steps)) for k in saved]
+    base = float(np.median((control if control is not None
+                            else np.asarray(traces["sync"]["step_s"]))[0, 1:]))
+
+    def excess(row, a, b):
+        return float(row[a:b].sum() - (b - a) * base)
+
+    noise = [excess(control[0], a, b) for a, b in windows] if control is not None else [0.0]
     out = {}
     for mode, tr in traces.items():
-        s = np.asarray(tr["step_s"])[0]
-        mask = np.zeros(len(s), bool)
-        mask[tr["saved"]] = True
-        plain = float(np.median(s[~mask]))
-        lost = (float(s.sum()) - len(s) * plain) / max(1, int(mask.sum()))
-        out[mode] = {"step_s": plain, "lost_per_save_s": lost, "saves": int(mask.sum()),
-                     "write_s": float(np.mean(tr["write_s"])) if tr["write_s"] else 0.0,
-                     "copy_s": float(np.mean(tr["copy_s"])) if tr["copy_s"] else 0.0}
+        if mode == "none":
+            continue
+        s = np.asarray(tr["step_s"])
+        lost = [excess(s[0], a, b) for a, b in windows]
+        after = [float(s[1][k + 1]) for k in tr["saved"] if k + 1 < steps]
+        out[mode] = {"step_s": base, "lost_per_save_s": float(np.median(lost)),
+                     "lost_s": lost, "saves": len(lost), "window_steps": interval,
+                     "noise_s": float(np.median(noise)),
+                     "noise_max_s": float(np.max(np.abs(noise))),
+                     "blocked_s": float(np.median([s[0][k] - base for k in tr["saved"]])),
+                     "after_s": float(np.median(after)) if after else float("nan"),
+                     "after_n": len(after), "rank1_step_s": float(np.median(s[1][1:])),
+                     "write_s": float(np.median(tr["write_s"])) if tr["write_s"] else 0.0,
+                     "copy_s": float(np.median(tr["copy_s"])) if tr["copy_s"] else 0.0}
     return out
 
 
