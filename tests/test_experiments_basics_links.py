@@ -232,3 +232,18 @@ def test_models_agree_with_the_link_expectations():
     # the numbers the notebooks print as predictions come from these closed forms
     assert models.ring_allreduce(2, 1000, 2e-3, 8e-9) == pytest.approx(2 * 2e-3 + 1000 * 8e-9)
     assert links.configured_quantile("delay 4ms 1ms", 0.99) == pytest.approx(4.98)
+
+
+def test_dilated_ping_pong_is_put_back_on_the_undilated_time_scale():
+    k, n = 4, 50
+    rng = np.random.default_rng(2)
+    network = links.configured_delays("delay 16ms 4ms")[rng.integers(0, 4096, n)]
+    noise = rng.exponential(0.2, n)  # what the machine adds does not scale with k
+    raw = {"nic": "delay 16ms 4ms", "one_way_ms": network + noise, "rtt_ms": 2 * (network + noise),
+           "emulated_ms": network, "noise_ms": noise}
+    r = links._dilated(raw, "delay 4ms 1ms", k)
+    assert r["nic"] == "delay 4ms 1ms" and r["dilation"] == k
+    assert np.allclose(r["emulated_ms"], network / k) and np.allclose(r["noise_ms"], noise / k)
+    assert r["configured"]["p50"] == pytest.approx(4.0, abs=0.05)
+    assert links.tail_split(r)["reach"] < 5.0
+    assert links._dilated(raw, "delay 16ms 4ms", 1) is raw

@@ -9,7 +9,8 @@ assert on:
   a timer wakes up: the floor below which no configured delay can be honoured;
 * `ping_pong`: one-way delays and round trips through `nic`, with the distribution netem
   would draw for that spec (`configured_delays`) to overlay on the histogram;
-* `jitter_distributions`: the same for uniform, normal and pareto jitter;
+* `jitter_distributions`: the same for uniform, normal and pareto jitter, and
+  `jitter_dilated`: at a dilation at which the network's jitter, not this machine, sets the tail;
 * `size_sweep`: one-way time against message size under `delay D rate R`, fitted with the
   alpha-beta model (`models.fit_alpha_beta`), and the crossover size n* = alpha / beta;
 * `loss_tails`: random loss turning into TCP retransmission timeouts (>= 200 ms);
@@ -303,6 +304,56 @@ def jitter_distributions(delay: str = "4ms", jitter: str = "1ms",
         spec = f"delay {delay} {jitter}" + ("" if name == "uniform" else f" distribution {name}")
         out[name] = ping_pong(spec, samples, seed)
     return out
+
+
+def _dilated(result: dict, nic: str, k: int) -> dict:
+    """A `ping_pong` result run at k times `nic`'s delay and jitter, put back on `nic`'s time
+    scale: every time divided by k (the network's draws scale with the spec; what this
+    machine adds does not, so it shrinks k-fold), the configured distribution that of `nic`."""
+    if k == 1:
+        return result
+    one_way, rtt = result["one_way_ms"] / k, result["rtt_ms"] / k
+    emulated = result["emulated_ms"] / k
+    return {**result, "nic": nic, "dilation": k, "one_way_ms": one_way, "rtt_ms": rtt,
+            "percentiles": percentiles(one_way), "rtt_percentiles": percentiles(rtt),
+            "configured_ms": configured_delays(nic),
+            "configured": {f"p{q:g}": configured_quantile(nic, q / 100) for q in PERCENTILES},
+            "emulated_ms": emulated, "emulated": percentiles(emulated),
+            "noise_ms": one_way - emulated}
+
+
+def jitter_dilated(delay_ms: float = 4.0, jitter_ms: float = 1.0,
+                   distributions=("uniform", "normal", "pareto"), samples: int = 200,
+                   seed: int = 0, share: float = 0.5, limit: int = 8) -> dict:
+    """`jitter_distributions` at a dilation this machine's noise does not dominate.
+
+    First a jitter-free ping-pong measures what this machine adds (the p99 of its noise);
+    then every spec runs at k times its delay and jitter, with k the smallest integer at which
+    that p99 divided by k is at most `share` x the jitter (capped at `limit`: a busier
+    machine would make the run too slow), and its times are divided by k (`_dilated`).
+    Returns {"runs": {name: ping_pong result on the undilated time scale, "none" first},
+    "k", "wanted" (k before the cap), "capped", "noise_p99_ms" (the first measurement, at
+    k = 1), "noise_p99_dilated_ms" (the machine's p99 in the dilated runs, divided by k)}."""
+    base = f"delay {delay_ms:g}ms"
+    probe = ping_pong(base, samples, seed)
+    noise = float(np.percentile(probe["noise_ms"], 99))
+    wanted = max(1, int(np.ceil(noise / (share * jitter_ms))))
+    k = min(wanted, limit)
+    specs = {"none": base}
+    for name in distributions:
+        table = "" if name == "uniform" else f" distribution {name}"
+        specs[name] = f"{base} {jitter_ms:g}ms{table}"
+    runs = {}
+    for name, spec in specs.items():
+        if name == "none" and k == 1:
+            runs[name] = probe
+            continue
+        dilated = f"delay {delay_ms * k:g}ms" + spec[len(base):].replace(
+            f" {jitter_ms:g}ms", f" {jitter_ms * k:g}ms", 1)
+        runs[name] = _dilated(ping_pong(dilated, samples, seed), spec, k)
+    return {"runs": runs, "k": k, "wanted": wanted, "capped": wanted > limit,
+            "noise_p99_ms": noise,
+            "noise_p99_dilated_ms": float(np.percentile(runs["none"]["noise_ms"], 99))}
 
 
 # --- (c) message size and the alpha-beta model ----------------------------------------------
@@ -691,6 +742,7 @@ __all__ = [
     "configured_delays",
     "configured_quantile",
     "emulated_one_way",
+    "jitter_dilated",
     "jitter_distributions",
     "latency_under_load",
     "loss_tails",
