@@ -157,8 +157,13 @@ def simulate_training(
     message_overhead_s: float = 0.0,
     native_s=None,
     fabric: str | Fabric | None = None,
+    buckets=None,
 ) -> SimResult:
     """Simulate `steps` synchronous data-parallel steps; see the module docstring.
+
+    `buckets`: the gradient buckets' bytes in the order they are reduced (e.g. a measured DDP
+    run's `bucket_sizes`); given, they replace the buckets `bucket_sizes(model_bytes,
+    bucket_bytes, first_bucket_bytes)` would compute.
 
     Calibration for predicting the local emulator: `message_overhead_s` is a per-message
     software cost paid by the sender, and `native_s(nbytes)` the time this machine's plain
@@ -173,7 +178,12 @@ def simulate_training(
         raise ValueError("model_bytes must be >= 0 and bucket_bytes > 0")
     p = topo.world_size
     rng = np.random.default_rng(seed)
-    buckets = bucket_sizes(int(model_bytes), int(bucket_bytes), int(first_bucket_bytes))
+    if buckets is None:
+        buckets = bucket_sizes(int(model_bytes), int(bucket_bytes), int(first_bucket_bytes))
+    else:
+        buckets = [int(b) for b in buckets]
+        if any(b <= 0 for b in buckets):
+            raise ValueError(f"bucket sizes must be > 0 bytes, got {buckets}")
     comp = compute_times(rng, (steps, p), compute_s, compute_jitter, compute_distribution,
                          straggler)
     # The compiled ring: a ring of one process per node, or the leaders' ring of a
@@ -232,6 +242,7 @@ def simulate_training(
                      config={"nic": str(topo.nic), "intra": str(topo.intra),
                              "fabric": str(topo.fabric),
                              "model_bytes": model_bytes, "bucket_bytes": bucket_bytes,
+                             "buckets": list(buckets),
                              "compute_s": compute_s, "overlap": overlap, "algorithm": algorithm})
 
 

@@ -8,7 +8,13 @@ import pytest
 
 from clusterlab import models
 from clusterlab.schedule import Collective, QueueState, play
-from clusterlab.sim import _ring_rounds_fast, compute_times, scaling_curve, simulate_training
+from clusterlab.sim import (
+    _ring_rounds_fast,
+    bucket_sizes,
+    compute_times,
+    scaling_curve,
+    simulate_training,
+)
 from clusterlab.topology import Topology
 from clusterlab.wire import HEADER_BYTES
 
@@ -211,3 +217,52 @@ def test_compiled_ring_on_a_leaf_spine_and_the_leaders_ring_equal_the_replay():
     ring = simulate_training(8, 1, nic="delay 20us rate 1gbit", model_bytes=4e6,
                              bucket_bytes=2**21, steps=2)
     assert np.allclose(hier.step_end, np.repeat(ring.step_end, 4, axis=1))
+
+
+# DDP's buckets for notebook 03's MLP, 8 x Linear(256, 256) + Linear(256, 10) in float32, with
+# bucket_cap_mb=0.25, in the order DDP reduces them (the last layers first): 8 buckets, while
+# sim.bucket_sizes(model, 0.25 MiB, 0.25 MiB) cuts the same bytes into 9.
+DDP_MLP_BUCKETS = [10 * 257 * 4 + 256 * 257 * 4] + [256 * 257 * 4] * 7
+
+
+def test_measured_buckets_replace_the_computed_ones():
+    model = sum(DDP_MLP_BUCKETS)
+    assert len(bucket_sizes(model, 1 << 18, 1 << 18)) == 9 != len(DDP_MLP_BUCKETS)
+    kw = dict(nic="delay 1ms", model_bytes=model, bucket_bytes=1 << 18,
+              first_bucket_bytes=1 << 18, compute_s=0.01, overlap=False, steps=2)
+    measured = simulate_training(4, buckets=DDP_MLP_BUCKETS, **kw)
+    computed = simulate_training(4, **kw)
+    rounds = models.ring_allreduce(4, 1, 1e-3, 0.0)  # 2(p-1) latency rounds per bucket
+    assert measured.config["buckets"] == DDP_MLP_BUCKETS
+    assert measured.step_times == pytest.approx(np.full(2, 0.01 + 8 * rounds), rel=1e-6)
+    assert computed.step_times == pytest.approx(np.full(2, 0.01 + 9 * rounds), rel=1e-6)
+    with pytest.raises(ValueError):
+        simulate_training(4, buckets=[0], **kw)
+
+
+def test_mitigations_simulate_the_buckets_ddp_measured():
+    from clusterlab.experiments import jitter_at_scale
+
+    real = {"baseline": {"bucket_sizes": DDP_MLP_BUCKETS},
+            "overlap": {"bucket_sizes": DDP_MLP_BUCKETS},
+            "bigger buckets": {"bucket_sizes": [sum(DDP_MLP_BUCKETS)]}}
+    plans = jitter_at_scale.simulated_plans(real)
+    assert [len(plans[k]["buckets"]) for k in real] == [8, 8, 1]
+    assert (plans["baseline"]["overlap"], plans["overlap"]["overlap"]) == (False, True)
+    kw = dict(nic="delay 1ms", model_bytes=sum(DDP_MLP_BUCKETS), compute_s=0.01, steps=2)
+    small, big = (simulate_training(4, **kw, **plans[k]) for k in ("baseline", "bigger buckets"))
+    # on a latency-only network, 8 buckets -> 1 shortens the exchange exactly 8-fold
+    assert (small.mean_step - 0.01) == pytest.approx(8 * (big.mean_step - 0.01), rel=1e-6)
+
+
+def test_stacked_gains_rank_only_what_the_steps_resolve():
+    from clusterlab.experiments import jitter_at_scale
+
+    rng = np.random.default_rng(0)
+    steps = {"baseline": 100 + rng.normal(0, 1, 10), "overlap": 101 + rng.normal(0, 1, 10),
+             "bigger buckets": 150 + rng.normal(0, 1, 10)}
+    real = {k: {"step_samples_per_s_per_rank": v, "samples_per_s_per_rank": float(np.median(v))}
+            for k, v in steps.items()}
+    gains = {g["lever"]: g for g in jitter_at_scale.stacked_gains(real)}
+    assert not gains["overlap"]["resolved"] and not gains["overlap"]["worse"]
+    assert gains["bigger buckets"]["resolved"] and gains["bigger buckets"]["beats"] == 1.0

@@ -470,6 +470,40 @@ def flat_vs_hierarchical(nodes: int = 2, procs_per_node: int = 2, nic: str = "de
     return out
 
 
+def simulated_plans(real: dict) -> dict:
+    """The simulator's settings for each measured DDP configuration of `mitigations`: the
+    overlap mode and the buckets DDP actually reduced (`bucket_sizes`, measured), so that the
+    simulated step has exactly the measured run's buckets ("bigger buckets" is the measured
+    big-bucket run's, which "fewer syncs" and the hierarchical curves reuse)."""
+    return {
+        "baseline": dict(buckets=list(real["baseline"]["bucket_sizes"]), overlap=False),
+        "overlap": dict(buckets=list(real["overlap"]["bucket_sizes"]), overlap=True),
+        "bigger buckets": dict(buckets=list(real["bigger buckets"]["bucket_sizes"]),
+                               overlap=True),
+    }
+
+
+def stacked_gains(real: dict, share: float = 0.9) -> list[dict]:
+    """Each measured lever against the configuration before it in the stack, with how well
+    `mitigations`' few steps resolve it: `beats` is the share of (step of this, step of the
+    previous) pairs in which this configuration's per-step throughput was higher (the
+    Mann-Whitney U / (n m)); `resolved` when it is at least `share` (0.9 for 10 against 10
+    steps: a one-sided p of about 0.001 if the steps were independent draws; a machine whose
+    load drifts between the configurations, run one after the other, can still fool it)."""
+    names = list(real)
+    out = []
+    for prev, name in zip(names, names[1:]):
+        a = np.asarray(real[prev]["step_samples_per_s_per_rank"], dtype=float)
+        b = np.asarray(real[name]["step_samples_per_s_per_rank"], dtype=float)
+        beats = float(((b[:, None] > a[None, :]) + 0.5 * (b[:, None] == a[None, :])).mean())
+        out.append({"lever": name, "previous": prev,
+                    "gain": real[name]["samples_per_s_per_rank"]
+                    / real[prev]["samples_per_s_per_rank"] - 1,
+                    "beats": beats, "resolved": beats >= share, "worse": beats <= 1 - share,
+                    "steps": (len(b), len(a))})
+    return out
+
+
 def mitigations(*, nodes: int = 4, nic: str = "delay 2ms", ddp_options: dict | None = None,
                 hier_nodes: int = 2, hier_ppn: int = 2, hier_nic: str = "delay 20ms",
                 hier_intra: str | None = "delay 50us", accumulate: int = 4,
@@ -481,11 +515,12 @@ def mitigations(*, nodes: int = 4, nic: str = "delay 2ms", ddp_options: dict | N
     fewer syncs (gradient accumulation over `accumulate` micro-batches, no_sync between).
     Real (synthetic step): flat ring vs hierarchical all-reduce on hier_nodes x hier_ppn
     ranks with fast intra-node links.
-    Simulated: the same DDP step (the measured compute time and bucket sizes) to 1024 nodes
-    for each mitigation; hierarchical with 8 ranks per node.
+    Simulated: the same DDP step (the measured compute time and the measured bucket sizes:
+    each configuration's `bucket_sizes` as DDP reduced them) to 1024 nodes for each
+    mitigation; hierarchical with 8 ranks per node. out["config"]["sim_buckets"] holds the
+    buckets each simulated configuration used (`simulated_plans`).
     """
     opts = {"bucket_cap_mb": 0.25, **(ddp_options or {})}
-    small = opts["bucket_cap_mb"]
     plan = {
         "baseline": dict(mode="deferred"),
         "overlap": dict(mode="overlap"),
@@ -497,9 +532,12 @@ def mitigations(*, nodes: int = 4, nic: str = "delay 2ms", ddp_options: dict | N
     with Cluster(nodes=nodes, nic=nic, timeout=120) as cl:
         for name, extra in plan.items():
             run = ddp.run_ddp(cl, **{"steps": steps, **opts, **extra})
+            per_step = run.phases()["step"].mean(axis=0)  # mean over ranks, per synced step
             real[name] = {**run.summary(), "steps": run.config["steps"],
                           "bucket_sizes": run.bucket_sizes,
-                          "param_bytes": run.param_bytes}
+                          "param_bytes": run.param_bytes,
+                          "step_samples_per_s_per_rank": run.config["batch"]
+                          * run.config["accumulate"] / per_step}
     hier = flat_vs_hierarchical(hier_nodes, hier_ppn, hier_nic, hier_intra)
     from ..sim import scaling_curve, simulate_training  # after the real runs, as above
 
@@ -507,14 +545,8 @@ def mitigations(*, nodes: int = 4, nic: str = "delay 2ms", ddp_options: dict | N
     base = real["baseline"]
     compute_s = base["forward_s"] + base["backward_s"]
     model_bytes = base["param_bytes"]
-    common = dict(nic=nic, model_bytes=model_bytes, compute_s=compute_s, steps=sim_steps,
-                  first_bucket_bytes=int(small * 2**20))
-    sims = {
-        "baseline": dict(bucket_bytes=small * 2**20, overlap=False),
-        "overlap": dict(bucket_bytes=small * 2**20, overlap=True),
-        "bigger buckets": dict(bucket_bytes=25 * 2**20, first_bucket_bytes=25 * 2**20,
-                               overlap=True),
-    }
+    common = dict(nic=nic, model_bytes=model_bytes, compute_s=compute_s, steps=sim_steps)
+    sims = simulated_plans(real)
     sim: dict = {}
     for name, extra in sims.items():
         sim[name] = scaling_curve(list(sim_nodes), **{**common, **extra})
@@ -544,6 +576,7 @@ def mitigations(*, nodes: int = 4, nic: str = "delay 2ms", ddp_options: dict | N
     return {"real": real, "hierarchical": hier, "sim": sim,
             "config": {"nodes": nodes, "nic": nic, "compute_s": compute_s,
                        "model_bytes": model_bytes, "accumulate": k, "hier_nic": hier_nic,
+                       "sim_buckets": {name: list(kw["buckets"]) for name, kw in sims.items()},
                        "hier_intra": hier_intra, "hier_nodes": hier_nodes,
                        "hier_ppn": hier_ppn}}
 
