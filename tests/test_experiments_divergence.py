@@ -50,3 +50,17 @@ def test_a_detached_optimizer_and_a_divided_learning_rate_stall_without_any_alar
     assert np.all(detached["update_norm"] == 0)
     assert ok["eval_loss"][-1, 0] < divided["eval_loss"][-1, 0] < detached["eval_loss"][-1, 0]
 
+
+
+def test_hidden_saturation_finds_a_huge_first_layer_weight_and_its_dead_tanh():
+    import torch
+
+    model = D.build_model()
+    with torch.no_grad():
+        model[0].weight[3, 5] = 1e30  # unit 3, input 5
+    flat = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
+    sat = D.hidden_saturation({"params": flat.numpy()[None, :]})
+    assert (sat["unit"], sat["input"]) == (3, 5)
+    assert sat["zero_grad_share"] == 1.0 and sat["min_abs_z"] > 1e20
+    healthy = D.hidden_saturation({"params": flat.numpy()[None, :] * 0})
+    assert healthy["zero_grad_share"] == 0.0

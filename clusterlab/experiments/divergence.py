@@ -337,6 +337,32 @@ def run_distance(run: dict, other: dict) -> float:
     return float(np.max(np.abs(run["params"] - other["params"])))
 
 
+def hidden_saturation(run: dict, rank: int = 0, features: int = 8, hidden: int = 16,
+                      seed: int = 0, n: int = 4096) -> dict:
+    """Where the first layer's largest |weight| ends up, on `rank`'s final parameters (of one
+    `train` result with the default model): its hidden unit's tanh pre-activation z over the
+    training inputs, and the share of inputs on which that unit passes back no gradient at
+    all in float32 (1 - tanh(z)^2 == 0). Returns {"unit", "input", "n", "median_abs_z",
+    "min_abs_z", "zero_grad_share"}."""
+    import torch
+
+    model = build_model(features, hidden, seed)
+    flat = torch.as_tensor(run["params"][rank])
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(flat.to(torch.float32), model.parameters())
+    w, b = model[0].weight.detach(), model[0].bias.detach()
+    big = int(torch.argmax(w.abs()))
+    unit, inp = divmod(big, features)
+    x, _ = make_regression(n, features, seed, dtype="float32")
+    with torch.no_grad():
+        z = x @ w[unit] + b[unit]
+        t = torch.tanh(z)
+        zero = (1 - t * t) == 0
+    return {"unit": unit, "input": inp, "n": n,
+            "median_abs_z": float(z.abs().median()), "min_abs_z": float(z.abs().min()),
+            "zero_grad_share": float(zero.double().mean())}
+
+
 def loss_deviation(run: dict, healthy: dict, last: int = 10, rank: int = 0) -> float:
     """|mean of rank's last `last` losses - the healthy run's| / the healthy run's."""
     a = float(np.mean(run["loss"][-last:, rank]))
