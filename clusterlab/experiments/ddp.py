@@ -343,6 +343,22 @@ class DDPRun:
             "samples_per_s_per_rank": self.config["batch"] * self.config["accumulate"] / step,
         }
 
+    def issue_lag(self) -> float:
+        """Typical time (s) by which the last rank to issue a step's last bucket trailed the
+        others: per synced step, the mean over ranks of (latest issue of that bucket over
+        all ranks - this rank's issue), then the median over steps. A collective's message
+        chains need every rank's data, so a rank that issues early waits about this long on
+        top of the network (the backend replays each collective from every rank's entry)."""
+        issues: dict[int, list[list[int]]] = {}
+        for r in self.ranks:
+            for rec in r["records"]:
+                if rec["sync"] and rec["buckets"]:
+                    last = max(rec["buckets"], key=lambda b: b["issue"])
+                    issues.setdefault(rec["step"], []).append(last["issue"])
+        lags = [np.mean(max(v) - np.array(v)) / 1e9 for v in issues.values()
+                if len(v) == self.world_size]
+        return float(np.median(lags)) if lags else 0.0
+
     def hidden_fractions(self) -> np.ndarray:
         """Per synced step: the share of the communication that overlap hid, 1 - wait / busy,
         each taken as the mean over ranks (the per-step values behind `summary`'s
