@@ -102,7 +102,7 @@ def test_throughput_explorer_draws_what_models_and_sim_compute():
     assert list(ex._axes["sim_thr"].get_data()[1]) == [sim.throughput]
     assert ex._axes["p50"].get_xdata()[0] == pytest.approx(sim.percentile(50) * 1e3)
     # a few simulated steps cannot estimate a p99: the dashed line is the slowest step
-    assert len(sim.step_times) < 40
+    assert len(sim.step_times) < 100
     assert ex._axes["tail"].get_xdata()[0] == pytest.approx(sim.step_times.max() * 1e3)
     assert (f"slowest of {len(sim.step_times)} (dashed) {sim.step_times.max() * 1e3:.4g} ms"
             in axes["hist"].get_title())

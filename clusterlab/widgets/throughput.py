@@ -56,7 +56,7 @@ BUCKET_MIB = (1, 5, 10, 25, 50, 100)
 PROCS_PER_NODE = (1, 2, 4, 8)
 # A p99 needs samples beyond the 99th percentile: from fewer steps than this it is just the
 # slowest one (or an interpolation towards it), so the explorer then names it as such.
-MIN_P99_STEPS = 40
+MIN_P99_STEPS = 100
 
 
 def tail_of(step_times) -> tuple[str, float]:
