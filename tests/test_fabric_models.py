@@ -189,3 +189,13 @@ def test_explorer_refuses_bad_settings_and_shows_the_tree_losing_more():
     tree = [fw.efficiency_curve("tree", o, nodes=nodes) for o in (1, 8)]
     assert tree[0][0] == pytest.approx(tree[1][0])  # inside one leaf the uplinks are idle
     assert tree[1][1] < tree[0][1] - 0.02
+
+
+def test_replay_is_the_emulators_queue_model():
+    """`ex.replay` equals the closed form where no port is shared unequally (the ring on a
+    leaf-spine), and differs from it where whole messages queue (the tree at 4:1)."""
+    topo = Topology.build(8, 1, ex.NIC, fabric=ex.leaf_spine(4))
+    ring = ex.replay(topo, "ring", 512 * 1024)
+    assert ring == pytest.approx(fm.bottleneck_time(topo, "ring", 512 * 1024)[0], rel=1e-6)
+    tree = ex.replay(topo, "tree", 512 * 1024)
+    assert tree < fm.bottleneck_time(topo, "tree", 512 * 1024)[0]

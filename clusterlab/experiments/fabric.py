@@ -24,6 +24,7 @@ import numpy as np
 from .. import fabric_models as fm
 from ..fabric import LeafSpine, RailOptimized, as_fabric
 from ..netem import Netem, as_netem
+from ..schedule import Collective, QueueState, play
 from ..topology import Topology
 from .common import BUSY_FACTOR, beyond_closed_form
 
@@ -450,6 +451,19 @@ def rails(*, oversubscription: float = 4, nodes: int = 2, procs_per_node: int = 
                      "model": model, "bottleneck": inter[0].bottleneck if inter else "intra",
                      "crowd": inter[0].flows_on_bottleneck if inter else 0, **_stats(t)})
     return rows
+
+
+def replay(topo: Topology, algorithm: str, nbytes: int,
+           ranks: Sequence[int] | None = None) -> float:
+    """An all-reduce's time (s) in the emulator's own queue model (`schedule.play`: a port
+    serves whole messages first come first served), every rank starting at 0 and none of
+    this machine's costs; `fm.bottleneck_time` instead shares a port equally. `ranks` as
+    there: the layout of the ranks on the fabric."""
+    p = topo.world_size
+    coll = Collective("allreduce", int(nbytes), algorithm=algorithm)
+    done = play(QueueState(topo), coll, np.zeros(p, dtype=np.int64), np.random.default_rng(0),
+                ranks=ranks)
+    return float(done.max()) / 1e9
 
 
 # --- plots -------------------------------------------------------------------------------------
