@@ -469,10 +469,7 @@ def measure_in_network(workers: int = 4, sizes: Iterable[int] = (4 * MiB,), *,
     """
     from ..cluster import Cluster
 
-    if workers < 2:
-        raise ValueError(f"workers must be >= 2, got {workers}")
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    _check_switch_args(workers, repeats)
     sizes = list(sizes)
     with Cluster(nodes=workers + 1, nic=nic, links=switch_links(workers, nic), seed=seed,
                  timeout=timeout) as cl:
@@ -481,19 +478,32 @@ def measure_in_network(workers: int = 4, sizes: Iterable[int] = (4 * MiB,), *,
     rows = []
     for k, nbytes in enumerate(sizes):
         times = durations([rank[k] for rank in spans[:workers]], since="first").tolist()
-        nbytes_sent = max(1, nbytes // 4) * 4
-        best = min(times)
-        chunks = in_network_chunks(nbytes, chunk_bytes=chunk_bytes, max_chunks=max_chunks)
-        rows.append({
-            "config": f"{workers}+switch", "nodes": workers + 1, "procs_per_node": 1,
-            "p": workers, "algorithm": "in_network", "library": False, "nbytes": nbytes_sent,
-            "chunks": chunks, "times": times, "best": best,
-            "median": statistics.median(times), "measured": best,
-            "model": in_network_time(nbytes_sent, a, b, chunks), "replay": float("nan"),
-            "algbw": models.alg_bandwidth(nbytes_sent, best),
-            "busbw": models.bus_bandwidth("all_reduce", workers, nbytes_sent, best),
-        })
+        rows.append(_switch_row(nbytes, workers, times, a, b, chunk_bytes, max_chunks))
     return rows
+
+
+def _check_switch_args(workers: int, repeats: int) -> None:
+    if workers < 2:
+        raise ValueError(f"workers must be >= 2, got {workers}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+
+
+def _switch_row(nbytes: int, workers: int, times: list, a: float, b: float,
+                chunk_bytes: int, max_chunks: int) -> dict:
+    """One row, as `measure`'s, for an all-reduce through the reducing switch."""
+    nbytes_sent = max(1, nbytes // 4) * 4
+    best = min(times)
+    chunks = in_network_chunks(nbytes, chunk_bytes=chunk_bytes, max_chunks=max_chunks)
+    return {
+        "config": f"{workers}+switch", "nodes": workers + 1, "procs_per_node": 1,
+        "p": workers, "algorithm": "in_network", "library": False, "nbytes": nbytes_sent,
+        "chunks": chunks, "times": times, "best": best,
+        "median": statistics.median(times), "measured": best,
+        "model": in_network_time(nbytes_sent, a, b, chunks), "replay": float("nan"),
+        "algbw": models.alg_bandwidth(nbytes_sent, best),
+        "busbw": models.bus_bandwidth("all_reduce", workers, nbytes_sent, best),
+    }
 
 
 def _timed_ring_vs_switch(sizes, repeats: int, workers: int, chunk_bytes: int, max_chunks: int):
@@ -548,10 +558,7 @@ def ring_vs_switch(workers: int = 4, sizes: Iterable[int] = (4 * MiB,), *,
     """
     from ..cluster import Cluster
 
-    if workers < 2:
-        raise ValueError(f"workers must be >= 2, got {workers}")
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    _check_switch_args(workers, repeats)
     sizes = list(sizes)
     with Cluster(nodes=workers + 1, nic=nic, links=switch_links(workers, nic), seed=seed,
                  timeout=timeout) as cl:
@@ -563,18 +570,7 @@ def ring_vs_switch(workers: int = 4, sizes: Iterable[int] = (4 * MiB,), *,
             durations([rank[k][j] for rank in spans[:workers]], since="first").tolist()
             for j in (0, 1))
         rows.append(_row("ring", nbytes, workers, 1, nic, None, ring_times, False, seed))
-        nbytes_sent = max(1, nbytes // 4) * 4
-        best = min(switch_times)
-        chunks = in_network_chunks(nbytes, chunk_bytes=chunk_bytes, max_chunks=max_chunks)
-        rows.append({
-            "config": f"{workers}+switch", "nodes": workers + 1, "procs_per_node": 1,
-            "p": workers, "algorithm": "in_network", "library": False, "nbytes": nbytes_sent,
-            "chunks": chunks, "times": switch_times, "best": best,
-            "median": statistics.median(switch_times), "measured": best,
-            "model": in_network_time(nbytes_sent, a, b, chunks), "replay": float("nan"),
-            "algbw": models.alg_bandwidth(nbytes_sent, best),
-            "busbw": models.bus_bandwidth("all_reduce", workers, nbytes_sent, best),
-        })
+        rows.append(_switch_row(nbytes, workers, switch_times, a, b, chunk_bytes, max_chunks))
     return rows
 
 
