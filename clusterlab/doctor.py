@@ -339,8 +339,9 @@ def report(info: dict) -> str:
     ]
     if "native_one_way_us" in info:
         lat = info["native_one_way_us"]
+        count = f" over 2 x {lat['samples']} messages" if "samples" in lat else ""
         lines.append(f"native Gloo one-way latency: p50 {lat['p50']:.0f} us, "
-                     f"p99 {lat['p99']:.0f} us")
+                     f"p99 {lat['p99']:.0f} us{count}")
         floor, pct = info["smallest_faithful_delay_us"], round(MEDIAN_DELAY_TOLERANCE * 100)
         samples = info["faithful_floor"]["samples"]
         if floor is None:
