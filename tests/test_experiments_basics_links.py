@@ -220,12 +220,31 @@ def test_loss_turns_into_retransmission_timeouts():
 
 
 def test_two_processes_sharing_a_nic_get_half_its_rate_each():
-    result = links.nic_contention("100mbit", procs=(2,), nbytes=128 * 1024, count=8)
-    row = result["rows"][2]
-    shared, own = row["shared"]["per_process"], row["own"]["per_process"]
-    assert abs(shared / own - 0.5) <= 0.15 * 0.5
-    assert abs(shared / (result["rate_Bps"] / 2) - 1) <= 0.15
-    assert abs(own / result["rate_Bps"] - 1) <= 0.15
+    result = links.nic_contention("100mbit", procs=(2,), nbytes=128 * 1024, count=16)
+    row, rate = result["rows"][2], result["rate_Bps"]
+    share, own = row["shared"]["share"], row["own"]["per_process"]
+    assert row["shared"]["window_messages"] >= 8
+    # each stream's own arrivals, not the NIC's total / P: both near rate / 2
+    assert np.all(np.abs(share / (rate / 2) - 1) <= 0.15)
+    assert row["shared"]["per_process"] == pytest.approx(np.mean(share))
+    assert abs(row["shared"]["nic"] / rate - 1) <= 0.15  # the NIC stayed busy
+    assert abs(own / rate - 1) <= 0.15
+
+
+def test_window_shares_come_from_each_streams_own_arrivals():
+    # stream 0 started early and had the NIC alone; then the two alternate, one message each
+    out = {0: [0.0], 1: [0.0], 2: [1.0, 2.0, 3.0, 5.0, 7.0, 9.0, 11.0, 13.0],
+           3: [4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 15.0, 16.0]}
+    g = links._goodputs(out, [0, 1], [2, 3], 8, 1000, True)
+    # window (4, 13]: stream 2 got 5, 7, 9, 11, 13 and stream 3 got 6, 8, 10, 12
+    assert g["window_messages"] == 9
+    assert g["share"] == pytest.approx([5000 / 9, 4000 / 9])
+    assert g["per_process"] == pytest.approx(500)
+    assert g["nic"] == pytest.approx(16000 / 16)
+    assert np.mean(g["completion"]) > g["per_process"]  # the early stream's completion flatters it
+    short = links._goodputs({0: [0.0], 1: [0.0], 2: [1.0, 2.0], 3: [3.0, 4.0]}, [0, 1], [2, 3],
+                            2, 1000, True)
+    assert np.all(np.isnan(short["share"]))
 
 
 def test_models_agree_with_the_link_expectations():

@@ -441,37 +441,37 @@ def _goodputs(out: list[list[float]], senders: list[int], receivers: list[int], 
               nbytes: int, shared_nic: bool) -> dict:
     """Goodputs of parallel streams (bytes/s), from `_stream`'s results.
 
-    per_process: what a NIC delivered divided among the processes behind it. A NIC's
-      goodput is the bytes of its streams over the time from its first sender's first send
-      to its last arrival (the NIC is busy all along: every sender offers more than it can
-      carry); with `shared_nic` all streams share one NIC, otherwise each has its own. This
-      does not depend on the order in which a FIFO queue served the messages, nor on a
-      sender that this machine started a little late.
+    share: per stream, what it received while every stream was receiving: its messages that
+      arrived in the window (the latest first arrival, the earliest last arrival], times
+      nbytes, over the window's length. Each stream's figure comes from its own arrivals;
+      a sender that this machine started late does not inflate it, and the shares add up to
+      what the NIC carried in the window. NaN (for every stream) when the window holds fewer
+      than 4 messages per stream: too short to tell the streams' shares apart.
     completion: per stream, count x nbytes / (its last arrival - its sender's start).
-    steady: nbytes / the median gap between consecutive arrivals of each stream, counting
-      only the window in which every stream is receiving.
+    per_process: the mean of `share` when the streams share one NIC (`shared_nic`), otherwise
+      the mean of `completion` (a stream alone on its NIC).
+    nic: the bytes of all streams over the time from the first send to the last arrival (for
+      a shared NIC, its aggregate goodput: a check that it stayed busy, not a share).
+    window_messages: how many messages arrived in the window.
     """
     times = [np.asarray(out[r]) for r in receivers]
     starts = [out[s][0] for s in senders]
     first, last = max(t[0] for t in times), min(t[-1] for t in times)
-    steady = []
-    for t in times:
-        inside = t[(t >= first) & (t <= last)]
-        gaps = np.diff(inside) if len(inside) > 2 else np.diff(t)
-        steady.append(nbytes / float(np.median(gaps)))
-    total = count * nbytes
-    if shared_nic:
-        nic = len(times) * total / (max(t[-1] for t in times) - min(starts))
-        per_process = nic / len(times)
+    counts = np.array([int(((t > first) & (t <= last)).sum()) for t in times])
+    if last > first and counts.sum() >= 4 * len(times):
+        share = counts * nbytes / (last - first)
     else:
-        per_process = float(np.mean([total / (t[-1] - s) for s, t in zip(starts, times)]))
+        share = np.full(len(times), np.nan)
+    total = count * nbytes
     completion = np.array([total / (t[-1] - s) for s, t in zip(starts, times)])
-    return {"per_process": float(per_process), "completion": completion,
-            "steady": np.array(steady)}
+    nic = len(times) * total / (max(t[-1] for t in times) - min(starts))
+    per_process = float(np.mean(share)) if shared_nic else float(np.mean(completion))
+    return {"per_process": per_process, "share": share, "completion": completion,
+            "nic": float(nic), "window_messages": int(counts.sum())}
 
 
 def nic_contention(rate: str = "100mbit", procs=(1, 2, 4), nbytes: int = 256 * KIB,
-                   count: int = 10, seed: int = 0, timeout: float = 60) -> dict:
+                   count: int = 24, seed: int = 0, timeout: float = 60) -> dict:
     """P processes on one node stream to P processes on another through one NIC of `rate`.
 
     For every P in `procs`: P senders and P receivers with every process on its own node, so
@@ -479,11 +479,13 @@ def nic_contention(rate: str = "100mbit", procs=(1, 2, 4), nbytes: int = 256 * K
     and, for P > 1, Cluster(nodes=2, procs_per_node=P, nic="rate R") with process i of node 0
     sending to process i of node 1 through node 0's single NIC queue ("shared"; for P = 1
     the two layouts are the same thing, and "shared" is the "own" measurement).
-    Every sender offers four times the NIC's rate (`_stream` on a fixed schedule), so every
-    NIC stays busy and its FIFO queue interleaves the senders' messages.
+    Every NIC is offered four times its rate (`_stream` on a fixed schedule: a sender alone
+    on its NIC offers 4x the rate, each of P senders sharing one NIC 4/P x), so every NIC stays
+    busy and the shared NIC's FIFO queue interleaves the senders' messages for most of the
+    run, whichever sender this machine started first.
     Returns rate_Bps (payload bytes/s the NIC can carry, after TCP/IP headers) and rows
-    {P: {"shared": goodputs, "own": goodputs}}, goodputs as `_goodputs` (bytes/s per
-    process: per_process, completion and steady).
+    {P: {"shared": goodputs, "own": goodputs}}, goodputs as `_goodputs` (bytes/s: share,
+    completion, per_process, nic).
     """
     spec = _spec(f"rate {rate}")
     payload_rate = 1 / wire_beta(spec.rate_bps)
@@ -503,7 +505,7 @@ def nic_contention(rate: str = "100mbit", procs=(1, 2, 4), nbytes: int = 256 * K
             continue
         senders, receivers = list(range(p)), list(range(p, 2 * p))
         with Cluster(nodes=2, procs_per_node=p, nic=spec, seed=seed, timeout=timeout) as cl:
-            out = cl.run(_stream, senders, receivers, count, nbytes, pace)
+            out = cl.run(_stream, senders, receivers, count, nbytes, p * pace)
         rows[p]["shared"] = _goodputs(out, senders, receivers, count, nbytes, True)
     return {"rate": rate, "rate_Bps": payload_rate, "nbytes": nbytes, "count": count,
             "rows": rows}
@@ -677,9 +679,10 @@ def plot_sweep(sweep: dict, axes=None):
     ax.plot(grid, np.full_like(grid, fit.alpha * 1e3), ":", color="gray", label="α alone")
     ax.plot(grid, grid * fit.beta * 1e3, "--", color="gray", label="nβ alone")
     ax.axvline(star, color="k", lw=1)
-    ax.text(star, fit.alpha * 1e3 * 3, " n* = α/β", fontsize=8)
+    ax.text(star, 0.04, " n* = α/β", fontsize=8, transform=ax.get_xaxis_transform())
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    ax.set_title("one-way time against message size", fontsize=10)
     ax.set_ylim(bottom=0.3 * float(sweep["best_ms"].min()))
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("one-way time (ms)")
@@ -690,6 +693,7 @@ def plot_sweep(sweep: dict, axes=None):
             label="α-β model")
     ax.axhline(fit.bandwidth * 8 / 1e6, color="gray", ls="--", label="1/β")
     ax.axvline(star, color="k", lw=1)
+    ax.set_title("effective bandwidth: half of 1/β at n*", fontsize=10)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("effective bandwidth (Mbit/s)")
@@ -698,26 +702,31 @@ def plot_sweep(sweep: dict, axes=None):
 
 
 def plot_loss(tails: dict, ax=None):
-    """Sorted one-way delays (a quantile plot, log y) for every loss rate."""
+    """Sorted one-way delays (a quantile plot, log y) for every loss rate: measured (solid)
+    and the network's own draws for the same pings (`emulated_ms`, dashed), so that what
+    lies between them is this machine's addition."""
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.4))
-    for p, r in tails.items():
-        d = np.sort(r["one_way_ms"])
-        q = (np.arange(len(d)) + 0.5) / len(d) * 100
-        ax.plot(q, d, label=f"loss {p:g}%")
+    for i, (p, r) in enumerate(tails.items()):
+        q = (np.arange(len(r["one_way_ms"])) + 0.5) / len(r["one_way_ms"]) * 100
+        ax.plot(q, np.sort(r["one_way_ms"]), color=f"C{i}", label=f"loss {p:g}%: measured")
+        if "emulated_ms" in r:
+            ax.plot(q, np.sort(r["emulated_ms"]), color=f"C{i}", ls="--", lw=1,
+                    label=f"loss {p:g}%: the network's draws")
     ax.axhline(RTO_MIN_MS, color="gray", ls=":", lw=1, label="minimum RTO (200 ms)")
     ax.set_yscale("log")
     ax.set_xlim(50, 100)
     ax.set_xlabel("percentile (from the median up)")
     ax.set_ylabel("one-way delay (ms)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncol=2)
     return ax
 
 
 def plot_contention(result: dict, ax=None):
-    """Per-process goodput (Mbit/s) for P processes sharing one NIC vs each on its own."""
+    """Goodput of each process (Mbit/s, dots; bars: their mean) for P processes sharing one
+    NIC (`share`: from each stream's own arrivals) and with each on its own NIC."""
     import matplotlib.pyplot as plt
 
     if ax is None:
@@ -725,11 +734,19 @@ def plot_contention(result: dict, ax=None):
     rate = result["rate_Bps"] * 8 / 1e6
     ps = list(result["rows"])
     x = np.arange(len(ps))
-    shared = [result["rows"][p]["shared"]["per_process"] * 8 / 1e6 for p in ps]
-    own = [result["rows"][p]["own"]["per_process"] * 8 / 1e6 for p in ps]
-    ax.bar(x - 0.2, own, 0.4, color="#55A868", label="each process on its own node")
-    ax.bar(x + 0.2, shared, 0.4, color="#C44E52", label="P processes share one NIC")
-    ax.plot(x + 0.2, [rate / p for p in ps], "k_", ms=25, mew=2, label="rate / P")
+    for dx, key, field, color, label in (
+            (-0.2, "own", "completion", "#55A868", "each process on its own node"),
+            (0.2, "shared", "share", "#C44E52", "P processes share one NIC")):
+        per = [np.asarray(result["rows"][p][key][field if p > 1 else "completion"]) * 8 / 1e6
+               for p in ps]
+        ax.bar(x + dx, [float(np.mean(v)) for v in per], 0.4, color=color, alpha=0.6,
+               label=label + " (mean)")
+        for xi, v in zip(x, per):  # one dot per process, spread across its bar
+            ax.plot(xi + dx + np.linspace(-0.12, 0.12, len(v)) * (len(v) > 1), v, "o",
+                    color="k", ms=3.5, zorder=3,
+                    label="each process" if (xi, key) == (x[-1], "shared") else None)
+    ax.hlines([rate / p for p in ps], x + 0.02, x + 0.38, colors="#1f3b73", linestyles="--",
+              lw=1.2, label="rate / P")
     ax.set_xticks(x, [f"P = {p}" for p in ps])
     ax.set_ylabel("goodput per process (Mbit/s)")
     ax.axhline(rate, color="gray", ls=":", lw=1)
