@@ -85,6 +85,10 @@ def test_a_hung_peer_costs_the_timeout_and_monitored_barrier_names_it():
     assert failures.default_timeout().total_seconds() == 1800
     with pytest.raises(ValueError, match="hang_rank"):
         failures.hung_peer(nodes=2, hang_rank=2)
+    with pytest.raises(ValueError, match="kinds"):
+        failures.hung_peer(kinds=("barrier",))
+    (only,) = failures.hung_peer(timeouts_s=(0.5,), nodes=2, hang_rank=1, kinds=("all_reduce",))
+    assert only["kind"] == "all_reduce" and len(only["waited_s"]) == 1
 
 
 def test_async_checkpoints_stall_less_than_sync():

@@ -201,8 +201,10 @@ class JobRun:
 
         restart_s - from the SIGKILL to the last rank of the new group having loaded the
           checkpoint, in two parts: respawn_s, until the last new worker has Python and
-          torch loaded (torchrun noticing, stopping the others, starting new processes),
-          and rejoin_s, the rendezvous, the process group and the checkpoint's load;
+          torch loaded (the agent noticing, stopping the others, its rendezvous round, which
+          torchrun runs before it spawns workers, and the new interpreters' start), and
+          rejoin_s, the worker's init_process_group against the agent's store and the
+          checkpoint's load;
         redo_s - from there until the group was back at the step where it died;
         lost_s - their sum: the wall time this failure cost.
         """
@@ -435,12 +437,15 @@ def _one_line(message: str) -> str:
 
 
 def hung_peer(timeouts_s=(0.5, 1.5), *, nodes: int = 3, hang_rank: int = 2,
-              nic: str = "delay 1ms", cluster: Cluster | None = None) -> list[dict]:
-    """For each timeout: the other ranks all-reduce while `hang_rank` never comes; then the
-    same with `monitored_barrier`. Rows: timeout, kind, per waiting rank the seconds until
-    the error and its message."""
+              nic: str = "delay 1ms", kinds=("all_reduce", "monitored_barrier"),
+              cluster: Cluster | None = None) -> list[dict]:
+    """For each timeout and each of `kinds`: the other ranks all-reduce (or call
+    `monitored_barrier`) while `hang_rank` never comes. Rows: timeout, kind, per waiting rank
+    the seconds until the error and its message."""
     from .common import use_or_open
 
+    if not kinds or set(kinds) - {"all_reduce", "monitored_barrier"}:
+        raise ValueError(f"kinds must name all_reduce and/or monitored_barrier, got {kinds}")
     if not 0 <= hang_rank < nodes:
         raise ValueError(f"hang_rank must be in 0..{nodes - 1}, got {hang_rank}")
     if any(not t > 0 for t in timeouts_s):
@@ -449,7 +454,7 @@ def hung_peer(timeouts_s=(0.5, 1.5), *, nodes: int = 3, hang_rank: int = 2,
     with use_or_open(cluster, ranks=nodes, nodes=nodes, nic=nic,
                      timeout=max(timeouts_s) + 30) as cl:
         for t in timeouts_s:
-            for monitored in (False, True):
+            for monitored in [k == "monitored_barrier" for k in kinds]:
                 res = [r for r in cl.run(_hung_worker, t, hang_rank, monitored)
                        if "waited_s" in r]
                 rows.append({"timeout_s": t, "kind": "monitored_barrier" if monitored
