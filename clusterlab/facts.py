@@ -115,9 +115,20 @@ def get(fact_id: str) -> Fact:
     return facts[fact_id]
 
 
-def render(template: str, *, sources: bool = True) -> str:
-    """Markdown: each `[[id]]` replaced by its value and a numbered citation, sources listed."""
+def render(template: str, *, sources: bool = True, one_per_source: bool = False) -> str:
+    """Markdown: each `[[id]]` replaced by its value and a numbered citation, sources listed.
+
+    one_per_source=True numbers sources, not facts: facts read from the same page share one
+    number and one line (its title without the per-fact detail, every version it holds for).
+    """
     cited: list[Fact] = []
+    numbers: dict[str, int] = {}
+
+    def number(fact: Fact) -> int:
+        key = fact.source if one_per_source else fact.id
+        if key not in numbers:
+            numbers[key] = len(numbers) + 1
+        return numbers[key]
 
     def replace(m: re.Match) -> str:
         fact = get(m[1])
@@ -127,21 +138,28 @@ def render(template: str, *, sources: bool = True) -> str:
             return fact.says
         if fact not in cited:
             cited.append(fact)
-        return f"{fact.text}<sup>[{cited.index(fact) + 1}]</sup>"
+        return f"{fact.text}<sup>[{number(fact)}]</sup>"
 
     body = PLACEHOLDER.sub(replace, template)
     if not (sources and cited):
         return body
-    lines = [f"{i}. [{f.source_title}]({f.source}) — holds for {f.holds_for}"
-             for i, f in enumerate(cited, 1)]
+    groups: dict[int, list[Fact]] = {}
+    for f in cited:
+        groups.setdefault(number(f), []).append(f)
+    lines = []
+    for i, group in sorted(groups.items()):
+        titles = list(dict.fromkeys(f.source_title for f in group))
+        title = titles[0] if len(titles) == 1 else titles[0].split(" (")[0]
+        holds = "; ".join(dict.fromkeys(f.holds_for for f in group))
+        lines.append(f"{i}. [{title}]({group[0].source}) — holds for {holds}")
     return body.rstrip() + "\n\n<small>\n\n**Sources**\n\n" + "\n".join(lines) + "\n\n</small>\n"
 
 
-def show(template: str) -> None:
+def show(template: str, *, one_per_source: bool = False) -> None:
     """Display `render(template)` as Markdown in a notebook."""
     from IPython.display import Markdown, display
 
-    display(Markdown(render(template)))
+    display(Markdown(render(template, one_per_source=one_per_source)))
 
 
 def placeholders(text: str) -> list[str]:

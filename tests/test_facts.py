@@ -74,6 +74,18 @@ def test_render_cites_each_fact_once_and_lists_its_source():
         facts.render("[[no.such_fact]]")
 
 
+def test_render_one_per_source_gives_facts_from_one_page_one_number():
+    by_source: dict[str, list] = {}
+    for fact in facts.ledger().values():
+        by_source.setdefault(fact.source, []).append(fact)
+    a, b = next(group for group in by_source.values() if len(group) > 1)[:2]
+    other = next(f for f in facts.ledger().values() if f.source != a.source)
+    text = facts.render(f"[[{a.id}]], [[{other.id}]], [[{b.id}]]", one_per_source=True)
+    assert text.count("<sup>[1]</sup>") == 2 and text.count("<sup>[2]</sup>") == 1
+    assert text.count(a.source) == 1 and "\n3. " not in text
+    assert a.holds_for in text and b.holds_for in text
+
+
 def test_a_bad_entry_is_refused_with_its_name(tmp_path, monkeypatch):
     (tmp_path / "x.toml").write_text('[a.b]\nvalue = 1\nsays = "x y z"\nholds_for = "v 1"\n'
                                       'source = "http://insecure"\nsource_title = "a b"\n')
