@@ -124,6 +124,9 @@ def test_delay_stats_of_a_clipped_heavy_tail():
     assert rough["zero_share"] > 0.5 and rough["p50_s"] == 0
     assert rough["mean_s"] > 1.5 * rough["configured_s"]
     assert rough["p99_s"] > 10 * rough["configured_s"]
+    # netem's Pareto table is clipped at 32767 / 8192 jitters: its p99 is that ceiling
+    assert rough["max_s"] == pytest.approx(2e-3 + 10e-3 * 32767 / 8192, rel=1e-3)
+    assert rough["p99_s"] == rough["max_s"] and calm["max_s"] == calm["p50_s"]
 
 
 def test_tree_and_hierarchical_collapse_far_less_than_the_flat_ring():

@@ -387,7 +387,8 @@ def tail_at_scale(node_counts=(2, 4, 8), *, nic: str = "delay 200us", compute_s:
 
 def delay_stats(nic: str) -> dict:
     """One message's delay through `nic` by the link model's own tables (exact, no sampling):
-    mean, median, the share of draws clipped to 0, and the 99th percentile (seconds).
+    mean, median, the share of draws clipped to 0, the 99th percentile and the largest value
+    (seconds; netem's tables are clipped, so a tail percentile can be that maximum).
 
     netem adds mu + sigma x (table value); a negative sum cannot be waited for, so the link
     model, like netem, clips it to 0. With a jitter larger than the delay that clipping is
@@ -406,6 +407,7 @@ def delay_stats(nic: str) -> dict:
             "min_s": float(values.min()) / 1e9,
             "p50_s": float(np.median(values)) / 1e9,
             "p99_s": float(np.percentile(values, 99)) / 1e9,
+            "max_s": float(values.max()) / 1e9,
             "zero_share": float((values == 0).mean())}
 
 
