@@ -199,6 +199,17 @@ def test_mismatched_collective_without_debug_is_still_bounded():
     assert r["ranks"]
 
 
+def test_a_smaller_message_lets_the_sender_return_and_the_receiver_hang():
+    r = D.mismatched_collective("smaller", debug=None, timeout=2.0)
+    assert r["error"] == "ClusterTimeout" and r["ranks"] == [0], r
+    assert "returned already: rank 1" in r["message"]
+
+
+def test_groups_used_in_opposite_orders_deadlock():
+    r = D.crossed_groups(timeout=2.0)
+    assert r["error"] == "ClusterTimeout" and r["ranks"] == [0, 1], r
+
+
 @pytest.mark.parametrize("debug", [None, "DETAIL"])
 def test_swapped_same_shape_all_reduces_are_silent_even_with_detail(debug):
     r = D.swapped_order(debug)

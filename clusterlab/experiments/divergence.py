@@ -17,6 +17,7 @@ the replicas' parameter fingerprints step by step:
 * `data_order` - per-rank sampler seeds: duplicated and missing samples;
 * `mismatched_collective` - one rank calls a different collective (or another size): a hang
   or a crash, and a named error with TORCH_DISTRIBUTED_DEBUG=DETAIL;
+* `crossed_groups` - two process groups used in opposite orders by one rank: a deadlock;
 * `swapped_order` - two same-shape all-reduces issued in opposite orders on two ranks: no
   error, no hang, not even with TORCH_DISTRIBUTED_DEBUG=DETAIL; each rank's sums are wrong;
 * `missed_barrier` - a rank that never arrives, named by a monitored barrier;
@@ -445,7 +446,8 @@ def _mismatch_rank(case, odd_rank):
 
     _quiet()
     rank = dist.get_rank()
-    t = torch.ones(8 if (case == "size" and rank == odd_rank) else 4)
+    odd = {"size": 8, "smaller": 2}.get(case, 4)
+    t = torch.ones(odd if rank == odd_rank else 4)
     if case == "op" and rank == odd_rank:
         dist.broadcast(t, src=0)  # everybody else is in an all_reduce
     else:
@@ -453,13 +455,14 @@ def _mismatch_rank(case, odd_rank):
     return t.tolist()
 
 
-MISMATCH_CASES = ("op", "size")
+MISMATCH_CASES = ("op", "size", "smaller")
 
 
 def mismatched_collective(case: str = "op", debug: str | None = None, world: int = 2,
                           odd_rank: int = 1, timeout: float = 3.0) -> dict:
     """Rank `odd_rank` calls a different collective ("op": broadcast while the others call
-    all_reduce) or the same one with a different size ("size": 8 elements instead of 4).
+    all_reduce) or the same one with a different size ("size": 8 elements instead of 4;
+    "smaller": 2).
 
     Runs on plain Gloo (the debug wrapper wraps Gloo's process group). `debug` sets
     TORCH_DISTRIBUTED_DEBUG for the ranks (None: OFF; "DETAIL": every collective is first
@@ -483,6 +486,44 @@ def mismatched_collective(case: str = "op", debug: str | None = None, world: int
                                                                        odd_rank))
     except ClusterError as exc:
         res.update(describe_error(exc))
+    res["wall_s"] = time.monotonic() - t0
+    return res
+
+
+def _crossed_rank(odd_rank):
+    import torch
+    import torch.distributed as dist
+
+    _quiet()
+    # Two groups over the same ranks, say a tensor-parallel and a data-parallel one; created
+    # in the same order everywhere, as new_group requires. The odd rank uses them in the
+    # other order.
+    first, second = dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
+    order = [second, first] if dist.get_rank() == odd_rank else [first, second]
+    for group in order:
+        dist.all_reduce(torch.ones(4), group=group)
+    return "done"
+
+
+def crossed_groups(world: int = 2, odd_rank: int = 1, timeout: float = 2.0) -> dict:
+    """Every rank all-reduces once on each of two process groups; rank `odd_rank` uses them in
+    the opposite order. Each group's first collective waits for a rank that is blocked in the
+    other group's: a deadlock, which only the cluster's `timeout` ends (the groups' own timeout
+    is longer). Plain Gloo.
+
+    Returns describe_error's {"error", "ranks", "message"} plus "wall_s"; "error" is None
+    (and "result" set) if, against expectation, it went through.
+    """
+    import time
+
+    t0 = time.monotonic()
+    try:
+        with Cluster(nodes=world, nic=None, timeout=timeout,
+                     environ={"TORCH_DISTRIBUTED_DEBUG": "OFF"}) as cl:
+            res = {"error": None, "ranks": [], "message": "",
+                   "result": cl.run(_crossed_rank, odd_rank)}
+    except ClusterError as exc:
+        res = describe_error(exc)
     res["wall_s"] = time.monotonic() - t0
     return res
 
