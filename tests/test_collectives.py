@@ -255,6 +255,22 @@ def test_measure_returns_rows_with_bandwidths():
     assert row["measured"] == row["best"] == min(row["times"]) <= row["median"]
     assert row["measured"] >= 2 * 0.001 * 0.999
     assert row["busbw"] == pytest.approx(row["algbw"] * 2 * (2 - 1) / 2)
+    assert len(row["entry_spreads"]) == 2 and min(row["entry_spreads"]) >= 0
+    assert row["best_spread"] == row["entry_spreads"][row["times"].index(row["best"])]
+    assert "replay ms" not in ex.format_table(rows, replay=False)
+    assert "replay ms" in ex.format_table(rows)
+
+
+def test_consistency_line_states_ratio_and_added_time():
+    rows = [{"measured": 0.0110, "model": 0.0100}, {"measured": 0.2040, "model": 0.2000}]
+    line = ex.consistency(rows)
+    assert "best/model 1.02 to 1.10" in line and "added 1.0 to 4.0 ms per call" in line
+
+
+def test_entry_spreads_are_last_minus_first_entry_per_repetition():
+    # two ranks, one plan item of two repetitions: (entry, exit) per repetition
+    spans = [[[(0.0, 1.0), (5.0, 6.0)]], [[(0.25, 1.0), (5.5, 6.0)]]]
+    assert ex._entry_spreads(spans, 0) == pytest.approx([0.25, 0.5])
 
 
 def test_measure_on_a_running_cluster_takes_its_topology():

@@ -209,6 +209,19 @@ def _durations(per_rank_spans) -> list[list[float]]:
             for k in range(len(per_rank_spans[0]))]
 
 
+def _entry_spreads(per_rank_spans, k: int) -> list[float]:
+    """Per repetition of plan item k: the last rank's entry minus the first rank's (s).
+
+    The ranks leave the barrier before each repetition at different times (on the "netem"
+    backend the barrier is itself replayed over the emulated links), and a duration starts
+    at the first entry, so up to this much of it can be waiting for the last rank to start:
+    a cost of the measurement that no closed form, which starts every rank together, counts.
+    """
+    return [max(rank[k][j][0] for rank in per_rank_spans)
+            - min(rank[k][j][0] for rank in per_rank_spans)
+            for j in range(len(per_rank_spans[0][k]))]
+
+
 def _repeats_for(nbytes: int, repeats: int | None, big_repeats: int) -> int:
     if repeats is not None:
         return repeats
@@ -259,7 +272,8 @@ def measure(
     (5) above: enough for a best and a median; tables print the count. Each row: config,
     algorithm, nbytes, p, times (every repetition, s), best (the
     fastest repetition), median, measured (= best), model, replay, algbw and busbw (bytes/s,
-    from `measured`).
+    from `measured`), entry_spreads (per repetition, how far apart the ranks entered the
+    call, s: `_entry_spreads`) and best_spread (that of the best repetition).
 
     Why the best repetition: the emulated network never delivers a message early, so
     everything this machine adds (other processes, two cores shared by all ranks) can only
@@ -286,17 +300,21 @@ def measure(
             with Cluster(nodes=nodes, procs_per_node=procs_per_node, nic=nic, intra=intra,
                          seed=seed, timeout=timeout, algorithm=algorithm) as cl:
                 spans = cl.run(_timed_runs, group, library)
-        for (name, nbytes, _), times in zip(group, _durations(spans)):
+        for k, ((name, nbytes, _), times) in enumerate(zip(group, _durations(spans))):
             rows.append(_row(name, nbytes, nodes, procs_per_node, nic, intra, times, library,
-                             seed))
+                             seed, entry_spreads=_entry_spreads(spans, k)))
     return rows
 
 
-def _row(algorithm, nbytes, nodes, procs_per_node, nic, intra, times, library, seed) -> dict:
+def _row(algorithm, nbytes, nodes, procs_per_node, nic, intra, times, library, seed, *,
+         entry_spreads=None) -> dict:
     p = nodes * procs_per_node
     best = min(times)
     nbytes_sent = max(1, nbytes // 4) * 4
-    return {
+    spreads = {} if entry_spreads is None else {
+        "entry_spreads": list(entry_spreads),
+        "best_spread": entry_spreads[min(range(len(times)), key=times.__getitem__)]}
+    return {**spreads,
         "config": f"{nodes}x{procs_per_node}",
         "nodes": nodes,
         "procs_per_node": procs_per_node,
@@ -599,8 +617,22 @@ def one(rows: Sequence[dict], **where) -> dict:
     return found[0]
 
 
+def consistency(rows: Sequence[dict]) -> str:
+    """One line for a notebook: the rows' best times against their closed forms.
+
+    Every message is held for the configured link's alpha + n beta, so agreement is a
+    consistency check of the emulator against its own model, not a measurement of a fabric;
+    what the runs measure is what running real processes adds to each call (ranks that enter
+    it apart: `_entry_spreads`; this machine's overhead)."""
+    ratio = [r["measured"] / r["model"] for r in rows]
+    extra = [(r["measured"] - r["model"]) * 1e3 for r in rows]
+    return (f"Consistency check (the emulator against its own closed form): best/model "
+            f"{min(ratio):.2f} to {max(ratio):.2f}; the runs added {min(extra):.1f} to "
+            f"{max(extra):.1f} ms per call")
+
+
 def format_table(rows: Sequence[dict], predictions_only: bool = False, *,
-                 bandwidths: bool = False) -> str:
+                 bandwidths: bool = False, replay: bool = True) -> str:
     """A fixed-width text table of the rows (times in ms).
 
     Measured rows show the best and the median repetition and `n`, how many repetitions
@@ -614,10 +646,11 @@ def format_table(rows: Sequence[dict], predictions_only: bool = False, *,
     switch of `measure_in_network`) prints "-" there.
 
     predictions_only=True leaves out everything measured: that table is the same on every
-    machine and every run.
+    machine and every run. replay=False leaves out the replay column (for the point-to-point
+    algorithms of notebook 02 it only repeats the closed form).
     """
     mixed = len({bool(r.get("library")) for r in rows}) > 1
-    head = ["config", "algorithm", "size", "model ms", "replay ms"]
+    head = ["config", "algorithm", "size", "model ms"] + (["replay ms"] if replay else [])
     if not predictions_only:
         head += ["n", "best ms", "median ms", "best/model"]
         if bandwidths:
@@ -630,8 +663,9 @@ def format_table(rows: Sequence[dict], predictions_only: bool = False, *,
         elif mixed:
             name += ", isend/irecv"
         replayed = r["replay"]
-        cells = [r["config"], name, human_bytes(r["nbytes"]), f"{r['model'] * 1e3:.2f}",
-                 "-" if replayed != replayed else f"{replayed * 1e3:.2f}"]  # nan: no replay
+        cells = [r["config"], name, human_bytes(r["nbytes"]), f"{r['model'] * 1e3:.2f}"]
+        if replay:
+            cells.append("-" if replayed != replayed else f"{replayed * 1e3:.2f}")  # nan: none
         if not predictions_only:
             ratio = r["measured"] / r["model"] if r["model"] else float("nan")
             cells += [str(len(r["times"])), f"{r['measured'] * 1e3:.2f}",
