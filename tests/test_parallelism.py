@@ -129,6 +129,25 @@ def test_pipeline_latency_gpipe_matches_closed_form_and_1f1b_pays_more():
     assert min(jittery) > par.pipeline_step_seconds(**kw)
 
 
+def test_pipeline_growth_subtracts_the_calm_network_and_replays_the_rough_one():
+    from clusterlab.experiments.parallelism import pipeline_growth
+
+    def row(nic, schedule, step, samples):
+        return {"nic": nic, "schedule": schedule, "ops": [[None] * 16] * 4,
+                "forward_took_s": 0.015, "backward_took_s": 0.03, "activation_bytes": 0,
+                "steps_kept_of": len(samples), "step_s": step, "step_samples_s": samples}
+
+    calm, rough = "delay 100us", "delay 5ms"
+    rows = [row(calm, s, 0.5, [0.5, 0.51]) for s in par.PIPELINE_SCHEDULES]
+    rows += [row(rough, s, 0.56, [0.56, 0.58]) for s in par.PIPELINE_SCHEDULES]
+    grown = pipeline_growth(rows, calm, rough, groups=3)
+    assert list(grown["gpipe"]["measured"]) == pytest.approx([0.06, 0.08])
+    assert len(grown["gpipe"]["replay"]) == 3 * 2
+    # Without jitter every draw is GPipe's closed form: 2(p-1) hops of 5 ms less 0.1 ms.
+    assert grown["gpipe"]["replay"] == pytest.approx(2 * 3 * (0.005 - 0.0001), abs=1e-4)
+    assert grown["1f1b"]["replay"].min() > grown["gpipe"]["replay"].max()
+
+
 def test_moe_traffic_conserves_tokens_and_names_the_hot_rank():
     t, h, n, hidden = 96, 0.5, 4, 8
     bal = par.moe_traffic(tokens_per_rank=t, hidden=hidden, ranks=n)

@@ -10,7 +10,8 @@ through the "netem" backend, and returns plain data next to the closed forms of
 * `step_time_sweep` - step time of DDP, FSDP2 and Megatron-style tensor parallelism as the
   network's latency or bandwidth changes;
 * `fsdp_prefetch` - FSDP2's forward with and without prefetching the next all-gather;
-* `pipeline` - GPipe and 1F1B with real send/recv of activations between stage processes;
+* `pipeline` - GPipe and 1F1B with real send/recv of activations between stage processes
+  (`pipeline_growth`: what a rougher network added to each, measured and replayed);
 * `moe_alltoall`, `alltoall_growth` - a mixture of experts' dispatch and combine
   all-to-alls with a hot expert, and an all-to-all's time against N under jitter.
 
@@ -577,6 +578,38 @@ def pipeline(nics, *, stages: int = 4, microbatches: int = 8, forward_s: float =
                     "step_samples_s": [max(r["runs"][k]["end"] for r in res)
                                        for k in candidates],
                 })
+    return out
+
+
+def pipeline_growth(rows: list[dict], calm: str, rough: str, *, groups: int = 20) -> dict:
+    """How much each schedule's step grew from the `calm` network to the `rough` one, from
+    `pipeline`'s rows: {schedule: {"measured": array, "replay": array}} (seconds).
+
+    Measured: every kept step on the rough network minus the calm network's fastest step
+    (without jitter every step costs the same; load on this machine only adds time).
+    Replayed: `simulate_pipeline` with the run's measured operation times, one jitter draw
+    per replayed step, `groups` x as many draws as steps were kept, minus the calm replay.
+    A measured value inside the replay's range agrees with the link model; below its lowest
+    draw the run does not measure the growth's size (machine overhead on the calm network
+    can hide behind the rough network's waits); above it, load cannot be told from the
+    network."""
+    runs = {(r["nic"], r["schedule"]): r for r in rows}
+    out = {}
+    for schedule in par.PIPELINE_SCHEDULES:
+        c, r = runs[(calm, schedule)], runs[(rough, schedule)]
+
+        def replay(row, seed, schedule=schedule):
+            return par.simulate_pipeline(
+                schedule, stages=len(row["ops"]), microbatches=len(row["ops"][0]) // 2,
+                forward_s=row["forward_took_s"], backward_s=row["backward_took_s"],
+                nic=row["nic"], activation_bytes=row["activation_bytes"], seed=seed).step_s
+
+        draws = groups * r["steps_kept_of"]
+        base = replay(c, 0)
+        out[schedule] = {
+            "measured": np.array(r["step_samples_s"]) - c["step_s"],
+            "replay": np.array([replay(r, k) for k in range(draws)]) - base,
+        }
     return out
 
 

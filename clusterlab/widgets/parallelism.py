@@ -1,4 +1,4 @@
-"""Which parallelism where: step time of DP, FSDP, TP and PP against the node count.
+"""Which parallelism where: step time of DP, FSDP, TP and PP, each alone, against the rank count.
 
 `clusterlab.parallelism.step_seconds` for one dense model on a network you set (latency,
 bandwidth), from 2 to 1024 ranks: closed forms for DP, FSDP and TP, the GPipe replay for PP;
@@ -137,15 +137,13 @@ class ParallelismExplorer(Explorer):
             values += [y for _, y in points]
         ax.set_xlim(RANKS[0] / 1.2, RANKS[-1] * 1.2)
         ax.set_ylim(min(values) / 1.5, max(values) * 4)  # room for the legend above
-        kinds = (*PARALLELISMS, "tp_node")  # TP inside a node competes at up to 8 ranks
-        best = {n: min((k for k in kinds if self.table[k][i] == self.table[k][i]),
-                       key=lambda k, i=i: self.table[k][i]) for i, n in enumerate(RANKS)}
-        best = {n: "tp inside a node" if k == "tp_node" else k for n, k in best.items()}
         v = {k: c.value for k, c in self.controls.items()}
+        # Each strategy alone on one model: the curves show how each bends with N and with
+        # the network, not which layout to pick (real layouts combine them).
         axes["title"].set_text(
-            f"{v['params_m']:g}M parameters, {v['latency_us']:g} µs, "
-            f"{v['bandwidth_gbit']:g} Gbit/s: lowest curve at 8 ranks {best[8]}, at 1024 "
-            f"{best[1024]} (DP, FSDP, TP: upper bounds, nothing overlapped)")
+            f"Each strategy alone, not a layout: {v['params_m']:g}M parameters, "
+            f"{v['latency_us']:g} µs, {v['bandwidth_gbit']:g} Gbit/s "
+            f"(DP, FSDP, TP: upper bounds, nothing overlapped)")
 
 
 def parallelism_explorer(**defaults: Any) -> ParallelismExplorer:
