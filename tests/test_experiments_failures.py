@@ -131,6 +131,9 @@ def test_a_dead_node_shrinks_the_job_and_the_checkpoint_is_resharded():
     # dim 0 is split like torch.chunk: the 1-row output layer sits whole on rank 0, rank 1's
     # shard of it is empty
     assert [r["2.weight"] for r in rs["saved_rank_shapes"]] == [[1, 32], [0, 32]]
+    # steps 1-2 and 3-4 at world size 2 (2 and 4 were checkpoints), 5-6 and 7-8 at world size 1
+    assert len(run.step_seconds(2)) == 2 and len(run.step_seconds(1)) == 2
+    assert min(run.step_seconds(2) + run.step_seconds(1)) >= 0.02  # at least the compute sleep
     assert run.final_error() < 1e-5  # the same parameters as one plain process
     assert float((run.final - run.saved[min(run.saved)]).abs().max()) > 0  # it did train
 

@@ -289,6 +289,14 @@ class ElasticRun:
                 "saved_rank_shapes": res["loaded"]["rank_shapes"], "loaded_shapes": res["shapes"],
                 "identical": bool(torch.equal(self.saved[step], self.resumed[res["pid"]]))}
 
+    def step_seconds(self, world: int) -> list[float]:
+        """Seconds between consecutive steps node A's worker completed at world size `world`,
+        leaving out the steps that followed a checkpoint (their time includes the save)."""
+        saved = {e["step"] for e in self._of("checkpoint", node="A")}
+        st = [e for e in self._of("step", node="A") if e["world"] == world]
+        return [(b["t"] - a["t"]) / 1e9 for a, b in zip(st, st[1:], strict=False)
+                if b["pid"] == a["pid"] and b["step"] == a["step"] + 1 and a["step"] not in saved]
+
     def final_error(self) -> float:
         """Largest |difference| between the job's final parameters and the single-process
         reference's."""
