@@ -9,8 +9,8 @@ Three predictions of one data-parallel training step, from cheapest to most real
    once per NIC and message size for a jittery ring's time per round.
 2. the simulator at the chosen N only (`sim.simulate_training`, a few steps, within the
    time budget of `background_sim`): every message of every round replayed with netem's
-   semantics. Its step-time histogram (p50 and the slowest step; a p99 only from 40 steps)
-   and its point on the curve show what the closed form leaves out.
+   semantics. Its step-time histogram (p50 and the slowest step; a p99 only from
+   MIN_P99_STEPS = 100 steps) and its point on the curve show what the closed form leaves out.
 3. "run for real" (`real_run`): the largest cluster of this machine (at most 8 processes)
    trains a synthetic model with the same network, DDP-style, and its measured points
    (p10-p90 error bars) land on the same axes.
