@@ -63,7 +63,8 @@ def test_straggler_mean_step_follows_c_plus_m_h_n():
     c, m = 0.02, 0.02
     r = staleness.synchronous_step_times(4, c, exp_mean_s=m, steps=30, seed=0)
     model = models.straggler_step(c, m, 4)
-    # the barrier's wait is the slowest rank's compute: the order statistic itself
+    # consistency check (not the barrier): each step's slowest seeded sleep has the mean of
+    # the order statistic
     assert abs(r["mean_slowest_s"] - model) / model < 0.15
     # the step is that wait plus the collective, never less
     assert r["mean_step_s"] >= 0.97 * r["mean_slowest_s"]
@@ -89,6 +90,20 @@ def test_async_ps_measures_staleness_and_the_step_size_fix_helps():
     # plain async hands each version to one worker: nothing is released together
     assert np.array_equal(plain["version"], np.arange(150) - plain["tau"].astype(int))
     assert staleness.shared_versions(plain)["shared"] == 0
+
+
+def test_plain_async_mean_staleness_is_w_minus_1_whatever_the_speeds():
+    from clusterlab import Cluster
+
+    # every applied update makes each of the other W - 1 gradients in flight one version
+    # older: sum(τ) + what is still in flight = (W - 1)·U exactly, slow worker or not
+    with Cluster(nodes=5, nic="delay 100us") as cl:
+        runs = [staleness.async_parameter_server(4, 100, lr=0.3, cluster=cl, **kw)
+                for kw in ({}, {"slow_worker": 3, "slowdown": 4.0, "fix": "scale"})]
+    for r in runs:
+        assert r["tau"].sum() + staleness.in_flight_staleness(r) == 3 * 100
+    with pytest.raises(ValueError, match="SSP"):
+        staleness.in_flight_staleness({**runs[0], "fix": "ssp"})
 
 
 def test_ssp_releases_blocked_workers_together_and_their_steps_add_up():

@@ -15,11 +15,13 @@ Public API (each function documents its return value):
 * `async_parameter_server`: an asynchronous parameter server (rank 0) and workers; measures
   the staleness τ of every applied gradient, the "step back", and two fixes (step size
   divided by τ + 1, and bounded staleness, SSP);
+* `in_flight_staleness`: the end term of the identity sum(τ) = (W - 1)·U - it, which makes
+  the mean τ of plain asynchronous SGD W - 1 whatever the workers' speeds;
 * `shared_versions`: which applied gradients were computed on the same parameter version
   (workers released together by SSP): k such gradients act like one step of k·a;
 * `delayed_gd`, `growth_rate`, `stability_boundary`: deterministic delayed gradient descent
-  x_{t+1} = x_t - a·x_{t-τ} on a 1-D quadratic; the boundary found by bisection on
-  measured growth equals 2·sin(π/(4τ + 2)) (`models.delayed_gd_stable_step`).
+  x_{t+1} = x_t - a·x_{t-τ} on a 1-D quadratic; bisection on the iteration's growth is a
+  numerical check of the closed form 2·sin(π/(4τ + 2)) (`models.delayed_gd_stable_step`).
 
 Sources: Dean et al., "Large Scale Distributed Deep Networks" (NeurIPS 2012, asynchronous
 SGD / Downpour); Chen et al., "Revisiting Distributed Synchronous SGD" (arXiv:1604.00981,
@@ -52,6 +54,7 @@ __all__ = [
     "compute_draws",
     "delayed_gd",
     "growth_rate",
+    "in_flight_staleness",
     "quadratic",
     "shared_versions",
     "simulated_step_times",
@@ -153,8 +156,9 @@ def synchronous_step_times(
 
     Returns a dict:
       step_s: (steps,) wall time of each step, rank 0's view (one all-reduce exit to the next);
-      slowest_compute_s: (steps,) the longest measured compute of the step (the barrier's
-        wait: the time the last rank arrived at the all-reduce after starting the step);
+      slowest_compute_s: (steps,) the longest of the ranks' own compute times of the step
+        (each rank times its own seeded sleep): a consistency check of the draws plus the
+        sleep's overshoot, not a measurement of the barrier (step_s measures that);
       comm_s: mean time of the all-reduce alone (calibration); draws: the (steps, nodes)
         compute times drawn; mean_step_s, mean_slowest_s; sample_max_s: mean over steps of
         the largest drawn compute (the order statistic of this very sample);
@@ -483,6 +487,26 @@ def async_parameter_server(
         "final_loss": float(rec["loss_after"][-1]),
         "pushed": [o.get("pushed", 0) for o in out[1:workers + 1]],
     }
+
+
+def in_flight_staleness(result: dict) -> int:
+    """The staleness carried by the gradients still in flight when a plain asynchronous
+    `async_parameter_server` run stops (fix None or "scale").
+
+    Each worker but the one that pushed last holds one gradient, computed on the version it
+    pulled after its last applied update (version 0 if it never pushed). Every applied update
+    makes each of the other W - 1 gradients in flight one version older, so
+    sum(tau) + in_flight_staleness(result) == (W - 1)·U exactly, whatever the workers'
+    speeds: the mean τ is W - 1 up to this end term. Under SSP a blocked worker holds no
+    gradient, fewer are in flight, and the identity does not apply (ValueError).
+    """
+    if result.get("fix") not in (None, "scale"):
+        raise ValueError("the identity holds for plain asynchronous runs, not under SSP")
+    worker = np.asarray(result["worker"], dtype=int)
+    updates = len(worker)
+    last = {int(w): i for i, w in enumerate(worker)}  # each worker's last applied update
+    return sum(updates - 1 - last.get(w, -1) for w in range(1, result["workers"] + 1)
+               if w != worker[-1])
 
 
 def shared_versions(result: dict, *, skip_start: bool = True) -> dict:
