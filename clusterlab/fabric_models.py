@@ -9,8 +9,8 @@ tests it (`clusterlab bench fabric`, notebook 13):
 1. incast: N senders into one receiver port. The port drains at its rate while N arrive at
    once, so a queue builds; its delay grows like N, and when it outgrows the port's buffer the
    drops cost TCP's recovery as this package models it (a retransmission timeout of at least
-   200 ms when no later segment of the flow gets through; Linux's tail loss probe, which
-   usually repairs a lost tail in about two round trips, is not modelled);
+   200 ms when fewer than DUPTHRESH later segments of the message get through; Linux's RACK,
+   for which one later segment is enough, and its tail loss probe are not modelled);
 2. oversubscription: a leaf switch whose uplinks carry less than its nodes can send. A round
    of a collective in which c flows share one uplink runs at that uplink's share, not at the
    NIC's rate;
@@ -38,6 +38,7 @@ from .wire import DUPTHRESH, HEADER_BYTES, RTO_MIN_NS, SEGMENT_BYTES, segment_co
 __all__ = [
     "Incast",
     "RoundCost",
+    "alltoall_cost",
     "bottleneck_time",
     "collision_probability",
     "ecmp_round_time",
@@ -106,10 +107,11 @@ def incast(senders: int, nbytes: int, *, rate_bps: float, port_rate_bps: float |
 
     Drops (drop-tail). A packet that finds `buffer_packets` packets in the port (the one
     being forwarded included) is dropped. The s-th sender finds about s k packets ahead of
-    each of its own, so the senders served late lose their whole message. TCP recovers a
+    each of its own, so the senders served late lose their first segments (a late one may
+    get through once the queue has drained a little) or their whole message. TCP recovers a
     lost segment by fast retransmit when 3 later segments of the message got through, else
-    by a retransmission timeout max(200 ms, 2 RTT) after the send (Linux's TCP_RTO_MIN), and
-    a message that lost its tail waits for it, and its resent packets queue at the port:
+    by a retransmission timeout max(200 ms, 2 RTT) after the send (Linux's TCP_RTO_MIN); such
+    a message waits for it, and its resent packets queue at the port:
 
         T >= RTO + delay + the resent packets' time through the port
 
@@ -396,6 +398,18 @@ def round_cost(topology, src, dst, nbytes: int, *,
         raise ValueError(f"src and dst must be equal-length, non-empty rank lists, got "
                          f"{src.tolist()} and {dst.tolist()}")
     return _message_times(topology, src, dst, int(nbytes), segment_bytes)[1]
+
+
+def alltoall_cost(topology, nbytes: int, *, segment_bytes: int = SEGMENT_BYTES) -> RoundCost:
+    """An all-to-all in which every rank sends `nbytes` / p to each of the p - 1 others, all
+    at once (one round, as `schedule.rounds_of` replays it), at each message's bottleneck
+    share (`round_cost`): a perfectly interleaved exchange. On a leaf-spine with one spine,
+    L nodes per leaf and p nodes, a leaf's uplink carries L (p - L) of the messages and each
+    NIC p - 1, so oversubscription o slows it by max(1, o (p - L) / (p - 1)), towards o as
+    the leaves multiply."""
+    p = topology.world_size
+    src, dst = np.nonzero(~np.eye(p, dtype=bool))
+    return round_cost(topology, src, dst, -(-int(nbytes) // p), segment_bytes=segment_bytes)
 
 
 def _message_times(topology, src, dst, nbytes, segment_bytes) -> tuple[np.ndarray, RoundCost]:

@@ -199,3 +199,35 @@ def test_replay_is_the_emulators_queue_model():
     assert ring == pytest.approx(fm.bottleneck_time(topo, "ring", 512 * 1024)[0], rel=1e-6)
     tree = ex.replay(topo, "tree", 512 * 1024)
     assert tree < fm.bottleneck_time(topo, "tree", 512 * 1024)[0]
+
+
+def test_replay_range_is_the_race_of_simultaneous_senders():
+    """Where messages reach a port together (the farthest-first tree at 4:1), the order the
+    port serves them changes the end: start offsets of a microsecond spread the replay; the
+    ring, one flow per port, has no race, and its replay is its closed form."""
+    topo = Topology.build(8, 1, ex.NIC, fabric=ex.leaf_spine(4))
+    lo, hi = ex.replay_range(topo, "tree", 512 * 1024, orders=8)
+    assert lo <= ex.replay(topo, "tree", 512 * 1024) <= hi and hi - lo > 0.01
+    ring = ex.replay_range(topo, "ring", 512 * 1024, orders=4)
+    assert ring[0] == pytest.approx(ring[1], rel=1e-4)
+    assert ring[0] == pytest.approx(fm.bottleneck_time(topo, "ring", 512 * 1024)[0], rel=1e-3)
+
+
+def test_incast_drops_are_the_emulators_and_the_closed_forms():
+    """The emulator's port drops the heads of the late senders: the third of four loses
+    segments 1-3 and delivers its 4th, the fourth loses all; the closed form counts the same."""
+    drops = ex.incast_drops(4, 256 * 1024, limit=6)
+    assert drops == [[], [], [1, 2, 3], [1, 2, 3, 4]]
+    model = fm.incast(4, 256 * 1024, rate_bps=100e6, delay_s=1e-3, buffer_packets=6)
+    assert model.drops == sum(map(len, drops)) and model.timeouts == 2
+    assert ex.incast_drops(2, 256 * 1024, limit=6) == [[], []]
+
+
+@pytest.mark.parametrize("o", [1, 4])
+def test_alltoall_cost_is_the_uplink_or_the_nic_share(o):
+    topo = Topology.build(8, 1, ex.NIC, fabric=ex.leaf_spine(o))
+    cost = fm.alltoall_cost(topo, 512 * 1024)
+    uplink = fm.uplink_rate_bps(port_rate_bps=100e6, nodes_per_leaf=4, spines=1,
+                                oversubscription=o)
+    assert cost.share_bps == pytest.approx(min(100e6 / 7, uplink / 16))  # 7 per NIC, 16 cross
+    assert cost.messages == 56 and cost.nbytes == 64 * 1024

@@ -9,8 +9,12 @@ messages there. Each measurement comes with its closed form (`clusterlab.fabric_
 All sends of one measured round start at one agreed instant (`_common_start`), as the
 fidelity bench's delay rows do, so a queue at a port is built by messages that really
 arrive together. Times are in seconds, sizes in bytes; results are plain lists of dicts.
-The fastest of a case's repetitions is its measurement (`best`): the emulated network
-never delivers early, so this machine's scheduling noise can only lengthen a repetition.
+Within one round (an incast, an ECMP round) the emulated network never delivers early, so
+this machine's scheduling noise can only lengthen a repetition and the fastest one (`best`)
+is the least disturbed. A collective of several dependent rounds is different: when two
+messages reach a port at the same instant, which goes first depends on which process this
+machine ran first, and that order changes when the collective ends. There a run is compared
+with the range of every service order (`replay_range`), not with its fastest repetition.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import numpy as np
 from .. import fabric_models as fm
 from ..fabric import LeafSpine, RailOptimized, as_fabric
 from ..netem import Netem, as_netem
-from ..schedule import Collective, QueueState, play
+from ..schedule import Collective, QueueState, play, segments
 from ..topology import Topology
 from .common import BUSY_FACTOR, beyond_closed_form
 
@@ -454,16 +458,54 @@ def rails(*, oversubscription: float = 4, nodes: int = 2, procs_per_node: int = 
 
 
 def replay(topo: Topology, algorithm: str, nbytes: int,
-           ranks: Sequence[int] | None = None) -> float:
-    """An all-reduce's time (s) in the emulator's own queue model (`schedule.play`: a port
-    serves whole messages first come first served), every rank starting at 0 and none of
+           ranks: Sequence[int] | None = None, *, start_ns: Sequence[int] | None = None) -> float:
+    """An all-reduce's time (s) in the emulator's own queue model (`schedule.play`: each port
+    books a message's packets in send order), from the ranks' start times `start_ns`
+    (default: all at 0, where simultaneous messages are served in rank order) and none of
     this machine's costs; `fm.bottleneck_time` instead shares a port equally. `ranks` as
     there: the layout of the ranks on the fabric."""
     p = topo.world_size
     coll = Collective("allreduce", int(nbytes), algorithm=algorithm)
-    done = play(QueueState(topo), coll, np.zeros(p, dtype=np.int64), np.random.default_rng(0),
-                ranks=ranks)
-    return float(done.max()) / 1e9
+    start = np.zeros(p, dtype=np.int64) if start_ns is None else np.asarray(start_ns, np.int64)
+    done = play(QueueState(topo), coll, start, np.random.default_rng(0), ranks=ranks)
+    return float(done.max() - start.min()) / 1e9
+
+
+def replay_range(topo: Topology, algorithm: str, nbytes: int,
+                 ranks: Sequence[int] | None = None, *, orders: int = 20,
+                 spread_ns: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """The fastest and slowest `replay` (s) over `orders` service orders: all ranks at 0,
+    then ranks starting up to `spread_ns` apart (random, seeded). A microsecond is far below
+    a message's time, so the offsets change the time only through the order in which a
+    port serves messages that reach it together: the race a measured run draws from."""
+    rng = np.random.default_rng(seed)
+    p = topo.world_size
+    times = [replay(topo, algorithm, nbytes, ranks,
+                    start_ns=rng.integers(0, spread_ns + 1, p) if k else None)
+             for k in range(max(1, orders))]
+    return min(times), max(times)
+
+
+def incast_drops(senders: int, nbytes: int, *, limit: int, nic: str = NIC) -> list[list[int]]:
+    """Which segments (numbered from 1) of each sender's message the emulator's receiver
+    port drops when `senders` senders send `nbytes` each to one receiver at one instant
+    through a port holding `limit` packets: the emulator's own port model
+    (`fabric.cross_path`, as the backend runs it), before TCP recovers anything. One list
+    per sender, in the order the port serves them."""
+    from ..fabric import cross_path
+
+    topo = Topology.build(senders + 1, 1, nic, fabric=incast_fabric(senders + 1, limit=limit,
+                                                                    nic=nic))
+    state = QueueState(topo)
+    src = np.arange(1, senders + 1)
+    dst = np.zeros(senders, dtype=np.int64)
+    send = np.zeros(senders, dtype=np.int64)
+    payload = segments(nbytes, state.segment_bytes)
+    off_nic = state._deliver_group(topo.nic, src, dst, send, topo.world_size + src, nbytes,
+                                   None, per_segment=True)
+    out = cross_path(state.ports, state.port_specs, topo.paths(src, dst), off_nic, payload,
+                     send, None)
+    return [(np.flatnonzero(row < 0) + 1).tolist() for row in out]
 
 
 # --- plots -------------------------------------------------------------------------------------
@@ -504,19 +546,84 @@ def plot_incast(rows: Sequence[dict], axes=None, title: str | None = None):
     return axes
 
 
-def plot_bars(rows: Sequence[dict], key: str, ax=None, title: str | None = None):
-    """Measured (best) vs closed form per row, grouped by `key` (an algorithm, a layout)."""
+def plot_bars(rows: Sequence[dict], key, ax=None, title: str | None = None,
+              replays: Sequence[tuple[float, float]] | None = None):
+    """Per row, grouped by `key(row)` (an algorithm, a layout): the measured runs (bar: their
+    median, whisker: fastest to slowest), when given the replay over service orders
+    (`replay_range`: a hollow bar to the fastest order, black from there to the slowest),
+    and the closed form."""
     import matplotlib.pyplot as plt
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 3.4))
+        _, ax = plt.subplots(figsize=(8, 3.4))
     x = np.arange(len(rows))
-    ax.bar(x - 0.2, [r["best"] * 1e3 for r in rows], 0.4, label="measured (best)")
-    ax.bar(x + 0.2, [r["model"] * 1e3 for r in rows], 0.4, label="closed form", color="0.7")
+    w = 0.27 if replays is not None else 0.4
+    left, right = (x - w, x + w) if replays is not None else (x - w / 2, x + w / 2)
+    med = np.array([r["median"] for r in rows]) * 1e3
+    lo = med - np.array([min(r["times"]) for r in rows]) * 1e3
+    hi = np.array([max(r["times"]) for r in rows]) * 1e3 - med
+    ax.bar(left, med, w, yerr=[lo, hi], capsize=3, label="measured (median, range)")
+    if replays is not None:
+        fast = np.array([a for a, _ in replays]) * 1e3
+        slow = np.array([b for _, b in replays]) * 1e3
+        ax.bar(x, fast, w, color="white", edgecolor="k", label="replay, fastest order")
+        ax.bar(x, slow - fast, w, bottom=fast, color="k", label="... to the slowest order")
+    ax.bar(right, [r["model"] * 1e3 for r in rows], w, label="closed form", color="0.7")
     ax.set_xticks(x, [key(r) for r in rows], fontsize=8)
     ax.set(ylabel="time (ms)", title=title)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")
     return ax
+
+
+def plot_fabrics(axes=None):
+    """The two fabrics of notebook 13, drawn: a leaf-spine (2 leaves of 4 nodes, 2 spines)
+    and a rail-optimised fabric (2 nodes of 2 GPUs, NIC i on rail switch i, one spine)."""
+    import matplotlib.pyplot as plt
+
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(11, 3.2), layout="constrained",
+                               gridspec_kw={"width_ratios": [1.6, 1]})
+
+    def box(ax, x, y, text, color):
+        ax.text(x, y, text, ha="center", va="center", fontsize=8,
+                bbox={"boxstyle": "round", "fc": color, "ec": "0.3"})
+
+    ax = axes[0]
+    spines, leaves = [(2.5, 2), (5.5, 2)], [(1.5, 1), (6.5, 1)]
+    for sx, sy in spines:
+        for lx, ly in leaves:
+            ax.plot([sx, lx], [sy, ly], color="C3", lw=1.5)
+    for leaf, (lx, ly) in enumerate(leaves):
+        for i in range(4):
+            nx = lx - 1.5 + i
+            ax.plot([lx, nx], [ly, 0], color="0.4", lw=1)
+            box(ax, nx, 0, f"node {4 * leaf + i}", "white")
+        box(ax, lx, ly, f"leaf {leaf}", "lightblue")
+    for k, (sx, sy) in enumerate(spines):
+        box(ax, sx, sy, f"spine {k}", "moccasin")
+    ax.text(4, -0.55, "red: uplinks, one per flow picked by ECMP; at o = 4 a leaf's "
+            "uplinks carry 1/4 of what its nodes can send", ha="center", fontsize=7,
+            color="C3")
+    ax.set_title("leaf-spine: 2 leaves x 4 nodes, 2 spines", fontsize=9)
+    ax = axes[1]
+    box(ax, 1.5, 2, "spine", "moccasin")
+    for rail in range(2):
+        rx = 0.5 + 2 * rail
+        ax.plot([1.5, rx], [2, 1], color="C3", lw=1.5)
+        for node in range(2):
+            nx = 0.2 + 2.6 * node + 0.6 * rail
+            ax.plot([rx, nx], [1, 0], color=("C2", "C4")[rail], lw=1)
+        box(ax, rx, 1, f"rail switch {rail}", ("C2", "C4")[rail])
+    for node in range(2):
+        for rail in range(2):
+            box(ax, 0.2 + 2.6 * node + 0.6 * rail, 0, f"n{node}\nNIC{rail}", "white")
+    ax.text(1.5, -0.55, "red: links to the spine, used only across rails", ha="center",
+            fontsize=7, color="C3")
+    ax.set_title("rail-optimised: NIC i of every node on rail switch i", fontsize=9)
+    for ax in axes:
+        ax.set_axis_off()
+        ax.margins(0.08, 0.15)
+    return axes
 
 
 def plot_ecmp(hashing: Sequence[dict], rounds: Sequence[dict], axes=None):
