@@ -52,6 +52,61 @@ def test_break_even_falls_with_latency_and_ranks():
     assert cost["none"] == pytest.approx(cost["powersgd:4"], rel=1e-9)
 
 
+
+def test_a_log_latency_makes_the_extra_rounds_cheaper():
+    calls = compression.predicted_calls("powersgd:1", 64)
+    # the ring's latency terms are the closed forms' alpha coefficients
+    assert compression.latency_terms(calls, 64) == compression.comm_seconds(calls, 64, 1.0, 0.0)
+    assert compression.latency_terms(calls, 64, "log") == 3 * 2 * 6
+    be = compression.breakeven_rate_bps
+    # extra rounds: two all-reduces, 2 x 126 delays on a ring, 2 x 12 with lg 64 = 6
+    ratio = be("powersgd:1", 64, 1e-5, latency="log") / be("powersgd:1", 64, 1e-5)
+    assert ratio == pytest.approx(252 / 24)
+    with pytest.raises(ValueError, match="latency"):
+        compression.latency_terms(calls, 64, "tree")
+
+
+def _sweep_rows(steps_ms, comm_ms=None):
+    """Rows of a step_time_sweep: {method: {rate: step ms}} and the exchanges' closed forms
+    {method: {rate: ms}} (0 where not given)."""
+    comm_ms = comm_ms or {}
+    rows = [{"method": m, "rate_mbit": q, "step_s": t / 1e3,
+             "predicted_comm_s": comm_ms.get(m, {}).get(q, 0.0) / 1e3}
+            for m, by_rate in steps_ms.items() for q, t in by_rate.items()]
+    return compression.fit_compute(rows)
+
+
+def test_sweep_stats_says_cannot_tell_inside_the_noise_band():
+    X = "powersgd:1"  # any method the break-even knows
+    rates = (10, 20, 40, 80, 160)
+    noise = (0.0, 1.0, -1.0, 0.5, -0.5)  # ms, the same for both methods
+    st = compression.sweep_stats(_sweep_rows({
+        "none": {q: 50 + e for q, e in zip(rates, noise)},
+        X: {q: 30 + e for q, e in zip(rates, noise)}}))
+    assert st.slow == 10 and st.fast == 160
+    assert st.band(X) == st.band("none") > 0
+    assert all(st.verdict(X, q) == "faster" for q in rates)
+    assert st.speedup(X, 10) == pytest.approx(50 / 30)
+    assert st.extra_s(X) == 0.0 and st.extra_s("none") == 0.0
+    assert st.prediction_errors().max() < 0.05
+    # one constant per method: the median residual
+    assert st.table["none", 10]["compute_s"] == pytest.approx(0.050)
+    wide = compression.sweep_stats(_sweep_rows({
+        "none": {q: 50 + 30 * e for q, e in zip(rates, noise)},
+        X: {q: 47 + 30 * e for q, e in zip(rates, noise)}}))
+    assert all(wide.verdict(X, q) == "cannot tell" for q in rates)
+    assert wide.crossing(X) == (None, None, False)
+    # x's closed form says it costs 40 ms more from 80 Mbit/s on: it pays below, loses above
+    comm = {X: {10: 0.0, 20: 0.0, 40: 0.0, 80: 40.0, 160: 40.0}}
+    steps = {"none": dict.fromkeys(rates, 50.0), X: {q: 30.0 + comm[X][q] for q in rates}}
+    clean = compression.sweep_stats(_sweep_rows(steps, comm))
+    assert clean.crossing(X) == (40, 80, False)
+    assert clean.breakeven_mbit(X, 4, 1e-3)[0] <= clean.breakeven_mbit(X, 4, 1e-3)[2]
+    steps[X][20] += 40.0  # one disturbed rate: slower there than at 40 Mbit/s
+    assert compression.sweep_stats(_sweep_rows(steps, comm)).crossing(X) == (None, None, True)
+    with pytest.raises(ValueError, match="rows"):
+        compression.sweep_stats(_sweep_rows({X: {10: 1.0}}))
+
 class _LoopbackMeter:
     """All-gather on one rank: hands back the payload, as a completed future."""
 

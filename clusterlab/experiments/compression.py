@@ -28,7 +28,14 @@ A relay: torch's PowerSGD hook waits on a collective's future from inside anothe
 callback. The netem backend runs callbacks on its completion thread, which must then also
 complete the awaited collective: that deadlocks (reported to the backend's owner). Every
 collective a hook issues here is therefore handed back through a future that a short-lived
-thread completes (`_Meter`); it costs microseconds and is the same for every method.
+thread completes (`_Meter`). That thread is started once per collective, so its cost, like
+the backend's own per-collective bookkeeping, is paid three times by PowerSGD (three
+all-reduces) and once by every other method: it is part of PowerSGD's measured extra time.
+
+Step times (`step_time_sweep`, `sweep_stats`): one constant per method, its compute, is
+fitted from the sweep; everything else in a predicted step is the ring closed form of the
+collectives the hook issued. A run on a shared machine is noisy, so `SweepStats` says "cannot
+tell" instead of "faster" or "slower" when a difference is inside the run's noise band.
 """
 
 from __future__ import annotations
@@ -482,9 +489,14 @@ def step_time_sweep(methods=DEFAULT_METHODS, *, nodes: int = 4, delay_ms: float 
                     rates_mbit=(25, 100, 400, 1600), steps: int = 8,
                     statistic: str = "fastest") -> list[dict]:
     """Step time of every method at every rate (one cluster per rate), next to the
-    closed-form prediction: the step's compute time (measured: the same method's step on
-    the fastest network minus that network's predicted exchange) plus the ring costs of the
-    collectives it issued.
+    closed-form prediction: the method's compute plus the ring costs of the collectives it
+    issued ("predicted_comm_s", alpha the delay, beta from the rate).
+
+    The compute is the one fitted constant per method ("compute_s"): the median over the
+    rates of its step minus its exchange's closed form. A median over all rates, not the
+    step at one calibration rate: every prediction would otherwise inherit that one step's
+    noise, and a calibration step that happened to run fast makes the model look optimistic
+    at every other rate at once.
 
     "step_s" is the `statistic` of the slowest rank's steps after the warm-up: "fastest"
     (default) or "median". On a network without jitter every step costs the same, and
@@ -508,27 +520,133 @@ def step_time_sweep(methods=DEFAULT_METHODS, *, nodes: int = 4, delay_ms: float 
                 rows.append({**summary, "rate_mbit": rate, "delay_ms": delay_ms,
                              "predicted_comm_s": comm_seconds(run.compressed_calls(),
                                                               run.world_size, alpha, beta)})
-    fastest = max(rates_mbit)
-    for row in rows:
-        base = next(r for r in rows if r["method"] == row["method"]
-                    and r["rate_mbit"] == fastest)
-        row["compute_s"] = max(0.0, base["step_s"] - base["predicted_comm_s"])
-        row["predicted_step_s"] = row["compute_s"] + row["predicted_comm_s"]
+    fit_compute(rows)
     return rows
 
 
-def breakeven_rate_bps(method: str, p: int, delay_s: float, overhead_s: float = 0.0,
-                       **task) -> float:
+def fit_compute(rows: list[dict]) -> list[dict]:
+    """Set "compute_s" (the median over a method's rows of step_s - predicted_comm_s) and
+    "predicted_step_s" (compute_s + predicted_comm_s) on every row; returns the rows."""
+    for method in {r["method"] for r in rows}:
+        mine = [r for r in rows if r["method"] == method]
+        compute = max(0.0, float(np.median([r["step_s"] - r["predicted_comm_s"]
+                                            for r in mine])))
+        for r in mine:
+            r["compute_s"] = compute
+            r["predicted_step_s"] = compute + r["predicted_comm_s"]
+    return rows
+
+
+def robust_band(values) -> float:
+    """3 robust standard deviations (1.4826 x the median absolute deviation) of `values`:
+    one disturbed value cannot set it, as it would a plain standard deviation."""
+    x = np.asarray(list(values), dtype=float)
+    return 3 * 1.4826 * float(np.median(np.abs(x - np.median(x))))
+
+
+@dataclass
+class SweepStats:
+    """What a `step_time_sweep` shows against a baseline method, with the run's noise.
+
+    A method's residual at a rate is its step minus its exchange's closed form: its compute
+    plus whatever this machine added. The network's rate cannot change the compute, so the
+    residual's spread across the rates is noise (or misfit). A difference between two
+    methods counts only beyond `band(m)`: the larger of the two methods' robust spreads."""
+
+    rows: list[dict]
+    baseline: str = "none"
+
+    def __post_init__(self) -> None:
+        self.table = {(r["method"], r["rate_mbit"]): r for r in self.rows}
+        self.rates = sorted({r["rate_mbit"] for r in self.rows})
+        self.methods = list(dict.fromkeys(r["method"] for r in self.rows))
+        if self.baseline not in self.methods:
+            raise ValueError(f"the sweep has no {self.baseline!r} rows")
+        self.slow, self.fast = self.rates[0], self.rates[-1]
+        self.residual = {m: {q: self.step(m, q) - self.table[m, q]["predicted_comm_s"]
+                             for q in self.rates} for m in self.methods}
+
+    def step(self, method: str, rate) -> float:
+        return self.table[method, rate]["step_s"]
+
+    def band(self, method: str) -> float:
+        """The noise band (s) of a difference between `method` and the baseline."""
+        return max(robust_band(self.residual[method].values()),
+                   robust_band(self.residual[self.baseline].values()))
+
+    def gain(self, method: str, rate) -> float:
+        """The baseline's step minus the method's (s): > 0 when the method is faster."""
+        return self.step(self.baseline, rate) - self.step(method, rate)
+
+    def verdict(self, method: str, rate) -> str:
+        """"faster", "slower" than the baseline, or "cannot tell" (inside the band)."""
+        g = self.gain(method, rate)
+        return "cannot tell" if abs(g) <= self.band(method) else "faster" if g > 0 else "slower"
+
+    def speedup(self, method: str, rate) -> float:
+        return self.step(self.baseline, rate) / self.step(method, rate)
+
+    def extra_s(self, method: str) -> float:
+        """The method's time beyond its exchange, more than the baseline's: the median over
+        the rates of the difference of residuals (>= 0)."""
+        return max(0.0, float(np.median([self.residual[method][q]
+                                         - self.residual[self.baseline][q]
+                                         for q in self.rates])))
+
+    def prediction_errors(self) -> np.ndarray:
+        """|predicted / measured - 1| of every row (the fit has one constant per method)."""
+        return np.array([abs(r["predicted_step_s"] / r["step_s"] - 1) for r in self.rows])
+
+    def crossing(self, method: str) -> tuple[float | None, float | None, bool]:
+        """(last rate where the method paid, first rate where it lost, mixed): the measured
+        crossing when every rate it paid at lies below every rate it lost at; mixed when the
+        gain went up and down across the rates, which the network alone cannot do."""
+        paid = [q for q in self.rates if self.verdict(method, q) == "faster"]
+        lost = [q for q in self.rates if self.verdict(method, q) == "slower"]
+        if not paid or not lost:
+            return None, None, False
+        if max(paid) < min(lost):
+            return max(paid), min(lost), False
+        return None, None, True
+
+    def breakeven_mbit(self, method: str, p: int, delay_s: float) -> tuple[float, float, float]:
+        """The predicted break-even rate (Mbit/s) with the measured extra time, and with the
+        extra time plus and minus the band: (low, middle, high)."""
+        extra, band = self.extra_s(method), self.band(method)
+        return tuple(breakeven_rate_bps(method, p, delay_s, max(0.0, t)) / 1e6
+                     for t in (extra + band, extra, extra - band))
+
+
+def sweep_stats(rows: list[dict], baseline: str = "none") -> SweepStats:
+    """`SweepStats` of a `step_time_sweep`."""
+    return SweepStats(rows, baseline)
+
+
+def latency_terms(calls, p: int, latency: str = "ring") -> int:
+    """The delays a step's collectives wait, one after another: "ring" 2(p-1) per all-reduce
+    and p-1 per all-gather (the closed forms used throughout); "log" an idealised tree's
+    2 ceil(lg p) per all-reduce and ceil(lg p) per all-gather."""
+    if latency not in ("ring", "log"):
+        raise ValueError(f"latency must be 'ring' or 'log', got {latency!r}")
+    depth = math.ceil(math.log2(p)) if p > 1 else 0
+    per = ({"allreduce": 2 * (p - 1), "allgather": p - 1} if latency == "ring"
+           else {"allreduce": 2 * depth, "allgather": depth})
+    return sum(per[kind] for kind, _ in calls)
+
+
+def breakeven_rate_bps(method: str, p: int, delay_s: float, overhead_s: float = 0.0, *,
+                       latency: str = "ring", **task) -> float:
     """The link rate above which `method` no longer beats plain all-reduce (bit/s).
 
-    Each step's exchange is linear in alpha and beta: L alpha + B beta, with L and B from the
-    ring closed forms of the collectives (`predicted_calls`). Compression pays while
+    Each step's exchange is linear in alpha and beta: L alpha + B beta, with B from the ring
+    closed forms of the collectives (`predicted_calls`) and L from `latency_terms` (the
+    ring's by default). Compression pays while
     (B_none - B) beta > (L - L_none) alpha + overhead_s, i.e. up to beta* and the rate
     8 / beta* (headers ignored). inf if it always pays, 0 if it never does.
     """
     def coefficients(m):
         calls = predicted_calls(m, p, **task)
-        return comm_seconds(calls, p, 1.0, 0.0), comm_seconds(calls, p, 0.0, 1.0)
+        return latency_terms(calls, p, latency), comm_seconds(calls, p, 0.0, 1.0)
 
     lat_none, bw_none = coefficients("none")
     lat, bw = coefficients(method)
