@@ -525,8 +525,9 @@ def _uneven_inputs_rank(batches, use_join, divide_by_initial, micro_batch, featu
             F.mse_loss(ddp(x), y).backward()
             synced.append(_flat_grad(model))
             opt.step()
+        own_end = _flat_params(model)  # before Join's exit hook broadcasts the last joiner's
     return {"steps": batches[rank], "local": local, "synced": synced,
-            "params": _flat_params(model)}
+            "params": _flat_params(model), "params_own_end": own_end}
 
 
 def uneven_inputs(batches=(8, 8, 8, 5), use_join: bool = True,
@@ -542,8 +543,14 @@ def uneven_inputs(batches=(8, 8, 8, 5), use_join: bool = True,
     divides by the initial world size (default), so after a rank joined the gradient is
     |active| / W of the active ranks' mean: a silent gradient-scaling change.
 
+    On exit, Join's DDP hook broadcasts the parameters (not the optimizer state) of the last
+    rank to join, so the final replicas agree whatever happened before; "gap_before_exit" is
+    each rank's max |params - rank 0's| when its own loop ended (a rank that left early
+    stopped updating then).
+
     Returns {"completed", "wall_s", "batches"}, plus on success "steps" per rank,
-    "replicas_agree" (final parameters identical on all ranks) and "grad_scale" per step
+    "replicas_agree" (final parameters identical on all ranks), "gap_before_exit" and
+    "grad_scale" per step
     (|synced gradient| / |mean of the active ranks' own gradients|, rank 0) with
     "active" per step; on failure describe_error's "error", "ranks", "message".
     """
@@ -560,7 +567,10 @@ def uneven_inputs(batches=(8, 8, 8, 5), use_join: bool = True,
         return res
     res.update(completed=True, wall_s=time.monotonic() - t0,
                steps=[o["steps"] for o in out],
-               replicas_agree=all(np.array_equal(o["params"], out[0]["params"]) for o in out))
+               replicas_agree=all(np.array_equal(o["params"], out[0]["params"]) for o in out),
+               gap_before_exit=np.array([float(np.max(np.abs(o["params_own_end"]
+                                                              - out[0]["params_own_end"])))
+                                         for o in out]))
     scale, active = [], []
     for t in range(max(batches)):
         ranks = [r for r in range(world) if batches[r] > t]
@@ -583,8 +593,9 @@ def minimisers(batch_sizes=(3, 10, 40, 99), features: int = 8, seed: int = 0) ->
     least-squares one unless the shards look alike. Closed form, one process (float64).
 
     Returns {"full_batch", "mean_of_means": parameter vectors [w..., b]; "shift": max |their
-    difference|; "scale": max |full_batch|; "excess_loss": the full-data loss at the
-    mean-of-means minimiser over the one at the full-batch minimiser, minus 1}.
+    difference|; "scale": max |full_batch|; "min_loss": the full-data loss at the full-batch
+    minimiser; "excess_loss": the full-data loss at the mean-of-means minimiser over
+    "min_loss", minus 1}.
     """
     x, y = make_regression(int(sum(batch_sizes)), features, seed)
     a = np.hstack([x.numpy(), np.ones((len(x), 1))])
@@ -599,7 +610,7 @@ def minimisers(batch_sizes=(3, 10, 40, 99), features: int = 8, seed: int = 0) ->
 
     return {"full_batch": full, "mean_of_means": mom,
             "shift": float(np.max(np.abs(mom - full))), "scale": float(np.max(np.abs(full))),
-            "excess_loss": loss(mom) / loss(full) - 1}
+            "min_loss": loss(full), "excess_loss": loss(mom) / loss(full) - 1}
 
 
 # --- 7. clipping sharded gradients -----------------------------------------------------------
