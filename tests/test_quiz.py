@@ -376,6 +376,45 @@ def test_seed_questions_are_open_and_cover_the_seed_and_more(bank, qid):
                 assert point.lower() in short, (qid, lang, point, "spoken answer")
 
 
+# What notebook 09 says of the seed texts it prints (its cell on the two seed questions).
+SEED_TEXT_TERMS = {
+    "seed-nic-latency-jitter": ("In 60 seconds", "RDMA", "GPUDirect", "incast", "p99", "E[max]",
+                                "hierarchical", "compression", "NCCL"),
+    "seed-gradient-sync": ("In 60 seconds", "SSP", "backup workers", "Hogwild", "global sample",
+                           "fingerprint", "before it", "TORCH_DISTRIBUTED_DEBUG=DETAIL",
+                           "monitored_barrier", "NCCL"),
+}
+
+
+def _five_grams(text):
+    words = text.split()
+    return {tuple(words[i:i + 5]) for i in range(len(words) - 4)}
+
+
+@pytest.mark.parametrize("qid", sorted(SEED_TEXT_TERMS))
+def test_seed_texts_hold_what_notebook_09_says_and_more_only_adds(bank, qid):
+    from clusterlab.quiz.widget import seed_question_text
+
+    text = seed_question_text(qid, "en", bank)
+    assert [term for term in SEED_TEXT_TERMS[qid] if term not in text] == []
+    assert "destroys stability" not in text  # races slow dense training (06), need not wreck it
+    q = bank.by_id[qid]
+    for lang in LANGS:  # "More" holds what the model answer and the 60 seconds leave out
+        more = _five_grams(q.raw["answer_more"][lang])
+        said = _five_grams(" ".join([q.raw["model_answer"][lang]]
+                                    + [b[lang] for b in q.raw["answer_60s"]]))
+        assert len(more & said) <= 0.02 * len(more), (qid, lang, sorted(more & said)[:5])
+
+
+def test_the_topics_of_notebooks_01_to_08b_review_only_those_notebooks(bank):
+    """Notebook 09 starts the trainer on these topics: none may send the learner ahead."""
+    from clusterlab.quiz.bank import TOPICS_TO_08B
+
+    assert TOPICS_TO_08B and set(TOPICS_TO_08B) < set(bank.topics())
+    ahead = [q.id for q in bank.select(TOPICS_TO_08B) if q.section["notebook"] >= "09"]
+    assert ahead == []
+
+
 # ---- numeric questions: recomputed independently, 200 draws each ---------------------------
 
 
@@ -996,6 +1035,12 @@ def test_static_sample_and_seed_text_are_deterministic(bank):
 
     assert static_sample(bank, seed=9) == static_sample(bank, seed=9)
     assert "Correct." in static_sample(bank, seed=9)
+    from clusterlab.quiz.bank import TOPICS_TO_08B
+
+    three = static_sample(bank, seed=9, kinds=("numeric", "choice", "open"), topics=TOPICS_TO_08B)
+    assert three.count("Correct.") == 3 and "Model answer" in three and "Key points" in three
+    assert "More:" not in three, "an open answer's longer version stays folded"
+    assert not any(bank.title(t, "en") in three for t in bank.topics() if t not in TOPICS_TO_08B)
     text = seed_question_text("seed-nic-latency-jitter", "ru", bank)
     assert "Эталонный ответ" in text and "Ключевые пункты" in text
 

@@ -12,12 +12,13 @@ The parts, one job each: `bank` (questions: load, validate, draw, grade), `progr
 shown, as text or HTML), `widget` (ipywidgets), `cli` (terminal).
 """
 
-from .bank import TOPICS, Bank, BankError, Grade, Instance, Question
+from .bank import TOPICS, TOPICS_TO_08B, Bank, BankError, Grade, Instance, Question
 from .progress import Progress
 from .session import Config, Result, Session, Summary
 
 __all__ = [
     "TOPICS",
+    "TOPICS_TO_08B",
     "Bank",
     "BankError",
     "Config",

@@ -30,6 +30,8 @@ from typing import Any
 
 from .expr import Expr, ExpressionError, compile_expr
 from .numfmt import AnswerFormatError, fmt, parse_answer, within
+from .plural import agree
+from .plural import check as agreement_problem
 from .validate import schema_errors
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -53,14 +55,20 @@ TOPICS = (
     "failures_at_scale",
     "cluster_diagnostics",
 )
+# The topics notebooks 01-08b teach: the default of notebook 09, which comes before sharding,
+# compression and failures (10-12) and before reading a real cluster, whose questions (MFU,
+# NCCL's log lines) go beyond what the notebooks show.
+TOPICS_TO_08B = TOPICS[: TOPICS.index("debugging_hangs") + 1]
 LANGS = ("en", "ru")
 KINDS = ("choice", "numeric", "open")
 PASS_SCORE = 0.75  # an open question counts as known when >= 75% of its key points are ticked
 
-_PLACEHOLDER = re.compile(r"\{([A-Za-z][A-Za-z0-9_]*)(?::([^{}]+))?\}")
+# {name}, {name:spec} (a format spec such as .1f), and in Russian {name|noun}: the number
+# followed by a noun that agrees with it ("{N|узел}" gives "64 узла"; see quiz.plural).
+_PLACEHOLDER = re.compile(r"\{([A-Za-z][A-Za-z0-9_]*)(?::([^{}|]+))?(?:\|([^{}|]+))?\}")
 # {name?shown if name > 0|shown otherwise}: a sentence that states a comparison follows the
 # drawn numbers. The branches may hold plain placeholders, not further conditionals.
-_BRANCH = r"(?:[^{}|]|\{[A-Za-z][A-Za-z0-9_]*(?::[^{}]+)?\})*"
+_BRANCH = r"(?:[^{}|]|\{[A-Za-z][A-Za-z0-9_]*(?::[^{}|]+)?(?:\|[^{}|]+)?\})*"
 _CONDITIONAL = re.compile(r"\{([A-Za-z][A-Za-z0-9_]*)\?(" + _BRANCH + r")\|(" + _BRANCH + r")\}")
 
 
@@ -166,7 +174,8 @@ class Instance:
 
     def fill(self, template: str, lang: str) -> str:
         """`template` with {name?yes|no} resolved (yes when the value is > 0), then {name} /
-        {name:spec} replaced by this draw's numbers."""
+        {name:spec} replaced by this draw's numbers, and {name|noun} by the number and the
+        noun agreeing with it as displayed (Russian: "{N|узел}" -> "64 узла")."""
         if not self.env:
             return template
 
@@ -174,7 +183,8 @@ class Instance:
             return m.group(2) if self.env[m.group(1)] > 0 else m.group(3)
 
         def sub(m: re.Match[str]) -> str:
-            return fmt(self.env[m.group(1)], lang, m.group(2))
+            number = fmt(self.env[m.group(1)], lang, m.group(2))
+            return f"{number} {agree(number, m.group(3))}" if m.group(3) else number
 
         return _PLACEHOLDER.sub(sub, _CONDITIONAL.sub(choose, template))
 
@@ -456,6 +466,10 @@ def _check_numeric(where: str, q: Mapping[str, Any], trial_draws: int) -> list[s
             if re.search(r"\{[A-Za-z][A-Za-z0-9_]*\?", _CONDITIONAL.sub("", template)):
                 problems.append(f"{where}: {part}.{lang} has a malformed {{name?yes|no}}")
             for m in _PLACEHOLDER.finditer(template):
+                if m.group(3) and lang != "ru":
+                    problems.append(f"{where}: {part}.{lang}: {{name|noun}} is for Russian")
+                elif m.group(3) and (why := agreement_problem(m.group(3))):
+                    problems.append(f"{where}: {part}.{lang}: {why}")
                 if m.group(1) not in known:
                     problems.append(f"{where}: {part}.{lang} uses unknown {{{m.group(1)}}}")
                 elif m.group(2):
@@ -491,6 +505,7 @@ def _check_numeric(where: str, q: Mapping[str, Any], trial_draws: int) -> list[s
 __all__ = [
     "PASS_SCORE",
     "TOPICS",
+    "TOPICS_TO_08B",
     "AnswerFormatError",
     "Bank",
     "BankError",

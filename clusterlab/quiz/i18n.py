@@ -1,6 +1,14 @@
-"""Interface strings of the quiz in English and Russian (the questions carry their own)."""
+"""Interface strings of the quiz in English and Russian (the questions carry their own).
+
+A Russian string writes {name|noun} for a count followed by a noun that agrees with it
+("{n|вопрос}" gives "112 вопросов", "122 вопроса"; see quiz.plural).
+"""
 
 from __future__ import annotations
+
+import re
+
+from .plural import agree
 
 STRINGS: dict[str, dict[str, str]] = {
     "title": {"en": "Interview rehearsal", "ru": "Репетиция собеседования"},
@@ -70,7 +78,7 @@ STRINGS: dict[str, dict[str, str]] = {
     "model_answer": {"en": "Model answer", "ru": "Эталонный ответ"},
     "key_points": {"en": "Key points", "ru": "Ключевые пункты"},
     "more": {"en": "More", "ru": "Подробнее"},
-    "covered": {"en": "You covered {k} of {n} key points.", "ru": "Вы назвали {k} из {n} пунктов."},
+    "covered": {"en": "You covered {k} of {n} key points.", "ru": "Вы назвали {k} из {n|пункта}."},
     "review": {"en": "Review: {link}", "ru": "Повторить: {link}"},
     # A section of the course, whose titles are English: in Russian marked as titles.
     "section_link": {
@@ -147,7 +155,7 @@ STRINGS: dict[str, dict[str, str]] = {
         "en": "Interview rehearsal quiz: {n} questions in {t} topics. The interactive quiz needs "
         "a Jupyter front-end with ipywidgets (JupyterLab 4); in a terminal run "
         "`python -m clusterlab.quiz`.",
-        "ru": "Тренажёр собеседования: {n} вопросов по {t} темам. Для интерактивного режима "
+        "ru": "Тренажёр собеседования: {n|вопрос} по {t|теме@datv}. Для интерактивного режима "
         "нужен Jupyter с ipywidgets (JupyterLab 4); в терминале запустите "
         "`python -m clusterlab.quiz --lang ru`.",
     },
@@ -165,12 +173,29 @@ DIFFICULTY_NAMES = {
 _RU_UNIT_IN = {"токенов": "токенах"}
 
 
+# A word unit after a number agrees with it ("2500 токенов", "2502 токена"): the bank writes
+# it as after 5, this is its form after 1.
+_RU_UNIT_AFTER_ONE = {"токенов": "токен"}
+
+
 def unit_in(unit: str, lang: str) -> str:
     """`unit` (as the bank writes it after a number) in the form that follows "in"."""
     return _RU_UNIT_IN.get(unit, unit) if lang == "ru" else unit
 
 
+def unit_after(number: str, unit: str, lang: str) -> str:
+    """`unit` after the displayed `number`: a Russian word unit agrees with it."""
+    if lang == "ru" and unit in _RU_UNIT_AFTER_ONE:
+        return agree(number, _RU_UNIT_AFTER_ONE[unit])
+    return unit
+
+
+_AGREE = re.compile(r"\{([A-Za-z_]+)\|([^{}|]+)\}")
+
+
 def t(key: str, lang: str, **kwargs: object) -> str:
     """The interface string `key` in `lang`, formatted with `kwargs`."""
     text = STRINGS[key][lang if lang in STRINGS[key] else "en"]
+    text = _AGREE.sub(lambda m: f"{{{m.group(1)}}} {agree(str(kwargs[m.group(1)]), m.group(2))}",
+                      text)
     return text.format(**kwargs) if kwargs else text

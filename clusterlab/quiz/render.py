@@ -14,7 +14,7 @@ import re
 import textwrap
 
 from .bank import PASS_SCORE, Bank, Instance
-from .i18n import DIFFICULTY_NAMES, t, unit_in
+from .i18n import DIFFICULTY_NAMES, t, unit_after, unit_in
 from .numfmt import fmt
 from .session import Result, Summary
 
@@ -102,12 +102,14 @@ def feedback_blocks(
     elif q.kind == "numeric":
         unit = inst.unit(lang)
         tol = fmt(q.raw["tolerance"] * 100, lang)
+        expected = fmt(inst.answer, lang)
         line = (
-            f"{t('expected', lang, value=fmt(inst.answer, lang), unit=unit)} "
+            f"{t('expected', lang, value=expected, unit=unit_after(expected, unit, lang))} "
             f"{t('tolerance', lang, tol=tol)}"
         )
         if grade.value is not None:
-            mine = t("you_gave", lang, value=fmt(grade.value, lang), unit=unit)
+            given = fmt(grade.value, lang)
+            mine = t("you_gave", lang, value=given, unit=unit_after(given, unit, lang))
             line = f"{mine.rstrip()}. {line}"
         blocks.append(("p", line.replace("  ", " ")))
         blocks.append(("h", t("solution", lang)))

@@ -618,16 +618,18 @@ def static_sample(
     seed: int = 9,
     lang: str = "en",
     kinds: Iterable[str] = ("numeric", "choice"),
+    topics: Iterable[str] | None = None,
 ) -> str:
     """A deterministic text sample (one question per kind, with its feedback for the correct
-    answer), for notebooks that must give the same output every run."""
+    answer; for an open question, every key point ticked), for notebooks that must give the
+    same output every run. `topics` restricts the questions drawn (None: all)."""
     import random
 
     bank = bank or Bank.load()
     rng = random.Random(seed)
     out = []
     for kind in kinds:
-        pool = [q for q in bank.questions if q.kind == kind]
+        pool = bank.select(topics, kinds=[kind])
         inst = bank.draw(rng.choice(pool), rng)
         out.append(to_text(question_blocks(inst, lang, bank)))
         if kind == "numeric":
@@ -637,7 +639,9 @@ def static_sample(
         else:
             response = set(range(len(inst.checklist(lang))))
         result = Result(inst, bank.grade(inst, response))
-        out.append(to_text(feedback_blocks(result, lang, bank)))
+        # An open answer's longer version stays folded here, as in the widget.
+        blocks = [b for b in feedback_blocks(result, lang, bank) if b[0] != "more"]
+        out.append(to_text(blocks))
     return "\n\n".join(out)
 
 
