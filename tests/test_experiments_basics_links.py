@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clusterlab import models
+from clusterlab import Netem, models
 from clusterlab.experiments import basics, links
 
 pytestmark = pytest.mark.timeout(120)
@@ -126,6 +126,21 @@ def test_network_bounds_and_slow_steps_split_the_network_from_the_machine(breakd
     assert plain["dilation"] == 1.0 and plain["cores"] >= 1 and len(plain["load_average"]) == 2
 
 
+def test_replayed_all_reduces_sit_around_the_alpha_beta_model():
+    sizes = basics.gradient_tensors()
+    replay = basics.replay_all_reduces("delay 2ms 500us rate 1gbit", 2, sizes, draws=20)
+    spec = Netem.parse("delay 2ms 500us rate 1gbit")
+    model = sum(models.ring_allreduce(2, n, spec.delay_s, 1 / spec.rate_Bps) for n in sizes)
+    spread = len(sizes) * 2 * spec.jitter_s
+    assert replay.shape == (20,)
+    assert np.all(replay >= model - spread - 1e-6) and np.all(replay <= model + spread + 1e-3)
+    # each round waits for the later of two jittered messages: above the model on average
+    assert np.median(replay) > model
+    fixed = basics.replay_all_reduces("delay 2ms rate 1gbit", 2, sizes, draws=3)
+    model0 = sum(models.ring_allreduce(2, n, spec.delay_s, 1 / spec.rate_Bps) for n in sizes)
+    assert np.allclose(fixed, fixed[0]) and fixed[0] == pytest.approx(model0, rel=0.02)
+
+
 def test_a_one_rank_baseline_is_the_reference_of_efficiency():
     plain, solo = basics.compare(nics=(None,), nodes=2, steps=3, warmup=1, chunk=3,
                                  sizes=(32, 64, 10), batch=16, solo=True)
@@ -136,6 +151,13 @@ def test_a_one_rank_baseline_is_the_reference_of_efficiency():
         solo["step_median"] / plain["step_median"])
     with pytest.raises(ValueError):
         basics.efficiency(plain, solo)
+    # undilated (k = 1) it is the efficiency itself, up to median-of-sums vs sum-of-phases
+    assert basics.undilated_efficiency(solo, plain) == pytest.approx(
+        basics.efficiency(solo, plain), rel=1e-9)
+    k3 = {**plain, "dilation": 3.0}
+    compute = sum(plain["phases"][n] for n in ("forward", "backward", "optimizer"))
+    expect = 3 * solo["step_median"] / np.median(3 * compute + plain["phases"]["all_reduce"])
+    assert basics.undilated_efficiency(solo, k3) == pytest.approx(expect)
 
 
 def test_backward_costs_two_products_per_layer_but_the_first():

@@ -239,7 +239,8 @@ def slow_steps(plain: dict, impaired: dict) -> dict:
     """Which of the impaired run's slow steps the network can explain, and which it cannot.
 
     Per step, the slowest rank's step time and all_reduce phase. Returns (seconds):
-    plain_median, plain_max, impaired_median, impaired_max, worst (index of the slowest
+    plain_median, plain_max, impaired_median, impaired_max (step times), all_reduce_median and
+    all_reduce_max (the impaired all_reduce phase of the slowest rank), worst (index of the slowest
     impaired step) with worst_all_reduce and worst_compute (forward + backward + optimizer of
     that step's slowest rank), floor and ceiling (`network_bounds`), beyond (how many impaired
     steps had an all_reduce phase above the ceiling: time the network's delays cannot have
@@ -257,9 +258,44 @@ def slow_steps(plain: dict, impaired: dict) -> dict:
     excess = ar - ceiling
     return {"plain_median": float(np.median(step_p)), "plain_max": float(step_p.max()),
             "impaired_median": float(np.median(step_i)), "impaired_max": float(step_i.max()),
+            "all_reduce_median": float(np.median(ar)), "all_reduce_max": float(ar.max()),
             "worst": worst, "worst_all_reduce": float(ar[worst]), "worst_compute": compute,
             "floor": floor, "ceiling": ceiling, "beyond": int((excess > 0).sum()),
             "max_excess": float(max(excess.max(), 0.0)), "steps": len(step_i)}
+
+
+def replay_all_reduces(nic: str, nodes: int, sizes, draws: int = 200, seed: int = 0) -> np.ndarray:
+    """The network's own time for ring all-reduces of `sizes` bytes, one after another, on
+    `nodes` nodes behind `nic`: the replay the backend holds each all-reduce for
+    (`sim.simulate_collective`, the same schedule and link model), without this machine.
+    Each rank enters the next all-reduce when it leaves the previous one. Returns one total
+    per draw (seconds), each with fresh draws of the link model's jitter: the spread the
+    network alone gives, to set a measurement against."""
+    from ..sim import simulate_collective
+
+    out = np.empty(draws)
+    for d in range(draws):
+        start = np.zeros(nodes)
+        for i, n in enumerate(sizes):
+            start = simulate_collective("allreduce", int(n), nodes=nodes, nic=nic,
+                                        start_s=start, seed=seed + d * len(sizes) + i)
+        out[d] = start.max()
+    return out
+
+
+def undilated_efficiency(solo: dict, result: dict) -> float:
+    """`efficiency(solo, result)` with this machine's compute put back at full scale.
+
+    A dilated run (`compare(..., dilation=k)`) reports every time divided by k, so its compute
+    and overheads stand for a CPU k times faster. This multiplies them back by k: the one-rank
+    step, and the forward, backward and optimizer phases of `result`, while its all_reduce phase
+    (held by the emulated network) is kept as measured. An estimate of what the same loop
+    would show on this machine undilated, if it could hold the delay: medians per rank and
+    step."""
+    k = result["dilation"]
+    compute = sum(result["phases"][name] for name in ("forward", "backward", "optimizer"))
+    step = k * compute + result["phases"]["all_reduce"]
+    return k * solo["step_median"] / float(np.median(step))
 
 
 def run_breakdown(nic: str | None = None, **kwargs) -> dict:
