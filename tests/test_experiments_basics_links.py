@@ -182,6 +182,15 @@ def test_dilated_loop_reports_emulated_time():
 # --- notebook 01: the link ---------------------------------------------------------------------
 
 
+def test_tcp_after_idle_adds_round_trips_only_up_to_the_bandwidth_delay_product():
+    sizes = np.array([1024, 14_480, 131_072, 2**20, 2**23])
+    t = links.tcp_after_idle(sizes, 2e-3, 8e-9, 1448, 10)
+    assert t["extra_rounds"][0] == 0 and t["extra_rounds"][1] == 0  # fits the initial window
+    assert t["extra_rounds"][2] == 3  # 131 kB: 14.5, 29, 58, 116 kB windows, then the rest
+    assert t["extra_rounds"][-1] == t["extra_rounds"][-2]  # both beyond the BDP (500 kB)
+    np.testing.assert_allclose(t["seconds"], 2e-3 + sizes * 8e-9 + t["extra_rounds"] * 4e-3)
+
+
 def test_noise_floor_is_measured():
     floor = links.noise_floor(samples=60, timer_samples=50)
     assert len(floor["one_way_ms"]) == 60

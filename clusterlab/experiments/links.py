@@ -242,6 +242,21 @@ def _stream(senders: list[int], receivers: list[int], count: int, nbytes: int,
     return arrivals
 
 
+def tcp_after_idle(sizes, alpha: float, beta: float, mss: int, initial_window: int) -> dict:
+    """A sketch of what a Linux TCP connection adds after an idle period longer than its RTO
+    (net.ipv4.tcp_slow_start_after_idle=1): its window restarts at the initial window and
+    doubles every round trip (2 alpha), until it holds the bandwidth-delay product; beyond
+    that the sender is rate-limited and the extra round trips stop growing. No loss, receiver
+    window not limiting. Returns sizes, extra_rounds (round trips beyond the emulator's one
+    burst) and seconds (alpha + n beta + extra_rounds x 2 alpha), next to the emulator's
+    alpha + n beta."""
+    n = np.asarray(sizes, dtype=float)
+    rtt = 2 * alpha
+    bdp = rtt / beta  # bytes in flight at line rate
+    rounds = np.maximum(0, np.ceil(np.log2(np.minimum(n, bdp) / (initial_window * mss) + 1)) - 1)
+    return {"sizes": n, "extra_rounds": rounds, "seconds": alpha + n * beta + rounds * rtt}
+
+
 # --- (a) the noise floor ---------------------------------------------------------------------
 
 
