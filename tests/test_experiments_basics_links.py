@@ -248,6 +248,17 @@ def test_loss_turns_into_retransmission_timeouts():
     assert r["one_way_ms"].max() >= 1.0 + links.RTO_MIN_MS  # the original + a 200 ms RTO
     assert r["percentiles"]["p50"] < 2 * 1.0
     assert r["expected_rto"] == pytest.approx(7.5)
+    # the network draws the delay or the delay plus a timeout, nothing in the "late" band
+    a, b = r["late_ms"]
+    assert not np.any((r["emulated_ms"] > a) & (r["emulated_ms"] < b))
+    assert r["late"] == int(((r["one_way_ms"] > a) & (r["one_way_ms"] < b)).sum())
+    assert r["loss_ci"][0] <= r["emulated_rto"] / 150 <= r["loss_ci"][1]
+
+
+def test_rate_interval_is_the_wilson_score_interval():
+    assert links.rate_interval(10, 200) == pytest.approx((0.0274, 0.0896), abs=5e-4)
+    lo, hi = links.rate_interval(0, 200)
+    assert lo == 0.0 and hi == pytest.approx(0.0188, abs=5e-4)
 
 
 def test_two_processes_sharing_a_nic_get_half_its_rate_each():

@@ -348,7 +348,10 @@ def jitter_dilated(delay_ms: float = 4.0, jitter_ms: float = 1.0,
     machine would make the run too slow), and its times are divided by k (`_dilated`).
     Returns {"runs": {name: ping_pong result on the undilated time scale, "none" first},
     "k", "wanted" (k before the cap), "capped", "noise_p99_ms" (the first measurement, at
-    k = 1), "noise_p99_dilated_ms" (the machine's p99 in the dilated runs, divided by k)}."""
+    k = 1), "noise_p99_dilated_ms" (the largest p99 of the machine's additions over the
+    dilated runs, jitter-free and jittered, divided by k),
+    "target_ms" (share x the jitter: the plan for that p99) and "busy" (None when the plan
+    held, else a phrase for `conclude(busy=...)` saying how it was missed)}."""
     base = f"delay {delay_ms:g}ms"
     probe = ping_pong(base, samples, seed)
     noise = float(np.percentile(probe["noise_ms"], 99))
@@ -366,9 +369,15 @@ def jitter_dilated(delay_ms: float = 4.0, jitter_ms: float = 1.0,
         dilated = f"delay {delay_ms * k:g}ms" + spec[len(base):].replace(
             f" {jitter_ms:g}ms", f" {jitter_ms * k:g}ms", 1)
         runs[name] = _dilated(ping_pong(dilated, samples, seed), spec, k)
+    target = share * jitter_ms
+    dilated_noise = max(float(np.percentile(r["noise_ms"], 99)) for r in runs.values())
+    busy = (f"this machine's noise p99 {noise:.1f} ms needed K = {wanted}, capped at {k}"
+            if wanted > limit else
+            f"this machine's noise exceeded the plan (p99 up to {dilated_noise:.2f} ms after "
+            f"dilation, against {target:.2f} ms planned)" if dilated_noise > target else None)
     return {"runs": runs, "k": k, "wanted": wanted, "capped": wanted > limit,
-            "noise_p99_ms": noise,
-            "noise_p99_dilated_ms": float(np.percentile(runs["none"]["noise_ms"], 99))}
+            "noise_p99_ms": noise, "noise_p99_dilated_ms": dilated_noise, "target_ms": target,
+            "busy": busy}
 
 
 # --- (c) message size and the alpha-beta model ----------------------------------------------
@@ -424,6 +433,13 @@ def size_sweep(nic: str = "delay 2ms rate 1gbit", sizes=DEFAULT_SIZES, repeats: 
 # --- (d) loss and retransmission tails ----------------------------------------------------------
 
 
+def rate_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% (Wilson score) interval of a rate from k events in n trials."""
+    c = (k + z * z / 2) / (n + z * z)
+    h = z * np.sqrt(k * (n - k) / n + z * z / 4) / (n + z * z)
+    return float(max(c - h, 0.0)), float(min(c + h, 1.0))
+
+
 def loss_tails(delay: str = "1ms", losses=(0, 1, 5), samples: int = 300, seed: int = 0) -> dict:
     """Ping-pong through `delay D loss P%` for every P in `losses` (percent).
 
@@ -431,20 +447,37 @@ def loss_tails(delay: str = "1ms", losses=(0, 1, 5), samples: int = 300, seed: i
     delay by more than half the minimum RTO, i.e. that waited for a retransmission timeout),
     emulated_rto (how many of the network's own draws, `emulated_one_way`, did: the
     measured count can only be higher, when this machine stalls for > 100 ms),
-    rto_delayed_rtt (the same for round trips, which cross two lossy links), and
+    rto_delayed_rtt (the same for round trips, which cross two lossy links),
     expected_rto (samples x P/100: a single-segment message has no later segments to trigger
-    a fast retransmit, so every loss costs a timeout)}.
+    a fast retransmit, so every loss costs a timeout), loss_ci (`rate_interval` of the
+    emulated timeouts: the loss rate they imply), p99_gap (None, or the two sorted delays
+    numpy's p99 would interpolate between when one is a timeout and the other not),
+    late_ms (D + 0.5 ms, D + RTO/2): the band where the network draws nothing, late (how
+    many measured pings fell in it: this machine held them up, since the backend releases a
+    ping at its draw and one ping is in flight at a time, so none waits behind a lost one),
+    late_ci (`rate_interval` of late) and late_max (ms, NaN if none)}.
     """
     out = {}
     d_ms = _spec(f"delay {delay}").delay_ns / 1e6
     threshold = d_ms + RTO_MIN_MS / 2
     for p in losses:
         r = ping_pong(f"delay {delay} loss {p:g}%", samples, seed, timeout=120)
+        one_way, n = r["one_way_ms"], len(r["one_way_ms"])
         r["loss_percent"] = p
-        r["rto_delayed"] = int((r["one_way_ms"] > threshold).sum())
+        r["rto_delayed"] = int((one_way > threshold).sum())
         r["emulated_rto"] = int((r["emulated_ms"] > threshold).sum())
         r["rto_delayed_rtt"] = int((r["rtt_ms"] > 2 * d_ms + RTO_MIN_MS / 2).sum())
         r["expected_rto"] = samples * p / 100
+        r["loss_ci"] = rate_interval(r["emulated_rto"], n)
+        d = np.sort(one_way)
+        below, above = d[int(np.floor(0.99 * (n - 1)))], d[int(np.ceil(0.99 * (n - 1)))]
+        r["p99_gap"] = (float(below), float(above)) if (below > threshold) != (above > threshold) \
+            else None
+        r["late_ms"] = (d_ms + 0.5, threshold)
+        late = (one_way > d_ms + 0.5) & (one_way < threshold)
+        r["late"] = int(late.sum())
+        r["late_ci"] = rate_interval(r["late"], n)
+        r["late_max"] = float(one_way[late].max()) if late.any() else float("nan")
         out[p] = r
     return out
 
