@@ -267,6 +267,14 @@ def test_consistency_line_states_ratio_and_added_time():
     assert "best/model 1.02 to 1.10" in line and "added 1.0 to 4.0 ms per call" in line
 
 
+def test_leaders_name_a_winner_only_beyond_its_own_spread():
+    rows = [{"algorithm": "a", "measured": 10.0, "median": 11.0},
+            {"algorithm": "b", "measured": 11.9, "median": 12.0},
+            {"algorithm": "c", "measured": 12.1, "median": 12.5}]
+    assert [r["algorithm"] for r in ex.leaders(rows)] == ["a", "b"]  # b within 11 + 1
+    assert [r["algorithm"] for r in ex.leaders(rows[::-1][:1] + rows[:1])] == ["a"]
+
+
 def test_entry_spreads_are_last_minus_first_entry_per_repetition():
     # two ranks, one plan item of two repetitions: (entry, exit) per repetition
     spans = [[[(0.0, 1.0), (5.0, 6.0)]], [[(0.25, 1.0), (5.5, 6.0)]]]

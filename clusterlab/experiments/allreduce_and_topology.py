@@ -617,6 +617,18 @@ def one(rows: Sequence[dict], **where) -> dict:
     return found[0]
 
 
+def leaders(rows: Sequence[dict]) -> list[dict]:
+    """The fastest row (by best time, "measured") and every row tied with it, fastest first.
+
+    A row ties with the fastest when its best is at most the fastest's median plus the
+    fastest's best-to-median spread: a winner is named only by a margin larger than this run's
+    own noise (twice the spread between its best and its median)."""
+    ranked = sorted(rows, key=lambda r: r["measured"])
+    top = ranked[0]
+    margin = top["median"] - top["measured"]
+    return [top] + [r for r in ranked[1:] if r["measured"] <= top["median"] + margin]
+
+
 def consistency(rows: Sequence[dict]) -> str:
     """One line for a notebook: the rows' best times against their closed forms.
 
