@@ -709,3 +709,33 @@ def detection(faults=DETECTION_FAULTS, steps: int = 40, every: int = 5, world: i
         out.append({**asdict(f), "alerts": alerts, "first": alerts[0] if alerts else None,
                     "report": run["report"]})
     return out
+
+
+# --- plotting: replica distance on a log axis with two special rows ---------------------------
+
+# On the log axis of the distance plots two rows are not distances: "0" (bitwise identical to
+# rank 0) and "NaN" (this replica's parameters are NaN: no distance exists).
+ZERO_ROW, NAN_ROW, TOP = 1e-12, 1e3, 1e1
+
+
+def plot_distance(ax, run: dict, title: str, ranks=None) -> None:
+    """Plot max |params_r - params_0| per step for `ranks` (default: all) of a `train` run."""
+    d, steps = run["distance"], np.arange(len(run["distance"]))
+    for r in range(d.shape[1]) if ranks is None else ranks:
+        y = np.where(np.isfinite(d[:, r]), np.maximum(d[:, r], ZERO_ROW), np.nan)  # NaN: a gap
+        (line,) = ax.plot(steps, y, "o-", ms=2.5, label=f"rank {r}", alpha=0.85)
+        nan_steps = steps[~run["finite"][:, r]]
+        ax.plot(nan_steps, np.full(len(nan_steps), NAN_ROW), "x", ms=6, mew=1.5,
+                color=line.get_color())
+    if np.nanmax(np.where(np.isfinite(d), d, np.nan), initial=0) >= TOP:
+        raise ValueError(f"a distance at or above {TOP}: it would be drawn on the NaN row")
+    ax.axhspan(TOP, NAN_ROW * 10, color="0.9", zorder=0)  # the two rows off the distance scale
+    ax.axhspan(ZERO_ROW / 3, ZERO_ROW * 30, color="0.9", zorder=0)
+    ax.set_yscale("log")
+    ax.set_ylim(ZERO_ROW / 3, NAN_ROW * 10)
+    ax.set_yticks([ZERO_ROW, 1e-9, 1e-6, 1e-3, 1, NAN_ROW],
+                  ["0", "1e-9", "1e-6", "1e-3", "1", "NaN"])
+    ax.minorticks_off()
+    ax.set_xlabel("step")
+    ax.set_ylabel("max |params_r - params_0|")
+    ax.set_title(title, fontsize=10)
