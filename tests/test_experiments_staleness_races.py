@@ -151,6 +151,30 @@ def test_in_place_adds_lose_far_fewer_updates_than_write_backs():
         assert r["switches_involuntary"] >= 0 and r["switches_voluntary"] >= 0
 
 
+def test_loss_samples_carry_the_update_count_and_the_bookkeeping_is_the_same_in_every_mode():
+    problem = races.make_problem("dense")
+    locked = races.hogwild(problem, workers=2, updates=3000, lr=0.05, mode="lock",
+                           sample_every_s=0.001)
+    before, after = locked["curve_updates"], locked["curve_updates_after"]
+    assert before[0] == 0 and before[-1] == after[-1] == locked["updates"]
+    assert np.all(np.diff(before) >= 0) and np.all(before <= after)
+    assert len(set(before.tolist())) > 3  # counted every update, not every 256
+    # every mode measures the age of its read; under the lock nothing lands meanwhile
+    assert locked["age_mean"] == 0
+
+
+def test_writeback_model_loses_up_to_all_but_one_in_w_without_any_pause():
+    assert races.writeback_model(workers=1, window=0.9)["lost_fraction"] == 0
+    for w in (2, 4):
+        lost = [races.writeback_model(workers=w, window=f)["lost_fraction"]
+                for f in (0.1, 0.5, 0.9)]
+        bound = (w - 1) / w
+        assert lost[0] < lost[1] < lost[2] <= bound + 1e-9  # longer windows erase more
+        assert lost[2] > bound - 0.02  # a window of most of a loop: about (W - 1)/W
+    with pytest.raises(ValueError):
+        races.writeback_model(workers=2, window=0)
+
+
 def test_sync_allreduce_has_no_lost_updates_and_identical_replicas():
     r = races.sync_allreduce("sparse", workers=2, updates=256, batch=32)
     assert r["lost"] == 0 and r["replicas_agree"]

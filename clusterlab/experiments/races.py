@@ -31,8 +31,11 @@ Lameter, "Effective synchronization on Linux/NUMA systems" (2005) for the seqloc
 And the races users of torch.distributed write themselves (`async_collective_races`): reading
 or editing a tensor while its `all_reduce(..., async_op=True)` is still in flight.
 
-Public API: `make_problem`, `loss`, `hogwild`, `throughput`, `sync_allreduce`,
-`async_collective_races`.
+`writeback_model` is the write-back scheme with no scheduler at all: an event model of
+workers that each own a core and are never paused, for what write-backs lose by overlapping.
+
+Public API: `make_problem`, `loss`, `hogwild`, `writeback_model`, `throughput`,
+`sync_allreduce`, `async_collective_races`.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ import torch.distributed as dist
 from .common import use_or_open
 
 __all__ = ["ASYNC_VARIANTS", "MODES", "Problem", "async_collective_races", "hogwild", "loss",
-           "make_problem", "sync_allreduce", "throughput"]
+           "make_problem", "sync_allreduce", "throughput", "writeback_model"]
 
 MODES = ("none", "inplace", "lock", "seqlock")
 
@@ -115,13 +118,13 @@ def loss(problem: Problem, x: np.ndarray) -> float:
 
 
 def _worker(w, problem, shared, lock, go, mode, updates, lr, seed):
-    x, count, begin, end, stats, cpu = (t.numpy() for t in shared)
+    x, count, begin, end, stats, cpu, done = (t.numpy() for t in shared)
     idx_all, val_all, y_all = problem.idx, problem.val, problem.y
     order = np.random.default_rng([seed, w]).integers(0, problem.examples, updates)
     reads = mixed = retries = retried = 0  # retried: updates whose read needed >= 1 retry
-    # write-backs after exactly one other update landed since the read, or two or more, and
-    # their sum: with a write-back ("none") those updates are erased (one: an overlap, two or
-    # more: a rollback); with in-place adds ("inplace") they are only the gradient's staleness
+    # writes after exactly one other update landed since the read, or two or more, and their
+    # sum: with a write-back ("none") those updates are erased; otherwise they are only the
+    # gradient's staleness (always 0 under the lock)
     one = big = big_sum = 0
     whole = problem.nnz == problem.dim  # every update writes every coordinate (dense)
     go.wait()
@@ -151,32 +154,33 @@ def _worker(w, problem, shared, lock, go, mode, updates, lr, seed):
             break
         retried += spun
         step = lr * (a @ xv - y_all[e]) * a  # the gradient of this example, times lr
+        # The same bookkeeping in every mode, so that the modes differ only in how they write:
+        # updates that landed on the first coordinate's counter since our read (racy, too).
+        age = int(count[idx[0]] - c[0])
+        if age == 1:
+            one += 1
+        elif age >= 2:
+            big += 1
+            big_sum += age
         if mode == "seqlock":
             with lock:  # apply the delta to the CURRENT values: no write is lost
                 begin[idx] = stamp
                 x[idx] -= step
                 count[idx] += 1
                 end[idx] = stamp
-        else:
-            if mode in ("none", "inplace"):  # updates that landed since our read (racy, too)
-                age = int(count[idx[0]] - c[0])
-                if age == 1:
-                    one += 1
-                elif age >= 2:
-                    big += 1
-                    big_sum += age
-            if mode == "inplace":  # Hogwild: subtract in place, element by element, no lock
-                begin[idx] = stamp
-                np.subtract.at(x, idx, step)
-                np.add.at(count, idx, 1)
-                end[idx] = stamp
-            else:  # write back what we computed from what we read: a read-modify-write
-                begin[idx] = stamp
-                x[idx] = xv - step
-                count[idx] = c + 1
-                end[idx] = stamp
-            if mode == "lock":
-                lock.release()
+        elif mode == "inplace":  # Hogwild: subtract in place, element by element, no lock
+            begin[idx] = stamp
+            np.subtract.at(x, idx, step)
+            np.add.at(count, idx, 1)
+            end[idx] = stamp
+        else:  # write back what we computed from what we read: a read-modify-write
+            begin[idx] = stamp
+            x[idx] = xv - step
+            count[idx] = c + 1
+            end[idx] = stamp
+        done[w] = k + 1  # progress, published after every update (the loss samples read it)
+        if mode == "lock":
+            lock.release()
         if (k & 255) == 255 or k == updates - 1:
             stats[w] = (k + 1, reads, mixed, retries, one, big, big_sum, retried)
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -203,8 +207,10 @@ def hogwild(
     multiprocessing.Lock held across read, gradient and write), "seqlock" (reads retried
     until no write overlapped them, writes apply their delta under a lock held only for the
     write).
-    Every worker picks examples from its own seeded stream. The parent samples the loss
-    every `sample_every_s` while the workers run. No process outlives the call: workers
+    Every worker picks examples from its own seeded stream and publishes how many updates it
+    has done after each one. The parent samples the loss every `sample_every_s` while the
+    workers run: it reads the total of those counts, copies the parameters, and reads the
+    total again. No process outlives the call: workers
     still alive after `timeout` s are terminated, then killed, and the call raises.
 
     Returns a dict: mode, kind, workers, updates (total), expected (coordinate increments
@@ -213,19 +219,20 @@ def hogwild(
     retry of a seqlock read, so one update's read can count several), retried_reads (updates
     whose read needed at least one retry); for mode "none", from a racy look at the
     first touched coordinate's counter just before each write-back: overwrote_one (write-
-    backs that erased exactly one other update: two workers overlapping), rollbacks (write-
-    backs that erased two or more at once: the writer was held up between its read and its
-    write, descheduled or otherwise delayed, then wrote back old values) and rollback_mean
-    (updates erased per rollback);
-    for modes "none" and "inplace", age_mean (updates that landed between a worker's read and
-    its write, per update: erased by a write-back, only staleness for in-place adds);
+    backs that found exactly one update landed since their read), rollbacks (two or more)
+    and rollback_mean (updates found per rollback). That counter is itself written back, so
+    these say how stale the write-backs were, not exactly what each one erased;
+    age_mean (updates that landed between a worker's read and its write, per update, on the
+    same racy counter: erased by a write-back, only staleness otherwise; 0 under the lock);
     switches_involuntary / switches_voluntary (context switches of all workers while they
     ran, getrusage: the scheduler took the CPU away / the worker blocked);
     elapsed_s (the first worker's start to the
     last worker's finish, timed by the workers: the parent only polls), updates_per_s, cpu_s
     (CPU seconds of all workers), parallelism (cpu_s / elapsed_s: how many workers ran at
-    once, on average), curve_updates, curve_loss, curve_t (the sampled loss), initial_loss,
-    final_loss.
+    once, on average), curve_t, curve_loss (the sampled loss), curve_updates (updates done
+    just before the sample's copy of the parameters), curve_updates_after (just after it: the
+    copy holds between the two counts of updates, an update in flight possibly in part),
+    initial_loss, final_loss.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -237,16 +244,17 @@ def hogwild(
     begin = torch.zeros(problem.dim, dtype=torch.int64).share_memory_()
     end = torch.zeros(problem.dim, dtype=torch.int64).share_memory_()
     stats = torch.zeros((workers, 8), dtype=torch.int64).share_memory_()
+    done = torch.zeros(workers, dtype=torch.int64).share_memory_()  # updates done, per worker
     # cpu s, start, end, involuntary and voluntary context switches
     cpu = torch.zeros((workers, 5), dtype=torch.float64).share_memory_()
-    shared = (x, count, begin, end, stats, cpu)
+    shared = (x, count, begin, end, stats, cpu, done)
     lock, go = ctx.Lock(), ctx.Event()
     procs = [ctx.Process(target=_worker, name=f"hogwild-{w}", daemon=True,
                          args=(w, problem, shared, lock, go, mode, updates, lr, seed))
              for w in range(workers)]
-    xn, sn = x.numpy(), stats.numpy()
+    xn, sn, dn = x.numpy(), stats.numpy(), done.numpy()
     initial = loss(problem, xn)
-    curve_t, curve_u, curve_l = [0.0], [0], [initial]
+    curve_t, curve_u, curve_u2, curve_l = [0.0], [0], [0], [initial]
     try:
         for p in procs:
             p.start()
@@ -259,8 +267,10 @@ def hogwild(
                 raise TimeoutError(f"hogwild workers still running after {timeout} s")
             time.sleep(sample_every_s)
             curve_t.append(time.monotonic() - t0)
-            curve_u.append(int(sn[:, 0].sum()))
-            curve_l.append(loss(problem, xn.copy()))
+            curve_u.append(int(dn.sum()))
+            snap = xn.copy()
+            curve_u2.append(int(dn.sum()))
+            curve_l.append(loss(problem, snap))
         for p in procs:
             p.join()
         bad = [p.exitcode for p in procs if p.exitcode != 0]
@@ -287,6 +297,7 @@ def hogwild(
     final = loss(problem, xn)
     curve_t.append(elapsed)
     curve_u.append(total)
+    curve_u2.append(total)
     curve_l.append(final)
     return {
         "mode": mode, "kind": problem.kind, "workers": workers, "updates": total,
@@ -302,8 +313,46 @@ def hogwild(
         "elapsed_s": elapsed, "updates_per_s": total / elapsed,
         "cpu_s": cpu_s, "parallelism": cpu_s / elapsed,
         "curve_t": np.array(curve_t), "curve_updates": np.array(curve_u),
+        "curve_updates_after": np.array(curve_u2),
         "curve_loss": np.array(curve_l), "initial_loss": initial, "final_loss": final,
     }
+
+
+def writeback_model(workers: int = 4, window: float = 0.8, updates: int = 8_000,
+                    jitter: float = 0.1, seed: int = 0) -> dict:
+    """Write-backs with no pauses: an event model of `workers` workers, each on its own core.
+
+    Every worker loops with a period of 1 (times 1 + `jitter` x a standard normal, at least
+    0.1), starting at a random phase: it reads the parameters at the start of a loop and
+    writes back `window` of a loop later, its read snapshot plus its own update; nothing is
+    ever descheduled. Each write-back makes a new version: the one it read plus its update, so
+    the updates in the final version are a chain of write-backs, each of which read its
+    predecessor's result. `updates` in all, split over the workers.
+
+    Returns {"workers", "window", "updates", "lost_fraction" (updates missing from the final
+    version, exactly), "bound" ((workers - 1) / workers)}.
+    """
+    if workers < 1 or not 0 < window <= 1:
+        raise ValueError("need workers >= 1 and 0 < window <= 1")
+    rng = np.random.default_rng(seed)
+    per = max(1, updates // workers)
+    events = []  # (time, 0 = write / 1 = read, worker): at one instant a write goes first
+    for w in range(workers):
+        t = rng.random()
+        for period in np.maximum(0.1, 1 + jitter * rng.standard_normal(per)):
+            events += [(t, 1, w), (t + window * period, 0, w)]
+            t += period
+    events.sort()
+    current, snap = 0, [0] * workers  # the updates each version holds: its chain's length
+    total = 0
+    for _, kind, w in events:
+        if kind == 1:
+            snap[w] = current
+        else:
+            current = snap[w] + 1  # what was read, plus this update: the rest is erased
+            total += 1
+    return {"workers": workers, "window": window, "updates": total,
+            "lost_fraction": 1 - current / total, "bound": (workers - 1) / workers}
 
 
 # ---------------------------------------------------------------------------------------------
