@@ -40,12 +40,14 @@ STRINGS: dict[str, dict[str, str]] = {
     "choose_one": {"en": "Choose one answer.", "ru": "Выберите один ответ."},
     "choose_all": {"en": "Choose all correct answers.", "ru": "Выберите все верные ответы."},
     "numeric_hint": {
-        "en": "Type a number in {unit}; answers within ±{tol}% of the right one count.",
-        "ru": "Введите число в {unit}; засчитывается отклонение от верного ответа до ±{tol}%.",
+        "en": "Type a number in {unit}; answers within ±{tol}% of the right value (relative) "
+        "count.",
+        "ru": "Введите число в {unit}; засчитывается относительное отклонение от верного ответа "
+        "до ±{tol}%.",
     },
     "numeric_hint_nounit": {
-        "en": "Type a number; answers within ±{tol}% of the right one count.",
-        "ru": "Введите число; засчитывается отклонение от верного ответа до ±{tol}%.",
+        "en": "Type a number; answers within ±{tol}% of the right value (relative) count.",
+        "ru": "Введите число; засчитывается относительное отклонение от верного ответа до ±{tol}%.",
     },
     "open_hint": {
         "en": "Answer out loud or in writing, as in an interview, then compare with the model "
@@ -57,6 +59,7 @@ STRINGS: dict[str, dict[str, str]] = {
     "time_up": {"en": "Time is up.", "ru": "Время вышло."},
     "correct": {"en": "Correct.", "ru": "Верно."},
     "partial": {"en": "Partly covered.", "ru": "Частично."},
+    "self_graded": {"en": "Self-graded: {k}/{n}.", "ru": "Самооценка: {k}/{n}."},
     "wrong": {"en": "Not quite.", "ru": "Неверно."},
     "skipped": {"en": "Skipped.", "ru": "Пропущено."},
     "timeout": {
@@ -70,8 +73,8 @@ STRINGS: dict[str, dict[str, str]] = {
     "expected": {"en": "Expected: {value} {unit}", "ru": "Ожидалось: {value} {unit}"},
     "you_gave": {"en": "You answered: {value} {unit}", "ru": "Ваш ответ: {value} {unit}"},
     "tolerance": {
-        "en": "(answers within ±{tol}% of it are accepted)",
-        "ru": "(засчитываются ответы в пределах ±{tol}% от него)",
+        "en": "(answers within ±{tol}% of it, relative, are accepted)",
+        "ru": "(засчитываются ответы с относительным отклонением до ±{tol}% от него)",
     },
     "solution": {"en": "Worked solution", "ru": "Решение"},
     "answer_60s": {"en": "In 60 seconds", "ru": "За 60 секунд"},

@@ -89,7 +89,11 @@ def feedback_blocks(
     `model_answer=False` leaves out an open question's model answer (already on screen)."""
     inst, grade = result.instance, result.grade
     q = inst.question
-    blocks: list[Block] = [("h", t(grade.status, lang))]
+    heading = t(grade.status, lang)
+    if q.kind == "open" and grade.status not in ("skipped", "timeout"):
+        # ticked by the learner, not graded by the course
+        heading = t("self_graded", lang, k=len(grade.selected), n=len(inst.checklist(lang)))
+    blocks: list[Block] = [("h", heading)]
     if q.kind == "choice":
         correct = inst.correct_positions()
         for pos, text in enumerate(inst.options(lang)):

@@ -645,11 +645,20 @@ def static_sample(
     return "\n\n".join(out)
 
 
-def seed_question_text(qid: str, lang: str, bank: Bank | None = None) -> str:
-    """An open question with its model answer and key points, as plain text."""
+def seed_question_text(qid: str, lang: str, bank: Bank | None = None, *, full: bool = True) -> str:
+    """An open question with its model answer and key points, as plain text; with
+    `full=False`, only its 60-second version and key points."""
     bank = bank or Bank.load()
     inst = bank.draw(qid, 0)
-    blocks = question_blocks(inst, lang, bank)[1:-1] + open_reveal_blocks(inst, lang)
+    blocks = question_blocks(inst, lang, bank)[1:-1]
+    if full:
+        blocks += open_reveal_blocks(inst, lang)
+    else:
+        if bullets := inst.answer_60s(lang):
+            blocks.append(("h", t("answer_60s", lang)))
+            blocks += [("li", f"• {b}") for b in bullets]
+        blocks.append(("h", t("key_points", lang)))
+        blocks += [("li", f"{i + 1}. {p}") for i, p in enumerate(inst.checklist(lang))]
     return to_text(blocks)
 
 
