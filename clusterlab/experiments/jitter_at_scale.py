@@ -288,9 +288,11 @@ def jitter_growth(node_counts=(2, 4, 8), *, nic: str = "delay 200us", compute_s:
                   jitter: float = 1.0, steps: int = 30, nbytes: int = 4096,
                   period_s: float | None = None, cluster: Cluster | None = None) -> list[dict]:
     """Extra step time due to compute jitter against J x E[max of N uniforms] (J = compute_s x
-    jitter), measured twice: at the synchronisation point (when the last rank reached the
-    all-reduce, beyond the jitter-free compute time), and end to end (the mean step with
-    jitter minus the same run without); also the median steps against the median of the max.
+    jitter). The test is end to end: the mean step with jitter minus the same run without
+    (`extra_s`); also the median steps against the median of the max. `arrival_extra_s` (when
+    the last rank reached the all-reduce, beyond the jitter-free compute time) is taken before
+    any communication: it is the drawn maximum plus how late the sleeps wake, a check of the
+    draws (`drawn_max_s`), not of the synchronous step.
 
     Steps start on a common schedule (`period_s`, default compute x (1 + jitter) + 40 ms), so
     that every rank starts computing at the same instant, as E[max] assumes. (In a free-running
