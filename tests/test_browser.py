@@ -206,7 +206,7 @@ def test_throughput_explorer_redraws_within_1s_and_its_real_run_cancels(open_not
     path = "notebooks/04_jitter_and_scale.ipynb"
     with open_notebook(path) as nb:
         saved_outputs_show_no_widget_error(nb)
-        nb.run(nb.index_of("from clusterlab import Cluster, models"))
+        nb.run(nb.index_of("from clusterlab import Cluster"))
         view = explorer(nb.run(nb.index_of("explorer = ThroughputExplorer(")))
         nodes = slider(view, "nodes")
         summary = view.locator(":scope > .widget-html").nth(1)
