@@ -46,6 +46,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy import stats
 
 from .. import models
 from ..backend import match_intra_op_threads
@@ -540,8 +541,8 @@ def fit_compute(rows: list[dict]) -> list[dict]:
 def robust_band(values) -> float:
     """3 robust standard deviations (1.4826 x the median absolute deviation) of `values`:
     one disturbed value cannot set it, as it would a plain standard deviation."""
-    x = np.asarray(list(values), dtype=float)
-    return 3 * 1.4826 * float(np.median(np.abs(x - np.median(x))))
+    return 3 * float(stats.median_abs_deviation(np.asarray(list(values), dtype=float),
+                                                scale="normal"))
 
 
 @dataclass

@@ -28,6 +28,7 @@ noise cannot fake.
 from __future__ import annotations
 
 import numpy as np
+from scipy import stats
 
 from .. import doctor, models
 from ..cluster import Cluster
@@ -433,11 +434,10 @@ def size_sweep(nic: str = "delay 2ms rate 1gbit", sizes=DEFAULT_SIZES, repeats: 
 # --- (d) loss and retransmission tails ----------------------------------------------------------
 
 
-def rate_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95% (Wilson score) interval of a rate from k events in n trials."""
-    c = (k + z * z / 2) / (n + z * z)
-    h = z * np.sqrt(k * (n - k) / n + z * z / 4) / (n + z * z)
-    return float(max(c - h, 0.0)), float(min(c + h, 1.0))
+def rate_interval(k: int, n: int, *, confidence: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of a rate from k events in n trials (scipy's binomtest)."""
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
 
 
 def loss_tails(delay: str = "1ms", losses=(0, 1, 5), samples: int = 300, seed: int = 0) -> dict:
