@@ -126,6 +126,7 @@ def test_a_dead_node_shrinks_the_job_and_the_checkpoint_is_resharded():
     assert any(r["world"] == 2 for r in rounds[:-1])
     rs = run.resharding()
     assert (rs["step"], rs["saved_world"], rs["loaded_world"]) == (4, 2, 1) and rs["identical"]
+    assert rs["moments_identical"] and rs["moments"] > 0  # Adam's state resharded bit for bit
     # each of two ranks held half the first layer's rows; the one rank holds all of them
     assert rs["saved_shapes"]["0.weight"][0] * 2 == rs["loaded_shapes"]["0.weight"][0]
     # dim 0 is split like torch.chunk: the 1-row output layer sits whole on rank 0, rank 1's

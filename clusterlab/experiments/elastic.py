@@ -129,6 +129,10 @@ def _train(cfg: dict, node: str, work: Path, event) -> None:
     def full_params():  # an all-gather of every shard: every rank must call it
         return torch.cat([p.full_tensor().detach().flatten() for p in model.parameters()])
 
+    def full_moments():  # Adam's exp_avg and exp_avg_sq, all-gathered like the parameters
+        return torch.cat([opt.state[p][k].full_tensor().detach().flatten()
+                          for p in model.parameters() for k in ("exp_avg", "exp_avg_sq")])
+
     def shapes():
         return {k: list(v.to_local().shape) for k, v in model.state_dict().items()}
 
@@ -144,8 +148,11 @@ def _train(cfg: dict, node: str, work: Path, event) -> None:
         step = int(path.name.split("-")[1])
         loaded = json.loads((path / "saved.json").read_text())
     params = full_params()
+    moments = full_moments() if loaded else None
     if rank == 0:
         torch.save(params, work / f"resume-{os.getpid()}.pt")
+        if loaded:
+            torch.save(moments, work / f"resume-moments-{os.getpid()}.pt")
     event("resume", step=step, world=world, rank=rank, shapes=shapes(), loaded=loaded)
     while step < cfg["steps"]:
         if node == "B" and world == 2 and step == cfg["kill_step"]:
@@ -168,11 +175,12 @@ def _train(cfg: dict, node: str, work: Path, event) -> None:
             msd, osd = get_state_dict(model, opt)
             path = work / f"ckpt-{step:04d}"
             dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)  # a shard per rank
-            params = full_params()
+            params, moments = full_params(), full_moments()
             every = [None] * world  # each rank's shard shapes: dim 0 is split like torch.chunk
             dist.all_gather_object(every, shapes())
             if rank == 0:
                 torch.save(params, path / "params.pt")
+                torch.save(moments, path / "moments.pt")
                 (path / "saved.json").write_text(json.dumps(
                     {"step": step, "world": world, "shapes": shapes(), "rank_shapes": every}))
             dist.barrier()
@@ -225,6 +233,8 @@ class ElasticRun:
     leftover: list[int]  # processes of the job alive after it ended (none expected)
     saved: dict = field(default_factory=dict)  # checkpoint step -> full parameters saved
     resumed: dict = field(default_factory=dict)  # worker pid -> full parameters loaded
+    saved_moments: dict = field(default_factory=dict)  # checkpoint step -> Adam's moments saved
+    resumed_moments: dict = field(default_factory=dict)  # worker pid -> Adam's moments loaded
     final: object = None
     reference: object = None
 
@@ -277,7 +287,8 @@ class ElasticRun:
     def resharding(self) -> dict:
         """The checkpoint the smaller group loaded: who wrote it, how each parameter was
         split then (rank 0's shapes, and every rank's in `saved_rank_shapes`) and now, and
-        whether the loaded parameters are the saved ones."""
+        whether the loaded parameters and Adam's moments (exp_avg, exp_avg_sq) are the saved
+        ones."""
         import torch
 
         f = self.failure()
@@ -287,7 +298,10 @@ class ElasticRun:
         return {"step": step, "saved_world": res["loaded"]["world"],
                 "loaded_world": f["world_after"], "saved_shapes": res["loaded"]["shapes"],
                 "saved_rank_shapes": res["loaded"]["rank_shapes"], "loaded_shapes": res["shapes"],
-                "identical": bool(torch.equal(self.saved[step], self.resumed[res["pid"]]))}
+                "identical": bool(torch.equal(self.saved[step], self.resumed[res["pid"]])),
+                "moments_identical": bool(torch.equal(self.saved_moments[step],
+                                                      self.resumed_moments[res["pid"]])),
+                "moments": int(self.saved_moments[step].numel())}
 
     def step_seconds(self, world: int) -> list[float]:
         """Seconds between consecutive steps node A's worker completed at world size `world`,
@@ -415,8 +429,12 @@ def elastic_job(**options) -> ElasticRun:
                          leftover=leftover)
         for p in Path(work).glob("ckpt-*/params.pt"):
             run.saved[int(p.parent.name.split("-")[1])] = torch.load(p)
+        for p in Path(work).glob("ckpt-*/moments.pt"):
+            run.saved_moments[int(p.parent.name.split("-")[1])] = torch.load(p)
         for p in Path(work).glob("resume-*.pt"):
-            run.resumed[int(p.stem.split("-")[1])] = torch.load(p)
+            pid = int(p.stem.split("-")[-1])
+            (run.resumed_moments if p.stem.startswith("resume-moments-") else run.resumed)[pid] = \
+                torch.load(p)
         run.final = torch.load(Path(work, "final.pt"))
         run.reference = reference_params(cfg)
         return run
