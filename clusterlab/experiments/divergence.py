@@ -186,6 +186,7 @@ def _train_rank(faults, steps, features, hidden, batch, lr, seed, every, monitor
         gen = torch.Generator().manual_seed(7919 * (seed + 1) + rank)  # this rank's batches
         loss_log, eval_log, dist_log, finite_log, fp_log = [], [], [], [], []
         gnorm_log, ratio_log, unorm_log = [], [], []
+        delivered = []  # per alert: the step at whose end the monitor delivered it
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyncWarning)
             for step in range(steps):
@@ -242,6 +243,8 @@ def _train_rank(faults, steps, features, hidden, batch, lr, seed, every, monitor
                     ratio_log.append(update / float(before.norm()))
                     if s is not None:
                         s.record_loss(loss)
+                if mon is not None:  # a check's verdict arrives at the end of the next step
+                    delivered += [step] * (len(mon.alerts) - len(delivered))
                 model.eval()
                 with torch.no_grad():
                     eval_loss = F.mse_loss(model(x_eval), y_eval).item()
@@ -255,9 +258,11 @@ def _train_rank(faults, steps, features, hidden, batch, lr, seed, every, monitor
                 fp_log.append(fingerprint(model).tolist())
             alerts = []
             if mon is not None:
-                mon.check()
+                mon.check()  # the last verdict: after the loop, "reported" = steps
+                delivered += [steps] * (len(mon.alerts) - len(delivered))
                 alerts = [{"step": a.step, "kind": a.kind, "ranks": list(a.ranks),
-                           "message": a.message} for a in mon.alerts]
+                           "message": a.message, "reported": at}
+                          for a, at in zip(mon.alerts, delivered)]
                 report = mon.report()
                 mon.close()
         results[f.scenario if f.scenario not in results else f"{f.scenario}#{len(results)}"] = {
@@ -297,7 +302,9 @@ def train(faults=(Fault(),), steps: int = 40, world: int = 4, features: int = 8,
       "update_norm": (steps, world) ||w_after - w_before||: divided by grad_norm, the
                      learning rate SGD actually applied (compare with the configured lr),
       "params": (world, n) each replica's parameters after the last step (float64),
-      "alerts": rank 0's SyncMonitor alerts as dicts (step, kind, ranks, message),
+      "alerts": rank 0's SyncMonitor alerts as dicts (step, kind, ranks, message, and
+          "reported": the step at whose end the alert was delivered, `steps` for the
+          final mon.check(); "step" is the label, the step the problem was seen at),
       "report": rank 0's mon.report() ("" without a monitor),
       "injected": a gradient corruption's (element before, element after) on the faulty
                   rank, or None}}.
