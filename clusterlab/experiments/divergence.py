@@ -447,7 +447,9 @@ def _quiet() -> None:
     os.close(devnull)
 
 
-def _mismatch_rank(case, odd_rank):
+def _mismatch_rank(case, odd_rank, out_dir=None):
+    import json
+
     import torch
     import torch.distributed as dist
 
@@ -459,6 +461,9 @@ def _mismatch_rank(case, odd_rank):
         dist.broadcast(t, src=0)  # everybody else is in an all_reduce
     else:
         dist.all_reduce(t)
+    if out_dir is not None:  # what a rank that returned holds, even if a peer still waits
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(t.tolist(), f)
     return t.tolist()
 
 
@@ -476,24 +481,35 @@ def mismatched_collective(case: str = "op", debug: str | None = None, world: int
     checked against the other ranks' - op, shapes, dtypes - and a mismatch is a RuntimeError
     naming both). Always bounded by the cluster's `timeout`.
 
-    Returns describe_error's {"error", "ranks", "message"} plus "case", "debug", "wall_s";
-    "error" is None (and "result" set) if, against expectation, it went through.
+    Returns describe_error's {"error", "ranks", "message"} plus "case", "debug", "wall_s",
+    and "returned": {rank: its tensor after the call} for every rank that returned (also when
+    another rank still waits); "error" is None (and "result" set) if, against expectation, it
+    went through.
     """
+    import json
+    import tempfile
     import time
 
     if case not in MISMATCH_CASES:
         raise ValueError(f"case must be one of {MISMATCH_CASES}, got {case!r}")
     res = {"case": case, "debug": debug}
     t0 = time.monotonic()
-    try:
-        # "OFF" rather than unset: a level set in this process's environment is not inherited
-        with Cluster(nodes=world, nic=None, timeout=timeout,
-                     environ={"TORCH_DISTRIBUTED_DEBUG": debug or "OFF"}) as cl:
-            res.update(error=None, ranks=[], message="", result=cl.run(_mismatch_rank, case,
-                                                                       odd_rank))
-    except ClusterError as exc:
-        res.update(describe_error(exc))
-    res["wall_s"] = time.monotonic() - t0
+    with tempfile.TemporaryDirectory(prefix="clusterlab-mismatch-") as out_dir:
+        try:
+            # "OFF" rather than unset: a level set in this process's environment is not
+            # inherited
+            with Cluster(nodes=world, nic=None, timeout=timeout,
+                         environ={"TORCH_DISTRIBUTED_DEBUG": debug or "OFF"}) as cl:
+                res.update(error=None, ranks=[], message="",
+                           result=cl.run(_mismatch_rank, case, odd_rank, out_dir))
+        except ClusterError as exc:
+            res.update(describe_error(exc))
+        res["wall_s"] = time.monotonic() - t0
+        res["returned"] = {}
+        for r in range(world):
+            with contextlib.suppress(OSError, ValueError), \
+                    open(os.path.join(out_dir, f"rank{r}.json")) as f:
+                res["returned"][r] = json.load(f)
     return res
 
 
