@@ -282,7 +282,7 @@ def incast(counts: Sequence[int] = (1, 2, 4, 7), *, nbytes: int = MiB, nic: str 
 
 
 def ps_vs_ring(*, nodes: int = 8, nbytes: int = MiB, nic: str = NIC, repeats: int = 2,
-               seed: int = 0, timeout: float = 120) -> list[dict]:
+               dilation: float = 1.0, seed: int = 0, timeout: float = 120) -> list[dict]:
     """A parameter server (rank 0 sums the pushes of the others and sends the sum back) and
     a ring all-reduce of `nbytes` on `nodes` nodes of one leaf: the server's port takes an
     incast of nodes - 1 messages, the ring's ports one message a round each.
@@ -290,11 +290,14 @@ def ps_vs_ring(*, nodes: int = 8, nbytes: int = MiB, nic: str = NIC, repeats: in
     Row per algorithm: times, best, median, model (`fabric_models.bottleneck_time` on this
     fabric) and crossbar (the same with NIC shaping only, the package's "crossbar" fabric:
     no switch port, so only the NICs queue; a real crossbar switch would still have the
-    server's output port, where the pushes meet)."""
+    server's output port, where the pushes meet). `dilation` as in `oversubscribed`: the
+    ring's 2(p-1) steps each pay this machine's cost of a message exchange, which it divides."""
     fabric = incast_fabric(nodes, nic=nic)
     plan = [(a, nbytes, repeats, {}) for a in ("parameter_server", "ring")]
-    with _cluster(nodes=nodes, nic=nic, fabric=fabric, seed=seed, timeout=timeout) as cl:
-        times = _collective_times(cl.run(_collective_body, plan, START_MARGIN_S), plan)
+    with _cluster(nodes=nodes, nic=nic, fabric=fabric, seed=seed, timeout=timeout,
+                  dilation=dilation) as cl:
+        times = _collective_times(cl.run(_collective_body, plan, START_MARGIN_S), plan,
+                                  dilation)
     topo = Topology.build(nodes, 1, nic, fabric=fabric)
     flat = Topology.build(nodes, 1, nic)
     return [{"algorithm": a, "nbytes": nbytes, "nodes": nodes,
