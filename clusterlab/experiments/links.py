@@ -750,20 +750,21 @@ def plot_sweep(sweep: dict, axes=None):
 
 
 def plot_loss(tails: dict, ax=None):
-    """Sorted one-way delays (a quantile plot, log y) for every loss rate: measured (solid)
-    and the network's own draws for the same pings (`emulated_ms`, dashed), so that what
-    lies between them is this machine's addition."""
+    """Sorted one-way delays (a quantile plot, log y) for every loss rate: the network's own
+    draws for the pings (`emulated_ms`, coloured) and the measured delays (thin grey), so
+    that what lies between them is this machine's addition."""
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.4))
     for i, (p, r) in enumerate(tails.items()):
         q = (np.arange(len(r["one_way_ms"])) + 0.5) / len(r["one_way_ms"]) * 100
-        ax.plot(q, np.sort(r["one_way_ms"]), color=f"C{i}", label=f"loss {p:g}%: measured")
         if "emulated_ms" in r:
-            ax.plot(q, np.sort(r["emulated_ms"]), color=f"C{i}", ls="--", lw=1,
+            ax.plot(q, np.sort(r["emulated_ms"]), color=f"C{i}", lw=2,
                     label=f"loss {p:g}%: the network's draws")
-    ax.axhline(RTO_MIN_MS, color="gray", ls=":", lw=1, label="minimum RTO (200 ms)")
+        ax.plot(q, np.sort(r["one_way_ms"]), color="0.55", lw=1, ls=("-", "--", ":")[i % 3],
+                label=f"loss {p:g}%: measured")
+    ax.axhline(RTO_MIN_MS, color="k", ls="-.", lw=0.8, label="minimum RTO (200 ms)")
     ax.set_yscale("log")
     ax.set_xlim(50, 100)
     ax.set_xlabel("percentile (from the median up)")
