@@ -16,7 +16,7 @@ Mode "inplace" is Hogwild as the paper and PyTorch's shared-memory training writ
 worker subtracts its step from the shared coordinates in place, element by element
 (`np.subtract.at`, as `optimizer.step()`'s `param.add_` does on a shared tensor), so an
 update that lands meanwhile is not erased; only a racing load-add-store of the same element
-can lose one element's update. The write-back of mode "none" instead stores values computed
+can lose one element's update. The write-back of mode "writeback" instead stores values computed
 from its (possibly old) read, which erases everything that landed since.
 
 Fixes, each measured for its cost (updates per second) and its effect: a lock around the
@@ -56,7 +56,8 @@ from .common import use_or_open
 __all__ = ["ASYNC_VARIANTS", "MODES", "Problem", "async_collective_races", "hogwild", "loss",
            "make_problem", "sync_allreduce", "throughput", "writeback_model"]
 
-MODES = ("none", "inplace", "lock", "seqlock")
+MODES = ("writeback", "inplace", "lock", "seqlock")
+_ALIASES = {"none": "writeback"}  # the old name of the write-back mode
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def _worker(w, problem, shared, lock, go, mode, updates, lr, seed):
     order = np.random.default_rng([seed, w]).integers(0, problem.examples, updates)
     reads = mixed = retries = retried = 0  # retried: updates whose read needed >= 1 retry
     # writes after exactly one other update landed since the read, or two or more, and their
-    # sum: with a write-back ("none") those updates are erased; otherwise they are only the
+    # sum: with a write-back ("writeback") those updates are erased; otherwise they are only the
     # gradient's staleness (always 0 under the lock)
     one = big = big_sum = 0
     whole = problem.nnz == problem.dim  # every update writes every coordinate (dense)
@@ -193,7 +194,7 @@ def hogwild(
     workers: int = 4,
     updates: int = 20_000,
     lr: float = 0.1,
-    mode: str = "none",
+    mode: str = "writeback",
     seed: int = 0,
     *,
     sample_every_s: float = 0.005,
@@ -202,7 +203,7 @@ def hogwild(
     """`workers` processes each run `updates` SGD steps on one shared parameter vector.
 
     problem: a `Problem` or "dense"/"sparse" (`make_problem` with defaults).
-    mode: "none" (lock-free read-modify-write: write back values computed from the read),
+    mode: "writeback" (lock-free read-modify-write: write back values computed from the read),
     "inplace" (Hogwild: subtract the step in place, element by element), "lock" (a
     multiprocessing.Lock held across read, gradient and write), "seqlock" (reads retried
     until no write overlapped them, writes apply their delta under a lock held only for the
@@ -217,7 +218,7 @@ def hogwild(
     that should have happened), counted, lost (= expected - counted), lost_fraction,
     reads (read attempts, retries included), mixed_reads, mixed_fraction, retries (every
     retry of a seqlock read, so one update's read can count several), retried_reads (updates
-    whose read needed at least one retry); for mode "none", from a racy look at the
+    whose read needed at least one retry); for mode "writeback", from a racy look at the
     first touched coordinate's counter just before each write-back: overwrote_one (write-
     backs that found exactly one update landed since their read), rollbacks (two or more)
     and rollback_mean (updates found per rollback). That counter is itself written back, so
@@ -234,6 +235,7 @@ def hogwild(
     copy holds between the two counts of updates, an update in flight possibly in part),
     initial_loss, final_loss.
     """
+    mode = _ALIASES.get(mode, mode)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if isinstance(problem, str):
@@ -305,8 +307,9 @@ def hogwild(
         "lost_fraction": (expected - counted) / expected,
         "reads": reads, "mixed_reads": mixed, "mixed_fraction": mixed / max(reads, 1),
         "retries": retries, "retried_reads": retried,
-        "overwrote_one": one if mode == "none" else 0, "rollbacks": big if mode == "none" else 0,
-        "rollback_mean": big_sum / big if big and mode == "none" else 0.0,
+        "overwrote_one": one if mode == "writeback" else 0,
+        "rollbacks": big if mode == "writeback" else 0,
+        "rollback_mean": big_sum / big if big and mode == "writeback" else 0.0,
         "age_mean": (one + big_sum) / total,
         "switches_involuntary": int(times[:, 3].sum()),
         "switches_voluntary": int(times[:, 4].sum()),
