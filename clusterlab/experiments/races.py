@@ -15,9 +15,11 @@ reads the coordinates an example touches, computes its gradient, and writes the 
 Mode "inplace" is Hogwild as the paper and PyTorch's shared-memory training write it: the
 worker subtracts its step from the shared coordinates in place, element by element
 (`np.subtract.at`, as `optimizer.step()`'s `param.add_` does on a shared tensor), so an
-update that lands meanwhile is not erased; only a racing load-add-store of the same element
-can lose one element's update. The write-back of mode "writeback" instead stores values computed
-from its (possibly old) read, which erases everything that landed since.
+update that lands meanwhile is not erased, except inside one element's load-to-store window:
+rare, unless the worker is descheduled there, when its store erases every increment the
+others made to that element during their time slice (up to thousands on the dense problem).
+The write-back of mode "writeback" instead stores values computed from its (possibly old)
+read, which erases everything that landed since.
 
 Fixes, each measured for its cost (updates per second) and its effect: a lock around the
 whole read-compute-write ("lock"); lock-free reads retried until consistent plus writes that
