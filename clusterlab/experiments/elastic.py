@@ -150,7 +150,7 @@ def _train(cfg: dict, node: str, work: Path, event) -> None:
     params = full_params()
     moments = full_moments() if loaded else None
     if rank == 0:
-        torch.save(params, work / f"resume-{os.getpid()}.pt")
+        torch.save(params, work / f"resume-params-{os.getpid()}.pt")
         if loaded:
             torch.save(moments, work / f"resume-moments-{os.getpid()}.pt")
     event("resume", step=step, world=world, rank=rank, shapes=shapes(), loaded=loaded)
@@ -427,14 +427,13 @@ def elastic_job(**options) -> ElasticRun:
 
         run = ElasticRun(config=cfg, returncodes=codes, wall_s=wall, events=events,
                          leftover=leftover)
-        for p in Path(work).glob("ckpt-*/params.pt"):
-            run.saved[int(p.parent.name.split("-")[1])] = torch.load(p)
-        for p in Path(work).glob("ckpt-*/moments.pt"):
-            run.saved_moments[int(p.parent.name.split("-")[1])] = torch.load(p)
-        for p in Path(work).glob("resume-*.pt"):
-            pid = int(p.stem.split("-")[-1])
-            (run.resumed_moments if p.stem.startswith("resume-moments-") else run.resumed)[pid] = \
-                torch.load(p)
+        # checkpoint step -> what it saved; worker pid -> what that worker loaded
+        for name, saved, resumed in (("params", run.saved, run.resumed),
+                                     ("moments", run.saved_moments, run.resumed_moments)):
+            for p in Path(work).glob(f"ckpt-*/{name}.pt"):
+                saved[int(p.parent.name.split("-")[1])] = torch.load(p)
+            for p in Path(work).glob(f"resume-{name}-*.pt"):
+                resumed[int(p.stem.rsplit("-", 1)[1])] = torch.load(p)
         run.final = torch.load(Path(work, "final.pt"))
         run.reference = reference_params(cfg)
         return run
