@@ -232,7 +232,8 @@ def _train_rank(faults, steps, features, hidden, batch, lr, seed, every, monitor
                     gnorm_log.append(float(torch.cat([g.reshape(-1) for g in grads]).norm()))
                     before = _flat(model)
                     if f.scenario == "float64_update" and me:
-                        with torch.no_grad():  # the same update, rounded once instead of twice
+                        with torch.no_grad():  # the same update in float64 arithmetic; its float32
+                            # rounding differs from opt.step()'s on some elements
                             for p in model.parameters():
                                 p.copy_((p.double() - lr * p.grad.double()).float())
                     else:
