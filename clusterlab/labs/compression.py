@@ -1,5 +1,5 @@
 """Lab 10: a top-k DDP communication hook with error feedback (follows notebook
-11_compressing_communication).
+11b_error_feedback_and_accuracy).
 
 The learner writes:
 
@@ -31,7 +31,7 @@ import numpy as np
 from .core import Fail, Lab, NotDone
 
 LAB = Lab("10_compression_hook", "A top-k compression hook with error feedback",
-          follows="11_compressing_communication")
+          follows="11b_error_feedback_and_accuracy")
 
 FEATURES, ROWS = 64, 256  # the regression task: ROWS samples per rank, FEATURES weights
 STEPS, LR = 60, 0.1  # full-batch SGD steps, learning rate
