@@ -192,6 +192,12 @@ def test_mismatched_collectives_end_in_a_named_error(case):
     assert r["error"] == "RankError", r
     assert "Detected mismatch between collectives" in r["message"]
     assert "Rank 1 is running collective" in r["message"]
+    # either rank may be the one to raise: its own collective comes first in the message
+    sides = {"op": ("Op type: ALLREDUCE", "BROADCAST"), "size": ("Tensor shapes: 4", "8"),
+             "smaller": ("Tensor shapes: 4", "2")}[case]
+    first, other = sides
+    kind, mine = first.rsplit(" ", 1)
+    assert r["said"] in (f"{kind} {mine} vs {other}", f"{kind} {other} vs {mine}"), r["said"]
     assert r["wall_s"] < 10  # an error, not the timeout
 
 
@@ -205,6 +211,24 @@ def test_a_smaller_message_lets_the_sender_return_and_the_receiver_hang():
     r = D.mismatched_collective("smaller", debug=None, timeout=2.0)
     assert r["error"] == "ClusterTimeout" and r["ranks"] == [0], r
     assert "returned already: rank 1" in r["message"]
+    # the ranks start from different values, so what rank 1 holds says whose data it is
+    assert r["inputs"] == {0: [1.0] * 4, 1: [2.0] * 2} and r["sum"] == 3.0
+    assert r["returned"][1] != [3.0, 3.0], "rank 1 returned, but not with the sum"
+    assert r["held"][1] == D.classify_held(r["returned"][1], 1, 2)
+    assert r["said"] == "nothing: still waiting"
+
+
+def test_classify_held_names_whose_inputs_a_rank_holds():
+    # rank r's input is 2**r: 1.0 on rank 0, 2.0 on rank 1, 4.0 on rank 2
+    assert [D.mismatch_input(r) for r in range(3)] == [1.0, 2.0, 4.0]
+    assert D.classify_held([2.0, 2.0], 1, 2) == "its own input"
+    assert D.classify_held([1.0, 1.0], 1, 2) == "rank 0's input"
+    assert D.classify_held([3.0], 0, 2) == "the sum of every rank's input"
+    assert D.classify_held([5.0], 1, 3) == "a partial sum of ranks 0, 2"
+    assert D.classify_held([1.0, 3.0, 3.0], 1, 2) == (
+        "a mix: 1 x rank 0's input; 2 x the sum of every rank's input")
+    for odd in ([0.0], [2.5], [8.0], [float("nan")]):
+        assert D.classify_held(odd, 1, 2) == "other values"
 
 
 def test_groups_used_in_opposite_orders_deadlock():

@@ -456,8 +456,9 @@ def _mismatch_rank(case, odd_rank, out_dir=None):
 
     _quiet()
     rank = dist.get_rank()
-    odd = {"size": 8, "smaller": 2}.get(case, 4)
-    t = torch.ones(odd if rank == odd_rank else 4)
+    # Rank r holds 2**r: every sum of some ranks' inputs is a different number, so what a rank
+    # holds afterwards says whose inputs went into it (its own, a peer's, the sum, a mix).
+    t = torch.full((_mismatch_len(case, rank, odd_rank),), mismatch_input(rank))
     if case == "op" and rank == odd_rank:
         dist.broadcast(t, src=0)  # everybody else is in an all_reduce
     else:
@@ -471,6 +472,58 @@ def _mismatch_rank(case, odd_rank, out_dir=None):
 MISMATCH_CASES = ("op", "size", "smaller")
 
 
+def _mismatch_len(case: str, rank: int, odd_rank: int) -> int:
+    """Elements in rank `rank`'s tensor: 4, but the odd rank's has 8 in "size", 2 in "smaller"."""
+    return {"size": 8, "smaller": 2}.get(case, 4) if rank == odd_rank else 4
+
+
+def mismatch_input(rank: int) -> float:
+    """The value every element of rank `rank`'s tensor holds in `mismatched_collective`: 2**rank,
+    so that each sum of a set of ranks' inputs is a different number."""
+    return float(2 ** rank)
+
+
+def _contributors(value: float, world: int) -> list[int] | None:
+    """The ranks whose inputs (2**r) add up to `value`, or None if no set of them does."""
+    if not (value == value and 0 < value < 2 ** world and float(value).is_integer()):
+        return None
+    return [r for r in range(world) if int(value) >> r & 1]
+
+
+def classify_held(held: list[float], rank: int, world: int) -> str:
+    """What rank `rank` holds after a mismatched all_reduce, in words, element by element: its
+    own input, a peer's input, the sum of every rank's input (the correct result), a partial
+    sum of some ranks' inputs, or other values; "a mix: ..." when the elements differ."""
+    def label(value):
+        ranks = _contributors(value, world)
+        if ranks is None:
+            return "other values"
+        if ranks == [rank]:
+            return "its own input"
+        if len(ranks) == 1:
+            return f"rank {ranks[0]}'s input"
+        if len(ranks) == world:
+            return "the sum of every rank's input"
+        return "a partial sum of ranks " + ", ".join(map(str, ranks))
+
+    labels = [label(v) for v in held]
+    kinds = list(dict.fromkeys(labels))
+    if len(kinds) == 1:
+        return kinds[0]
+    return "a mix: " + "; ".join(f"{labels.count(k)} x {k}" for k in kinds)
+
+
+def _what_it_says(res: dict) -> str:
+    """The part of a mismatch error a person reads: DETAIL's "differ in" line, or, with no
+    error message from torch, how the run ended (a signal, or ranks still waiting)."""
+    if res["error"] == "RankError":
+        said = res["message"].split("differ in the following aspects:")[-1].strip()
+        return said.replace("Tensor Tensor shapes", "Tensor shapes")  # torch doubles the word
+    if res["error"] is None:
+        return "nothing: it went through"
+    return "nothing: " + ("signal SIGABRT" if "SIGABRT" in res["message"] else "still waiting")
+
+
 def mismatched_collective(case: str = "op", debug: str | None = None, world: int = 2,
                           odd_rank: int = 1, timeout: float = 3.0) -> dict:
     """Rank `odd_rank` calls a different collective ("op": broadcast while the others call
@@ -482,10 +535,15 @@ def mismatched_collective(case: str = "op", debug: str | None = None, world: int
     checked against the other ranks' - op, shapes, dtypes - and a mismatch is a RuntimeError
     naming both). Always bounded by the cluster's `timeout`.
 
+    Rank r's tensor holds `mismatch_input(r)` = 2**r in every element, so that what a rank
+    holds afterwards tells whose inputs reached it.
+
     Returns describe_error's {"error", "ranks", "message"} plus "case", "debug", "wall_s",
-    and "returned": {rank: its tensor after the call} for every rank that returned (also when
-    another rank still waits); "error" is None (and "result" set) if, against expectation, it
-    went through.
+    "said" (the part of the error a person reads: DETAIL's "differ in" line, or how the run
+    ended), "inputs": {rank: its tensor before the call}, "returned": {rank: its tensor after
+    the call} for every rank that returned (also when another rank still waits), "held":
+    {rank: `classify_held` of it}, and "sum": the correct element value, the sum of every
+    rank's input; "error" is None (and "result" set) if, against expectation, it went through.
     """
     import json
     import tempfile
@@ -511,6 +569,11 @@ def mismatched_collective(case: str = "op", debug: str | None = None, world: int
             with contextlib.suppress(OSError, ValueError), \
                     open(os.path.join(out_dir, f"rank{r}.json")) as f:
                 res["returned"][r] = json.load(f)
+    res["inputs"] = {r: [mismatch_input(r)] * _mismatch_len(case, r, odd_rank)
+                     for r in range(world)}
+    res["held"] = {r: classify_held(v, r, world) for r, v in res["returned"].items()}
+    res["sum"] = sum(mismatch_input(r) for r in range(world))
+    res["said"] = _what_it_says(res)
     return res
 
 
