@@ -42,6 +42,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -641,10 +642,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.nproc_per_node < 2:
             parser.error(f"--nproc-per-node must be >= 2, got {args.nproc_per_node}")
         # Not under torchrun: one host, torchrun started for us with these same arguments.
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(args.nproc_per_node), "-m", "clusterlab.nettest",
-               *(sys.argv[1:] if argv is None else argv)]
-        return subprocess.call(cmd)
+        # --log-dir: without it the agent leaves a /tmp/torchelastic_* directory behind.
+        with tempfile.TemporaryDirectory(prefix="clusterlab-nettest-") as logs:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node", str(args.nproc_per_node), "--log-dir", logs,
+                   "-m", "clusterlab.nettest", *(sys.argv[1:] if argv is None else argv)]
+            return subprocess.call(cmd)
     import torch.distributed as dist
 
     backend = _backend(args.backend)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -16,9 +18,13 @@ def live_children() -> list[psutil.Process]:
 
 @pytest.fixture
 def no_leftovers():
-    """Fail the test if a process it started is still alive 3 s after it ended."""
+    """Fail the test if a process it started is still alive 3 s after it ended, or if a
+    torchrun agent it started left its log directory in the temp dir."""
     before = {p.pid for p in live_children()}
+    agent_dirs = set(Path(tempfile.gettempdir()).glob("torchelastic_*"))
     yield
+    new_dirs = set(Path(tempfile.gettempdir()).glob("torchelastic_*")) - agent_dirs
+    assert not new_dirs, f"torchrun log directories left behind: {sorted(map(str, new_dirs))}"
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
         left = [p for p in live_children() if p.pid not in before]

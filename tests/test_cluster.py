@@ -241,7 +241,8 @@ def test_an_ordinary_script_under_torchrun(tmp_path):
         port = s.getsockname()[1]
     proc = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-addr", "127.0.0.1", "--master-port", str(port), str(script)],
+         "--master-addr", "127.0.0.1", "--master-port", str(port),
+         "--log-dir", str(tmp_path / "agent-logs"), str(script)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:

@@ -63,7 +63,7 @@ def test_bad_job_options_are_named_and_leave_nothing(options, match):
     assert not scratch_left()
 
 
-def test_torchrun_restarts_a_killed_rank_from_its_checkpoint():
+def test_torchrun_restarts_a_killed_rank_from_its_checkpoint(no_leftovers):
     job = failures.torchrun_job(nodes=2, steps=8, interval=3, failures=[4], compute_s=0.02,
                                 state_mb=1.0, timeout_s=90)
     assert job.returncode == 0 and job.attempts == 2
@@ -108,7 +108,7 @@ def elastic_left() -> list[str]:
 
 
 @pytest.mark.timeout(240)
-def test_a_dead_node_shrinks_the_job_and_the_checkpoint_is_resharded():
+def test_a_dead_node_shrinks_the_job_and_the_checkpoint_is_resharded(no_leftovers):
     """Two torchrun agents (--nnodes 1:2), node B dies at step 5: node A continues alone from
     the step-4 DCP checkpoint that two ranks wrote, and ends where one process would."""
     from clusterlab.experiments import elastic

@@ -152,7 +152,8 @@ def test_two_hosts_under_torchrun(tmp_path, no_leftovers):
             local = {"A": endpoint, "B": endpoint}
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
                     "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                    f"{endpoint}:{port}", "--rdzv-id", f"mh{port}", "--monitor-interval", "0.2"]
+                    f"{endpoint}:{port}", "--rdzv-id", f"mh{port}", "--monitor-interval", "0.2",
+                    "--log-dir", str(tmp_path / "agent-logs")]
         # Host A runs the rendezvous store: say so (c10d's own guess, by the hostname's
         # addresses, cannot see a namespace's).
         spec = [(h, [*wrap[h], *torchrun, "--local-addr", local[h], "--rdzv-conf",

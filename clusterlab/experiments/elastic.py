@@ -398,6 +398,8 @@ def elastic_job(**options) -> ElasticRun:
                    f"127.0.0.1:{port}", "--rdzv-id", f"elastic{port}", "--local-addr",
                    "127.0.0.1", "--rdzv-conf", f"is_host={int(node == 'A')},{conf}",
                    "--max-restarts", str(cfg["max_restarts"]), "--monitor-interval", "0.1",
+                   # Without --log-dir each agent makes /tmp/torchelastic_* and leaves it.
+                   "--log-dir", os.path.join(work, f"agent-logs-{node}"),
                    "-m", "clusterlab.experiments.elastic"]
             log = open(os.path.join(work, f"agent-{node}.log"), "w")  # noqa: SIM115
             logs.append(log)

@@ -324,6 +324,8 @@ def torchrun_job(**options) -> JobRun:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(cfg["nodes"]), "--max-restarts",
                str(cfg["max_restarts"]), "--monitor-interval", "0.1",
+               # Without --log-dir the agent makes /tmp/torchelastic_* and never removes it.
+               "--log-dir", os.path.join(work, "agent-logs"),
                "-m", "clusterlab.experiments.failures"]
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, env=env, cwd=work, stdout=subprocess.DEVNULL,
