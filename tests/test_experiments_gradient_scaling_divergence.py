@@ -216,6 +216,26 @@ def test_a_smaller_message_lets_the_sender_return_and_the_receiver_hang():
     assert r["returned"][1] != [3.0, 3.0], "rank 1 returned, but not with the sum"
     assert r["held"][1] == D.classify_held(r["returned"][1], 1, 2)
     assert r["said"] == "nothing: still waiting"
+    assert r["stderr"] == {0: None, 1: None}  # neither rank printed a diagnostic
+
+
+def test_a_larger_message_aborts_the_receiver_with_gloos_own_diagnostic():
+    r = D.mismatched_collective("size", debug=None, timeout=2.0)
+    assert r["error"] == "RankDied" and r["ranks"] == [0], r
+    # Gloo's size check prints its diagnosis to rank 0's stderr before the abort (torch 2.13)
+    assert D.GLOO_MISMATCH_HINT in r["stderr"][0], r["stderr"]
+    assert r["said"].startswith("rank 0, Gloo: ") and r["said"].endswith("then signal SIGABRT")
+
+
+def test_gloo_diagnostic_keeps_the_sentence_a_person_reads():
+    log = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+           "  what():  [enforce fail at /x/gloo/transport/tcp/pair.cc:456] op.preamble.length "
+           "<= op.nbytes. 8 vs 4. Received data size doesn't match expected size. Is there a "
+           "distributed collective mismatch in your code?\n")
+    assert D.gloo_diagnostic(log) == ("Received data size doesn't match expected size. Is "
+                                      "there a distributed collective mismatch in your code?")
+    assert D.gloo_diagnostic("  what():  something else\n") == "something else"
+    assert D.gloo_diagnostic("") is None and D.gloo_diagnostic("a warning\n") is None
 
 
 def test_classify_held_names_whose_inputs_a_rank_holds():

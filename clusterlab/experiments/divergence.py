@@ -440,12 +440,17 @@ def data_order(dataset_size: int = 64, epochs: int = 2, world: int = 4, set_epoc
 # --- mismatched collectives and hangs ---------------------------------------------------------
 
 
-def _quiet() -> None:
-    """Send this rank's C++ stderr (Gloo's and c10d's log lines) to /dev/null: the error
-    itself comes back through the launcher. The rank's cluster is closed right after."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    os.close(devnull)
+def _quiet(path: str | None = None) -> None:
+    """Send this rank's C++ stderr (Gloo's and c10d's log lines) to the file `path`, or to
+    /dev/null: the error itself comes back through the launcher. The rank's cluster is closed
+    right after."""
+    import faulthandler
+
+    fd = os.open(path or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 2)
+    os.close(fd)
+    if faulthandler.is_enabled():  # e.g. inherited from pytest, writing to its own copy of fd 2
+        faulthandler.enable(file=2)
 
 
 def _mismatch_rank(case, odd_rank, out_dir=None):
@@ -454,8 +459,9 @@ def _mismatch_rank(case, odd_rank, out_dir=None):
     import torch
     import torch.distributed as dist
 
-    _quiet()
     rank = dist.get_rank()
+    # What Gloo prints before it aborts a rank (a job's log would show it) goes to a file
+    _quiet(None if out_dir is None else os.path.join(out_dir, f"rank{rank}.stderr"))
     # Rank r holds 2**r: every sum of some ranks' inputs is a different number, so what a rank
     # holds afterwards says whose inputs went into it (its own, a peer's, the sum, a mix).
     t = torch.full((_mismatch_len(case, rank, odd_rank),), mismatch_input(rank))
@@ -513,15 +519,42 @@ def classify_held(held: list[float], rank: int, world: int) -> str:
     return "a mix: " + "; ".join(f"{labels.count(k)} x {k}" for k in kinds)
 
 
+GLOO_MISMATCH_HINT = "Is there a distributed collective mismatch"
+
+
+def gloo_diagnostic(stderr: str) -> str | None:
+    """Gloo's own diagnostic in a rank's stderr, shortened to what a person reads: the sentence
+    before GLOO_MISMATCH_HINT and the hint itself (Gloo's check that a message fits the buffer
+    posted for it, gloo/transport/tcp/pair.cc), else the text of the first `what():` line (an
+    uncaught C++ exception), else None."""
+    lines = stderr.splitlines()
+    for line in lines:
+        if GLOO_MISMATCH_HINT in line:
+            found = re.search(r"[^.\]]*\.\s*[^.]*" + GLOO_MISMATCH_HINT + r"[^?]*\?", line)
+            return found[0].strip() if found else line.split("what():")[-1].strip()
+    for line in lines:
+        if "what():" in line:
+            return line.split("what():", 1)[1].strip()[:160] or None
+    return None
+
+
 def _what_it_says(res: dict) -> str:
-    """The part of a mismatch error a person reads: DETAIL's "differ in" line, or, with no
-    error message from torch, how the run ended (a signal, or ranks still waiting)."""
+    """The part of a mismatch's outcome a person reads: DETAIL's "differ in" line; else
+    Gloo's own diagnostic from a rank's stderr (`res["stderr"]`) and how the run ended;
+    else "nothing: " and how it ended (a signal, ranks still waiting)."""
     if res["error"] == "RankError":
         said = res["message"].split("differ in the following aspects:")[-1].strip()
         return said.replace("Tensor Tensor shapes", "Tensor shapes")  # torch doubles the word
     if res["error"] is None:
-        return "nothing: it went through"
-    return "nothing: " + ("signal SIGABRT" if "SIGABRT" in res["message"] else "still waiting")
+        ended = "it went through"
+    elif "SIGABRT" in res["message"]:
+        ended = "signal SIGABRT"
+    else:
+        ended = "still waiting"
+    for rank, line in sorted(res.get("stderr", {}).items()):
+        if line:
+            return f'rank {rank}, Gloo: "{line}"; then {ended}'
+    return "nothing: " + ended
 
 
 def mismatched_collective(case: str = "op", debug: str | None = None, world: int = 2,
@@ -539,11 +572,13 @@ def mismatched_collective(case: str = "op", debug: str | None = None, world: int
     holds afterwards tells whose inputs reached it.
 
     Returns describe_error's {"error", "ranks", "message"} plus "case", "debug", "wall_s",
-    "said" (the part of the error a person reads: DETAIL's "differ in" line, or how the run
-    ended), "inputs": {rank: its tensor before the call}, "returned": {rank: its tensor after
-    the call} for every rank that returned (also when another rank still waits), "held":
-    {rank: `classify_held` of it}, and "sum": the correct element value, the sum of every
-    rank's input; "error" is None (and "result" set) if, against expectation, it went through.
+    "said" (the part of the outcome a person reads: DETAIL's "differ in" line, or Gloo's own
+    diagnostic from a rank's stderr and how the run ended, or "nothing: " and how it ended),
+    "stderr": {rank: `gloo_diagnostic` of that rank's C++ stderr, or None}, "inputs": {rank:
+    its tensor before the call}, "returned": {rank: its tensor after the call} for every rank
+    that returned (also when another rank still waits), "held": {rank: `classify_held` of it},
+    and "sum": the correct element value, the sum of every rank's input; "error" is None (and
+    "result" set) if, against expectation, it went through.
     """
     import json
     import tempfile
@@ -569,6 +604,12 @@ def mismatched_collective(case: str = "op", debug: str | None = None, world: int
             with contextlib.suppress(OSError, ValueError), \
                     open(os.path.join(out_dir, f"rank{r}.json")) as f:
                 res["returned"][r] = json.load(f)
+        res["stderr"] = {}
+        for r in range(world):
+            res["stderr"][r] = None
+            with contextlib.suppress(OSError), \
+                    open(os.path.join(out_dir, f"rank{r}.stderr"), errors="replace") as f:
+                res["stderr"][r] = gloo_diagnostic(f.read())
     res["inputs"] = {r: [mismatch_input(r)] * _mismatch_len(case, r, odd_rank)
                      for r in range(world)}
     res["held"] = {r: classify_held(v, r, world) for r, v in res["returned"].items()}
