@@ -99,7 +99,8 @@ def _worker() -> None:
             log.write(json.dumps({"kind": kind, "t": time.monotonic_ns(), "node": node,
                                   "restart": restart, "pid": os.getpid(), **data}) + "\n")
 
-        event("process")  # Python is up (torch not yet imported)
+        # this module runs: the interpreter has started and imported clusterlab, hence torch
+        event("process")
         try:
             _train(cfg, node, work, event)
         except Exception as exc:
@@ -118,7 +119,7 @@ def _train(cfg: dict, node: str, work: Path, event) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    event("imported")  # torch is loaded: the interpreter's start-up is over
+    event("imported")  # torch.distributed's DCP, state_dict, device mesh and FSDP modules loaded
     dist.init_process_group("gloo", timeout=timedelta(seconds=cfg["collective_timeout_s"]))
     event("group")  # the process group exists (its store was set up by this rendezvous)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -260,12 +261,13 @@ class ElasticRun:
 
     def failure(self) -> dict:
         """The node's death and the recovery, from the events (seconds on the shared clock):
-        detected_s: kill to the survivor's error; regrouped_s: kill to the new group's first
-        worker process (the agent stopping the old worker, the rendezvous round without the
-        dead node, incl. its keep-alive expiry and the last call, and spawning the new
-        interpreter); imported_s, group_s: kill to torch imported and to the process group
-        created in that worker; resumed_s: kill to the checkpoint loaded at the new world
-        size (after the resharding load and one all-gather of the parameters)."""
+        detected_s: kill to the survivor's error; regrouped_s: kill to this module's code
+        running in the new group's worker (the agent stopping the old worker, the rendezvous
+        round without the dead node, incl. its keep-alive expiry and the last call, spawning
+        the new interpreter, its start-up and its import of clusterlab, hence of torch);
+        imported_s, group_s: kill to torch.distributed's DCP and FSDP modules imported and to
+        the process group created in that worker; resumed_s: kill to the checkpoint loaded at
+        the new world size (after the resharding load and one all-gather of the parameters)."""
         (kill,) = self._of("kill")
 
         def first(kind: str) -> dict | None:
@@ -344,8 +346,8 @@ class ElasticRun:
         if f["regrouped_s"] is not None and f["resumed_s"] is not None:
             kill_s = (self._of("kill")[0]["t"] - self.t0) / 1e9
             for lo, hi, colour, text in (
-                    (0.0, f["regrouped_s"], "0.85", "rendezvous without B"),
-                    (f["regrouped_s"], f["resumed_s"], "0.93", "new worker: start, load")):
+                    (0.0, f["regrouped_s"], "0.85", "detect, rendezvous,\nnew Python + torch"),
+                    (f["regrouped_s"], f["resumed_s"], "0.93", "worker code: imports, load")):
                 ax.axvspan(kill_s + lo, kill_s + hi, color=colour, zorder=0)
                 ax.text(kill_s + (lo + hi) / 2, 0.5 * (1 + self.config["steps"]), text,
                         ha="center", va="center", fontsize=8, rotation=90, color="0.3")
