@@ -551,7 +551,7 @@ def _what_it_says(res: dict) -> str:
         ended = "signal SIGABRT"
     else:
         ended = "still waiting"
-    for rank, line in sorted(res.get("stderr", {}).items()):
+    for rank, line in sorted(res["stderr"].items()):
         if line:
             return f'rank {rank}, Gloo: "{line}"; then {ended}'
     return "nothing: " + ended
@@ -599,17 +599,16 @@ def mismatched_collective(case: str = "op", debug: str | None = None, world: int
         except ClusterError as exc:
             res.update(describe_error(exc))
         res["wall_s"] = time.monotonic() - t0
-        res["returned"] = {}
+        res["returned"], res["stderr"] = {}, {}
         for r in range(world):
             with contextlib.suppress(OSError, ValueError), \
                     open(os.path.join(out_dir, f"rank{r}.json")) as f:
                 res["returned"][r] = json.load(f)
-        res["stderr"] = {}
-        for r in range(world):
-            res["stderr"][r] = None
+            stderr = ""
             with contextlib.suppress(OSError), \
                     open(os.path.join(out_dir, f"rank{r}.stderr"), errors="replace") as f:
-                res["stderr"][r] = gloo_diagnostic(f.read())
+                stderr = f.read()
+            res["stderr"][r] = gloo_diagnostic(stderr)
     res["inputs"] = {r: [mismatch_input(r)] * _mismatch_len(case, r, odd_rank)
                      for r in range(world)}
     res["held"] = {r: classify_held(v, r, world) for r, v in res["returned"].items()}
