@@ -48,6 +48,7 @@ import psutil
 
 from . import shaping as kernel_shaping
 from .backend import BACKEND_NAME, NetemConfig
+from .cores import usable_cores
 from .fabric import Fabric, port_kernel
 from .netem import Netem
 from .schedule import ALLREDUCE_SCHEDULES
@@ -377,8 +378,7 @@ class Cluster:
         # Validate the backend options here, where the error is readable, not in 8 children.
         # (The ranks get this mapping; this process's environment is left as it is.)
         NetemConfig.from_env(self.world_size, self.env)
-        cores = os.cpu_count() or 1
-        self.threads = threads or max(1, cores // self.world_size)
+        self.threads = threads or max(1, usable_cores() // self.world_size)
         if start_method is None:
             start_method = "fork" if sys.platform.startswith("linux") else "spawn"
         self._ctx = mp.get_context(start_method)

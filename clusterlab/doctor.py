@@ -24,6 +24,7 @@ from collections.abc import Callable
 import numpy as np
 
 from . import clock
+from .cores import usable_cores
 
 # A delay is emulated faithfully when the median one-way delay that ranks measure is within
 # this fraction of the configured one (`median_delay_met`: the doctor's floor and the fidelity
@@ -284,6 +285,8 @@ def collect(with_latency: bool = True) -> dict:
         "clusterlab": clusterlab.__version__,
         "platform": platform.platform(),
         "cores": os.cpu_count(),
+        # what this kernel may run on (taskset, a cpuset, a CPU quota): threads are sized by it
+        "usable_cores": usable_cores(),
         "memory_gb": _memory_gb(),
         "start_method": "fork" if sys.platform.startswith("linux") else "spawn",
         "gloo": torch.distributed.is_gloo_available(),
@@ -304,7 +307,8 @@ def machine() -> dict:
     import torch
 
     return {"python": platform.python_version(), "torch": torch.__version__,
-            "cores": os.cpu_count(), "memory_gb": _memory_gb(), "platform": platform.platform(),
+            "cores": os.cpu_count(), "usable_cores": usable_cores(), "memory_gb": _memory_gb(),
+            "platform": platform.platform(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": _commit()}
 
 
@@ -333,7 +337,8 @@ def report(info: dict) -> str:
     lines = [
         f"clusterlab {info['clusterlab']}  python {info['python']}  torch {info['torch']}  "
         f"numpy {info['numpy']}",
-        f"machine: {info['cores']} cores, {info['memory_gb']} GB, {info['platform']}",
+        f"machine: {info['cores']} cores ({info['usable_cores']} usable here), "
+        f"{info['memory_gb']} GB, {info['platform']}",
         f"start method: {info['start_method']}   Gloo available: {info['gloo']}",
         f"timer overshoot: p50 {t['p50']:.0f} us, p99 {t['p99']:.0f} us",
     ]

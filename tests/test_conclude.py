@@ -7,8 +7,9 @@ import os
 
 import pytest
 
+from clusterlab.cores import usable_cores
 from clusterlab.experiments import common
-from clusterlab.experiments.common import beyond_closed_form, conclude
+from clusterlab.experiments.common import beyond_closed_form, conclude, load_per_core
 
 
 @pytest.fixture
@@ -18,15 +19,17 @@ def quiet(monkeypatch):
 
 @pytest.fixture
 def loaded(monkeypatch):
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     high = (common.BUSY_LOAD_PER_CORE + 1) * cores
     monkeypatch.setattr(os, "getloadavg", lambda: (high, high, high))
 
 
-def test_a_conclusion_that_holds_is_true_and_silent(loaded, capsys):
+def test_a_conclusion_that_holds_is_true_and_says_so_once(loaded, capsys):
     assert conclude(True, "the ring was faster") is True
-    assert conclude(True, "the ring was faster", busy="a run took 2x its closed form") is True
-    assert capsys.readouterr().out == ""
+    assert capsys.readouterr().out == "Shown on this run: the ring was faster.\n"
+    # the busy evidence does not matter when the claim holds; a trailing full stop is not doubled
+    assert conclude(True, " the ring was faster. ", busy="a run took 2x its closed form") is True
+    assert capsys.readouterr().out == "Shown on this run: the ring was faster.\n"
 
 
 def test_the_callers_evidence_turns_a_failure_into_one_plain_sentence(quiet, capsys):
@@ -72,3 +75,19 @@ def test_evidence_from_runs_far_above_their_closed_form():
     assert beyond_closed_form([(0.2, 0.1)], factor=2.5) is None
     with pytest.raises(ValueError):
         beyond_closed_form([(0.2, 0.1)], factor=1.0)
+
+
+def test_the_load_is_divided_by_the_cores_this_process_may_use(monkeypatch):
+    # pinned to one core of a busy machine, a load of 1.5 leaves the notebook's core crowded
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.0, 3.0, 3.0))
+    monkeypatch.setattr(common, "usable_cores", lambda: 1)
+    assert load_per_core() == 3.0
+    monkeypatch.setattr(common, "usable_cores", lambda: 4)
+    assert load_per_core() == 0.75
+
+
+def test_the_busy_sentence_names_the_usable_cores(monkeypatch, capsys):
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.5, 2.5, 2.5))
+    monkeypatch.setattr(common, "usable_cores", lambda: 1)
+    assert conclude(False, "the tail grew") is False
+    assert "load average 2.5 per core on 1 core;" in capsys.readouterr().out

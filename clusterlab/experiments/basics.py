@@ -31,6 +31,7 @@ import numpy as np
 
 from .. import models
 from ..cluster import Cluster
+from ..cores import usable_cores
 from ..netem import Netem
 
 PHASES = ("forward", "backward", "all_reduce", "optimizer")
@@ -170,7 +171,7 @@ def compare(nics=(None, IMPAIRED_NIC), nodes: int = 2, steps: int = 12, warmup: 
     # Every rank computes with the threads a rank of the `nodes`-rank runs gets: the one-rank
     # baseline must not get all the cores (on a shared machine that oversubscribes them, and
     # it would compare different compute, not the cost of synchronising).
-    threads = max(1, (os.cpu_count() or 1) // nodes)
+    threads = max(1, usable_cores() // nodes)
     with contextlib.ExitStack() as stack:
         clusters = [stack.enter_context(Cluster(nodes=n, nic=nic, seed=seed, threads=threads,
                                                 timeout=timeout * dilation, dilation=dilation))
@@ -186,7 +187,7 @@ def compare(nics=(None, IMPAIRED_NIC), nodes: int = 2, steps: int = 12, warmup: 
     out = [_summarise(nic, n, chunks, warmup, sizes)
            for (nic, n), chunks in zip(shapes, per_nic)]
     for r in out:
-        r.update(dilation=float(dilation), load_average=load, cores=os.cpu_count())
+        r.update(dilation=float(dilation), load_average=load, cores=usable_cores())
     return out
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from ..cluster import Cluster, ClusterTimeout, RankDied, RankError
+from ..cores import usable_cores
 
 
 @contextlib.contextmanager
@@ -136,13 +137,17 @@ BUSY_LOAD_PER_CORE = 2.0
 
 
 def load_per_core() -> float:
-    """This machine's 1-minute load average divided by its cores (0.0 where the system does
-    not report one, so that a failing conclusion is then asserted, not excused)."""
+    """This machine's 1-minute load average divided by the cores this process may use (0.0
+    where the system does not report one, so that a failing conclusion is then asserted, not
+    excused). The load average counts the whole machine, so a kernel pinned to one core or
+    limited to one core's quota divides it by one: there, every other busy process competes
+    for what the notebook can get, and dividing by all the machine's cores would call a
+    crowded core quiet."""
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):
         return 0.0
-    return load / (os.cpu_count() or 1)
+    return load / usable_cores()
 
 
 def beyond_closed_form(pairs: Iterable[tuple[float, float]], *,
@@ -163,25 +168,28 @@ def beyond_closed_form(pairs: Iterable[tuple[float, float]], *,
 def conclude(holds: bool, claim: str, *, busy: str | None = None) -> bool:
     """One measured conclusion of a notebook, robust on a busy machine.
 
-    True when `holds`. Otherwise, when the machine was demonstrably busy - `busy`, the
-    caller's own evidence as a short phrase (e.g. from `beyond_closed_form`), or, when None, a
-    load average above BUSY_LOAD_PER_CORE - prints one plain sentence saying that the claim is
-    not shown on this run and why, and returns False. Otherwise (a quiet machine) raises
-    AssertionError naming the claim: there, a conclusion that does not hold is a real failure.
-    Only fragile measured comparisons belong here; what must hold physically (the emulated
-    network is never early) stays a plain assert."""
+    When `holds`, prints "Shown on this run: <claim>." and returns True, so that the learner
+    reads each verdict the run reached, not only the failures. Otherwise, when the machine was
+    demonstrably busy - `busy`, the caller's own evidence as a short phrase (e.g. from
+    `beyond_closed_form`), or, when None, a load average above BUSY_LOAD_PER_CORE - prints one
+    plain sentence saying that the claim is not shown on this run and why, and returns False.
+    Otherwise (a quiet machine) raises AssertionError naming the claim: there, a conclusion
+    that does not hold is a real failure. Only fragile measured comparisons belong here; what
+    must hold physically (the emulated network is never early) stays a plain assert."""
     if not isinstance(claim, str) or not claim.strip():
         raise ValueError("claim must be a sentence saying what the run should show")
     if busy is not None and (not isinstance(busy, str) or not busy.strip()):
         raise ValueError("busy must be None or a short phrase giving the evidence")
     if bool(holds):
+        print(f"Shown on this run: {claim.strip().rstrip('.')}.")
         return True
     if busy is None:
         load = load_per_core()
         if load <= BUSY_LOAD_PER_CORE:
             raise AssertionError(f"not shown on a quiet machine (load average {load:.1f} per "
                                  f"core): {claim}")
-        busy = f"load average {load:.1f} per core on {os.cpu_count()} cores"
+        cores = usable_cores()
+        busy = f"load average {load:.1f} per core on {cores} core{'s' if cores > 1 else ''}"
     print(f"Not shown on this run: {claim} ({busy}; processes waiting for a core, not the "
           f"emulated network, set the time here: rerun on a quieter machine).")
     return False

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
-import os
 import resource
 import time
 from dataclasses import dataclass
@@ -53,6 +52,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..cores import usable_cores
 from .common import use_or_open
 
 __all__ = ["ASYNC_VARIANTS", "MODES", "Problem", "async_collective_races", "hogwild", "loss",
@@ -485,8 +485,7 @@ def throughput(
                 lost[m][i].append(r["lost_fraction"])
     return {
         "workers": list(workers), "modes": list(modes), "repeats": repeats,
-        "cores": (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                  else os.cpu_count()),
+        "cores": usable_cores(),
         "rate": rate,
         "median": {m: [float(np.median(v)) for v in rate[m]] for m in modes},
         "lost_fraction": lost,
