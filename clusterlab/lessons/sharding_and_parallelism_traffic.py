@@ -1,0 +1,374 @@
+"""What notebook 10 (sharding: what DDP, ZeRO and FSDP send) reads from its runs.
+
+The experiments are `clusterlab.experiments.parallelism`; here are the figures, the sentences
+computed from their results, the consistency asserts and the measured conclusions.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+from .. import facts
+from ..experiments.common import beyond_closed_form, conclude
+from .show import ms
+
+NAMES = {"ddp": "DDP", "fsdp": "FSDP2"}
+KINDS = ("ddp", "fsdp")
+
+
+def say(text: str) -> None:
+    """Print a sentence computed from the run (never typed-in numbers) as plain text, wrapped
+    at 96 columns, without Markdown's ** and backquotes."""
+    print(textwrap.fill(text.replace("**", "").replace("`", ""), 96))
+
+
+def plot_traffic(traffic: dict, names: dict) -> None:
+    """The bytes each strategy's rank 0 sent in step 3, stacked by collective kind, with the
+    ring closed form as a black tick: the figure of "Bytes per step"."""
+    import matplotlib.pyplot as plt
+
+    kinds = ("allreduce", "reduce_scatter", "allgather")
+    colors = {"allreduce": "#4C72B0", "reduce_scatter": "#DD8452", "allgather": "#55A868"}
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    for i, key in enumerate(names):
+        bottom = 0
+        for kind in kinds:
+            value = traffic[key]["by_kind"].get(kind, 0)
+            if value:
+                ax.bar(i, value / 1e3, bottom=bottom / 1e3, color=colors[kind],
+                       label=kind if i == 0 or key == "zero1" else None)
+                bottom += value
+        ax.plot(i, traffic[key]["predicted"] / 1e3, "k_", ms=40, mew=2,
+                label="closed form: ring bytes" if i == 0 else None)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper left", markerscale=0.3)
+    ax.set_xticks(range(len(names)), names.values())
+    ax.set_ylabel("kB sent per rank per step")
+    ax.set_title("Counted by the backend (rank 0), 4 ranks, step 3")
+    plt.show()
+
+
+def explain_traffic(traffic: dict, names: dict) -> float:
+    """Check the counted bytes (every rank's equal the closed form; DDP's step 3 is one
+    all-reduce; FSDP2 sends exactly 1.5x DDP's) and show what each strategy sent, with
+    DeepSpeed's calls in a details box. Returns FSDP2's bytes over DDP's."""
+    t = traffic
+    for key in names:  # every rank, every strategy: the closed form (by construction)
+        assert all(s == t[key]["predicted"] for s in t[key]["sent"]), key
+    # Step 3: DDP's buckets were rebuilt during step 2 (two small broadcasts), not since.
+    assert t["ddp"]["ops"] == 1 and set(t["ddp"]["by_kind"]) == {"allreduce"}
+    ratio = t["zero3"]["sent"][0] / t["ddp"]["sent"][0]
+    assert ratio == 1.5
+    facts.show(
+        f"Each rank sent **{t['ddp']['sent'][0]} B** under DDP, in one all-reduce (one bucket; "
+        f"step 3, after DDP's one-time rebuild: [[pytorch.ddp_rebuild_buckets]]), and the same "
+        f"under "
+        f"ZeRO-1 and ZeRO-2, in {t['zero1']['ops']} collectives (a reduce-scatter and an "
+        f"all-gather per tensor, as this hand-written version issues them). FSDP2 sent "
+        f"**{t['zero3']['sent'][0]} B** in {t['zero3']['ops']} collectives, **{ratio:.2f}× DDP's "
+        f"volume**; without resharding after the forward, {t['fsdp_no_reshard']['sent'][0]} B in "
+        f"{t['fsdp_no_reshard']['ops']}.\n\n<details><summary>Details: DeepSpeed's calls"
+        f"</summary>\n\nThe bullets above, and this hand-written version, follow the ZeRO "
+        f"paper. DeepSpeed's ZeRO-1/2 group gradients into buckets of `reduce_bucket_size` "
+        f"elements and by default issue [[deepspeed.zero12_bucket_allreduce]]. Per step, with "
+        f"the all-gather of the updated parameters:\n\n"
+        f"| ZeRO-1/2 setting | gradient calls | bytes, × DDP |\n|---|---|---|\n"
+        f"| default | one all-reduce per bucket | 1.5, as much as FSDP |\n"
+        f"| `use_multi_rank_bucket_allreduce=False` | one `dist.reduce` per rank whose "
+        f"partition the bucket overlaps | 1, with ring reduces |\n"
+        f"| `reduce_scatter=False` | one all-reduce per bucket | 1.5 |\n\n"
+        f"DeepSpeed's ZeRO-3 [[deepspeed.zero3_param_persistence]]: those small tensors "
+        f"(biases, norms) are gathered once per step, after the optimizer step, not before each "
+        f"forward and backward, so it sends a little less than 3 (N−1)/N · Ψb.\n</details>")
+    return ratio
+
+
+def plot_step_times(sweep: list[dict]) -> None:
+    """Step time against one-way latency (left) and on the 50 Mbit/s link (right), DDP and
+    FSDP2, measured against the closed form plus the `delay 1ms` run's overhead."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    by_nic = {r["nic"]: r for r in sweep}
+    latency = [r for r in sweep if not r["beta"]]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    for kind, color, label in (("ddp", "#4C72B0", "DDP"), ("fsdp", "#55A868", "FSDP2")):
+        axes[0].plot([r["alpha"] * 1e3 for r in latency],
+                     [r[f"{kind}_s"] * 1e3 for r in latency],
+                     "o", color=color, ms=8, mec="black", label=f"{label}, measured")
+        axes[0].plot([r["alpha"] * 1e3 for r in latency],
+                     [r[f"{kind}_predicted_s"] * 1e3 for r in latency], "--", color=color,
+                     label=f"{label}: closed form + the delay 1ms run's overhead")
+    axes[0].set_xlabel("one-way latency (ms)")
+    axes[0].set_ylabel("step time (ms)")
+    axes[0].legend(fontsize=8)
+    axes[0].set_title("2 ranks, 3 layers: latency", fontsize=10)
+    slow = by_nic["delay 1ms rate 50mbit"]
+    x = np.arange(2)
+    axes[1].bar(x - 0.2, [slow["ddp_s"] * 1e3, slow["fsdp_s"] * 1e3], 0.4, color="#999999",
+                label="measured")
+    axes[1].bar(x + 0.2, [slow["ddp_predicted_s"] * 1e3, slow["fsdp_predicted_s"] * 1e3], 0.4,
+                color="#DDDDDD", edgecolor="black",
+                label="closed form + the delay 1ms run's overhead")
+    axes[1].set_xticks(x, ["DDP", "FSDP2"])
+    axes[1].set_ylabel("step time (ms)")
+    axes[1].set_title("delay 1ms rate 50mbit: bandwidth")
+    axes[1].legend(fontsize=8)
+    plt.tight_layout()
+    plt.show()
+
+
+def report_misses(sweep: list[dict], lo: dict, kinds=KINDS, name=NAMES) -> None:
+    """Prose only, for "Step time": the points more than 5% below or 10% above their
+    prediction. A prediction adds the delay 1ms run's own overhead (compute, Python, FSDP2's
+    hooks, measured beyond its closed form) in full; the part of it done while bytes are on
+    the wire is hidden, so a point may fall below its prediction by up to that overhead,
+    never below the network's floor (asserted in `explain_step_times`)."""
+    overhead = {k: lo[f"{k}_s"] - lo[f"{k}_comm_s"] for k in kinds}
+    under = [(r, k) for r in sweep if r is not lo for k in kinds
+             if r[f"{k}_s"] < 0.95 * r[f"{k}_predicted_s"]]
+    if under:
+        say("Details: more than 5% below their predictions: "
+            + ", ".join(f"{name[k]} at `{r['nic']}` by {ms(r[f'{k}_predicted_s'] - r[f'{k}_s'])}"
+                        for r, k in under)
+            + (": within the `delay 1ms` run's overhead ("
+               + ", ".join(f"{name[k]} {ms(overhead[k])}" for k in kinds)
+               + "), which each prediction adds in full and which can run while bytes are on "
+               "the wire." if all(r[f"{k}_predicted_s"] - r[f"{k}_s"] <= overhead[k]
+                                  for r, k in under)
+               else ", beyond the `delay 1ms` run's overhead: not explained by this run."))
+    over = [(r, k) for r in sweep if r is not lo for k in kinds
+            if r[f"{k}_s"] > 1.1 * r[f"{k}_predicted_s"]]
+    if over:
+        say("Details: over 10% above the prediction: "
+            + ", ".join(f"{name[k]} at `{r['nic']}` by {ms(r[f'{k}_s'] - r[f'{k}_predicted_s'])} "
+                        f"({r[f'{k}_s'] / r[f'{k}_predicted_s'] - 1:.0%})" for r, k in over)
+            + ": cost the closed form does not model (perhaps per-collective hook overhead); "
+            "not separated here.")
+
+
+def explain_step_times(sweep: list[dict]) -> bool:
+    """The table of how much each step grew from `delay 1ms` to `delay 10ms` and with
+    `rate 50mbit` against the closed-form differences, FSDP2's growth over DDP's, the points
+    far off their prediction, and the conclusion (FSDP2 grew over twice as much as DDP, every
+    growth within 40% of its closed form). Asserts the network's floor. Returns whether the
+    conclusion was shown."""
+    by_nic = {r["nic"]: r for r in sweep}
+    lo, hi = by_nic["delay 1ms"], by_nic["delay 10ms"]
+    slow = by_nic["delay 1ms rate 50mbit"]
+    kinds, name = KINDS, NAMES
+    grow = {k: hi[f"{k}_s"] - lo[f"{k}_s"] for k in kinds}
+    pred = {k: hi[f"{k}_comm_s"] - lo[f"{k}_comm_s"] for k in kinds}
+    wire = {k: slow[f"{k}_s"] - lo[f"{k}_s"] for k in kinds}
+    wire_pred = {k: slow[f"{k}_comm_s"] - lo[f"{k}_comm_s"] for k in kinds}
+    for r in sweep:  # the network's floor: a step cannot beat its own communication
+        for k in kinds:
+            assert r[f"{k}_s"] > 0.9 * r[f"{k}_comm_s"], (r["nic"], k)
+    close = all(abs(grow[k] - pred[k]) < 0.4 * pred[k]
+                and abs(wire[k] - wire_pred[k]) < 0.4 * wire_pred[k] for k in kinds)
+    print(f"{'':8s}{'delay 1ms -> 10ms':>24s}{'rate 50mbit added':>24s}   "
+          "[closed-form difference]")
+    for k in kinds:
+        print(f"{name[k]:8s}{ms(grow[k]):>12s} [{ms(pred[k]):>8s}]{ms(wire[k]):>12s} "
+              f"[{ms(wire_pred[k]):>8s}]")
+    print(f"FSDP2's step grew {grow['fsdp'] / grow['ddp']:.1f}x as much as DDP's for latency, "
+          f"for {slow['fsdp_sent'] / slow['ddp_sent']:.2f}x the bytes (each step the fastest of "
+          f"{lo['steps']}).")
+    report_misses(sweep, lo, kinds, name)  # prose only: points far off their prediction
+    return conclude(grow["fsdp"] > 2 * grow["ddp"] and close,
+                    "FSDP2's step grew over twice as much as DDP's, and every growth came "
+                    "within 40% of its closed form (the emulator against its own model)")
+
+
+def ring_rounds_s(n: int, gpus_per_node: int, *, units: int, a_net: float,
+                  a_nv: float) -> float:
+    """Seconds of latency per step of FSDP's 3 ring collectives per unit on `n` ranks, n - 1
+    steps each: the steps between nodes cost `a_net`, the others (over NVLink) `a_nv`."""
+    inter = n // gpus_per_node - 1  # steps between nodes; the others over NVLink
+    return 3 * units * (inter * a_net + (n - 1 - inter) * a_nv)
+
+
+def ring_wire_s(n: int, nics: int, *, psi: float, nic_bw: float) -> float:
+    """Seconds of bytes per step of FSDP's 3 (N-1)/N Psi b in bf16 on `n` ranks, through
+    `nics` NICs of `nic_bw` bytes/s (NCCL's tuner: a ring's bandwidth = channels x
+    per-channel bandwidth)."""
+    return 3 * (n - 1) / n * psi * 2 / (nic_bw * nics)
+
+
+def crossing(gpus_per_node: int, nics: int, *, units: int, a_net: float, a_nv: float,
+             psi: float, nic_bw: float) -> int:
+    """The first rank count (a multiple of `gpus_per_node`) at which FSDP's ring latency
+    rounds exceed its bytes' time."""
+    return next(n for n in range(gpus_per_node, 1 << 16, gpus_per_node)
+                if ring_rounds_s(n, gpus_per_node, units=units, a_net=a_net, a_nv=a_nv)
+                > ring_wire_s(n, nics, psi=psi, nic_bw=nic_bw))
+
+
+def show_at_real_scale(psi: float, *, units: int) -> dict:
+    """The "At real scale" box: where, by NCCL's tuner constants (from the ledger), FSDP's latency
+    rounds catch up with its bytes for a `psi`-parameter bf16 model in `units` units, with one
+    GPU per node and with HGX H100 nodes, with the derivation. Returns the two crossings
+    ({"one": ranks, "node": ranks})."""
+    a_net = facts.get("nccl.tuner_net_ring_step_latency_simple").value * 1e-6  # s, between nodes
+    a_nv = facts.get("nccl.tuner_nvlink_ring_step_latency_simple").value * 1e-6  # s, in a node
+    node = facts.get("nvidia.hgx_h100_gpus").value  # GPUs per node
+    node_nics = facts.get("nvidia.dgx_h100_compute_nics").value  # NICs per node, one per GPU
+    nic_bw = facts.get("nvidia.connectx7_rate_bytes").value * 1e9  # bytes/s, one NIC
+
+    def rounds_s(n, gpus_per_node):
+        return ring_rounds_s(n, gpus_per_node, units=units, a_net=a_net, a_nv=a_nv)
+
+    def wire_s(n, nics):
+        return ring_wire_s(n, nics, psi=psi, nic_bw=nic_bw)
+
+    base = float(facts.get("nccl.tuner_base_latency").value.split("Simple ")[1].split(" ")[0])
+    assert 3 * units * base * 1e-6 < 0.01 * wire_s(64, node_nics)  # per call, independent of N
+    layouts = {"one": (1, 1), "node": (node, node_nics)}  # (GPUs per node, NICs per node)
+    cross = {k: crossing(g, m, units=units, a_net=a_net, a_nv=a_nv, psi=psi, nic_bw=nic_bw)
+             for k, (g, m) in layouts.items()}
+    assert cross["node"] < cross["one"]
+    facts.show(f"""
+**At real scale.** Past the crossing below, adding ranks makes FSDP's step latency-bound, so
+fewer, larger units help. By NCCL's tuner (the cost model NCCL picks algorithms with;
+derivation below), with every collective run as a ring, FSDP's latency rounds (one per ring
+step) catch up with its bytes for a {psi / 1e9:.0f}B-parameter bf16 model in {units} units (the two
+summed, no overlap between collectives, {units} units at every N):
+
+- **one GPU (one NIC) per node:** at about **{cross['one']} ranks**; but only there is PAT on
+  ([[nccl.pat_one_gpu_per_node]]), and the same model would likely run the all-gathers
+  with it, whose latency grows more slowly;
+- **nodes of [[nvidia.hgx_h100_gpus]] with [[nvidia.dgx_h100_compute_nics]]:** at
+  about **{cross['node']} ranks**, {cross['one'] / cross['node']:.1f}× fewer.
+
+<details><summary>The derivation</summary>
+
+NCCL's tuner (the cost model NCCL uses to pick an algorithm and a protocol for each call)
+charges a ring step (one latency round) between nodes
+[[nccl.tuner_net_ring_step_latency_simple]], one over NVLink at least
+[[nccl.tuner_nvlink_ring_step_latency_simple]] (for the Simple protocol, NCCL's
+bulk-transfer protocol, which large collectives use). Its ring bandwidth is the number of
+channels (parallel rings) times one channel's bandwidth (`busBw = nChannels * bw` in
+`src/graph/tuning.cc`), and on multi-NIC nodes the channels leave through different NICs.
+For N ranks in nodes of g GPUs with m NICs of B bytes/s each, and α_net, α_NVLink the two
+step latencies above, a step costs
+
+- latency: 3 · units · [(N/g − 1) · α_net + (N − N/g) · α_NVLink],
+- bytes: 3 (N−1)/N · Ψb / (m · B),
+
+and the crossing is the first N at which the first exceeds the second. The two layouts:
+
+- **One GPU per node:** every ring step crosses the network and every byte goes through the
+  GPU's one [[nvidia.connectx7_rate_bytes]] NIC: at 64 ranks, {wire_s(64, 1):.2f} s of bytes
+  and {rounds_s(64, 1) * 1e3:.0f} ms of latency per step.
+- **Nodes of {node} GPUs:** only nodes−1 of an all-gather's ranks−1 steps cross the network
+  ([[nccl.tuner_ring_inter_steps]] for an all-reduce), and a GPU's ring bytes move at the
+  node's {node_nics} NICs together, {nic_bw * node_nics / 1e9:.0f} GB/s (no other cap
+  modelled here; [[nccl.busbw_grows_with_node_nics]], and measured on DGX A100, whose
+  NICs give half this bandwidth: [[nccl.busbw_dgx_a100_multi_node]]): at 64 ranks,
+  {wire_s(64, node_nics):.2f} s of bytes and {rounds_s(64, node) * 1e3:.0f} ms of latency per step.
+
+These are the tuner's *model* constants, not measured latencies. The tuner also charges a
+base latency per call ([[nccl.tuner_base_latency]]): {3 * units} calls add
+{3 * units * base * 1e-3:.1f} ms per step whatever N, left out above; it barely moves the
+crossings.
+</details>
+""")
+    return cross
+
+
+def plot_prefetch(pre: dict) -> None:
+    """The forward pass's time without and with the next all-gather prefetched, measured
+    (bars) against the closed form (black ticks)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.barh([1, 0], [pre["forward_s"] * 1e3, pre["forward_prefetch_s"] * 1e3],
+            color="#55A868", label="measured")
+    ax.plot([pre["predicted_s"] * 1e3, pre["predicted_prefetch_s"] * 1e3], [1, 0], "k|",
+            ms=30, mew=3, label="closed form")
+    ax.set_yticks([1, 0], ["no overlap: each layer\nwaits for its all-gather",
+                         "next all-gather\nprefetched"])
+    ax.set_xlabel(f"forward pass (ms), {pre['depth']} layers")
+    ax.legend(fontsize=8)
+    plt.tight_layout()
+    plt.show()
+
+
+def explain_prefetch(pre: dict) -> bool:
+    """What prefetching saved against the closed form, what both forwards took beyond their
+    closed forms (per layer), and the conclusion (saved within 25% of the closed form; the
+    machine counts as busy when a forward exceeds its closed form by 30%). Asserts the
+    network's floor. Returns whether the conclusion was shown."""
+    saving, saving_pred = (pre["forward_s"] - pre["forward_prefetch_s"],
+                           pre["predicted_s"] - pre["predicted_prefetch_s"])
+    excess_wait = pre["forward_s"] - pre["predicted_s"]  # measured beyond the closed form
+    excess_pre = pre["forward_prefetch_s"] - pre["predicted_prefetch_s"]
+    say(f"The forward took **{ms(pre['forward_s'])}** with each layer waiting for its "
+        f"all-gather (closed form {ms(pre['predicted_s'])}) and "
+        f"**{ms(pre['forward_prefetch_s'])}** with the "
+        f"next all-gather prefetched ({ms(pre['predicted_prefetch_s'])}): prefetching saved "
+        f"{ms(saving)}, {saving / saving_pred:.0%} of the closed form's {ms(saving_pred)} "
+        f"(fastest of {pre['steps']} steps each, after a warm-up step). Both forwards exceed "
+        f"their closed forms, by "
+        f"{ms(excess_wait)} and {ms(excess_pre)}: about "
+        f"{ms(min(excess_wait, excess_pre) / pre['depth'])} per layer that the closed form "
+        f"does not charge (FSDP2's hooks and copies, Gloo, Python: not separated here)"
+        + (f"; prefetching added {ms(excess_pre - excess_wait)} more, perhaps its all-gather's "
+           "work sharing this machine's CPUs (not separated from load)"
+           if excess_pre - excess_wait > 0.1 * saving_pred else "")
+        + ". The compute here is a sleep, which competes for nothing: on a GPU, NCCL's kernels "
+        "take SMs and memory bandwidth from the GEMMs they overlap (self-check 3).")
+    assert pre["forward_s"] > 0.9 * pre["predicted_s"]  # the network's floor, no prefetching
+    return conclude(abs(saving - saving_pred) < 0.25 * saving_pred,
+                    "prefetching saved within 25% of what the closed form says",
+                    # evidence that this machine, not the network, set the forwards
+                    busy=beyond_closed_form([(pre["forward_s"], pre["predicted_s"]),
+                                             (pre["forward_prefetch_s"],
+                                              pre["predicted_prefetch_s"])]))
+
+
+def show_microbatches_and_layout(psi: float, *, nodes: int) -> None:
+    """The "Micro-batches and layout" box: gradient accumulation, the NVLink/NIC bandwidth
+    ratio of an H100 (ledger), HSDP's bytes per rank for the `psi`-parameter bf16 model on
+    `nodes` nodes, and FSDP's bytes per parameter with mixed precision."""
+    fsdp_mixed = 2 * 2 + 4  # bytes per parameter: two bf16 all-gathers + an fp32 reduce-scatter
+    vs_ddp_bf16, vs_ddp_fp32 = fsdp_mixed / (2 * 2), fsdp_mixed / (2 * 4)  # DDP bf16 / fp32
+    node = facts.get("nvidia.hgx_h100_gpus").value  # GPUs per node: HSDP's shard group
+    nvlink_vs_nic = (facts.get("nvidia.h100_nvlink_bw_per_direction").value
+                     / facts.get("nvidia.connectx7_rate_bytes").value)  # both per direction
+    facts.show(f"""
+**Micro-batches and layout**
+
+- **Gradient accumulation multiplies FSDP's traffic.** By default DDP and FSDP reduce every
+  micro-batch's gradients; DeepSpeed reduces them [[deepspeed.zero12_reduce_per_microbatch]].
+  FSDP also gathers the parameters again for each micro-batch: k micro-batches per step send
+  k× the bytes (self-check 2). DDP's `no_sync` skips its all-reduce and leaves nothing else to
+  send; FSDP2's [[pytorch.fsdp2_skip_grad_sync]] skips only the reduction, and keeps each
+  module's unsharded gradients until the synchronised backward; `set_reshard_after_backward(False)`
+  with `reshard_after_forward=False` also skips the re-gathering, at the memory of unsharded
+  parameters. FSDP1's [[pytorch.fsdp1_no_sync_memory]].
+- **Two bandwidths.** One H100 SXM sends over NVLink at [[nvidia.h100_nvlink_bw_per_direction]]
+  per direction (the often quoted [[nvidia.h100_nvlink_bw|value]] GB/s counts both), through
+  its NIC at [[nvidia.connectx7_rate_bytes]]: {nvlink_vs_nic:.0f}× less. Hence HSDP
+  (*hybrid sharded data parallel*):
+  [[pytorch.fsdp2_hsdp]]. Sharded over the {node} GPUs of a node, a rank sends
+  3 × {node - 1}/{node} · Ψb over NVLink and all-reduces only its 1/{node} shard of the
+  gradients across M nodes, 2(M−1)/M · Ψb/{node} through its NIC. For the
+  {psi / 1e9:.0f}B-parameter model in bf16 on {nodes} nodes, each rank sends
+  {3 * (node - 1) / node * psi * 2 / 1e9:.1f} GB per step over NVLink and
+  {2 * (nodes - 1) / nodes * psi * 2 / node / 1e9:.1f} GB through its NIC.
+
+<details><summary>Details: precision and Megatron's memory</summary>
+
+- **Precision changes the ratio.** FSDP2 sets the reduce-scatter's dtype with
+  [[pytorch.fsdp2_reduce_dtype]] (by default the compute dtype); torchtitan's default is
+  [[torchtitan.reduce_fp32]]. With bf16 all-gathers and an fp32 reduce-scatter FSDP sends
+  {fsdp_mixed} B per parameter (×(N−1)/N): {vs_ddp_bf16:.0f}× a DDP that all-reduces bf16
+  gradients, {vs_ddp_fp32:.1f}× one with [[pytorch.autocast_fp32_params]], whose gradients
+  are fp32.
+- **Memory.** Megatron-LM keeps [[megatron.grad_reduce_fp32]]: model state of
+  2 + 4 + 12 = 18 B per parameter, not 16.
+
+</details>
+""")
