@@ -1,0 +1,428 @@
+"""Notebook 03, anatomy of a DDP step: what the learner reads from its runs.
+
+Each function takes what `clusterlab.experiments.ddp` returned (a `DDPRun`, a sweep, a grid)
+and draws the figure, prints the sentences computed from it, or states the measured
+conclusions through `conclude`. The pure helpers (`buckets_done_before_backward`,
+`sweep_effects`, `step_range`, `bucket_verdicts`, `network_share`) decide what is said and are
+tested on synthetic runs in `tests/test_lessons_ddp_jitter.py`.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from .. import facts, models
+from ..experiments import ddp
+from ..experiments.common import conclude
+from .show import ms
+
+# --- DDP through the emulated network ---------------------------------------------------------
+
+
+def plot_step_phases(runs: dict) -> None:
+    """Draw where a typical (median) step's time goes, one bar per run: forward, backward,
+    wait and optimizer, stacked in milliseconds."""
+    fig, ax = plt.subplots(figsize=(9, 2.8))
+    for y, run in enumerate(runs.values()):
+        s, left = run.summary(), 0.0
+        for phase in ddp.PHASES:
+            ax.barh(y, s[f"{phase}_s"] * 1e3, left=left, color=ddp.PHASE_COLORS[phase],
+                    label=phase if y == 0 else None)
+            left += s[f"{phase}_s"] * 1e3
+    ax.set_yticks(range(len(runs)), list(runs))
+    ax.set_xlabel("typical (median) step, ms (4 ranks, one 2.1 MB bucket)")
+    ax.legend(ncols=4, loc="upper center", bbox_to_anchor=(0.5, -0.35), fontsize=8)
+    ax.set_title("Where a DDP step's time goes")
+    fig.tight_layout()
+    plt.show()
+
+
+def explain_floor(plain, netem, *, predicted: float) -> None:
+    """Print the wait per step on plain Gloo (this host's floor) and on the emulated network
+    against `predicted` (one ring all-reduce), check that every replica ended identical to
+    plain Gloo's, print the details line (wait against max(floor, network), issue lag) and
+    conclude that the network made the wait and the step longer."""
+    p = netem.world_size
+    a, b = plain.summary(), netem.summary()
+    n_steps = netem.phases()["step"].shape[1]
+    print(f"Wait per step (median of {n_steps}): plain Gloo {ms(a['wait_s'])} (this host's floor), "
+          f"5 ms network {ms(b['wait_s'])}.")
+    print(f"Predicted for one ring all-reduce: {2 * (p - 1)} rounds x 5 ms = {ms(predicted)}.")
+    assert netem.replicas_identical and plain.replicas_identical
+    assert np.isclose(netem.ranks[0]["checksum"], plain.ranks[0]["checksum"], rtol=1e-6)
+    print(f"All {p} replicas ended with identical parameters, equal to plain Gloo's run.")
+    expected, lag = max(a["wait_s"], predicted), netem.issue_lag()
+    print(f"\nDetails: step {ms(a['step_s'])} on plain Gloo, {ms(b['step_s'])} on the 5 ms "
+          f"network; backward {ms(a['backward_s'])} and {ms(b['backward_s'])}; "
+          f"wait / max(floor, network) = {b['wait_s'] / expected:.2f}; ranks issued the bucket "
+          f"on average {ms(lag)} before the last rank did.")
+    assert b["wait_s"] > 0.9 * predicted   # one bucket: nothing overlapped
+    conclude(b["wait_s"] > a["wait_s"] and b["step_s"] > a["step_s"],
+             "the 5 ms network made the wait and the step longer than plain Gloo")
+
+
+# --- Per-rank timeline ------------------------------------------------------------------------
+
+
+def buckets_done_before_backward(run) -> list[int]:
+    """For each complete rank-step of `run` (every bucket recorded), how many buckets were
+    reduced by the time backward ended."""
+    return [sum(b["done"] <= r["backward_end"] for b in r["buckets"])
+            for rank in run.ranks for r in rank["records"]
+            if len(r["buckets"]) == len(run.bucket_sizes)]
+
+
+def explain_overlap(small, small_runs: list, checks: dict) -> None:
+    """Print how many buckets were reduced before backward ended, the share of the
+    communication that overlap hid (and the host's stretch of backward, where there is one),
+    the spread over `small_runs` and their single steps, then check the timeline itself:
+    phases add up, no all-reduce beats 2(p-1) latencies, buckets complete in issue order."""
+    counts = buckets_done_before_backward(small)
+    s = small.summary()
+    per_run = [r.summary()["hidden_fraction"] for r in small_runs]
+    per_step = np.concatenate([r.hidden_fractions() for r in small_runs])
+    nominal = {"forward": 8 * 2e-3, "backward": 8 * 4e-3}   # the emulated accelerator's sleeps
+    print(f"{len(small.bucket_sizes)} buckets per step; a median of {np.median(counts):g} were "
+          f"reduced before backward ended ({len(counts)} rank-steps).")
+    print(f"Overlap hid {s['hidden_fraction']:.0%} of the communication: wait {ms(s['wait_s'])}, "
+          f"stream busy {ms(s['comm_busy_s'])} (typical step).")
+    if s["backward_s"] > 1.1 * nominal["backward"]:
+        print(f"Backward took {ms(s['backward_s'])}, nominal {ms(nominal['backward'])}: part of "
+              f"what overlap hides is time this host added (the stretch, see the box).")
+    print(f"\nDetails: {len(small_runs)} runs hid {', '.join(f'{h:.0%}' for h in per_run)}; their "
+          f"{len(per_step)} single steps {per_step.min():.0%}-{per_step.max():.0%}. Forward "
+          f"{ms(s['forward_s'])} (nominal {ms(nominal['forward'])}).")
+    # Checks of the timeline itself (not the lesson): the run is consistent.
+    assert checks["phase_sum_error"] < 1e-6
+    assert checks["latency_slack"] >= 0
+    assert checks["fifo"]
+    print(f"Checks on {checks['collectives']} collectives passed: phases add up to the step "
+          f"(error {checks['phase_sum_error']:.0e} s), no all-reduce faster than 2(p-1) "
+          f"latencies, buckets completed in issue order.")
+    if checks["gap"] >= 0.1 * s["step_s"]:  # the timeline missed time between steps
+        print(f"Note: up to {checks['gap'] * 1e3:.1f} ms passed between two steps on one rank, "
+              f"outside every phase: this machine descheduled the rank (it is busy right now).")
+    assert 0 < s["hidden_fraction"] < 1
+
+
+# --- Latency-bound or bandwidth-bound ---------------------------------------------------------
+
+
+def plot_sweep(sweep: dict, *, ranks: int = 4) -> None:
+    """Draw the sweep's communication time per step against the delay (left) and the rate
+    (right), with the alpha-beta model and its latency and bandwidth terms."""
+    p, sizes = ranks, sweep["delay"][0]["bucket_sizes"]
+    grids = {"delay": np.linspace(0.5, 4, 50), "rate": np.geomspace(250, 1000, 50)}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
+    for ax, kind, xkey, xlabel in ((axes[0], "delay", "delay_ms", "NIC delay, ms (rate 1 Gbit/s)"),
+                                   (axes[1], "rate", "rate_mbit",
+                                    "NIC rate, Mbit/s (delay 0.5 ms)")):
+        rows, g = sweep[kind], grids[kind]
+        nics = [f"delay {v:g}ms rate 1000mbit" if kind == "delay" else
+                f"delay 0.5ms rate {v:g}mbit" for v in g]
+        lat = [f"delay {v:g}ms" if kind == "delay" else "delay 0.5ms" for v in g]
+        bw = ["rate 1000mbit" if kind == "delay" else f"rate {v:g}mbit" for v in g]
+        ax.plot([r[xkey] for r in rows], [r["comm_busy_s"] * 1e3 for r in rows], "o", ms=8,
+                label=f"measured ({rows[0]['steps']} steps each)")
+        ax.plot(g, [ddp.predicted_comm(p, sizes, s) * 1e3 for s in nics], "-", color="k",
+                label="α-β model")
+        ax.plot(g, [ddp.predicted_comm(p, sizes, s) * 1e3 for s in lat], ":", color="#C44E52",
+                label="latency term")
+        ax.plot(g, [ddp.predicted_comm(p, sizes, s) * 1e3 for s in bw], "--", color="#4C72B0",
+                label="bandwidth term")
+        ax.set_xlabel(xlabel)
+    axes[1].set_xscale("log")
+    axes[1].minorticks_off()
+    axes[1].set_xticks([250, 500, 1000], ["250", "500", "1000"])
+    axes[0].set_ylabel("all-reduce time per step, ms")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    plt.show()
+
+
+def sweep_effects(sweep: dict) -> dict:
+    """What the sweep shows: `by_delay` and `by_rate`, the communication time the largest
+    delay and the lowest rate added per step; `points`, each network by (delay, rate); and
+    `close`, the networks whose measured time is within 15 % of the alpha-beta model."""
+    d, r = sweep["delay"], sweep["rate"]
+    points = {(x["delay_ms"], x["rate_mbit"]): x for x in d + r}
+    close = [k for k, x in points.items()
+             if abs(x["comm_busy_s"] - x["predicted_comm_s"]) <= 0.15 * x["predicted_comm_s"]]
+    return {"by_delay": d[-1]["comm_busy_s"] - d[0]["comm_busy_s"],
+            "by_rate": r[0]["comm_busy_s"] - r[-1]["comm_busy_s"],
+            "points": points, "close": close}
+
+
+def explain_sweep(sweep: dict, *, bandwidth_over_latency: float) -> None:
+    """Print the sweep's table (model against measured), what the delay and the rate each
+    added against the model, how many networks the model fits, conclude which knob moved the
+    communication more, and say whether the bucket (its bandwidth term
+    `bandwidth_over_latency` times its latency term) is bandwidth-bound."""
+    d, r = sweep["delay"], sweep["rate"]
+    e = sweep_effects(sweep)
+    by_delay, by_rate, points, close = e["by_delay"], e["by_rate"], e["points"], e["close"]
+    print("Details:\nnetwork (delay, rate)   model ms  measured ms  measured/model")
+    for (dl, rt), x in sorted(points.items()):
+        print(f"{dl:5g} ms {rt:5g} Mbit/s  {x['predicted_comm_s'] * 1e3:8.1f}  "
+              f"{x['comm_busy_s'] * 1e3:11.1f}  {x['comm_busy_s'] / x['predicted_comm_s']:14.2f}")
+    print(f"\nDelay {d[0]['delay_ms']:g} -> {d[-1]['delay_ms']:g} ms added {ms(by_delay)} per step "
+          f"(model {ms(d[-1]['predicted_comm_s'] - d[0]['predicted_comm_s'])}); rate "
+          f"{r[-1]['rate_mbit']:g} -> {r[0]['rate_mbit']:g} Mbit/s added {ms(by_rate)} (model "
+          f"{ms(r[0]['predicted_comm_s'] - r[-1]['predicted_comm_s'])}).")
+    print(f"{len(close)} of {len(points)} networks within 15 % of the alpha-beta model the "
+          f"emulator implements (a consistency check).")
+    swept = conclude(by_rate > by_delay > 0, "the rate cut moved the communication time more "
+                     "than the delay, and both moved it")
+    print(f"The bucket's bandwidth term is {bandwidth_over_latency:.1f}x its latency term: "
+          f"bandwidth-bound" + ("; the sweep agrees." if swept else "."))
+    assert all(x["comm_busy_s"] > 0.9 * x["predicted_comm_s"]
+               for x in points.values())  # never faster
+
+
+# --- Buckets and overlap ----------------------------------------------------------------------
+
+
+def plot_buckets(grid: dict, networks: dict) -> None:
+    """Draw, per network and variant, the exposed and hidden communication, the median step
+    and the alpha-beta model's communication per step."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, (label, rows) in zip(axes, grid.items()):
+        names = [f"{cap:g} MiB\n{mode}" for cap, mode in rows]
+        hidden = [max(0.0, r["comm_busy_s"] - r["wait_s"]) * 1e3 for r in rows.values()]
+        exposed = [r["wait_s"] * 1e3 for r in rows.values()]
+        ax.bar(names, exposed, color=ddp.PHASE_COLORS["wait"], label="exposed (accelerator waits)")
+        ax.bar(names, hidden, bottom=exposed, color=ddp.PHASE_COLORS["comm"], alpha=0.6,
+               label="hidden under backward")
+        ax.plot(names, [r["step_s"] * 1e3 for r in rows.values()], "k_", ms=28, mew=2.5,
+                label="step time (median)")
+        ax.plot(names, [ddp.predicted_comm(4, r["run"].bucket_sizes, networks[label]) * 1e3
+                        for r in rows.values()], "kx", ms=9, mew=2,
+                label="α-β model: communication per step")
+        ax.set_title(f"{label}: {networks[label]} (medians of 6 steps)")
+        ax.tick_params(axis="x", labelsize=8)
+    axes[0].set_ylabel("ms per step")
+    fig.legend(*axes[0].get_legend_handles_labels(), ncols=4, fontsize=8, loc="lower center")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    plt.show()
+
+
+def step_range(row: dict) -> tuple[float, float, int]:
+    """Each step's time (mean over ranks): the fastest and slowest of the few steps measured,
+    and how many steps there were."""
+    steps = row["run"].phases()["step"].mean(axis=0)
+    return steps.min(), steps.max(), len(steps)
+
+
+def bucket_verdicts(grid: dict) -> dict:
+    """What the buckets-and-overlap grid decides. Latency-bound: `big_median` (the slower
+    median step of the two one-bucket variants) against `small_fastest` (the fastest single
+    step of either 0.25 MiB variant). Bandwidth-bound: `small_bw` (0.25 MiB with overlap) and
+    `big_wait` (the smaller wait of the one-bucket variants); `clear` when small buckets'
+    slowest step beat every other variant's fastest, `beaten` when another variant's slowest
+    step beat their fastest."""
+    lat, bw = grid["latency-bound"], grid["bandwidth-bound"]
+    small_bw = bw[(0.25, "overlap")]
+    return {
+        "big_median": max(lat[(25.0, m)]["step_s"] for m in ("overlap", "fused")),
+        "small_fastest": min(step_range(lat[(0.25, m)])[0] for m in ("overlap", "deferred")),
+        "small_bw": small_bw,
+        "big_wait": min(bw[(25.0, m)]["wait_s"] for m in ("overlap", "fused")),
+        "clear": all(step_range(small_bw)[1] < step_range(r)[0] for k, r in bw.items()
+                     if k != (0.25, "overlap")),
+        "beaten": any(step_range(r)[1] < step_range(small_bw)[0] for k, r in bw.items()
+                      if k != (0.25, "overlap")),
+    }
+
+
+def explain_buckets(grid: dict, networks: dict) -> None:
+    """Conclude, on the latency-bound network, that big buckets beat small ones and, on the
+    bandwidth-bound one, that small buckets with overlap exposed the least; print how far the
+    step ranges support each, the host's stretch of backward, and the table of every variant
+    (step, range, exposed, hidden, backward, stream busy beyond the alpha-beta model)."""
+    lat, bw = grid["latency-bound"], grid["bandwidth-bound"]
+    n_steps = step_range(lat[(25.0, "overlap")])[2]
+    details = [f"{'network':<16}{'variant':<19}{'step':>9}{'step range':>18}{'exposed':>10}"
+               f"{'hidden':>10}{'backward':>10}{'busy-model':>12}"]
+    extra = {}  # stream busy beyond the alpha-beta model, per bucket: this host's cost
+    for label, g in grid.items():
+        for (cap, mode), r in g.items():
+            lo, hi, _ = step_range(r)
+            over = r["comm_busy_s"] - ddp.predicted_comm(4, r["run"].bucket_sizes,
+                                                         networks[label])
+            extra[label, cap, mode] = over / r["buckets"]
+            details.append(f"{label:<16}{f'{cap:g} MiB {mode}':<19}{ms(r['step_s']):>9}"
+                           f"{ms(lo) + '-' + ms(hi):>18}{ms(r['wait_s']):>10}"
+                           f"{ms(max(0.0, r['comm_busy_s'] - r['wait_s'])):>10}"
+                           f"{ms(r['backward_s']):>10}{ms(over):>12}")
+    # Latency-bound, the question asked: big buckets against small (each big-bucket variant's
+    # median step against the fastest step of either small one).
+    v = bucket_verdicts(grid)
+    big_median, small_fastest, small_bw, big_wait = (v["big_median"], v["small_fastest"],
+                                                     v["small_bw"], v["big_wait"])
+    won = conclude(big_median < small_fastest, "on the latency-bound network the median step "
+                   "with one 25 MiB bucket beat even the fastest step with 0.25 MiB buckets")
+    exposed_least = conclude(small_bw["wait_s"] < big_wait, "on the bandwidth-bound network "
+                             "small buckets with overlap exposed the least")
+    # Said only as far as the step ranges order them.
+    clear, beaten = v["clear"], v["beaten"]
+    if won:
+        print(f"Latency-bound: big buckets win. The median 25 MiB step (at most {ms(big_median)}) "
+              f"beat even the fastest 0.25 MiB step ({ms(small_fastest)}).")
+    if exposed_least:
+        print(f"Bandwidth-bound: 0.25 MiB with overlap exposed the least "
+              f"({ms(small_bw['wait_s'])} against {ms(big_wait)} for one big bucket)" + (
+                  "; its step was also the shortest, its range clear of every other." if clear
+                  else "; but another variant's step was shorter in every step measured."
+                  if beaten else "; but the step ranges overlap, so these steps cannot say "
+                  "whether the step gained."))
+    bwd = bw[(0.25, "deferred")]["backward_s"]
+    print(f"Host cost: on the bandwidth-bound network backward took {ms(small_bw['backward_s'])} "
+          f"with overlap against {ms(bwd)} deferred" + (
+              ": buckets in flight slow this host's backward (the stretch in the box above), so "
+              "judge by the step." if small_bw["backward_s"] > 1.1 * bwd else "."))
+    print(f"\nDetails: medians and ranges of {n_steps} steps per variant; exposed = the "
+          f"accelerator's wait, hidden = the rest of the stream's busy time, busy-model = stream "
+          f"busy minus the alpha-beta model.")
+    print("\n".join(details))
+    conclude(lat[(25.0, "overlap")]["step_s"] < lat[(0.25, "overlap")]["step_s"],
+             "on the latency-bound network one big bucket gave a shorter step than eight small "
+             "ones")
+
+
+# --- How long the accelerator waits -----------------------------------------------------------
+
+
+def plot_idle(idle: list, *, nic: str, delay_s: float, compute_s: float, nbytes: int) -> None:
+    """Draw the share of the step spent waiting for the exchange at each rank count: measured,
+    simulated, plain Gloo's floor, and the alpha-only prediction for `nbytes` of gradients
+    with `compute_s` of nominal compute."""
+    fig, ax = plt.subplots(figsize=(10, 3.4))
+    x = np.arange(len(idle))
+    ax.bar(x - 0.27, [r["idle_fraction"] * 100 for r in idle], 0.27,
+           label=f"measured wait / step, {nic}", color=ddp.PHASE_COLORS["wait"])
+    ax.bar(x, [r["sim_idle_fraction"] * 100 for r in idle], 0.27,
+           label=f"simulated, {nic} (consistency check)", color="#999999")
+    ax.bar(x + 0.27, [r["native_wait_s"] / r["step_s"] * 100 for r in idle], 0.27,
+           label="plain Gloo's wait (this host's floor) / the emulated step", color="white",
+           edgecolor="k", hatch="//")
+    predicted = [models.ring_allreduce(r["ranks"], nbytes, delay_s, 0.0) for r in idle]
+    ax.plot(x - 0.27, [e / (compute_s + e) * 100 for e in predicted], "k_", ms=22, mew=2.5,
+            label="predicted (nominal compute, α only)")
+    ax.set_xticks(x, [f"{r['ranks']} ranks" for r in idle])
+    ax.set_ylabel("% of the step")
+    ax.set_title(f"Waiting for the exchange, % of the step (one bucket, "
+                 f"{len(idle[0]['run'].phases()['step'][0])} steps each)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    plt.show()
+
+
+def network_share(native_wait_s: float, network_s: float) -> tuple[float, bool]:
+    """This host's own wait (plain Gloo) as a share of the network's, and whether the network
+    set the wait: only with a margin, the host's cost under 40 % of the network's."""
+    host_share = native_wait_s / network_s
+    return host_share, host_share < 0.4
+
+
+def explain_idle(idle: list, *, delay_s: float, compute_s: float) -> None:
+    """Print the idle share at the fewest and the most ranks, whether the network (not this
+    host's floor) set the wait at the most, the compute per step and the simulator's share,
+    and conclude that the idle share grew with the rank count."""
+    DELAY, compute = delay_s, compute_s
+    first, last = idle[0], idle[-1]
+    closed = {r["ranks"]: models.ring_allreduce(r["ranks"], r["run"].param_bytes, DELAY, 0.0)
+              for r in idle}
+    computed = {r["ranks"]: r["forward_s"] + r["backward_s"] for r in idle}
+    # The backend completes an operation at max(plain Gloo, network): the network sets the
+    # wait only where this machine's own cost of the exchange stays well below it. That
+    # matters at the largest count (a host-made wait there could fake the growth); at 2 ranks
+    # a host-made wait only shrinks it.
+    host_share, network_set = network_share(last["native_wait_s"], closed[last["ranks"]])
+    n_steps = len(last["run"].phases()["step"][0])
+    points = round((last["idle_fraction"] - last["sim_idle_fraction"]) * 100)
+    print(f"Idle share: {first['idle_fraction']:.0%} at {first['ranks']} ranks, "
+          f"{last['idle_fraction']:.0%} at {last['ranks']} ({ms(last['wait_s'])} of "
+          f"{ms(last['step_s'])}; medians of {n_steps} steps).")
+    print(f"Network alone at {last['ranks']} ranks: 2(p-1) x {DELAY * 1e3:g} ms = "
+          f"{ms(closed[last['ranks']])}. Plain Gloo (this host's floor): "
+          f"{ms(last['native_wait_s'])}, {host_share:.0%} of it"
+          + (": the network set the wait." if network_set else
+             ": too close to say the network alone set the wait."))
+    print(f"\nDetails: compute per step {ms(computed[first['ranks']])} at {first['ranks']} ranks, "
+          f"{ms(computed[last['ranks']])} at {last['ranks']} (nominal {ms(compute)}: the sleeps "
+          f"overshoot). The simulator, fed the measured compute and the same alpha-only model "
+          f"the emulator enforces, gives {last['sim_idle_fraction']:.0%} at {last['ranks']} ranks "
+          f"({f'{points:+d} points' if points else 'within 1 point'}): a "
+          f"consistency check, not a test against a real network.")
+    fractions = [r["idle_fraction"] for r in idle]
+    assert all(f > 0 for f in fractions)
+    conclude(fractions[-1] > fractions[0] and network_set,
+             f"the idle share grew from {first['ranks']} to {last['ranks']} ranks, with the "
+             f"network's wait at {last['ranks']} ranks {1 / max(host_share, 1e-9):.1f} times "
+             f"this machine's own (needed: over 2.5)",
+             busy=(f"plain Gloo alone waited {ms(last['native_wait_s'])}, {host_share:.0%} of "
+                   f"the network's {ms(closed[last['ranks']])}" if not network_set else None))
+    assert last["wait_s"] > 0.9 * closed[last["ranks"]]   # never faster than the network
+    assert all(r["native_wait_s"] > 0 for r in idle)
+
+
+# --- On a real GPU cluster --------------------------------------------------------------------
+
+
+def real_cluster_notes() -> str:
+    """The section's bullets and its optional NCCL deep dive, for `facts.show`: ledger facts
+    in [[...]], and numbers computed from them (NCCL's modelled step latency, a ConnectX-7's
+    rate) against this notebook's bandwidth-bound networks."""
+    step_s = [facts.get(f"nccl.tuner_net_ring_step_latency_{p}").value * 1e-6
+              for p in ("ll", "simple")]
+    nic_bytes_s = facts.get("nvidia.connectx7_rate_bytes").value * 1e9
+    n_star_real = step_s[1] * nic_bytes_s   # Simple: n* = alpha / beta = alpha x bandwidth
+    n_star_here = sorted(ddp.crossover_bytes(1, d, r) for d, r in ((0.5e-3, 1e9), (200e-6, 500e6)))
+    return f"""
+- **Who waits.** With NCCL, [[pytorch.async_op_cuda_semantics]]; a collective call
+  [[pytorch.collective_returns_before_cuda_completes]]. So `loss.backward()` returns before
+  the exchange is done and the optimizer's kernels queue behind it on the GPU: the "wait" of
+  this notebook becomes idle time on the compute stream (NCCL's kernels keep running), which a
+  host timer does not see until the next host sync (`.item()`, logging) absorbs it.
+- **How to see overlap on GPUs.** Time steps with CUDA events
+  ([[pytorch.cuda_event_timing]]); look at the NCCL kernels next to the backward kernels with
+  [[pytorch.profiler]] or [[nvidia.nsight_systems]]: the same Gantt chart as above, per CUDA
+  stream.
+- **DDP defaults.** Buckets are capped at [[pytorch.ddp_bucket_cap_mb]], the first at
+  [[pytorch.ddp_first_bucket]] (passing `bucket_cap_mb`, as here, gives it the same cap).
+  DDP's docs describe buckets in roughly the [[pytorch.ddp_reverse_parameter_order]]; they
+  are [[pytorch.ddp_rebuild_once]], in the order backward produced the gradients. With
+  find_unused_parameters=False, the default, or static_graph=True, the first iteration runs
+  with one bucket.
+  [[pytorch.ddp_set_last_bucket_cap]] moves the small cap to the last bucket, the one that is
+  always exposed. Real models are not uniform: a large input embedding is produced last in
+  backward, so the exposed last bucket can be the biggest one.
+  [[pytorch.ddp_gradient_as_bucket_view]] and [[pytorch.ddp_static_graph]] by default.
+- **Fewer bytes.** [[pytorch.ddp_compress_hooks]] halve the bytes, hence the bandwidth term,
+  not the latency term of a small bucket; DDP accepts the bf16 hook only with
+  [[pytorch.ddp_bf16_hook_check]].
+- **Overlap is not free.** NCCL runs its collectives as CUDA blocks (CTAs) on the GPU's SMs,
+  one per channel (a block and its slice of the data), up to [[nccl.max_ctas]].
+  NCCL_MAX_CTAS (or `ncclConfig_t.maxCTAs`) caps a communicator's channels, DDP's all-reduce
+  included. Fewer leave more SMs to the backward kernels (which also share memory bandwidth
+  with NCCL) but can move the bytes more slowly; how much depends on the protocol, the
+  message size and the NICs per GPU, so compare step times.
+
+**Optional deep dive: NCCL's α, as its tuner models it.** NCCL's tuner models a ring step across the network with a hardware
+latency (`hwLatencies`) of [[nccl.tuner_net_ring_step_latency_ll]] for LL to
+[[nccl.tuner_net_ring_step_latency_simple]] for Simple (protocols, i.e. how a receiver learns that data has
+landed: LL pairs each data word with a flag, trading bandwidth for latency), on top of a base latency per call
+(`baseLatencies`) and each graph's network latency, and with one GPU per node takes its
+tree's values instead: model constants, not a measured α. Against the bandwidth-bound
+networks above, Simple's step constant is {200e-6 / step_s[1]:.0f} to {0.5e-3 / step_s[1]:.0f} times
+smaller, but the bandwidth is {nic_bytes_s / (1e9 / 8):.0f} to {nic_bytes_s / (500e6 / 8):.0f} times larger. With one [[nvidia.connectx7_rate_bytes]]
+NIC per GPU, Simple's n\\* = α/β = α × bandwidth is about {n_star_real / 1e3:.0f} kB, larger than
+the {n_star_here[0] / 1e3:g} to {n_star_here[1] / 1e3:g} kB of the bandwidth-bound networks above
+(200 µs at 500 Mbit/s, 0.5 ms at 1 Gbit/s). A ring's crossover p·n\\* grows with p: at 64 nodes, one GPU each, it is about
+{64 * n_star_real / 1e6:.0f} MB, more than a 25 MiB bucket. So on a fast fabric a bucket turns
+latency-bound as the cluster grows. Only [[nccl.tuner_ring_inter_steps]] cross the
+network in the tuner's model (count nodes, not GPUs), and at many nodes its model favours the
+tree for small and medium messages ([[nccl.tuner_tree_log_latency]]). See also [[paper.li_pytorch_ddp_2020]].
+"""  # noqa: E501
