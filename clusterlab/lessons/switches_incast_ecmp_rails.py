@@ -1,0 +1,290 @@
+"""What notebook 13 (switches: incast and lost packets) reads from its runs.
+
+Each function takes the plain rows of `clusterlab.experiments.fabric` (or the closed forms of
+`clusterlab.fabric_models`) and prints the sentences the learner reads, with the consistency
+checks that go with them; measured conclusions go through `conclude`, which prints
+"Shown on this run: ..." when they hold.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from clusterlab import fabric_models as fm
+from clusterlab import facts
+from clusterlab.experiments import fabric as ex
+from clusterlab.experiments.common import conclude
+from clusterlab.lessons.show import ms
+from clusterlab.wire import DUPTHRESH, HEADER_BYTES, SEGMENT_BYTES, segment_count
+
+MiB, KiB = ex.MiB, ex.KiB
+ORDINALS = ("first", "second", "third", "fourth")
+
+
+def explain_nic(*, rate: float) -> None:
+    """Print every node's NIC and what a lone 1 MiB message costs through it and one port
+    (`rate`: the NIC's bit/s), with the emulator's segments."""
+    print(f"every NIC: netem '{ex.NIC}'. A lone 1 MiB message takes "
+          f"{ms(fm.incast(1, MiB, rate_bps=rate).time_s)} through a NIC and one port, plus "
+          f"the delay.")
+    print(f"(the emulator sends it as {segment_count(MiB)} segments of {SEGMENT_BYTES // KiB} "
+          f"KiB, {HEADER_BYTES} header bytes each)")
+
+
+def explain_leaf(topo) -> None:
+    """Print the path from node 1 to node 0 on one leaf (`topo`: `Topology.build` with
+    `ex.incast_fabric`) and check that it crosses only node 0's port."""
+    specs = topo.port_specs()
+    hops = [int(q) for q in topo.paths([1], [0])[0] if q >= 0]
+    print(f"{topo.nodes} nodes on one leaf, each with a switch port towards it at "
+          f"{specs[0].rate_bps / 1e6:g} Mbit/s. Node 1 -> node 0 crosses node 1's NIC, then "
+          f"port {hops[0]}, node 0's port; so does every other node's message to node 0.")
+    assert hops == [0]
+
+
+def never_early(rows: Sequence[dict], *, slack: float = 0.98) -> bool:
+    """Whether every row's best run took at least `slack` times its closed form (an exact
+    closed form of one round: the emulated network never delivers early)."""
+    return all(r["best"] >= slack * r["model"].time_s for r in rows)
+
+
+def four_queued(lone: dict, four: dict) -> bool:
+    """The incast verdict: the last of four pushes waited over 0.7 of the closed form's
+    queueing and four pushes took over three times one."""
+    return four["queue"] > 0.7 * four["model"].max_queue_s and four["best"] > 3 * lone["best"]
+
+
+def explain_incast(inc: Sequence[dict]) -> None:
+    """Print one push against four (`inc`: `ex.incast` rows, the first one sender, the last
+    four), check that no run beat its closed form, and state whether the last push queued
+    behind the others (`conclude`)."""
+    lone, four = inc[0], inc[-1]
+    print(f"One push {ms(lone['best'])}, four pushes {ms(four['best'])} (closed form "
+          f"{ms(four['model'].time_s)}).")
+    print(f"The last of four waited {ms(four['queue'])} behind the others (best(4) - best(1)); "
+          f"the port delivered {four['goodput'] * 8 / 1e6:.1f} Mbit/s of payload.")
+    assert never_early(inc)  # an exact closed form: never early
+    conclude(four_queued(lone, four),
+             "the last of four pushes queued behind the others, and four pushes took "
+             "over 3x one", busy=ex.slowed(inc))
+
+
+def explain_ps_vs_ring(pr: Sequence[dict], *, delay: float, repeats: int) -> None:
+    """Print the parameter server against the ring (`pr`: `ex.ps_vs_ring` rows), the ring's
+    closed form split into store and forward and delay (`delay`: one hop's, in s), check the
+    closed forms, and state whether the server took over twice the ring's time."""
+    ps, ring = pr
+    nodes = ring["nodes"]
+    print(f"{nodes} nodes on one leaf, {ring['nbytes'] // MiB} MiB | measured (best of "
+          f"{repeats}) | closed form")
+    for name, r in (("parameter server", ps), ("ring", ring)):
+        print(f"{name:>25} | {ms(r['best']):>20} | {ms(r['model'])}")
+    rounds = 2 * (nodes - 1)
+    print(f"Of the ring's closed form, {ms(ring['model'] - ring['crossbar'])} is the port's "
+          f"store and forward ({rounds} rounds x w) and {ms(rounds * delay)} the delay "
+          f"({rounds} rounds x delay).")
+    print(f"The parameter server took {ps['best'] / ring['best']:.1f}x the ring's time "
+          f"(closed form {ps['model'] / ring['model']:.1f}x; the gap: appendix).")
+    assert ps["model"] > 2 * ring["model"]  # the closed forms
+    # the switch port adds the incast NIC shaping alone hides
+    assert ps["model"] > 1.5 * ps["crossbar"]
+    conclude(ps["best"] > 2 * ring["best"],
+             "the parameter server took over twice the ring's time", busy=ex.slowed(pr))
+
+
+def nth(s: int) -> str:
+    """The s-th sender the port serves, as a word: 1 -> 'first'."""
+    return ORDINALS[s - 1]
+
+
+def dropped_senders(lost: Sequence[Sequence[int]]) -> list[int]:
+    """The senders (numbered from 1, in the port's service order) that lost any segment
+    (`lost`: `ex.incast_drops`, the lost segments of each sender)."""
+    return [s for s, segs in enumerate(lost, 1) if segs]
+
+
+def rto_senders(lost: Sequence[Sequence[int]], k: int) -> list[int]:
+    """The senders that wait for the RTO: a loss with fewer than DUPTHRESH of its message's
+    `k` segments after it, so no three duplicate ACKs reveal it."""
+    return [s for s, segs in enumerate(lost, 1) if segs and k - max(segs) < DUPTHRESH]
+
+
+def repaired_senders(lost: Sequence[Sequence[int]], k: int) -> list[int]:
+    """The senders whose losses duplicate ACKs repair (DUPTHRESH later segments arrived)."""
+    waits = rto_senders(lost, k)
+    return [s for s in dropped_senders(lost) if s not in waits]
+
+
+def rack_senders(lost: Sequence[Sequence[int]], k: int) -> list[int]:
+    """The senders that lost segments but whose last segment got through: on Linux its SACK
+    lets RACK resend the rest about a round trip later."""
+    return [s for s, segs in enumerate(lost, 1) if segs and max(segs) < k]
+
+
+def tail_senders(lost: Sequence[Sequence[int]], k: int) -> list[int]:
+    """The senders that lost all `k` segments: nothing arrived to SACK (a lost tail)."""
+    return [s for s, segs in enumerate(lost, 1) if len(segs) == k]
+
+
+def explain_drops(drops: Sequence[dict], lost: Sequence[Sequence[int]], *,
+                  nbytes: int) -> None:
+    """Print the incast into a small buffer (`drops`: `ex.incast` rows for 1, 2 and 4 senders
+    of `nbytes`; `lost`: `ex.incast_drops` for four): the table, which senders the port's
+    model drops and which of them wait for the RTO or are repaired by duplicate ACKs; check
+    the closed form's timeouts against that, and state whether two senders kept clear of
+    the RTO with over 1.5x the goodput of four."""
+    print("senders | measured | closed form | goodput")
+    for r in drops:
+        print(f"{r['senders']:>7} | {ms(r['best']):>8} | {ms(r['model'].time_s):>11} | "
+              f"{r['goodput'] * 8 / 1e6:.1f} Mbit/s")
+    two, four = drops[1], drops[2]
+    k = segment_count(nbytes)
+    dropped, waits, repaired = (dropped_senders(lost), rto_senders(lost, k),
+                                repaired_senders(lost, k))
+    print(f"With four, the emulator's port model (replayed, before any resend) says the "
+          f"{' and '.join(map(nth, dropped))} senders it served lost segments, and the "
+          f"{' and '.join(map(nth, waits))} wait for the RTO ({ms(fm.RTO_MIN_S)}).")
+    if repaired:
+        print(f"The {' and '.join(map(nth, repaired))} are repaired by duplicate ACKs.")
+    else:
+        print(f"No loss had {DUPTHRESH} segments behind it: this run shows no repair by "
+              f"duplicate ACKs, only the wait for the RTO.")
+    print(f"Goodput fell {two['goodput'] / four['goodput']:.1f}x from two senders to four.")
+    print("(The closed form starts its RTO clock later than the emulator does, so a run with "
+          "drops can finish a little before it: appendix.)")
+    assert len(waits) > 0 and four["model"].timeouts == len(waits)
+    assert two["model"].timeouts == 0
+    assert four["best"] >= fm.RTO_MIN_S  # the RTO really was waited for
+    conclude(two["best"] < fm.RTO_MIN_S and two["goodput"] > 1.5 * four["goodput"],
+             "two senders finished within the RTO, with over 1.5x the goodput of four",
+             busy=ex.slowed(drops))
+
+
+def tcp_payload_bytes(mtu: int) -> int:
+    """TCP payload per real Ethernet frame: the MTU less the IPv4 header and a TCP header
+    with timestamps (both from the ledger)."""
+    return (mtu - facts.get("ipv4.header_bytes").value
+            - facts.get("tcp.header_with_timestamps_bytes").value)
+
+
+LINUX_RECOVERY = """
+**Real Linux TCP recovers faster.** The emulator's {best} is its own figure. A message is
+{k} of its {seg_kib} KiB segments; Linux TCP sends it as {frames} frames of {mss} B of payload
+(the [[ethernet.mtu_bytes]] MTU less a [[ipv4.header_bytes]] IPv4 and a
+[[tcp.header_with_timestamps_bytes]] TCP header), so a loss with under {dupthresh} segments
+after it is far likelier here.
+
+- The {rack} sender's segment {k} got through. Its SACK lets RACK resend segments
+  {rack_lost} about a round trip after the loss. RACK's rule:
+  [[linux.rack_mark_lost]].
+- The {tail} sender delivered nothing to SACK. Its tail loss probe fires on its own timer
+  ([[linux.tlp_multi_packet]]), and the probe's ACK lets RACK resend the rest. Only a lost
+  probe leaves the RTO, at least [[linux.tcp_rto_min]] unless lowered per route
+  ([[linux.route_rto_min]]) or with [[linux.tcp_rto_min_us]] (Linux 6.11 and later).
+- A real port interleaves the flows' packets, so an overflow hits many flows at once and can
+  stall them all on timeouts (**TCP incast collapse**). The fix Vasudevan et al. measured:
+  [[paper.vasudevan_incast_2009]].
+"""
+
+
+def show_linux_recovery(four: dict, lost: Sequence[Sequence[int]], *, nbytes: int,
+                        mtu: int) -> None:
+    """Show (Markdown, sourced from the ledger) how Linux TCP would repair this run's losses
+    (`four`: the four-sender row of the drop incast, `lost`: `ex.incast_drops`): the sender
+    whose last segment got through by RACK, the one that lost its whole tail by a probe."""
+    k = segment_count(nbytes)
+    mss = tcp_payload_bytes(mtu)  # TCP payload per frame
+    rack = rack_senders(lost, k)  # a later one arrived
+    tail = tail_senders(lost, k)  # nothing arrived
+    facts.show(LINUX_RECOVERY.format(
+        best=ms(four["best"]), k=k, seg_kib=SEGMENT_BYTES // KiB,
+        frames=math.ceil(nbytes / mss), mss=mss, dupthresh=DUPTHRESH, rack=nth(rack[0]),
+        rack_lost=", ".join(map(str, lost[rack[0] - 1])), tail=nth(tail[0])))
+
+
+def linux_tlp_estimate(model_s: float, *, rtt_s: float,
+                       tlp_min_s: float) -> tuple[float, float]:
+    """The Linux estimate of an incast that waited the model's RTO once: the probe timeout
+    PTO = 2 SRTT + TCP_TIMEOUT_MIN (several packets out, SRTT taken as `rtt_s`) and the
+    model's time `model_s` with its RTO, max(RTO_MIN_S, 2 round trips), swapped for it.
+    Returns (pto, estimated time) in seconds."""
+    pto = 2 * rtt_s + tlp_min_s  # 2 SRTT + TCP_TIMEOUT_MIN, several packets out
+    return pto, model_s - max(fm.RTO_MIN_S, 2 * rtt_s) + pto
+
+
+def explain_fast_incast(fast: dict, *, delay_s: float, nbytes: int) -> None:
+    """Print the drop incast at a datacentre port (`fast`: sender count -> `fm.incast` for 2
+    and 4 senders, `delay_s` one way) in this emulator's closed form, then the Linux estimate
+    with the tail loss probe's timer instead of the RTO (the fixed term from the ledger)."""
+    print(f"at 10 Gbit/s, 10 us of delay: {ms(fast[2].time_s)} for two senders, "
+          f"{ms(fast[4].time_s)} for four ({fast[4].timeouts} waiting for the RTO)")
+    print(f"  the goodput falls {fast[2].goodput / fast[4].goodput:.0f}x in this model "
+          f"(no RACK, no tail loss probe)")
+    tlp_min = facts.get("linux.tcp_timeout_min_us")  # the probe timer's fixed term
+    assert tlp_min.unit == "ms"
+    rtt = 2 * delay_s  # the round trip: the delay each way
+    pto, linux4 = linux_tlp_estimate(fast[4].time_s, rtt_s=rtt, tlp_min_s=tlp_min.value * 1e-3)
+    print(f"Linux estimate: a tail loss probe after 2 SRTT (smoothed round-trip time) + "
+          f"{tlp_min.text} = {ms(pto)} instead of the RTO")
+    print(f"  (the {tlp_min.text} term: {tlp_min.holds_for}; SRTT taken as the unloaded round "
+          f"trip, which the incast's own queueing would lengthen)")
+    print(f"  gives about {ms(linux4)} for four, a "
+          f"{fast[2].goodput / (4 * nbytes / linux4):.1f}x fall (for this model's loss "
+          f"pattern, if the probe is not lost)")
+    assert fast[2].goodput > 10 * fast[4].goodput
+
+
+def per_message_cost_visible(ps: dict, ring: dict) -> bool:
+    """Whether the ring's best run sits over 10% above its closed form while the parameter
+    server's does not: what a cost per message exchange on this machine would do."""
+    return ring["best"] > 1.1 * ring["model"] and ps["best"] < 1.1 * ps["model"]
+
+
+def explain_appendix(ps: dict, ring: dict, four: dict, *, rate: float,
+                     busy: str | None) -> None:
+    """Print the appendix's checks: each run's range against its closed form (`ps`, `ring`:
+    `ex.ps_vs_ring` rows), the ring's gap as a per-message cost when it shows, and the drop
+    incast's four senders (`four`) against the closed form less the first segment's NIC time
+    (`rate`: the NIC's bit/s), stated with `conclude` (`busy`: `ex.slowed` of the drop rows)."""
+    for name, r in (("parameter server", ps), ("ring", ring)):
+        print(f"{name}: runs {ms(min(r['times']))} to {ms(max(r['times']))}, closed form "
+              f"{ms(r['model'])} ({r['best'] / r['model'] - 1:+.0%} for the best run)")
+    if per_message_cost_visible(ps, ring):
+        print(f"the ring's {2 * (ring['nodes'] - 1)} rounds sit above their closed form and the "
+              f"parameter server's few large messages do not: consistent with a cost per "
+              f"message exchange on this machine (not measured separately)")
+    first_segment = (SEGMENT_BYTES + HEADER_BYTES) * 8 / rate
+    print(f"incast with drops, four senders: best {ms(four['best'])}, closed form "
+          f"{ms(four['model'].time_s)}; the two RTO clocks differ by the first segment's NIC "
+          f"time, {ms(first_segment)}")
+    conclude(four["best"] >= 0.98 * (four["model"].time_s - first_segment),
+             "four senders took at least the closed form less the first segment's NIC "
+             "time", busy=busy)
+
+
+# The "On a real GPU cluster" box: how RDMA fabrics avoid or repair the drops above (ledger ids
+# in [[...]], rendered with their sources by `facts.show`).
+REAL_CLUSTER = """
+- **TCP incast concerns NCCL only over sockets.** Over InfiniBand or RoCE NCCL uses RDMA
+  ([[rdma.kernel_bypass]]) and the NIC retransmits. Under the InfiniBand spec's RC rules, as
+  in Linux's soft-RoCE: [[linux.rxe_nak_seq_retry]] (go-back-N), about a round trip after the
+  loss ([[paper.mittal_irn_2018]]). A loss no NAK reports (a lost tail, last ACK, NAK or resend)
+  waits the QP's ACK timeout, [[nccl.ib_timeout_formula]]: at the default NCCL_IB_TIMEOUT =
+  [[nccl.ib_timeout_default]], [[nccl.ib_timeout_default_time]]. Without RDMA, NCCL falls back to
+  [[nccl.ib_disable_ip_sockets]], TCP as in Gloo, and the incast above applies.
+- **ConnectX NICs on RoCE need not behave so.** With [[nvidia.roce_adaptive_retransmission]],
+  the NIC's retransmission timer starts from a value of a configurable profile and grows on
+  repeated timeouts, [[nvidia.roce_adp_timeout_cap]]; the same NIC register, ROCE_ACCL,
+  offers [[nvidia.roce_selective_repeat]], resending only what was lost. There a lost tail need not
+  cost the QP's full timeout.
+- **InfiniBand** uses [[infiniband.credit_flow_control]]: switches do not drop for lack of
+  buffer. They still drop packets held too long, by their
+  [[infiniband.switch_lifetime_discard]], so the lost tail above is not hypothetical.
+- **RoCE** is usually made lossless with [[ieee.pfc_8021qbb]], which pauses a whole port
+  priority, stalling flows that never touch the full port; [[paper.dcqcn_2015]] slows senders
+  on ECN marks to need fewer pauses. On these fabrics incast is back-pressure, not drops. It
+  can also run lossy ([[nvidia.roce_lossy_mode]]).
+- **Not every GPU fabric is lossless:** AWS's EFA sprays packets over many paths and
+  retransmits in the NIC ([[aws.efa_srd]]).
+"""
