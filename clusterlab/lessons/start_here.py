@@ -1,0 +1,243 @@
+"""What notebook 00 (start here) reads from its runs: the first all-reduce, the impaired
+step against its prediction, the real-cluster constants and the doctor's appendix.
+
+Each function takes the data an experiment returned (`clusterlab.experiments.basics`, the
+doctor) and prints the sentences, draws the figure or checks the claims the notebook makes.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import torch.distributed as dist
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+import clusterlab
+from clusterlab import doctor
+from clusterlab.experiments.common import beyond_closed_form, conclude
+
+
+def timed_all_reduce(repeats):
+    """Runs on every rank: `repeats` all-reduces of 4 MiB of float32 ones with plain
+    `torch.distributed` (the network is emulated), each timed from a barrier. Returns the
+    rank's times in seconds and the first element of the sum (the number of ranks)."""
+    x = torch.ones(1 << 20)               # 4 MiB of float32 "gradients"
+    times = []
+    for _ in range(repeats):
+        x.fill_(1.0)
+        dist.barrier()
+        t = clusterlab.now()
+        dist.all_reduce(x)                 # plain torch.distributed; the network is emulated
+        times.append(clusterlab.elapsed(t))
+    return times, float(x[0])
+
+
+def plot_all_reduce(times_ms, *, predicted_ms: float) -> None:
+    """The first measurement's figure: every repeat of every rank as a dot, each rank's
+    median as a bar, the α-β prediction as a dashed line. `times_ms` is [rank, repeat]."""
+    times_ms = np.asarray(times_ms)
+    ranks, repeats = times_ms.shape
+    fig, ax = plt.subplots(figsize=(6, 2.8))
+    for r in range(ranks):  # every repeat is a dot: the spread is part of the measurement
+        ax.plot(np.full(repeats, r) + np.linspace(-0.15, 0.15, repeats), times_ms[r], "o",
+                color="#4C72B0", ms=4, label="measured, one dot per repeat" if r == 0 else None)
+        ax.plot([r - 0.25, r + 0.25], [np.median(times_ms[r])] * 2, color="k", lw=1.5,
+                label="median" if r == 0 else None)
+    ax.axhline(predicted_ms, color="#C44E52", ls="--", label="α-β prediction")
+    ax.set_xticks(range(ranks), [f"rank {r}" for r in range(ranks)])
+    ax.set_ylabel("all-reduce time (ms)")
+    ax.set_ylim(0, max(times_ms.max(), predicted_ms) * 1.15)
+    ax.legend(loc="lower right", fontsize=8)
+    plt.show()
+
+
+def explain_all_reduce(slowest_ms, replay_ms, *, predicted_ms: float, sums) -> None:
+    """The first measurement in four lines: the sum every rank got, the measured median
+    (slowest rank per repeat) against the α-β prediction, and the gap split roughly into
+    jitter and headers (the emulator's replay) and this machine. Checks that every rank got
+    the number of ranks and that the median is not far below the model (jitter can shave
+    only 6 x 0.5 ms off it)."""
+    slowest_ms, replay_ms = np.asarray(slowest_ms), np.asarray(replay_ms)
+    jitter_part = np.median(replay_ms) - predicted_ms
+    machine = np.median(slowest_ms) - np.median(replay_ms)
+    print(f"every rank got the sum {sums[0]:.0f} ({len(sums)} ranks x 1.0)")
+    print(f"measured:  {np.median(slowest_ms):5.1f} ms  (median of {len(slowest_ms)} repeats, "
+          f"slowest rank; range {slowest_ms.min():.1f}-{slowest_ms.max():.1f})")
+    print(f"predicted: {predicted_ms:5.1f} ms  (α-β model)")
+    print(f"details (see Why below): the gap, roughly: jitter and headers {jitter_part:+.1f} ms "
+          f"(emulator replay, {len(replay_ms)} draws), "
+          f"this machine {machine:+.1f} ms")
+    assert list(sums) == [float(len(sums))] * len(sums)
+    assert np.median(slowest_ms) >= 0.8 * predicted_ms, \
+        "jitter can shave only 6 x 0.5 ms off the model"
+
+
+def compute_median(run) -> float:
+    """The median compute time of a `basics.compare` run, in seconds: forward + backward +
+    optimizer, per step and rank."""
+    compute = sum(run["phases"][name] for name in ("forward", "backward", "optimizer"))
+    return float(np.median(compute))
+
+
+def explain_impaired_step(plain, impaired, solo, *, replay, compute: float, model_ar: float,
+                          spread: float, efficiency: float, dilation: int) -> None:
+    """The impaired step's three teaching numbers: measured against compute + the α-β
+    all-reduce, the efficiency against one rank alone, and the range the network allows
+    (every delay at an extreme) with the all-reduce phase against the emulator's `replay`
+    (seconds). Concludes that the step stays within that range (not shown on a busy
+    machine), and checks that the network slowed the step at least by the model's
+    all-reduce."""
+    K = dilation
+    step = impaired["step_median"]
+    ar = float(np.median(impaired["phases"]["all_reduce"].max(axis=0)))  # slowest rank, per step
+    net_ar = float(np.median(replay))
+    print(f"impaired step: {step * 1e3:.1f} ms measured (median, {impaired['steps']} steps x 2 "
+          f"ranks); {(compute + model_ar) * 1e3:.1f} ms predicted = compute {compute * 1e3:.1f} "
+          f"(the plain run's median; this run's own: {compute_median(impaired) * 1e3:.1f}) + "
+          f"α-β all-reduce {model_ar * 1e3:.1f}")
+    print(f"efficiency against one rank alone: {efficiency:.0%} (= "
+          f"{solo['step_median'] * 1e3:.1f} ms / {step * 1e3:.1f} ms, median steps)" if K == 1 else
+          f"efficiency against one rank alone: about {efficiency:.0%} (estimate: "
+          f"this run's compute multiplied back by K = {K}, its all-reduce phase as measured)")
+    print(f"details: the network allows {(compute + model_ar - spread) * 1e3:.1f}-"
+          f"{(compute + model_ar + spread) * 1e3:.1f} ms "
+          f"(the plain run's compute, every delay at an extreme); all-reduce phase "
+          f"{ar * 1e3:.1f} ms vs the emulator's replay {net_ar * 1e3:.1f} ms ({len(replay)} draws)")
+    # conclude(): a claim that fails raises on a quiet machine; on a busy one (a run far above
+    # its closed form, from beyond_closed_form, or a high load average) it prints why this run
+    # cannot show it
+    conclude(step <= compute + model_ar + spread,
+             "the impaired step is at most compute + the α-β all-reduce with every delay at its "
+             "largest draw",
+             busy=beyond_closed_form([(step, compute + model_ar + spread),
+                                      (compute_median(impaired), compute)]))
+    assert step > plain["step_median"], "the impaired network must make the step slower"
+    assert step >= 0.8 * (compute + model_ar), "the step pays at least the model's all-reduce"
+    assert np.all(impaired["phases"]["all_reduce"] >= model_ar - spread), \
+        "no round beats delay - jitter"
+    assert impaired["median"]["all_reduce"] > plain["median"]["all_reduce"]
+
+
+def real_cluster_text(*, alpha: float, rate_Bps: float, alpha_nccl: float, nic_Bps: float,
+                      bucket: float) -> str:
+    """The "On a real GPU cluster" bullets as a `facts.show` template, with this notebook's
+    n* = α × bandwidth (`alpha` s, `rate_Bps`) set against NCCL's (`alpha_nccl` s per ring
+    step, a ConnectX-7's `nic_Bps`) and the ring size beyond which a DDP `bucket` (bytes)
+    cut into chunks of bucket ÷ p falls below NCCL's n*."""
+    n_star_here, n_star_nccl = alpha * rate_Bps, alpha_nccl * nic_Bps
+    return f'''
+- **Bandwidth.** A DGX H100 node has [[nvidia.dgx_h100_compute_nics]] for the compute fabric, one
+  per GPU, at [[nvidia.connectx7_rate]] each: the 1.6 MB gradient crosses one in tens of µs, not
+  this notebook's 12.8 ms. Inside the node GPUs use NVLink
+  ([[nvidia.h100_nvlink_bw_per_direction]] per direction).
+- **Latency.** The size n* = α × bandwidth at which a message's latency and bandwidth terms are
+  equal (notebook 01) is {alpha * 1e3:g} ms × {rate_Bps / 1e6:g} MB/s = {n_star_here / 1e3:.0f} KB
+  here. At [[nvidia.connectx7_rate_bytes]] it would be {alpha * nic_Bps / 1e6:.0f} MB with this α,
+  but NCCL's tuner models [[nccl.tuner_net_ring_step_latency_simple]] per ring step across the
+  network, so n* ≈ {n_star_nccl / 1e6:.1f} MB. DDP's default [[pytorch.ddp_bucket_cap_mb]] bucket
+  is far above it; its first bucket ([[pytorch.ddp_first_bucket]]) is close to it, so α weighs
+  more there.
+- **Rings and trees.** A ring of p ranks moves chunks of bucket ÷ p. If every step crossed the
+  network, they would fall below n* beyond about {bucket / n_star_nccl:.0f} ranks (a rough bound:
+  NCCL charges steps inside a node less, and splits chunks across parallel channels). That is why
+  NCCL added trees in version [[nccl.tree_since]] ([[nccl.tree_intra_node_chain]]).
+- **Transport.** NCCL over InfiniBand or RoCE uses RDMA, remote direct memory access: the NIC runs
+  the transport ([[rdma.kernel_bypass]]), so NCCL pays none of the kernel's system calls and
+  socket copies that Gloo over TCP pays (by default NCCL's own kernels still copy the data into
+  its network buffers:
+  [net.cc](https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/transport/net.cc)). The loopback
+  all-reduce measured here also carries this machine's scheduling on shared cores, which no
+  transport removes.
+- **Overlap and averaging.** DDP reduces buckets while the backward pass runs (notebook 03), and
+  divides before the sum: [[pytorch.ddp_predivide]].
+'''
+
+
+def plot_doctor(info: dict, dil: dict, *, delay_us: float, dilation: int) -> None:
+    """The appendix's figure: plain Gloo's one-way p50 and p99, the doctor's faithful floor
+    and the late tail through the emulator, on a log axis against the notebook's delay (and
+    the delay x K when the doctor chose K > 1)."""
+    K = dilation
+    native = info["native_one_way_us"]
+    floor_us, tail_us = dil["floor_us"], dil["tail_us"]
+    floor_label = ("faithful floor" if info["smallest_faithful_delay_us"]
+                   else "largest candidate (none passed)")
+    points = {"plain Gloo one-way p50": native["p50"],
+              "plain Gloo one-way p99 (for scale)": native["p99"],
+              floor_label: floor_us,
+              "late tail through the emulator (p99)": tail_us}
+    fig, ax = plt.subplots(figsize=(7.5, 2.8))
+    ax.plot(np.array(list(points.values())) / 1e3, list(points), "o", color="#4C72B0", ms=7)
+    ax.axvline(delay_us / 1e3, color="#C44E52", ls=":", lw=1.5,
+               label=f"the notebook's delay, {delay_us / 1e3:g} ms")
+    if K > 1:
+        ax.axvline(delay_us * K / 1e3, color="#55A868", ls="--", lw=1.5,
+                   label=f"x K = {K}: {delay_us * K / 1e3:g} ms")
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_ylim(-0.6, len(points) - 0.4)
+    ax.set_xlabel("ms (log scale)")
+    ax.legend(fontsize=8, loc="best", framealpha=0.9)
+    ax.set_title(f"This machine against the delay it emulates (K = {K})")
+    plt.tight_layout()
+    plt.show()
+
+
+def native_tail_case(info: dict, dil: dict, *, delay_us: float, dilation: int) -> str:
+    """Where plain Gloo's one-way p99 lies: "fits" (below the delay x K), "connection" (above
+    it, but through the emulator the late tail stays below that p99 minus the floor: plain
+    Gloo's shared TCP connection, not the machine's lateness) or "busy" (the late tail
+    through the emulator is high too)."""
+    native = info["native_one_way_us"]
+    if native["p99"] <= delay_us * dilation:
+        return "fits"
+    if dil["tail_us"] < native["p99"] - dil["floor_us"]:
+        return "connection"
+    return "busy"
+
+
+def explain_doctor(info: dict, dil: dict, *, delay_us: float, dilation: int) -> None:
+    """How K was chosen, in sentences: the floor x margin and the late tail against the
+    delay, then what plain Gloo's p99 says (`native_tail_case`), and a warning when the late
+    tail is above 0.8 of the dilated delay. Checks that K meets the doctor's criterion unless
+    capped."""
+    K = dilation
+    native = info["native_one_way_us"]
+    floor_us, tail_us = dil["floor_us"], dil["tail_us"]
+    print(f"floor {floor_us / 1e3:g} ms x {doctor.FLOOR_MARGIN:g} = "
+          f"{doctor.FLOOR_MARGIN * floor_us / 1e3:g} ms and "
+          f"late tail {tail_us / 1e3:.2f} ms (p99 over 2 x {dil['samples']} messages) against the "
+          f"{delay_us / 1e3:g} ms delay: K = {K}, so the experiments above ran at "
+          f"{delay_us * K / 1e3:g} ms"
+          + (f" and reported times divided by {K}, this machine's compute and overheads included"
+             if K > 1 else ""))
+    # how many messages a p99 of 2 x samples rests on
+    slowest = max(1, round(0.01 * 2 * native["samples"]))
+    dk = "delay" + (" x K" if K > 1 else "")
+    case = native_tail_case(info, dil, delay_us=delay_us, dilation=K)
+    if case == "fits":
+        print(f"plain Gloo's one-way p99, {native['p99'] / 1e3:.2f} ms, is below the {dk}: 99% of "
+              "its messages fit inside it")
+    elif case == "connection":
+        print(f"plain Gloo's one-way p99, {native['p99'] / 1e3:.2f} ms (about its {slowest} "
+              f"slowest of 2 x {native['samples']} messages), lies above the {dk}, but through "
+              f"the emulator fewer than 1 in 100 messages took that long to cross (late tail "
+              f"{tail_us / 1e3:.2f} ms at the {floor_us / 1e3:g} ms floor). The two were measured "
+              "seconds apart, and plain Gloo sends both directions of a pair over one TCP "
+              "connection, which on busy cores can hold a send back by milliseconds; the emulator "
+              "gives each direction its own (docs/engine.md)")
+    else:
+        print(f"plain Gloo's one-way p99, {native['p99'] / 1e3:.2f} ms, lies above the {dk}, and "
+              f"through the emulator the late tail is {tail_us / 1e3:.2f} ms: this machine was "
+              "busy, and that late tail is what K is set against")
+    edge = tail_us / (delay_us * K)
+    if edge > 0.8:
+        print(f"this machine's late tail is {edge:.0%} of the dilated delay: the experiments ran "
+              "at the edge of the doctor's criterion, so a busier moment during a run could push "
+              "single messages past it")
+    assert K >= 1 and (dil["capped"]
+                       or delay_us * K >= max(doctor.FLOOR_MARGIN * floor_us, tail_us) - 1e-6)
