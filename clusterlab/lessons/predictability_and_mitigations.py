@@ -1,0 +1,433 @@
+"""What notebook 04b reads from its runs: step-time spread, the stacked levers, the hierarchy.
+
+The experiments are `jitter_at_scale.predictability`, `jitter_at_scale.mitigations` and
+`jitter_at_scale.emulated_allreduce`; the functions here turn their plain data into the
+figures, the sentences and the verdicts the learner reads.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from clusterlab import facts
+from clusterlab.experiments import jitter_at_scale
+from clusterlab.experiments.common import conclude
+from clusterlab.lessons.show import ms, say
+
+_COLORS = ("#4C72B0", "#C44E52")
+
+
+# --- predictability ---------------------------------------------------------------------------
+
+
+def q(r: dict, k: str) -> float:
+    """The estimate of quantile `k` ("p50", "p90", "p99") of one run or simulated point."""
+    return r["ci"][k][0]
+
+
+def moved_more(calm_ci: dict, rough_ci: dict, q_tail: str, q_mid: str) -> bool:
+    """Whether the tail quantile moved more than the median even at the ends of both 95 %
+    intervals: the tail's smallest possible shift beats the median's largest possible one."""
+    return (rough_ci[q_tail][1] - calm_ci[q_tail][2]) > (rough_ci[q_mid][2] - calm_ci[q_mid][1])
+
+
+def ci_text(t) -> str:
+    """An estimate with its 95 % interval, in ms: (0.01, 0.009, 0.012) -> '10.0 ms [9.0 ms,
+    12.0 ms]'."""
+    est, lo, hi = t
+    return f"{ms(est)} [{ms(lo)}, {ms(hi)}]"
+
+
+def plot_predictability(pred: dict, *, calm_nic: str, rough_nic: str) -> None:
+    """The figure of the predictability section: the measured step-time histograms of the two
+    networks (dashed: each p90) and the simulated p50 and p99 with their 95 % bands up to the
+    largest simulated node count."""
+    calm, rough = pred["real"][calm_nic], pred["real"][rough_nic]
+    fig, axes = plt.subplots(1, 2, figsize=(11.5, 4))
+    bins = np.linspace(min(calm["step_times"].min(), rough["step_times"].min()) * 1e3,
+                       max(calm["step_times"].max(), rough["step_times"].max()) * 1e3, 40)
+    for (nic, r), color in zip(pred["real"].items(), _COLORS):
+        axes[0].hist(r["step_times"] * 1e3, bins=bins, alpha=0.6, color=color,
+                     label=f"{nic} ({r['steps']} steps)")
+        axes[0].axvline(r["ci"]["p90"][0] * 1e3, color=color, ls="--")
+    axes[0].set_xlabel("step time, ms (dashed: p90)")
+    axes[0].set_ylabel("steps")
+    axes[0].set_title("measured: 4 real ranks", fontsize=9)
+    axes[0].legend(fontsize=8)
+    for (nic, rows), color in zip(pred["sim"].items(), _COLORS):
+        xs = [r["nodes"] for r in rows]
+        for qn, style in (("p50", "-"), ("p99", "--")):
+            est, lo, hi = (np.array([r["ci"][qn][i] for r in rows]) * 1e3 for i in range(3))
+            axes[1].plot(xs, est, style, color=color, label=f"{qn}, {nic}")
+            axes[1].fill_between(xs, lo, hi, color=color, alpha=0.2, lw=0)
+    axes[1].set_xscale("log", base=2)
+    axes[1].set_yscale("log")
+    axes[1].set_xlabel(f"nodes ({rows[0]['steps']} steps each; band: 95 % interval)")
+    axes[1].set_ylabel("step time, ms")
+    axes[1].set_title("simulated (constant delay: p99 lies on p50)", fontsize=9)
+    axes[1].legend(fontsize=7)
+    fig.suptitle("Same mean delay per message. Simulated: the heavy tail moves p99 more than the "
+                 f"median\n(p90 from {calm['steps']} real steps; p99 only from {rows[0]['steps']} "
+                 "simulated)")
+    fig.tight_layout()
+    plt.show()
+
+
+def predictability_sentence(pred: dict, *, calm_nic: str, rough_nic: str) -> str:
+    """The measured shift of the median and the p90 on 4 ranks (and whether the p90 moved more
+    beyond both intervals), then the simulated p99 / p50 and p99 − p50 on 4 nodes and on the
+    largest simulated count."""
+    calm, rough = pred["real"][calm_nic], pred["real"][rough_nic]
+    sim_r = {r["nodes"]: r for r in pred["sim"][rough_nic]}
+    big, n_real = max(sim_r), rough["steps"]
+    real_more = moved_more(calm["ci"], rough["ci"], "p90", "p50")
+    return (
+        f"**Measured on 4 ranks ({n_real} steps per network): the heavy tail moved the median step "
+        f"from {ms(q(calm, 'p50'))} to {ms(q(rough, 'p50'))} and the p90 from {ms(q(calm, 'p90'))} "
+        f"to {ms(q(rough, 'p90'))}.** "
+        + ("The p90 moved more, even at the ends of the 95 % intervals (appendix)."
+           if real_more else f"Whether the p90 moved more, {n_real} steps cannot tell: from the "
+           f"95 % intervals the p90's shift is at least "
+           f"{ms(rough['ci']['p90'][1] - calm['ci']['p90'][2])} and the median's at most "
+           f"{ms(rough['ci']['p50'][2] - calm['ci']['p50'][1])}, and these ranges of the two "
+           "shifts overlap (appendix).")
+        + f"\n\nSimulated ({sim_r[4]['steps']} steps per point): p99 / p50 = "
+        f"{q(sim_r[4], 'p99') / q(sim_r[4], 'p50'):.2f} on 4 nodes and "
+        f"{q(sim_r[big], 'p99') / q(sim_r[big], 'p50'):.2f} on {big}, while p99 − p50 grew from "
+        f"{ms(q(sim_r[4], 'p99') - q(sim_r[4], 'p50'))} to "
+        f"{ms(q(sim_r[big], 'p99') - q(sim_r[big], 'p50'))}: relatively less spread, absolutely "
+        "more.")
+
+
+def explain_predictability(pred: dict, *, calm_nic: str, rough_nic: str) -> None:
+    """Says what the predictability run showed (`predictability_sentence`), states whether the
+    tail moved the measured median beyond both intervals, and checks what the simulator's 400
+    steps must resolve: the tail moved p99 more than p50, raised the median at scale, and
+    spread the step relatively less but absolutely more on more nodes."""
+    calm, rough = pred["real"][calm_nic], pred["real"][rough_nic]
+    sim_r = {r["nodes"]: r for r in pred["sim"][rough_nic]}
+    sim_c = {r["nodes"]: r for r in pred["sim"][calm_nic]}
+    big = max(sim_r)
+    sim_more = moved_more(sim_c[4]["ci"], sim_r[4]["ci"], "p99", "p50")
+    say(predictability_sentence(pred, calm_nic=calm_nic, rough_nic=rough_nic))
+    p50c, p50r = calm["ci"]["p50"], rough["ci"]["p50"]
+    conclude(p50r[1] > p50c[2],
+             "at the same mean delay, the tail moved the median step (intervals apart)")
+    assert sim_more      # the simulator's 400 steps resolve it
+    # the slowest path, not the mean, sets the step
+    assert q(sim_r[big], "p50") > q(sim_c[big], "p50")
+    assert q(sim_r[big], "p99") / q(sim_r[big], "p50") < q(sim_r[4], "p99") / q(sim_r[4], "p50")
+    assert q(sim_r[big], "p99") - q(sim_r[big], "p50") > q(sim_r[4], "p99") - q(sim_r[4], "p50")
+
+
+# --- mitigations ------------------------------------------------------------------------------
+
+
+def labels(mit: dict) -> dict:
+    """Each configuration's label on the figures, with the bucket caps and the accumulation
+    factor read from the run."""
+    caps = {k: v["bucket_cap_mb"] for k, v in mit["real"].items()}
+    k_acc = mit["config"]["accumulate"]
+    return {"baseline": f"baseline\n(cap {caps['baseline']:g} MiB)", "overlap": "+ overlap",
+            "bigger buckets": f"+ bigger buckets\n(cap {caps['bigger buckets']:g} MiB)",
+            "fewer syncs": f"+ fewer syncs\n(×{k_acc} batch: not the same training)",
+            "hierarchical": "hierarchical, 8/node", "ring, 8 per node": "flat ring, 8/node"}
+
+
+def plot_mitigations(mit: dict) -> None:
+    """The levers' figure: the measured median samples per second per rank of each stacked
+    configuration (whiskers: 25th to 75th percentile of the steps) and each one's simulated
+    scaling efficiency to 1024 ranks."""
+    real, sim = mit["real"], mit["sim"]
+    label = labels(mit)
+    names = list(real)   # the stacking order: baseline, overlap, bigger buckets, fewer syncs
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [1.2, 1]})
+    mid = np.array([real[k]["samples_per_s_per_rank"] for k in names])   # the median step's rate
+    per_step = [np.asarray(real[k]["step_samples_per_s_per_rank"], dtype=float) for k in names]
+    whisk = [np.maximum(mid - [np.percentile(s, 25) for s in per_step], 0),
+             np.maximum([np.percentile(s, 75) for s in per_step] - mid, 0)]
+    axes[0].bar([label[k] for k in names], mid, yerr=whisk, capsize=4,
+                color=["#999999", "#DD8452", "#55A868", "#8172B2"])
+    axes[0].set_ylabel("samples / s per rank")
+    axes[0].set_title(f"measured: DDP, 4 ranks, delay 2ms, stacked\n(median of "
+                      f"{real['baseline']['steps']} steps; whiskers: 25th to 75th percentile)",
+                      fontsize=9)
+    axes[0].tick_params(axis="x", labelsize=8, rotation=15)
+    for name in names:
+        rows = sim[name]
+        dashed = name == "fewer syncs"   # k× the global batch: not the same training
+        axes[1].plot([r["nodes"] for r in rows], [100 * r["efficiency"] for r in rows],
+                     "o--" if dashed else "o-", ms=3, label=label[name].replace("\n", " "))
+    axes[1].set_xscale("log", base=2)
+    axes[1].set_yscale("log")
+    axes[1].set_xlabel("ranks, one per node")
+    axes[1].set_ylabel("scaling efficiency, %")
+    axes[1].set_title("simulated", fontsize=9)
+    axes[1].legend(fontsize=7)
+    fig.suptitle("At scale, the lever that cuts latency rounds moves the curve")
+    fig.tight_layout()
+    plt.show()
+
+
+def factor_at_scale(mit: dict) -> dict:
+    """Each lever's simulated efficiency at the largest rank count over the configuration before
+    it in the stack; the hierarchy's over the flat ring with the same 8-per-node layout."""
+    order, sim = list(mit["real"]), mit["sim"]
+    end = {k: rows[-1]["efficiency"] for k, rows in sim.items()}
+    factor = {k: end[k] / end[prev] for prev, k in zip(order, order[1:])}
+    # the hierarchy against the flat ring with the same 8-per-node layout
+    factor["hierarchical"] = end["hierarchical"] / end["ring, 8 per node"]
+    return factor
+
+
+def verdict(g: dict) -> str:
+    """How well the steps resolve one lever (a `jitter_at_scale.stacked_gains` row): 'resolved',
+    'slower' or 'within noise'."""
+    return "resolved" if g["resolved"] else "slower" if g["worse"] else "within noise"
+
+
+def levers_sentence(mit: dict, gains: dict, factor: dict) -> str:
+    """Each lever's measured gain over the one before it (with its verdict when not resolved)
+    and its simulated factor at 1024 ranks, then why bigger buckets lead there."""
+    order = list(mit["real"])
+    k_acc = mit["config"]["accumulate"]
+    sim_buckets = mit["config"]["sim_buckets"]          # the measured DDP buckets, simulated as is
+    n_small, n_big = len(sim_buckets["overlap"]), len(sim_buckets["bigger buckets"])
+    n_a, _ = gains["overlap"]["steps"]
+    return ("**Each lever over the one before it, measured on 4 ranks:** "
+            + ", ".join(f"{k} {gains[k]['gain']:+.0%}"
+                        + ("" if gains[k]["resolved"] else f" ({verdict(gains[k])})")
+                        for k in order[1:])
+            + f" ({n_a} steps each; *resolved* = faster than the configuration before it in at "
+            "least 90 % of step pairs, counts in the appendix; the configurations ran one after "
+            "another, so their steps are not independent draws). "
+            + "**Simulated at 1024 ranks:** "
+            + ", ".join(f"{k} ×{factor[k]:.1f}" for k in order[1:])
+            + " (for fewer syncs, samples per second at a ×" + f"{k_acc} global batch, not time "
+            "to train: see 04c)"
+            + f".\n\nBigger buckets lead at scale because they *are* fewer rounds ({n_small} "
+            f"buckets → {n_big}): at `{mit['config']['nic']}` per hop the exchange takes seconds, "
+            "which overlap cannot hide behind this toy MLP's tens of milliseconds of backward. On "
+            "a real fabric (µs hops) it would take milliseconds, so there the ranking also "
+            "depends on the backward's length.")
+
+
+def explain_levers(mit: dict, gains: dict, factor: dict) -> None:
+    """Says what the stacked levers showed (`levers_sentence`), states the two measured
+    verdicts (bigger buckets resolved; no lever slower), and checks the simulated ranking:
+    bigger buckets lead at scale, by no more than their fewer buckets allow."""
+    real = mit["real"]
+    order = list(real)
+    caps = {k: v["bucket_cap_mb"] for k, v in real.items()}
+    sim_buckets = mit["config"]["sim_buckets"]
+    n_small, n_big = len(sim_buckets["overlap"]), len(sim_buckets["bigger buckets"])
+    say(levers_sentence(mit, gains, factor))
+    conclude(gains["bigger buckets"]["resolved"],
+             "bigger buckets raised the measured throughput beyond the step-to-step noise")
+    conclude(not [k for k in order[1:] if gains[k]["worse"]],
+             "no stacked lever measured slower than the configuration before it")
+    assert caps["bigger buckets"] == facts.get("pytorch.ddp_bucket_cap_mb").value   # DDP's default
+    assert caps["baseline"] < caps["bigger buckets"] and n_small > n_big == 1
+    # the ranking by latency rounds
+    assert factor["bigger buckets"] == max(factor[k] for k in order[1:])
+    assert factor["bigger buckets"] <= n_small / n_big + 1e-9   # fewer rounds, no more than that
+    assert [len(sim_buckets[k]) for k in ("baseline", "bigger buckets")] == [
+        len(real["baseline"]["bucket_sizes"]), len(real["bigger buckets"]["bucket_sizes"])]
+    assert factor["overlap"] < 1.1
+
+
+# --- hierarchy --------------------------------------------------------------------------------
+
+
+def network_latencies(hn: int, hp: int) -> tuple[float, int]:
+    """The network latencies the replay on `hn` nodes × `hp` processes counts: the flat ring's
+    (mean over the chain's start) and the hierarchy's 2(hn − 1)."""
+    return 2 * hn * (hn * hp - 1) / (hn * hp), 2 * (hn - 1)
+
+
+def plot_hierarchy(mit: dict) -> None:
+    """The hierarchy's figure: measured all-reduce per step, flat and hierarchical, on the small
+    cluster (bars) against the emulator's replay alone (marks), and both schemes' simulated
+    scaling efficiency with 8 ranks per node."""
+    hier, sim, label = mit["hierarchical"], mit["sim"], labels(mit)
+    hn, hp = mit["config"]["hier_nodes"], mit["config"]["hier_ppn"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [0.8, 1.3]})
+    axes[0].bar(["flat ring", "hierarchical"], [hier["ring"]["comm_s"] * 1e3,
+                                                hier["hierarchical"]["comm_s"] * 1e3],
+                color=["#999999", "#4C72B0"], label="measured (Gloo + this host)")
+    axes[0].plot(["flat ring", "hierarchical"], [hier["ring"]["emulated_s"] * 1e3,
+                                                 hier["hierarchical"]["emulated_s"] * 1e3],
+                 "k_", ms=40, mew=2, label="emulator's replay alone")
+    axes[0].set_ylabel("all-reduce per step, ms")
+    axes[0].set_title(f"{hn} nodes × {hp} processes (consistency check)", fontsize=9)
+    axes[0].set_ylim(0, 1.35 * hier["ring"]["comm_s"] * 1e3)
+    axes[0].legend(fontsize=7, loc="upper right", markerscale=0.3)
+    for name in ("ring, 8 per node", "hierarchical"):
+        rows = sim[name]
+        axes[1].plot([r["nodes"] for r in rows], [100 * r["efficiency"] for r in rows], "o--",
+                     ms=3, label=label[name] + ", big buckets")
+    axes[1].set_xscale("log", base=2)
+    axes[1].set_yscale("log")
+    axes[1].set_xlabel("ranks, 8 per node")
+    axes[1].set_ylabel("scaling efficiency, %")
+    axes[1].set_title("simulated", fontsize=9)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    plt.show()
+
+
+def hierarchy_sentence(mit: dict, one: dict, factor: dict, *, fast_in: str) -> str:
+    """The replay's and Gloo's flat and hierarchical all-reduce on the small cluster, the
+    simulated gain at the largest rank count, and one all-reduce there with the course's
+    intra-node link and with `fast_in`."""
+    hier, sim = mit["hierarchical"], mit["sim"]
+    hn, hp = mit["config"]["hier_nodes"], mit["config"]["hier_ppn"]
+    slow_in = mit["config"]["hier_intra"]
+    ranks = max(r["nodes"] for r in sim["hierarchical"])
+    lat = jitter_at_scale.delay_stats(mit["config"]["hier_nic"])["configured_s"]
+    ring_lat, hier_lat = network_latencies(hn, hp)
+    return (
+        f"**On {hn} × {hp} the replay takes {ms(hier['ring']['emulated_s'])} flat against "
+        f"{ms(hier['hierarchical']['emulated_s'])} hierarchical** ({ring_lat:.0f} against "
+        f"{hier_lat} network latencies of {ms(lat)}); through Gloo and this host, "
+        f"{ms(hier['ring']['comm_s'])} and {ms(hier['hierarchical']['comm_s'])}. Simulated at "
+        f"{max(r['nodes'] for r in sim['hierarchical'])} ranks the hierarchy gains "
+        f"×{factor['hierarchical']:.2f}: the flat ring's intra-node hops.\n\n"
+        f"**With a fast link inside the node (`{fast_in}`, far faster than the network; this "
+        "replay models latency only) the gain nearly vanishes:** "
+        f"one all-reduce at {ranks} ranks takes {one[fast_in, 'ring']:.3f} s flat against "
+        f"{one[fast_in, 'hierarchical']:.3f} s hierarchical ({one[slow_in, 'ring']:.3f} s against "
+        f"{one[slow_in, 'hierarchical']:.3f} s at `{slow_in}`). And a leader hierarchy sends a "
+        "node's bytes through one NIC, so with large messages it can lose (*On a real GPU "
+        "cluster*).")
+
+
+def explain_hierarchy(mit: dict, one: dict, factor: dict, *, fast_in: str) -> None:
+    """Says what the hierarchy showed (`hierarchy_sentence`), checks that the replay counts the
+    diagram's network latencies and that a fast intra-node link nearly erases the gain, and
+    states whether the replay's fewer latencies showed through Gloo and this host."""
+    hier, sim = mit["hierarchical"], mit["sim"]
+    hn, hp = mit["config"]["hier_nodes"], mit["config"]["hier_ppn"]
+    end = {k: rows[-1]["efficiency"] for k, rows in sim.items()}
+    lat = jitter_at_scale.delay_stats(mit["config"]["hier_nic"])["configured_s"]
+    ring_lat, hier_lat = network_latencies(hn, hp)
+    say(hierarchy_sentence(mit, one, factor, fast_in=fast_in))
+    assert end["hierarchical"] >= end["ring, 8 per node"]
+    assert one[fast_in, "ring"] < 1.05 * one[fast_in, "hierarchical"]   # "nearly vanishes"
+    # the replay counts the network latencies of the diagram above
+    assert (hier["ring"]["emulated_s"] - hier["hierarchical"]["emulated_s"]
+            > 0.9 * (ring_lat - hier_lat) * lat)
+    conclude(hier["hierarchical"]["comm_s"] < hier["ring"]["comm_s"],
+             "the replay's fewer network latencies showed through Gloo and this host on 2 × 2")
+
+
+# --- appendix ---------------------------------------------------------------------------------
+
+
+def net_hops(n: int, p: int) -> tuple[float, int, int]:
+    """Network hops of one all-reduce on `n` nodes × `p` ranks: the flat ring's mean over the
+    chain's start, the flat ring's longest chain, and the hierarchy's."""
+    r = n * p
+    longest = 2 * (n - 1) if p == 1 else 2 * n - 1 if p == 2 else 2 * n
+    return 2 * n * (r - 1) / r, longest, 2 * (n - 1)
+
+
+def accumulation_bound(step_s: float, wait_s: float, k: int) -> float:
+    """The throughput gain from skipping k − 1 of every k exchanges of `wait_s` in a step of
+    `step_s`: k·step / (k·step − (k − 1)·wait) − 1."""
+    return k * step_s / (k * step_s - (k - 1) * wait_s) - 1
+
+
+def appendix(pred: dict, mit: dict, gains: dict, factor: dict, one: dict, *, calm_nic: str,
+             rough_nic: str, fast_in: str) -> None:
+    """Prints the details behind each section: the measured p50 and p90 with their intervals,
+    each lever's pairs won and simulated factor with the accumulation bound, and the network
+    hops of one all-reduce with the flat and hierarchical times at the largest rank count (and
+    checks that these times differ by the flat ring's intra-node hops)."""
+    sim_r = {r["nodes"]: r for r in pred["sim"][rough_nic]}
+    sim_c = {r["nodes"]: r for r in pred["sim"][calm_nic]}
+    n_real = pred["real"][rough_nic]["steps"]
+    real, sim = mit["real"], mit["sim"]
+    order, label, k_acc = list(real), labels(mit), mit["config"]["accumulate"]
+    n_a, n_b = gains["overlap"]["steps"]
+    ranks = max(r["nodes"] for r in sim["hierarchical"])
+    nodes_h, R = ranks // 8, ranks
+    slow_in = mit["config"]["hier_intra"]
+    hn, hp = mit["config"]["hier_nodes"], mit["config"]["hier_ppn"]
+
+    print(f"1. Predictability, 4 real ranks, {n_real} steps per network (95 % intervals):")
+    for nic, r in pred["real"].items():
+        print(f"   {nic:34s} p50 {ci_text(r['ci']['p50'])}   p90 {ci_text(r['ci']['p90'])}")
+    print(f"   simulated, 4 nodes ({sim_r[4]['steps']} steps): the tail raised p50 by "
+          f"{ms(q(sim_r[4], 'p50') - q(sim_c[4], 'p50'))} and p99 by "
+          f"{ms(q(sim_r[4], 'p99') - q(sim_c[4], 'p99'))}")
+
+    bb = real["bigger buckets"]        # accumulation skips k - 1 of every k exchanges of this step
+    acc_bound = accumulation_bound(bb["step_s"], bb["wait_s"], k_acc)
+    print(f"\n2. Levers, measured on 4 ranks ({n_a} steps each; 'resolved' = won >= 90 % of the "
+          f"{n_a} x {n_b} step pairs):")
+    for k in order[1:]:
+        print(f"   {label[k].replace(chr(10), ' '):38s} {gains[k]['gain']:+5.0%}  pairs won "
+              f"{gains[k]['beats']:4.0%} ({verdict(gains[k])})  simulated 1024 ranks "
+              f"x{factor[k]:.1f}")
+    print(f"   accumulation skips an exchange of {ms(bb['wait_s'])} in a {ms(bb['step_s'])} step: "
+          f"skipping {k_acc - 1} in {k_acc} should gain about {acc_bound:+.0%}")
+
+    intra_hops = 2 * (R - 1) - 2 * nodes_h * (R - 1) / R   # the flat ring's intra-node hops
+    print("\n3. Network hops in one all-reduce. The flat ring passes each chunk along a chain of "
+          "2(R - 1) hops (ranks numbered node by node; 'mean' over the chunk's first rank); a "
+          "synchronous all-reduce waits for the longest chain:")
+    print(f"   {'nodes x ranks':14s} {'flat, mean':>10s} {'flat, longest':>14s} {'hierarchy':>10s} "
+          f"{'NCCL tuner, ring':>17s}")
+    for n, p in ((hn, hp), (nodes_h, R // nodes_h)):
+        mean_h, long_h, hier_h = net_hops(n, p)
+        print(f"   {f'{n} x {p}':14s} {mean_h:10.2f} {long_h:14d} {hier_h:10d} {2 * (n - 1):17d}")
+    print("   NCCL's tuner charges the ring 2(nodes - 1), the count with one rank per node; more "
+          "ranks per node add at most 2.")
+    print(f"   Hierarchy at {ranks} ranks ({nodes_h} nodes x 8): the flat ring has "
+          f"{intra_hops:.0f} intra-node hops. One all-reduce, flat vs hierarchical:")
+    for intra in (slow_in, fast_in):
+        print(f"   intra-node `{intra}`: {one[intra, 'ring']:.3f} s vs "
+              f"{one[intra, 'hierarchical']:.3f} s")
+    gap = {i: one[i, "ring"] - one[i, "hierarchical"] for i in (slow_in, fast_in)}
+    assert (gap[slow_in] > 10 * gap[fast_in]
+            and one[fast_in, "ring"] < 1.05 * one[fast_in, "hierarchical"])
+    d_intra = (jitter_at_scale.delay_stats(slow_in)["configured_s"]
+               - jitter_at_scale.delay_stats(fast_in)["configured_s"])
+    assert (abs((one[slow_in, "ring"] - one[fast_in, "ring"]) - intra_hops * d_intra)
+            < 0.1 * intra_hops * d_intra)
+
+
+# --- on a real GPU cluster --------------------------------------------------------------------
+
+REAL_CLUSTER = """
+- **Real tails also come from rare long events, slow ranks and shared causes**, which
+  independent per-message jitter does not produce. Over TCP (Gloo's transport) a lost packet
+  usually costs a few round trips ([[linux.tcp_recovery_default]]), a retransmission *timeout*
+  at least [[linux.tcp_rto_min]]. NCCL over InfiniBand or RoCE bypasses TCP
+  ([[rdma.kernel_bypass]]); there the NIC's reliable transport retries an unresponsive peer with
+  the ACK timeout and retry count NCCL sets (NCCL_IB_TIMEOUT = [[nccl.ib_timeout_default]],
+  NCCL_IB_RETRY_CNT = [[nccl.ib_retry_cnt_default]]), for at least about
+  [[nccl.ib_total_wait_default]] in all. In Llama 3's pre-training, [[meta.llama3_stragglers]],
+  and the run saw [[meta.llama3_diurnal_throughput]]. Find the slow rank per step (Megatron-LM's
+  [[megatron.straggler_detector]]) rather than averaging.
+- **A leader-based hierarchy funnels a node's inter-node bytes through one NIC.** A DGX H100 has
+  [[nvidia.dgx_h100_compute_nics]] for its compute fabric, one per GPU, so on a bandwidth-bound
+  all-reduce that scheme loses. NCCL uses every NIC (its rings run as
+  [[nccl.ring_flows_per_nic]]); an NVIDIA engineer reports measuring
+  [[nccl.busbw_dgx_a100_multi_node]] of all-reduce bus bandwidth (busbw, notebook 02b) on DGX
+  A100 nodes with eight NICs each (algorithm and node count not stated), near the NICs' sum.
+- **In-network reduction cuts bytes as well as rounds.** With [[nvidia.ib_sharp]] in InfiniBand
+  switches or [[nvidia.nvswitch_sharp]] (NVLS) in an NVSwitch, [[nvidia.sharp_sends_once]] and
+  receives the sum once, instead of about twice its data each way in a ring (notebook 02c). On 8
+  H100s NCCL's NVLS all-reduce reports [[nccl.h100_nvls_allreduce_busbw]] of bus bandwidth
+  against the ring's [[nccl.h100_ring_busbw]].
+- **Fewer syncs** beyond accumulation: local SGD runs [[paper.local_sgd_stich2018]]; DiLoCo
+  takes [[paper.diloco]] with an outer optimizer.
+- **Bigger buckets cost overlap.** They save only per-call latency and launch overhead, never
+  bytes; DDP [[pytorch.ddp_buckets_reduced_in_order]] once their gradients are ready, so a
+  bigger bucket starts later in backward (notebook 03).
+"""
+"""What carries over to a real GPU cluster, each constant cited from the ledger: shown with
+`facts.show(REAL_CLUSTER)` in the notebook's "On a real GPU cluster" section."""
