@@ -1,0 +1,219 @@
+"""What notebook 12b reads from its run: an elastic torchrun job that loses a node, and the
+checkpoint it reshards.
+
+The run is `clusterlab.experiments.elastic`'s (a job object with its rounds, failure and
+resharding as plain dicts); here it becomes the sentences the learner reads and the checks
+that the run showed what the text says. The ledger-cited texts of "On a real GPU cluster" are
+templates for `facts.show`.
+"""
+
+from __future__ import annotations
+
+
+def settings_line(cfg: dict) -> str:
+    """The rendezvous timeouts of this run (last call, when a silent node is dropped) beside
+    torch's defaults from the ledger."""
+    from .. import facts
+
+    return (f"here: last call {cfg['last_call_s']} s, a silent node dropped after "
+            f"{cfg['keep_alive_s'] * cfg['keep_alive_attempts']} s; torch's defaults: "
+            f"{facts.get('pytorch.rdzv_last_call_timeout').text} and "
+            f"{facts.get('pytorch.rdzv_dead_node_after').text}")
+
+
+def group_lines(rounds: list[dict]) -> list[str]:
+    """Each rendezvous round's group in words: its world size, the steps it ran (naming the
+    steps an earlier group had completed, run again now) and where it started, from scratch
+    or from which checkpoint written by how many ranks."""
+    lines = []
+    done = 0  # the last step completed by an earlier group
+    for i, r in enumerate(rounds):
+        origin = (f"from the step-{r['loaded']['step']} checkpoint written by "
+                  f"{r['loaded']['world']} ranks" if r["loaded"] else "from scratch")
+        redo = list(range(r["from_step"] + 1, done + 1))  # completed before, run again now
+        again = (f" (step{'s' * (len(redo) > 1)} {', '.join(map(str, redo))} redone)"
+                 if redo else "")
+        lines.append(f"group {i}: world size {r['world']}, steps {r['from_step'] + 1} to "
+                     f"{r['to_step']}{again}, {origin}")
+        done = max(done, r["to_step"])
+    return lines
+
+
+def explain_groups(run) -> None:
+    """Print the agents' exit codes, the processes left after the job, and `group_lines` of
+    its rendezvous rounds."""
+    print(f"agents' exit codes: A {run.returncodes['A']}, B {run.returncodes['B']} (SIGKILL); "
+          f"processes of the job left afterwards: {len(run.leftover)}")
+    for line in group_lines(run.rounds()):
+        print(line)
+
+
+def pause_lines(f: dict, cfg: dict) -> list[str]:
+    """The pause after node B's death in words: what node A's worker was told and when, when
+    the new group's worker code ran and loaded the checkpoint, then the pause in three parts
+    (detection; agent, rendezvous and new interpreter, with the configured waits' upper bound;
+    the worker's code up to the loaded checkpoint) and how much of the second part is neither
+    configured wait."""
+    agent_s = f["regrouped_s"] - f["detected_s"]
+    waits = cfg["last_call_s"] + cfg["keep_alive_s"] * cfg["keep_alive_attempts"]
+    return [
+        f"node B died before step {f['step'] + 1}; {f['detected_s'] * 1e3:.0f} ms later node A's "
+        f"worker was told: {f['error'].split('. ')[0]}",
+        f"the new group's worker code ran {f['regrouped_s']:.1f} s after the death (its "
+        f"interpreter had started and imported torch) and had loaded the checkpoint at world "
+        f"size {f['world_after']} after {f['resumed_s']:.1f} s",
+        f"the pause, {f['resumed_s']:.1f} s (one run):",
+        f"  detection                                       {f['detected_s'] * 1e3:4.0f} ms "
+        f"(A's next collective, after its {cfg['compute_s']} s compute sleep)",
+        f"  agent, rendezvous, new Python importing torch    {agent_s:5.1f} s "
+        f"(of which configured waits, heartbeat expiry + last call: at most {waits} s)",
+        f"  worker's code, up to the loaded checkpoint       "
+        f"{f['resumed_s'] - f['regrouped_s']:5.1f} s "
+        f"(importing DCP and FSDP {f['imported_s'] - f['regrouped_s']:.1f} s)",
+        f"At least {agent_s - waits:.1f} s of the second part is neither configured wait; the new "
+        f"interpreter's start and torch import are in it (next paragraph).",
+    ]
+
+
+def explain_pause(f: dict, cfg: dict) -> None:
+    """Print `pause_lines(f, cfg)`: how the pause after the death splits."""
+    for line in pause_lines(f, cfg):
+        print(line)
+
+
+def check_run(run) -> None:
+    """Assert what the text says of the run: agent A ended cleanly and B was SIGKILLed, no
+    process left; the job went from world size 2 to 1 resuming from the step-6 checkpoint; the
+    death was detected before the new group ran, which ran before it had resumed."""
+    f = run.failure()
+    assert run.returncodes == {"A": 0, "B": -9} and not run.leftover
+    assert (f["world_before"], f["world_after"], f["resumed_from"]) == (2, 1, 6)
+    assert f["detected_s"] < f["regrouped_s"] < f["resumed_s"]
+
+
+def shard_lines(rs: dict) -> list[str]:
+    """Each tensor's shard shapes per rank in the checkpoint beside its loaded shape (asserted:
+    the shards' rows add up to it), then which tensors one rank held whole (an empty shard on
+    the other), and whether the loaded parameters and Adam's moments equal the saved ones bit
+    for bit."""
+    per_rank = rs["saved_rank_shapes"]  # every rank's shard shapes in the step-6 checkpoint
+    lines = []
+    for name, whole in rs["loaded_shapes"].items():
+        held = ", ".join(f"rank {r} {tuple(s[name])}" for r, s in enumerate(per_rank))
+        lines.append(f"{name:>9}: at world size {rs['saved_world']} {held}; "
+                     f"at world size {rs['loaded_world']} {tuple(whole)}")
+        assert sum(s[name][0] for s in per_rank) == whole[0], (
+            "the shards' rows add up to the tensor")
+    empty = [n for n in rs["loaded_shapes"] if any(s[n][0] == 0 for s in per_rank)]
+    lines.append(f"held whole by one rank, an empty shard on the other: "
+                 f"{', '.join(empty) or 'none'}")
+    lines.append(f"loaded at world size 1 equal to those saved at world size 2, bit for bit: "
+                 f"parameters {rs['identical']}; Adam's moments (exp_avg and exp_avg_sq: "
+                 f"2 × {rs['moments'] // 2} parameters = {rs['moments']} numbers) "
+                 f"{rs['moments_identical']}")
+    return lines
+
+
+def explain_shards(rs: dict) -> None:
+    """Print `shard_lines(rs)`: who held which rows before, what one rank holds after."""
+    for line in shard_lines(rs):
+        print(line)
+
+
+def rerun_line(losses: list[tuple], step: int) -> str:
+    """The loss of the step that ran twice, once per world size it ran at."""
+    twice = [(w, loss) for s, w, loss in losses if s == step]
+    return f"step {step} ran twice: loss " + " and ".join(f"{loss:.6f} at world size {w}"
+                                                         for w, loss in twice)
+
+
+def check_resharding(rs: dict, err: float) -> None:
+    """Assert the resharding: the loaded parameters and moments equal the saved ones, the end
+    matches a plain process within 1e-5, the first layer's rows split in two, and the output
+    layer's single row sits on rank 0 with none on rank 1."""
+    per_rank = rs["saved_rank_shapes"]
+    assert rs["identical"] and rs["moments_identical"] and err < 1e-5
+    assert rs["saved_shapes"]["0.weight"][0] * 2 == rs["loaded_shapes"]["0.weight"][0]
+    assert [s["2.weight"][0] for s in per_rank] == [1, 0], "one row: all on rank 0, none on rank 1"
+
+
+def death_text(f: dict, cfg: dict) -> str:
+    """The `facts.show` template of "How a death reaches the job": the same mechanism, how
+    this run's survivor heard of the death (its measured delay and compute sleep), the steps
+    under NCCL over InfiniBand at the defaults, and the rendezvous host."""
+    return f"""
+**How a death reaches the job**
+
+- **The same mechanism.** What ran here is an elastic torchrun, [[pytorch.torchrun_elastic]],
+  and any change of membership stops every worker: [[pytorch.torchrun_restarts_all]]. In the
+  agent's code ("[[pytorch.agent_restart_budget]]") `--max-restarts` counts failures only:
+  an agent whose own worker fails spends one; an agent that restarts because another node
+  joined or is waiting spends none. torchrun's own docs
+  say its elastic example "[[pytorch.torchrun_docs_max_restarts]]": trust the code.
+- **Noticing the death differs.** Here the survivor heard of it
+  {f['detected_s'] * 1e3:.0f} ms after the kill: the kernel closed the killed process's TCP connections at once, and A's worker found
+  them closed in its next collective, after its compute sleep of {cfg['compute_s']} s. A powered-off
+  node closes nothing: under Gloo its peers fail at the latest at the process group's timeout,
+  [[pytorch.gloo_timeout_default]] by default.
+- **Under NCCL over InfiniBand, at the defaults** (the cases are tabled in
+  [12](12_failures_and_elasticity.ipynb)'s *On a real GPU cluster*):
+  1. The node dies. The survivors' workers hang in their collective; their agents, which poll
+     them every `--monitor-interval` ([[pytorch.torchrun_monitor_interval]]), see them healthy.
+  2. Its direct peers fail first (a simplification: which of them fail, and when, depends on
+     what each had in flight). A sender's network card (NIC) resends data the dead node does
+     not acknowledge; a receiver's NIC writes to it too, because each posted receive tells the
+     sender that a buffer is free by RDMA (one NIC writing straight into the other node's
+     memory; `ncclIbPostFifo` in NCCL's `transport/net_ib/p2p.cc`). After the first try and
+     NCCL_IB_RETRY_CNT = [[nccl.ib_retry_cnt_default]] retries, each waiting an ACK timeout
+     (how long the NIC waits for the acknowledgement) of at least
+     [[nccl.ib_timeout_default_time]] (NCCL_IB_TIMEOUT = [[nccl.ib_timeout_default]]), the NIC reports an error: at least
+     [[nccl.ib_total_wait_default]].
+  3. That worker fails; its agent spends a restart (if one is left) and re-enters the rendezvous.
+  4. Every other agent sees a node waiting at its next poll and restarts its hung workers.
+  5. By then the dead node's heartbeats are overdue (a node is dropped after
+     [[pytorch.rdzv_dead_node_after]] without them at torch's defaults), so it leaves at once;
+     the round, once it has its minimum, waits the last call, [[pytorch.rdzv_last_call_timeout]].
+  6. New workers start (interpreters, CUDA, NCCL's communicator over all ranks) and load the
+     checkpoint.
+
+  If no peer has traffic in flight to the dead node, step 2 is the timeout of
+  ProcessGroupNCCL's watchdog (a thread that ends the process when a collective overruns),
+  [[pytorch.nccl_timeout_default]] by default.
+- **The rendezvous host.** With the c10d backend one agent runs the store that holds the
+  rendezvous state ([[pytorch.c10d_rendezvous_host]]). Here node A hosted it and node B died;
+  had A died, B would have lost the rendezvous with it: whatever `--nnodes` allows, that node
+  is a single point of failure. [[pytorch.rdzv_etcd_backend]] keeps it off the training nodes,
+  in etcd, itself a single point of failure unless run as a replicated cluster.
+"""  # noqa: E501 (Markdown table rows and prose shown verbatim)
+
+
+def cost_text() -> str:
+    """The `facts.show` template of "What a smaller job costs": resharding and the
+    checkpoint's size (Adam's state for 70B and 405B parameters), uneven shards, and shrinking
+    by a whole data-parallel replica."""
+    from .. import facts
+
+    adam_b = facts.get("paper.zero_adam_state_bytes").value  # optimizer state per parameter
+    return f"""
+**What a smaller job costs**
+
+- **Resharding is DCP's** ([[pytorch.dcp_resharding]]). The checkpoint must sit on storage
+  every node reaches (here: one local directory). It holds the weights and Adam's state, at
+  least [[paper.zero_adam_state_bytes]] under mixed precision: about
+  {70e9 * adam_b / 1e12:.1f} TB for a 70B-parameter model, {405e9 * adam_b / 1e12:.1f} TB for
+  405B. Loading reads at least that size at the storage's read bandwidth (a multiple of it
+  when each data-parallel replica reads its own copy); this tiny model does not show it.
+- **Uneven shards** ([[pytorch.fsdp2_shard_dim0_chunk]]). A tensor with fewer rows than ranks,
+  as the output layer here, leaves some ranks an empty shard. Parameter memory stays
+  balanced: each rank stores its parameter shard in a buffer of the chunk size (rank 0's shard size), at the
+  cost of zero padding. Adam's moments follow the unpadded shard (rank 1 holds none for the
+  output layer here), as do the checkpoint files: uneven by at most one chunk per tensor.
+- **A job shrinks by a whole data-parallel replica, if the script makes it.** torchrun hands
+  the script every surviving node. With tensor parallelism (each layer's matrices split
+  across GPUs) and pipeline parallelism (the layers split into stages; both in
+  [10b](10b_tensor_pipeline_expert_parallelism.ipynb)) spanning k nodes per replica, and a
+  fixed layout per replica, the other k − 1 survivors of the broken replica sit idle
+  (re-partitioning the pipeline stages, or a spare node in the dead one's place, avoids
+  that); the job then continues on R − 1 of its R replicas, with a larger
+  per-replica batch or gradient accumulation, at about (R − 1)/R of the throughput.
+"""  # noqa: E501 (Markdown table rows and prose shown verbatim)

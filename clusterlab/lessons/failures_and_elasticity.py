@@ -1,0 +1,436 @@
+"""What notebook 12 reads from its runs: a restart, the checkpoint interval, goodput, hangs,
+checkpoint stalls.
+
+The runs are `clusterlab.experiments.failures`'s (a torchrun job object, plain dicts); here
+they become the sentences, the figures and the checks that the run showed what the text says,
+each measured comparison passed to `conclude`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .. import models
+from ..experiments.common import conclude
+
+
+def explain_restart(job) -> None:
+    """Print what the first job did: its exit, attempts and leftover processes, where rank 1
+    died and where the new group resumed, the restart's and redone work's seconds beside a
+    step and a checkpoint (medians)."""
+    s = job.summary()
+    f = job.failures()[0]
+    print(f"exit code {job.returncode}, {job.attempts} attempts, {s['steps']} steps; "
+          f"processes of the job left after it: {len(job.leftover)}")
+    print(f"rank 1 died at step {f['step']}; the new group resumed from step {f['resumed_from']} "
+          f"and redid {f['redone_steps']} steps")
+    print(f"restart (SIGKILL to the new group's checkpoint loaded): {f['restart_s']:.2f} s; "
+          f"redone work {f['redo_s']:.2f} s; a step {s['step_s'] * 1e3:.0f} ms (median of "
+          f"{len(job.step_seconds())}), a checkpoint {s['checkpoint_s'] * 1e3:.0f} ms (median of "
+          f"{s['checkpoints']})")
+
+
+def check_restart(job) -> None:
+    """Assert what the text says of the first job: it ended cleanly after one restart, resumed
+    from the step-8 checkpoint redoing 2 steps, and the restart cost far more than a step."""
+    s = job.summary()
+    f = job.failures()[0]
+    assert job.returncode == 0 and job.attempts == 2 and not job.leftover
+    assert f["resumed_from"] == 8 and f["redone_steps"] == 2
+    assert f["restart_s"] > 10 * s["step_s"], "a restart costs far more than a step"
+
+
+def waste_curve(*, checkpoint_s: float, mtbf_s: float, restart_s: float, points: int = 60):
+    """(intervals in s, expected waste at each): the first-order waste over intervals from
+    10^1.5 to 10^4.5 s, for the figure and the check that Young's interval is its minimum."""
+    import numpy as np
+
+    taus = np.logspace(1.5, 4.5, points)
+    return taus, [models.checkpoint_waste(t, checkpoint_s, mtbf_s, restart_s) for t in taus]
+
+
+def plot_waste(*, checkpoint_s: float, mtbf_s: float, restart_s: float) -> None:
+    """Draw the expected waste against the checkpoint interval (minutes, log scale), Young's
+    interval marked."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    tau_star = models.young_daly_interval(checkpoint_s, mtbf_s)
+    taus, waste = waste_curve(checkpoint_s=checkpoint_s, mtbf_s=mtbf_s, restart_s=restart_s)
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    ax.plot(taus / 60, np.array(waste) * 100)
+    ax.axvline(tau_star / 60, color="C3", ls="--", label=f"Young: {tau_star / 60:.0f} min")
+    ax.set_xscale("log")
+    ax.set_xlabel("checkpoint interval (minutes of work)")
+    ax.set_ylabel("expected waste (%)")
+    ax.legend()
+    ax.set_title(f"C = {checkpoint_s:.0f} s, MTBF = {mtbf_s / 3600:.0f} h, "
+                 f"restart = {restart_s / 60:.0f} min")
+    plt.tight_layout()
+    plt.show()
+
+
+def young_lines(*, checkpoint_s: float, mtbf_s: float, restart_s: float) -> list[str]:
+    """Young's interval in words, checked: its waste and the restarts' share (asserted the
+    curve's minimum), the waste at half and twice the interval, and checkpoints 4x faster
+    (asserted: the interval's part of the waste halves, the total falls by less than half)."""
+    tau_star = models.young_daly_interval(checkpoint_s, mtbf_s)
+    _, waste = waste_curve(checkpoint_s=checkpoint_s, mtbf_s=mtbf_s, restart_s=restart_s)
+    best = models.checkpoint_waste(tau_star, checkpoint_s, mtbf_s, restart_s)
+    lines = [f"Young's interval {tau_star:.0f} s; expected waste there {best:.1%}, of which the "
+             f"restarts alone are {restart_s / mtbf_s:.1%}"]
+    assert all(w >= best - 1e-12 for w in waste)
+    half, double = (models.checkpoint_waste(k * tau_star, checkpoint_s, mtbf_s, restart_s)
+                    for k in (0.5, 2))
+    lines.append(f"flat near the minimum: waste {half:.1%} at half that interval, {double:.1%} "
+                 f"at twice it")
+    tau4 = models.young_daly_interval(checkpoint_s / 4, mtbf_s)
+    best4 = models.checkpoint_waste(tau4, checkpoint_s / 4, mtbf_s, restart_s)
+    part, part4 = best - restart_s / mtbf_s, best4 - restart_s / mtbf_s
+    lines.append(f"checkpoints 4x faster: interval {tau4:.0f} s, waste {best4:.1%}: the "
+                 f"interval's part went from {part:.1%} to {part4:.1%} (halved), the restarts' "
+                 f"{restart_s / mtbf_s:.1%} stayed")
+    assert abs(part4 / part - 0.5) < 1e-9 and best4 > best / 2
+    return lines
+
+
+def explain_young(*, checkpoint_s: float, mtbf_s: float, restart_s: float) -> None:
+    """Print `young_lines(...)`: Young's interval, how flat the waste is near it, and what
+    4x faster checkpoints change."""
+    for line in young_lines(checkpoint_s=checkpoint_s, mtbf_s=mtbf_s, restart_s=restart_s):
+        print(line)
+
+
+def schedule_line(schedule: list[int], *, first: dict, failure: dict, mtbf_steps: int,
+                  tau: float, interval: int, predicted: float) -> str:
+    """The second job's plan in words: its failure steps, its MTBF in seconds of work and
+    whether that is shorter or longer than one restart, Young's interval in ms and steps and
+    as a share of the MTBF, and the estimated time."""
+    mtbf_run = mtbf_steps * first["step_s"]
+    return (f"failures at steps {schedule} (at most 2 drawn); MTBF {mtbf_steps} steps = "
+            f"{mtbf_run:.2f} s of work, "
+            f"{'shorter' if mtbf_run < failure['restart_s'] else 'longer'} than one restart "
+            f"({failure['restart_s']:.2f} s); Young's interval {tau * 1e3:.0f} ms = {interval} "
+            f"steps, {tau / mtbf_run:.0%} of the MTBF; "
+            f"estimated time {predicted:.1f} s")
+
+
+def explain_schedule(schedule: list[int], *, first: dict, failure: dict, mtbf_steps: int,
+                     tau: float, interval: int, predicted: float) -> None:
+    """Print `schedule_line(...)` and assert the drawn schedule has a failure."""
+    print(schedule_line(schedule, first=first, failure=failure, mtbf_steps=mtbf_steps,
+                        tau=tau, interval=interval, predicted=predicted))
+    assert schedule, "the drawn schedule has at least one failure"
+
+
+def explain_goodput(job2, *, first: dict, ideal: float, schedule: list[int]) -> None:
+    """Print the second job's goodput against the bare step rate and the share of its wall
+    time that was useful work; assert it ended cleanly with every scheduled failure, and that
+    its restarts outweigh what the interval controls (checkpoints and redone steps) 3 to 1."""
+    s2 = job2.summary()
+    restarts = sum(x["restart_s"] for x in job2.failures())
+    interval_part = s2["checkpoints"] * s2["checkpoint_s"] + sum(x["redo_s"]
+                                                                 for x in job2.failures())
+    print(f"goodput {s2['goodput_steps_per_s']:.1f} steps/s against a bare step rate (1 / step "
+          f"time) of {1 / first['step_s']:.1f}: "
+          f"{ideal / s2['train_s']:.0%} of the wall time was useful work")
+    assert job2.returncode == 0 and not job2.leftover and s2["failures"] == len(schedule)
+    assert restarts > 3 * interval_part, "restarts, not the interval, dominate this toy job"
+
+
+def time_parts(job2, *, steps: int) -> tuple[dict, float]:
+    """(parts, other): the second job's wall time split into every step once (at its median
+    step), start-up, checkpoints, restarts and redone steps, in seconds, plus what lies between
+    them ("unaccounted", added to the parts when above 10 ms)."""
+    s2 = job2.summary()
+    parts = {"steps": steps * s2["step_s"],  # every step once, at the second job's median step
+             "start-up": s2["startup_s"], "checkpoints": s2["checkpoints"] * s2["checkpoint_s"],
+             "restarts": sum(x["restart_s"] for x in job2.failures()),
+             "redone steps": sum(x["redo_s"] for x in job2.failures())}
+    other = s2["train_s"] - sum(parts.values())  # time between the parts, e.g. the last step's end
+    if other > 0.01:
+        parts["unaccounted"] = other
+    return parts, other
+
+
+def plot_parts(parts: dict) -> None:
+    """Draw the second job's wall time as one stacked bar of its parts."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 2.2))
+    left = 0.0
+    for i, (name, v) in enumerate(parts.items()):
+        ax.barh(0, v, left=left, color=f"C{i}" if name != "unaccounted" else "lightgrey",
+                label=f"{name} {v:.2f} s")
+        left += v
+    ax.set_yticks([])
+    ax.set_xlabel("seconds of the second job")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    ax.set_title("Where the second job's wall time went")
+    plt.tight_layout()
+    plt.show()
+
+
+def estimate_rows(*, first: dict, failure: dict, parts: dict, other: float,
+                  schedule: list[int], steps: int, interval: int) -> list[tuple[str, float, float]]:
+    """(part, estimate, measured) in seconds: the terms of `failures.predicted_train_s`, each
+    from the first job's one sample, beside the second job's measured parts."""
+    redone_est = sum(x - (x // interval) * interval for x in schedule)
+    return [("start-up", first["startup_s"], parts["start-up"]),
+            ("steps", steps * first["step_s"], parts["steps"]),
+            ("checkpoints", (steps - 1) // interval * first["checkpoint_s"], parts["checkpoints"]),
+            ("restarts", len(schedule) * failure["restart_s"], parts["restarts"]),
+            ("redone steps", redone_est * first["step_s"], parts["redone steps"]),
+            ("the rest", 0.0, other)]
+
+
+def estimate_lines(rows: list[tuple[str, float, float]], *, predicted: float,
+                   train_s: float) -> list[str]:
+    """The estimate against the measurement, part by part, in words: a table with the total,
+    then by how much the total missed, the row that missed most, whether opposite misses
+    cancelled (the rows' absolute misses exceed the total's by over 50 ms), and whether the
+    total held within 10%."""
+    lines = [f"{'part (s)':14s}{'estimate':>10s}{'measured':>10s}{'difference':>12s}"]
+    for name, est, got in rows:
+        lines.append(f"{name:14s}{est:10.2f}{got:10.2f}{got - est:+12.2f}")
+    miss = train_s - predicted
+    lines.append(f"{'total':14s}{predicted:10.2f}{train_s:10.2f}{miss:+12.2f}")
+    diffs = {name: got - est for name, est, got in rows}
+    worst = max(diffs, key=lambda k: abs(diffs[k]))
+    gross = sum(abs(d) for d in diffs.values())
+    lines.append(f"the estimate missed by {miss / predicted:+.0%}; the largest difference is in "
+                 f"the {worst} row ({diffs[worst]:+.2f} s)"
+                 + (f"; the rows missed by {gross:.2f} s in all, so misses of opposite sign "
+                    f"cancelled" if gross > abs(miss) + 0.05 else ""))
+    lines.append("the total held within 10% on this run (one run does not validate it)"
+                 if abs(miss) < 0.1 * predicted else "the total missed by over 10% on this run")
+    return lines
+
+
+def compare_estimate(rows: list[tuple[str, float, float]], *, predicted: float, second: dict,
+                     other: float) -> None:
+    """Print `estimate_lines(...)` (the estimate's rows asserted to add up to it), then
+    conclude whether the measured parts account for the job's time to within 5%."""
+    assert abs(sum(r[1] for r in rows) - predicted) < 1e-6
+    for line in estimate_lines(rows, predicted=predicted, train_s=second["train_s"]):
+        print(line)
+    _ = conclude(abs(other) < 0.05 * second["train_s"],
+                 "the parts measured in the job (steps, start-up, checkpoints, restarts, redone "
+                 "steps) account for its time to within 5%")
+
+
+def explain_hung(hung: list[dict]) -> tuple[float, int]:
+    """Print how long ranks 0 and 1 waited at each timeout and what rank 0 was told; assert
+    each wait ended within 0.5 s after its timeout and that no error names rank 2; print and
+    return (the largest overshoot past a timeout in s, the number of waits)."""
+    for r in hung:
+        print(f"timeout {r['timeout_s']:.1f} s: ranks 0 and 1 waited "
+              + ", ".join(f"{w:.2f} s" for w in r["waited_s"])
+              + f"; rank 0 was told: {r['errors'][0]}")
+        assert all(r["timeout_s"] <= w < r["timeout_s"] + 0.5 for w in r["waited_s"])
+    assert not any("Rank 2" in r["errors"][0] for r in hung), "a plain timeout names nobody"
+    overshoot = max(w - r["timeout_s"] for r in hung for w in r["waited_s"])  # s past the timeout
+    waits = sum(len(r["waited_s"]) for r in hung)
+    print(f"the longest wait overshot its configured timeout by {overshoot * 1e3:.0f} ms ({waits} "
+          f"waits)")
+    return overshoot, waits
+
+
+def plot_stalls(traces: dict, stall: dict) -> None:
+    """Draw each rank's step times with synchronous and with asynchronous saves (rank 0 of the
+    run without saves in grey, the saves dotted), each panel titled with its loss per save."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), sharey=True)
+    for ax, mode in zip(axes, ("sync", "async")):
+        tr = traces[mode]
+        for rank, row in enumerate(tr["step_s"]):
+            ax.plot(np.array(row) * 1e3, "o-" if rank == 0 else "s--", ms=3, label=f"rank {rank}")
+        ax.plot(np.array(traces["none"]["step_s"][0]) * 1e3, ":", color="grey", lw=1,
+                label="rank 0, run without saves")
+        for k in tr["saved"]:
+            ax.axvline(k, color="grey", lw=0.6, ls=":")
+        ax.set_title(f"{mode} save: {min(stall[mode]['lost_s']) * 1e3:.0f} to "
+                     f"{max(stall[mode]['lost_s']) * 1e3:.0f} ms lost per save "
+                     f"({stall[mode]['saves']} saves)", fontsize=10)
+        ax.set_xlabel("step (dotted: rank 0 saves)")
+    axes[0].set_ylabel("step time (ms)")
+    axes[0].legend(fontsize=8)
+    plt.tight_layout()
+    plt.show()
+
+
+def stall_table_lines(stall: dict) -> list[str]:
+    """The two save modes side by side (ms, medians: the saving step's block, the write, the
+    loss per save, saves), a note when the two writes took different times, every save's loss,
+    a note when the synchronous saves' losses differ over 2x, and the noise floor of the run
+    without saves."""
+    sy, asy = stall["sync"], stall["async"]
+    floor = sy["noise_max_s"]  # the largest window excess of the run without saves
+    lines = [f"{'mode':6s}{'saving step blocked':>20s}{'write':>8s}{'lost per save':>15s}"
+             f"{'saves':>7s}   (ms, medians)"]
+    for name, r in (("sync", sy), ("async", asy)):
+        lines.append(f"{name:6s}{r['blocked_s'] * 1e3:20.0f}{r['write_s'] * 1e3:8.0f}"
+                     f"{r['lost_per_save_s'] * 1e3:15.0f}{r['saves']:7d}")
+    if asy["write_s"] != sy["write_s"]:
+        lines.append(f"the background write took "
+                     f"{'longer' if asy['write_s'] > sy['write_s'] else 'less time'} "
+                     f"than the synchronous one on this run; with {asy['saves']} saves per mode "
+                     f"this run does not say why")
+    lines.append("details, lost per save (ms): " + "; ".join(
+        f"{name} " + ", ".join(f"{x * 1e3:.0f}" for x in r["lost_s"])
+        for name, r in (("sync", sy), ("async", asy))))
+    lo, hi = min(sy["lost_s"]), max(sy["lost_s"])
+    if hi > 2 * lo:
+        lines.append(f"the synchronous saves did not cost alike, {lo * 1e3:.0f} to "
+                     f"{hi * 1e3:.0f} ms (the taller spikes in the figure); this run does not "
+                     f"say why (a guess, not measured: the kernel flushing written pages to disk "
+                     f"during the save)")
+    lines.append(f"without saves the same windows were off by {round(sy['noise_s'] * 1e3)} ms "
+                 f"(median), {floor * 1e3:.0f} ms at most: the noise floor")
+    return lines
+
+
+def print_stall_table(stall: dict) -> None:
+    """Print `stall_table_lines(stall)`."""
+    for line in stall_table_lines(stall):
+        print(line)
+
+
+def stall_verdict(stall: dict) -> str:
+    """Which save mode cost the job less per save, in words: a difference counts only beyond
+    the noise floor (the run without saves' largest window excess); within it, no difference
+    is shown."""
+    sy, asy = stall["sync"], stall["async"]
+    floor = sy["noise_max_s"]
+    gap = sy["lost_per_save_s"] - asy["lost_per_save_s"]
+    return (f"the asynchronous save cost the job {gap * 1e3:.0f} ms less per save than the "
+            f"synchronous one" if gap > floor else
+            f"the asynchronous save cost the job {-gap * 1e3:.0f} ms more per save than the "
+            f"synchronous one" if gap < -floor else
+            f"the two modes' cost per save differed by {abs(gap) * 1e3:.0f} ms, within the "
+            f"{floor * 1e3:.0f} ms floor: no difference shown")
+
+
+def stall_holds(stall: dict) -> bool:
+    """The stall claim: the saving step was blocked longer (beyond the noise floor) when
+    synchronous than when asynchronous, and rank 1's step right after a synchronous save grew
+    by at least half of rank 0's write (rank 1 reaches the next all-reduce on time and waits
+    there for the write, whatever this machine's disk speed)."""
+    sy, asy = stall["sync"], stall["async"]
+    floor = sy["noise_max_s"]
+    return (asy["blocked_s"] + floor < sy["blocked_s"]
+            and sy["after_s"] - sy["rank1_step_s"] > 0.5 * sy["write_s"])
+
+
+def explain_stalls(stall: dict, loss_verdict: str) -> None:
+    """Print the verdict on the loss per save with rank 1's step after a synchronous save, a
+    hypothesis when a synchronous save cost more than its write beyond the noise floor; then
+    conclude the stall claim (`stall_holds`), not shown when the machine's noise exceeded a
+    step."""
+    sy = stall["sync"]
+    floor = sy["noise_max_s"]
+    print(f"{loss_verdict} on this run; rank 1's step right after a synchronous save took "
+          f"{sy['after_s'] * 1e3:.0f} ms (median of {sy['after_n']}) against "
+          f"{sy['rank1_step_s'] * 1e3:.0f} ms typical")
+    if sy["lost_per_save_s"] > sy["write_s"] + floor:
+        print(f"the synchronous save cost the job more ({sy['lost_per_save_s'] * 1e3:.0f} ms) "
+              f"than its write took ({sy['write_s'] * 1e3:.0f} ms), beyond the noise floor. A "
+              f"hypothesis, not measured here: both ranks share this one machine's disk, so the "
+              f"write's flush can slow rank 1 too")
+    _ = conclude(stall_holds(stall),
+                 "the saving step waited for the write when the save was synchronous and only "
+                 "for the copy when it was asynchronous, and rank 1's step after a synchronous "
+                 "save grew by at least half of rank 0's write",
+                 busy=f"without saves a window was still off by up to {floor * 1e3:.0f} ms, more "
+                 f"than a typical step" if floor > sy["step_s"] else None)
+
+
+def survivor_saw(errors: list[str]) -> str:
+    """What the surviving rank was told, quoted for the table's heading: the "Connection ...
+    by peer" phrase when the error has one, else the error's first 60 characters, else that
+    torchrun stopped the survivor first."""
+    said = re.search(r"Connection \w+ by peer", errors[0]) if errors else None
+    return (f'"{said.group(0)}"' if said else f'"{errors[0][:60]}"' if errors
+            else "torchrun stopped the survivor first")
+
+
+def real_cluster_text(errors: list[str]) -> str:
+    """The `facts.show` template of "On a real GPU cluster": who notices a death and what
+    restarts the job (with what this run's survivor saw), then timeouts, restarts, Young's
+    regime at Llama 3's scale, asynchronous checkpoints and beyond."""
+    from .. import facts
+
+    days = facts.get("meta.llama3_snapshot_days").value
+    count = facts.get("meta.llama3_interruptions").value
+    adam_b = facts.get("paper.zero_adam_state_bytes").value  # optimizer state per parameter
+    seen = survivor_saw(errors)
+    return f"""
+**Who notices a death, and what restarts the job** (torchrun of torch 2.13; on this run:
+{seen}). An agent that wants a new group joins the rendezvous' *wait list*; the other agents
+then see a node waiting. ProcessGroupNCCL's *watchdog* is a thread that ends the process
+when a collective is still running after the process group's timeout
+([[pytorch.nccl_timeout_default]] by default); under the default
+TORCH_NCCL_ASYNC_ERROR_HANDLING = [[pytorch.nccl_async_error_handling|value]] it does so without
+aborting the NCCL communicator. Terms: SHM, shared memory; ncclRemoteError, NCCL's error code
+for a failed peer.
+
+| case | who notices | what torchrun does | the job resumes |
+|---|---|---|---|
+| 1. a killed process, peers on TCP (Gloo; NCCL over sockets: "[[nccl.socket_peer_closed]]") | its peers at their next collective (the kernel closes its sockets); its own agent within [[pytorch.torchrun_monitor_interval]] | starts a new group | after the restart |
+| 2. a crashed process (OOM kill, segfault) under NCCL inside a node ([[nccl.intranode_transports]]), restarts left | its own agent at its next poll; its peers get no error | [[pytorch.torchrun_crash_path]] | after the restart |
+| 2'. the same with torchrun's default --max-restarts of [[pytorch.torchrun_max_restarts_default|value]] | its own agent | stops its node's workers and exits | never: every other agent stops too, once its workers fail (as in rows 1 and 3: at once over sockets; over InfiniBand or RoCE, a sender after the NIC's retries, a worker that only receives at the watchdog's timeout) or, if the exited agent hosted the rendezvous store, at its next poll of the store; the job fails |
+| 3. as 2, over InfiniBand or RoCE | as in 2; a peer that sends to it also gets [[nccl.remote_error]] after the NIC's retries (at least [[nccl.ib_total_wait_default]] at NCCL's default NCCL_IB_TIMEOUT and NCCL_IB_RETRY_CNT; sooner on some RoCE NICs, below); a peer that only receives may get none | as in 2 | as in 2 |
+| 4. a dead node (its agent dies with it) | its senders, by the retry error (the others alone would wait for the watchdog's timeout) | the first failing survivor's agent re-enters the rendezvous; every other agent restarts its hung workers at once | with `--nnodes MIN:MAX`, once the dead node is dropped ([12b](12b_elastic_resharding.ipynb)); with a fixed `--nnodes`, only when a replacement joins; never if it hosted the c10d rendezvous store (`--rdzv-endpoint`): the other agents fail when they cannot reach it ([pytorch#67742](https://github.com/pytorch/pytorch/issues/67742)), which a store outside the job (etcd) avoids |
+
+RoCE: ConnectX NICs with adaptive retransmission may give up sooner, as each retry's wait
+adapts, [[nvidia.roce_adp_timeout_cap]] (a QP, queue pair, is one RDMA connection; its ACK
+timeout is how long the NIC waits for an acknowledgement before it resends).
+
+- **Timeouts and hung ranks.** Set the timeout above the longest gap between two collectives;
+  naming the missing rank and the flight recorder are in
+  [08b](08b_mismatched_collectives_and_hangs.ipynb).
+- **Restarts.** As here, [[pytorch.torchrun_restarts_all]]; on a cluster add finding a healthy
+  node and reading the checkpoint: mixed-precision Adam's state alone
+  (fp32 weights, two moments) is [[paper.zero_adam_state_bytes]],
+  about {70e9 * adam_b / 1e12:.1f} TB for a 70B-parameter model.
+- **Young's regime fits cluster scale.** [[paper.young_1974]] assumes C ≪ τ ≪ M. Llama 3 405B
+  on [[meta.llama3_gpus]] met [[meta.llama3_interruptions]] unexpected interruptions in
+  [[meta.llama3_snapshot_days]], one every {days * 24 / count:.1f} hours.
+- **Asynchronous checkpoints.** `torch.distributed.checkpoint.async_save` makes
+  [[pytorch.dcp_async_save_staging]] and writes it from another thread; the training waits for
+  that copy unless [[pytorch.dcp_async_staging_option]] moves it to the background too. It
+  needs a CPU backend in the process group (e.g. `"cpu:gloo,cuda:nccl"`; it asserts so).
+- **Beyond restarting everything from storage.** With [[paper.gemini_in_memory_2023]]
+  (GEMINI) a job recovers from memory instead of remote storage; with [[pytorch.torchft]] only
+  the failed replica restarts, fetching the live state from a healthy peer.
+- **Not every failure crashes.** Hardware can compute wrong results with no error report:
+  [[paper.silent_data_corruption_2021]], found in Meta's CPU fleet. Nodes are screened before
+  and between jobs: [[nvidia.dcgm_health]].
+"""  # noqa: E501 (Markdown table rows and prose shown verbatim)
+
+
+def measured_here(*, failure: dict, job2, traces: dict, stall: dict, hung: list[dict],
+                  overshoot: float, waits: int, loss_verdict: str, ideal: float,
+                  predicted: float) -> str:
+    """The notebook's measurements in one sentence: the restarts' range, a hung peer's
+    overshoot, the synchronous saves' block against the asynchronous one and the verdict on
+    their loss, and the second job's useful share of its time against the estimate."""
+    sy, asy = stall["sync"], stall["async"]
+    s2 = job2.summary()
+    restarts_s = [x["restart_s"] for x in [failure] + job2.failures()]
+    blocked = [traces["sync"]["step_s"][0][k] - sy["step_s"] for k in traces["sync"]["saved"]]
+    return (f"Measured here: a restart under torchrun took {min(restarts_s):.1f} to "
+            f"{max(restarts_s):.1f} s ({len(restarts_s)} restarts), plus the redone work "
+            f"({failure['redo_s']:.2f} s in the first job); "
+            f"a hung peer cost the configured timeout plus at most {overshoot * 1e3:.0f} ms "
+            f"({waits} waits, timeouts of "
+            + " and ".join(f"{r['timeout_s']:.1f}" for r in hung) + " s); "
+            f"a save of 32 MB held its step {min(blocked) * 1e3:.0f} to "
+            f"{max(blocked) * 1e3:.0f} ms when synchronous ({sy['saves']} saves), "
+            f"{asy['blocked_s'] * 1e3:.0f} ms (median) when asynchronous, "
+            f"and {loss_verdict} (medians); with {s2['failures']} injected failures "
+            f"the job did useful work {ideal / s2['train_s']:.0%} of its time, "
+            f"{s2['train_s'] / predicted - 1:+.0%} off the estimate built from one sample of "
+            f"each of the first job's parts (one run, not a validation).")

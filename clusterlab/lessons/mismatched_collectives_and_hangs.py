@@ -1,0 +1,182 @@
+"""What notebook 08b reads from its runs: mismatched collectives, swapped order, hangs.
+
+The runs are `clusterlab.experiments.divergence`'s (plain dicts); here they become the tables
+and sentences the learner reads, and the checks that the run showed what the text says. The
+ledger-cited texts of "On a real GPU cluster" are templates for `facts.show`.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+HEADER = f"{'case':8s}{'debug':8s}{'outcome':16s}{'ranks':8s}{'after':>6s}  what it says"
+
+
+def outcome_row(m: dict) -> str:
+    """One run of `divergence.mismatched_collective` as a row of the outcomes table: case,
+    debug mode, outcome, the ranks it names, seconds until it ended, and what it said (wrapped
+    at 100 characters under its column)."""
+    row = (f"{m['case']:8s}{str(m['debug']):8s}{m['error']:16s}{str(m['ranks']):8s}"
+           f"{m['wall_s']:5.1f}s  ")
+    return textwrap.fill(row + m["said"], 100, subsequent_indent=" " * len(row))
+
+
+def print_outcomes(mism: dict) -> None:
+    """Print the table of the six mismatch runs, `mism[case, debug]`, one row per run."""
+    print(HEADER)
+    for m in mism.values():
+        print(outcome_row(m))
+
+
+def smaller_lines(small: dict) -> list[str]:
+    """The `smaller` case on plain Gloo in words: the ranks' inputs and the right sum, then
+    each rank that returned without an error with what it holds, marked as a silently wrong
+    result when it is not the right sum in every element."""
+    lines = [f"smaller, plain Gloo: inputs {small['inputs'][0]} on rank 0, {small['inputs'][1]} "
+             f"on rank 1 (the right sum: {small['sum']:g} in each element)"]
+    for rank, held in small["returned"].items():
+        wrong = held != [small["sum"]] * len(held)
+        lines.append(f"    rank {rank} returned without an error, holding {held}: "
+                     f"{small['held'][rank]}" + (", a wrong result, silently" if wrong else ""))
+    return lines
+
+
+def explain_smaller(small: dict) -> None:
+    """Print `smaller_lines(small)`: whose data each returning rank holds."""
+    for line in smaller_lines(small):
+        print(line)
+
+
+def print_detail_error(m: dict) -> None:
+    """Print one `DETAIL` error message in full, wrapped and indented."""
+    print("details: one DETAIL error in full:")
+    print(textwrap.fill(m["message"], 96, initial_indent="    ", subsequent_indent="    "))
+
+
+def check_mismatches(mism: dict, *, detail_timeout_s: float) -> None:
+    """Assert what the text says of the six runs: on plain Gloo the op mismatch hangs both
+    ranks, the larger size kills rank 0, the smaller size leaves rank 0 waiting while rank 1
+    returns holding wrong values; with `DETAIL` every case is a named `RankError` raised before
+    `detail_timeout_s`."""
+    small = mism["smaller", None]
+    assert mism["op", None]["error"] == "ClusterTimeout" and mism["op", None]["ranks"] == [0, 1]
+    assert mism["size", None]["error"] == "RankDied" and mism["size", None]["ranks"] == [0]
+    assert small["error"] == "ClusterTimeout" and small["ranks"] == [0], "rank 0 waits"
+    assert "returned already: rank 1" in small["message"] and 1 in small["returned"], (
+        "rank 1 returned")
+    assert small["returned"][1] != [small["sum"]] * 2, "rank 1 holds wrong values"
+    for m in mism.values():
+        if m["debug"] == "DETAIL":
+            assert (m["error"] == "RankError"
+                    and "Detected mismatch between collectives" in m["message"])
+            assert m["wall_s"] < detail_timeout_s, "an error, before the timeout"
+
+
+def swap_lines(swap: dict) -> list[str]:
+    """The swapped-order runs, `swap[debug]`, in words: per debug mode the error and time,
+    then what each rank holds for `layer_a` and `layer_b`; last the correct sums and whether
+    the ranks agree (with `DETAIL`)."""
+    lines = []
+    for debug, r in swap.items():
+        lines.append(f"TORCH_DISTRIBUTED_DEBUG={debug or 'OFF'}: error {r['error']}; after "
+                     f"{r['wall_s']:.1f} s")
+        for rank, held in enumerate(r["result"]):
+            lines.append(f"    rank {rank}: layer_a = {held['layer_a'][0]:g}, "
+                         f"layer_b = {held['layer_b'][0]:g}")
+    expected = swap[None]["expected"]
+    lines.append(f"correct: layer_a = {expected['layer_a'][0]:g}, "
+                 f"layer_b = {expected['layer_b'][0]:g}; "
+                 f"ranks agree: {swap['DETAIL']['ranks_agree']}")
+    return lines
+
+
+def explain_swap(swap: dict) -> None:
+    """Print `swap_lines(swap)`: what every rank holds after the swapped all-reduces."""
+    for line in swap_lines(swap):
+        print(line)
+
+
+def check_swap(swap: dict) -> None:
+    """Assert the silent case: no hang and no error, not even with `DETAIL`; both tensors
+    wrong on both ranks, and the ranks disagree."""
+    for r in swap.values():
+        assert r["error"] is None, r["message"]  # no hang, no error, not even with DETAIL
+        assert r["wrong"] == [["layer_a", "layer_b"], ["layer_a", "layer_b"]]
+        assert not r["ranks_agree"]
+
+
+def skip_lines(skip: dict) -> list[str]:
+    """The skipped-collective runs, `skip[debug]`, in words: when rank 0 raised, its error
+    (wrapped), and the ranks the error names as missing ('none' when it names nobody)."""
+    lines = []
+    for debug, r in skip.items():
+        lines.append(f"TORCH_DISTRIBUTED_DEBUG={debug or 'OFF'}: rank 0 raised after "
+                     f"{r['waits_s'][0]:.1f} s:")
+        lines.append(textwrap.fill(r["messages"][0], 96, initial_indent="    ",
+                                   subsequent_indent="    "))
+        lines.append(f"    ranks named as missing: {r['named_ranks'] or 'none'}")
+    return lines
+
+
+def explain_skip(skip: dict, *, wait_s: float) -> None:
+    """Print `skip_lines(skip)` and assert what the text says: plain Gloo names nobody,
+    `DETAIL` names rank 2, and rank 0 waited about the group's timeout `wait_s` either way."""
+    for line in skip_lines(skip):
+        print(line)
+    assert skip[None]["named_ranks"] == [] and skip["DETAIL"]["named_ranks"] == [2]
+    assert all(r["waits_s"][0] >= 0.9 * wait_s for r in skip.values()), "bounded by the timeout"
+
+
+def hang_checklist() -> str:
+    """The `facts.show` template of "When a job hangs": the five steps in order and where the
+    evidence sits (flight-recorder dumps, a waiting rank's stack)."""
+    return (
+        "**When a job hangs**, in this order:\n\n"
+        "1. **Bound it**: an explicit `timeout` (table below). On NCCL the watchdog then ends the "
+        "job, and each rank writes its flight-recorder dump.\n"
+        "2. **Name the missing rank**: `monitored_barrier` on a Gloo side group (above).\n"
+        "3. **See where every rank is**: [[pyspy.dump_native]] on every rank (it needs the "
+        "`SYS_PTRACE` capability, which Docker and Kubernetes drop by default, per the same "
+        "README): the odd rank out is not waiting where the others are.\n"
+        "4. **Read the dumps** with [[pytorch.flight_recorder_analyzer]]: it merges them and "
+        "reports the first mismatch (op, size, dtype) or the ranks that never joined. The "
+        "watchdog writes a dump on a timeout or an exception; from a job that does neither, fetch "
+        "it on each rank on demand, `torch._C._distributed_c10d._dump_nccl_trace()` (a pickle; "
+        "NCCL builds, per the same tutorial). A same-shape swap issued from one line leaves no "
+        "trace there (above).\n"
+        "5. **A suspected mismatched op or shape**: rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL: it "
+        "[[pytorch.distributed_debug_detail]] (debugging only). Stuck at start-up: "
+        "`NCCL_DEBUG=INFO` logs the communicator set-up; `TORCH_SHOW_CPP_STACKTRACES=1` adds C++ "
+        "frames to errors.\n\n"
+        "- **Keep the dumps.** They are written on each rank's own host, by default to "
+        "[[pytorch.fr_dump_location]] (`$XDG_CACHE_HOME` replaces `~/.cache` when set): a "
+        "container whose home is discarded loses them. Set "
+        "TORCH_FR_DUMP_TEMP_FILE to a file-name prefix on persistent shared storage, e.g. "
+        "`/shared/fr/trace_rank_` (the rank is appended; the directory must exist).\n"
+        "- **Where a waiting rank's stack sits.** A collective with `async_op=False` "
+        "[[pytorch.collective_returns_before_cuda_completes]], so the others wait at the next "
+        "host sync (`.item()`, `.cpu()`); [[pytorch.nccl_blocking_wait]] puts the stack in the "
+        "collective itself. A group's first collective creates its communicator "
+        "([[pytorch.nccl_lazy_comm_init]]; [[nccl.comm_init_rank_sync]]), so a hang can sit "
+        "there; with `device_id` in `init_process_group` it moves to the init and `new_group`. "
+        "`torch.distributed.breakpoint(rank=k)` opens pdb on rank k while the others wait.")
+
+
+def hang_settings() -> str:
+    """The `facts.show` template of the table "Settings that decide how a hang ends" (torch
+    2.13 defaults from the ledger)."""
+    return (
+        "**Settings that decide how a hang ends**\n\n"
+        "| Setting (torch 2.13) | Default | What it does |\n"
+        "|---|---|---|\n"
+        "| `timeout` of `init_process_group` | [[pytorch.nccl_timeout_default]] (Gloo: "
+        "[[pytorch.gloo_timeout_default]]) | set it above the longest time one rank can "
+        "wait in a collective while another is busy alone (rank 0 writing a checkpoint or "
+        "running evaluation), not to the step time |\n"
+        "| TORCH_NCCL_ASYNC_ERROR_HANDLING | [[pytorch.nccl_async_error_handling]] | on a "
+        "timeout the watchdog tears the process down |\n"
+        "| [[pytorch.fr_buffer_size|value]] | [[pytorch.fr_buffer_default]] | the flight "
+        "recorder's ring buffer, in collectives per rank |\n"
+        "| TORCH_NCCL_DUMP_ON_TIMEOUT | [[pytorch.nccl_dump_on_timeout]] | the dump on a "
+        "timeout |\n"
+        "| TORCH_NCCL_DESYNC_DEBUG=1 | off | it [[pytorch.nccl_desync_debug]] |")

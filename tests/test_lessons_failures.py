@@ -1,0 +1,339 @@
+"""The lesson modules of notebooks 08b, 12 and 12b: what they decide from a run (verdicts,
+classifications, formatted numbers), on small synthetic runs - no processes, no timing."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from clusterlab import facts
+from clusterlab.lessons import elastic_resharding as elastic_lesson
+from clusterlab.lessons import failures_and_elasticity as failures_lesson
+from clusterlab.lessons import mismatched_collectives_and_hangs as hangs_lesson
+
+# --- 08b: mismatched collectives and hangs --------------------------------------------------
+
+DETAIL_MSG = "Detected mismatch between collectives on ranks. Rank 0 is running ALLREDUCE"
+
+
+def _mismatches(**override):
+    """Six runs shaped like divergence.mismatched_collective's, as the notebook expects them."""
+    runs = {
+        ("op", None): {"error": "ClusterTimeout", "ranks": [0, 1]},
+        ("size", None): {"error": "RankDied", "ranks": [0]},
+        ("smaller", None): {"error": "ClusterTimeout", "ranks": [0],
+                            "message": "still inside: rank 0; returned already: rank 1",
+                            "inputs": [[1.0] * 4, [2.0] * 2], "sum": 3.0,
+                            "returned": {1: [3.0, 1.0]}, "held": {1: "rank 0's data"}},
+    }
+    for case in ("op", "size", "smaller"):
+        runs[case, "DETAIL"] = {"error": "RankError", "ranks": [0, 1], "message": DETAIL_MSG}
+    out = {}
+    for (case, debug), r in runs.items():
+        out[case, debug] = {"case": case, "debug": debug, "wall_s": 0.4 if debug else 2.0,
+                            "said": "nothing", "message": "", **r}
+    for key, changes in override.items():
+        out[tuple(key.split("__")) if "__" in key else (key, None)].update(changes)
+    return out
+
+
+def test_outcome_row_aligns_columns_and_wraps_what_it_says_under_its_column():
+    m = {"case": "op", "debug": "DETAIL", "error": "RankError", "ranks": [0, 1], "wall_s": 0.42,
+         "said": "word " * 40}
+    lines = hangs_lesson.outcome_row(m).splitlines()
+    assert lines[0].startswith("op      DETAIL  RankError       [0, 1]    0.4s  word")
+    indent = len("op      DETAIL  RankError       [0, 1]    0.4s  ")
+    assert len(lines) > 1 and all(line.startswith(" " * indent + "word") for line in lines[1:])
+    assert all(len(line) <= 100 for line in lines)
+
+
+def test_smaller_marks_a_wrong_result_as_silent_and_a_right_one_not():
+    small = _mismatches()["smaller", None]
+    wrong = hangs_lesson.smaller_lines(small)
+    assert wrong[0].endswith("(the right sum: 3 in each element)")
+    assert wrong[1].endswith(", a wrong result, silently")
+    right = hangs_lesson.smaller_lines({**small, "returned": {1: [3.0, 3.0]}})
+    assert not right[1].endswith("silently")
+
+
+def test_check_mismatches_accepts_the_run_the_text_describes_and_refuses_others():
+    hangs_lesson.check_mismatches(_mismatches(), detail_timeout_s=5)
+    with pytest.raises(AssertionError):  # rank 1 returned the right sum: not the silent case
+        hangs_lesson.check_mismatches(_mismatches(smaller={"returned": {1: [3.0, 3.0]}}),
+                                      detail_timeout_s=5)
+    with pytest.raises(AssertionError, match="before the timeout"):
+        hangs_lesson.check_mismatches(_mismatches(op__DETAIL={"wall_s": 5.0}),
+                                      detail_timeout_s=5)
+
+
+def _swap(agree=False):
+    r = {"error": None, "message": "", "wall_s": 0.1, "ranks_agree": agree,
+         "result": [{"layer_a": [21.0], "layer_b": [12.0]}, {"layer_a": [12.0], "layer_b": [21.0]}],
+         "expected": {"layer_a": [3.0], "layer_b": [30.0]},
+         "wrong": [["layer_a", "layer_b"], ["layer_a", "layer_b"]]}
+    return {None: dict(r), "DETAIL": dict(r)}
+
+
+def test_swap_lines_name_each_mode_and_rank_and_the_correct_sums():
+    lines = hangs_lesson.swap_lines(_swap())
+    assert lines[0] == "TORCH_DISTRIBUTED_DEBUG=OFF: error None; after 0.1 s"
+    assert lines[1] == "    rank 0: layer_a = 21, layer_b = 12"
+    assert lines[3].startswith("TORCH_DISTRIBUTED_DEBUG=DETAIL")
+    assert lines[-1] == "correct: layer_a = 3, layer_b = 30; ranks agree: False"
+    hangs_lesson.check_swap(_swap())
+    with pytest.raises(AssertionError):
+        hangs_lesson.check_swap(_swap(agree=True))
+
+
+def test_skip_names_the_missing_rank_or_none_and_checks_the_bound(capsys):
+    skip = {None: {"waits_s": [2.0], "messages": ["Timed out"], "named_ranks": []},
+            "DETAIL": {"waits_s": [2.1], "messages": ["missing rank 2"], "named_ranks": [2]}}
+    lines = hangs_lesson.skip_lines(skip)
+    assert lines[2] == "    ranks named as missing: none"
+    assert lines[5] == "    ranks named as missing: [2]"
+    hangs_lesson.explain_skip(skip, wait_s=2.0)
+    with pytest.raises(AssertionError, match="bounded by the timeout"):
+        hangs_lesson.explain_skip(skip, wait_s=3.0)
+
+
+@pytest.mark.parametrize("template", [hangs_lesson.hang_checklist, hangs_lesson.hang_settings,
+                                      elastic_lesson.cost_text])
+def test_ledger_templates_name_only_facts_the_ledger_has(template):
+    text = template()
+    assert facts.placeholders(text)
+    facts.render(text)  # raises KeyError for a fact the ledger lacks
+
+
+# --- 12: failures, restarts and checkpoints -------------------------------------------------
+
+
+def test_young_lines_state_the_minimum_and_the_halved_interval_part():
+    lines = failures_lesson.young_lines(checkpoint_s=60.0, mtbf_s=10800.0, restart_s=600.0)
+    # sqrt(2 * 60 * 10800) = 1138 s; restarts alone 600 / 10800 = 5.6%
+    assert lines[0].startswith("Young's interval 1138 s;")
+    assert lines[0].endswith("of which the restarts alone are 5.6%")
+    assert "(halved)" in lines[2] and lines[2].startswith("checkpoints 4x faster: interval 569 s")
+
+
+def test_schedule_line_compares_the_mtbf_with_one_restart():
+    args = dict(first={"step_s": 0.05}, mtbf_steps=12, tau=0.2, interval=4, predicted=15.0)
+    short = failures_lesson.schedule_line([5, 17], failure={"restart_s": 4.0}, **args)
+    assert "MTBF 12 steps = 0.60 s of work, shorter than one restart (4.00 s)" in short
+    assert "Young's interval 200 ms = 4 steps, 33% of the MTBF" in short
+    long = failures_lesson.schedule_line([5], failure={"restart_s": 0.3}, **args)
+    assert "longer than one restart" in long
+    with pytest.raises(AssertionError, match="at least one failure"):
+        failures_lesson.explain_schedule([], failure={"restart_s": 4.0}, **args)
+
+
+def _job(train_s, restarts=(4.0, 5.0), redo=0.05):
+    summary = {"step_s": 0.06, "startup_s": 3.0, "checkpoints": 10, "checkpoint_s": 0.04,
+               "train_s": train_s, "failures": len(restarts), "goodput_steps_per_s": 2.0}
+    fails = [{"restart_s": r, "redo_s": redo} for r in restarts]
+    return SimpleNamespace(summary=lambda: dict(summary), failures=lambda: list(fails),
+                           returncode=0, leftover=[])
+
+
+def test_time_parts_adds_the_unaccounted_rest_only_above_10_ms():
+    accounted = 30 * 0.06 + 3.0 + 10 * 0.04 + 9.0 + 0.1
+    parts, other = failures_lesson.time_parts(_job(accounted + 0.5), steps=30)
+    assert other == pytest.approx(0.5) and parts["unaccounted"] == pytest.approx(0.5)
+    assert parts["restarts"] == pytest.approx(9.0) and parts["steps"] == pytest.approx(1.8)
+    parts, other = failures_lesson.time_parts(_job(accounted + 0.005), steps=30)
+    assert "unaccounted" not in parts
+
+
+def test_explain_goodput_refuses_a_job_whose_interval_part_rivals_its_restarts(capsys):
+    failures_lesson.explain_goodput(_job(20.0), first={"step_s": 0.05}, ideal=1.5,
+                                    schedule=[5, 17])
+    assert "goodput 2.0 steps/s against a bare step rate (1 / step time) of 20.0: 8%" in (
+        capsys.readouterr().out)
+    with pytest.raises(AssertionError, match="restarts, not the interval"):
+        failures_lesson.explain_goodput(_job(20.0, restarts=(0.5, 0.5)), first={"step_s": 0.05},
+                                        ideal=1.5, schedule=[5, 17])
+
+
+def test_estimate_rows_use_the_first_jobs_samples_and_the_steps_since_a_checkpoint():
+    parts = {"start-up": 3.1, "steps": 1.9, "checkpoints": 0.5, "restarts": 9.5,
+             "redone steps": 0.2}
+    rows = failures_lesson.estimate_rows(
+        first={"startup_s": 3.0, "step_s": 0.1, "checkpoint_s": 0.04},
+        failure={"restart_s": 4.0}, parts=parts, other=0.3, schedule=[5, 13], steps=30,
+        interval=4)
+    est = {name: e for name, e, _ in rows}
+    assert est["steps"] == pytest.approx(3.0) and est["restarts"] == pytest.approx(8.0)
+    assert est["checkpoints"] == pytest.approx(7 * 0.04)  # saves after steps 4, 8, ..., 28
+    assert est["redone steps"] == pytest.approx((1 + 1) * 0.1)  # 5 - 4, 13 - 12
+    assert rows[-1] == ("the rest", 0.0, 0.3)
+
+
+def test_estimate_lines_name_the_worst_row_and_cancelling_misses():
+    rows = [("start-up", 3.0, 4.0), ("restarts", 8.0, 7.1), ("the rest", 0.0, 0.0)]
+    lines = failures_lesson.estimate_lines(rows, predicted=11.0, train_s=11.1)
+    assert lines[-3].startswith("total")
+    assert "the largest difference is in the start-up row (+1.00 s)" in lines[-2]
+    assert "misses of opposite sign cancelled" in lines[-2]
+    assert lines[-1].startswith("the total held within 10%")
+    rows = [("start-up", 3.0, 5.0), ("the rest", 0.0, 0.0)]
+    lines = failures_lesson.estimate_lines(rows, predicted=3.0, train_s=5.0)
+    assert "cancelled" not in lines[-2] and lines[-1] == "the total missed by over 10% on this run"
+
+
+def test_compare_estimate_concludes_on_the_unaccounted_share(capsys):
+    rows = [("steps", 1.0, 1.0), ("the rest", 0.0, 0.1)]
+    failures_lesson.compare_estimate(rows, predicted=1.0, second={"train_s": 10.0}, other=0.1)
+    assert "Shown on this run: the parts measured in the job" in capsys.readouterr().out
+    with pytest.raises(AssertionError):  # the rows must add up to the estimate
+        failures_lesson.compare_estimate(rows, predicted=2.0, second={"train_s": 10.0},
+                                         other=0.1)
+
+
+def test_explain_hung_returns_the_overshoot_and_refuses_a_named_rank(capsys):
+    hung = [{"timeout_s": 0.5, "waited_s": [0.52, 0.51], "errors": ["Timed out"]},
+            {"timeout_s": 1.0, "waited_s": [1.03, 1.01], "errors": ["Timed out"]}]
+    overshoot, waits = failures_lesson.explain_hung(hung)
+    assert overshoot == pytest.approx(0.03) and waits == 4
+    assert "overshot its configured timeout by 30 ms (4 waits)" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="names nobody"):
+        failures_lesson.explain_hung([{**hung[0], "errors": ["Rank 2 failed to pass"]}])
+    with pytest.raises(AssertionError):  # a wait past the timeout + 0.5 s
+        failures_lesson.explain_hung([{**hung[0], "waited_s": [1.2]}])
+
+
+def _stall(sync_lost=0.06, async_lost=0.01, noise_max=0.005, write=(0.05, 0.05),
+           lost_s=(0.05, 0.06), blocked=(0.05, 0.002), after=0.09):
+    base = {"step_s": 0.04, "noise_s": 0.001, "noise_max_s": noise_max, "after_n": 6,
+            "rank1_step_s": 0.04, "saves": len(lost_s)}
+    return {"sync": {**base, "lost_per_save_s": sync_lost, "write_s": write[0],
+                     "lost_s": list(lost_s), "blocked_s": blocked[0], "after_s": after},
+            "async": {**base, "lost_per_save_s": async_lost, "write_s": write[1],
+                      "lost_s": [async_lost] * len(lost_s), "blocked_s": blocked[1],
+                      "after_s": 0.04}}
+
+
+@pytest.mark.parametrize("sync_lost, async_lost, says", [
+    (0.060, 0.010, "the asynchronous save cost the job 50 ms less per save"),
+    (0.010, 0.060, "the asynchronous save cost the job 50 ms more per save"),
+    (0.012, 0.010, "the two modes' cost per save differed by 2 ms, within the 5 ms floor"),
+])
+def test_stall_verdict_counts_a_difference_only_beyond_the_noise_floor(sync_lost, async_lost,
+                                                                      says):
+    assert failures_lesson.stall_verdict(_stall(sync_lost, async_lost)).startswith(says)
+
+
+def test_stall_holds_needs_a_longer_block_and_rank_1_waiting_for_half_the_write():
+    assert failures_lesson.stall_holds(_stall())
+    assert not failures_lesson.stall_holds(_stall(blocked=(0.05, 0.047)))  # within the floor
+    assert not failures_lesson.stall_holds(_stall(after=0.06))  # grew 20 ms < half of 50 ms
+
+
+def test_stall_table_notes_only_what_differs():
+    quiet = failures_lesson.stall_table_lines(_stall())
+    assert not any("background write" in line or "did not cost alike" in line for line in quiet)
+    assert quiet[-1] == "without saves the same windows were off by 1 ms (median), 5 ms at most: " \
+                        "the noise floor"
+    noisy = failures_lesson.stall_table_lines(_stall(write=(0.05, 0.08), lost_s=(0.02, 0.05)))
+    assert any("the background write took longer" in line for line in noisy)
+    assert any("did not cost alike, 20 to 50 ms" in line for line in noisy)
+
+
+def test_explain_stalls_gives_the_busy_reason_only_when_noise_exceeds_a_step(capsys):
+    failures_lesson.explain_stalls(_stall(), "v")
+    assert "Shown on this run: the saving step waited" in capsys.readouterr().out
+    failures_lesson.explain_stalls(_stall(blocked=(0.05, 0.05), noise_max=0.05), "v")
+    assert "Not shown on this run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("errors, seen", [
+    (["Connection reset by peer. Details"], '"Connection reset by peer"'),
+    (["x" * 80], '"' + "x" * 60 + '"'),
+    ([], "torchrun stopped the survivor first"),
+])
+def test_survivor_saw_quotes_the_peer_error_or_says_torchrun_stopped_it(errors, seen):
+    assert failures_lesson.survivor_saw(errors) == seen
+    text = failures_lesson.real_cluster_text(errors)
+    assert f"on this run:\n{seen})" in text
+    facts.render(text)
+
+
+def test_measured_here_reports_ranges_and_the_share_of_useful_work():
+    job2 = _job(20.0, restarts=(4.0, 6.0))
+    traces = {"sync": {"step_s": [[0.04, 0.09, 0.04, 0.11]], "saved": [1, 3]}}
+    hung = [{"timeout_s": 0.5}, {"timeout_s": 1.0}]
+    text = failures_lesson.measured_here(
+        failure={"restart_s": 5.0, "redo_s": 0.12}, job2=job2, traces=traces,
+        stall=_stall(), hung=hung, overshoot=0.02, waits=4, loss_verdict="V", ideal=2.0,
+        predicted=16.0)
+    assert "a restart under torchrun took 4.0 to 6.0 s (3 restarts)" in text
+    assert "timeouts of 0.5 and 1.0 s" in text
+    assert "held its step 50 to 70 ms when synchronous" in text
+    assert "useful work 10% of its time, +25% off the estimate" in text
+
+
+# --- 12b: elastic resharding ----------------------------------------------------------------
+
+
+def test_group_lines_name_the_redone_steps_and_where_each_group_started():
+    rounds = [{"world": 2, "from_step": 0, "to_step": 7, "loaded": None},
+              {"world": 1, "from_step": 6, "to_step": 12, "loaded": {"step": 6, "world": 2}}]
+    lines = elastic_lesson.group_lines(rounds)
+    assert lines[0] == "group 0: world size 2, steps 1 to 7, from scratch"
+    assert lines[1] == ("group 1: world size 1, steps 7 to 12 (step 7 redone), from the step-6 "
+                        "checkpoint written by 2 ranks")
+    rounds[1]["from_step"] = 3
+    assert "(steps 4, 5, 6, 7 redone)" in elastic_lesson.group_lines(rounds)[1]
+
+
+def test_pause_lines_split_the_pause_and_bound_the_configured_waits():
+    f = {"step": 7, "detected_s": 0.062, "error": "Connection closed by peer. More",
+         "regrouped_s": 5.6, "world_after": 1, "resumed_s": 7.2, "imported_s": 6.5}
+    cfg = {"last_call_s": 2, "keep_alive_s": 1, "keep_alive_attempts": 2, "compute_s": 0.05}
+    lines = elastic_lesson.pause_lines(f, cfg)
+    assert lines[0] == ("node B died before step 8; 62 ms later node A's worker was told: "
+                        "Connection closed by peer")
+    assert "importing torch      5.5 s (of which" in lines[4]  # 5.6 - 0.062
+    assert lines[4].endswith("at most 4 s)")
+    assert "1.6 s (importing DCP and FSDP 0.9 s)" in lines[5]
+    assert lines[6].startswith("At least 1.5 s of the second part")
+
+
+def _resharding(rank1_out_rows=0):
+    per = [{"0.weight": [16, 16], "2.weight": [1, 32]},
+           {"0.weight": [16, 16], "2.weight": [rank1_out_rows, 32]}]
+    return {"saved_rank_shapes": per, "saved_world": 2, "loaded_world": 1,
+            "loaded_shapes": {"0.weight": [32, 16], "2.weight": [1 + rank1_out_rows, 32]},
+            "saved_shapes": {"0.weight": [16, 16]}, "identical": True,
+            "moments_identical": True, "moments": 1154}
+
+
+def test_shard_lines_find_the_tensor_held_whole_and_check_the_rows_add_up():
+    lines = elastic_lesson.shard_lines(_resharding())
+    assert lines[0] == (" 0.weight: at world size 2 rank 0 (16, 16), rank 1 (16, 16); "
+                        "at world size 1 (32, 16)")
+    assert lines[2] == "held whole by one rank, an empty shard on the other: 2.weight"
+    assert "(exp_avg and exp_avg_sq: 2 × 577 parameters = 1154 numbers) True" in lines[3]
+    bad = _resharding()
+    bad["loaded_shapes"]["0.weight"] = [33, 16]
+    with pytest.raises(AssertionError, match="add up"):
+        elastic_lesson.shard_lines(bad)
+
+
+def test_check_resharding_wants_the_output_row_on_rank_0_and_a_small_error():
+    elastic_lesson.check_resharding(_resharding(), 6e-8)
+    with pytest.raises(AssertionError):
+        elastic_lesson.check_resharding(_resharding(), 1e-4)
+    with pytest.raises(AssertionError, match="one row"):
+        elastic_lesson.check_resharding(_resharding(rank1_out_rows=1), 6e-8)
+
+
+def test_rerun_line_gives_the_repeated_steps_loss_per_world_size():
+    losses = [(6, 2, 0.5), (7, 2, 0.4905701), (7, 1, 0.4905702), (8, 1, 0.48)]
+    assert elastic_lesson.rerun_line(losses, 7) == (
+        "step 7 ran twice: loss 0.490570 at world size 2 and 0.490570 at world size 1")
+
+
+def test_death_text_carries_the_measured_delay_into_the_ledger_template():
+    text = elastic_lesson.death_text({"detected_s": 0.0625}, {"compute_s": 0.05})
+    assert "heard of it\n  62 ms after the kill" in text and "compute sleep of 0.05 s" in text
+    facts.render(text)
