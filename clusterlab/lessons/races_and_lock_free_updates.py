@@ -1,0 +1,423 @@
+"""What `notebooks/06_races_and_lock_free_updates.ipynb` reads from its runs.
+
+The experiments are `clusterlab.experiments.races`; each function here turns one cell's runs
+into the figure and the sentences the learner reads, and checks what the text claims.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..experiments.common import conclude
+
+ASYNC_FIXES = ("wait_then_read", "wait_then_edit", "clone_then_edit")
+MODES = ("writeback", "inplace", "lock", "seqlock")
+COLORS = {"writeback": "C3", "inplace": "C1", "lock": "C2", "seqlock": "C0"}
+NAME = {"writeback": "write-back", "inplace": "in place", "lock": "lock", "seqlock": "seqlock"}
+
+
+# --- Async collectives: touching a buffer before wait() ---------------------------------------
+
+def plot_async_races(ar: dict) -> None:
+    """Bar chart of `races.async_collective_races`: the share of reads with a wrong value for
+    each variant, red for touching the buffer before wait(), green for the fixes."""
+    import matplotlib.pyplot as plt
+
+    from ..experiments import races
+
+    v, variants = ar["variants"], races.ASYNC_VARIANTS
+    fig, ax = plt.subplots(figsize=(7, 3))
+    ax.bar(range(len(variants)), [100 * v[n]["wrong_trials"] / v[n]["reads"] for n in variants],
+           color=["C3" if n.endswith("before_wait") else "C2" for n in variants])
+    ax.set_xticks(range(len(variants)), [n.replace("_", " ") for n in variants], fontsize=8)
+    ax.set_ylabel(f"reads with a wrong value (% of {v[variants[0]]['reads']})")
+    ax.set_ylim(0, 110)
+    for k, n in enumerate(variants):
+        ax.text(k, 100 * v[n]["wrong_trials"] / v[n]["reads"] + 2,
+                f"{v[n]['wrong_trials']}/{v[n]['reads']}", ha="center", fontsize=8)
+    ax.set_xlabel(f"variant ({ar['trials']} trials on each of {ar['workers']} ranks)")
+    ax.set_title("Touching the buffer before wait() gives wrong values")
+    plt.show()
+
+
+def agreeing_wrong_trials(ar: dict) -> int:
+    """Trials whose ranks agreed on wrong values after an edit before wait(), at least: all
+    trials, minus those whose ranks disagreed, minus the most that can have been all right
+    (one per `workers` right reads). A replica checksum cannot catch these."""
+    d = ar["variants"]["edit_before_wait"]
+    return ar["trials"] - d["disagree_trials"] - (d["reads"] - d["wrong_trials"]) // ar["workers"]
+
+
+def explain_async_races(ar: dict, ar1: dict) -> None:
+    """What the early reads saw and what became of the early edits (1 MiB bucket, `ar`), the
+    trials a replica checksum would miss, the fixes' counts, and how many early reads happened
+    to be right (also for a one-element tensor, `ar1`); asserts that touching before wait()
+    went wrong and that the fixes never did."""
+    v = ar["variants"]
+    d = v["read_before_wait"]  # what a wrong read saw: this rank's own value, or a partial sum
+    print(f"read before wait(): wrong in {d['wrong_trials']} of {d['reads']} reads "
+          f"({d['wrong_elements']:.1%} of the elements): own value {d['local']:.1%}, "
+          f"partly reduced {d['wrong_elements'] - d['local']:.1%}")
+    d = v["edit_before_wait"]  # what became of the edit, and whether the replicas still agree
+    print(f"edit before wait(): wrong in {d['wrong_trials']} of {d['reads']} reads: edit sent "
+          f"by every rank (410) {d['edit_sent']:.1%} of the elements, overwritten by Gloo (10) "
+          f"{d['edit_lost']:.1%}, other wrong values (some ranks' edits sent, or a mix) "
+          f"{d['wrong_elements'] - d['edit_sent'] - d['edit_lost']:.1%}; "
+          f"ranks disagree in {d['disagree_trials']} of "
+          f"{ar['trials']} trials")
+    agree_wrong = agreeing_wrong_trials(ar)
+    if agree_wrong > 0:
+        print(f"  in {'' if d['wrong_trials'] == d['reads'] else 'at least '}{agree_wrong} of "
+              f"{ar['trials']} trials every rank held the same wrong values: a replica checksum "
+              "cannot catch those")
+    fixes = ASYNC_FIXES
+    print(f"the fixes ({', '.join(fixes)}): wrong in "
+          f"{', '.join(str(v[n]['wrong_trials']) for n in fixes)} of {v[fixes[0]]['reads']} "
+          f"reads; ranks disagree in {', '.join(str(v[n]['disagree_trials']) for n in fixes)} "
+          f"of {ar['trials']} trials")
+    rb, rb1 = v["read_before_wait"], ar1["variants"]["read_before_wait"]
+    ok, ok1 = rb["reads"] - rb["wrong_trials"], rb1["reads"] - rb1["wrong_trials"]
+    print(f"reads before wait() that happened to be right: {ok} of {rb['reads']} (1 MiB bucket), "
+          f"{ok1} of {rb1['reads']} (one element)"
+          + (": such a read passes a test and fails on another run" if ok + ok1 else
+             ": none on this run, but nothing orders the read after Gloo's write"))
+    assert v["read_before_wait"]["wrong_trials"] > 0 and v["edit_before_wait"]["wrong_trials"] > 0
+    for n in ASYNC_FIXES:
+        assert v[n]["wrong_trials"] == 0 and v[n]["disagree_trials"] == 0, n
+
+
+# --- Hogwild-style updates ----------------------------------------------------------------------
+
+def overlap_sentence(parallelism: float) -> str:
+    """Whether the in-place workers overlapped (more than 1.3 CPU s per wall s) or took turns."""
+    return (f"The in-place workers ran {parallelism:.2f} at once (CPU s per wall s): "
+            + ("they overlapped." if parallelism > 1.3 else
+               "they mostly took turns, so in place had little chance to differ from the lock."))
+
+
+def explain_hogwild(runs: dict) -> None:
+    """The dense problem's losses with write-backs, in place and with a lock (4 workers), how
+    many in-place workers ran at once, and the verdict that in place ended below write-back;
+    asserts that both lock-free runs trained and that the lock beat the write-backs."""
+    free, inpl, lk = (runs["dense", m] for m in ("writeback", "inplace", "lock"))
+    print(f"Dense, 4 workers, {free['updates']} updates: loss {free['initial_loss']:.2f} -> "
+          f"{free['final_loss']:.1e} with write-backs, {inpl['final_loss']:.1e} in place, "
+          f"{lk['final_loss']:.1e} with a lock")
+    print(overlap_sentence(inpl["parallelism"]))
+    assert free["final_loss"] < free["initial_loss"] and inpl["final_loss"] < inpl["initial_loss"]
+    assert lk["final_loss"] < free["final_loss"]
+    conclude(inpl["final_loss"] < free["final_loss"],
+             "the in-place run ended below the write-back run")
+
+
+# --- Lost updates -------------------------------------------------------------------------------
+
+def plot_lost_updates(rep: dict, runs: dict) -> None:
+    """Bar chart of the coordinate updates lost on the dense problem: write-back and in place
+    with 2 and 4 workers (median, min-max over the seeds of `rep`), lock and seqlock (one run
+    each in `runs`), with (W - 1)/W dashed over the write-back bars."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 3))
+    names = ["write-back,\n2 workers", "write-back,\n4 workers", "in place,\n2 workers",
+             "in place,\n4 workers", "lock,\n4 workers", "seqlock,\n4 workers"]
+    vals = [[r["lost_fraction"] for r in rep[m, w]] for m in ("writeback", "inplace")
+            for w in (2, 4)]
+    vals += [[runs["dense", "lock"]["lost_fraction"]], [runs["dense", "seqlock"]["lost_fraction"]]]
+    med = [100 * np.median(v) for v in vals]
+    ax.bar(names, med, color=["C3", "C3", "C1", "C1", "C2", "C0"],
+           yerr=[np.subtract(med, [100 * min(v) for v in vals]),
+                 np.subtract([100 * max(v) for v in vals], med)],
+           capsize=3)
+    for k, m_ in enumerate(med):  # inside a tall bar, above a short one
+        ax.text(k, m_ / 2 if m_ > 10 else m_ + 1, f"{m_:.2g}%", ha="center", fontsize=8,
+                color="white" if m_ > 10 else "black")
+    ax.hlines([50, 75], [-0.4, 0.6], [0.4, 1.4], colors="k", linestyles="--",
+              label="(W − 1)/W, all at once")
+    ax.set_ylabel("coordinate updates lost (%)")
+    ax.set_title(f"Dense problem: median, min-max of {len(rep['writeback', 2])} runs "
+                 "(lock, seqlock: 1 run)")
+    ax.legend(fontsize=8)
+    plt.show()
+
+
+def far_above_median(losses: list) -> bool:
+    """Whether the worst in-place run lost more than 10 times the median (at least 1)."""
+    return max(losses) > 10 * max(np.median(losses), 1)
+
+
+def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
+    """How much write-backs and in-place adds lost over the seeds of `rep` (2 and 4 workers),
+    against the one-run lock and seqlock in `runs`, how many workers really ran at once on
+    `cores` cores, and what a far-out in-place run or too few workers at once means; asserts
+    that every 4-worker write-back lost, the lock and seqlock lost nothing, and in place lost
+    far less than write-back."""
+    lost = {k: [r["lost_fraction"] for r in v] for k, v in rep.items()}
+    par = {(m, w): np.median([r["parallelism"] for r in rep[m, w]])
+           for m in ("writeback", "inplace") for w in (2, 4)}
+    n_runs = len(lost["writeback", 2])
+    print(f"Write-backs lost {min(lost['writeback', 2]):.0%}-{max(lost['writeback', 2]):.0%} "
+          f"with 2 workers and {min(lost['writeback', 4]):.0%}-{max(lost['writeback', 4]):.0%} "
+          f"with 4 ({n_runs} runs each; all at once, (W - 1)/W is 50% and 75%).\n"
+          f"  The first dense write-back run above has the same settings and seed as one of "
+          f"the 4-worker runs and lost {runs['dense', 'writeback']['lost_fraction']:.0%}; only "
+          "the scheduling differs between them, so any gap is the scheduler's.")
+    par_in = min(par["inplace", w] for w in (2, 4))
+    in_lost = [r["lost"] for w in (2, 4) for r in rep["inplace", w]]
+    print(f"In place lost a median of {np.median(in_lost):,.0f} and at worst {max(in_lost):,} "
+          f"of {rep['inplace', 4][0]['expected']:,} coordinate increments "
+          f"({rep['inplace', 4][0]['updates']:,} updates × {problem.nnz} coordinates) in one "
+          f"run ({len(in_lost)} runs); lock and seqlock lost {runs['dense', 'lock']['lost']} "
+          f"and {runs['dense', 'seqlock']['lost']}.")
+    if far_above_median(in_lost):
+        print("The worst run is far above the median: in-place losses vary a lot from run to "
+              "run. Two adds colliding on an element, or a worker paused between its load and "
+              "store, each lose increments; these runs do not tell which happened.")
+    print(f"Workers at once on {cores} cores (CPU s per wall s): write-back "
+          f"{par['writeback', 2]:.2f} and {par['writeback', 4]:.2f}, in place "
+          f"{par['inplace', 2]:.2f} and {par['inplace', 4]:.2f}"
+          + ("." if par_in > 1.3 else ": too few at once to test the in-place race on this run."))
+    if par["writeback", 4] < 3:
+        print(f"Only {par['writeback', 4]:.2f} of the 4 write-back workers ran at once, not 4 as "
+              "the dashed line assumes: the others were paused, and a worker paused between its "
+              "read and its write-back erases everything written meanwhile.")
+    assert all(r["lost"] > 0 for r in rep["writeback", 4])
+    assert runs["dense", "lock"]["lost"] == 0 and runs["dense", "seqlock"]["lost"] == 0
+    for w in (2, 4):  # in place, only the one-element load-to-store window loses increments
+        assert np.median(lost["inplace", w]) < np.median(lost["writeback", w]) / 20
+
+
+# --- Sparse and dense problems ------------------------------------------------------------------
+
+def plot_convergence(runs: dict) -> None:
+    """Loss / initial loss against updates done (dense write-back, in place and lock; sparse
+    write-back and lock), beside the fraction the write-backs lost on each problem."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
+    label = {"writeback": "write-back, no lock", "inplace": "in place, no lock", "lock": "lock"}
+    for name, mode, ls in (("dense", "writeback", "-"), ("dense", "inplace", "-."),
+                           ("dense", "lock", "--"), ("sparse", "writeback", "-"),
+                           ("sparse", "lock", "--")):
+        r = runs[name, mode]
+        ax1.semilogy(r["curve_updates"], r["curve_loss"] / r["initial_loss"], ls,
+                     label=f"{name}, {label[mode]}")
+    ax1.set_xlabel("updates done")
+    ax1.set_ylabel("loss / initial loss")
+    ax1.legend(fontsize=8)
+    ax1.set_title("Convergence")
+    ax2.bar(["dense", "sparse"],
+            [100 * runs[n, "writeback"]["lost_fraction"] for n in ("dense", "sparse")])
+    ax2.set_yscale("log")
+    ax2.set_ylabel("lost by write-backs (%)")
+    ax2.set_title("Conflicts")
+    plt.tight_layout()
+    plt.show()
+
+
+def survivor_prediction(writeback: dict, locked: dict, *, nnz: int) -> tuple[float, int, int]:
+    """If only the surviving updates count, the write-back run ends where the locked run was
+    after as many updates. Returns (surviving write-backs, lo, hi): the locked run reached the
+    write-back run's final loss between `lo` and `hi` updates (each loss sample carries the
+    update count read just before and after its copy)."""
+    survived = writeback["counted"] / nnz  # a surviving update left one increment on each
+    k = int(np.argmax(locked["curve_loss"] <= writeback["final_loss"]))  # first sample that low
+    assert k > 0
+    return survived, int(locked["curve_updates"][k - 1]), int(locked["curve_updates_after"][k])
+
+
+def prediction_sentence(survived: float, lo: int, hi: int, updates: int) -> str:
+    """Whether `survived` falls in the locked run's [lo, hi], or by how much it missed."""
+    held = lo <= survived <= hi
+    return (("The prediction above (the loss of as many locked updates as survived) held" if held
+             else "The prediction above (the loss of as many locked updates as survived) missed "
+                  f"by {(lo - survived if survived < lo else survived - hi) / survived:.0%}")
+            + f": {survived:,.0f} of {updates:,} dense write-backs survived, and the locked run "
+            f"reached the same loss after {lo:,}-{hi:,} updates.")
+
+
+def explain_convergence(runs: dict, *, problem) -> None:
+    """The lost fractions and final-loss ratios (without / with a lock) on the dense and
+    sparse problems, whether the dense write-back run ended where as many locked updates as
+    survived would take it, and the verdict that it was still converging over its last third;
+    asserts the conflicts' gap, that the sparse problem trained, and the loss ratios."""
+    d, s, dl = runs["dense", "writeback"], runs["sparse", "writeback"], runs["dense", "lock"]
+    ratio = {n: runs[n, "writeback"]["final_loss"] / runs[n, "lock"]["final_loss"]
+             for n in ("dense", "sparse")}
+    print(f"Lost without a lock: dense {d['lost_fraction']:.1%}, sparse {s['lost_fraction']:.2%}.")
+    print(f"Final loss without / with a lock (one run each): sparse {ratio['sparse']:.2f}x, "
+          f"dense {ratio['dense']:.1e}x.")
+    survived, lo, hi = survivor_prediction(d, dl, nnz=problem.nnz)
+    print(prediction_sentence(survived, lo, hi, d["updates"]))
+    if not lo <= survived <= hi:
+        print("  These runs cannot say why: one run per mode, the survivor count is a proxy (the "
+              "counters are written back apart from x), and some reads may have mixed versions.")
+    cu, cl = d["curve_updates"], d["curve_loss"]
+    if conclude(d["final_loss"] < cl[np.searchsorted(cu, 2 * cu[-1] / 3)],
+                "the write-back run was still converging over its last third"):
+        print("The write-back run's loss was still falling over its last third: it converges, "
+              "only slower.")
+    assert d["lost_fraction"] > 20 * s["lost_fraction"]
+    assert s["final_loss"] < 1e-2 * s["initial_loss"]  # trained: a comparison can mean something
+    assert 1 / 3 < ratio["sparse"] < 3 and ratio["dense"] > 3 * ratio["sparse"]
+
+
+# --- Fixes and their cost -----------------------------------------------------------------------
+
+def costs_measurable(cost: dict) -> bool:
+    """Whether the wall-clock costs mean something: only if the lock-free workers really ran
+    in parallel. The measured parallelism is itself the evidence: fewer than 1.3 cores for 2
+    in-place workers means another process held the second core, whatever the load average
+    says. States the verdict (`conclude`) and returns it."""
+    i2 = cost["workers"].index(2)
+    p_in2 = cost["parallelism"]["inplace"][i2]
+    return conclude(p_in2 > 1.3, f"wall-clock costs, which need a second core free for the "
+                    f"lock-free workers: 2 in-place workers got {p_in2:.2f} cores, 1.3 needed",
+                    busy=f"the 2 in-place workers shared about {p_in2:.2f} cores"
+                    if p_in2 <= 1.3 else None)
+
+
+def surviving_rates(cost: dict) -> dict:
+    """Updates/s that were not erased later, run by run: {mode: [array per worker count]}."""
+    return {m: [np.multiply(cost["rate"][m][i], np.subtract(1, cost["lost_fraction"][m][i]))
+                for i in range(len(cost["workers"]))] for m in cost["modes"]}
+
+
+def plot_cost(cost: dict) -> None:
+    """Surviving updates/s per mode against the number of workers (median, min-max of the
+    repeats), beside how many workers really ran at once (CPU s per wall s)."""
+    import matplotlib.pyplot as plt
+
+    ws, modes, surv = cost["workers"], cost["modes"], surviving_rates(cost)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
+    for m in modes:
+        med = [float(np.median(v)) for v in surv[m]]
+        ax1.errorbar(ws, med, yerr=[np.subtract(med, [v.min() for v in surv[m]]),
+                                    np.subtract([v.max() for v in surv[m]], med)],
+                     fmt="o-", capsize=3, color=COLORS[m], label=NAME[m])
+        ax2.plot(ws, cost["parallelism"][m], "o-", color=COLORS[m], label=NAME[m])
+    ax1.set_xticks(ws)
+    ax1.set_xlabel("workers")
+    ax1.set_ylim(bottom=0)
+    ax1.legend(fontsize=8)
+    ax1.set_ylabel(f"surviving updates / s\n(median, min-max of {cost['repeats']})")
+    ax1.set_title("Cost on the dense problem")
+    ax2.axhline(cost["cores"], color="gray", ls=":", label=f"{cost['cores']} cores")
+    ax2.set_xticks(ws)
+    ax2.set_xlabel("workers")
+    ax2.set_ylim(bottom=0)
+    ax2.set_ylabel("CPU s per wall s (workers at once)")
+    ax2.legend(fontsize=8)
+    ax2.set_title("How many workers really ran at once")
+    plt.tight_layout()
+    plt.show()
+
+
+def versus_one(runs2, runs1) -> str:
+    """2 workers against 1, by the ranges of the runs."""
+    return ("higher, ranges apart" if runs2.min() > runs1.max() else
+            "lower, ranges apart" if runs2.max() < runs1.min() else "ranges overlap")
+
+
+def largest_factor(a1: float, a: float, b1: float, b: float) -> str:
+    """Which factor made the 2-worker gap between in place (`a1` -> `a` surviving updates/s)
+    and the lock (`b1` -> `b`): a / b = (a1 / b1) × (a / a1) × (b1 / b), an identity."""
+    f = {"in place was already faster with 1 worker": a1 / b1, "in place sped up with 2": a / a1,
+         "the lock slowed down with 2": b1 / b}
+    return max(f, key=f.get)
+
+
+def ranking(surv: dict, modes, i: int) -> str:
+    """The modes by median surviving rate at worker-count index `i`, fastest first: '>' when
+    the next mode's runs all lie below this one's, '≈' when their ranges overlap."""
+    best = sorted(modes, key=lambda m: -np.median(surv[m][i]))
+    return NAME[best[0]] + "".join((" > " if surv[b][i].max() < surv[a][i].min() else " ≈ ")
+                                   + NAME[b] for a, b in zip(best, best[1:]))
+
+
+def explain_cost(cost: dict, *, problem) -> None:
+    """From 1 to 2 workers, the surviving rates of in place and the lock, which factor made
+    their gap, the median runs' workers at once and CPU per update, hedged possible causes of
+    extra CPU per update, and the ranking of the modes with 4 workers."""
+    ws, modes, surv = cost["workers"], cost["modes"], surviving_rates(cost)
+    i1, i2, i4 = ws.index(1), ws.index(2), ws.index(4)
+    spread = max((v.max() - v.min()) / np.median(v) for v in (surv[m][0] for m in modes))
+    mr = cost["median_run"]  # (updates/s, workers at once, CPU µs per update)
+    a1, a, b1, b = (float(np.median(surv[m][i])) for m in ("inplace", "lock") for i in (i1, i2))
+    print(f"1 -> 2 workers on {cost['cores']} cores, surviving updates/s (median of "
+          f"{cost['repeats']}): in place {a1:,.0f} -> {a:,.0f} "
+          f"({versus_one(surv['inplace'][i2], surv['inplace'][i1])}), lock {b1:,.0f} -> "
+          f"{b:,.0f} ({versus_one(surv['lock'][i2], surv['lock'][i1])}).")
+    if a > b:  # an identity on the medians: which factor made the 2-worker gap
+        print(f"  In place / lock with 2 workers, {a / b:.2f}x = {a1 / b1:.2f}x (with 1 worker) × "
+              f"{a / a1:.2f}x (in place, 2 workers / 1) × {b1 / b:.2f}x (lock, 1 worker / 2): "
+              f"the largest factor is that {largest_factor(a1, a, b1, b)}.")
+    print("  Median runs, 1 -> 2 workers (updates/s = workers at once / CPU s per update): "
+          + "; ".join(f"{NAME[m]} {mr[m][i1][1]:.2f} -> {mr[m][i2][1]:.2f} at once, "
+                      f"{mr[m][i1][2]:.0f} -> {mr[m][i2][2]:.0f} µs of CPU per update"
+                      for m in ("inplace", "lock")) + ".")
+    why = {"inplace": f"in place, two cores writing the same {problem.dim} coordinates (their "
+                      "cache lines move between the cores) or cores sharing hardware",
+           "lock": "the lock, handing it and the coordinates from process to process (waking "
+                   "the waiting process)"}
+    grown = [m for m in ("inplace", "lock") if mr[m][i2][2] > 1.3 * mr[m][i1][2]]
+    if grown:
+        print("  Possible causes of the extra CPU per update, not measured here: "
+              + "; ".join(why[m] for m in grown) + ".")
+    print(f"4 workers on {cost['cores']} cores"
+          f"{' (more workers than cores)' if cost['cores'] < 4 else ''}: "
+          f"{ranking(surv, modes, i4)} ('≈': the {cost['repeats']} runs' ranges overlap; "
+          f"one mode's own runs spread by up to {spread:.0%} with 1 worker).")
+
+
+def explain_allreduce(runs: dict) -> None:
+    """The synchronous all-reduce's updates, examples per second, losses and replicas, beside
+    the write-back run on the same examples; asserts that the lock, the seqlock and the
+    all-reduce lost nothing, that both saw the same examples, and that the replicas agree."""
+    ar_run, hw = runs["dense", "allreduce"], runs["dense", "writeback"]
+    print(f"Synchronous all-reduce (4 ranks, emulated network): {ar_run['examples']:,} examples "
+          f"in {ar_run['steps']} updates, {ar_run['elapsed_s']:.1f} s: "
+          f"{ar_run['steps_per_s']:,.0f} updates/s, {ar_run['examples_per_s']:,.0f} examples/s "
+          f"(above, one update is one example; here one update takes {ar_run['workers']} ranks "
+          f"× 64 examples); {ar_run['lost']} lost by construction; "
+          f"replicas bit-identical: {ar_run['replicas_agree']}.")
+    if ar_run["final_loss"] > hw["final_loss"]:
+        print(f"  Its loss, {ar_run['final_loss']:.1e} against {hw['final_loss']:.1e} "
+              f"(write-back), does not rank the two: it took {ar_run['steps']} large steps at "
+              "the lr of the small ones, not an lr tuned for it.")
+    assert all(runs["dense", n]["lost"] == 0 for n in ("lock", "seqlock", "allreduce"))
+    assert ar_run["examples"] == hw["updates"]  # the same examples: a fair comparison of losses
+    assert ar_run["replicas_agree"] and ar_run["final_loss"] < ar_run["initial_loss"]
+
+
+# --- On a real GPU cluster ----------------------------------------------------------------------
+
+# Where the races are on GPU ranks (from the sources, not run here), rendered by `facts.show`.
+GPU_RACES = """
+- **wait() is a stream wait.** For NCCL, by default, [[pytorch.async_op_cuda_semantics]]
+  ([[pytorch.nccl_blocking_wait]] makes it block the host): ops then issued on the current
+  stream are ordered; work on another stream, or a host-side read of the
+  memory (such as a `non_blocking` copy's result), races as measured above on Gloo.
+- **A copy to the host.** `x = t.to("cpu", non_blocking=True)` gives
+  [[pytorch.non_blocking_d2h]]: a loss or metric logged from `x` can be incomplete or garbage.
+  Synchronise first (`torch.cuda.synchronize()`, or `synchronize()` on an event recorded
+  after the copy).
+- **Side streams.** The caching allocator tracks only the stream a tensor was allocated on.
+  A copy or overlap you run on a side stream must [[pytorch.record_stream]] or sync with an
+  event before the tensor is freed, or its memory goes to the next allocation while that
+  work still reads it.
+- **Finding stream races.** Kernels on two streams that touch one tensor with no
+  synchronisation between them race; the CUDA Stream Sanitizer
+  ([[pytorch.cuda_stream_sanitizer]]) records each PyTorch operator's reads and writes on
+  the stream current at the call and stops at the first such pair. It does not see kernels
+  launched outside PyTorch's operators, nor the stream NCCL really runs a collective on.
+- **Asynchronous checkpoints.** DCP's async_save writes [[pytorch.dcp_async_save_staging]]
+  from another thread. By default it makes that copy before it returns; given an
+  `async_stager=DefaultStager(...)` argument built from [[pytorch.dcp_async_staging_option]],
+  it copies in the background too, and the weights
+  may change only once the returned `staging_completion` future is done, or the checkpoint
+  mixes two steps.
+- **Lock-free on purpose**: Hogwild! ([[paper.hogwild_niu2011]]); PyTorch's Hogwild example,
+  which steps in place ([[pytorch.mnist_hogwild]]). Dense GPU training uses synchronous
+  collectives (all-reduce; reduce-scatter and all-gather when parameters are sharded).
+"""
