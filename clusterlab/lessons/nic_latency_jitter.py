@@ -1,0 +1,253 @@
+"""What notebook 01 (a link: latency, bandwidth and the α-β model) reads from its runs: the
+ping-pong, the message-size sweep, the real-cluster notes and the noise-floor appendix.
+
+Each function takes what `clusterlab.experiments.links` returned and draws the figure,
+prints the sentences or checks the claims the notebook makes.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.ticker import NullFormatter
+
+from clusterlab.experiments import links
+from clusterlab.experiments.common import load_per_core
+
+
+def plot_ping_pong(pp: dict, *, delay_ms: float, top: float = 9.5) -> None:
+    """The ping-pong's histogram: one-way delays (shared clock) and round trips (sender's
+    clock) against the configured delay per NIC; pings slower than `top` ms are drawn at
+    the right edge."""
+    fig, ax1 = plt.subplots(figsize=(6, 3))
+    bins = np.linspace(delay_ms - 0.1, top, 60)
+    ax1.hist(np.clip(pp["one_way_ms"], 0, top), bins=bins, color="#4C72B0",
+             label="one-way (shared clock)")
+    ax1.hist(np.clip(pp["rtt_ms"], 0, top), bins=bins, color="#DD8452",
+             label="round trip (sender's clock)")
+    ax1.axvline(delay_ms, color="#C44E52", ls="--", lw=1,
+                label=f"configured {delay_ms:g} ms per NIC")
+    ax1.set_xlabel(f"ms (anything slower is drawn at {top:.1f})")
+    ax1.set_ylabel("pings")
+    ax1.set_title(f"delay {delay_ms:g}ms on every NIC", fontsize=10)
+    ax1.legend(fontsize=8)
+    plt.tight_layout()
+    plt.show()
+
+
+def late_round_trips(rtt_ms, *, delay_ms: float):
+    """The late tail of a ping-pong: which round trips took 1 ms or more over 2 x the delay
+    (a boolean array), and that threshold in ms."""
+    late_ms = 2 * delay_ms + 1
+    return np.asarray(rtt_ms) >= late_ms, late_ms
+
+
+def explain_ping_pong(pp: dict, *, delay_ms: float) -> None:
+    """The ping-pong in three lines: one-way median and fastest against the configured
+    delay (and how far the median is off), the round trip's, and the late tail (round trips
+    1 ms or more over 2 x the delay). Checks that no message beats the delay, that the
+    fastest round trip is two fastest one-way trips and that the median stays near the
+    delay."""
+    ow, rtt, pings = pp["percentiles"], pp["rtt_percentiles"], len(pp["rtt_ms"])
+    off = ow["p50"] / delay_ms - 1
+    late, late_ms = late_round_trips(pp["rtt_ms"], delay_ms=delay_ms)
+    print(f"one-way: median {ow['p50']:.3f} ms, fastest {ow['min']:.3f} ms   (configured "
+          f"{delay_ms:g} ms; median {off:+.1%} off)")
+    print(f"RTT:     median {rtt['p50']:.3f} ms, fastest {rtt['min']:.3f} ms   (configured 2 x "
+          f"{delay_ms:g} ms)")
+    print(f"late tail: {late.sum()} of {pings} round trips ({late.mean():.1%}) took {late_ms:g} ms "
+          f"or more; the slowest took {np.max(pp['rtt_ms']):.3f} ms")
+    assert ow["min"] >= delay_ms, "no message can beat the configured delay"
+    assert rtt["min"] >= 2 * delay_ms, "a round trip crosses both NICs"
+    assert abs(rtt["min"] / ow["min"] - 2) < 0.2, \
+        "the fastest round trip is two fastest one-way trips"
+    assert np.all(np.asarray(pp["one_way_ms"]) >= np.asarray(pp["emulated_ms"]) - 1e-3), \
+        "measured = emulated + noise >= emulated"
+    assert ow["p50"] < 1.5 * delay_ms, "the median is the delay, plus a little"
+
+
+def plot_sweep(sweep: dict, idle: dict) -> None:
+    """The size sweep's figure (`links.plot_sweep`) with the sketch of Linux TCP after idle
+    (`links.tcp_after_idle`) as a dash-dotted curve on its time panel."""
+    axes = links.plot_sweep(sweep)
+    axes[0].plot(idle["sizes"], idle["seconds"] * 1e3, "-.", color="#8172B2",
+                 label="Linux TCP after idle (sketch)")
+    axes[0].legend(fontsize=7)
+    plt.tight_layout()
+    plt.show()
+
+
+def effective_mbit(sizes, best_ms):
+    """Effective bandwidth of each message, in Mbit/s: its bits over its fastest time."""
+    return np.asarray(sizes) * 8 / (np.asarray(best_ms) / 1e3) / 1e6
+
+
+def explain_sweep(sweep: dict) -> None:
+    """The α-β fit against the configured link (how far α lies off, in µs, and the worst
+    residual), n* fitted and configured, and the effective bandwidth at 1 KiB, 64 KiB and
+    8 MiB. Checks that the fit recovers α, β and n* within 30% and that small messages are
+    latency-bound, large ones bandwidth-bound."""
+    fit = sweep["fit"]
+    sizes, share = sweep["sizes"], sweep["latency_share"]
+    eff = effective_mbit(sizes, sweep["best_ms"])
+    extra_us = (fit.alpha - sweep["configured_alpha"]) * 1e6
+    resid = np.max(np.abs(sweep["best_ms"] / ((fit.alpha + sizes * fit.beta) * 1e3) - 1))
+    print(f"fit: α = {fit.alpha * 1e3:.3f} ms (configured {sweep['configured_alpha'] * 1e3:.1f}, "
+          f"{extra_us:+.0f} µs), β = {fit.beta * 1e9:.3f} ns/byte (configured "
+          f"{sweep['configured_beta'] * 1e9:.3f}), worst residual {resid:.1%}")
+    print(f"n* = {sweep['crossover_bytes'] / 1e3:.0f} kB (configured "
+          f"{sweep['configured_crossover_bytes'] / 1e3:.0f}); effective bandwidth {eff[0]:.1f} "
+          f"Mbit/s at {sizes[0] // 1024} KiB, {eff[6]:.0f} at {sizes[6] // 1024} KiB, "
+          f"{eff[-1]:.0f} at {sizes[-1] // 2**20} MiB")
+    assert abs(fit.alpha - sweep["configured_alpha"]) <= 0.3 * sweep["configured_alpha"]
+    assert abs(fit.beta - sweep["configured_beta"]) <= 0.3 * sweep["configured_beta"]
+    assert abs(sweep["crossover_bytes"] / sweep["configured_crossover_bytes"] - 1) <= 0.3
+    assert share[0] > 0.5 > share[-1], "small messages latency-bound, large ones bandwidth-bound"
+
+
+# "On a real GPU cluster": the transport, NCCL's α, framing, congestion and flow control
+# (a `facts.show` template: [[id]] renders a ledger fact with its source).
+TRANSPORT_AND_CONGESTION = '''
+**Transport and α**
+
+- **Line rate.** A DGX H100 has [[nvidia.dgx_h100_compute_nics]] for its compute fabric, at
+  [[nvidia.connectx7_rate]] each, one per GPU: β per NIC is 1 / [[nvidia.connectx7_rate_bytes]],
+  so n* = α/β is about 50 kB per µs of α. What crosses the wire is not simply n/p per ring step:
+  NCCL splits the data across channels (parallel rings) and pipelines it through fixed-size
+  buffers ([[nccl.buffsize_env]]).
+- **NCCL's own α.** NCCL has three protocols (notebook 02c): LL (low latency) and LL128 send a
+  flag with the data, so the receiver needs no separate synchronisation (a lower per-step
+  latency, less bandwidth); Simple moves large chunks at full bandwidth. NCCL's tuner, the cost
+  model that picks one, charges a ring step across the network
+  [[nccl.tuner_net_ring_step_latency_ll]] (LL) to [[nccl.tuner_net_ring_step_latency_simple]]
+  (Simple) when a node holds several GPUs (with one GPU per node it uses its
+  tree-algorithm constants), plus the path's own latency and [[nccl.tuner_base_latency]].
+- **α without the kernel.** RDMA skips the kernel's system calls and copies
+  ([[rdma.kernel_bypass]]). The round trips measured above cannot show that software cost:
+  they are almost all emulated delay.
+- **Framing.** RoCE runs on Ethernet and pays the same per-frame preamble, FCS and gap
+  ([[ethernet.preamble_sfd_bytes]], [[ethernet.fcs_bytes]], [[ethernet.ifg_bytes]]), plus its
+  own IP, UDP and InfiniBand transport headers, and its RDMA path MTU is at most
+  [[infiniband.max_mtu_bytes]]: its goodput is not the TCP figure above. InfiniBand has its
+  own headers.
+
+**Congestion and flow control** (the emulator models none of them; notebook 01b)
+
+- **TCP.** Linux TCP's slow start after idle and its back-off after loss shape a real sweep.
+- **RoCE.** NVIDIA ConnectX NICs implement [[paper.dcqcn_2015]] (Data Center Quantized
+  Congestion Notification): switches mark packets with ECN (Explicit
+  Congestion Notification) when a queue grows, the receiving NIC answers with congestion
+  notification packets, and the sending NIC cuts its rate. The fabric is commonly kept
+  lossless by [[ieee.pfc_8021qbb]] (a full switch pauses its upstream neighbour instead of
+  dropping); the alternative is [[nvidia.roce_lossy_mode]].
+- **InfiniBand** links use [[infiniband.credit_flow_control]] (a sender sends only into
+  buffer space the receiver has granted).
+'''
+
+
+def plot_noise_floor(floor: dict) -> None:
+    """The noise floor's figure (`links.plot_noise_floor`) with a 1 ms marker and readable
+    labels on its log axis."""
+    ax = links.plot_noise_floor(floor)
+    ax.xaxis.set_minor_formatter(NullFormatter())  # unreadable overlapping labels otherwise
+    ax.axvline(1000, color="gray", ls=":", lw=1, label="1 ms")
+    ax.legend()
+    lo, hi = ax.get_xlim()
+    ticks = [t for t in (20, 50, 100, 200, 500, 1000, 2000, 5000, 10000) if lo <= t <= hi]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])  # readable labels on the log axis
+    plt.title("Plain Gloo on loopback: no emulated delay at all")
+    plt.show()
+
+
+def slow_messages_text(us) -> str:
+    """What the loopback messages of 1 ms or more (`us`: every message, µs) say: a "slow
+    mode" when there are 5 or more, each outlier's time when fewer, or none."""
+    us = np.asarray(us)
+    slow = us[us >= 1000]
+    if len(slow) >= 5:  # enough to call them a mode
+        return (f"slow mode: {len(slow)} of {len(us)} ({len(slow) / len(us):.1%}) took 1 ms or "
+                f"more (median {np.median(slow) / 1e3:.1f} ms)")
+    if len(slow):
+        return (f"{len(slow)} outlier{'s' if len(slow) > 1 else ''} of {len(us)} took 1 ms or "
+                "more (" + ", ".join(f"{v / 1e3:.1f}" for v in np.sort(slow)) + " ms)")
+    return f"none of {len(us)} took 1 ms or more"
+
+
+def explain_noise_floor(floor: dict):
+    """Plain Gloo's loopback messages split into the fast path (under 1 ms: its median) and
+    waits of a millisecond or more (`slow_messages_text`), with the load average. Checks
+    that the percentiles are ordered and the fast path costs well below 1 ms. Returns the
+    fast path's one-way times in µs, which the next cell compares with the emulator's
+    excess."""
+    us, f = floor["one_way_ms"] * 1e3, floor["percentiles"]
+    fast = us[us < 1000]  # the message path, without waits of a millisecond or more
+    print(f"fast path: median {np.median(fast):.0f} µs ({len(fast)} of {len(us)} messages under "
+          "1 ms)" if len(fast) else f"no message of {len(us)} took under 1 ms")
+    print(f"{slow_messages_text(us)}; load average {load_per_core():.1f} per core")
+    assert 0 < f["p1"] <= f["p50"] <= f["p99"]
+    assert f["p1"] < 0.5, \
+        "the machine's own message path, without scheduling waits, costs well below 1 ms"
+    return fast
+
+
+def plot_excess(pp: dict, floor: dict) -> None:
+    """Two cumulative distributions on a log axis, in µs: what the emulator's ping-pong
+    added over its configured delay (measured - emulated), and plain Gloo's native
+    latency."""
+    fig, ax = plt.subplots(figsize=(6, 3))
+    for data, label in ((pp["noise_ms"], "measured - emulated (delay 4ms)"),
+                        (floor["one_way_ms"], "native latency (nic=None)")):
+        d = np.sort(data) * 1e3
+        ax.plot(d, (np.arange(len(d)) + 1) / len(d), label=label)
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    lo, hi = ax.get_xlim()
+    ticks = [t for t in (10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000) if lo <= t <= hi]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.set_xlabel("µs")
+    ax.set_ylabel("fraction of messages")
+    ax.set_title("what the machine adds", fontsize=10)
+    ax.legend(fontsize=8)
+    plt.tight_layout()
+    plt.show()
+
+
+def hiding_verdict(excess: dict, native: dict | None) -> str:
+    """Whether the native transfer hides inside the emulated delay, from two medians' 95%
+    intervals (`links.quantile_ci`): "hidden" (the excess lies entirely below the native
+    cost), "above" (entirely above it), "overlap", or "no native" when no native message
+    took under 1 ms."""
+    if native is None:
+        return "no native"
+    if excess["upper"] < native["lower"]:
+        return "hidden"
+    if excess["lower"] > native["upper"]:
+        return "above"
+    return "overlap"
+
+
+VERDICTS = {
+    "no native": "no native message took under 1 ms: nothing to compare with",
+    "hidden": "the intervals do not overlap: consistent with the native transfer hiding inside "
+              "the emulated delay",
+    "above": "the excess lies above the native cost: this run cannot show the native transfer "
+             "hiding inside it",
+    "overlap": "the intervals overlap: this run cannot show the native transfer hiding inside "
+               "the emulated delay",
+}
+
+
+def explain_excess(pp: dict, fast) -> None:
+    """The ping-pong's one-way excess over the emulated delay (median with its 95% interval,
+    p99) against the native fast path's median (`fast`, µs), and the verdict of
+    `hiding_verdict`."""
+    noise = pp["noise_ms"] * 1e3
+    ci = links.quantile_ci(noise, 0.5)  # 95% interval of the median, from order statistics
+    native = links.quantile_ci(fast, 0.5) if len(fast) else None
+    print(f"ping-pong one-way excess: median {np.median(noise):.0f} µs (95% interval "
+          f"{ci['lower']:.0f}-{ci['upper']:.0f}), p99 {np.percentile(noise, 99):.0f} µs over "
+          f"{len(noise)} pings")
+    if native is not None:
+        print(f"native fast path: median {native['estimate']:.0f} µs (95% interval "
+              f"{native['lower']:.0f}-{native['upper']:.0f})")
+    print(VERDICTS[hiding_verdict(ci, native)])
