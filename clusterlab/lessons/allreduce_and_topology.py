@@ -1,0 +1,468 @@
+"""What notebook 02 (all-reduce algorithms and topology) reads from its runs.
+
+The rows are those of `clusterlab.experiments.allreduce_and_topology.measure`: one dict per
+algorithm and size with the best time ("measured"), its closed form ("model"), the repetitions
+("times") and how far apart the ranks entered ("best_spread"). Each function below prints the
+sentences the notebook shows, computed from those rows, and passes each measured conclusion to
+`conclude`, which says whether this run showed it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from clusterlab import models
+from clusterlab.experiments import allreduce_and_topology as ex
+from clusterlab.experiments.common import BUSY_FACTOR, beyond_closed_form, conclude
+from clusterlab.lessons.show import ms
+
+SMALL, MEDIUM, LARGE = ex.SIZES
+
+# The five algorithms of the cost table: (label, name in `models`).
+COST_TABLE_ROWS = [("ring", "ring"), ("recursive doubling", "recursive_doubling"),
+                   ("Rabenseifner", "rabenseifner"), ("binomial tree", "tree"),
+                   ("parameter server (textbook)", "parameter_server")]
+
+# The ledger template of "On a real GPU cluster" (rendered with `facts.show`): NCCL's share of
+# the latencies, what NCCL runs, and parameter servers at scale.
+NCCL_AT_SCALE = """
+On 8-GPU nodes, with the same 100 Gbit/s per GPU, NCCL's share is smaller. Its tuner (the
+cost model with which NCCL picks an algorithm and a protocol per call) charges a network step
+([[nccl.tuner_net_ring_step_latency_simple]] with Simple, its protocol for large messages; a bit
+above the 10 µs here) only to [[nccl.tuner_ring_inter_steps]]; each other step stays inside a
+node and costs at least an NVLink step ([[nccl.tuner_nvlink_ring_step_latency_simple]]). The
+share still grows with the nodes (DDP's first bucket is smaller,
+[[pytorch.ddp_first_bucket]], so its share is larger).
+
+**What NCCL runs.**
+- **Algorithms:** [[nccl.algorithms]]; no recursive doubling, Rabenseifner or parameter
+  server. The [[nccl.double_binary_tree]] (since NCCL [[nccl.tree_since]], after the
+  [[paper.sanders_two_tree]]) keeps full bandwidth with a latency logarithmic in the nodes.
+  CollNet and NVLS have switches do the additions; PAT ([[nccl.pat_bruck]]), the closest
+  relative of recursive doubling, runs only all-gather and reduce-scatter, by default with
+  one GPU per node ([tuning.cc](https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/graph/tuning.cc)).
+  More on these three in [02c](02c_in_network_reduction_and_nccl.ipynb).
+- **The choice:** the tuner ([[nccl.tuner_model]]); its per-step network latency above
+  is NCCL's own alpha. With NCCL_DEBUG=INFO, [[nccl.debug_subsys_tuning]] logs each call's
+  choice. Protocols, channels and bus
+  bandwidth: [02b](02b_hierarchy_busbw_and_nccl.ipynb) and \
+[02c](02c_in_network_reduction_and_nccl.ipynb).
+
+**Parameter servers at scale.** A [[paper.li_parameter_server]] scales where a single server
+does not; [[paper.byteps]] adds spare CPU machines as summation servers.
+"""
+
+
+# --- the network and the cost model -------------------------------------------------------
+
+def regime(ratio: float) -> str:
+    """Which term dominates a message whose wire time is `ratio` latencies (n beta / alpha):
+    'latency-bound' below 0.1, 'bandwidth-bound' above 10, otherwise in between."""
+    return ("latency-bound" if ratio < 0.1 else "bandwidth-bound" if ratio > 10
+            else "in between: it depends on the algorithm")
+
+
+def describe_network(alpha: float, beta: float, *, sizes: Sequence[int] = ex.SIZES) -> None:
+    """Print the emulated NIC, its alpha and beta, and for each size its wire time n beta in
+    latencies and the regime that makes it (`regime`)."""
+    link = 1 / beta
+    print(f"every node's NIC: netem '{ex.NIC}' (a fixed delay per message plus a rate limit: "
+          "notebook 01)")
+    print(f"alpha = {ms(alpha)} per message, beta = {beta * 1e9:.2f} ns per byte "
+          f"(1/beta = {link / 1e6:.2f} MB/s of payload; beta counts the headers: appendix)")
+    for n in sizes:
+        ratio = n * beta / alpha
+        print(f"{ex.human_bytes(n):>8}: n*beta = {ms(n * beta):>9} = {ratio:6.2f} alpha -> "
+              f"{regime(ratio)}")
+
+
+def partner_plot(ax, p: int, distances: Sequence[int], sizes: Sequence[str], *,
+                 title: str) -> None:
+    """Draw who swaps with whom on `ax`: rounds left to right, an arc joining the two ranks
+    that swap data in each round (partner = rank XOR distance), labelled with the distance and
+    the bytes each rank sends."""
+    t = np.linspace(0, 1, 30)
+    for k, (d, size) in enumerate(zip(distances, sizes)):
+        for i in range(p):
+            j = i ^ d
+            if i < j:  # one arc per pair; pairs that overlap bulge by different amounts
+                bulge = 0.12 + 0.25 * (i % d) / d
+                ax.plot(k + bulge * np.sin(np.pi * t), i + (j - i) * t, color=f"C{k}", lw=1.5)
+        ax.scatter([k] * p, range(p), s=20, color="k", zorder=3)
+        ax.text(k + 0.15, -0.9, f"±{d}: {size}", ha="center", fontsize=8)
+    ax.set(xticks=range(len(distances)), xlabel="round", ylabel="rank", title=title,
+           ylim=(p - 0.5, -1.4), xlim=(-0.4, len(distances) - 0.2))
+    ax.set_xticklabels([str(k + 1) for k in range(len(distances))])
+    ax.set_yticks(range(p))
+
+
+def crossover(p: int, alpha: float, beta: float) -> float:
+    """Size (bytes) above which the ring beats recursive doubling on p ranks, p a power of
+    two: where (2(p-1) - lg p) alpha = (lg p - 2(p-1)/p) n beta."""
+    lg = p.bit_length() - 1
+    return (2 * (p - 1) - lg) * alpha / ((lg - 2 * (p - 1) / p) * beta)
+
+
+def compare_networks(specs: dict[str, str], *, ranks: int = 8) -> None:
+    """Print each named netem spec's alpha, payload rate, alpha/beta (= alpha x bandwidth) and
+    the ring/recursive-doubling crossover on `ranks` ranks; assert that the first two specs
+    have the same alpha/beta, and print by how much their times scale."""
+    size = {}
+    for name, spec in specs.items():
+        a, b = ex.alpha_beta(spec)
+        size[name] = a / b
+        print(f"{name:>10} '{spec}': alpha = {a * 1e6:g} us, 1/beta = {1 / b / 1e6:,.0f} MB/s "
+              f"of payload, alpha/beta = alpha x bandwidth = {a / b / 1e3:.1f} kB; "
+              f"ring beats recursive doubling on {ranks} ranks above "
+              f"{crossover(ranks, a, b) / 2**20:.2f} MiB")
+    first, second = list(specs)[:2]
+    assert abs(size[first] / size[second] - 1) < 1e-9
+    print(f"Times scale by alpha_{first} / alpha_{second} = "
+          f"{ex.alpha_beta(specs[first])[0] / ex.alpha_beta(specs[second])[0]:.0f}.")
+
+
+def coefficients(algo: str, p: int) -> tuple[float, float, float]:
+    """(alpha count, n beta multiple, n gamma multiple) of an algorithm's closed form on p
+    ranks; the parameter server is one server that is also a worker (p - 1 others)."""
+    if algo == "parameter_server":
+        f = lambda a, b, g: models.parameter_server(p - 1, 1.0, a, b, g)
+    else:
+        f = lambda a, b, g: models.allreduce_time(algo, p, 1.0, a, b, g)
+    return f(1.0, 0.0, 0.0), f(0.0, 1.0, 0.0), f(0.0, 0.0, 1.0)
+
+
+def print_cost_table() -> None:
+    """Print the five closed forms' alpha count, n beta and n gamma multiples on 4 and on
+    1024 ranks (`coefficients`): the table to remember."""
+    print(f"{'algorithm':<28} {'p = 4: α count':>15} {'nβ':>6} {'nγ':>5}   "
+          f"{'p = 1024: α count':>18} {'nβ':>8} {'nγ':>8}")
+    for label, algo in COST_TABLE_ROWS:
+        a4, b4, g4 = coefficients(algo, 4)
+        a1k, b1k, g1k = coefficients(algo, 1024)
+        print(f"{label:<28} {a4:>15.0f} {b4:>6.2f} {g4:>5.2f}   "
+              f"{a1k:>18.0f} {b1k:>8.2f} {g1k:>8.2f}")
+
+
+# --- each algorithm's run -------------------------------------------------------------------
+
+def check(rows: Sequence[dict]) -> None:
+    """Print the best times against their closed forms: best/model, what each call paid beyond
+    its closed form per size, how far apart the ranks entered, and the sizes where that extra
+    is over BUSY_FACTOR - 1 of a closed form."""
+    ratio = [r["measured"] / r["model"] for r in rows]
+    extra = {}  # per size: best minus closed form, ms
+    by_size = sorted(rows, key=lambda r: r["nbytes"])
+    for r in by_size:
+        extra.setdefault(ex.human_bytes(r["nbytes"]), []).append(
+            (r["measured"] - r["model"]) * 1e3)
+    far = list(dict.fromkeys(ex.human_bytes(r["nbytes"]) for r in by_size
+                             if r["measured"] > BUSY_FACTOR * r["model"]))
+    spread = max(r["best_spread"] for r in rows)
+    print(f"Consistency check: best/model {min(ratio):.2f} to {max(ratio):.2f}; best minus closed "
+          "form, per call: "
+          + ", ".join(f"{size} {min(e):+.1f}" + (f" to {max(e):+.1f}" if len(e) > 1 else "")
+                      for size, e in extra.items())
+          + " ms.\n(A closed form starts all ranks at once; in "
+          f"these best runs they entered up to {spread * 1e3:.1f} ms apart.)")
+    if far:
+        print(f"At {', '.join(far)} that extra is over {BUSY_FACTOR - 1:.0%} of a closed form: "
+              "compare the closed forms there (measured ratios are printed beside them).")
+
+
+def _by_size(rows: Sequence[dict], key: str) -> dict[int, float]:
+    return {r["nbytes"]: r[key] for r in rows}
+
+
+def explain_ring(ring: Sequence[dict], *, p: int, alpha: float) -> None:
+    """Print, per size, which share of the ring's closed form its 2(p-1) latencies are; assert
+    that every run took at least those latencies and that the 4 MiB run was not early."""
+    latency = 2 * (p - 1) * alpha
+    for r in ring:
+        print(f"{ex.human_bytes(r['nbytes']):>7}: closed form {ms(r['model'])}, of which the "
+              f"2(p-1) latencies are {latency / r['model']:.0%}")
+        assert r["measured"] >= 0.99 * latency  # 2(p-1) steps, each at least one delay
+    assert _by_size(ring, "measured")[LARGE] >= 0.98 * ex.one(ring, nbytes=LARGE)["model"]
+
+
+def explain_recursive_doubling(rd: Sequence[dict], *, ring: Sequence[dict]) -> None:
+    """Conclude whether recursive doubling beat the ring at 4 KiB and lost to it at 4 MiB and,
+    when it did, print both factors beside the closed forms'."""
+    t_ring, m_ring = _by_size(ring, "measured"), _by_size(ring, "model")
+    t_rd, m_rd = _by_size(rd, "measured"), _by_size(rd, "model")
+    shown = conclude(t_rd[SMALL] < t_ring[SMALL] and t_ring[LARGE] < t_rd[LARGE],
+                     "recursive doubling beat the ring at 4 KiB and lost to it at 4 MiB")
+    if shown:
+        print(f"4 KiB: recursive doubling {t_ring[SMALL] / t_rd[SMALL]:.1f}x faster than the ring "
+              f"(closed forms {m_ring[SMALL] / m_rd[SMALL]:.1f}x: 2 rounds, not 6).")
+        print(f"4 MiB: {t_rd[LARGE] / t_ring[LARGE]:.2f}x slower (closed forms "
+              f"{m_rd[LARGE] / m_ring[LARGE]:.2f}x: 2 n beta, not 1.5 n beta).")
+
+
+def plot_crossover(ring: Sequence[dict], rd: Sequence[dict], near: Sequence[dict], *, p: int,
+                   alpha: float, beta: float, x_over: float):
+    """Draw the ring's and recursive doubling's closed forms from 256 KiB to 4 MiB, their best
+    measured times (dots) and the computed crossover (dotted line). Returns the axes."""
+    import matplotlib.pyplot as plt
+
+    sizes = np.geomspace(256 * 2**10, 4 * 2**20, 60)
+    fig, ax = plt.subplots(figsize=(6, 3))
+    for i, a in enumerate(("ring", "recursive_doubling")):
+        runs = sorted(ex.select(list(ring if a == "ring" else rd) + list(near), algorithm=a),
+                      key=lambda r: r["nbytes"])[1:]  # 256 KiB to 4 MiB
+        ax.plot(sizes / 2**20, [models.allreduce_time(a, p, n, alpha, beta) * 1e3 for n in sizes],
+                color=f"C{i}", lw=1, label=f"{ex.LABELS[a]}, closed form")
+        ax.plot([r["nbytes"] / 2**20 for r in runs], [r["measured"] * 1e3 for r in runs], "o",
+                color=f"C{i}", label=f"{ex.LABELS[a]}, measured (best)")
+    ax.axvline(x_over / 2**20, color="k", ls=":", lw=1,
+               label=f"computed crossover, {x_over / 2**20:.2f} MiB")
+    ax.set(xscale="log", xlabel="size (MiB)", ylabel="all-reduce (ms)",
+           title=f"{p} ranks: ring against recursive doubling near the crossover")
+    ax.minorticks_off()
+    ax.set_xticks([0.25, 0.5, 1, 2, 4], ["0.25", "0.5", "1", "2", "4"])
+    ax.legend(fontsize=7)
+    return ax
+
+
+def explain_crossover(near: Sequence[dict], *, x_over: float) -> None:
+    """Conclude whether recursive doubling was faster at the smallest of the three sizes near
+    the crossover and the ring at the largest; when it was, print their times and the ratio
+    at the middle size (too close to call). Asserts that no run was early."""
+    c = {(r["algorithm"], r["nbytes"]): r for r in near}
+    lo, mid, hi = sorted({r["nbytes"] for r in near})
+    rd_lo, ring_lo = c["recursive_doubling", lo], c["ring", lo]
+    rd_mid, ring_mid = c["recursive_doubling", mid], c["ring", mid]
+    rd_hi, ring_hi = c["recursive_doubling", hi], c["ring", hi]
+    shown = conclude(
+        rd_lo["measured"] < ring_lo["measured"] and ring_hi["measured"] < rd_hi["measured"],
+        f"recursive doubling was faster at {ex.human_bytes(lo)} and the ring at "
+        f"{ex.human_bytes(hi)}, on either side of the computed {x_over / 2**20:.2f} MiB",
+        busy=beyond_closed_form((r["measured"], r["model"]) for r in near))
+    if shown:
+        print(f"{ex.human_bytes(lo)}: recursive doubling {ms(rd_lo['measured'])}, ring "
+              f"{ms(ring_lo['measured'])}; {ex.human_bytes(hi)}: ring {ms(ring_hi['measured'])}, "
+              f"recursive doubling {ms(rd_hi['measured'])} (best of {len(ring_hi['times'])}).")
+        print(f"The order flips between them, around the computed {x_over / 2**20:.2f} MiB. "
+              f"At {ex.human_bytes(mid)} "
+              f"ring / recursive doubling = {ring_mid['measured'] / rd_mid['measured']:.2f} "
+              f"(closed forms {ring_mid['model'] / rd_mid['model']:.2f}): too close to call.")
+    for r in near:
+        assert r["measured"] >= 0.98 * r["model"]  # the emulated network never delivers early
+
+
+def explain_rabenseifner(rab: Sequence[dict], *, ring: Sequence[dict],
+                         rd: Sequence[dict]) -> None:
+    """Conclude whether Rabenseifner beat the ring at 4 KiB and recursive doubling at 4 MiB
+    and, when it did, print the factors beside the closed forms'."""
+    t_ring, m_ring = _by_size(ring, "measured"), _by_size(ring, "model")
+    t_rd, m_rd = _by_size(rd, "measured"), _by_size(rd, "model")
+    t_rab, m_rab = _by_size(rab, "measured"), _by_size(rab, "model")
+    shown = conclude(t_rab[SMALL] < t_ring[SMALL] and t_rab[LARGE] < t_rd[LARGE],
+                     "Rabenseifner beat the ring at 4 KiB and recursive doubling at 4 MiB")
+    if shown:
+        print(f"4 KiB: Rabenseifner {t_ring[SMALL] / t_rab[SMALL]:.1f}x faster than the ring "
+              f"(closed forms {m_ring[SMALL] / m_rab[SMALL]:.1f}x: 4 rounds, not 6).")
+        print(f"4 MiB: {t_rd[LARGE] / t_rab[LARGE]:.2f}x faster than recursive doubling (closed "
+              f"forms {m_rd[LARGE] / m_rab[LARGE]:.2f}x), within "
+              f"{abs(t_rab[LARGE] / t_ring[LARGE] - 1):.0%} of the ring.")
+
+
+def explain_tree(tree: Sequence[dict], *, ring: Sequence[dict], rd: Sequence[dict]) -> None:
+    """Conclude whether the binomial tree beat the ring at 4 KiB and was the slowest of tree,
+    recursive doubling and ring at 4 MiB and, when so, print the factors beside the closed
+    forms'."""
+    t_ring, m_ring = _by_size(ring, "measured"), _by_size(ring, "model")
+    t_rd, m_rd = _by_size(rd, "measured"), _by_size(rd, "model")
+    t_tree, m_tree = _by_size(tree, "measured"), _by_size(tree, "model")
+    shown = conclude(
+        t_tree[SMALL] < t_ring[SMALL] and t_tree[LARGE] > t_rd[LARGE] > t_ring[LARGE],
+        "the tree beat the ring at 4 KiB and was the slowest of the three at 4 MiB")
+    if shown:
+        print(f"4 KiB: the binomial tree {t_ring[SMALL] / t_tree[SMALL]:.1f}x faster than the ring "
+              f"(closed forms {m_ring[SMALL] / m_tree[SMALL]:.1f}x).")
+        print(f"4 MiB: {t_tree[LARGE] / t_rd[LARGE]:.1f}x slower than recursive doubling, "
+              f"{t_tree[LARGE] / t_ring[LARGE]:.1f}x slower than the ring (closed forms "
+              f"{m_tree[LARGE] / m_rd[LARGE]:.1f}x and {m_tree[LARGE] / m_ring[LARGE]:.1f}x).")
+
+
+def explain_parameter_server(ps: Sequence[dict], *, p: int, alpha: float, beta: float) -> None:
+    """Print the 4 MiB parameter server's time in multiples of n beta (the server's NIC sent
+    the sum p - 1 times) and the textbook cost; assert that it sent the sum p - 1 times, was
+    not early against its replay and stayed below the textbook cost."""
+    big, nbeta = ex.one(ps, nbytes=LARGE), LARGE * beta
+    textbook = models.parameter_server(p - 1, LARGE, alpha, beta)
+    print(f"4 MiB: {ms(big['measured'])} = {big['measured'] / nbeta:.2f} n*beta (closed form "
+          f"{big['model'] / nbeta:.2f}): the server's NIC sent the sum {p - 1} times.")
+    print(f"The textbook cost, which also queues the pushes: {ms(textbook)}.")
+    # the server sent the sum out p - 1 times through one NIC (egress only)
+    assert big["measured"] > (p - 1) * nbeta
+    assert big["measured"] >= 0.98 * big["replay"]
+    assert big["measured"] < textbook
+
+
+# --- all five side by side ------------------------------------------------------------------
+
+def chain(rows: Sequence[dict], key: str) -> str:
+    """The rows in their order as one line: 'a 14.9 < b 15.1 ms', with '≈' where two round to
+    the same 0.1 ms."""
+    parts = [(ex.LABELS[r["algorithm"]], f"{r[key] * 1e3:.1f}") for r in rows]
+    return " ".join([f"{parts[0][0]} {parts[0][1]}"] + [
+        f"{'≈' if v == prev else '<'} {name} {v}"
+        for (_, prev), (name, v) in zip(parts, parts[1:])]) + " ms"
+
+
+def rank_algorithms(flat: Sequence[dict]) -> tuple[dict[int, list[str]], list[str]]:
+    """Per size, print the closed forms' order and the measured order (`chain`), after a line
+    naming the sizes where some run paid over BUSY_FACTOR - 1 beyond its closed form. Asserts
+    that no run was early. Returns (per size: the fastest algorithm and those tied with it,
+    by `ex.leaders`; the sizes, as labels, where the closed forms carry over)."""
+    for r in flat:
+        assert r["measured"] >= 0.98 * r["model"]  # the emulated network never delivers early
+    lead = {}  # per size: the fastest and those tied with it (ex.leaders: within its own noise)
+    busy_at = [ex.human_bytes(n) for n in ex.SIZES
+               if beyond_closed_form((r["measured"], r["model"])
+                                     for r in ex.select(flat, nbytes=n))]
+    if busy_at:
+        print(f"At {', '.join(busy_at)} the extra per call (check lines above) is over "
+              f"{BUSY_FACTOR - 1:.0%} of some closed forms: there the closed-form order is the "
+              "one that carries over.")
+    for n in ex.SIZES:
+        ranked = sorted(ex.select(flat, nbytes=n), key=lambda r: r["measured"])
+        lead[n] = [r["algorithm"] for r in ex.leaders(ranked)]
+        by_model = sorted(ranked, key=lambda r: r["model"])
+        print(f"{ex.human_bytes(n):>7} closed form: " + chain(by_model, "model"))
+        print(f"{'':>7}    measured: " + chain(ranked, "measured"))
+    return lead, busy_at
+
+
+def plot_regimes(flat: Sequence[dict], *, p: int, alpha: float, beta: float):
+    """`ex.plot_regimes` of all five, with the parameter server's legend entry saying that the
+    emulator shapes egress only and how much longer the textbook cost is at 4 MiB. Returns
+    the axes."""
+    ax = ex.plot_regimes(flat, title=f"{p} ranks: time relative to the fastest algorithm")
+    ps_textbook = (models.parameter_server(p - 1, LARGE, alpha, beta)
+                   / ex.one(flat, algorithm="parameter_server", nbytes=LARGE)["model"])
+    handles, labels = ax.get_legend_handles_labels()
+    labels = [f"{lab}\n(egress-only emulator;\ntextbook {ps_textbook:.1f}x longer at 4 MiB)"
+              if lab == ex.LABELS["parameter_server"] else lab for lab in labels]
+    ax.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return ax
+
+
+def explain_leaders(flat: Sequence[dict], lead: dict[int, list[str]]) -> None:
+    """Conclude that the fastest at 4 KiB (and any tied) are 2-round algorithms and at 4 MiB
+    bandwidth-optimal ones; for each shown, print how much longer the ring (4 KiB) or the
+    parameter server (4 MiB) took, beside the closed forms."""
+    t = {name: {r["nbytes"]: r["measured"] for r in ex.select(flat, algorithm=name)}
+         for name in ex.FLAT_ALGORITHMS}
+    for size, group, kind, other in (
+            (SMALL, {"recursive_doubling", "parameter_server"}, "2-round", "ring"),
+            (LARGE, {"ring", "rabenseifner"}, "bandwidth-optimal", "parameter_server")):
+        names, one_ = " and ".join(ex.LABELS[a] for a in lead[size]), len(lead[size]) == 1
+        shown = conclude(set(lead[size]) <= group,
+                         f"at {ex.human_bytes(size)} the fastest (and any tied with it) "
+                         f"are {kind} algorithms")
+        if shown:
+            first = lead[size][0]
+            models_ratio = (ex.one(flat, algorithm=other, nbytes=size)["model"]
+                            / ex.one(flat, algorithm=first, nbytes=size)["model"])
+            print(f"{ex.human_bytes(size)}: {names} " + (f"fastest, a {kind} algorithm" if one_ else
+                  f"tied, the {kind} algorithms") + f"; the {ex.LABELS[other]}"
+                  f"{' (egress-only emulator)' if other == 'parameter_server' else ''} took "
+                  f"{t[other][size] / t[first][size]:.1f}x as long (closed forms "
+                  f"{models_ratio:.1f}x).")
+
+
+# --- 8 ranks --------------------------------------------------------------------------------
+
+def explain_eight_ranks(wide: Sequence[dict]) -> dict[int, str | None]:
+    """On 8 ranks: conclude that recursive doubling beat the ring at 4 KiB and Rabenseifner beat
+    recursive doubling at 4 MiB, and print each ratio beside its closed form. Asserts that no
+    run was early. Returns, per size, the busy evidence (`beyond_closed_form`: runs whose
+    extra per call is over BUSY_FACTOR - 1 of their closed form) or None."""
+    print(f"(8 rank processes on this machine's {os.cpu_count()} cores; each ratio below is "
+          "printed beside its closed form)")
+    w = {(r["algorithm"], r["nbytes"]): r for r in wide}
+    rd8, rab8 = w["recursive_doubling", LARGE], w["rabenseifner", LARGE]
+    rd4, ring4 = w["recursive_doubling", SMALL], w["ring", SMALL]
+    for r in wide:
+        assert r["measured"] >= 0.98 * r["model"]
+    # per size: rows whose extra per call is over 30 % of their closed form
+    busy = {n: beyond_closed_form((r["measured"], r["model"]) for r in wide if r["nbytes"] == n)
+            for n in (SMALL, LARGE)}
+    conclude(rd4["measured"] < ring4["measured"],
+             "on 8 ranks recursive doubling beat the ring at 4 KiB", busy=busy[SMALL])
+    conclude(rab8["measured"] < rd8["measured"],
+             "on 8 ranks Rabenseifner beat recursive doubling at 4 MiB", busy=busy[LARGE])
+    for n, (slow, fast), why in ((SMALL, (ring4, rd4), "14 rounds against 3"),
+                                 (LARGE, (rd8, rab8), "3 rounds of the full 4 MiB")):
+        print(f"{ex.human_bytes(n)}, {ex.LABELS[slow['algorithm']]} / "
+              f"{ex.LABELS[fast['algorithm']]}: closed forms "
+              f"{slow['model'] / fast['model']:.2f} ({why}), "
+              f"measured {slow['measured'] / fast['measured']:.2f}"
+              + (f" (extra per call over {BUSY_FACTOR - 1:.0%} here: the closed forms carry over)"
+                 if busy[n] else "")
+              + ".")
+    return busy
+
+
+# --- the numbers to quote -------------------------------------------------------------------
+
+def tm(row: dict) -> str:
+    """A best time and [its closed form]: '11.8 ms [10.3]'."""
+    return f"{ms(row['measured'])} [{row['model'] * 1e3:.1f}]"
+
+
+def print_numbers(flat: Sequence[dict], wide: Sequence[dict], *, lead: dict[int, list[str]],
+                  busy_at: Sequence[str], busy: dict[int, str | None], p: int) -> None:
+    """The numbers from this run, as bullets to quote: the fastest (or tied) at 4 KiB and 4 MiB
+    against the ring and the parameter server, and the three algorithms on 8 ranks at 4 MiB,
+    each with its closed form; 'the closed forms carry over here' where the run was busy."""
+    w = {(r["algorithm"], r["nbytes"]): r for r in wide}
+    rd8, ring8, rab8 = (w[a, LARGE] for a in ("recursive_doubling", "ring", "rabenseifner"))
+    print(f"- network: '{ex.NIC}' per node; {p} ranks unless stated; best time [closed form]")
+    for size, other in ((SMALL, "ring"), (LARGE, "parameter_server")):
+        names = " and ".join(ex.LABELS[a] for a in lead[size])  # fastest and tied
+        times = " / ".join(tm(ex.one(flat, algorithm=a, nbytes=size)) for a in lead[size])
+        them = ex.one(flat, algorithm=other, nbytes=size)
+        egress = " (egress-only emulator)" if other == "parameter_server" else ""
+        print(f"- {ex.human_bytes(size)}: {names} "
+              f"{'fastest' if len(lead[size]) == 1 else 'tied'} ({times}), "
+              f"{ex.LABELS[other]}{egress} "
+              f"{tm(them)} (best of {len(them['times'])})"
+              + ("; the closed forms carry over here" if ex.human_bytes(size) in busy_at else ""))
+    print(f"- 8 ranks, 4 MiB: Rabenseifner {tm(rab8)}, recursive doubling {tm(rd8)}, "
+          f"ring {tm(ring8)}" + ("; the closed forms carry over here" if busy[LARGE] else ""))
+
+
+# --- appendix: two emulator paths -----------------------------------------------------------
+
+def explain_two_paths(pairs: Sequence[dict]) -> None:
+    """Print each size's isend/irecv ring / dist.all_reduce ratios (best, per-pair median,
+    range) and one ring step's share; conclude that at 4 MiB they agree within half a step and
+    that at 4 KiB the isend/irecv ring is less than one step from the library's, and print
+    that no step is missing or extra when both hold. Asserts that no library run beat its
+    replay. `pairs` is (the 4 KiB row, the 4 MiB row)."""
+    for r in pairs:
+        print(f"{ex.human_bytes(r['nbytes']):>6}, {r['repeats']} pairs: isend/irecv ring / "
+              f"dist.all_reduce: best {r['best_ratio']:.3f}, per-pair median "
+              f"{r['median_ratio']:.3f} (range {r['min_ratio']:.3f} .. {r['max_ratio']:.3f}); "
+              f"one ring step is {r['step_share']:.0%}")
+        assert min(r["library"]) >= 0.98 * r["replay"]
+    small, large = pairs
+    half = large["step_share"] / 2
+    # 4 MiB: the bytes dominate; best and median agree within half a step. 4 KiB: the
+    # isend/irecv ring also pays this machine's cost of each of its 6 steps, which the replay
+    # does not count: it may be slower, but by less than one whole step (none missing). Both
+    # are comparisons a busy machine can upset (conclude says so plainly there).
+    agree = conclude(abs(large["best_ratio"] - 1) < half and abs(large["median_ratio"] - 1) < half,
+                     "at 4 MiB the two rings agree within half a ring step, by the best and by the "
+                     "per-pair median")
+    close = conclude(1 - half < small["best_ratio"] < 1 + small["step_share"],
+                     "at 4 KiB the best isend/irecv ring is less than one ring step from the best "
+                     "dist.all_reduce")
+    if agree and close:
+        print(f"Both within a ring step: at 4 MiB within {half:.0%} (half a step), at 4 KiB the "
+              f"isend/irecv ring {small['best_ratio']:.2f}x: no step is missing or extra.")
