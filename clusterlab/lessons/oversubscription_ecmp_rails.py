@@ -1,0 +1,440 @@
+"""What notebook 13b (oversubscription, ECMP and rails) reads from its runs.
+
+Each function takes the plain rows of `clusterlab.experiments.fabric` (or the closed forms of
+`clusterlab.fabric_models`, the simulator's curves of `clusterlab.widgets.fabric`) and
+prints the sentences and draws the figures the learner reads, with the consistency checks
+that go with them; measured conclusions go through `conclude`, which prints
+"Shown on this run: ..." when they hold.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+
+import numpy as np
+
+from clusterlab import fabric_models as fm
+from clusterlab import facts
+from clusterlab.experiments import fabric as ex
+from clusterlab.experiments.common import conclude
+from clusterlab.fabric import Fabric
+from clusterlab.lessons.show import ms
+from clusterlab.topology import Topology
+from clusterlab.wire import HEADER_BYTES, SEGMENT_BYTES
+
+MiB, KiB = ex.MiB, ex.KiB
+NBYTES = 512 * KiB  # each node's buffer in the oversubscription section
+# the measured algorithms, as the case names of the closed-form table
+CASE = {"ring": "ring", "tree": "tree, farthest first",
+        "tree_neighbours_first": "tree, neighbours first"}
+NAMES = {"ring": "ring", "tree": "tree,\nfarthest first",
+         "tree_neighbours_first": "tree,\nneighbours first"}  # bar labels
+
+
+def span(lo: float, hi: float) -> str:
+    """Two times in seconds as a millisecond range: (0.0904, 0.0912) -> '90.4-91.2 ms'."""
+    return f"{lo * 1e3:.1f}-{hi * 1e3:.1f} ms"
+
+
+def runs(row: dict) -> str:
+    """The spread of a measured row's repetitions: 'runs 90.4-91.2 ms'."""
+    return f"runs {span(min(row['times']), max(row['times']))}"
+
+
+def port_name(q: int, *, nodes: int = 8, leaves: int = 2, spines: int = 2) -> str:
+    """A leaf-spine port id as words; ids run [node ports | uplinks | downlinks], the uplinks
+    leaf by leaf, the downlinks spine by spine."""
+    if q < nodes:
+        return f"node {q}'s port"
+    q -= nodes
+    if q < leaves * spines:
+        return f"uplink leaf {q // spines} -> spine {q % spines}"
+    q -= leaves * spines
+    return f"downlink spine {q // leaves} -> leaf {q % leaves}"
+
+
+def explain_ports(fabric, topo: Topology, *, rate: float) -> None:
+    """Print the ports of a leaf-spine (`fabric`, built into `topo`) with their rates against
+    the uplink's closed form (`rate`: the NIC's bit/s), and the path of a message inside a
+    leaf and between leaves; checks that the fabric's text form parses back to it."""
+    assert Fabric.parse(str(fabric)) == fabric
+    uplink = fm.uplink_rate_bps(port_rate_bps=rate, nodes_per_leaf=fabric.nodes_per_leaf,
+                                spines=fabric.spines, oversubscription=fabric.oversubscription)
+    specs = topo.port_specs()
+    nodes = topo.nodes
+    print(f"{len(specs)} ports: {nodes} node ports at {specs[0].rate_bps / 1e6:g} Mbit/s;")
+    print(f"  {len(specs) - nodes} uplinks and downlinks at {specs[-1].rate_bps / 1e6:g} Mbit/s "
+          f"(closed form {uplink / 1e6:g} Mbit/s)")
+    assert specs[-1].rate_bps == uplink
+    leaves = nodes // fabric.nodes_per_leaf
+    for src, dst in ((0, 1), (0, 5)):
+        hops = [int(q) for q in topo.paths([src], [dst])[0] if q >= 0]
+        print(f"node {src} -> node {dst}: NIC, then "
+              + ", ".join(port_name(q, nodes=nodes, leaves=leaves, spines=fabric.spines)
+                          for q in hops))
+
+
+def closed_form(o: float, algorithm: str, order: Sequence[int] | None, *,
+                frame: int = SEGMENT_BYTES, nbytes: int = NBYTES) -> float:
+    """The closed-form time (s) of `algorithm` ("ring", "tree" or "alltoall"; ranks laid out
+    by `order`, None: in rank order) on 8 nodes in leaves of 4 under one spine at
+    oversubscription `o`, `nbytes` per node, packets of `frame` bytes."""
+    t = Topology.build(8, 1, ex.NIC, fabric=ex.leaf_spine(o))
+    if algorithm == "alltoall":
+        return fm.alltoall_cost(t, nbytes, segment_bytes=frame).time_s
+    return fm.bottleneck_time(t, algorithm, nbytes, ranks=order, segment_bytes=frame)[0]
+
+
+def print_closed_forms(closed: dict, real: dict, *, cases: Sequence[tuple], mtu: int) -> None:
+    """Print the closed form's slowdown from o = 1 to o = 4 per case (`closed`: (case, o) ->
+    time with the emulator's segments; `real`: case -> the ratio with real `mtu`-byte
+    frames), and check that only the farthest-first tree and the all-to-all slow with real
+    frames."""
+    print("closed form, 512 KiB per node: time at o = 4 / time at o = 1")
+    print(f"  {'':<23} {'emulator segments':>17} | real {mtu} B frames")
+    for c, *_ in cases:
+        print(f"  {c:<23} {closed[c, 4] / closed[c, 1]:>16.2f}x | {real[c]:.2f}x")
+    assert real["ring"] < 1.05 and real["tree, neighbours first"] < 1.05
+    assert real["tree, farthest first"] > 1.5 and real["all-to-all"] > 1.5
+
+
+def replay_ranges(over: Sequence[dict], *, orders: int) -> list[tuple[float, float]]:
+    """Per `ex.oversubscribed` row, the fastest and slowest replay of its all-reduce over
+    `orders` service orders (`ex.replay_range`), on its fabric and rank layout."""
+    return [ex.replay_range(Topology.build(8, 1, ex.NIC,
+                                           fabric=ex.leaf_spine(r["oversubscription"])),
+                            "ring" if r["algorithm"] == "ring" else "tree", NBYTES,
+                            ex.neighbours_first_order(8) if r["algorithm"].endswith("first")
+                            else None, orders=orders)
+            for r in over]
+
+
+def plot_oversubscribed(over: Sequence[dict], replays: Sequence[tuple[float, float]]):
+    """Bars per algorithm and oversubscription: measured runs, replay range, closed form."""
+    return ex.plot_bars(over, key=lambda r: f"{NAMES[r['algorithm']]}\n"
+                                            f"o = {r['oversubscription']:g}",
+                        title="512 KiB all-reduce on 8 nodes in 2 leaves", replays=replays)
+
+
+def by_setup(over: Sequence[dict], replays: Sequence[tuple[float, float]]) -> dict:
+    """(algorithm, oversubscription) -> (the measured row, its replay range)."""
+    return {(r["algorithm"], r["oversubscription"]): (r, rep) for r, rep in zip(over, replays)}
+
+
+def median_ratios(over: Sequence[dict]) -> dict[str, float]:
+    """Per algorithm, its median at o = 4 over its median at o = 1."""
+    median = {(r["algorithm"], r["oversubscription"]): r["median"] for r in over}
+    return {a: median[a, 4.0] / median[a, 1.0] for a in CASE}
+
+
+def tree_slowed_most(med: dict[str, float]) -> bool:
+    """The oversubscription verdict: the farthest-first tree slowed over 1.4x between medians
+    and at least 0.2 more than both the ring and the neighbours-first tree."""
+    return (med["tree"] > 1.4
+            and med["tree"] > max(med["ring"], med["tree_neighbours_first"]) + 0.2)
+
+
+def explain_oversubscribed(over: Sequence[dict], med: dict[str, float], closed: dict,
+                           real: dict, *, mtu: int, repeats: int) -> None:
+    """Print each algorithm's medians at o = 1 and o = 4 against the closed form (`over`:
+    `ex.oversubscribed` rows, `med`: `median_ratios`, `closed`/`real` as in
+    `print_closed_forms`), why the farthest-first tree may stay under 2x, and the verdict."""
+    median = {(r["algorithm"], r["oversubscription"]): r["median"] for r in over}
+    print(f"median of {repeats} runs, o = 1 -> o = 4          | closed form, emulator segments")
+    for a, c in CASE.items():
+        print(f"  {c:<23} {ms(median[a, 1.0]):>9} -> {ms(median[a, 4.0]):>9}"
+              f"  {med[a]:.2f}x | {closed[c, 4] / closed[c, 1]:.2f}x")
+    print(f"With real {mtu} B frames the closed form gives the ring {real['ring']:.2f}x: its "
+          f"extra time is\nthe store and forward of large segments.")
+    if med["tree"] < 2:
+        far = closed["tree, farthest first", 4] / closed["tree, farthest first", 1]
+        print(f"The farthest-first tree stays under 2x: the closed form already gives "
+              f"{far:.2f}x, as the\ndelays and store and forward grow less than the crowded "
+              f"transfers.")
+        if med["tree"] < far:
+            print("Below the closed form: messages served in turn probably let early pairs "
+                  "start their next round\nearly (appendix).")
+    conclude(tree_slowed_most(med),
+             "oversubscription slowed the farthest-first tree (over 1.4x between medians) more "
+             "than the ring and the neighbours-first tree", busy=ex.slowed(over))
+
+
+def describe_step() -> None:
+    """Print the data-parallel step the simulator plays (`clusterlab.widgets.fabric.SETUP`):
+    gradients and their buckets (with the simulator's default first bucket), compute, the
+    NIC, the ports, nodes per leaf and spines."""
+    from clusterlab.sim import bucket_sizes, simulate_training
+    from clusterlab.widgets import fabric as fw
+
+    first = inspect.signature(simulate_training).parameters["first_bucket_bytes"].default
+    buckets = bucket_sizes(fw.SETUP["model_bytes"], fw.SETUP["bucket_bytes"], first)
+    print(f"step: {fw.SETUP['model_bytes'] / MiB:g} MiB of gradients in buckets of "
+          f"{' + '.join(f'{b / MiB:g}' for b in buckets)} MiB, {fw.SETUP['compute_s'] * 1e3:g} "
+          f"ms of compute, NIC '{fw.SETUP['nic']}', ports '{fw.PORT}', {fw.NODES_PER_LEAF} "
+          f"nodes per leaf, {fw.SPINES} spines")
+
+
+LABEL = {"ring": "ring, ordered by leaf", "tree": "tree, farthest first"}
+
+
+def plot_efficiency(curves: dict, ax=None):
+    """The simulated scaling efficiency against nodes (`curves`: (algorithm, o) ->
+    efficiency at `fw.NODES`): 4:1 solid, 1:1 dashed with large hollow squares so that a
+    4:1 curve on top of it stays visible; a line marks one leaf."""
+    import matplotlib.pyplot as plt
+
+    from clusterlab.widgets import fabric as fw
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4))
+    for (a, o), eff in curves.items():
+        ax.plot(fw.NODES, eff, "o-" if o == 4 else "s--", color="C0" if a == "ring" else "C3",
+                lw=2 if o == 4 else 1, ms=5 if o == 4 else 10, mfc=None if o == 4 else "none",
+                label=f"{LABEL[a]}, {o}:1")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(fw.NODES, [str(n) for n in fw.NODES])
+    ax.axvline(fw.NODES_PER_LEAF, color="0.8", lw=1)
+    ax.text(fw.NODES_PER_LEAF * 1.03, 0.05, "one leaf", fontsize=8, color="0.45")
+    ax.set(xlabel="nodes", ylabel="scaling efficiency", ylim=(0, 1.05),
+           title="data-parallel step, 25 MiB of gradients, simulated (8 nodes per leaf, 2 spines)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    return ax
+
+
+def explain_efficiency(curves: dict) -> None:
+    """Print the efficiency at the largest node count, 4:1 against non-blocking, and check
+    that oversubscription cost the farthest-first tree more than the ring."""
+    from clusterlab.widgets import fabric as fw
+
+    n = fw.NODES[-1]
+    eff = {key: c[-1] for key, c in curves.items()}
+    print(f"At {n} nodes (simulated), scaling efficiency at 4:1 against non-blocking:")
+    print(f"  ring {eff['ring', 4]:.0%} against {eff['ring', 1]:.0%}; "
+          f"farthest-first tree {eff['tree', 4]:.0%} against {eff['tree', 1]:.0%}")
+    assert eff["tree", 1] - eff["tree", 4] > eff["ring", 1] - eff["ring", 4]
+
+
+def hash_agrees(row: dict, *, sigmas: float = 3) -> bool:
+    """Whether the fabric's share of seeds with a collision lies within `sigmas` standard
+    errors (of a binomial share over `row['seeds']` seeds) of the birthday problem's value."""
+    se = np.sqrt(max(row["collision_model"] * (1 - row["collision_model"]), 1e-12)
+                 / row["seeds"])
+    return abs(row["collisions"] - row["collision_model"]) <= sigmas * se + 1e-9
+
+
+def print_hashing(hashing: Sequence[dict]) -> None:
+    """Print, per flow count, the fabric's hash against the birthday problem and balls in
+    bins (`hashing`: `ex.ecmp_hashing` rows), checking each collision share against it."""
+    print(f"{hashing[0]['seeds']} hash seeds per row | P(collision): fabric's hash, birthday "
+          f"| busiest uplink: fabric's hash, balls in bins")
+    for r in hashing:
+        print(f"  {r['flows']:>2} flows on {r['spines']} uplinks | {r['collisions']:.3f}, "
+              f"{r['collision_model']:.3f} | {r['max_load']:.2f}, {r['max_load_model']:.2f} flows")
+        assert hash_agrees(r)
+
+
+def busiest_of_all_outcomes(*, flows: int, uplinks: int) -> np.ndarray:
+    """The busiest uplink's flows in every one of the uplinks^flows equally likely ways to
+    hash `flows` flows onto `uplinks` uplinks."""
+    outcomes = np.array(np.meshgrid(*[range(uplinks)] * flows)).reshape(flows, -1).T
+    return np.array([np.bincount(o, minlength=uplinks).max() for o in outcomes])
+
+
+def explain_all_outcomes(*, flows: int, uplinks: int) -> None:
+    """Print how often the busiest uplink carries 1..`flows` flows, counted over every hash
+    outcome, and check it against `fm.max_load_distribution`."""
+    busiest = busiest_of_all_outcomes(flows=flows, uplinks=uplinks)
+    law = fm.max_load_distribution(flows, uplinks)
+    print(f"{flows} flows on {uplinks} uplinks, all {len(busiest)} outcomes; the busiest uplink "
+          f"carries")
+    print("  " + ", ".join(f"{m} flow(s) in {np.sum(busiest == m)} ({np.mean(busiest == m):.1%})"
+                           for m in range(1, flows + 1)))
+    print("  (fm.max_load_distribution gives the same law)")
+    assert np.allclose([np.mean(busiest == m) for m in range(1, flows + 1)], law[1:flows + 1])
+
+
+def ecmp_classes(rounds: Sequence[dict]) -> tuple[dict, dict, dict]:
+    """The measured rounds grouped by their busiest uplink's flows (`rounds`:
+    `ex.ecmp_rounds` rows): peak -> rows, peak -> closed form (checked to be one per class),
+    and peak -> the fastest best run of the class.
+
+    Whichever flow an uplink serves first, the round ends when its last is through, so this
+    machine's noise only lengthens a round and the fastest pairing of a class is the least
+    disturbed one."""
+    by_peak, model_of = {}, {}
+    for r in rounds:
+        by_peak.setdefault(r["peak"], []).append(r)
+        model_of[r["peak"]] = r["model"]
+    assert all(abs(r["model"] - model_of[r["peak"]]) < 1e-9 for r in rounds)  # one per class
+    fastest = {p: min(r["best"] for r in rs) for p, rs in by_peak.items()}
+    return by_peak, model_of, fastest
+
+
+def collisions_as_predicted(check: float, exact: float, ratios: Sequence[float]) -> bool:
+    """The ECMP verdict: the measured worst/luckiest ratio `check` within 10% of the closed
+    form's `exact`, and the rounds' best/closed-form `ratios` under 1.15 at the median."""
+    return abs(check / exact - 1) < 0.1 and np.median(ratios) < 1.15
+
+
+def explain_ecmp_rounds(rounds: Sequence[dict]) -> None:
+    """Print, per class of pairings (the busiest uplink's flows), the closed form against
+    the fastest measured round; the unluckiest class against the luckiest, measured and in
+    the closed form, and why that is not the flows' ratio; check that no round beat its
+    closed form, and state the verdict."""
+    by_peak, model_of, fastest = ecmp_classes(rounds)
+    print("busiest uplink | pairings | closed form | fastest measured")
+    for peak, rs in sorted(by_peak.items()):
+        print(f"{peak:>6} flow(s) | {len(rs):>8} | {ms(model_of[peak]):>11} | "
+              f"{ms(fastest[peak])}")
+    lucky, worst = min(by_peak), max(by_peak)
+    exact = model_of[worst] / model_of[lucky]
+    check = fastest[worst] / fastest[lucky]
+    ratios = [r["best"] / r["model"] for r in rounds]
+    print(f"Same four senders and bytes, non-blocking fabric: {worst} on one uplink took "
+          f"{check:.2f}x the spread round.")
+    print(f"Closed form {exact:.2f}x, not {worst}x: each flow also pays the delay and the store "
+          f"and forward of a {SEGMENT_BYTES // KiB} KiB segment at every hop, which do not grow.")
+    assert lucky == 1 and worst >= 2
+    assert min(ratios) > 0.98  # an exact closed form for one round: never early
+    conclude(collisions_as_predicted(check, exact, ratios),
+             "the colliding pairings took the closed form's ratio within 10%, the rounds "
+             "typically on their closed form", busy=ex.slowed(rounds))
+
+
+def explain_rails(rl: Sequence[dict], rail_model: dict, *, repeats: int) -> None:
+    """Print the two layouts' medians (`rl`: `ex.rails` rows, aligned then naive) and their
+    ratio against the closed form (`rail_model`: layout -> closed-form time), what the naive
+    layout's spine carried, and whether naive took over twice the aligned time."""
+    aligned, naive = rl
+    print(f"Medians of {repeats} runs: rail-aligned {ms(aligned['median'])}, naive "
+          f"{ms(naive['median'])}.")
+    print(f"Naive took {naive['median'] / aligned['median']:.2f}x (closed form "
+          f"{rail_model['naive'] / rail_model['aligned']:.2f}x).")
+    print(f"Naive, {naive['crowd']} inter-node flows shared each {naive['bottleneck']} of the "
+          f"spine.")
+    conclude(naive["median"] > 2 * aligned["median"],
+             "the naive layout took over twice the rail-aligned one", busy=ex.slowed(rl))
+
+
+def store_and_forward(closed: dict, *, rate: float) -> tuple[float, float, int]:
+    """The ring's closed-form extra time from o = 1 to o = 4 (`closed` as in
+    `print_closed_forms`), one segment's extra store-and-forward time on a slower hop (one
+    spine, 4 nodes per leaf, `rate` the NIC's bit/s), and the leaf crossings on the ring's
+    longest chain of dependent steps that the two imply (checked to be whole)."""
+    up = {o: fm.uplink_rate_bps(port_rate_bps=rate, nodes_per_leaf=4, spines=1,
+                                oversubscription=o) for o in (1, 4)}
+    per_hop = (SEGMENT_BYTES + HEADER_BYTES) * 8 * (1 / up[4] - 1 / up[1])
+    extra = closed["ring", 4] - closed["ring", 1]
+    # the longest chain of dependent steps: step k of node n waits for node n - 1's step k - 1,
+    # so the chain walks the ring's 2(p - 1) = 14 steps, crossing the leaf boundary at most 4 times
+    crossings = round(extra / (2 * per_hop))
+    assert abs(extra - crossings * 2 * per_hop) < 1e-6
+    return extra, per_hop, crossings
+
+
+def explain_store_and_forward(over: Sequence[dict], closed: dict, *, rate: float) -> None:
+    """Appendix: print the ring's closed-form extra time at 4:1 as leaf crossings times
+    store and forward, the measured extra between medians with its margin, and, when the
+    margin resolves it, whether the two agree (`conclude`); then each slowdown between
+    medians against the closed form with the emulator's segments."""
+    store_forward, per_hop, crossings = store_and_forward(closed, rate=rate)
+    up = {o: fm.uplink_rate_bps(port_rate_bps=rate, nodes_per_leaf=4, spines=1,
+                                oversubscription=o) for o in (1, 4)}
+    row = {(r["algorithm"], r["oversubscription"]): r for r in over}
+    ring1, ring4 = row["ring", 1.0], row["ring", 4.0]
+    extra = ring4["median"] - ring1["median"]
+    slack = max(abs(r["median"] - r["model"]) for r in (ring1, ring4))
+    print(f"ring, o = 1 -> 4: closed form +{ms(store_forward)} = {crossings} leaf crossings on "
+          f"the longest chain x 2 hops x {ms(per_hop)}")
+    print(f"  (one segment stored and forwarded at {up[4] / 1e6:g} instead of "
+          f"{up[1] / 1e6:g} Mbit/s)")
+    print(f"  measured +{ms(extra)} between medians, each median within {ms(slack)} of its "
+          f"closed form")
+    if slack < store_forward / 3:
+        conclude(abs(extra - store_forward) <= slack,
+                 "the ring's extra time at 4:1 is consistent with its segments' store and "
+                 "forward", busy=ex.slowed(over))
+    else:
+        print(f"Cannot tell on this run: a margin of {ms(slack)} is too wide to resolve "
+              f"{ms(store_forward)}.")
+    med = median_ratios(over)
+    seg = {a: closed[c, 4] / closed[c, 1] for a, c in CASE.items()}  # emulator segments
+    off = {a: med[a] / seg[a] - 1 for a in ("ring", "tree_neighbours_first")}
+    print(f"o = 4 / o = 1 between medians against the closed form with the emulator's "
+          f"segments: ring {med['ring']:.2f}x vs {seg['ring']:.2f}x ({off['ring']:+.0%}), "
+          f"neighbours-first tree {med['tree_neighbours_first']:.2f}x vs "
+          f"{seg['tree_neighbours_first']:.2f}x ({off['tree_neighbours_first']:+.0%})")
+
+
+def replay_text(lo: float, hi: float) -> str:
+    """A replay range as text: one time when the orders agree within 0.5%, else the range."""
+    return span(lo, hi) if hi > 1.005 * lo else ms(lo)
+
+
+def gap_outlier(gaps: dict) -> tuple[float, list[float]] | None:
+    """The neighbours-first tree at o = 4 when its median sits over 5 points further above
+    its fastest replay than any other setup's (`gaps`: (algorithm, o) -> median / fastest
+    replay - 1): (its gap, the others'); None when it does not stand out."""
+    nf4 = gaps["tree_neighbours_first", 4.0]
+    rest = [g for key, g in gaps.items() if key != ("tree_neighbours_first", 4.0)]
+    return (nf4, rest) if nf4 > max(rest) + 0.05 else None
+
+
+def explain_oversubscription_details(over: Sequence[dict],
+                                     replays: Sequence[tuple[float, float]], closed: dict,
+                                     real: dict, *, cases: Sequence[tuple], orders: int,
+                                     mtu: int) -> None:
+    """Appendix: print every run against its replay range and closed form; how many of the
+    farthest-first tree's runs at o = 4 fall in its replay range; how far each median sits
+    from its fastest replay (or that the neighbours-first tree at 4:1 stands out); and the
+    closed form's ratios with emulator segments, real frames and InfiniBand's largest MTU
+    (`closed`, `real`, `cases` as in `print_closed_forms`, `orders`: the service orders
+    replayed)."""
+    for r, (lo, hi) in zip(over, replays):
+        print(f"{CASE[r['algorithm']]}, o = {r['oversubscription']:g}: {runs(r)} (median "
+              f"{ms(r['median'])}), replay " + replay_text(lo, hi)
+              + f", closed form {ms(r['model'])}")
+    (far4, (lo4, hi4)) = by_setup(over, replays)["tree", 4.0]
+    inside = sum(0.98 * lo4 <= x <= 1.02 * hi4 for x in far4["times"])
+    print(f"farthest-first tree at o = 4: over {orders} service orders the replay spans "
+          f"{span(lo4, hi4)}; {inside} of {len(far4['times'])} runs fall in it (within 2%)")
+    gaps = {(r["algorithm"], r["oversubscription"]): r["median"] / lo - 1
+            for r, (lo, _) in zip(over, replays)}
+    outlier = gap_outlier(gaps)
+    if outlier:
+        nf4, rest = outlier
+        print(f"Not explained here: the neighbours-first tree at o = 4 ran {nf4:+.0%} above "
+              f"its fastest replay (median), the other setups {min(rest):+.0%} to "
+              f"{max(rest):+.0%}. This run does not show that tree unaffected by "
+              f"oversubscription.")
+    else:
+        print(f"every setup's median sits {min(gaps.values()):+.0%} to {max(gaps.values()):+.0%} "
+              f"from its fastest replay")
+    big = facts.get("infiniband.max_mtu_bytes").value  # InfiniBand's largest MTU
+    bigger = {c: closed_form(4, a, r, frame=big) / closed_form(1, a, r, frame=big)
+              for c, a, r in cases}
+    print("closed form o = 4 / o = 1 with emulator segments: "
+          + ", ".join(f"{c} {closed[c, 4] / closed[c, 1]:.2f}x" for c, *_ in cases))
+    print(f"with {big} B frames: " + ", ".join(f"{bigger[c]:.2f}x" for c, *_ in cases)
+          + f", within {max(abs(bigger[c] - real[c]) for c, *_ in cases):.2f} of {mtu} B frames")
+
+
+def explain_rail_details(rl: Sequence[dict], rail_rep: Sequence[tuple[float, float]],
+                         rail_model: dict) -> None:
+    """Appendix: print each layout's runs against its replay and closed form (`rl`:
+    `ex.rails` rows, `rail_rep`: their replay ranges, `rail_model`: layout -> closed form),
+    and naive / aligned in the closed form (equal sharing) and in the replay (served in
+    turn), with how far the medians sit from their replays."""
+    for r, (lo, hi) in zip(rl, rail_rep):
+        print(f"{r['layout']}: {runs(r)} (median {ms(r['median'])}), replay "
+              + (span(lo, hi) if hi > 1.005 * lo else f"{ms(lo)} (the same in every order tried)")
+              + f", closed form {ms(r['model'])}")
+    aligned, naive = rl
+    (a_lo, _), (n_lo, _) = rail_rep
+    print(f"naive / aligned: closed form (equal sharing) "
+          f"{rail_model['naive'] / rail_model['aligned']:.2f}x, replay (messages served in "
+          f"turn) {n_lo / a_lo:.2f}x. The medians sit {aligned['median'] / a_lo - 1:+.0%} "
+          f"(aligned) and {naive['median'] / n_lo - 1:+.0%} (naive) from their replays, "
+          f"probably this machine's per-message cost (not measured).")
