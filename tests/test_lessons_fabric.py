@@ -1,0 +1,369 @@
+"""The lesson modules of notebooks 13 and 13b: what they decide and print, from small synthetic
+rows (closed forms for the models, made-up measured times), without running a cluster."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clusterlab import fabric_models as fm
+from clusterlab import facts
+from clusterlab.experiments import fabric as ex
+from clusterlab.lessons import oversubscription_ecmp_rails as ob
+from clusterlab.lessons import switches_incast_ecmp_rails as sw
+from clusterlab.topology import Topology
+
+MiB, KiB = ex.MiB, ex.KiB
+RATE = ex.rate_bps(ex.NIC)
+
+
+def incast_row(n: int, best: float, *, nbytes: int = MiB, limit: int | None = None) -> dict:
+    """An `ex.incast` row with a made-up best time and the real closed form."""
+    model = fm.incast(n, nbytes, rate_bps=RATE, delay_s=1e-3, buffer_packets=limit or 1000)
+    return {"senders": n, "nbytes": nbytes, "model": model, "best": best, "median": best,
+            "times": [best], "goodput": n * nbytes / best}
+
+
+def with_queue(rows: list[dict]) -> list[dict]:
+    for r in rows:
+        r["queue"] = r["best"] - rows[0]["best"]
+    return rows
+
+
+# --- notebook 13 ---------------------------------------------------------------------------
+
+
+def test_nth_and_the_senders_each_loss_pattern_puts_where():
+    lost = [[], [4], [1, 2, 3], [1, 2, 3, 4], [1]]  # k = 4 segments per message
+    assert sw.nth(1) == "first" and sw.nth(4) == "fourth"
+    assert sw.dropped_senders(lost) == [2, 3, 4, 5]
+    # fewer than DUPTHRESH = 3 segments after the last loss: the RTO
+    assert sw.rto_senders(lost, 4) == [2, 3, 4]
+    assert sw.repaired_senders(lost, 4) == [5]  # segments 2, 3, 4 arrived after segment 1
+    assert sw.rack_senders(lost, 4) == [3, 5]  # its segment 4 got through
+    assert sw.tail_senders(lost, 4) == [4]  # nothing got through
+
+
+def test_never_early_and_the_incast_verdict():
+    rows = with_queue([incast_row(1, 0.0904), incast_row(4, 0.3423)])
+    assert sw.never_early(rows)
+    assert not sw.never_early([incast_row(1, 0.9 * rows[0]["model"].time_s)])
+    assert sw.four_queued(rows[0], rows[1])
+    # four no slower than three times one: not the incast
+    slow_lone = with_queue([incast_row(1, 0.12), incast_row(4, 0.3423)])
+    assert not sw.four_queued(slow_lone[0], slow_lone[1])
+
+
+def test_explain_incast_states_the_verdict_once(capsys):
+    rows = with_queue([incast_row(1, 0.0904), incast_row(2, 0.175), incast_row(4, 0.3423)])
+    sw.explain_incast(rows)
+    out = capsys.readouterr().out
+    assert "One push 90.4 ms, four pushes 342.3 ms (closed form 342.1 ms)." in out
+    assert "waited 251.9 ms behind the others" in out
+    assert out.count("Shown on this run: the last of four pushes queued") == 1
+
+
+def test_explain_incast_says_not_shown_when_this_machine_set_the_time(capsys):
+    lone = incast_row(1, 0.3)  # over 1.3x its closed form: the machine was busy
+    rows = with_queue([lone, incast_row(4, 0.35)])
+    sw.explain_incast(rows)
+    out = capsys.readouterr().out
+    assert "Not shown on this run" in out and "\nShown on this run" not in "\n" + out
+
+
+def test_explain_nic_and_the_leaf(capsys):
+    sw.explain_nic(rate=RATE)
+    sw.explain_leaf(Topology.build(8, 1, ex.NIC, fabric=ex.incast_fabric(8)))
+    out = capsys.readouterr().out
+    assert "takes 89.2 ms through a NIC and one port" in out
+    assert "16 segments of 64 KiB" in out
+    assert out.count("8 nodes on one leaf") == 1 and "then port 0, node 0's port" in out
+
+
+def ps_ring(ps_best: float, ring_best: float) -> list[dict]:
+    topo = Topology.build(8, 1, ex.NIC, fabric=ex.incast_fabric(8))
+    flat = Topology.build(8, 1, ex.NIC)
+    return [{"algorithm": a, "nbytes": MiB, "nodes": 8, "best": b, "median": b,
+             "times": [b, b * 1.001], "model": fm.bottleneck_time(topo, a, MiB)[0],
+             "crossbar": fm.bottleneck_time(flat, a, MiB)[0]}
+            for a, b in (("parameter_server", ps_best), ("ring", ring_best))]
+
+
+def test_explain_ps_vs_ring_splits_the_rings_closed_form(capsys):
+    sw.explain_ps_vs_ring(ps_ring(1.1887, 0.2384), delay=1e-3, repeats=3)
+    out = capsys.readouterr().out
+    assert "8 nodes on one leaf, 1 MiB | measured (best of 3) | closed form" in out
+    assert "(14 rounds x w) and 14.0 ms the delay" in out
+    assert "took 5.0x the ring's time (closed form 5.1x" in out
+    assert out.count("Shown on this run: the parameter server took over twice") == 1
+
+
+def test_per_message_cost_and_the_appendix(capsys):
+    ps, ring = ps_ring(1.1887, 0.2384)
+    assert not sw.per_message_cost_visible(ps, ring)  # the ring +2% above its closed form
+    ps_far, ring_far = ps_ring(1.1887, 0.27)
+    assert sw.per_message_cost_visible(ps_far, ring_far)
+    four = incast_row(4, 0.2388, nbytes=256 * KiB, limit=6)
+    sw.explain_appendix(ps_far, ring_far, four, rate=RATE, busy=None)
+    out = capsys.readouterr().out
+    assert "the ring's 14 rounds sit above their closed form" in out
+    assert "differ by the first segment's NIC time, 5.2 ms" in out
+    assert "Shown on this run: four senders took at least" in out
+
+
+def test_explain_drops_names_the_senders_that_wait_for_the_rto(capsys):
+    drops = with_queue([incast_row(n, b, nbytes=256 * KiB, limit=6)
+                        for n, b in ((1, 0.028), (2, 0.0484), (4, 0.2388))])
+    sw.explain_drops(drops, [[], [], [1, 2, 3], [1, 2, 3, 4]], nbytes=256 * KiB)
+    out = capsys.readouterr().out
+    assert "the third and fourth senders it served lost segments, and the third and fourth " \
+           "wait for the RTO (200.0 ms)" in out
+    assert "No loss had 3 segments behind it" in out
+    assert "Goodput fell 2.5x from two senders to four." in out
+    assert out.count("Shown on this run: two senders finished within the RTO") == 1
+
+
+def test_tcp_payload_and_the_linux_estimate():
+    assert sw.tcp_payload_bytes(1500) == 1448  # 1500 - 20 (IPv4) - 32 (TCP with timestamps)
+    pto, total = sw.linux_tlp_estimate(0.2004, rtt_s=20e-6, tlp_min_s=2e-3)
+    assert pto == pytest.approx(2.04e-3)
+    assert total == pytest.approx(0.2004 - fm.RTO_MIN_S + 2.04e-3)
+    # a round trip longer than half the minimum RTO: the model's RTO is two round trips
+    _, slow = sw.linux_tlp_estimate(1.0, rtt_s=0.2, tlp_min_s=0.0)
+    assert slow == pytest.approx(1.0 - 0.4 + 0.4)
+
+
+def test_explain_fast_incast_prints_the_models_fall(capsys):
+    fast = {n: fm.incast(n, 256 * KiB, rate_bps=10e9, delay_s=10e-6, buffer_packets=6)
+            for n in (2, 4)}
+    sw.explain_fast_incast(fast, delay_s=10e-6, nbytes=256 * KiB)
+    out = capsys.readouterr().out
+    assert "200.4 ms for four (2 waiting for the RTO)" in out
+    assert "= 2.0 ms instead of the RTO" in out and "gives about 2.5 ms for four" in out
+
+
+def test_linux_recovery_names_the_rack_and_the_tail_sender(monkeypatch):
+    shown = []
+    monkeypatch.setattr(facts, "show", lambda text, **_: shown.append(text))
+    sw.show_linux_recovery({"best": 0.2388}, [[], [], [1, 2, 3], [1, 2, 3, 4]],
+                           nbytes=256 * KiB, mtu=1500)
+    text = " ".join(shown[0].split())
+    assert "The emulator's 238.8 ms is its own figure. A message is 4 of its 64 KiB" in text
+    assert "sends it as 182 frames of 1448 B of payload" in text
+    assert "The third sender's segment 4 got through" in text and "segments 1, 2, 3 about" in text
+    assert "The fourth sender delivered nothing to SACK" in text
+
+
+@pytest.mark.parametrize("template", [sw.LINUX_RECOVERY, sw.REAL_CLUSTER])
+def test_the_boxes_cite_only_ledger_facts(template):
+    ids = facts.placeholders(template)
+    assert ids and set(ids) <= set(facts.ledger())
+
+
+# --- notebook 13b --------------------------------------------------------------------------
+
+
+def test_span_runs_and_replay_text():
+    assert ob.span(0.0904, 0.0912) == "90.4-91.2 ms"
+    assert ob.runs({"times": [0.0912, 0.0904, 0.0908]}) == "runs 90.4-91.2 ms"
+    assert ob.replay_text(0.1, 0.1004) == "100.0 ms"  # orders within 0.5%: one time
+    assert ob.replay_text(0.1, 0.11) == "100.0-110.0 ms"
+
+
+def test_port_name_counts_node_ports_then_uplinks_then_downlinks():
+    names = [ob.port_name(q, nodes=8, leaves=2, spines=2) for q in (0, 7, 8, 11, 12, 15)]
+    assert names == ["node 0's port", "node 7's port", "uplink leaf 0 -> spine 0",
+                     "uplink leaf 1 -> spine 1", "downlink spine 0 -> leaf 0",
+                     "downlink spine 1 -> leaf 1"]
+
+
+def test_explain_ports_follows_a_message_across_the_spine(capsys):
+    fabric = ex.LeafSpine(nodes_per_leaf=4, spines=2, oversubscription=4)
+    ob.explain_ports(fabric, Topology.build(8, 1, ex.NIC, fabric=fabric), rate=RATE)
+    out = capsys.readouterr().out
+    assert "8 uplinks and downlinks at 50 Mbit/s (closed form 50 Mbit/s)" in out
+    assert "node 0 -> node 1: NIC, then node 1's port" in out
+    assert ("node 0 -> node 5: NIC, then uplink leaf 0 -> spine 1, downlink spine 1 -> leaf 1, "
+            "node 5's port") in out
+
+
+def oversubscribed_rows(medians: dict) -> list[dict]:
+    """`ex.oversubscribed` rows with made-up medians and the real closed forms."""
+    rows = []
+    for o in (1.0, 4.0):
+        t = Topology.build(8, 1, ex.NIC, fabric=ex.leaf_spine(o))
+        for a in ("ring", "tree", "tree_neighbours_first"):
+            order = ex.neighbours_first_order(8) if a == "tree_neighbours_first" else None
+            model = fm.bottleneck_time(t, "ring" if a == "ring" else "tree", 512 * KiB,
+                                       ranks=order)[0]
+            m = medians.get((a, o), model)
+            rows.append({"oversubscription": o, "algorithm": a, "model": model, "median": m,
+                         "best": m, "times": [m, m, m]})
+    return rows
+
+
+CASES = (("ring", "ring", None), ("tree, farthest first", "tree", None),
+         ("tree, neighbours first", "tree", ex.neighbours_first_order(8)),
+         ("all-to-all", "alltoall", None))
+
+
+@pytest.fixture(scope="module")
+def closed():
+    return {(c, o): ob.closed_form(o, a, r) for c, a, r in CASES for o in (1, 4)}
+
+
+def test_median_ratios_and_the_oversubscription_verdict():
+    rows = oversubscribed_rows({("tree", 1.0): 0.3, ("tree", 4.0): 0.54,
+                                ("ring", 1.0): 0.174, ("ring", 4.0): 0.2066})
+    med = ob.median_ratios(rows)
+    assert med["tree"] == pytest.approx(1.8) and med["ring"] == pytest.approx(0.2066 / 0.174)
+    assert ob.tree_slowed_most(med)
+    assert not ob.tree_slowed_most({"tree": 1.35, "ring": 1.0, "tree_neighbours_first": 1.0})
+    # 1.5x, but not 0.2 above the neighbours-first tree
+    assert not ob.tree_slowed_most({"tree": 1.5, "ring": 1.0, "tree_neighbours_first": 1.4})
+
+
+def test_explain_oversubscribed_says_why_the_tree_stays_under_2x(capsys, closed):
+    rows = oversubscribed_rows({("tree", 1.0): 0.2996, ("tree", 4.0): 0.538})
+    real = {c: 1.0 for c, *_ in CASES}
+    ob.explain_oversubscribed(rows, ob.median_ratios(rows), closed, real, mtu=1500, repeats=3)
+    out = capsys.readouterr().out
+    assert "tree, farthest first     299.6 ms ->  538.0 ms  1.80x | 1.91x" in out
+    assert "The farthest-first tree stays under 2x: the closed form already gives 1.91x" in out
+    assert "Below the closed form" in out
+    assert out.count("Shown on this run: oversubscription slowed the farthest-first tree") == 1
+
+
+def test_store_and_forward_counts_four_leaf_crossings(closed):
+    extra, per_hop, crossings = ob.store_and_forward(closed, rate=RATE)
+    assert crossings == 4
+    assert extra == pytest.approx(4 * 2 * per_hop)
+
+
+def test_explain_store_and_forward_resolves_only_a_narrow_margin(capsys, closed):
+    ob.explain_store_and_forward(oversubscribed_rows({}), closed, rate=RATE)  # on the model
+    out = capsys.readouterr().out
+    assert "= 4 leaf crossings on the longest chain x 2 hops x 3.9 ms" in out
+    assert out.count("Shown on this run: the ring's extra time at 4:1 is consistent") == 1
+    assert "On this run (" not in out  # the claim is said once
+    wide = oversubscribed_rows({("ring", 4.0): closed["ring", 4] + 0.03})
+    ob.explain_store_and_forward(wide, closed, rate=RATE)
+    out = capsys.readouterr().out
+    assert "Cannot tell on this run: a margin of 30.0 ms is too wide" in out
+    assert "Shown on this run" not in out
+
+
+def test_gap_outlier_picks_out_only_a_standing_out_neighbours_first_tree():
+    gaps = {("ring", 1.0): 0.01, ("tree", 4.0): 0.07, ("tree_neighbours_first", 4.0): 0.02}
+    assert ob.gap_outlier(gaps) is None
+    gaps["tree_neighbours_first", 4.0] = 0.13
+    nf4, rest = ob.gap_outlier(gaps)
+    assert nf4 == 0.13 and sorted(rest) == [0.01, 0.07]
+
+
+def test_oversubscription_details_count_runs_inside_the_replay(capsys, closed):
+    rows = oversubscribed_rows({("tree", 4.0): 0.53})
+    rows[4]["times"] = [0.50, 0.53, 0.60]  # the farthest-first tree at o = 4
+    replays = [(r["median"], r["median"]) for r in rows]
+    replays[4] = (0.5016, 0.5498)
+    real = {c: ob.closed_form(4, a, r, frame=1500) / ob.closed_form(1, a, r, frame=1500)
+            for c, a, r in CASES}
+    ob.explain_oversubscription_details(rows, replays, closed, real, cases=CASES, orders=20,
+                                        mtu=1500)
+    out = capsys.readouterr().out
+    assert "over 20 service orders the replay spans 501.6-549.8 ms; 2 of 3 runs fall in it" in out
+    assert "every setup's median sits +0% to +6% from its fastest replay" in out
+    assert "with 4096 B frames: " in out and "of 1500 B frames" in out
+
+
+def test_hash_agrees_within_three_standard_errors():
+    row = {"collision_model": 0.5, "collisions": 0.5, "seeds": 1000}
+    assert ob.hash_agrees(row)
+    se = np.sqrt(0.25 / 1000)
+    assert ob.hash_agrees({**row, "collisions": 0.5 + 2.9 * se})
+    assert not ob.hash_agrees({**row, "collisions": 0.5 + 3.1 * se})
+    assert ob.hash_agrees({"collision_model": 0.0, "collisions": 0.0, "seeds": 10})
+
+
+def test_busiest_of_all_outcomes_is_the_balls_in_bins_law(capsys):
+    busiest = ob.busiest_of_all_outcomes(flows=4, uplinks=4)
+    assert len(busiest) == 256
+    assert [int(np.sum(busiest == m)) for m in range(1, 5)] == [24, 180, 48, 4]
+    assert sorted(ob.busiest_of_all_outcomes(flows=2, uplinks=2)) == [1, 1, 2, 2]
+    ob.explain_all_outcomes(flows=4, uplinks=4)
+    assert "1 flow(s) in 24 (9.4%), 2 flow(s) in 180 (70.3%)" in capsys.readouterr().out
+
+
+def ecmp_row(peak: int, best: float, model: float) -> dict:
+    return {"peak": peak, "best": best, "median": best, "times": [best], "model": model}
+
+
+def test_ecmp_classes_and_the_collision_verdict(capsys):
+    rounds = [ecmp_row(1, 0.0596, 0.0587), ecmp_row(1, 0.0600, 0.0587),
+              ecmp_row(2, 0.1008, 0.1007), ecmp_row(3, 0.1428, 0.1427)]
+    by_peak, model_of, fastest = ob.ecmp_classes(rounds)
+    assert sorted(by_peak) == [1, 2, 3] and len(by_peak[1]) == 2
+    assert fastest[1] == 0.0596 and model_of[3] == 0.1427
+    with pytest.raises(AssertionError):  # two closed forms in one class
+        ob.ecmp_classes(rounds + [ecmp_row(2, 0.11, 0.2)])
+    assert ob.collisions_as_predicted(2.40, 2.43, [1.0, 1.01])
+    assert not ob.collisions_as_predicted(2.0, 2.43, [1.0, 1.01])  # 18% off the ratio
+    assert not ob.collisions_as_predicted(2.43, 2.43, [1.2, 1.2, 1.0])  # rounds typically slow
+    ob.explain_ecmp_rounds(rounds)
+    out = capsys.readouterr().out
+    assert "3 on one uplink took 2.40x the spread round" in out
+    assert "Closed form 2.43x, not 3x" in out
+    assert out.count("Shown on this run: the colliding pairings") == 1
+
+
+def rail_rows(aligned: float, naive: float) -> list[dict]:
+    return [{"layout": "aligned", "model": 0.0983, "median": aligned, "best": aligned,
+             "times": [aligned], "bottleneck": "nic", "crowd": 1},
+            {"layout": "naive", "model": 0.3817, "median": naive, "best": naive,
+             "times": [naive], "bottleneck": "downlink", "crowd": 2}]
+
+
+def test_explain_rails_and_its_details(capsys):
+    model = {"aligned": 0.0983, "naive": 0.3817}
+    ob.explain_rails(rail_rows(0.1006, 0.3611), model, repeats=3)
+    ob.explain_rail_details(rail_rows(0.1006, 0.3611), [(0.0983, 0.0983), (0.3598, 0.3598)],
+                            model)
+    out = capsys.readouterr().out
+    assert "Naive took 3.59x (closed form 3.88x)." in out
+    assert "Naive, 2 inter-node flows shared each downlink of the spine." in out
+    assert out.count("Shown on this run: the naive layout took over twice") == 1
+    assert "replay 98.3 ms (the same in every order tried)" in out
+    assert "replay (messages served in turn) 3.66x. The medians sit +2% (aligned)" in out
+
+
+def test_explain_rails_not_shown_when_busy(capsys):
+    ob.explain_rails(rail_rows(0.2, 0.39), {"aligned": 0.0983, "naive": 0.3817}, repeats=3)
+    assert "Not shown on this run: the naive layout" in capsys.readouterr().out
+
+
+def test_explain_efficiency_checks_the_tree_lost_more(capsys, monkeypatch):
+    from clusterlab.widgets import fabric as fw
+
+    monkeypatch.setattr(fw, "NODES", (8, 64))
+    curves = {("ring", 1): np.array([1.0, 0.87]), ("ring", 4): np.array([1.0, 0.87]),
+              ("tree", 1): np.array([0.9, 0.59]), ("tree", 4): np.array([0.9, 0.46])}
+    ob.explain_efficiency(curves)
+    out = capsys.readouterr().out
+    assert "ring 87% against 87%; farthest-first tree 46% against 59%" in out
+    curves["tree", 4] = np.array([0.9, 0.59])
+    with pytest.raises(AssertionError):
+        ob.explain_efficiency(curves)
+
+
+def test_explain_oversubscribed_is_not_shown_when_the_run_was_slowed(capsys, closed):
+    rows = oversubscribed_rows({("tree", 4.0): 0.35})
+    rows[0]["best"] = 2 * rows[0]["model"]  # one run at twice its closed form: a busy machine
+    ob.explain_oversubscribed(rows, ob.median_ratios(rows), closed,
+                              {c: 1.0 for c, *_ in CASES}, mtu=1500, repeats=3)
+    assert "Not shown on this run: oversubscription slowed" in capsys.readouterr().out
+
+
+def test_describe_step_prints_the_simulated_buckets(capsys):
+    ob.describe_step()
+    out = capsys.readouterr().out
+    assert out.startswith("step: 25 MiB of gradients in buckets of 1 + 24 MiB")
