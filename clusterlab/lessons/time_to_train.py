@@ -1,0 +1,263 @@
+"""What notebook 04c reads from its runs: steps to the target, time to train, the critical batch.
+
+The experiments are `jitter_at_scale.throughput_collapse` (simulated step times) and
+`jitter_at_scale.time_to_train` (real SGD's steps to the target at each global batch); the
+functions here turn their plain data into the figure, the sentences and the checks.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from clusterlab import facts, models
+from clusterlab.lessons.show import say
+
+STYLES = {"ring": ("-", "#4C72B0"), "tree": ("--", "#4C72B0")}
+"""The two simulated all-reduces, with their line style and colour on the figure."""
+
+
+def span(ns) -> str:
+    """A sorted list of node counts as a range: [8] -> '8', [8, 16, 32] -> '8 to 32'."""
+    return f"{ns[0]}" if len(ns) == 1 else f"{ns[0]} to {ns[-1]}"
+
+
+def settled(s: dict, batches: list) -> int:
+    """The critical batch estimate from steps to the target `s` per batch: the smallest batch
+    from which every larger batch's steps stay within twice the largest batch's (McCandlish:
+    S(B_crit) = 2 S_min; the largest batch's steps stand in for S_min)."""
+    return min(b for b in batches if all(s[c] <= 2 * s[batches[-1]] for c in batches if c >= b))
+
+
+def least_rising(ring_t: dict, nodes: list) -> tuple[list, int]:
+    """The node counts from the least time to train on, and at how many of their doublings the
+    time rose."""
+    past = [n for n in nodes if n >= min(ring_t, key=ring_t.get)]
+    ups = sum(ring_t[b] > ring_t[a] for a, b in zip(past, past[1:]))
+    return past, ups
+
+
+def plot_time_to_train(ttt: dict, acc_curve: list, *, nodes: list, acc: int) -> None:
+    """The figure: the measured steps to the target against the global batch (range of the
+    seeds, each point's tuned rate) and the time to train against the nodes for the ring, the
+    tree and the ring with accumulation; its title says where the ring's time is least."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [0.9, 1.2]})
+    rows = ttt["steps"]["rows"]
+    axes[0].errorbar([r["batch"] for r in rows], [r["steps"] for r in rows],
+                     yerr=[[r["steps"] - min(r["per_seed"]) for r in rows],
+                           [max(r["per_seed"]) - r["steps"] for r in rows]],
+                     fmt="o-", color="k", capsize=3)
+    for r in rows:
+        axes[0].annotate(f"lr {r['lr']:g}", (r["batch"], r["steps"]), fontsize=7,
+                         textcoords="offset points", xytext=(4, 4))
+    axes[0].set_xscale("log", base=2)
+    axes[0].set_yscale("log")
+    axes[0].set_xlabel("global batch N·b, samples (b = 32)")
+    axes[0].set_ylabel(f"steps to the target loss\n(mean and range of "
+                       f"{len(ttt['steps']['seeds'])} seeds)")
+    axes[0].set_title("measured: real SGD on the toy, best learning rate", fontsize=9)
+    for label, (style, color) in STYLES.items():
+        c = ttt["curves"][label]
+        axes[1].plot([r["nodes"] for r in c], [r["time_s"] for r in c], style, color=color,
+                     label=label)
+    axes[1].plot([r["nodes"] for r in acc_curve], [r["time_s"] for r in acc_curve], ":",
+                 color="#55A868", lw=2, label=f"ring, accumulate {acc} (see Accumulation below)")
+    axes[1].set_xscale("log", base=2)
+    axes[1].set_yscale("log")
+    axes[1].set_xlabel("nodes")
+    axes[1].set_ylabel("time to the target loss, s")
+    axes[1].set_title("steps × simulated step time (mean of the seeds)", fontsize=9)
+    axes[1].legend(fontsize=8)
+    ring_t = {r["nodes"]: r["time_s"] for r in ttt["curves"]["ring"]}
+    past, ups = least_rising(ring_t, nodes)
+    fig.suptitle(f"The ring's time to train is least at {past[0]} nodes; past it, it rose at "
+                 f"{ups} of {len(past) - 1} doublings of the nodes")
+    fig.tight_layout()
+    plt.show()
+
+
+def best_node_counts(ttt: dict, step_times: dict, *, nodes: list, per_rank: int) -> dict:
+    """Everything the critical-batch section reads from the run: the best node count of each
+    curve by the mean and by each seed, the critical batch estimate (overall and per seed) and
+    the nodes that reach it, and the learning-rate plateau of the largest batches."""
+    rows = ttt["steps"]["rows"]
+    curves = ttt["curves"]
+    steps = {r["batch"]: r["steps"] for r in rows}
+    best = {k: min(curves[k], key=lambda r: r["time_s"]) for k in STYLES}
+    t_of = {k: {r["nodes"]: r["time_s"] for r in curves[k]} for k in STYLES}
+    lr_top = max(r["lr"] for r in rows)
+    top_from = min(r["batch"] for r in rows if r["lr"] == lr_top)
+    n_seeds = len(ttt["steps"]["seeds"])
+    per_seed = {r["batch"]: np.array(r["per_seed"], dtype=float) for r in rows}
+    batches = sorted(per_seed)
+
+    def seed_times(k, n):   # time to the target at n nodes, one value per seed
+        return per_seed[n * per_rank] * step_times[k][n]
+
+    b_crit = settled(steps, batches)   # the critical batch estimate, and each seed's
+    seed_crit = sorted({settled({b: per_seed[b][i] for b in batches}, batches)
+                        for i in range(n_seeds)})
+    # each seed's own best node count: how well this run resolves the optimum
+    seed_best = {k: sorted({nodes[i] for i in np.argmin([seed_times(k, n) for n in nodes], axis=0)})
+                 for k in STYLES}
+    return {"rows": rows, "steps": steps, "step_times": step_times, "nodes": nodes,
+            "per_rank": per_rank, "best": best, "t_of": t_of,
+            "s1": steps[per_rank], "s_big": steps[max(nodes) * per_rank],
+            "lr_top": lr_top, "top_from": top_from,
+            "plateau": [r for r in rows if r["batch"] >= top_from],
+            "n_seeds": n_seeds, "per_seed": per_seed, "batches": batches,
+            "b_crit": b_crit, "seed_crit": seed_crit, "n_crit": b_crit // per_rank,
+            "seed_best": seed_best}
+
+
+def best_nodes_sentence(crit: dict) -> str:
+    """Each seed's best node count for the ring and the tree (flagging an optimum at the edge of
+    the range), how much longer 1024 nodes take, why (step growth against the steps' fall),
+    and where the steps reach the critical batch."""
+    best, t_of, seed_best = crit["best"], crit["t_of"], crit["seed_best"]
+    steps, step_times, per_rank = crit["steps"], crit["step_times"], crit["per_rank"]
+    nodes, batches, b_crit, n_crit = crit["nodes"], crit["batches"], crit["b_crit"], crit["n_crit"]
+    n_seeds, s_big, seed_crit = crit["n_seeds"], crit["s_big"], crit["seed_crit"]
+    edge = [k for k in STYLES if max(seed_best[k]) == max(nodes)]
+    nb_ = best["ring"]["nodes"]
+    return (
+        f"**Each seed's best node count ({n_seeds} seeds): {span(seed_best['ring'])} for the "
+        f"ring, {span(seed_best['tree'])} for the tree.** "
+        + (f"For the {' and the '.join(edge)} some seed's best is {max(nodes)}, the edge of this "
+           "range: its optimum may lie beyond. " if edge else "")
+        + f"On 1024 nodes the ring takes {t_of['ring'][1024] / best['ring']['time_s']:.0f}× "
+        f"longer than at its best.\n\nWhy: going from {nb_} to {2 * nb_} nodes, the ring's step "
+        f"grew ×{step_times['ring'][2 * nb_] / step_times['ring'][nb_]:.2f} while the steps fell "
+        f"only ×{steps[nb_ * per_rank] / steps[2 * nb_ * per_rank]:.2f}. The critical batch is "
+        f"where the steps are twice their minimum (McCandlish et al.). Taking the largest batch's "
+        f"{s_big:.1f} steps as that minimum, the steps stay within twice it from batch {b_crit} "
+        f"on ({span(seed_crit)} by seed; a lower true minimum would move it right), that is from "
+        f"{n_crit} nodes" + (f", {'past' if n_crit > nb_ else 'below'} the ring's best. "
+                             if n_crit != nb_ else ", the ring's best. ")
+        + (f"From there to batch {batches[-1]} the steps fell ×{steps[b_crit] / s_big:.1f} in "
+           f"all, while the ring's step grew "
+           f"×{step_times['ring'][max(nodes)] / step_times['ring'][n_crit]:.1f}."
+           if b_crit < batches[-1] else "This range of batches is too short to see past it."))
+
+
+def nccl_best_nodes(crit: dict, *, compute_s: float) -> dict:
+    """The ring's time to train with NCCL's tuner constant per network step instead of the
+    emulated 2 ms (a latency-only model, 2(N − 1) such steps): the constant `alpha_s`, the
+    best node count by the mean `best` and each seed's best `seeds`."""
+    steps, per_seed, per_rank, nodes = (crit["steps"], crit["per_seed"], crit["per_rank"],
+                                        crit["nodes"])
+    alpha_dc = facts.get("nccl.tuner_net_ring_step_latency_simple").value * 1e-6
+    dc = {n: steps[n * per_rank] * (compute_s + models.ring_allreduce(n, 1 << 20, alpha_dc, 0.0))
+          for n in nodes}
+    best_dc = min(dc, key=dc.get)
+    seed_dc = sorted({nodes[i] for i in np.argmin([per_seed[n * per_rank] * dc[n]
+                                                   / steps[n * per_rank] for n in nodes], axis=0)})
+    return {"alpha_s": alpha_dc, "best": best_dc, "seeds": seed_dc}
+
+
+def nccl_sentence(dc: dict, crit: dict) -> str:
+    """Each seed's best node count for the ring with NCCL's tuner constant (`nccl_best_nodes`),
+    and whether every one of them is at or past the nodes that reach the critical batch."""
+    n_crit = crit["n_crit"]
+    return (f"**With the {dc['alpha_s'] * 1e6:.0f} µs per network step that NCCL's tuner charges "
+            f"(below) instead of 2 ms, each seed's best N for the ring would be "
+            f"{span(dc['seeds'])}** ({dc['best']} by the mean; a latency-only model, 2(N−1) such "
+            "steps, no bandwidth term)"
+            + (f": every seed's best is at or past the {n_crit} nodes that reach the critical "
+               "batch, so there the flattening steps, more than the ring, set it."
+               if min(dc["seeds"]) >= n_crit else
+               f"; the critical batch is reached at {n_crit} nodes."))
+
+
+def explain_best_nodes(crit: dict, *, compute_s: float) -> None:
+    """Says where the time to train is least and why (`best_nodes_sentence`), what NCCL's tuner
+    constant would change (`nccl_sentence`), and checks the shape the section teaches: an
+    interior optimum for the ring, the tree's further right and lower, steps that fall then
+    flatten, and a learning-rate plateau that was found."""
+    best, t_of, seed_best = crit["best"], crit["t_of"], crit["seed_best"]
+    steps, per_rank, plateau = crit["steps"], crit["per_rank"], crit["plateau"]
+    say(best_nodes_sentence(crit))
+    dc = nccl_best_nodes(crit, compute_s=compute_s)
+    say(nccl_sentence(dc, crit))
+    assert dc["best"] > best["ring"]["nodes"]
+    for k in ("ring",):   # an interior optimum for the ring
+        assert best[k]["nodes"] not in (1, 1024) and not {1, 1024} & set(seed_best[k]), k
+    assert min(seed_best["tree"]) > max(seed_best["ring"])  # further right
+    assert t_of["ring"][1024] > 3 * best["ring"]["time_s"]
+    assert best["tree"]["time_s"] < best["ring"]["time_s"]
+    assert crit["s_big"] < steps[16 * per_rank] < 0.5 * crit["s1"]   # steps fall, then flatten
+    # the rate plateau is found
+    assert len(plateau) >= 2 and all(r["lr_above"] is None for r in plateau)
+
+
+def accumulation(step_times: dict, with_acc: dict, steps: dict, *, acc: int, per_rank: int,
+                 compute_s: float) -> dict:
+    """Per node count of the ring with accumulation: the samples-per-second gain `sps_gain`,
+    the steps' cut S(B)/S(kB) `cut`, the step's growth (t + (k−1)c)/t `grew`, the exchange's
+    share of the step `share`, and the `verdict` on the training: 'shorter' when the cut beats
+    the growth, 'longer' when it falls short, else 'same'."""
+    sps_gain = {n: acc * step_times["ring"][n] / t for n, t in with_acc.items()}
+    cut = {n: steps[n * per_rank] / steps[acc * n * per_rank] for n in with_acc}   # S(B)/S(kB)
+    grew = {n: t / step_times["ring"][n] for n, t in with_acc.items()}           # (t+(k-1)c)/t
+    share = {n: 1 - compute_s / step_times["ring"][n] for n in with_acc}         # exchange / step
+    verdict = {n: "shorter" if cut[n] > grew[n] else "longer" if cut[n] < grew[n] else "same"
+               for n in with_acc}
+    return {"acc": acc, "per_rank": per_rank, "sps_gain": sps_gain, "cut": cut, "grew": grew,
+            "share": share, "verdict": verdict}
+
+
+def accumulation_sentence(a: dict, *, b_crit: int) -> str:
+    """Where accumulation raised samples per second, where it lengthened the mean time to
+    train, the rule that decided each node count, and any win at or past the critical batch."""
+    acc, per_rank = a["acc"], a["per_rank"]
+    sps_gain, grew, share, verdict = a["sps_gain"], a["grew"], a["share"], a["verdict"]
+    raised = [n for n, g in sps_gain.items() if g > 1.01]
+    slower = [n for n in raised if verdict[n] == "longer"]
+    won_past = [n for n in raised if verdict[n] == "shorter" and n * per_rank >= b_crit]
+    return (
+        f"**Accumulating {acc} micro-batches raised samples per second on every multi-node ring "
+        f"(×{min(sps_gain[n] for n in raised):.2f} to ×{max(sps_gain[n] for n in raised):.2f}), "
+        f"yet the mean time to train was longer at {len(slower)} of those {len(raised)} node "
+        "counts**"
+        + (": more samples per second is not a shorter training. " if slower else ". ")
+        + f"It was shorter exactly where the {acc}-fold batch cut the steps by a larger factor "
+        "than the step grew (table)."
+        + (f" That held even at {' and '.join(map(str, won_past))} nodes, whose batch is at or "
+           f"past the critical batch estimate ({b_crit}): the exchange was at least "
+           f"{min(share[n] for n in won_past):.0%} of their step, so the step grew only "
+           f"×{max(grew[n] for n in won_past):.2f}." if won_past else "")
+        + " Which node counts win follows the toy's jumpy steps (a rate grid a factor of 2 "
+        "apart); the rule that decides each one does not.")
+
+
+def explain_accumulation(a: dict, *, b_crit: int) -> None:
+    """Says what accumulation did (`accumulation_sentence`), prints the table of steps' cut,
+    step growth, exchange share and verdict per node count, and checks that it raised samples
+    per second exactly where it skipped an exchange (not on one rank)."""
+    acc, per_rank = a["acc"], a["per_rank"]
+    cut, grew, share, verdict = a["cut"], a["grew"], a["share"], a["verdict"]
+    raised = [n for n, g in a["sps_gain"].items() if g > 1.01]
+    say(accumulation_sentence(a, b_crit=b_crit))
+    print(f"nodes   batch B → {acc}B    steps fell ×   step grew ×   exchange share   training")
+    for n in sorted(cut):
+        print(f"{n:>5}   {n * per_rank:>6} → {acc * n * per_rank:<6}   {cut[n]:>11.2f}   "
+              f"{grew[n]:>11.2f}   {share[n]:>14.0%}   {verdict[n]}")
+    assert 1 in cut and 1 not in raised          # one rank: nothing to save
+    # every exchange it skips raises samples/s
+    assert sorted(raised) == sorted(n for n in cut if n > 1)
+
+
+def appendix(crit: dict) -> None:
+    """Prints the steps to the target at each global batch with the tuned rate, where the rate
+    plateaus, and each curve's best node count by the mean and by seed."""
+    rows, plateau = crit["rows"], crit["plateau"]
+    best, t_of, seed_best = crit["best"], crit["t_of"], crit["seed_best"]
+    print(f"Steps to the target, mean of {crit['n_seeds']} seeds, and the tuned rate:")
+    print("    batch   steps   lr")
+    for r in rows:
+        print(f"   {r['batch']:>6}   {r['steps']:>5.1f}   {r['lr']:g}")
+    print(f"   from batch {crit['top_from']} on the best rate stays {crit['lr_top']:g} (twice that "
+          f"did worse at all {len(plateau)} of those batches)")
+    for k in STYLES:
+        print(f"   {k}: best N {best[k]['nodes']} by the mean ({best[k]['time_s']:.2f} s), each "
+              f"seed's best N {span(seed_best[k])}, {t_of[k][1024]:.2f} s on 1024 nodes")
