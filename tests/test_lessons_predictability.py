@@ -1,0 +1,329 @@
+"""The lesson modules of notebooks 04b, 04c and 05: each verdict, classification and formatted
+number on small synthetic runs (no processes, no absolute times)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clusterlab import models
+from clusterlab.lessons import predictability_and_mitigations as pm
+from clusterlab.lessons import stragglers_and_staleness as ss
+from clusterlab.lessons import time_to_train as tt
+
+
+@pytest.fixture
+def said(monkeypatch):
+    """The Markdown sentences the lesson modules would display, captured."""
+    out: list[str] = []
+    for module in (pm, tt):
+        monkeypatch.setattr(module, "say", out.append)
+    return out
+
+
+# --- 04b: predictability ----------------------------------------------------------------------
+
+
+def ci(est, lo, hi):
+    return (est, lo, hi)
+
+
+def test_moved_more_needs_the_tail_shift_to_beat_the_median_shift_at_the_interval_ends():
+    calm = {"p50": ci(10, 9, 11), "p90": ci(20, 19, 21)}
+    apart = {"p50": ci(11, 10, 12), "p90": ci(30, 29, 31)}     # p90 moved >= 8, p50 <= 3
+    close = {"p50": ci(14, 12, 16), "p90": ci(24, 22, 26)}     # p90 >= 1, p50 <= 7
+    assert pm.moved_more(calm, apart, "p90", "p50")
+    assert not pm.moved_more(calm, close, "p90", "p50")
+    assert pm.q({"ci": apart}, "p90") == 30
+
+
+def test_ci_text_and_ms_format_an_estimate_with_its_interval():
+    assert pm.ci_text((0.01, 0.009, 0.0125)) == "10.0 ms [9.0 ms, 12.5 ms]"
+
+
+def _pred(rough_p90_lo):
+    """Two networks on 4 real ranks, simulated on 4 and 16 nodes."""
+    def real(p50, p90):
+        return {"steps": 60, "step_times": np.array([0.02, 0.03]), "ci": {"p50": p50, "p90": p90}}
+
+    def sim(nodes, p50, p99):
+        return {"nodes": nodes, "steps": 400,
+                "ci": {"p50": ci(p50, p50 - 1e-4, p50 + 1e-4),
+                       "p99": ci(p99, p99 - 1e-4, p99 + 1e-4)}}
+
+    return {"real": {"calm": real(ci(0.020, 0.019, 0.021), ci(0.025, 0.024, 0.026)),
+                     "rough": real(ci(0.023, 0.022, 0.024), ci(0.035, rough_p90_lo, 0.036))},
+            "sim": {"calm": [sim(4, 0.020, 0.021), sim(16, 0.030, 0.031)],
+                    "rough": [sim(4, 0.022, 0.033), sim(16, 0.040, 0.050)]}}
+
+
+def test_predictability_sentence_says_whether_the_intervals_resolve_the_p90():
+    resolved = pm.predictability_sentence(_pred(0.034), calm_nic="calm", rough_nic="rough")
+    assert "The p90 moved more, even at the ends of the 95 % intervals" in resolved
+    assert "from 20.0 ms to 23.0 ms and the p90 from 25.0 ms to 35.0 ms" in resolved
+    # 4 nodes: 33/22 = 1.50, 16 nodes: 50/40 = 1.25; p99 - p50 from 11.0 ms to 10.0 ms
+    assert "p99 / p50 = 1.50 on 4 nodes and 1.25 on 16" in resolved
+    # the p90's shift at least 0.0275 - 0.026 = 1.5 ms, the median's at most 0.024 - 0.019 = 5 ms
+    open_ = pm.predictability_sentence(_pred(0.0275), calm_nic="calm", rough_nic="rough")
+    assert "60 steps cannot tell" in open_
+    assert "at least 1.5 ms" in open_ and "at most 5.0 ms" in open_
+
+
+def test_explain_predictability_checks_that_the_tail_spreads_less_relatively_more_absolutely(
+        said, capsys):
+    pred = _pred(0.034)
+    pred["sim"]["rough"][1] = {"nodes": 16, "steps": 400,
+                               "ci": {"p50": ci(0.040, 0.0399, 0.0401),
+                                      "p99": ci(0.055, 0.0549, 0.0551)}}
+    pm.explain_predictability(pred, calm_nic="calm", rough_nic="rough")
+    assert said and "Shown on this run: at the same mean delay" in capsys.readouterr().out
+    pred["sim"]["rough"][1]["ci"]["p99"] = ci(0.070, 0.0699, 0.0701)   # relatively MORE spread
+    with pytest.raises(AssertionError):
+        pm.explain_predictability(pred, calm_nic="calm", rough_nic="rough")
+
+
+# --- 04b: mitigations and hierarchy -----------------------------------------------------------
+
+
+def _mit():
+    names = ("baseline", "overlap", "bigger buckets", "fewer syncs")
+    caps = (0.25, 0.25, 25.0, 25.0)
+    real = {n: {"bucket_cap_mb": c, "bucket_sizes": [1] * (8 if c < 1 else 1)}
+            for n, c in zip(names, caps)}
+    eff = {"baseline": 0.01, "overlap": 0.0105, "bigger buckets": 0.06, "fewer syncs": 0.12,
+           "ring, 8 per node": 0.05, "hierarchical": 0.055}
+    sim = {k: [{"nodes": 4, "efficiency": 0.9}, {"nodes": 1024, "efficiency": e}]
+           for k, e in eff.items()}
+    buckets = {n: [1] * len(real[n]["bucket_sizes"]) for n in names}
+    return {"real": real, "sim": sim,
+            "config": {"accumulate": 4, "sim_buckets": buckets, "nic": "delay 2ms"}}
+
+
+def _gain(lever, gain, beats):
+    return {"lever": lever, "gain": gain, "beats": beats, "resolved": beats >= 0.9,
+            "worse": beats <= 0.1, "steps": (30, 30)}
+
+
+def test_factor_at_scale_divides_each_lever_by_the_one_before_and_the_hierarchy_by_its_ring():
+    factor = pm.factor_at_scale(_mit())
+    assert factor["overlap"] == pytest.approx(1.05)
+    assert factor["bigger buckets"] == pytest.approx(0.06 / 0.0105)
+    assert factor["fewer syncs"] == pytest.approx(2.0)
+    assert factor["hierarchical"] == pytest.approx(1.1)
+
+
+def test_verdict_names_resolved_slower_or_within_noise():
+    assert pm.verdict(_gain("x", 0.5, 0.95)) == "resolved"
+    assert pm.verdict(_gain("x", -0.2, 0.05)) == "slower"
+    assert pm.verdict(_gain("x", 0.01, 0.5)) == "within noise"
+
+
+def test_labels_read_the_caps_and_the_accumulation_from_the_run():
+    labels = pm.labels(_mit())
+    assert labels["baseline"] == "baseline\n(cap 0.25 MiB)"
+    assert labels["bigger buckets"] == "+ bigger buckets\n(cap 25 MiB)"
+    assert labels["fewer syncs"].startswith("+ fewer syncs\n(×4 batch")
+
+
+def test_levers_sentence_marks_only_unresolved_levers_and_counts_the_buckets():
+    mit = _mit()
+    gains = {"overlap": _gain("overlap", 0.02, 0.5),
+             "bigger buckets": _gain("bigger buckets", 3.0, 1.0),
+             "fewer syncs": _gain("fewer syncs", 0.6, 0.97)}
+    text = pm.levers_sentence(mit, gains, pm.factor_at_scale(mit))
+    assert "overlap +2% (within noise), bigger buckets +300%, fewer syncs +60% (30 steps" in text
+    assert "overlap ×1.1, bigger buckets ×5.7, fewer syncs ×2.0" in text
+    assert "(8 buckets → 1)" in text
+
+
+def test_network_latencies_and_hops_count_the_diagram():
+    # 2 nodes x 2: the flat ring crosses the network 2*2*3/4 = 3 times on average, the hierarchy 2
+    assert pm.network_latencies(2, 2) == (3.0, 2)
+    assert pm.net_hops(2, 2) == (3.0, 3, 2)      # longest chain 2n - 1 with 2 ranks per node
+    assert pm.net_hops(4, 1) == (6.0, 6, 6)      # one rank per node: every hop crosses
+    assert pm.net_hops(128, 8)[1] == 256         # more than 2 per node: 2n
+
+
+def test_accumulation_bound_is_the_skipped_share_of_k_steps():
+    # a 100 ms step with a 40 ms exchange; skipping 3 in 4: 400 / (400 - 120) - 1
+    assert pm.accumulation_bound(0.1, 0.04, 4) == pytest.approx(400 / 280 - 1)
+    assert pm.accumulation_bound(0.1, 0.0, 4) == pytest.approx(0.0)
+
+
+# --- 04c: time to train -----------------------------------------------------------------------
+
+
+def test_span_and_settled():
+    assert tt.span([8]) == "8" and tt.span([8, 16, 32]) == "8 to 32"
+    batches = [32, 64, 128, 256, 512]
+    # steps within twice the largest batch's (10) from 128 on; 64's 25 is not
+    assert tt.settled({32: 40, 64: 25, 128: 19, 256: 12, 512: 10}, batches) == 128
+    # a later batch above twice the minimum pushes the estimate past it
+    assert tt.settled({32: 40, 64: 19, 128: 21, 256: 12, 512: 10}, batches) == 256
+
+
+def test_least_rising_counts_the_doublings_past_the_best():
+    past, ups = tt.least_rising({1: 9.0, 2: 5.0, 4: 6.0, 8: 5.5, 16: 7.0}, [1, 2, 4, 8, 16])
+    assert past == [2, 4, 8, 16] and ups == 2
+
+
+def _ttt(nodes, per_rank=32):
+    """Steps that halve up to batch 128 and then flatten; a ring whose step doubles per node
+    doubling past 4 nodes, and a flat tree."""
+    steps = {1: 80.0, 2: 40.0, 4: 21.0, 8: 12.0, 16: 11.0, 32: 10.5, 64: 10.4, 128: 10.3,
+             256: 10.2, 512: 10.1, 1024: 10.0}
+    rows = [{"batch": n * per_rank, "steps": s, "per_seed": [s - 1, s + 1],
+             "lr": 0.1 if n < 8 else 0.4, "lr_above": None} for n, s in steps.items()]
+    step_times = {"ring": {n: 0.1 * max(1, n // 4) for n in nodes},
+                  "tree": {n: 0.1 for n in nodes}}
+    curves = {k: [{"nodes": n, "time_s": steps[n] * t[n]} for n in nodes]
+              for k, t in step_times.items()}
+    return {"steps": {"rows": rows, "seeds": [0, 1]}, "curves": curves}, step_times
+
+
+def test_best_node_counts_finds_each_curves_optimum_and_the_critical_batch():
+    nodes = [2 ** i for i in range(11)]
+    ttt, step_times = _ttt(nodes)
+    crit = tt.best_node_counts(ttt, step_times, nodes=nodes, per_rank=32)
+    assert crit["best"]["ring"]["nodes"] == 4          # 21 x 0.1 = 2.1 s is the least
+    assert crit["best"]["tree"]["nodes"] == 1024
+    assert crit["seed_best"] == {"ring": [4], "tree": [1024]}
+    # 21 > 2 x 10 at batch 128; 12 <= 20 from batch 256 on
+    assert crit["b_crit"] == 8 * 32 and crit["n_crit"] == 8
+    assert crit["top_from"] == 256 and crit["lr_top"] == 0.4 and len(crit["plateau"]) == 8
+    text = tt.best_nodes_sentence(crit)
+    assert "4 for the ring, 1024 for the tree" in text
+    assert "For the tree some seed's best is 1024, the edge of this range" in text
+    assert "the ring's step grew ×2.00 while the steps fell only ×1.75" in text
+    assert "that is from 8 nodes, past the ring's best." in text
+
+
+def test_nccl_sentence_says_whether_every_seed_reached_the_critical_batch():
+    crit = {"n_crit": 8}
+    past = tt.nccl_sentence({"alpha_s": 1.4e-5, "best": 16, "seeds": [8, 16]}, crit)
+    assert past.startswith("**With the 14 µs per network step")
+    assert "every seed's best is at or past the 8 nodes" in past
+    below = tt.nccl_sentence({"alpha_s": 1.4e-5, "best": 8, "seeds": [4, 8]}, crit)
+    assert below.endswith("; the critical batch is reached at 8 nodes.")
+
+
+def test_accumulation_decides_shorter_or_longer_by_the_steps_cut_against_the_step_growth():
+    per_rank, acc, c = 32, 4, 0.05
+    step_times = {"ring": {1: 0.05, 2: 0.25, 4: 0.45}}
+    with_acc = {n: t + (acc - 1) * c for n, t in step_times["ring"].items()}
+    # steps at B and 4B: one rank cuts 5-fold (step grows 4x); 2 nodes only 1.2-fold (step grows
+    # 1.6x): longer; 4 nodes 1.6-fold (step grows 1.33x)
+    steps = {32: 100.0, 64: 60.0, 128: 20.0, 256: 50.0, 512: 12.5}
+    a = tt.accumulation(step_times, with_acc, steps, acc=acc, per_rank=per_rank, compute_s=c)
+    assert a["verdict"] == {1: "shorter", 2: "longer", 4: "shorter"}
+    assert a["grew"][2] == pytest.approx(0.4 / 0.25) and a["cut"][4] == pytest.approx(20 / 12.5)
+    assert a["sps_gain"][1] == pytest.approx(1.0)
+    assert a["share"][4] == pytest.approx(1 - 0.05 / 0.45)
+    text = tt.accumulation_sentence(a, b_crit=128)
+    assert "longer at 1 of those 2 node counts**: more samples per second" in text
+    assert "That held even at 4 nodes" in text   # batch 128 is at the critical batch
+
+
+def test_explain_accumulation_prints_the_table_and_checks_one_rank_gains_nothing(said, capsys):
+    step_times = {"ring": {1: 0.05, 2: 0.25}}
+    with_acc = {n: t + 3 * 0.05 for n, t in step_times["ring"].items()}
+    steps = {32: 100.0, 64: 60.0, 128: 20.0, 256: 50.0}
+    a = tt.accumulation(step_times, with_acc, steps, acc=4, per_rank=32, compute_s=0.05)
+    tt.explain_accumulation(a, b_crit=10_000)
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split()[-1] == "shorter" and out[2].split()[-1] == "longer"
+    assert said and "That held even" not in said[0]
+
+
+# --- 05: stragglers and staleness -------------------------------------------------------------
+
+
+def test_explain_slow_rank_reads_the_medians(capsys):
+    even = {"step_s": np.array([0.10, 0.11, 0.10, 0.5])}   # one host spike: the median ignores it
+    slow = {"step_s": np.array([0.20, 0.21, 0.20, 0.20])}
+    assert ss.slow_rank_medians(even, slow) == pytest.approx({"even": 0.105, "slow": 0.2})
+    ss.explain_slow_rank(even, slow, c_ms=100)
+    out = capsys.readouterr().out
+    assert "Shown on this run: one slow rank slowed the median step" in out
+    assert "Median step: 105 ms with 4 equal ranks, 200 ms with one slow rank (4 steps each)" in out
+    assert "added 95 ms" in out and "about 48% of each step" in out
+
+
+def test_growth_verdict_weak_when_the_band_is_wider_than_the_prediction():
+    assert ss.growth_verdict(0.011, 0.010, 0.002, weak_if_wider=True) == (
+        "the whole step followed c + m·H_N")
+    assert ss.growth_verdict(0.011, 0.010, 0.020, weak_if_wider=True).startswith("within the band")
+    assert ss.growth_verdict(0.011, 0.010, 0.020, weak_if_wider=False) == (
+        "the whole step followed c + m·H_N")
+    assert "did NOT" in ss.growth_verdict(0.030, 0.010, 0.005, weak_if_wider=True)
+
+
+def test_growth_band_is_three_standard_errors_of_the_difference():
+    a = {"step_s": np.array([1.0, 3.0])}   # variance 2, n 2
+    b = {"step_s": np.array([2.0, 2.0, 2.0, 6.0])}   # variance 4, n 4
+    assert ss.growth_band(a, b) == pytest.approx(3 * np.sqrt(2 / 2 + 4 / 4))
+
+
+def _bk(backups, mean, predicted, cancelled):
+    return {"backups": backups, "mean_step_s": mean, "predicted_s": predicted,
+            "sample_s": mean - 0.002, "step_s": np.array([mean - 0.001, mean + 0.001]),
+            "cancelled": cancelled}
+
+
+def test_backup_lines_and_the_shortening_verdict():
+    bk = [_bk(0, 0.080, 0.074, 0), _bk(2, 0.050, 0.044, 3), _bk(4, 0.040, 0.034, 5)]
+    base = bk[0]
+    assert ss.backup_line(base, base) == (
+        "b=0: step 80.0 ± 1.4 ms, 2.0 ms above this sample's (N−b)-th draw")
+    line = ss.backup_line(bk[1], base)
+    assert "saved 30.0 ms (predicted 30.0 ms); of 4 unused gradients, 3 were cut short, 1 " in line
+    assert "discarded" not in ss.backup_line(_bk(2, 0.05, 0.044, 5), base)   # more cut than unused
+    assert ss.backups_shortened(bk)
+    # b = 4 saved 40 ms of a predicted 40: fine; saving under half of it is not
+    assert not ss.backups_shortened([bk[0], bk[1], _bk(4, 0.065, 0.034, 5)])
+    assert not ss.backups_shortened([bk[0], _bk(1, 0.081, 0.06, 1), bk[2]])   # b = 1 slower
+
+
+def test_tau_counts_and_the_stability_title():
+    assert list(ss.tau_counts({"tau": np.array([0, 2, 2, 3])})) == [1, 0, 2, 1]
+    lim = models.delayed_gd_stable_step(3)
+    assert ss.stability_title(0.4, 3) == f"a = 0.400, τ = 3: limit {lim:.3f} -> converges"
+    assert ss.stability_title(0.5, 3).endswith("diverges")
+
+
+def _run(initial, final, mean_tau):
+    return {"initial_loss": initial, "final_loss": final, "tau": np.array([mean_tau, mean_tau])}
+
+
+def test_plain_seeds_sentence_says_whether_the_outcome_separated_the_two():
+    diverge, converge = _run(1.0, 1e9, 3.0), _run(1.0, 1e-3, 3.0)
+    clean = {"4 equal": [diverge] * 3, "slow worker": [converge] * 3}
+    text = ss.plain_seeds_sentence(clean, lr=0.7)
+    assert "diverged in 3/3 (mean τ 3.0), with a slow worker in 0/3" in text
+    assert text.endswith("Same mean τ, different outcome: mean τ did not decide.")
+    mixed = {"4 equal": [diverge] * 3, "slow worker": [converge, diverge, converge]}
+    assert ss.plain_seeds_sentence(mixed, lr=0.7).endswith("do not separate the two cleanly.")
+
+
+def test_k_a_matches_counts_runs_whose_outcome_k_a_predicted():
+    runs = [_run(1.0, 1e6, 2.0), _run(1.0, 0.1, 2.0), _run(1.0, 1e6, 2.0)]
+    assert ss.k_a_matches(runs, k=4, a=0.55) == 2      # 2.2 > 2: growth predicted
+    assert ss.k_a_matches(runs, k=4, a=0.45) == 1      # 1.8 < 2: convergence predicted
+
+
+def test_explain_ssp_lockstep_states_both_verdicts_when_released_together(capsys):
+    def ps(version, final):
+        return {"version": np.array(version), "initial_loss": 1.0, "final_loss": final,
+                "tau": np.array([1, 2, 3, 1])}
+
+    locked = [1, 1, 1, 1, 2, 2, 2, 2]          # 4 workers pull each version: all shared
+    ssp_lr = {0.45: [ps(locked, 0.1)] * 3, 0.55: [ps(locked, 1e6)] * 3}
+    shared = {"plain, slow worker": {"shared": 0},
+              "SSP s=1, slow worker": {"in_shared": 1.0, "typical": 4}}
+    ss.explain_ssp_lockstep(ssp_lr, shared, seeds=(0, 1, 2))
+    out = capsys.readouterr().out
+    assert "a = 0.45; 4·a = 1.80; over 3 seeds" in out
+    assert "Shown on this run: SSP released the workers in lockstep" in out
+    assert "Shown on this run: 4·a predicted the outcome for most seeds" in out
+    assert "4·a predicted the outcome in 6 of 6 runs; in those runs 100% to 100%" in out
+    assert "(not exact lockstep)" not in out
