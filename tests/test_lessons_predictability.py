@@ -327,3 +327,14 @@ def test_explain_ssp_lockstep_states_both_verdicts_when_released_together(capsys
     assert "Shown on this run: 4·a predicted the outcome for most seeds" in out
     assert "4·a predicted the outcome in 6 of 6 runs; in those runs 100% to 100%" in out
     assert "(not exact lockstep)" not in out
+
+
+@pytest.mark.parametrize("module", [pm, ss], ids=lambda m: m.__name__.rsplit(".", 1)[1])
+def test_the_moved_real_cluster_boxes_cite_only_ledger_facts(module):
+    """The "On a real GPU cluster" text left the notebooks, where tests/test_facts.py read its
+    fact ids: each id must still be in the ledger, and the box must render."""
+    from clusterlab import facts
+
+    ids = facts.placeholders(module.REAL_CLUSTER)
+    assert ids and not set(ids) - set(facts.ledger())
+    assert "[[" not in facts.render(module.REAL_CLUSTER)
