@@ -46,6 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb")) + sorted(
     (ROOT / "solutions").glob("[0-9][0-9]*_*.ipynb"))
 QUESTIONS = sorted((ROOT / "clusterlab/data/questions").glob("*.json"))
+# The notebooks' lesson modules hold text the notebooks render with facts.show.
+LESSONS = sorted((ROOT / "clusterlab/lessons").glob("*.py"))
 
 # A sentence naming one of these speaks of real systems, not of the emulator.
 REAL = re.compile(
@@ -119,10 +121,13 @@ def _strings(node, lang="en"):
         yield node
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS + QUESTIONS, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", NOTEBOOKS + QUESTIONS + LESSONS,
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_fact_id_used_is_in_the_ledger(path):
     if path.suffix == ".json":
         texts = list(_strings(json.loads(path.read_text()), lang=None))
+    elif path.suffix == ".py":
+        texts = [path.read_text()]
     else:
         texts = [text for _, _, text in _texts_of_notebook(path)]
     unknown = {i for text in texts for i in facts.placeholders(text)} - set(facts.ledger())
@@ -204,7 +209,7 @@ def test_a_question_may_reuse_its_premises_but_not_state_new_constants():
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_real_system_constants_in_notebooks_come_from_the_ledger(nb):
     cells = json.loads(nb.read_text())["cells"]
-    allowed = ledger_quantities() | code_inputs(cells)
+    allowed = ledger_quantities() | code_inputs(cells, nb)
     name = f"{nb.parent.name}/{nb.name}"
     reviewed = frozenset(ALLOWED["figures"]) | {
         key.split(": ", 1)[1] for key in ALLOWED["scoped"] if key.split(": ", 1)[0] == name}

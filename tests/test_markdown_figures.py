@@ -88,15 +88,22 @@ def quantity(value: float, unit: str) -> tuple[str, float]:
     return dim, float(f"{value * scale:.9g}")
 
 
-def code_inputs(cells: list[dict]) -> set[tuple[str, float]]:
-    """The quantities written in the notebook's code: netem strings, `name_<unit>=value`
-    keywords, dilation factors."""
+def lesson_module(path: Path) -> Path:
+    """The module a notebook reads its runs with: notebooks/06_races.ipynb ->
+    clusterlab/lessons/races.py (it may not exist)."""
+    return ROOT / "clusterlab/lessons" / (re.sub(r"^\d+[a-z]?_", "", path.stem) + ".py")
+
+
+def code_inputs(cells: list[dict], path: Path | None = None) -> set[tuple[str, float]]:
+    """The quantities written in the notebook's code - its cells and, given the notebook's
+    `path`, its lesson module: netem strings, `name_<unit>=value` keywords, dilation
+    factors."""
     found: set[tuple[str, float]] = set()
     num = r"(\d+(?:\.\d+)?(?:e-?\d+)?)"
-    for cell in cells:
-        if cell["cell_type"] != "code":
-            continue
-        src = "".join(cell["source"])
+    sources = ["".join(cell["source"]) for cell in cells if cell["cell_type"] == "code"]
+    if path is not None and path.parent.name == "notebooks" and lesson_module(path).exists():
+        sources.append(lesson_module(path).read_text())
+    for src in sources:
         for m in re.finditer(r"(?<![\w.])" + num + r"\s*(" + _UNIT_RE + r")(?![A-Za-z])", src):
             found.add(quantity(float(m.group(1)), m.group(2)))
         for m in re.finditer(r"\b\w*?_(ns|us|ms|s|mib|kib|gib|mb|pct|percent)\s*[=:]\s*" + num,
@@ -129,7 +136,7 @@ def is_derivation(sentence: str) -> bool:
 
 def violations(path: Path) -> list[str]:
     cells = json.loads(path.read_text())["cells"]
-    inputs = code_inputs(cells) | ledger_quantities()
+    inputs = code_inputs(cells, path) | ledger_quantities()
     name = f"{path.parent.name}/{path.name}"
     allowed = set(ALLOWED["figures"]) | {key.split(": ", 1)[1] for key in ALLOWED["scoped"]
                                          if key.split(": ", 1)[0] == name}

@@ -68,6 +68,30 @@ def test_a_notebook_is_short_enough_to_follow(nb):
                                   f"it to about 2,500 (budget {WORD_BUDGET})")
 
 
+# A code cell a learner reads at a glance: the experiment call, the number the text is about,
+# the figure, the verdicts. Bookkeeping, sentence formatting and checks live in the notebook's
+# lesson module (clusterlab/lessons/), where they are tested.
+CELL_LINES = 20
+
+
+def significant_lines(source: str) -> int:
+    return sum(1 for line in source.splitlines()
+               if line.strip() and not line.strip().startswith("#"))
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_code_cells_are_short_calls_not_machinery(nb):
+    for i, c in enumerate(cells(nb)):
+        if c["cell_type"] != "code":
+            continue
+        source = "".join(c["source"])
+        lines = significant_lines(source)
+        assert lines <= CELL_LINES, (f"{nb.name} cell {i}: {lines} lines of code; move what "
+                                     "is not the story into its lesson module")
+        assert not re.search(r"^\s*(def|class)\s", source, flags=re.M), (
+            f"{nb.name} cell {i} defines a function or class; it belongs in the lesson module")
+
+
 @pytest.mark.parametrize("nb", [p for p in NOTEBOOKS if p.stem != "09_interview_rehearsal"],
                          ids=lambda p: p.stem)
 def test_a_notebook_says_what_carries_over_to_a_real_gpu_cluster(nb):
