@@ -1,0 +1,288 @@
+"""What notebook 02b (hierarchy and busbw) reads from its runs.
+
+The rows are those of `clusterlab.experiments.allreduce_and_topology.measure`: one dict per
+configuration ("config", e.g. "2x2"), algorithm and size, with the best time ("measured"),
+its closed form ("model"), the emulator's own replay of the links ("replay"), the repetitions
+("times") and the bandwidths nccl-tests would print ("algbw", "busbw"). Each function below
+prints the sentences the notebook shows, computed from those rows, and passes each measured
+conclusion to `conclude`, which says whether this run showed it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from clusterlab import facts
+from clusterlab.experiments import allreduce_and_topology as ex
+from clusterlab.experiments.common import beyond_closed_form, conclude
+from clusterlab.lessons.show import ms
+from clusterlab.wire import HEADER_BYTES, SEGMENT_BYTES
+
+SMALL, MEDIUM, LARGE = ex.SIZES
+
+
+def describe_links(alpha: float, beta: float, alpha_intra: float, beta_intra: float) -> None:
+    """Print the NIC between nodes (alpha, payload rate, the headers per segment) and the link
+    inside a node (alpha, how many times the NIC's rate)."""
+    link = 1 / beta
+    print(f"every node's NIC: '{ex.NIC}': alpha = {ms(alpha)}, 1/beta = {link / 1e6:.2f} MB/s "
+          f"of payload\n  ({HEADER_BYTES} B of headers ride with every {SEGMENT_BYTES // 1024} "
+          "KiB segment)")
+    print(f"inside a node: '{ex.INTRA}': alpha = {alpha_intra * 1e6:.0f} us, "
+          f"{beta / beta_intra:.0f}x the NIC's rate")
+
+
+# --- hierarchical all-reduce on 2 x 2 -------------------------------------------------------
+
+def hierarchy_order(hl: dict, hr: dict) -> str | None:
+    """Whether this run can order the leader-based (`hl`) and rail (`hr`) runs: when both sat
+    further above their closed forms than the closed forms differ, the sentence saying it
+    cannot; otherwise None."""
+    over = [r["measured"] / r["model"] - 1 for r in (hl, hr)]  # this machine's overhead
+    gap = hl["model"] / hr["model"] - 1                        # what the closed forms separate
+    if min(over) > abs(gap):
+        return (f"Leader-based vs rails: the closed forms differ by {gap:.1%}, less than the "
+                f"{min(over):.1%}-{max(over):.1%} both runs sat above them: this run cannot "
+                "order them.")
+    return None
+
+
+def explain_hierarchy(hier: Sequence[dict], *, alpha: float, beta: float) -> None:
+    """On 2 x 2: conclude that both hierarchical schemes beat the flat ring at 4 MiB; print
+    whether this run can order leader-based and rails (`hierarchy_order`), the flat ring
+    against its closed form, and the 4 KiB runs against their replays. Asserts that the flat
+    ring's replay is its NIC's bytes plus one latency and that no run beat its replay."""
+    h = {(r["algorithm"], r["nbytes"]): r for r in hier}
+    hl, hr, rl = (h[a, LARGE] for a in ("hierarchical", "hierarchical_rail", "ring"))
+    conclude(hl["measured"] < rl["measured"] and hr["measured"] < rl["measured"],
+             "both hierarchical schemes beat the flat ring at 4 MiB on 2 x 2",
+             busy=beyond_closed_form((r["measured"], r["replay"]) for r in (hl, hr, rl)))
+    cannot = hierarchy_order(hl, hr)
+    if cannot:
+        print(cannot)
+    else:
+        print(f"Leader-based / rails: {hl['measured'] / hr['measured']:.2f} measured, "
+              f"{hl['model'] / hr['model']:.2f} by the closed forms. The runs sat "
+              f"{ms(hl['measured'] - hl['replay'])} and\n{ms(hr['measured'] - hr['replay'])} "
+              "above their replays (the green bars): this machine's cost, not the network's.")
+    if rl["measured"] < rl["model"]:
+        print(f"The flat ring ran at {rl['measured'] / rl['model']:.2f}x its closed form: that "
+              f"form charges each of its 6 steps\na NIC latency, and most of them hide "
+              "(appendix).")
+    small = [h[a, SMALL] for a in ("hierarchical", "hierarchical_rail", "ring")]
+    added = [r["measured"] - r["replay"] for r in small]  # this machine's per-message cost
+    print(f"4 KiB, best of {len(small[0]['times'])}: leader-based {ms(small[0]['measured'])}, "
+          f"rails {ms(small[1]['measured'])}, flat ring {ms(small[2]['measured'])}; replays "
+          f"{ms(small[0]['replay'])}, {ms(small[1]['replay'])}, {ms(small[2]['replay'])}.\n" + (
+              "Both hierarchies led here too, as in the replays; this machine's per-message "
+              "cost added"
+              if max(small[0]["measured"], small[1]["measured"]) < small[2]["measured"] else
+              "This run does not show the replays' order here: this machine's per-message "
+              "cost added")
+          + f"\n{ms(min(added))} to {ms(max(added))} to each run (every run: appendix).")
+    # Checks, silent when they hold:
+    nic_busy = 1.5 * LARGE * beta  # the flat ring's bytes through each node's NIC
+    assert abs(rl["replay"] - (nic_busy + alpha)) < 0.02 * rl["replay"]
+    for r in hier:
+        assert r["measured"] >= 0.98 * r["replay"]  # the emulated network never delivers early
+
+
+# --- nodes and processes per node -----------------------------------------------------------
+
+def _spread_out(four: Sequence[dict], hier: Sequence[dict]) -> list[dict]:
+    """The 4 MiB ring and recursive doubling on 4 x 1, and every 4 MiB run on 2 x 2."""
+    return (ex.select(four, algorithm="ring", nbytes=LARGE)
+            + ex.select(four, algorithm="recursive_doubling", nbytes=LARGE)
+            + ex.select(hier, nbytes=LARGE))
+
+
+def plot_layouts(four: Sequence[dict], one_node: Sequence[dict], hier: Sequence[dict],
+                 slow_intra: Sequence[dict]) -> None:
+    """Draw and show two figures of measured against predicted times at 4 MiB: the ring on
+    4 x 1 and 1 x 4 with recursive doubling on 4 x 1 and 2 x 2; and the three schemes on 2 x 2
+    with an intra-node link as slow as the NIC."""
+    import matplotlib.pyplot as plt
+
+    new_bars = (ex.select(four, algorithm="ring", nbytes=LARGE)
+                + ex.select(one_node, algorithm="ring")
+                + ex.select(four, algorithm="recursive_doubling", nbytes=LARGE)
+                + ex.select(hier, algorithm="recursive_doubling", nbytes=LARGE))
+    for rows, title in (
+            (new_bars, "4 MiB: ring on 4 x 1 and 1 x 4; recursive doubling on 4 x 1 and 2 x 2"),
+            (slow_intra, "4 MiB: 2 x 2, intra-node link as slow as the NIC")):
+        ex.plot_measured_vs_predicted(rows, title=title, log=False)
+        plt.show()
+
+
+def host_set(floor: dict) -> bool:
+    """Whether this machine, not the link, set a run's time: over 1.5x its closed form."""
+    return floor["measured"] > 1.5 * floor["model"]
+
+
+def explain_layouts(*, four: Sequence[dict], one_node: Sequence[dict], hier: Sequence[dict],
+                    slow_intra: Sequence[dict], beta: float) -> None:
+    """Print what the layout changed at 4 MiB: recursive doubling on 2 x 2 against the faster
+    hierarchical scheme (two vectors through one NIC), the hierarchies against the flat ring
+    with a slow intra-node link, and 1 x 4 against 4 x 1 (only the direction when this
+    machine set the 1 x 4 time, `host_set`); then conclude the four layout claims. Asserts
+    that no run beat its replay, that recursive doubling's shared NIC carried two vectors and
+    that the slow-intra rails' closed form is above the flat ring's."""
+    topo = _spread_out(four, hier) + list(one_node) + list(slow_intra)
+    m = {(r["config"], r["algorithm"]): r["measured"] for r in topo}
+    floor = ex.one(one_node, algorithm="ring")
+    fold = ex.one(_spread_out(four, hier), algorithm="ring", config="4x1")["model"] / floor["model"]
+    best_h = min(m["2x2", "hierarchical"], m["2x2", "hierarchical_rail"])
+    slow = {a: m["2x2 slow intra", a] for a in ("ring", "hierarchical", "hierarchical_rail")}
+    slow_model = {r["algorithm"]: r["model"] for r in slow_intra}
+    print(f"2 x 2: recursive doubling took {m['2x2', 'recursive_doubling'] / best_h:.2f}x the "
+          f"faster hierarchical scheme ({ms(m['2x2', 'recursive_doubling'])}, "
+          f"{ms(m['4x1', 'recursive_doubling'])}"
+          f" on 4 x 1).\nWhy: its second round pushed 2 x 4 MiB through each NIC.")
+    print(f"Slow intra-node link: leader-based {slow['hierarchical'] / slow['ring']:.2f}x and "
+          f"rails {slow['hierarchical_rail'] / slow['ring']:.2f}x the flat ring's time\n(closed "
+          f"forms {slow_model['hierarchical'] / slow_model['ring']:.2f}x and "
+          f"{slow_model['hierarchical_rail'] / slow_model['ring']:.2f}x).")
+    print(f"1 x 4 (no NIC): ring {ms(m['1x4', 'ring'])} against {ms(m['4x1', 'ring'])} on 4 x 1"
+          + (f";\n{floor['measured'] / floor['model']:.1f}x its closed form, so this machine's "
+             f"local network stack and Python's per-message cost,\nnot the link, set it: only "
+             f"the direction shows, not the closed forms' {fold:.0f}x." if host_set(floor) else
+             f" ({m['4x1', 'ring'] / m['1x4', 'ring']:.1f}x; closed forms {fold:.0f}x)."))
+    busy = beyond_closed_form((r["measured"], r["replay"]) for r in topo if r["config"] != "1x4")
+    for holds, claim, why in (
+        (m["1x4", "ring"] < m["4x1", "ring"],
+         "the ring inside one node was faster than across 4 nodes", None),
+        (best_h < m["2x2", "ring"] and best_h < m["2x2", "recursive_doubling"],
+         "on 2 x 2 the faster hierarchical scheme beat the flat ring and recursive doubling", busy),
+        (slow["hierarchical_rail"] > slow["ring"],
+         "with an intra-node link as slow as the NIC the rails cost more than the flat ring, as "
+         "their closed forms say", None),
+        (slow["ring"] < slow["hierarchical"] and slow["hierarchical_rail"] < slow["hierarchical"],
+         "with an intra-node link as slow as the NIC the leader-based scheme was the slowest",
+         busy),
+    ):
+        conclude(holds, claim, busy=why)
+    # Checks, silent when they hold:
+    for r in topo:
+        assert r["measured"] >= 0.98 * r["replay"]  # the emulated network never delivers early
+    assert m["2x2", "recursive_doubling"] >= 0.99 * 2 * LARGE * beta  # two vectors, one NIC
+    assert slow_model["ring"] < slow_model["hierarchical_rail"]
+
+
+# --- algbw and busbw ------------------------------------------------------------------------
+
+def print_bandwidths(bw: Sequence[dict], *, link: float) -> None:
+    """Print the bandwidth table of the best runs: ranks, algorithm, time, algbw, busbw and
+    busbw as a share of the link (1/beta)."""
+    print(f"4 MiB, best runs; link 1/beta = {link / 1e6:.1f} MB/s")
+    print(f"{'ranks':>5}  {'algorithm':<20}{'time':>10}{'algbw MB/s':>12}{'busbw MB/s':>12}"
+          f"{'busbw/link':>12}")
+    for r in bw:
+        print(f"{r['config'][0]:>5}  {ex.LABELS.get(r['algorithm'], r['algorithm']):<20}"
+              f"{ms(r['measured']):>10}{r['algbw'] / 1e6:>12.1f}{r['busbw'] / 1e6:>12.1f}"
+              f"{r['busbw'] / link:>12.0%}")
+
+
+def closed_form_changes(m4: float, m8: float) -> tuple[float, float]:
+    """From 4 to 8 ranks, the relative change of algbw and of busbw by the closed forms m4 and
+    m8 of the ring's time: algbw goes as 1/t, busbw as 2(p-1)/p / t (1.5 -> 1.75)."""
+    return m4 / m8 - 1, (m4 / m8) * (1.75 / 1.5) - 1
+
+
+def explain_busbw(r4: dict, r8: dict, *, bw: Sequence[dict], link: float) -> None:
+    """The ring from 4 to 8 ranks at 4 MiB: print how much algbw and busbw changed; conclude
+    that algbw fell and that busbw moved less, beside the closed forms' changes
+    (`closed_form_changes`); print how far the rings sat above their closed forms. Asserts
+    that busbw moves less than algbw by the closed forms, and that no ring or Rabenseifner
+    run's busbw beat the link (one rank per NIC)."""
+    da, db = r8["algbw"] / r4["algbw"] - 1, r8["busbw"] / r4["busbw"] - 1
+    print(f"Ring, 4 -> 8 ranks at 4 MiB: algbw changed by {da:+.0%}, busbw by {db:+.0%}.")
+    # busbw / algbw is 1.75 / 1.5 larger on 8 ranks, so busbw moves less than algbw unless the
+    # machine slowed the 4-rank runs more than the 8-rank ones; the closed forms must agree.
+    m4, m8 = r4["model"], r8["model"]
+    dam, dbm = closed_form_changes(m4, m8)
+    slowed = beyond_closed_form([(r4["measured"], m4), (r8["measured"], m8)])
+    conclude(r8["algbw"] < r4["algbw"],
+             f"algbw fell from 4 to 8 ranks (closed forms: {dam:+.0%})", busy=slowed)
+    conclude(abs(db) < abs(da), f"busbw moved less than algbw (closed forms: algbw "
+             f"{dam:+.0%}, busbw {dbm:+.0%})", busy=slowed)
+    assert abs(dbm) < abs(dam)
+    print(f"Closed forms: algbw {dam:+.0%}, busbw {dbm:+.0%} (the longer ring's latency).\nThe "
+          f"rest is this machine: the rings ran at {r4['measured'] / m4:.2f}x and "
+          f"{r8['measured'] / m8:.2f}x their closed forms (best of {len(r4['times'])} and "
+          f"{len(r8['times'])}).")
+    for r in bw:
+        if r["algorithm"] in ("ring", "rabenseifner"):
+            # one rank per NIC: an endpoint algorithm cannot beat it
+            assert r["busbw"] <= 1.01 * link
+
+
+def explain_shared_nic_busbw(hl: dict, hr: dict, *, link: float) -> None:
+    """busbw by the same factor on the 2 x 2 hierarchical runs (4 ranks, every sum made at a
+    rank): conclude that it exceeded one NIC's rate, and print both as a share of the link,
+    with why when above (each NIC carried n, not 1.5 n)."""
+    above = conclude(min(hl["busbw"], hr["busbw"]) > link,
+                     "the 2 x 2 hierarchical schemes' busbw exceeded one NIC's rate",
+                     busy=beyond_closed_form([(hl["measured"], hl["model"]),
+                                              (hr["measured"], hr["model"])]))
+    print(f"2 x 2 hierarchical schemes, busbw by the same factor: {hl['busbw'] / link:.0%} and "
+          f"{hr['busbw'] / link:.0%} of the link\n(one best-of-{len(hl['times'])} run)" + (
+              ": above it, because each NIC carried n, not 1.5 n (the rest went inside the "
+              "node):\nwith a shared NIC busbw's 'a link of its own' does not hold."
+              if above else "."))
+
+
+# --- on a real GPU cluster ------------------------------------------------------------------
+
+def gpu_cluster_template(*, intra_over_nic: float) -> str:
+    """The ledger template of "On a real GPU cluster" (render with `facts.show(...,
+    one_per_source=True)`): a DGX H100 node's NVLink against its NICs, beside this notebook's
+    `intra_over_nic` (the intra-node link's rate over the NIC's); nccl-tests' busbw factor;
+    the link that bounds a ring's busbw."""
+    nvlink = facts.get("nvidia.h100_nvlink_bw_per_direction").value
+    nic = facts.get("nvidia.connectx7_rate_bytes").value
+    return f"""
+- **A DGX H100 node**: [[nvidia.dgx_h100_compute_nics]] for the compute fabric, one per GPU,
+  each [[nvidia.connectx7_rate_bytes]]. A GPU's NVLink carries
+  [[nvidia.h100_nvlink_bw_per_direction]] each way, about {nvlink / nic:.0f}x its NIC; here the
+  intra-node link was {intra_over_nic:.0f}x the NIC. If the flat ring is striped over a
+  node's P NICs, as NCCL's channels do (below), a hierarchy cuts each NIC's bytes by the same
+  ratio as here, 2((N-1)/N) n against 2((p-1)/p) n, both divided by P. (One ring numbered node
+  by node leaves each node through one GPU's NIC, which then carries all 2((p-1)/p) n.) With
+  the lower link ratio the intra-node phases cost relatively more, so a hierarchy gains less
+  there than here.
+- **busbw**: nccl-tests applies [[nccl.busbw_factor_every_algorithm]]. The factor is a
+  ring's traffic per link; NCCL's tree and in-network algorithms
+  ([02c](02c_in_network_reduction_and_nccl.ipynb)) move other amounts, and their busbw can
+  exceed what the link carried. On two nodes NCCL usually picks the tree
+  (or NVLSTree, a tree whose sums inside the node the NVSwitch makes): to benchmark the network \
+there, set [[nccl.busbw_ring_for_network]].
+- **The link that bounds a ring's busbw** is the NIC with one GPU and one NIC per node. With
+  several per node NCCL's channels (parallel slices of a collective, 02c) spread over all
+  the NICs, and busbw between nodes grows
+  [[nccl.busbw_grows_with_node_nics]]. An NVIDIA engineer reports an all-reduce busbw of
+  [[nccl.busbw_dgx_a100_multi_node]] on DGX A100 nodes with eight 200 Gb/s InfiniBand NICs each
+  (algorithm and node count not stated): close to the node's total NIC bandwidth,
+  8 × 25 GB/s = 200 GB/s, not to one NIC's.
+"""
+
+
+# --- appendix -------------------------------------------------------------------------------
+
+def explain_replay(hier: Sequence[dict], *, alpha: float, beta: float) -> None:
+    """The flat ring on 2 x 2 against its closed form and its replay, at 4 MiB and 4 KiB, and
+    why the replay sits below the closed form (latencies hidden behind the bytes at 4 MiB,
+    about 3 NIC latencies in the chain of steps at 4 KiB)."""
+    h = {(r["algorithm"], r["nbytes"]): r for r in hier}
+    rl, rq22 = h["ring", LARGE], h["ring", SMALL]
+    chunk = LARGE / 4 * beta  # one step's chunk through a NIC
+    print(f"Flat ring on 2 x 2, measured/model {rl['measured'] / rl['model']:.2f}x at 4 MiB and "
+          f"{rq22['measured'] / rq22['model']:.2f}x at 4 KiB;\nreplay/model "
+          f"{rl['replay'] / rl['model']:.2f}x and {rq22['replay'] / rq22['model']:.2f}x. Why:\n"
+          f"- 4 MiB: each NIC sends its 6 chunks back to back; the next chunk reaches it before "
+          f"it has\n  sent the current one ({ms(alpha)} latency < {ms(chunk)} per chunk), so the "
+          f"latencies hide\n  behind the bytes: replay = 1.5 n beta + alpha = "
+          f"{ms(rl['replay'])}, one latency, not 6.\n"
+          f"- 4 KiB: the bytes are negligible and the chain of steps sets the time: rank r's "
+          f"step s\n  waits for rank r-1's step s-1, and only every other hop crosses a NIC, so "
+          f"the chain\n  holds about 3 NIC latencies, not 6 (replay {ms(rq22['replay'])}; "
+          f"3 alpha = {ms(3 * alpha)}).")
