@@ -1,0 +1,261 @@
+"""What notebook 11 (compressing communication: what it saves) reads from its runs.
+
+The experiments are `clusterlab.experiments.compression`; `st` below is its `SweepStats` of a
+step-time sweep (noise band, verdicts, fitted compute). Here are the sentences computed from
+it, the measured conclusions, and the break-even figure and box.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import facts
+from ..experiments import compression
+from ..experiments.common import conclude
+
+# A verdict of SweepStats, as the break-even table says it.
+WORD = {"faster": "pays", "slower": "loses", "cannot tell": "cannot tell"}
+
+
+def ms(seconds: float) -> str:
+    """Seconds as whole milliseconds: 0.0123 -> '12 ms' (this notebook's unit)."""
+    return f"{seconds * 1e3:.0f} ms"
+
+
+def inside_band(st, m: str, rates) -> str | None:
+    """The evidence when a verdict cannot be told on this run: `m` against fp32 at `rates`
+    is inside this run's noise band (None when there are no such rates)."""
+    return (f"{m} against fp32 at {', '.join(map(str, rates))} Mbit/s is inside this run's "
+            f"noise band of {ms(st.band(m))}") if rates else None
+
+
+def explain_sweep(st, methods) -> bool:
+    """How much longer fp32 DDP's step took than each compressed method's on the slowest
+    link, each method's step and verdict on the fastest, and the conclusion (every compressed
+    method beat fp32 at the slowest rate; a verdict inside the noise band is the evidence of a
+    busy run). `methods` starts with the baseline "none". Returns whether it was shown."""
+    slow, fast = st.slow, st.fast
+    print(f"At {slow} Mbit/s fp32 DDP's step took "
+          + ", ".join(f"{st.speedup(m, slow):.1f}x {m}'s" for m in methods[1:]) + ".")
+    print(f"At {fast} Mbit/s, fp32 DDP {ms(st.step('none', fast))}; "
+          + ", ".join(f"{m} {ms(st.step(m, fast))} ({st.verdict(m, fast)})" for m in methods[1:]))
+    print("(each step: the fastest of the slowest rank's steps; 'cannot tell': inside the "
+          "noise band)")
+    unclear = [m for m in methods[1:] if st.verdict(m, slow) == "cannot tell"]
+    claim = f"every compressed method beat fp32 DDP at {slow} Mbit/s"
+    return conclude(all(st.verdict(m, slow) == "faster" for m in methods[1:]), claim,
+                    busy="; ".join(inside_band(st, m, [slow]) for m in unclear) or None)
+
+
+def explain_breakeven(st, methods, *, ranks: int = 4, delay_s: float = 2e-3,
+                      steps_measured: int) -> None:
+    """For each PowerSGD rank in `methods`: where it paid, could not tell and lost, its
+    predicted and measured break-even, and two conclusions (on the fastest link its extra
+    rounds cost more than the bytes it saved; it paid at the low rates and not at the high
+    ones, crossing within the predicted interval). Then both ranks' crossings read together,
+    and whether the extra rounds or all else PowerSGD rank 1 adds decide its cost."""
+    fast = st.fast
+    for m in methods:
+        where = {w: [q for q in st.rates if WORD[st.verdict(m, q)] == w]
+                 for w in ("pays", "cannot tell", "loses")}
+        print(f"{m}: " + "; ".join(f"{w} at {', '.join(map(str, qs))} Mbit/s"
+                                   for w, qs in where.items() if qs))
+        lo, mid, hi = st.breakeven_mbit(m, ranks, delay_s)
+        a, b, mixed = st.crossing(m)
+        print(f"    predicted break-even {mid:.0f} Mbit/s (t_extra fitted on this sweep)"
+              + (f", measured between {a} and {b} Mbit/s" if a else ""))
+        claim = f"on the fastest link {m}'s extra rounds cost more than the bytes it saved"
+        conclude(st.verdict(m, fast) == "slower", claim,
+                 busy=inside_band(st, m, [fast] if st.verdict(m, fast) == "cannot tell" else []))
+        claim = (f"{m} paid at the low rates and not at the high ones, and the measured "
+                 f"crossing overlaps the predicted {lo:.0f} to {hi:.0f} Mbit/s (extra time ± "
+                 f"noise band)")
+        conclude(a is not None and a <= hi and b >= lo, claim,
+                 busy="its gain over fp32 went up and down across the rates, which the network "
+                 "alone cannot do" if mixed else inside_band(
+                     st, m, [q for q in st.rates if st.verdict(m, q) == "cannot tell"]
+                     if a is None else []))
+    cross = [st.crossing(m)[:2] for m in methods]
+    if all(a for a, _ in cross):
+        a_all, b_all = min(a for a, _ in cross), max(b for _, b in cross)
+        print(f"Read together, both ranks cross between {a_all} and {b_all} Mbit/s"
+              + ("." if len(set(cross)) == 1 else ": each verdict compares one fastest-of-"
+                 f"{steps_measured} step per rate against each method's noise band ("
+                 + ", ".join(f"{m} {st.band(m) * 1e3:.1f} ms" for m in methods)
+                 + "), so a narrower interval for one rank is no measured difference."
+                 if max(a for a, _ in cross) < min(b for _, b in cross)
+                 else "; on this run their intervals do not overlap."))
+    delays_s = {m: compression.comm_seconds(compression.predicted_calls(m, ranks), ranks,
+                                            delay_s, 0)
+                for m in ("none", "powersgd:1")}
+    rounds, extra, band = (delays_s["powersgd:1"] - delays_s["none"], st.extra_s("powersgd:1"),
+                           st.band("powersgd:1"))
+    print(f"PowerSGD rank 1's two extra all-reduces wait {ms(rounds)} of delays per step; all "
+          f"else it adds is {extra * 1e3:.1f} ms")
+    print(f"(median over {len(st.rates)} rates, noise band {ms(band)}): "
+          + ("here, the rounds decide." if extra + band < rounds
+             else "this run cannot tell which of the two decides."))
+
+
+def breakeven_by_size(hiddens, *, ranks: int, latency_s: float) -> dict:
+    """PowerSGD rank 1's break-even rate (Gbit/s) for the notebook's MLP widened to each of
+    `hiddens`, on `ranks` ranks at `latency_s` per message with free compute, charging a
+    ring's 2(p-1) delays ("ring") or a tree's 2 lg p ("log"); with the fp32 gradient bytes of
+    each width ("sizes")."""
+    sizes = [4 * sum(math.prod(s) for s in compression.parameter_shapes(hidden=h))
+             for h in hiddens]
+    be_size = {lat: [compression.breakeven_rate_bps("powersgd:1", ranks, latency_s, hidden=h,
+                                                    latency=lat) / 1e9 for h in hiddens]
+               for lat in ("ring", "log")}
+    return {"hiddens": list(hiddens), "sizes": sizes, "ranks": ranks, "latency_s": latency_s,
+            **be_size}
+
+
+def plot_breakeven_by_size(scan: dict) -> None:
+    """The break-even rate against the gradient bytes, ring and tree-like, with one NIC's
+    rate (ledger) for scale."""
+    import matplotlib.pyplot as plt
+
+    sizes = scan["sizes"]
+    nic_gbit = facts.get("nvidia.connectx7_rate").value
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    ax.plot(np.array(sizes) / 1e6, scan["ring"], "o-", color="C3",
+            label="powersgd:1, p=64, 10 us, ring: 2(p-1) delays")
+    ax.plot(np.array(sizes) / 1e6, scan["log"], "s--", color="C1", mfc="none",
+            label="the same, tree-like: 2 lg p delays")
+    ax.axhline(nic_gbit, color="grey", ls="--", label=f"one {nic_gbit:g} Gb/s NIC (ledger)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("fp32 gradient bytes of the same MLP, widened (MB)")
+    ax.set_ylabel("break-even rate (Gbit/s)")
+    ax.set_title("Break-even grows with the bytes saved (assumed: 64 ranks, 10 us per message, "
+                 "free compute)", fontsize=9)
+    ax.legend(fontsize=8)
+    plt.tight_layout()
+    plt.show()
+
+
+def at_bucket(be, sizes, cap_mib: float) -> float:
+    """The break-even at one bucket of `cap_mib` MiB (log-log interpolation of `be` over
+    `sizes`: near proportional)."""
+    return float(np.exp(np.interp(np.log(cap_mib * 2**20), np.log(sizes), np.log(be))))
+
+
+def bytes_at_rate(be, sizes, rate_gbit: float) -> float:
+    """The bucket bytes whose break-even is `rate_gbit` (log-log interpolation)."""
+    return float(np.exp(np.interp(np.log(rate_gbit), np.log(be), np.log(sizes))))
+
+
+def show_breakeven_at_scale(scan: dict, *, n_params: int) -> None:
+    """The box after the figure: this model's break-even on 64 ranks, the same MLP widened,
+    capped at one default DDP bucket (ledger), and with a tree's rounds instead of a ring's,
+    each against one NIC's rate. Asserts that the break-even grows about in proportion to
+    the bytes."""
+    sizes, ring = scan["sizes"], scan["ring"]
+    model_kb = 4 * n_params / 1e3
+    nic_gbit = facts.get("nvidia.connectx7_rate").value
+    be_dc = compression.breakeven_rate_bps("powersgd:1", 64, 10e-6) / 1e9
+    ratio = ring[-1] / ring[0]
+    assert ratio > 0.5 * sizes[-1] / sizes[0]  # about proportional to the bytes
+    cap_mib = facts.get("pytorch.ddp_bucket_cap_mb").value
+    bucket, bucket_log = at_bucket(ring, sizes, cap_mib), at_bucket(scan["log"], sizes, cap_mib)
+    facts.show(f"""
+On a real fabric what usually decides is compression's compute overhead (Agarwal et al.,
+across methods and GPU setups: [[paper.agarwal_compression_utility_2022]]) and how much of
+the exchange the backward already hides (*On a real GPU cluster*). This model prices only
+rounds and bytes: leaving out compute and overlap makes its break-even rates too high;
+charging a ring's rounds (last bullet) makes them too low:
+
+- **Model size.** On 64 ranks with an assumed 10 us per message and free compute, this
+  {model_kb:.0f} kB model's PowerSGD rank 1 pays below {be_dc:.0f} Gbit/s. The same MLP
+  widened to {sizes[-1] / 1e9:.1f} GB of gradients would, in one exchange, pay below
+  {ring[-1]:.0f} Gbit/s ({ratio:.0f}x higher for {sizes[-1] / sizes[0]:.0f}x the bytes); but DDP
+  splits it into buckets.
+- **Per bucket.** DDP calls the hook once per bucket ([[pytorch.ddp_bucket_cap_mb]] by
+  default), each paying its own rounds: the break-even stops growing at one bucket's, about
+  {bucket:.0f} Gbit/s, {'below' if bucket < nic_gbit else 'above'} one
+  [[nvidia.connectx7_rate]] NIC (buckets from about
+  {bytes_at_rate(ring, sizes, nic_gbit) / 1e6:.0f} MB pass it).
+- **Latency model.** That charges a flat ring's 2(p-1) delays per all-reduce, each a NIC
+  hop's (in a real node most hops are NVLink): it overcharges latency. An idealised
+  tree's 2 lg p instead (NCCL has had all-reduce trees since [[nccl.tree_since]]) makes the
+  extra rounds {bucket_log / bucket:.1f}x cheaper at p = 64: one default bucket breaks even
+  near {bucket_log:.0f} Gbit/s, and buckets from about
+  {bytes_at_rate(scan["log"], sizes, nic_gbit) / 1e6:.0f} MB pass the NIC. Rounds then no
+  longer rule PowerSGD out.
+""")
+
+
+def least_compression_rate(rank: int = 4) -> float:
+    """How many times this model's least compressible matrix (n x m) shrinks under PowerSGD
+    at `rank`: nm / (rank (n + m))."""
+    return min(n * m / (rank * (n + m)) for n, m in
+               (s for s in compression.parameter_shapes() if len(s) == 2))
+
+
+def real_cluster_text() -> str:
+    """The "On a real GPU cluster" box for compression: exposed communication, DDP's buckets,
+    PowerSGD's settings (with this model's least compression rate at rank 4), FSDP, FP8 and
+    slow links: a template for `facts.show`, whose [[...]] placeholders cite the ledger."""
+    min_rate = least_compression_rate(4)
+    return f"""
+- **Only exposed communication can shrink.** DDP's design ([[paper.li_pytorch_ddp_2020]])
+  all-reduces each bucket while the backward pass still runs: a compressor saves only what
+  the backward does not hide (here all of it: one bucket), and its own GPU work competes with
+  the backward's kernels.
+- **DDP's buckets** are capped at [[pytorch.ddp_first_bucket]] (the first) and
+  [[pytorch.ddp_bucket_cap_mb]] (the others) by default. DDP accepts torch's bf16 hook only
+  from a torch build with [[pytorch.ddp_bf16_hook_check]].
+- **PowerSGD's settings.** torch's hook starts after [[pytorch.powersgd_start_iter]] of plain
+  all-reduce (the runs above: from step {compression.POWERSGD_START}) and compresses a matrix
+  only if its compression rate exceeds [[pytorch.powersgd_min_compression_rate]] (here 1,
+  which changes nothing: this model's least compressible matrix still shrinks
+  {min_rate:.1f}x at rank 4).
+- **FSDP.** FSDP2 (`fully_shard`) has [[pytorch.fsdp2_no_comm_hook]]: a compressor could
+  go in a custom reduce-scatter or all-gather (`set_custom_all_gather`);
+  `set_all_reduce_hook` runs after the reduction (reduce dtype:
+  [11b](11b_error_feedback_and_accuracy.ipynb)). FSDP1 has [[pytorch.fsdp1_comm_hook]].
+- **FP8 on the wire** where bytes dominate: DeepSeek-V3's expert all-to-all sends
+  [[deepep.fp8_dispatch]].
+- **Slow links: change the algorithm, not the bits.** DiLoCo: [[diloco.paper]].
+"""
+
+
+def explain_prediction_errors(st) -> bool:
+    """How close the closed form came to the measured steps (median and largest relative
+    error), why the worst point may sit below the model, and the conclusion (within 30% in
+    the median; fp32's own noise band above 30% of its fastest step is the evidence of a busy
+    run). Returns whether it was shown."""
+    err = st.prediction_errors()
+    worst = st.rows[int(np.argmax(err))]
+    print(f"The closed form is within a median {np.median(err):.0%} of the {len(err)} (method, "
+          f"rate) points (largest {err.max():.0%}, {worst['method']} at "
+          f"{worst['rate_mbit']} Mbit/s).")
+    w_row = st.table[worst["method"], worst["rate_mbit"]]
+    if worst["step_s"] < worst["predicted_step_s"]:
+        print(f"That point is {ms(worst['predicted_step_s'] - worst['step_s'])} *below* the "
+              f"model: its fitted compute ({ms(w_row['compute_s'])}) is a median over all "
+              f"rates.")
+        comm = w_row["predicted_comm_s"]
+        print("The step is " + ("still above" if worst["step_s"] > comm else "within 10% of"
+                                 if worst["step_s"] > 0.9 * comm else "below")
+              + f" its exchange's closed form ({ms(comm)}).")
+    return conclude(np.median(err) < 0.3, "the closed form follows the measured steps within "
+                    "30% in the median",
+                    busy=(f"fp32's noise band alone is {ms(st.band('none'))}"
+                          if st.band("none") > 0.3 * st.step("none", st.fast) else None))
+
+
+def print_gains(st, methods) -> None:
+    """Per rate, the time each of `methods` saved against fp32 and its verdict, and the noise
+    bands the verdicts used."""
+    print("Time saved against fp32 per step (fp32's step minus the method's):")
+    print(f"{'Mbit/s':>7}" + "".join(f"{m:>24}" for m in methods))
+    for q in st.rates:
+        print(f"{q:>7}" + "".join(f"{st.gain(m, q) * 1e3:>10.1f} ms {WORD[st.verdict(m, q)]:>11}"
+                                  for m in methods))
+    print("A gain counts only beyond its method's noise band (the larger of its and fp32's): "
+          + ", ".join(f"{m} {st.band(m) * 1e3:.1f} ms" for m in methods)
+          + "; so the same gain can read 'cannot tell' for one and 'loses' for the other.")
