@@ -1,0 +1,134 @@
+"""What `notebooks/07_gradient_scaling.ipynb` reads from its runs.
+
+The experiments are `clusterlab.experiments.gradient_scaling`; each function here turns one
+cell's runs into the table, the sentences or the figure the learner reads, and checks what the
+text claims.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def fix_table(fix: dict, *, steps: int) -> None:
+    """Per weighting method: the gradient's relative error at step 0 and the parameters' max
+    distance from full-batch descent after 30 and after `steps` steps."""
+    from ..experiments import gradient_scaling
+
+    print(f"{'':14s} {'gradient error':>15s} {'parameters, after 30 steps':>27s} "
+          f"{f'after {steps}':>10s}")
+    for m in gradient_scaling.METHODS:
+        print(f"{m:14s} {fix['rel_error'][m]:15.1e} {fix['param_error'][m][29]:27.1e} "
+              f"{fix['param_error'][m][-1]:10.1e}")
+    print("(gradient error: relative to the full-batch gradient; parameters: max distance from "
+          "full-batch descent)")
+
+
+def distance_to_own_minimiser(params: dict, minimisers: dict) -> float:
+    """The mean of means' final parameters' max distance from its re-weighted loss's
+    minimiser (`gradient_scaling.minimisers`)."""
+    return float(np.max(np.abs(params["mean_of_means"][-1] - minimisers["mean_of_means"])))
+
+
+def explain_fix(fix: dict, opt_pt: dict, *, steps: int, mom: float) -> None:
+    """The table of `fix_table`, what dividing by the global count does to the gradient's
+    error, where the mean of means ends after `steps` steps (its own minimiser, off the
+    full-batch one) and what that costs in full-data loss; asserts the "tens of percent"
+    (`mom`: the mean of means' error on the first batches), the fixes to rounding, and that
+    the mean of means converged to its own minimiser."""
+    fix_table(fix, steps=steps)
+    shift, mom_end = opt_pt["shift"], fix["param_error"]["mean_of_means"][-1]
+    print(f"Dividing by the global count takes the gradient's error from "
+          f"{fix['rel_error']['mean_of_means']:.0%} to {fix['rel_error']['global_count']:.0e}, "
+          "for one all-reduce of a single number per step.")
+    own = distance_to_own_minimiser(fix["params"], opt_pt)
+    print(f"After {steps} steps the mean of means is {mom_end:.4f} from the full-batch "
+          f"parameters and {own:.1e} from the minimiser of its re-weighted loss, which is "
+          f"{shift:.4f} from the full-batch one ({shift / opt_pt['scale']:.1%} of the largest "
+          "parameter).")
+    print(f"There the full-data loss is +{opt_pt['excess_loss']:.0%} above its minimum: a "
+          f"finite-sample effect of these {len(fix['batch_sizes'])} pinned shards, not a size "
+          "to expect.")
+    print("The shift is zero with equal counts, or when the full-batch optimum also minimises "
+          "every shard's own loss; unequal weights N/(W n_r) on shards whose data differ move it.")
+    assert 0.1 < mom < 1 and 0.1 < fix["rel_error"]["mean_of_means"] < 1  # "tens of percent"
+    assert fix["rel_error"]["global_count"] < 1e-6 and fix["rel_error"]["weighted"] < 1e-6
+    assert fix["param_error"]["global_count"][-1] < 1e-10
+    assert abs(mom_end - shift) < 0.05 * shift and own < 0.01 * shift, (
+        "it converged to its own minimiser")
+
+
+def explain_adam(adam_sm: dict, adam_fix: dict, opt_pt: dict, *, final: dict,
+                 steps: int) -> None:
+    """With Adam: how much larger the summed loss's gradient is than the mean loss's and how
+    little their loss curves differ (per world size), SGD's diverged run for contrast
+    (`final`: per world size, the final (mean, sum) losses of the SGD runs), and where the
+    mean of means ends after `steps` Adam steps; asserts that sum and mean give the same
+    curves and that Adam converges to the mean of means' minimiser."""
+    shift = opt_pt["shift"]
+    for i, w in enumerate(adam_sm["world_sizes"]):
+        s_, m_ = adam_sm["loss"]["sum"][i], adam_sm["loss"]["mean"][i]
+        print(f"Adam, W={w}: the summed loss's gradient is "
+              f"{adam_sm['grad_norm']['sum'][i] / adam_sm['grad_norm']['mean'][i]:.0f}x the "
+              f"mean loss's; the two loss curves differ by at most "
+              f"{np.max(np.abs(s_ - m_) / m_):.1e} (relative) over {len(m_)} steps; final loss "
+              f"{s_[-1]:.4f} vs {m_[-1]:.4f}")
+    print(f"(SGD, same lr, W=1: summed loss ended at {final[1][1]:.1e})")
+    adam_mom = adam_fix["param_error"]["mean_of_means"][-1]
+    adam_own = distance_to_own_minimiser(adam_fix["params"], opt_pt)
+    print(f"Adam, batches 3/10/40/99, {steps} steps: the mean of means ends {adam_mom:.4f} "
+          f"from full-batch Adam and {adam_own:.1e} from its re-weighted loss's minimiser (the "
+          f"minimisers are {shift:.4f} apart); the global count "
+          f"{adam_fix['param_error']['global_count'][-1]:.1e}")
+    for i in range(len(adam_sm["world_sizes"])):
+        assert np.allclose(adam_sm["loss"]["sum"][i], adam_sm["loss"]["mean"][i], rtol=1e-5)
+    assert abs(adam_mom - shift) < 0.05 * shift and adam_own < 0.01 * shift, (
+        "Adam: the mean of means' minimiser")
+    assert adam_fix["param_error"]["global_count"][-1] < 1e-10
+
+
+def plot_scaler_and_clipping(scal: dict, clip: dict) -> None:
+    """Three panels: the GradScaler's scale per rank (DDP and ShardedGradScaler: one line for
+    every rank; plain GradScaler on shards: the rank with the inf apart from the others), the
+    clipping factor per block at step 0 (local vs global norm), and the distance from
+    one-process training under each clipping. Asserts the ranks that one line stands for."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
+    ax = axes[0]
+    both = scal["ddp"]["scale"][:, 0]
+    assert np.all(scal["ddp"]["scale"] == both[:, None]) and np.all(
+        scal["sharded_synced"]["scale"] == both[:, None])
+    ax.plot(both, color="0.6", lw=6, alpha=0.6, label="ddp and sharded_synced: every rank")
+    local = scal["sharded_local"]["scale"]
+    others = [r for r in range(scal["world"]) if r != scal["inf_rank"]]
+    assert np.all(local[:, others] == local[:, others[:1]])  # one line stands for these ranks
+    ax.plot(local[:, others[0]], "o--", color="C1", label=f"sharded_local: ranks {others}")
+    ax.plot(local[:, scal["inf_rank"]], "s:", color="C3",
+            label=f"sharded_local: rank {scal['inf_rank']}")
+    ax.axvline(scal["inf_step"], color="k", lw=0.8, ls=":")
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("GradScaler scale")
+    ax.set_title("Loss scale per rank (inf on rank 2 at step 2)", fontsize=10)
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    x = np.arange(clip["world"])
+    ax.bar(x - 0.2, clip["local"]["block_scale"], 0.4, color="C3", label="local norm")
+    ax.bar(x + 0.2, clip["global"]["block_scale"], 0.4, color="C2", label="global norm")
+    ax.set_xticks(x, [f"block {b}\n|g|={n:.1f}"
+                      for b, n in enumerate(clip["local"]["local_norms"][0])])
+    ax.set_yscale("log")
+    ax.set_ylabel("factor applied by clipping")
+    ax.set_title("Clipping factor per block, step 0", fontsize=10)
+    ax.legend(fontsize=8)
+    ax = axes[2]
+    for mode, c in (("local", "C3"), ("global", "C2")):
+        ax.plot(np.maximum(clip[mode]["param_error"], 1e-18), color=c, label=f"{mode} norm")
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("max |w - one process|")
+    ax.set_title("Training vs clip_grad_norm_ in one process", fontsize=10)
+    ax.legend(fontsize=8)
+    plt.tight_layout()
+    plt.show()
