@@ -15,7 +15,27 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 import clusterlab
 from clusterlab import doctor
+from clusterlab.experiments import basics
 from clusterlab.experiments.common import beyond_closed_form, conclude
+from clusterlab.lessons.show import ms
+
+
+def explain_dilation(dil: dict, *, delay_us: float) -> None:
+    """The doctor's verdict in a line: K = 1 (this machine emulates the delay faithfully) or
+    K > 1 (every experiment runs K times slower, times divided by K; capped when even the
+    largest K leaves this machine's noise visible), and a warning when the lateness this
+    machine adds (p99) is above 0.8 of the delay x K."""
+    K = dil["k"]
+    print(f"dilation K = 1: this machine passed the doctor's check for the {delay_us / 1e3:g} ms "
+          "delay (appendix: Check your machine)"
+          if K == 1 else f"dilation K = {K}: experiments run {K} times slower, reported times are "
+          f"divided by {K} (appendix: Check your machine)"
+          + (" (capped: expect this machine's noise to show)" if dil["capped"] else ""))
+    edge = dil["tail_us"] / (delay_us * K)
+    if edge > 0.8:
+        print(f"warning: this machine is busy; the lateness it adds to messages (p99) is "
+              f"{edge:.0%} of the delay{' x K' if K > 1 else ''}, so single messages below may "
+              "arrive late (appendix)")
 
 
 def timed_all_reduce(repeats):
@@ -117,6 +137,47 @@ def explain_impaired_step(plain, impaired, solo, *, replay, compute: float, mode
     assert np.all(impaired["phases"]["all_reduce"] >= model_ar - spread), \
         "no round beats delay - jitter"
     assert impaired["median"]["all_reduce"] > plain["median"]["all_reduce"]
+
+
+def explain_runs(runs, *, show_details: bool, dilation: int) -> None:
+    """The three runs of the loop (`basics.compare`: plain, impaired, one rank alone): their
+    median steps and whether the plain and impaired runs computed bit-for-bit the same
+    losses and weights; with `show_details`, the mean time per phase and the parameter
+    checksums. Checks that the replicas stayed identical and that the network changed the
+    time, never the numbers."""
+    plain, impaired, solo = runs
+    same = plain["checksums"] == impaired["checksums"] and plain["loss"] == impaired["loss"]
+    print(f"median step ({impaired['steps']} steps): one rank alone "
+          f"{solo['step_median'] * 1e3:.1f} ms, plain Gloo {plain['step_median'] * 1e3:.1f} ms, "
+          f"impaired {impaired['step_median'] * 1e3:.1f} ms")
+    print(f"plain and impaired runs: losses and weights bit-for-bit identical: {same}")
+    if show_details:
+        print()
+        print(f"details: MEAN time per phase (the line above gives medians; a few slow steps "
+              f"pull a mean up), dilation K = {dilation}, emulated-cluster time")
+        print(basics.format_breakdown(runs))
+        print(f"parameter checksums, plain: {plain['checksums']}, impaired: "
+              f"{impaired['checksums']}")
+    assert len(set(plain["checksums"])) == 1, "the replicas must stay identical"
+    assert plain["checksums"] == impaired["checksums"], \
+        "the network changes time, never the numbers"
+    assert plain["loss"] == impaired["loss"]
+
+
+def explain_slow_steps(s: dict, impaired) -> None:
+    """The all-reduce phase of the slowest rank (`basics.slow_steps`): median and highest
+    against the jitter's bound, and how many phases went beyond it (by how much, with the
+    load average) or that none did. Checks that the model's all-reduce lies between the
+    jitter's floor and bound."""
+    print(f"all-reduce phase, slowest rank, {s['steps']} steps: median "
+          f"{ms(s['all_reduce_median'])}, highest {ms(s['all_reduce_max'])}; the jitter's bound: "
+          f"{ms(s['ceiling'])}")
+    print(f"{s['beyond']} of {s['steps']} phases beyond the bound"
+          + (f" (by up to {ms(s['max_excess'])}: this machine or a late rank; load average up "
+             f"to {max(impaired['load_average']):.1f} on {impaired['cores']} cores)"
+             if s["beyond"] else ": none exceeds what the jitter alone could produce"))
+    assert s["floor"] < impaired["predicted_all_reduce"] < s["ceiling"]
+    assert s["beyond"] == 0 or s["max_excess"] > 0
 
 
 def real_cluster_text(*, alpha: float, rate_Bps: float, alpha_nccl: float, nic_Bps: float,
