@@ -1,0 +1,491 @@
+"""The lesson modules of notebooks 02, 02b and 02c: each verdict, classification and formatted
+number, on small synthetic rows (no processes, no absolute times)."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusterlab import models
+from clusterlab.experiments import allreduce_and_topology as ex
+from clusterlab.lessons import allreduce_and_topology as ar
+from clusterlab.lessons import hierarchy_busbw_and_nccl as hb
+from clusterlab.lessons import in_network_reduction_and_nccl as inr
+
+SMALL, MEDIUM, LARGE = ex.SIZES
+ALPHA, BETA = ex.alpha_beta(ex.NIC)
+
+
+def row(algorithm, nbytes, measured, model, *, median=None, replay=None, config="4x1", p=4,
+        k=5, spread=0.001):
+    """A row shaped like `ex.measure`'s, with `k` repetitions from `measured` to `median`."""
+    median = measured if median is None else median
+    return {"algorithm": algorithm, "nbytes": nbytes, "config": config, "p": p,
+            "measured": measured, "best": measured, "median": median,
+            "times": [measured] + [median] * (k - 1), "model": model,
+            "replay": model if replay is None else replay, "best_spread": spread,
+            "algbw": models.alg_bandwidth(nbytes, measured),
+            "busbw": models.bus_bandwidth("all_reduce", p, nbytes, measured)}
+
+
+@pytest.fixture
+def verdicts(monkeypatch):
+    """Record every (holds, claim, busy) the lesson modules pass to `conclude`."""
+    seen = []
+
+    def record(holds, claim, *, busy=None):
+        seen.append((bool(holds), claim, busy))
+        return bool(holds)
+
+    for module in (ar, hb, inr):
+        monkeypatch.setattr(module, "conclude", record)
+    return seen
+
+
+# --- 02: the cost model -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("ratio, expected", [
+    (0.03, "latency-bound"), (0.1, "in between: it depends on the algorithm"),
+    (2.1, "in between: it depends on the algorithm"),
+    (10, "in between: it depends on the algorithm"),
+    (33.6, "bandwidth-bound")])
+def test_regime_classifies_the_wire_time_in_latencies(ratio, expected):
+    assert ar.regime(ratio) == expected
+
+
+def test_describe_network_prints_each_size_with_its_regime(capsys):
+    ar.describe_network(ALPHA, BETA)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"every node's NIC: netem '{ex.NIC}'")
+    assert out[2].endswith("alpha -> latency-bound") and out[2].strip().startswith("4 KiB")
+    assert out[4].endswith("alpha -> bandwidth-bound") and out[4].strip().startswith("4 MiB")
+
+
+@pytest.mark.parametrize("p", [4, 8, 16])
+def test_crossover_is_where_the_ring_and_recursive_doubling_cost_the_same(p):
+    n = ar.crossover(p, ALPHA, BETA)
+    ring = models.allreduce_time("ring", p, n, ALPHA, BETA)
+    rd = models.allreduce_time("recursive_doubling", p, n, ALPHA, BETA)
+    assert ring == pytest.approx(rd, rel=1e-9)
+    assert models.allreduce_time("ring", p, 2 * n, ALPHA, BETA) < models.allreduce_time(
+        "recursive_doubling", p, 2 * n, ALPHA, BETA)
+
+
+def test_crossover_on_4_ranks_is_8_alpha_over_beta():
+    assert ar.crossover(4, 1.0, 1.0) == pytest.approx(8.0)
+    assert ar.crossover(8, 1.0, 1.0) == pytest.approx(11 / 1.25)
+
+
+def test_compare_networks_scales_times_by_the_ratio_of_alphas(capsys):
+    ar.compare_networks({"emulated": ex.NIC, "datacentre": "delay 10us rate 100gbit"})
+    out = capsys.readouterr().out
+    assert "Times scale by alpha_emulated / alpha_datacentre = 500." in out
+    with pytest.raises(AssertionError):  # a different alpha x bandwidth is not the same network
+        ar.compare_networks({"a": ex.NIC, "b": "delay 10us rate 10gbit"})
+
+
+@pytest.mark.parametrize("algo, p, expected", [
+    ("ring", 4, (6, 1.5, 0.75)), ("recursive_doubling", 1024, (10, 10, 10)),
+    ("rabenseifner", 4, (4, 1.5, 0.75)), ("parameter_server", 4, (2, 6, 3)),
+    ("parameter_server", 1024, (2, 2046, 1023))])
+def test_coefficients_of_the_closed_forms(algo, p, expected):
+    assert ar.coefficients(algo, p) == pytest.approx(expected)
+
+
+def test_cost_table_has_one_line_per_algorithm(capsys):
+    ar.print_cost_table()
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 + len(ar.COST_TABLE_ROWS)
+    assert lines[1].split()[:2] == ["ring", "6"]
+
+
+# --- 02: each algorithm's run -----------------------------------------------------------------
+
+def test_check_names_the_sizes_paid_beyond_the_busy_factor(capsys):
+    rows = [row("ring", SMALL, 0.0140, 0.0100), row("ring", LARGE, 0.2010, 0.2000)]
+    ar.check(rows)
+    out = capsys.readouterr().out
+    assert "best/model 1.00 to 1.40" in out and "4 KiB +4.0, 4 MiB +1.0 ms" in out
+    assert out.splitlines()[-1].startswith("At 4 KiB that extra is over 30% of a closed form")
+    ar.check([row("ring", SMALL, 0.0120, 0.0100)])
+    assert "that extra is over" not in capsys.readouterr().out
+
+
+def test_check_gives_a_range_when_a_size_has_several_rows(capsys):
+    ar.check([row("ring", SMALL, 0.011, 0.010), row("tree", SMALL, 0.013, 0.010)])
+    assert "4 KiB +1.0 to +3.0 ms" in capsys.readouterr().out
+
+
+def test_explain_ring_asserts_the_latencies(capsys):
+    ring = [row("ring", SMALL, 0.0310, 0.0303), row("ring", LARGE, 0.29, 0.2819)]
+    ar.explain_ring(ring, p=4, alpha=ALPHA)
+    out = capsys.readouterr().out
+    assert "the 2(p-1) latencies are 99%" in out and "11%" in out
+    with pytest.raises(AssertionError):  # faster than six delays cannot be
+        ar.explain_ring([row("ring", SMALL, 0.020, 0.0303), row("ring", LARGE, 0.29, 0.2819)],
+                        p=4, alpha=ALPHA)
+
+
+def rings_and_rd(rd_small=0.012, rd_large=0.35):
+    ring = [row("ring", SMALL, 0.033, 0.030), row("ring", LARGE, 0.286, 0.282)]
+    rd = [row("recursive_doubling", SMALL, rd_small, 0.0103),
+          row("recursive_doubling", LARGE, rd_large, 0.346)]
+    return ring, rd
+
+
+def test_recursive_doubling_verdict_and_factors(verdicts, capsys):
+    ring, rd = rings_and_rd()
+    ar.explain_recursive_doubling(rd, ring=ring)
+    assert verdicts[-1][0] is True
+    assert "4 KiB: recursive doubling 2.8x faster than the ring" in capsys.readouterr().out
+    ring, rd = rings_and_rd(rd_small=0.040)
+    ar.explain_recursive_doubling(rd, ring=ring)
+    assert verdicts[-1][0] is False and capsys.readouterr().out == ""
+
+
+def test_rabenseifner_and_tree_verdicts(verdicts, capsys):
+    ring, rd = rings_and_rd()
+    rab = [row("rabenseifner", SMALL, 0.022, 0.020), row("rabenseifner", LARGE, 0.276, 0.272)]
+    ar.explain_rabenseifner(rab, ring=ring, rd=rd)
+    assert verdicts[-1][0] is True
+    assert "within 3% of the ring" in capsys.readouterr().out
+    slow_rab = [row("rabenseifner", SMALL, 0.022, 0.020), row("rabenseifner", LARGE, 0.36, 0.272)]
+    ar.explain_rabenseifner(slow_rab, ring=ring, rd=rd)
+    assert verdicts[-1][0] is False
+    tree = [row("tree", SMALL, 0.0226, 0.0207), row("tree", LARGE, 0.693, 0.692)]
+    ar.explain_tree(tree, ring=ring, rd=rd)
+    assert verdicts[-1][0] is True
+    assert "2.0x slower than recursive doubling, 2.4x slower than the ring" in (
+        capsys.readouterr().out)
+    ar.explain_tree([row("tree", SMALL, 0.0226, 0.0207), row("tree", LARGE, 0.30, 0.692)],
+                    ring=ring, rd=rd)
+    assert verdicts[-1][0] is False
+
+
+def near_rows(rd_lo=0.054, ring_hi=0.159):
+    sizes = [512 * 2**10, 2**20, 2 * 2**20]
+    return [row("ring", sizes[0], 0.070, 0.061), row("ring", sizes[1], 0.098, 0.093),
+            row("ring", sizes[2], ring_hi, 0.156),
+            row("recursive_doubling", sizes[0], rd_lo, 0.052),
+            row("recursive_doubling", sizes[1], 0.097, 0.094),
+            row("recursive_doubling", sizes[2], 0.182, 0.178)]
+
+
+def test_crossover_verdict_flips_between_the_outer_sizes(verdicts, capsys):
+    ar.explain_crossover(near_rows(), x_over=0.95 * 2**20)
+    holds, claim, busy = verdicts[-1]
+    assert holds and busy is None and "on either side of the computed 0.95 MiB" in claim
+    assert "At 1 MiB ring / recursive doubling = 1.01 (closed forms 0.99)" in (
+        capsys.readouterr().out)
+    ar.explain_crossover(near_rows(rd_lo=0.080), x_over=0.95 * 2**20)
+    assert verdicts[-1][0] is False and verdicts[-1][2] is not None  # 0.080 > 1.3 x 0.052
+    with pytest.raises(AssertionError):  # the emulated network is never early
+        ar.explain_crossover(near_rows(ring_hi=0.100), x_over=0.95 * 2**20)
+
+
+def test_parameter_server_sent_the_sum_three_times(capsys):
+    big = LARGE * BETA
+    ar.explain_parameter_server([row("parameter_server", LARGE, 4.09 * big, 4.06 * big)],
+                                p=4, alpha=ALPHA, beta=BETA)
+    assert f"{4.09:.2f} n*beta (closed form 4.06)" in capsys.readouterr().out
+    with pytest.raises(AssertionError):  # fewer than 3 n beta: the sum did not go out 3 times
+        ar.explain_parameter_server([row("parameter_server", LARGE, 2.9 * big, 2.8 * big)],
+                                    p=4, alpha=ALPHA, beta=BETA)
+
+
+# --- 02: all five side by side ----------------------------------------------------------------
+
+def test_chain_marks_ties_at_a_tenth_of_a_millisecond():
+    rows = [row("ring", SMALL, 0.01491, 0), row("tree", SMALL, 0.01494, 0),
+            row("rabenseifner", SMALL, 0.0151, 0)]
+    assert ar.chain(rows, "measured") == "ring 14.9 ≈ binomial tree 14.9 < Rabenseifner 15.1 ms"
+
+
+def flat_rows(small_fastest="recursive_doubling", small_time=0.0118, busy_small=False):
+    times = {  # (4 KiB, 256 KiB, 4 MiB) best times; closed forms 0.95 of them
+        "ring": (0.0333, 0.0484, 0.2865), "recursive_doubling": (0.0118, 0.0347, 0.3514),
+        "rabenseifner": (0.0223, 0.0415, 0.2763), "tree": (0.0226, 0.0624, 0.6930),
+        "parameter_server": (0.0165, 0.0573, 0.6872)}
+    rows = []
+    for a, ts in times.items():
+        for n, t in zip(ex.SIZES, ts):
+            if n == SMALL and a == small_fastest:
+                t = small_time
+            model = t / 1.4 if (busy_small and n == SMALL and a == "ring") else 0.95 * t
+            rows.append(row(a, n, t, model, median=1.01 * t))
+    return rows
+
+
+def test_rank_algorithms_finds_the_leaders_and_the_busy_sizes(capsys):
+    lead, busy_at = ar.rank_algorithms(flat_rows())
+    assert lead[SMALL] == ["recursive_doubling"] and lead[LARGE] == ["rabenseifner"]
+    assert busy_at == []
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("  4 KiB closed form: recursive doubling")
+    lead, busy_at = ar.rank_algorithms(flat_rows(busy_small=True))
+    assert busy_at == ["4 KiB"]
+    assert capsys.readouterr().out.startswith("At 4 KiB the extra per call")
+
+
+def test_rank_algorithms_ties_within_the_fastests_noise(capsys):
+    rows = flat_rows(small_fastest="tree", small_time=0.0119)  # tree just behind RD's median
+    lead, _ = ar.rank_algorithms(rows)
+    assert lead[SMALL] == ["recursive_doubling", "tree"]
+
+
+def test_leaders_verdicts(verdicts, capsys):
+    flat = flat_rows()
+    lead, _ = ar.rank_algorithms(flat)
+    capsys.readouterr()
+    ar.explain_leaders(flat, lead)
+    assert [v[0] for v in verdicts] == [True, True]
+    out = capsys.readouterr().out
+    assert "4 KiB: recursive doubling fastest, a 2-round algorithm; the ring took 2.8x" in out
+    assert "the parameter server (egress-only emulator) took 2.5x as long" in out
+    lead[SMALL] = ["recursive_doubling", "tree"]  # a tree tied: not only 2-round algorithms
+    ar.explain_leaders(flat, lead)
+    assert [v[0] for v in verdicts[2:]] == [False, True]
+
+
+def test_plot_regimes_relabels_the_parameter_server():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ax = ar.plot_regimes(flat_rows(), p=4, alpha=ALPHA, beta=BETA)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(lab.startswith("parameter server\n(egress-only emulator;") for lab in labels)
+    plt.close("all")
+
+
+# --- 02: 8 ranks, the numbers to quote, the two paths -----------------------------------------
+
+def wide_rows(rd_small=0.0204, rab_large=0.334):
+    return [row("ring", SMALL, 0.0769, 0.0703, config="8x1", p=8),
+            row("ring", LARGE, 0.3743, 0.3639, config="8x1", p=8),
+            row("recursive_doubling", SMALL, rd_small, 0.0155, config="8x1", p=8),
+            row("recursive_doubling", LARGE, 0.5300, 0.5188, config="8x1", p=8),
+            row("rabenseifner", SMALL, 0.0354, 0.0303, config="8x1", p=8),
+            row("rabenseifner", LARGE, rab_large, 0.3239, config="8x1", p=8)]
+
+
+def test_eight_ranks_verdicts_and_busy_evidence(verdicts, capsys):
+    busy = ar.explain_eight_ranks(wide_rows())
+    assert busy[SMALL] is not None and busy[LARGE] is None  # 20.4 ms > 1.3 x 15.5 ms
+    assert [v[0] for v in verdicts] == [True, True]
+    assert verdicts[0][2] == busy[SMALL]
+    out = capsys.readouterr().out
+    assert "4 KiB, ring / recursive doubling: closed forms 4.54 (14 rounds against 3)" in out
+    assert "(extra per call over 30% here: the closed forms carry over)." in out
+    assert out.rstrip().endswith("measured 1.59.")
+    ar.explain_eight_ranks(wide_rows(rd_small=0.080, rab_large=0.60))
+    assert [v[0] for v in verdicts[2:]] == [False, False]
+
+
+def test_print_numbers_quotes_best_and_closed_form(capsys):
+    assert ar.tm(row("ring", SMALL, 0.0118, 0.0103)) == "11.8 ms [10.3]"
+    flat, wide = flat_rows(), wide_rows()
+    lead, busy_at = ar.rank_algorithms(flat)
+    capsys.readouterr()
+    ar.print_numbers(flat, wide, lead=lead, busy_at=["4 KiB"], busy={SMALL: None, LARGE: None},
+                     p=4)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == ("- 4 KiB: recursive doubling fastest (11.8 ms [11.2]), ring 33.3 ms "
+                        "[31.6] (best of 5); the closed forms carry over here")
+    assert lines[3].startswith("- 8 ranks, 4 MiB: Rabenseifner 334.0 ms [323.9]")
+    assert not lines[3].endswith("carry over here")
+
+
+def pair(nbytes, best_ratio, median_ratio, step_share):
+    return {"nbytes": nbytes, "repeats": 5, "best_ratio": best_ratio,
+            "median_ratio": median_ratio, "min_ratio": 0.9, "max_ratio": 1.1,
+            "step_share": step_share, "library": [1.0], "replay": 1.0}
+
+
+def test_two_paths_agree_within_a_step(verdicts, capsys):
+    ar.explain_two_paths([pair(SMALL, 1.01, 1.01, 0.17), pair(LARGE, 1.004, 1.0, 0.17)])
+    assert [v[0] for v in verdicts] == [True, True]
+    assert "no step is missing or extra" in capsys.readouterr().out
+    ar.explain_two_paths([pair(SMALL, 1.20, 1.2, 0.17), pair(LARGE, 1.10, 1.0, 0.17)])
+    assert [v[0] for v in verdicts[2:]] == [False, False]
+    assert "no step is missing" not in capsys.readouterr().out
+
+
+# --- 02b --------------------------------------------------------------------------------------
+
+def test_hierarchy_order_says_when_the_run_cannot_order_them():
+    hl, hr = row("hierarchical", LARGE, 0.230, 0.200), row("hierarchical_rail", LARGE, 0.225, 0.198)
+    sentence = hb.hierarchy_order(hl, hr)  # both ~14 % above, the closed forms 1 % apart
+    assert sentence.startswith("Leader-based vs rails: the closed forms differ by 1.0%")
+    assert hb.hierarchy_order(row("hierarchical", LARGE, 0.30, 0.29),
+                              row("hierarchical_rail", LARGE, 0.21, 0.20)) is None
+
+
+def hier_rows(hl_large=0.190, small_hier=0.020):
+    rl_replay = 1.5 * LARGE * BETA + ALPHA
+    return [row("hierarchical", LARGE, hl_large, 0.180, replay=0.180, config="2x2"),
+            row("hierarchical_rail", LARGE, 0.188, 0.178, replay=0.178, config="2x2"),
+            row("ring", LARGE, 0.260, 0.282, replay=rl_replay, config="2x2"),
+            row("recursive_doubling", LARGE, 0.340, 0.346, replay=0.335, config="2x2"),
+            row("hierarchical", SMALL, small_hier, 0.012, replay=0.011, config="2x2"),
+            row("hierarchical_rail", SMALL, small_hier, 0.012, replay=0.011, config="2x2"),
+            row("ring", SMALL, 0.022, 0.030, replay=0.016, config="2x2"),
+            row("recursive_doubling", SMALL, 0.015, 0.010, replay=0.010, config="2x2")]
+
+
+def test_explain_hierarchy_verdict_and_the_4_kib_order(verdicts, capsys):
+    hb.explain_hierarchy(hier_rows(), alpha=ALPHA, beta=BETA)
+    assert verdicts[-1][0] is True
+    out = capsys.readouterr().out
+    assert "The flat ring ran at 0.92x its closed form" in out
+    assert "Both hierarchies led here too" in out
+    hb.explain_hierarchy(hier_rows(hl_large=0.300, small_hier=0.030), alpha=ALPHA, beta=BETA)
+    assert verdicts[-1][0] is False  # the leader-based scheme was slower than the flat ring
+    assert "This run does not show the replays' order here" in capsys.readouterr().out
+
+
+def layout_rows(one_node_ring=0.040):
+    four = [row("ring", LARGE, 0.2865, 0.2819, replay=0.28), row("ring", SMALL, 0.033, 0.030),
+            row("recursive_doubling", LARGE, 0.3514, 0.3459, replay=0.34),
+            row("recursive_doubling", SMALL, 0.012, 0.010),
+            row("rabenseifner", LARGE, 0.2763, 0.2719, replay=0.27)]
+    one_node = [row("ring", LARGE, one_node_ring, 0.0100, replay=0.0095, config="1x4"),
+                row("recursive_doubling", LARGE, 0.05, 0.012, replay=0.011, config="1x4"),
+                row("hierarchical", LARGE, 0.05, 0.012, replay=0.011, config="1x4")]
+    slow = [row("ring", LARGE, 0.290, 0.2819, replay=0.28, config="2x2 slow intra"),
+            row("hierarchical", LARGE, 0.520, 0.510, replay=0.50, config="2x2 slow intra"),
+            row("hierarchical_rail", LARGE, 0.350, 0.345, replay=0.34, config="2x2 slow intra")]
+    return four, one_node, slow
+
+
+def test_host_set_is_over_one_and_a_half_closed_forms():
+    assert hb.host_set(row("ring", LARGE, 0.016, 0.010))
+    assert not hb.host_set(row("ring", LARGE, 0.014, 0.010))
+
+
+def test_explain_layouts_four_verdicts(verdicts, capsys):
+    four, one_node, slow = layout_rows()
+    hb.explain_layouts(four=four, one_node=one_node, hier=hier_rows(), slow_intra=slow, beta=BETA)
+    assert [v[0] for v in verdicts] == [True, True, True, True]
+    out = capsys.readouterr().out
+    assert "2 x 2: recursive doubling took 1.81x the faster hierarchical scheme" in out
+    assert "4.0x its closed form" in out and "only the direction shows" in out
+    four, one_node, slow = layout_rows(one_node_ring=0.014)  # under 1.5x: the ratio shows
+    hb.explain_layouts(four=four, one_node=one_node, hier=hier_rows(), slow_intra=slow, beta=BETA)
+    assert "(20.5x; closed forms 28x)." in capsys.readouterr().out
+    four, one_node, slow = layout_rows(one_node_ring=0.300)
+    hb.explain_layouts(four=four, one_node=one_node, hier=hier_rows(), slow_intra=slow, beta=BETA)
+    assert [v[0] for v in verdicts[8:]] == [False, True, True, True]  # 1 x 4 was slower
+    one_link = [dict(r, measured=0.5 * r["measured"]) for r in hier_rows()]
+    with pytest.raises(AssertionError):  # two vectors through one NIC take at least 2 n beta
+        hb.explain_layouts(four=four, one_node=one_node, hier=one_link, slow_intra=slow,
+                           beta=BETA)
+
+
+def test_closed_form_changes_from_4_to_8_ranks():
+    dam, dbm = hb.closed_form_changes(0.28, 0.35)
+    assert dam == pytest.approx(-0.2) and dbm == pytest.approx(0.8 * 1.75 / 1.5 - 1)
+    assert abs(dbm) < abs(dam)
+
+
+def test_explain_busbw_verdicts(verdicts, capsys):
+    link = 1 / BETA
+    r4 = row("ring", LARGE, 0.2865, 0.2819, p=4)
+    r8 = row("ring", LARGE, 0.3743, 0.3639, p=8, config="8x1")
+    hb.explain_busbw(r4, r8, bw=[r4, r8], link=link)
+    assert [v[0] for v in verdicts] == [True, True]
+    assert capsys.readouterr().out.startswith("Ring, 4 -> 8 ranks at 4 MiB: algbw changed by -23%")
+    r8_fast = row("ring", LARGE, 0.2000, 0.3639, p=8, config="8x1")
+    hb.explain_busbw(r4, r8_fast, bw=[r4], link=link)
+    assert [v[0] for v in verdicts[2:]] == [False, False]
+
+
+def test_shared_nic_busbw_above_the_link(verdicts, capsys):
+    link = 1 / BETA
+    hl = row("hierarchical", LARGE, 0.190, 0.180, config="2x2")
+    hr = row("hierarchical_rail", LARGE, 0.188, 0.178, config="2x2")
+    hb.explain_shared_nic_busbw(hl, hr, link=link)
+    assert verdicts[-1][0] is True
+    assert "above it, because each NIC carried n" in capsys.readouterr().out
+    slow = row("hierarchical", LARGE, 0.400, 0.180, config="2x2")
+    hb.explain_shared_nic_busbw(slow, hr, link=link)
+    assert verdicts[-1][0] is False and verdicts[-1][2] is not None
+    assert capsys.readouterr().out.rstrip().endswith("run).")
+
+
+def test_print_bandwidths_shares_of_the_link(capsys):
+    link = 1 / BETA
+    r = row("ring", LARGE, 1.5 * LARGE * BETA, 0.28)  # exactly the link's busbw
+    hb.print_bandwidths([r], link=link)
+    assert capsys.readouterr().out.splitlines()[-1].rstrip().endswith("100%")
+
+
+def test_gpu_cluster_template_names_this_runs_ratio():
+    from clusterlab import facts
+
+    text = hb.gpu_cluster_template(intra_over_nic=50)
+    assert "here the\n  intra-node link was 50x the NIC" in text
+    assert "the network there, set [[nccl.busbw_ring_for_network]]" in text
+    facts.render(text, one_per_source=True)  # every fact it names is in the ledger
+
+
+# --- 02c --------------------------------------------------------------------------------------
+
+def switch_pair(s_best, s_median, r_best, r_median, k=7):
+    ring = row("ring", LARGE, r_best, 0.2819, median=r_median, k=k)
+    switch = row("in_network", LARGE, s_best, 0.1888, median=s_median, k=k)
+    return [switch], [ring]
+
+
+def test_medians_close_and_cannot_order():
+    ring, switch = {"best": 1.0, "median": 1.04}, {"best": 0.9, "median": 1.0}
+    assert inr.medians_close(ring, switch) and inr.cannot_order(ring, switch)
+    ring, switch = {"best": 1.0, "median": 1.2}, {"best": 0.9, "median": 1.0}
+    assert not inr.medians_close(ring, switch) and not inr.cannot_order(ring, switch)
+    ring, switch = {"best": 1.0, "median": 1.2}, {"best": 1.1, "median": 1.0}  # disagree
+    assert inr.cannot_order(ring, switch)
+
+
+def test_explain_switch_by_the_best_only_when_the_medians_are_close(verdicts, capsys):
+    switch, ring = switch_pair(0.200, 0.290, 0.285, 0.295)
+    inr.explain_switch(switch, ring, link=1 / BETA)
+    assert verdicts == []  # no conclusion: by the median this run cannot tell
+    assert "so by the median this run cannot tell" in capsys.readouterr().out
+    switch, ring = switch_pair(0.195, 0.200, 0.285, 0.290)
+    inr.explain_switch(switch, ring, link=1 / BETA)
+    assert verdicts[-1][0] is True
+    out = capsys.readouterr().out
+    assert "The emulated switch was faster by both: 1.46x by the best, 1.45x by the median" in out
+    assert "above the link, because the factor assumes 1.5 n per NIC" in out
+
+
+def test_explain_switch_verdict_fails_when_the_ring_wins(verdicts, capsys):
+    switch, ring = switch_pair(0.300, 0.310, 0.285, 0.290)
+    inr.explain_switch(switch, ring, link=1 / BETA)
+    assert verdicts[-1][0] is False
+    assert "above the link" not in capsys.readouterr().out  # 1.5 n / 310 ms is below it
+
+
+def test_switch_pays_from_the_first_p_where_the_ring_is_slower():
+    assert inr.switch_pays_from([2, 3, 4], [1.0, 2.0, 3.0], 1.5) == 3
+    assert inr.switch_pays_from([2, 3], [2.0, 3.0], 1.5) is None
+
+
+def test_closed_forms_over_p(capsys):
+    curves = inr.closed_forms_over_p(LARGE, ALPHA, BETA, ps=range(2, 65))
+    first = inr.switch_pays_from(curves["ps"], curves["ring_t"], curves["switch_t"])
+    expected = next(p for p in range(2, 65)
+                    if models.allreduce_time("ring", p, LARGE, ALPHA, BETA) > curves["switch_t"])
+    assert first == expected
+    inr.explain_closed_forms(curves)
+    out = capsys.readouterr().out
+    assert f"The switch pays from p = {expected}." in out and "it never reaches 2x" in out
+
+
+def test_explain_small_says_when_it_cannot_order(capsys):
+    rq, sq = row("ring", SMALL, 0.033, 0.030, median=0.034), row("in_network", SMALL, 0.012,
+                                                                   0.010, median=0.013)
+    inr.explain_small(rq, sq, alpha=ALPHA)
+    assert capsys.readouterr().out.rstrip().endswith("(6 alpha = 30.0 ms).")
+    inr.explain_small(rq, row("in_network", SMALL, 0.032, 0.010, median=0.0335), alpha=ALPHA)
+    assert "so this run cannot order them at 4 KiB." in capsys.readouterr().out
