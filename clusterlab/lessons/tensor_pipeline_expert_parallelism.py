@@ -1,0 +1,339 @@
+"""What notebook 10b (tensor, pipeline and expert parallelism) reads from its runs.
+
+The experiments are `clusterlab.experiments.parallelism`; here are the figures, the sentences
+computed from their results, the consistency asserts and the measured conclusions. Each
+`explain_*` appends its run's secondary numbers to the caller's `details` list, which the
+notebook's appendix prints.
+"""
+
+from __future__ import annotations
+
+from .. import facts
+from .. import parallelism as par
+from ..experiments import parallelism as exp
+from ..experiments.common import conclude
+from .show import ms
+
+
+def kb(nbytes: float) -> str:
+    """Bytes as kilobytes with one decimal: 12345 -> '12.3 kB'."""
+    return f"{nbytes / 1e3:.1f} kB"
+
+
+def plot_tp(sweep: list[dict]) -> None:
+    """Step time against one-way latency, tensor parallel and data parallel, measured (dots)
+    against the measured 1 ms step plus the extra latency rounds (dashed)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for kind, color, label in (("tp", "#C44E52", "tensor parallel"),
+                               ("tp_dp", "#4C72B0", "data parallel")):
+        ax.plot([r["alpha"] * 1e3 for r in sweep], [r[f"{kind}_s"] * 1e3 for r in sweep], "o",
+                color=color, ms=8, mec="black", label=f"{label}, measured")
+        ax.plot([r["alpha"] * 1e3 for r in sweep],
+                [r[f"{kind}_predicted_s"] * 1e3 for r in sweep],
+                "--", color=color, label=f"{label}: measured 1 ms step + the extra latency rounds")
+    ax.set_xlabel("one-way latency (ms)")
+    ax.set_ylabel("step time (ms)")
+    ax.set_title("4 MLP blocks on 2 ranks")
+    ax.legend(fontsize=8)
+    plt.tight_layout()
+    plt.show()
+
+
+def explain_tp(sweep: list[dict], *, details: list[str]) -> bool:
+    """The all-reduces per step and the growth of the TP and DP steps from `delay 1ms` to
+    `delay 10ms` against their closed forms, and the conclusion (TP grew over 3x as much as
+    DP, within 40% of its closed form). Asserts the counts, the TP output's match with the
+    unsplit blocks and the network's floor. Returns whether the conclusion was shown."""
+    by_nic = {r["nic"]: r for r in sweep}
+    lo, hi = by_nic["delay 1ms"], by_nic["delay 10ms"]
+    tp_grow, dp_grow = hi["tp_s"] - lo["tp_s"], hi["tp_dp_s"] - lo["tp_dp_s"]
+    tp_pred, dp_pred = (hi["tp_comm_s"] - lo["tp_comm_s"],
+                        hi["tp_dp_comm_s"] - lo["tp_dp_comm_s"])
+    assert lo["tp_allreduces"] == 2 * 4 and lo["dp_allreduces"] == 1
+    assert lo["tp_max_error"] < 1e-5
+    for r in sweep:  # the network's floor: a step cannot beat its own communication
+        assert r["tp_s"] > 0.9 * r["tp_comm_s"] and r["tp_dp_s"] > 0.9 * r["tp_dp_comm_s"], \
+            r["nic"]
+    shown = conclude(tp_grow > 3 * dp_grow and abs(tp_grow - tp_pred) < 0.4 * tp_pred,
+                     "the tensor-parallel step grew over 3x as much as the data-parallel one, "
+                     "within 40% of its closed form (the emulator against its own model)")
+    print(f"All-reduces per step: TP {lo['tp_allreduces']} ({kb(lo['tp_sent'])} sent per rank), "
+          f"DP {lo['dp_allreduces']} ({kb(lo['tp_dp_sent'])}).")
+    print(f"From delay 1ms to delay 10ms: TP step +{ms(tp_grow)}, DP step +{ms(dp_grow)} "
+          f"(closed forms +{ms(tp_pred)} and +{ms(dp_pred)})"
+          + (": DP's two rounds are within this machine's noise on this run (appendix)."
+             if abs(dp_grow - dp_pred) > 0.25 * dp_pred else "."))
+    details.append(
+        f"TP: output matched the unsplit blocks' (recomputed with the full fp32 matrices) to "
+        f"{lo['tp_max_error']:.1e}; step times are the "
+        f"fastest of {lo['steps']} steps after one warm-up; DP's growth is "
+        f"{dp_grow / dp_pred:.0%} "
+        f"of its closed form (two rounds, one difference of two fastest steps).")
+    return shown
+
+
+def plot_pipeline(pipe: list[dict], *, nic: str = "delay 100us") -> None:
+    """The two schedules' timelines on `nic` (one bar per forward and backward, per stage),
+    with the measured bubble and the formula's."""
+    import matplotlib.pyplot as plt
+
+    runs = {(r["nic"], r["schedule"]): r for r in pipe}
+    fig, axes = plt.subplots(1, 2, figsize=(13, 3.4), sharex=True)
+    for ax, schedule in zip(axes, par.PIPELINE_SCHEDULES):
+        r = runs[(nic, schedule)]
+        for stage, ops in enumerate(r["ops"]):
+            for kind, j, start, end in ops:
+                ax.barh(stage, (end - start) * 1e3, left=start * 1e3,
+                        color="#4C72B0" if kind == "F" else "#55A868", edgecolor="white")
+                ax.text((start + end) / 2 * 1e3, stage, str(j), ha="center", va="center",
+                        fontsize=7, color="white")
+        ax.invert_yaxis()
+        ax.set_yticks(range(4), [f"stage {s}" for s in range(4)])
+        ax.set_xlabel("ms since the step began (blue: forward, green: backward)")
+        ax.set_title(f"{schedule} on {nic}: bubble {r['bubble']:.0%} measured, "
+                     f"{r['bubble_formula']:.0%} by (p−1)/(m+p−1)", fontsize=10)
+    plt.tight_layout()
+    plt.show()
+
+
+def explain_pipeline(pipe: list[dict], *, calm: str, rough: str,
+                     details: list[str]) -> bool:
+    """The bubbles on the `calm` network and each schedule's growth on the `rough` one
+    (medians of its steps), and the conclusion (even the least-grown of 1F1B's steps grew more
+    than GPipe's median step). Asserts the stage boundaries' bytes, the bubble formula as a
+    floor and each step against its replay. Returns whether the conclusion was shown."""
+    import numpy as np
+
+    runs = {(r["nic"], r["schedule"]): r for r in pipe}
+    kept = pipe[0]["steps_kept_of"]
+    pp_act = pipe[0]["activation_bytes"]
+    assert runs[(calm, "gpipe")]["p2p_sent"] == [8 * pp_act, 16 * pp_act, 16 * pp_act,
+                                                 8 * pp_act]
+    for r in pipe:
+        assert r["bubble"] >= r["bubble_formula"] - 0.02
+        # Load on this machine only adds time: a step much faster than its replay is a bug.
+        assert r["step_s"] > 0.9 * r["simulated_step_s"], (r["schedule"], r["nic"])
+    grown = exp.pipeline_growth(pipe, calm, rough)  # {schedule: measured and replayed growth}
+    g = {s: float(np.median(v["measured"])) for s, v in grown.items()}
+    # 1F1B paid more only if every one of its steps, even the least-grown, grew more than
+    # GPipe's median step: a load spike on this machine slows a few steps, not all of them.
+    shown = conclude(grown["gpipe"]["measured"].min() > 0 and grown["1f1b"]["measured"].min()
+                     > g["gpipe"], f"the rough network lengthened both schedules, and even the "
+                     f"least-grown of 1F1B's {kept} steps grew more than GPipe's median step")
+    bub = {s: runs[(calm, s)]["bubble"] for s in par.PIPELINE_SCHEDULES}
+    print(f"Bubble on the calm network: GPipe {bub['gpipe']:.0%}, 1F1B {bub['1f1b']:.0%} "
+          f"(formula {pipe[0]['bubble_formula']:.0%}).")
+    print(f"On the rough network the step grew by {ms(g['gpipe'])} (GPipe) and "
+          f"{ms(g['1f1b'])} (1F1B), medians of {kept} steps"
+          + (": 1F1B paid more for latency." if shown else "."))
+    # The rest only writes the appendix's secondary numbers.
+    sim_bub = runs[(calm, "gpipe")]["simulated_bubble"]
+    details.append(
+        f"PP: replay bubble {sim_bub:.0%}; the measured bubble's excess is this machine's cost "
+        f"between operations (not separated here). Growth from {calm} to {rough}:\n"
+        + "\n".join(f"  {s:5s} measured median {ms(g[s])} (range {ms(v['measured'].min())} to "
+                    f"{ms(v['measured'].max())}, {kept} steps); replay mean "
+                    f"{ms(v['replay'].mean())} "
+                    f"(range {ms(v['replay'].min())} to {ms(v['replay'].max())}, "
+                    f"{len(v['replay'])} jitter draws)" for s, v in grown.items())
+        + "\n" + "\n".join(f"  {r['schedule']:5s} {r['nic']:15s} step {ms(r['step_s'])} "
+                           f"(replay {ms(r['simulated_step_s'])}, ideal "
+                           f"{ms(r['ideal_step_s'])})"
+                           for r in pipe))
+    return shown
+
+
+def plot_moe(moe: list[dict]) -> None:
+    """Left: the closed form's dispatch, expert and combine phases, stacked, and the measured
+    layer time per hot share. Right: the bytes the hot rank and another rank sent."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.6))
+    hs = [r["hot_share"] for r in moe]
+    x = np.arange(len(moe))
+    # The closed form's phases, stacked, and the measured layer time (its slowest rank) as a dot.
+    phases = (("dispatch", "#4C72B0"), ("expert", "#CCB974"), ("combine", "#DD8452"))
+    pred = np.array([[r[f"predicted_{k}_s"] for k, _ in phases] for r in moe]) * 1e3
+    for j, (name, color) in enumerate(phases):
+        axes[0].bar(x, pred[:, j], 0.5, bottom=pred[:, :j].sum(axis=1), color=color,
+                    label=f"{name} (closed form)")
+    axes[0].plot(x, [r["step_s"] * 1e3 for r in moe], "ko", ms=8,
+                 label=f"layer time, measured (fastest of {moe[0]['repeats_kept_of']} repeats)")
+    axes[0].set_xticks(x, [f"hot share {h:.2f}" for h in hs])
+    axes[0].set_ylabel("ms")
+    axes[0].set_ylim(0, 1.5 * max(r["step_s"] for r in moe) * 1e3)
+    axes[0].legend(fontsize=8, loc="upper left")
+    axes[0].set_title("one MoE layer on 4 ranks (emulator: senders' links only, no incast)",
+                      fontsize=10)
+    for r, xi in zip(moe, x):
+        axes[1].bar(xi - 0.2, r["sent"][-1] / 1e3, 0.4, color="#C44E52",
+                    label="hot rank" if xi == 0 else None)
+        axes[1].bar(xi + 0.2, r["sent"][0] / 1e3, 0.4, color="#4C72B0",
+                    label="another rank" if xi == 0 else None)
+    axes[1].set_xticks(x, [f"{h:.2f}" for h in hs])
+    axes[1].set_xlabel("hot expert's share")
+    axes[1].set_ylabel("kB sent, dispatch + combine")
+    axes[1].legend(fontsize=8)
+    plt.tight_layout()
+    plt.show()
+
+
+def incast_step_s(hot: dict) -> float:
+    """The hot layer's closed form with the hot rank's receiving link also charged (netem
+    shapes egress only): behind a switch it receives h(N-1)T tokens through one link, what its
+    combine sends back through its egress, so the dispatch takes at least that long."""
+    ingress = hot["predicted_combine_s"]
+    return hot["predicted_step_s"] + max(ingress - hot["predicted_dispatch_s"], 0)
+
+
+def explain_moe(moe: list[dict], *, details: list[str]) -> bool:
+    """The balanced and hottest layers' times against their closed forms, the hot rank's
+    tokens, what incast would add behind a real switch, and the conclusion (the hottest
+    expert made the layer over 1.5x slower than balanced; the machine counts as busy when a
+    layer took over 25% more than its closed form). Asserts each rank's bytes and the
+    network's floor. Returns whether the conclusion was shown."""
+    for r in moe:
+        p = r["predicted"]
+        assert r["sent"][-1] == p["sent_hot"] + p["received_hot"]  # dispatch + combine, hot
+        assert all(s == p["sent_other"] + p["received_other"] for s in r["sent"][:-1])
+        # The closed form is the network's floor: load on this machine only adds to it.
+        assert r["step_s"] > 0.9 * r["predicted_step_s"], r["hot_share"]
+        assert sum(r["hot_phases"].values()) <= r["hot_step_s"] + 1e-6 <= r["best_step_s"] + 2e-6
+    busy = [r for r in moe if r["step_s"] > 1.25 * r["predicted_step_s"]]
+    bal, hot = moe[0], moe[-1]
+    shown = conclude(hot["step_s"] > 1.5 * bal["step_s"],
+                     f"the hot expert at {hot['hot_share']:.2f} made the layer over 1.5x slower "
+                     f"than balanced",
+                     busy=(f"{len(busy)} of {len(moe)} layers over 25% above the closed form"
+                           if busy else None))
+    print(f"Layer time: balanced {ms(bal['step_s'])}, hot expert at {hot['hot_share']:.2f} "
+          f"{ms(hot['step_s'])} (closed forms {ms(bal['predicted_step_s'])} and "
+          f"{ms(hot['predicted_step_s'])}).")
+    print(f"The hot rank computed {hot['hot_tokens']} tokens instead of {bal['hot_tokens']}, "
+          f"and every rank waited for it.")
+    ingress = hot["predicted_combine_s"]
+    real = incast_step_s(hot)
+    print(f"Behind a real switch its receiving link would also slow the dispatch (incast): it "
+          f"receives for {ms(ingress)}, not the {ms(hot['predicted_dispatch_s'])} charged to "
+          f"the dispatch, so by the closed form {real / bal['predicted_step_s']:.1f}x the "
+          f"balanced layer, not {hot['predicted_step_s'] / bal['predicted_step_s']:.1f}x.")
+    # The appendix's secondary numbers.
+    details.append(
+        f"MoE: {len(busy)} of {len(moe)} layers took over 25% more than the closed form. "
+        f"Incast, left out: the dispatch is charged at its busiest sender "
+        f"({ms(hot['predicted_dispatch_s'])}); through the hot rank's one receiving link "
+        f"{kb(hot['predicted']['received_hot'])} take {ms(ingress)}. An ideal switch (fair "
+        f"share, no loss) would add about {ms(real - hot['predicted_step_s'])}.")
+    return shown
+
+
+def real_cluster_text(*, one_nv: float, hot_share: float, capacity_factor: float) -> str:
+    """The "On a real GPU cluster" box: TP, NCCL inside the node (with the time of the 64 MiB
+    all-reduce that took `one_nv` seconds over NVLink at line rate, at NVLS and ring busbw),
+    small messages, PP, and MoE (the share of all tokens the toy's hottest expert, at
+    `hot_share`, would drop at `capacity_factor`): a template for `facts.show`, whose
+    [[...]] placeholders cite the ledger."""
+    ar_nv = one_nv * facts.get("nvidia.h100_nvlink_bw_per_direction").value  # s x GB/s
+    cf = capacity_factor  # applied to the toy's hottest expert
+    dropped = par.moe_traffic(tokens_per_rank=96, hidden=256, ranks=4, hot_share=hot_share,
+                              capacity_factor=cf)["dropped"]
+    return f"""
+* **TP.** Megatron-LM issues [[megatron.tp_allreduces_per_layer]] per layer and micro-batch.
+  With sequence parallelism [[megatron.sequence_parallel]]. Part of this traffic can be
+  hidden behind compute. Megatron-Core: [[megatron.tp_comm_overlap]]. PyTorch:
+  [[pytorch.async_tp]].
+  An H100 SXM sends
+  [[nvidia.h100_nvlink_bw_per_direction]] over NVLink, [[nvidia.connectx7_rate_bytes]] through
+  its NIC.
+* **NCCL inside the node.** Since NCCL [[nccl.nvls_since]], on NVSwitches with NVLink SHARP,
+  the all-reduce of large messages defaults to NVLS (the NVSwitch adds the data); without
+  them NCCL runs rings or trees. nccl-tests reports bus bandwidth (busbw), comparable to a
+  link's rate for a ring; with NVLS it is not the bandwidth on the wire, so it can exceed
+  the line rate. Peak busbw: [[nccl.h100_ring_busbw]] for a ring,
+  [[nccl.h100_nvls_allreduce_busbw]] with NVLS. Peaks need messages larger than the 64 MiB
+  above, so that all-reduce takes at least
+  {ar_nv / facts.get("nccl.h100_nvls_allreduce_busbw").value * 1e3:.2f} ms (NVLS) or
+  {ar_nv / facts.get("nccl.h100_ring_busbw").value * 1e3:.2f} ms (ring).
+* **Small messages.** NCCL's tuner charges a ring step over NVLink
+  [[nccl.tuner_nvlink_ring_step_latency_simple]] with its Simple protocol (less with LL, its
+  small-message protocol), so for small micro-batches the rounds weigh
+  again.
+* **PP.** Megatron's bubble is [[megatron.bubble_definition]] of the ideal compute;
+  interleaving v model chunks per rank reaches [[megatron.interleaved_bubble]], at v times the
+  messages. Megatron-Core sends [[megatron.pp_scatter_gather]], and overlaps those transfers
+  [[megatron.pp_p2p_overlap]].
+* **MoE.** GShard and the Switch Transformer set [[gshard.capacity_factor]]; at a capacity
+  factor of {cf} the hot
+  expert above would drop {dropped:.0%} of all tokens. DeepSeek-V3 routes each token to
+  [[deepseek_v3.routed_experts_per_token]] (plus one shared expert that needs no dispatch)
+  on at most [[deepseek_v3.node_limited_routing]]: a
+  token crosses InfiniBand once per node and NVLink forwards it inside. DeepEP sends
+  [[deepep.fp8_dispatch]], with one fp32 scale per [[deepep.fp8_scale_block]] (hidden
+  [[deepseek_v3.hidden]]).
+* **Further reading.** Context parallelism for long sequences: ring attention
+  ([[cp.ring_attention]]) or Ulysses ([[cp.ulysses]]). DeepSeek-V3's pipeline schedule:
+  [[deepseek_v3.dualpipe]].
+"""
+
+
+def inter_node_share(n: int, gpus: int) -> float:
+    """The share of a GPU's n - 1 peers on other nodes, in nodes of `gpus` GPUs."""
+    return (n - gpus) / (n - 1)
+
+
+def bytes_per_peer(n: int, dispatch: float) -> float:
+    """Bytes to one peer of a balanced top-k dispatch of `dispatch` bytes over n - 1 peers."""
+    return dispatch / (n - 1)
+
+
+def rdma_peers(n: int, gpus: int) -> int:
+    """RDMA peers with DeepEP-style forwarding: one GPU per other node."""
+    return n // gpus - 1
+
+
+def show_moe_scaling_answer(*, dispatch: float, nic: float) -> None:
+    """Self-check 2 and its answer: why an MoE layer on 256 GPUs can run twice as slowly as
+    on 32, with the bytes per peer of a `dispatch`-byte top-k dispatch and its time through a
+    `nic`-bytes/s NIC at both sizes."""
+    gpus = facts.get("nvidia.hgx_h100_gpus").value
+
+    def inter(n):
+        return inter_node_share(n, gpus)
+
+    def peer(n):
+        return bytes_per_peer(n, dispatch)
+
+    def rdma(n):
+        return rdma_peers(n, gpus)
+
+    facts.show(f"""
+2. A mixture-of-experts layer on 256 GPUs runs twice as slowly as on 32, with the same tokens
+   per GPU and balanced routing. Name two causes.
+
+<details><summary>Answer</summary>
+
+The bytes per GPU stay the same, and with [[nvidia.hgx_h100_gpus]] per node the share of
+them leaving the node grows only from {inter(32):.0%} to {inter(256):.0%}
+({inter(256) / inter(32):.2f}×). What changes with N (any two of these):
+
+(1) **Smaller messages, more peers.** With plain top-k routing each GPU splits the same bytes
+over N−1
+peers: with the DeepSeek-V3 sizes above, about {peer(32) / 1e6:.1f} MB per peer at 32 GPUs and
+{peer(256) / 1e6:.2f} MB at 256, still {peer(256) / nic * 1e6:.0f} µs on the wire at
+{nic / 1e9:.0f} GB/s: a cause
+only where each message's fixed cost is not small against that (fewer tokens per GPU).
+Node-limited routing with forwarding
+inside the node (DeepEP) keeps the messages larger, but each GPU still keeps RDMA connections
+(queue pairs, InfiniBand's connection objects) to its counterpart on every other node:
+{rdma(256)} instead of {rdma(32)}.
+(2) **The slowest of more.** The layer waits for the last of N(N−1) messages and the
+busiest of N experts, a maximum that grows with N ([notebook 04](04_jitter_and_scale.ipynb)).
+(3) **The fabric** (covered in later notebooks). Traffic spreads over more leaves and
+uplinks: ECMP collisions,
+oversubscription ([13b](13b_oversubscription_ecmp_rails.ipynb)) and incast
+([13](13_switches_incast_ecmp_rails.ipynb)).
+</details>
+""")
