@@ -1,0 +1,476 @@
+"""The lesson modules of notebooks 10, 10b, 11 and 11b on small synthetic runs: each verdict,
+classification and formatted number they print or assert, without running a cluster."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from clusterlab.experiments import common
+from clusterlab.lessons import compressing_communication as l11
+from clusterlab.lessons import error_feedback_and_accuracy as l11b
+from clusterlab.lessons import sharding_and_parallelism_traffic as l10
+from clusterlab.lessons import tensor_pipeline_expert_parallelism as l10b
+
+
+@pytest.fixture(autouse=True)
+def quiet_machine(monkeypatch):
+    """A conclusion that does not hold is then a failure (AssertionError), not 'busy'."""
+    monkeypatch.setattr(common, "load_per_core", lambda: 0.0)
+
+
+# --- 10: sharding ------------------------------------------------------------------------
+
+def test_say_prints_plain_wrapped_text(capsys):
+    l10.say("**bold** and `code` " + "word " * 40)
+    out = capsys.readouterr().out
+    assert "**" not in out and "`" not in out and out.startswith("bold and code word")
+    assert max(len(line) for line in out.splitlines()) <= 96 and len(out.splitlines()) > 1
+
+
+def _row(nic, ddp, fsdp, ddp_comm, fsdp_comm, *, ddp_pred=None, fsdp_pred=None):
+    return {"nic": nic, "ddp_s": ddp, "fsdp_s": fsdp, "ddp_comm_s": ddp_comm,
+            "fsdp_comm_s": fsdp_comm, "ddp_predicted_s": ddp_pred or ddp,
+            "fsdp_predicted_s": fsdp_pred or fsdp, "ddp_sent": 100, "fsdp_sent": 150,
+            "steps": 8}
+
+
+def _sweep(fsdp_hi=0.101, ddp_hi=0.028):
+    # 2 rounds for DDP, 9 for FSDP2: +18 ms and +81 ms of closed form from 1 ms to 10 ms.
+    return [_row("delay 1ms", 0.010, 0.020, 0.004, 0.018),
+            _row("delay 5ms", 0.018, 0.056, 0.012, 0.054),
+            _row("delay 10ms", ddp_hi, fsdp_hi, 0.022, 0.099),
+            _row("delay 1ms rate 50mbit", 0.042, 0.068, 0.036, 0.066)]
+
+
+def test_step_times_conclude_when_fsdp_grows_as_its_closed_form(capsys):
+    assert l10.explain_step_times(_sweep()) is True
+    out = capsys.readouterr().out
+    assert "Shown on this run: FSDP2's step grew over twice" in out
+    assert "FSDP2's step grew 4.5x as much as DDP's for latency, for 1.50x the bytes" in out
+    assert "DDP          18.0 ms [ 18.0 ms]" in out  # DDP's growth and its closed form
+
+
+def test_step_times_fail_when_fsdp_grows_like_ddp():
+    with pytest.raises(AssertionError, match="not shown on a quiet machine"):
+        l10.explain_step_times(_sweep(ddp_hi=0.070))  # DDP +60 ms, 3.3x its closed form
+
+
+def test_step_times_assert_the_networks_floor():
+    sweep = _sweep()
+    sweep[1]["ddp_s"] = 0.5 * sweep[1]["ddp_comm_s"]
+    with pytest.raises(AssertionError):
+        l10.explain_step_times(sweep)
+
+
+def test_report_misses_classifies_points_below_and_above(capsys):
+    lo = _row("delay 1ms", 0.010, 0.020, 0.004, 0.018)  # overhead: DDP 6 ms, FSDP2 2 ms
+    inside = _row("delay 5ms", 0.018, 0.056, 0.012, 0.054, ddp_pred=0.022)  # 4 ms under
+    l10.report_misses([lo, inside], lo)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "below their predictions: DDP at delay 5ms by 4.0 ms" in out
+    assert "within the delay 1ms run's overhead" in out
+    beyond = _row("delay 5ms", 0.018, 0.056, 0.012, 0.054, fsdp_pred=0.066)  # 10 ms under
+    l10.report_misses([lo, beyond], lo)
+    assert "not explained by this run" in " ".join(capsys.readouterr().out.split())
+    over = _row("delay 5ms", 0.018, 0.070, 0.012, 0.054, fsdp_pred=0.056)
+    l10.report_misses([lo, over], lo)
+    assert "over 10% above the prediction: FSDP2 at delay 5ms by 14.0 ms (25%)" in " ".join(
+        capsys.readouterr().out.split())
+    l10.report_misses([lo, _row("delay 5ms", 0.018, 0.056, 0.012, 0.054)], lo)
+    assert capsys.readouterr().out == ""
+
+
+def test_ring_rounds_bytes_and_their_crossing():
+    # One GPU per node, 1 s per step between nodes: 3 (n-1) s of rounds against
+    # 3 (n-1)/n * 2 psi / B of bytes, so the rounds win once n > 2 psi / B = 10.
+    assert l10.ring_rounds_s(4, 1, units=1, a_net=1.0, a_nv=0.0) == 9.0
+    assert l10.ring_rounds_s(8, 4, units=2, a_net=1.0, a_nv=0.5) == 6 * (1 + 6 * 0.5)
+    assert l10.ring_wire_s(4, 2, psi=5.0, nic_bw=1.0) == pytest.approx(3 * 3 / 4 * 10 / 2)
+    assert l10.crossing(1, 1, units=1, a_net=1.0, a_nv=0.0, psi=5.0, nic_bw=1.0) == 11
+
+
+def _pre(forward, forward_pre, predicted=0.096, predicted_pre=0.056):
+    return {"forward_s": forward, "forward_prefetch_s": forward_pre, "predicted_s": predicted,
+            "predicted_prefetch_s": predicted_pre, "depth": 6, "steps": 7}
+
+
+def test_prefetch_saving_close_to_the_closed_form(capsys):
+    assert l10.explain_prefetch(_pre(0.102, 0.062)) is True
+    out = " ".join(capsys.readouterr().out.split())
+    assert "prefetching saved 40.0 ms, 100% of the closed form's 40.0 ms" in out
+    assert "about 1.0 per layer" not in out and "about 1.0 ms per layer" in out
+    assert "prefetching added" not in out
+    assert "Shown on this run: prefetching saved within 25%" in out
+
+
+def test_prefetch_names_extra_time_and_busy_evidence(capsys):
+    # Prefetching's forward 30 ms above its closed form (> 1.3x): the machine set it.
+    assert l10.explain_prefetch(_pre(0.100, 0.086)) is False
+    out = " ".join(capsys.readouterr().out.split())
+    assert "prefetching added 26.0 ms more" in out
+    assert "Not shown on this run" in out and "86 ms against 56 ms" in out
+
+
+def test_prefetch_fails_on_a_quiet_run():
+    with pytest.raises(AssertionError):
+        l10.explain_prefetch(_pre(0.100, 0.070))  # saved 30 of 40 ms, forwards within 1.3x
+
+
+def _traffic(zero3_sent=112320):
+    ddp = {"ops": 1, "by_kind": {"allreduce": 74880}, "sent": [74880] * 4, "predicted": 74880}
+    zero3 = {"ops": 9, "by_kind": {}, "sent": [zero3_sent] * 4, "predicted": zero3_sent}
+    zero1 = {"ops": 12, "by_kind": {}, "sent": [74880] * 4, "predicted": 74880}
+    return {"ddp": ddp, "zero1": zero1, "zero2": dict(zero1), "zero3": zero3,
+            "fsdp_no_reshard": {"ops": 6, "by_kind": {}, "sent": [74880] * 4,
+                                "predicted": 74880}}
+
+
+def test_traffic_ratio_and_its_checks():
+    names = dict.fromkeys(("ddp", "zero1", "zero2", "zero3", "fsdp_no_reshard"), "")
+    assert l10.explain_traffic(_traffic(), names) == 1.5
+    with pytest.raises(AssertionError):
+        l10.explain_traffic(_traffic(zero3_sent=100000), names)
+    uneven = _traffic()
+    uneven["zero1"]["sent"][2] += 1
+    with pytest.raises(AssertionError, match="zero1"):
+        l10.explain_traffic(uneven, names)
+
+
+# --- 10b: tensor, pipeline and expert parallelism ----------------------------------------
+
+def test_kb():
+    assert l10b.kb(12345) == "12.3 kB"
+
+
+def _tp_row(nic, tp, dp, tp_comm, dp_comm):
+    return {"nic": nic, "tp_s": tp, "tp_dp_s": dp, "tp_comm_s": tp_comm,
+            "tp_dp_comm_s": dp_comm, "tp_allreduces": 8, "dp_allreduces": 1,
+            "tp_max_error": 1e-7, "tp_sent": 65536, "tp_dp_sent": 131072, "steps": 8}
+
+
+def _tp_sweep(tp_hi=0.180, dp_hi=0.040):
+    return [_tp_row("delay 1ms", 0.030, 0.020, 0.016, 0.002),
+            _tp_row("delay 5ms", 0.100, 0.030, 0.080, 0.010),
+            _tp_row("delay 10ms", tp_hi, dp_hi, 0.160, 0.020)]
+
+
+def test_tp_concludes_and_flags_dp_noise(capsys):
+    details = []
+    assert l10b.explain_tp(_tp_sweep(), details=details) is True
+    out = capsys.readouterr().out
+    assert "Shown on this run: the tensor-parallel step grew over 3x" in out
+    assert "TP step +150.0 ms, DP step +20.0 ms (closed forms +144.0 ms and +18.0 ms)." in out
+    assert "DP's growth is 111%" in details[0]
+    l10b.explain_tp(_tp_sweep(dp_hi=0.030), details=details)  # DP +10 ms against 18 ms
+    assert "within this machine's noise on this run" in capsys.readouterr().out
+
+
+def test_tp_fails_when_tp_grows_like_dp():
+    with pytest.raises(AssertionError, match="not shown"):
+        l10b.explain_tp(_tp_sweep(dp_hi=0.100), details=[])  # DP +80 ms: over 1/3 of TP's
+
+
+def test_tp_asserts_the_all_reduce_counts():
+    sweep = _tp_sweep()
+    sweep[0]["tp_allreduces"] = 4
+    with pytest.raises(AssertionError):
+        l10b.explain_tp(sweep, details=[])
+
+
+def _pipe_rows():
+    rows = []
+    for nic in ("calm", "rough"):
+        for schedule in ("gpipe", "1f1b"):
+            rows.append({"nic": nic, "schedule": schedule, "steps_kept_of": 7,
+                         "activation_bytes": 10, "p2p_sent": [80, 160, 160, 80],
+                         "bubble": 0.30, "bubble_formula": 0.27, "simulated_bubble": 0.28,
+                         "step_s": 0.5, "simulated_step_s": 0.5, "ideal_step_s": 0.495})
+    return rows
+
+
+def _growth(gpipe, f1b):
+    return {"gpipe": {"measured": np.array(gpipe), "replay": np.array([0.07, 0.08])},
+            "1f1b": {"measured": np.array(f1b), "replay": np.array([0.15, 0.17])}}
+
+
+def test_pipeline_verdict_from_the_least_grown_step(monkeypatch, capsys):
+    monkeypatch.setattr(l10b.exp, "pipeline_growth",
+                        lambda pipe, calm, rough: _growth([0.06, 0.07, 0.09], [0.10, 0.16]))
+    details = []
+    assert l10b.explain_pipeline(_pipe_rows(), calm="calm", rough="rough", details=details)
+    out = capsys.readouterr().out
+    assert "grew by 70.0 ms (GPipe) and 130.0 ms (1F1B), medians of 7 steps: 1F1B paid more" in out
+    assert "Bubble on the calm network: GPipe 30%, 1F1B 30% (formula 27%)." in out
+    assert "replay mean 75.0 ms" in details[0]
+    # One 1F1B step grew less than GPipe's median: not shown, and on a quiet machine a failure.
+    monkeypatch.setattr(l10b.exp, "pipeline_growth",
+                        lambda pipe, calm, rough: _growth([0.06, 0.07, 0.09], [0.065, 0.16]))
+    with pytest.raises(AssertionError):
+        l10b.explain_pipeline(_pipe_rows(), calm="calm", rough="rough", details=[])
+
+
+def test_pipeline_asserts_the_replay_floor(monkeypatch):
+    monkeypatch.setattr(l10b.exp, "pipeline_growth",
+                        lambda pipe, calm, rough: _growth([0.06], [0.16]))
+    rows = _pipe_rows()
+    rows[3]["step_s"] = 0.4  # 0.8 of its replay: faster than the network allows
+    with pytest.raises(AssertionError):
+        l10b.explain_pipeline(rows, calm="calm", rough="rough", details=[])
+
+
+def _moe_row(share, step, predicted, dispatch, combine, tokens):
+    p = {"sent_hot": 100, "received_hot": 300, "sent_other": 50, "received_other": 50}
+    return {"hot_share": share, "step_s": step, "predicted_step_s": predicted,
+            "predicted_dispatch_s": dispatch, "predicted_combine_s": combine,
+            "predicted": p, "sent": [100, 100, 100, 400], "hot_tokens": tokens,
+            "hot_phases": {"a": 0.01}, "hot_step_s": step, "best_step_s": step}
+
+
+def test_incast_charges_the_hot_ranks_receiving_link():
+    hot = _moe_row(0.75, 0.1, 0.080, 0.010, 0.044, 288)
+    assert l10b.incast_step_s(hot) == pytest.approx(0.080 + 0.034)
+    assert l10b.incast_step_s(_moe_row(0.75, 0.1, 0.080, 0.050, 0.044, 288)) == 0.080
+
+
+def test_moe_verdict_and_busy_evidence(capsys):
+    bal = _moe_row(0.25, 0.030, 0.028, 0.015, 0.015, 96)
+    hot = _moe_row(0.75, 0.090, 0.080, 0.010, 0.044, 288)
+    details = []
+    assert l10b.explain_moe([bal, hot], details=details) is True
+    out = capsys.readouterr().out
+    assert "computed 288 tokens instead of 96" in out
+    assert "by the closed form 4.1x the balanced layer, not 2.9x" in out
+    assert details[0].startswith("MoE: 0 of 2 layers") and "add about 34.0 ms" in details[0]
+    slow_bal = _moe_row(0.25, 0.070, 0.028, 0.015, 0.015, 96)  # 2.5x its closed form
+    assert l10b.explain_moe([slow_bal, hot], details=[]) is False
+    assert "1 of 2 layers over 25% above the closed form" in capsys.readouterr().out
+    with pytest.raises(AssertionError):
+        l10b.explain_moe([_moe_row(0.25, 0.070, 0.068, 0.015, 0.015, 96), hot], details=[])
+
+
+def test_moe_scaling_numbers():
+    assert l10b.inter_node_share(32, 8) == pytest.approx(24 / 31)
+    assert l10b.bytes_per_peer(33, 64.0) == 2.0
+    assert l10b.rdma_peers(256, 8) == 31 and l10b.rdma_peers(32, 8) == 3
+
+
+# --- 11: compressing communication -------------------------------------------------------
+
+def test_ms_whole_milliseconds():
+    assert l11.ms(0.0123) == "12 ms" and l11.ms(0.0127) == "13 ms"
+
+
+class FakeStats:
+    """The parts of compression.SweepStats the lesson reads, from a table of verdicts."""
+
+    def __init__(self, verdicts, *, rates=(25, 1600), band=0.004, step=None, extra=0.002,
+                 crossing=(None, None, False), breakeven=(100.0, 200.0, 300.0)):
+        self.verdicts, self.rates = verdicts, list(rates)
+        self.slow, self.fast = self.rates[0], self.rates[-1]
+        self._band, self._extra, self._crossing, self._be = band, extra, crossing, breakeven
+        self._step = step or {}
+
+    def verdict(self, m, q):
+        return self.verdicts[m, q]
+
+    def band(self, m):
+        return self._band
+
+    def step(self, m, q):
+        return self._step.get((m, q), 0.05)
+
+    def speedup(self, m, q):
+        return 2.0
+
+    def gain(self, m, q):
+        return 0.0015
+
+    def extra_s(self, m):
+        return self._extra
+
+    def crossing(self, m):
+        return self._crossing
+
+    def breakeven_mbit(self, m, p, delay_s):
+        return self._be
+
+
+def test_inside_band_names_the_rates_or_nothing():
+    st = FakeStats({})
+    assert l11.inside_band(st, "fp16", [25, 60]) == (
+        "fp16 against fp32 at 25, 60 Mbit/s is inside this run's noise band of 4 ms")
+    assert l11.inside_band(st, "fp16", []) is None
+
+
+def test_sweep_verdict(capsys):
+    methods = ("none", "fp16", "topk:0.01")
+    ok = {(m, q): "faster" for m in methods for q in (25, 1600)}
+    assert l11.explain_sweep(FakeStats(ok), methods) is True
+    out = capsys.readouterr().out
+    assert "At 25 Mbit/s fp32 DDP's step took 2.0x fp16's, 2.0x topk:0.01's." in out
+    assert "Shown on this run: every compressed method beat fp32 DDP at 25 Mbit/s." in out
+    assert "Shown:" not in out.replace("Shown on this run:", "")
+    unclear = {**ok, ("fp16", 25): "cannot tell"}
+    assert l11.explain_sweep(FakeStats(unclear), methods) is False
+    assert "fp16 against fp32 at 25 Mbit/s is inside" in capsys.readouterr().out
+    with pytest.raises(AssertionError):
+        l11.explain_sweep(FakeStats({**ok, ("fp16", 25): "slower"}), methods)
+
+
+def test_breakeven_verdicts_and_what_decides(capsys):
+    rates = (25, 100, 1600)
+    verdicts = {("powersgd:1", 25): "faster", ("powersgd:1", 100): "cannot tell",
+                ("powersgd:1", 1600): "slower"}
+    st = FakeStats(verdicts, rates=rates, crossing=(100, 1600, False), extra=0.002, band=0.003)
+    l11.explain_breakeven(st, ("powersgd:1",), steps_measured=12)
+    out = capsys.readouterr().out
+    assert "powersgd:1: pays at 25 Mbit/s; cannot tell at 100 Mbit/s; loses at 1600 Mbit/s" in out
+    assert "predicted break-even 200 Mbit/s (t_extra fitted on this sweep), measured between " \
+           "100 and 1600 Mbit/s" in out
+    assert out.count("Shown on this run:") == 2 and "    shown:" not in out
+    assert "Read together, both ranks cross between 100 and 1600 Mbit/s." in out
+    # Two extra all-reduces on 4 ranks at 2 ms: 2 x 6 delays = 24 ms > 2 + 3 ms.
+    assert "wait 24 ms of delays per step" in out and "here, the rounds decide." in out
+    st = FakeStats(verdicts, rates=rates, crossing=(100, 1600, False), extra=0.020, band=0.010)
+    l11.explain_breakeven(st, ("powersgd:1",), steps_measured=12)
+    assert "this run cannot tell which of the two decides." in capsys.readouterr().out
+
+
+def test_breakeven_fails_when_compression_still_pays_on_the_fastest_link():
+    verdicts = {("powersgd:1", 25): "faster", ("powersgd:1", 1600): "faster"}
+    with pytest.raises(AssertionError, match="extra rounds cost more"):
+        l11.explain_breakeven(FakeStats(verdicts), ("powersgd:1",), steps_measured=12)
+
+
+def test_bucket_interpolation_is_log_log():
+    sizes, be = [2**20, 2**30], [1.0, 1024.0]  # proportional
+    assert l11.at_bucket(be, sizes, 32) == pytest.approx(32.0)
+    assert l11.bytes_at_rate(be, sizes, 4.0) == pytest.approx(4 * 2**20)
+
+
+def test_least_compression_rate_of_the_notebooks_mlp():
+    # 32 -> 256 -> 256 -> 10: the 10 x 256 output matrix compresses least at rank 4.
+    assert l11.least_compression_rate(4) == pytest.approx(10 * 256 / (4 * 266))
+
+
+def test_prediction_errors(capsys):
+    rows = [{"method": "none", "rate_mbit": 25, "step_s": 0.10, "predicted_step_s": 0.11},
+            {"method": "fp16", "rate_mbit": 25, "step_s": 0.050, "predicted_step_s": 0.070}]
+    st = FakeStats({}, step={("none", 1600): 0.05})
+    st.rows = rows
+    st.table = {("fp16", 25): {"compute_s": 0.01, "predicted_comm_s": 0.048}}
+    st.prediction_errors = lambda: np.array([0.1, 0.2])
+    assert l11.explain_prediction_errors(st) is True
+    out = capsys.readouterr().out
+    assert "within a median 15% of the 2 (method, rate) points (largest 20%, fp16 at 25" in out
+    assert "That point is 20 ms *below* the model" in out
+    assert "The step is still above its exchange's closed form (48 ms)." in out
+    st.prediction_errors = lambda: np.array([0.4, 0.5])
+    with pytest.raises(AssertionError):
+        l11.explain_prediction_errors(st)
+    st._band = 0.02  # fp32's noise band alone over 30% of its fastest step: busy
+    assert l11.explain_prediction_errors(st) is False
+
+
+def test_gains_table_words(capsys):
+    verdicts = {("powersgd:1", 25): "faster", ("powersgd:1", 1600): "slower"}
+    l11.print_gains(FakeStats(verdicts), ("powersgd:1",))
+    out = capsys.readouterr().out
+    assert "1.5 ms        pays" in out and "1.5 ms       loses" in out
+
+
+# --- 11b: error feedback and accuracy ----------------------------------------------------
+
+def test_smooth_and_steps_to():
+    assert np.allclose(l11b.smooth(np.arange(12.0)), [4.5, 5.5, 6.5])
+    curve = np.r_[np.full(15, 2.0), np.full(20, 0.0)]
+    # The first 10-step window with mean <= 1.0 is steps 10..19 (five 2s, five 0s): index 10.
+    assert l11b.steps_to(curve, 1.0) == 20
+    assert l11b.steps_to(curve, -1.0) is None
+
+
+def _run(loss, sent=1000, curve=None):
+    return {"test_loss": loss, "sent_bytes": sent, "loss_curve": curve}
+
+
+def test_error_feedback_steps_and_asserts(capsys):
+    fast = np.r_[np.full(30, 2.0), np.full(100, 0.0)]
+    slow = np.r_[np.full(100, 2.0), np.full(100, 0.0)]
+    ef_runs = {"none": _run(0.3), "topk:0.01": _run(0.35), "topk-noef:0.01": _run(0.6)}
+    longer = {"topk:0.01": _run(0.3, curve=fast), "topk-noef:0.01": _run(0.5, curve=slow)}
+    assert l11b.explain_error_feedback(ef_runs, longer, target=0.0, budget=120) == (40, 110)
+    assert "top-k with error feedback 40, without 110." in capsys.readouterr().out
+    ef_runs["topk-noef:0.01"] = _run(0.4)  # no clear test-loss gap: error feedback not shown
+    with pytest.raises(AssertionError, match="error feedback"):
+        l11b.explain_error_feedback(ef_runs, longer, target=0.0, budget=120)
+
+
+def _res():
+    base = np.array([1, 1, 1, 0, 0, 1, 1, 0], dtype=bool)
+    return {"none": {"correct": base, "accuracy": 5 / 8, "sent_bytes": 300, "test_loss": 0.5},
+            "fp16": {"correct": base.copy(), "accuracy": 5 / 8, "sent_bytes": 150,
+                     "test_loss": 0.501},
+            "bf16": {"correct": base.copy(), "accuracy": 5 / 8, "sent_bytes": 150,
+                     "test_loss": 0.499},
+            "topk:0.01": {"correct": np.array([1, 1, 1, 1, 1, 0, 1, 0], dtype=bool),
+                          "accuracy": 6 / 8, "sent_bytes": 50, "test_loss": 0.55}}
+
+
+def test_paired_accuracy_difference():
+    res = _res()
+    assert l11b.only(res, "topk:0.01") == (2, 1)
+    assert l11b.accuracy_gap_se(res, "fp16") == 0.0
+    d = np.array([0, 0, 0, 1, 1, -1, 0, 0], dtype=float)
+    expected = d.mean() / (d.std(ddof=1) / np.sqrt(8))
+    assert l11b.accuracy_gap_se(res, "topk:0.01") == pytest.approx(expected)
+
+
+def test_accuracy_table_and_checks(capsys):
+    res = _res()
+    gap = {m: r["test_loss"] - 0.5 for m, r in res.items()}
+    l11b.print_accuracy_table(res, gap=gap, n_test=8)
+    out = capsys.readouterr().out
+    assert "fp32 (none)" in out and "2 / 1" in out and "+0.050" in out
+    l11b.check_accuracy(res, gap=gap, n_test=8, budget=120)
+    assert "with the same answer on 8 and 8 of 8 samples" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="16-bit"):
+        l11b.check_accuracy(res, gap={**gap, "bf16": 0.02}, n_test=8, budget=120)
+    with pytest.raises(AssertionError, match="top-k"):
+        l11b.check_accuracy(res, gap={**gap, "topk:0.01": 0.2}, n_test=8, budget=120)
+
+
+def test_ring_sum_error_grows_with_hops_in_16_bits():
+    torch = pytest.importorskip("torch")
+    assert l11b.ring_sum_error(64, torch.float64) < 1e-12
+    short, long = (l11b.ring_sum_error(p, torch.bfloat16) for p in (2, 1024))
+    assert long > 10 * short and long > 1000 * l11b.ring_sum_error(1024, torch.float32)
+
+
+def test_ring_errors_assert_the_growth(capsys):
+    torch = pytest.importorskip("torch")
+    ps = [2, 8]
+    flat = {torch.float32: [1e-8, 1e-8], torch.bfloat16: [1e-3, 2e-3]}  # bf16 grew only 2x
+    with pytest.raises(AssertionError):
+        l11b.explain_ring_errors(flat, ps)
+    grown = {torch.float32: [1e-8, 1e-8], torch.bfloat16: [1e-3, 2e-2]}
+    corr = l11b.explain_ring_errors(grown, ps)
+    out = capsys.readouterr().out
+    assert "an error of 2.0% of the sum's norm" in out and "after 7 hops" in out
+    assert corr == pytest.approx(l11b.ring_sum_error(8, torch.bfloat16, common=1.0))
+
+
+def test_modules_import_without_a_cluster():
+    assert isinstance(l10, types.ModuleType) and l11.WORD["faster"] == "pays"
+
+
+def test_real_cluster_boxes_render_from_the_ledger():
+    from clusterlab import facts
+
+    text = facts.render(l10b.real_cluster_text(one_nv=0.001, hot_share=0.75,
+                                               capacity_factor=1.25))
+    assert "[[" not in text and "at a capacity\n  factor of 1.25" in text
+    assert "[[" not in facts.render(l11.real_cluster_text())
+    assert "shrinks\n  2.4x at rank 4" in l11.real_cluster_text()
