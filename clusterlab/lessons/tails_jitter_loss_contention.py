@@ -1,0 +1,324 @@
+"""What notebook 01b (tails: jitter, loss and a shared NIC) reads from its runs: the slowest
+of p resampled from one link's pings, the loss tails, the shared NIC and the real-cluster
+notes.
+
+Each function takes what `clusterlab.experiments.links` returned and draws the figure,
+prints the sentences or checks the claims the notebook makes; the measured conclusions go
+through `conclude`, which says when a busy machine keeps a run from showing one.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from clusterlab import models
+from clusterlab.experiments import links
+from clusterlab.experiments.common import conclude
+
+DISTRIBUTIONS = ("uniform", "normal", "pareto")
+
+
+def slowest_of_p(jit: dict, *, ranks, delay_ms: float = 4.0, jitter_ms: float = 1.0):
+    """The slowest of p, resampled from each distribution's measured pings and from the
+    network's own draws for them (`links.slowest_of`, 2000 draws, seed 0), with netem's exact
+    expectation (`models.expected_max`). Returns (curves, step64): per distribution the
+    curves over `ranks` (mean, paired, model, n) and the numbers at the largest p (measured,
+    network, model, the median ping, n)."""
+    curves, step64 = {}, {}
+    for name in DISTRIBUTIONS:
+        r = jit[name]
+        s = links.slowest_of(r["one_way_ms"], ranks, draws=2000, seed=0, paired=r["emulated_ms"])
+        model = [delay_ms + models.expected_max(k, name, jitter_ms) for k in ranks]
+        curves[name] = {"mean": s["mean"], "paired": s["paired"], "model": model, "n": s["n"]}
+        step64[name] = {"measured": s["mean"][-1], "network": s["paired"][-1], "model": model[-1],
+                        "median": float(np.median(r["one_way_ms"])), "n": s["n"]}
+    return curves, step64
+
+
+def plot_slowest_of_p(curves: dict, *, ranks) -> None:
+    """The figure of the slowest of p: per distribution, the resample of the measured pings
+    (dots), of the network's draws (rings) and the model (line)."""
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    for name, color in zip(DISTRIBUTIONS, ("C0", "C1", "C2")):
+        c = curves[name]
+        ax.plot(ranks, c["mean"], "o", color=color, label=f"{name}: measured pings")
+        ax.plot(ranks, c["paired"], "o", color=color, mfc="none", ms=9,
+                label=f"{name}: network's draws")
+        ax.plot(ranks, c["model"], "-", color=color, alpha=0.6, label=f"{name}: model")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("ranks p (resampled from one link's pings, not run)")
+    ax.set_ylabel("expected slowest one-way delay (ms)")
+    ax.set_title(f"The slowest of p, resampled from {curves['pareto']['n']} pings per "
+                 "distribution", fontsize=10)
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.22))
+    plt.show()
+
+
+def noise_dominated(step64: dict, *, delay_ms: float = 4.0) -> list[str]:
+    """The distributions whose slowest of 64 this machine moved more (measured - network)
+    than the network's own tail did (network - the delay)."""
+    return [n for n, v in step64.items() if v["measured"] - v["network"] > v["network"] - delay_ms]
+
+
+def explain_slowest_of_64(step64: dict, parts: dict, *, busy: str | None) -> dict:
+    """Checks the figure's claims and prints its numbers: per distribution the slowest of 64
+    measured, the network's and the model's, and the median ping. Concludes that the
+    network's jitter, not this machine's noise (`noise_dominated`), sets the slowest of 64
+    for every distribution; `busy` is the run's evidence of a busy machine (or pings later
+    than any network draw, from `parts`, counts as such). Returns, per distribution, whether
+    the network set its tail (the numbers to quote)."""
+    for name, v in step64.items():
+        assert v["measured"] >= v["network"] - 1e-9, \
+            "the same resample of delays that noise only lengthened"
+        assert abs(v["network"] / v["model"] - 1) < 0.1, \
+            "the network's own draws follow netem's law"
+        assert v["measured"] > v["median"]
+        print(f"{name:>8}: slowest of 64 {v['measured']:.2f} ms (network alone "
+              f"{v['network']:.2f}, model {v['model']:.2f}); median ping {v['median']:.2f} ms")
+    # The network's tail, not this machine's noise, must set the slowest of 64, per distribution.
+    dominated = noise_dominated(step64)
+    late = sum(parts[n]["beyond_network"] for n in step64)
+    conclude(not dominated,
+             "the network's jitter sets the slowest of 64 for every distribution"
+             + (" (this machine moved it more than the network's tail for "
+                f"{', '.join(dominated)})" if dominated else ""),
+             busy=busy or (f"{late} pings later than any network draw" if late else None))
+    return {n: n not in dominated for n in step64}
+
+
+def p99_text(r: dict) -> str:
+    """A loss run's p99 as a sentence part: its value, or the gap it falls in when it lies
+    between the delay and a timeout (`p99_gap`)."""
+    return (f"p99 {r['percentiles']['p99']:.2f} ms" if r["p99_gap"] is None else
+            "p99 between {:.1f} and {:.0f} ms".format(*r["p99_gap"]))
+
+
+def explain_loss(tails: dict) -> None:
+    """Per loss rate: the median, the p99 (`p99_text`) and how many pings waited for a
+    timeout; then how many pings at 0% loss this machine delayed. Checks that the network
+    draws nothing between the delay and a timeout, that at 5% loss the network's median
+    barely moves while the p99 pays a 200 ms timeout, and that the timeouts match the
+    configured loss within 3 standard deviations."""
+    none, five = tails[0], tails[5]
+    for p_, r in tails.items():
+        n, (a, b) = len(r["one_way_ms"]), r["late_ms"]
+        assert not np.any((r["emulated_ms"] > a) & (r["emulated_ms"] < b)), \
+            "the network draws nothing there"
+        print(f"loss {p_}%: median {r['percentiles']['p50']:.2f} ms, {p99_text(r)}; "
+              f"{r['emulated_rto']} of {n} waited for a timeout")
+    if none["late"]:
+        print(f"({none['late']} of {len(none['one_way_ms'])} pings at 0% loss were delayed by "
+              "this machine: appendix)")
+    assert five["emulated"]["p50"] < 2 * 1.0, "the network's median barely moves"
+    assert five["percentiles"]["p99"] >= 1.0 + links.RTO_MIN_MS, "the p99 pays a 200 ms timeout"
+    assert five["rto_delayed"] >= five["emulated_rto"] >= 1
+    assert abs(five["emulated_rto"] - five["expected_rto"]) <= 3 * np.sqrt(200 * 0.05 * 0.95), \
+        "loss as configured"
+    assert five["emulated"]["mean"] > 3 * none["emulated"]["mean"]
+
+
+def plot_contention(cont: dict, load: dict) -> None:
+    """Two panels: each process's goodput behind one NIC (`links.plot_contention`), and an
+    8-byte ping's one-way delay with the NIC idle and with another process streaming
+    (clipped at 30 ms)."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.4))
+    links.plot_contention(cont, ax=ax1)
+    ax1.set_title("bandwidth: each process's goodput (dots)")
+    bins = np.linspace(0, 30, 61)
+    ax2.hist(np.clip(load["idle_ms"], 0, 30), bins=bins, alpha=0.7, label="NIC idle")
+    ax2.hist(np.clip(load["loaded_ms"], 0, 30), bins=bins, alpha=0.7,
+             label="another process streaming")
+    ax2.axvline(1 + load["message_ms"], color="k", ls=":", lw=1, label="delay + one bulk message")
+    ax2.set_xlabel("one-way delay of an 8-byte ping (ms, clipped at 30)")
+    ax2.set_title("latency: the same NIC under load")
+    ax2.legend(fontsize=8)
+    plt.tight_layout()
+    plt.show()
+
+
+def explain_sharing(cont: dict) -> tuple[bool, list[str]]:
+    """The shared NIC's bandwidth: the lone stream's rate, then per P each process's goodput
+    behind one NIC against rate / P. Concludes, in turn, that a lone stream reached the NIC's
+    rate (else the CPUs, not the NIC, set the pace and nothing more is concluded), that a NIC
+    of its own gave each process the full rate, and that each process behind one NIC got
+    rate / P within 15%. Returns whether the lone stream saturated the NIC, and the details
+    the appendix prints."""
+    rate = cont["rate_Bps"]
+    # A lone stream must reach the NIC's rate: on a starved machine the senders, not the NIC,
+    # set the pace, and sharing cannot show.
+    alone = cont["rows"][1]["own"]["per_process"]
+    saturated = conclude(abs(alone / rate - 1) <= 0.15,
+                         f"a lone stream reached the NIC's rate (it reached {alone * 8 / 1e6:.0f} "
+                         f"of {rate * 8 / 1e6:.0f} Mbit/s), so that the NIC, not this machine's "
+                         f"CPUs, sets the pace and the sharing can show")
+    details = []
+    for p_, row in cont["rows"].items():
+        own = row["own"]["per_process"]
+        if p_ == 1:
+            print(f"P = 1: {own * 8 / 1e6:.0f} Mbit/s alone")
+            continue
+        share = row["shared"]["share"]
+        got = ", ".join(f"{x * 8 / 1e6:.1f}" for x in share)
+        details.append(
+            f"P = {p_}: shares from {row['shared']['window_messages']} messages (all {p_} "
+            f"receiving); own node each {own * 8 / 1e6:.1f} Mbit/s")
+        if np.isnan(share).any():
+            print(f"P = {p_}: cannot tell each process's share (the streams overlapped too "
+                  "briefly on this run)")
+            continue
+        print(f"P = {p_} behind one NIC: {got} Mbit/s each (rate / P = {rate * 8 / 1e6 / p_:.1f})")
+        # Each comparison needs NIC-bound streams: with 2P processes on a busy machine the
+        # CPUs, not the NICs, can set the pace (then it says so instead of concluding).
+        if (saturated
+                and conclude(abs(own / rate - 1) <= 0.15,
+                             f"with P = {p_}, a NIC of its own gave each process the full rate "
+                             f"(it gave {own * 8 / 1e6:.0f} Mbit/s)")):
+            conclude(np.all(np.abs(share / (rate / p_) - 1) <= 0.15),
+                     f"with P = {p_}, each process behind one NIC got rate / P within 15% (they "
+                     f"got {got} Mbit/s)")
+    return bool(saturated), details
+
+
+def explain_queueing(load: dict, *, saturated: bool) -> list[str]:
+    """An 8-byte ping's median with the NIC idle and behind bulk traffic. When the lone
+    stream saturated the NIC, checks that the median wait is above a quarter of one bulk
+    message and that most loaded pings were slower than the idle p90. Returns the details
+    the appendix prints: how busy the stream kept the NIC, the share of slowed pings, the
+    median wait in bulk messages and how many waited longer than a whole one."""
+    idle, loaded = load["idle"], load["loaded"]
+    n_pings, msg = len(load["loaded_ms"]), load["message_ms"]
+    wait = loaded["p50"] - idle["p50"]
+    # waited more than one whole message
+    longer = int((load["loaded_ms"] > idle["p50"] + msg).sum())
+    clipped = int((load["loaded_ms"] > 30).sum())
+    slowed = float(np.mean(load["loaded_ms"] > idle["p90"]))
+    print(f"an 8-byte ping: median {idle['p50']:.2f} ms idle, {loaded['p50']:.2f} ms behind bulk "
+          f"traffic (n = {n_pings} each)")
+    details = [
+        f"the stream kept the NIC busy {load['offered']:.0%} of the time; {slowed:.0%} of loaded "
+        f"pings were slower than the idle p90",
+        f"median wait {wait / msg:.2f} of one bulk message ({msg:.1f} ms); {longer} waited longer "
+        f"than a whole message, {clipped} beyond the 30 ms clip"]
+    if saturated:
+        assert wait > msg / 4, "queueing behind bulk data is latency"
+        assert slowed > 0.5, \
+            f"the NIC is busy {load['offered']:.0%} of the time, so most pings meet a queue"
+    return details
+
+
+# "On a real GPU cluster": loss on RDMA and on TCP, contention, jitter under load
+# (a `facts.show` template: [[id]] renders a ledger fact with its source).
+ON_A_REAL_GPU_CLUSTER = '''
+**Loss on RDMA: repaired by the NIC, and mostly avoided.** NCCL over InfiniBand or RoCE
+bypasses the kernel's TCP ([[rdma.kernel_bypass]]); the NIC resends a lost packet itself,
+classically with [[paper.mittal_irn_2018]].
+
+- **InfiniBand** practically never drops: on each link the sender transmits only when the
+  next hop has granted buffer space (credits, [[infiniband.credit_flow_control]]), leaving
+  bit errors and packets held past a switch's lifetime limit.
+- **RoCE** (RDMA over Ethernet) is usually kept nearly lossless: a switch whose buffer fills
+  pauses one traffic class on the upstream link ([[ieee.pfc_8021qbb]]), at a price at scale
+  ([[paper.guo_rdma_2016]]). Some fabrics run it lossy instead ([[nvidia.roce_lossy_mode]];
+  ECN: switches mark packets as their queues grow, and senders slow down).
+- **What a loss costs.** One that no later packet reveals waits for the ACK timeout of the
+  queue pair (QP, the NIC's connection): nominally [[nccl.ib_timeout_default_time]] at NCCL's
+  default since 2.23 ([[nccl.ib_timeout_formula]]; a quarter of that in 2.14 to 2.22). After
+  [[nccl.ib_retry_cnt_default]] retries, at least [[nccl.ib_total_wait_default]] in all, NCCL
+  raises a network error.
+
+**Loss on TCP: the floor is for lone segments.** Where NCCL or Gloo use sockets, a lost
+segment that was alone in flight (like each small message measured here) waits at least
+[[linux.tcp_rto_min]] by default (lowered per route, or with [[linux.tcp_rto_min_us]] since
+Linux 6.11; [[paper.vasudevan_incast_2009]]). With more segments in flight, as in bulk
+transfers, a lost tail is probed after about 2 round trips plus [[linux.tcp_timeout_min_us]];
+only a lost probe then waits for the RTO.
+
+**Contention: one NIC per GPU removes most of it.** A DGX H100's compute fabric has
+[[nvidia.dgx_h100_compute_nics]] (one per GPU) at [[nvidia.connectx7_rate]]; the sharing
+measured here appears where GPUs outnumber NICs, or send through a NIC that is not their own.
+
+**Jitter: measure under load, over long runs.** Real tails come from shared resources
+(switch queues, background work, power limits) and come in bursts a short benchmark misses
+(Dean & Barroso, [The Tail at Scale](https://doi.org/10.1145/2408776.2408794), CACM 2013).
+'''
+
+
+def explain_jitter(jit: dict, parts: dict, dilated: dict) -> None:
+    """Per distribution the measured median and p99 against the network's own p99 (from
+    `links.tail_split`), then whether this machine's noise stayed small enough for the bars
+    to show mainly the network, or what it was and the dilation K chosen against it
+    (`dilated`: `links.jitter_dilated`'s result)."""
+    for name in DISTRIBUTIONS:
+        r, t = jit[name], parts[name]
+        print(f"{name:>8}: median {r['percentiles']['p50']:.2f} ms, p99 {t['measured']:.2f} ms "
+              f"(network alone {t['network']:.2f} ms; n = {t['n']})")
+    if dilated["busy"] is None:
+        print(f"This machine's noise was small on this run (p99 "
+              f"{dilated['noise_p99_dilated_ms']:.2f} ms, planned <= {dilated['target_ms']:.2f} "
+              "ms): the bars show mainly the network (appendix).")
+    else:
+        print(f"This machine was busy: {dilated['busy']}.\nThe network-alone values are seeded "
+              "draws, untouched by it; where a measured p99 exceeds the network's, the "
+              f"difference is its noise\n(here K = {dilated['k']}: dilation runs each spec K "
+              "times slower to shrink that noise K-fold; appendix).")
+
+
+def explain_noise_appendix(jit: dict, parts: dict, dilated: dict, *, delay_ms: float = 4.0) -> None:
+    """The appendix on this machine's noise: the K it chose and whether the plan held during
+    the runs; per spec the measured p99 against the network's and the noise alone, with the
+    pings beyond any network draw; per distribution the p99's 95% interval ("open" when 200
+    pings cannot bound it) and the pings before the delay. Checks that noise only adds,
+    that netem's jitter is two-sided and raises the network's p99, and that most pareto
+    draws lie below the delay."""
+    print(f"machine noise: p99 {dilated['noise_p99_ms']:.2f} ms over 200 jitter-free pings, so "
+          f"K = {dilated['k']}" + (f" ({dilated['wanted']} wanted, capped)" if dilated["capped"]
+                                  else ""))
+    print(f"during the runs: largest noise p99 of any spec (divided by K) "
+          f"{dilated['noise_p99_dilated_ms']:.2f} ms, planned {dilated['target_ms']:.2f} ms "
+          "(J/2): plan " + ("met" if dilated["busy"] is None else "missed"))
+    for name, t in parts.items():
+        print(f"{name:>8}: p99 {t['measured']:.2f} ms, network {t['network']:.2f} ms, noise alone "
+              f"{t['noise']:.2f} ms"
+              + ("" if name == "none" else
+                 f"; {t['beyond_network']}/{t['n']} beyond any network draw"))
+    for name in DISTRIBUTIONS:
+        r, t = jit[name], parts[name]
+        lo, hi = t["measured_ci"]
+        early = int((r["one_way_ms"] < delay_ms).sum())
+        print(f"{name:>8}: p99 95% interval {lo:.2f} .. {'open' if np.isinf(hi) else f'{hi:.2f}'} "
+              f"ms; {early}/{t['n']} before the {delay_ms:g} ms delay")
+        assert np.all(r["one_way_ms"] >= r["emulated_ms"] - 1e-3), "noise only adds"
+        assert r["emulated"]["p1"] < delay_ms, \
+            "netem's jitter is two-sided: some draws are below 4 ms"
+        assert r["emulated"]["p99"] > jit["none"]["emulated"]["p99"], \
+            "jitter raises the network's p99"
+        assert t["machine_extra"] >= -1e-3, "the measured p99 is at least the network's"
+    pareto = jit["pareto"]
+    assert pareto["emulated"]["p50"] < delay_ms < pareto["emulated"]["p99"] - 3.0
+    assert np.percentile(pareto["emulated_ms"], 10) < delay_ms, \
+        "most pareto draws are below the delay"
+
+
+def more_late_pings(tails: dict) -> list[str]:
+    """The loss rates (1% and 5%) at which pings between the delay and a timeout were more
+    frequent than at 0% loss: their 95% intervals (`late_ci`) do not overlap."""
+    return [f"{p_}%" for p_ in (1, 5) if tails[p_]["late_ci"][0] > tails[0]["late_ci"][1]]
+
+
+def explain_loss_and_contention_appendix(tails: dict, contention_details: list[str]) -> None:
+    """The appendix on loss and contention: per loss rate the timeouts counted and expected,
+    the loss rate's 95% interval and the pings held up between the two levels; whether loss
+    brought more such pings (`more_late_pings`); then the contention runs' details."""
+    for p_, r in tails.items():
+        n, (lo, hi), (a, b) = len(r["one_way_ms"]), r["loss_ci"], r["late_ms"]
+        print(f"loss {p_}%: {r['emulated_rto']} timeouts (expected {r['expected_rto']:.0f}; rate "
+              f"{lo:.1%} .. {hi:.1%}); {r['late']}/{n} pings between {a:.1f} and {b:.0f} ms")
+    more = more_late_pings(tails)
+    print("late pings with loss: " + (f"more at {' and '.join(more)} (95% intervals do not "
+                                      "overlap);\n  loss or this machine's load, this run cannot "
+                                      "tell which" if more else
+                                      "about as many as at 0% loss (95% intervals overlap)"))
+    print("contention:")
+    for line in contention_details:
+        print("  " + line)
