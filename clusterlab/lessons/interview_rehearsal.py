@@ -1,0 +1,65 @@
+"""What notebook 09 (interview rehearsal) shows around its quiz widgets: the bank's table of
+topics, printed text behind a fold, and each seed question as its 60-second version with the
+model answer and the key points folded."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from IPython.display import Markdown, display
+
+from clusterlab.quiz.i18n import t
+from clusterlab.quiz.render import to_text
+from clusterlab.quiz.widget import seed_question_text
+
+
+def review_mark(topic: str, notebooks: list[str], so_far) -> str:
+    """How the table marks a topic outside `so_far`: taught after notebooks 10-12 when one of
+    its review notebooks is 10 or later, else not taught as such (its nearest sections)."""
+    later = any(n >= "10" for n in notebooks)  # taught in 10-12; else not taught as such
+    return "" if topic in so_far else "  (after 10-12)" if later else "  (nearest sections)"
+
+
+def print_topics(bank, *, so_far) -> None:
+    """The bank as a table: per topic its choice, numeric and open questions and the
+    notebooks to review (`review_mark` for topics beyond `so_far`), then the total."""
+    counts = Counter((q.topic, q.kind) for q in bank.questions)
+    print(f"{'topic':45s} {'choice':>6s} {'numeric':>7s} {'open':>4s}  review in")
+    for topic in bank.topics():
+        row = [counts[topic, kind] for kind in ("choice", "numeric", "open")]
+        notebooks = sorted({q.section["notebook"].split("_")[0] for q in bank.select([topic])})
+        print(f"{bank.title(topic, 'en'):45s} {row[0]:6d} {row[1]:7d} {row[2]:4d}  "
+              f"{', '.join(notebooks)}{review_mark(topic, notebooks, so_far)}")
+    print(f"{'total':45s} {len(bank.questions):>20d}")
+
+
+def fold_markdown(summary: str, text: str) -> str:
+    """Markdown that shows `summary` and keeps `text`, as preformatted text, behind a fold
+    the reader clicks open."""
+    return (f"<details><summary>{summary} (click to open)</summary>\n\n"
+            f"```text\n{text}\n```\n\n</details>")
+
+
+def fold(summary: str, text: str) -> None:
+    """Display printed text behind a fold the reader clicks open (`fold_markdown`)."""
+    display(Markdown(fold_markdown(summary, text)))
+
+
+def seed_parts(qid: str, *, bank, lang: str) -> tuple[str, list[str], str]:
+    """A seed question split for the notebook: the question with its 60-second version (the
+    text before the key points), the model answer's paragraphs, and the key points'
+    checklist without its heading."""
+    text = seed_question_text(qid, lang, bank, full=False)
+    head, _, points = text.partition(t("key_points", lang))
+    answer = bank.draw(qid, 0).model_answer(lang).split("\n\n")
+    return head.rstrip(), answer, points.split("\n", 2)[-1].rstrip()
+
+
+def seed_question(qid: str, *, bank, lang: str) -> None:
+    """A seed question in `lang`: the 60-second version printed, the model answer (about two
+    minutes spoken) and the key points folded."""
+    head, answer, points = seed_parts(qid, bank=bank, lang=lang)
+    print(head)
+    fold(f"{t('model_answer', lang)}: about two minutes spoken",
+         to_text([("p", paragraph) for paragraph in answer]))
+    fold(f"{t('key_points', lang)}: the checklist of the two-minute answer", points)
