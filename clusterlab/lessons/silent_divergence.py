@@ -1,0 +1,276 @@
+"""What `notebooks/08_silent_divergence.ipynb` reads from its runs.
+
+The experiments are `clusterlab.experiments.divergence`; each function here turns one cell's
+runs into the sentences, the table or the figure the learner reads, and checks what the text
+claims. `fingerprint` and `odd_ranks` are the core replica check the notebook runs on Gloo.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def explain_changed(changed: dict, healthy: dict, *, steps: int) -> None:
+    """Rank 2 changed its weights after wrapping: which ranks' fingerprints differ, how its gap
+    to rank 0 stayed what it was, how far rank 0's loss and both replicas' held-out losses are
+    from the healthy run's; asserts each of these."""
+    from ..experiments import divergence
+
+    dev = divergence.loss_deviation(changed, healthy)
+    d2 = changed["distance"][:, 2]
+    drift = np.max(np.abs(d2 / d2[0] - 1))
+    print(f"ranks whose fingerprint differs from rank 0's: {divergence.replicas_agree(changed)}")
+    print(f"rank 2's gap to rank 0: {d2[0]:.6e} after step 0, {d2[-1]:.6e} after step "
+          f"{steps - 1} (moved by at most {drift:.1e} of itself)")
+    print(f"rank 0's loss, last 10 steps: {dev:.2%} off the healthy run's (one seeded run)")
+    ev0, ev2 = changed["eval_loss"][-1, 0], changed["eval_loss"][-1, 2]
+    evh = healthy["eval_loss"][-1, 0]
+    off = max(abs(ev0 - evh), abs(ev2 - evh)) / evh
+    print(f"held-out loss: rank 0's replica {ev0:.5f}, rank 2's {ev2:.5f}, healthy run "
+          f"{evh:.5f} (both within {off:.1%} of it)")
+    if off < 0.05:
+        print("so evaluating either replica alone shows nothing wrong; which replica the "
+              "checkpoint holds is a real question")
+    assert divergence.replicas_agree(healthy) == [] and np.all(healthy["distance"] == 0)
+    assert divergence.replicas_agree(changed) == [2]
+    assert np.all(d2 > 0) and drift < 1e-4, "the gap stays what it was, up to rounding"
+    assert dev < 0.05, "rank 0's loss stays within 5% of the healthy run"
+    assert changed["eval_loss"][-1, 2] != changed["eval_loss"][-1, 0]
+
+
+def explain_exponent_flip(expo: dict, healthy: dict) -> None:
+    """An exponent bit (30) flipped before the all-reduce: the element before and after, the
+    gradient-norm spike at step 10 on every rank and the normal norms after it, how many
+    elements of the healthy gradient could reach 1, the replicas, the huge weight it left and
+    the hidden unit it saturated; asserts each of these."""
+    from ..experiments import divergence
+
+    g, h = expo["grad_norm"][:, 0], healthy["grad_norm"][:, 0]
+    was, now = expo["injected"]
+    print(f"the flipped gradient element: {was:.4f} before, {now:.2e} after")
+    print(f"gradient norm after the sync at step 10: {g[10]:.1e}"
+          + (" (its float32 sum of squares overflows)" if np.isinf(g[10]) else "")
+          + f", the same on every rank: {np.all(expo['grad_norm'][10] == g[10])}")
+    print(f"healthy run at step 10: {h[10]:.2f}, so at most {int(h[10] ** 2)} of its "
+          f"{expo['params'].shape[1]} synchronised gradient elements can reach 1 in magnitude")
+    print(f"gradient norm at steps 11-12: {', '.join(f'{x:.1e}' for x in g[11:13])} (healthy: "
+          f"{', '.join(f'{x:.2f}' for x in h[11:13])})")
+    print(f"replicas differing from rank 0 at the end: {divergence.replicas_agree(expo)}; "
+          f"all weights finite: {bool(expo['finite'].all())}")
+    big, big_h = np.abs(expo["params"][0]).max(), np.abs(healthy["params"][0]).max()
+    where = int(np.argmax(np.abs(expo["params"][0])))  # flat index; 0 is model[0].weight[0, 0]
+    print(f"largest |weight| at the end: {big:.1e} (healthy run: {big_h:.2f}), at flat index "
+          f"{where}: the flipped element, first layer's weight[0, 0]")
+    sat = divergence.hidden_saturation(expo)  # that weight's hidden unit, over the inputs
+    print(f"it feeds hidden unit {sat['unit']}: its tanh input |z| over the {sat['n']} training "
+          f"inputs is at least {sat['min_abs_z']:.1e}")
+    print(f"share of those inputs where 1 - tanh(z)^2 is exactly 0 in float32: "
+          f"{sat['zero_grad_share']:.0%}")
+    assert 0 < abs(was) < 1 and abs(now) > 1e30, "a normal value below 1, times 2^128"
+    assert g[10] > 1e20 * np.median(h) and np.all(expo["grad_norm"][10] == g[10])
+    assert divergence.replicas_agree(expo) == []
+    assert big > 1e30 and big_h < 10 and where == 0
+    assert sat["unit"] == 0 and sat["zero_grad_share"] == 1.0, "saturated on every input"
+
+
+# --- Detection ----------------------------------------------------------------------------------
+
+def fingerprint(model):  # two int64 per tensor: sum of raw bits, and position-weighted sum
+    """The replica fingerprint: for each parameter tensor, the sum of its raw float32 bits as
+    integers (exact and order-independent) and a position-weighted sum (catches two swapped
+    values). Equal on every rank exactly when the replicas are (up to checksum collisions)."""
+    import torch
+
+    out = []
+    for p in model.parameters():  # float32; view bf16 parameters as torch.int16
+        bits = p.detach().reshape(-1).view(torch.int32).to(torch.int64)
+        pos = torch.arange(1, bits.numel() + 1, dtype=torch.int64)
+        out += [bits.sum(), (bits * pos).sum()]  # int64 wraps around: fine for a checksum
+    return torch.stack(out)
+
+
+def odd_ranks(model):  # ranks whose parameters differ from rank 0's
+    """The ranks whose parameters differ from rank 0's: every rank all-gathers the others'
+    fingerprints and compares (call it on every rank of an initialised process group)."""
+    import torch
+    import torch.distributed as dist
+
+    fp = fingerprint(model)
+    every = [torch.empty_like(fp) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, fp)
+    return [r for r, f in enumerate(every) if not torch.equal(f, every[0])]
+
+
+def first_check_at_or_after(step: int, every: int) -> int:
+    """The first check step (every - 1, 2 * every - 1, ...) at or after `step`."""
+    return step + (every - 1 - step) % every
+
+
+def alert_sentence(d: dict) -> str:
+    """One detection run's first alert: its kind, the ranks named, the step it is labelled
+    with and the step at whose end it was delivered (or 'no alert'), after the scenario."""
+    first = d["first"]
+    where = ("no alert" if first is None
+             else f"{first['kind']} on ranks {first['ranks']}, labelled step {first['step']}, "
+                  f"delivered at the end of step {first['reported']}")
+    injected = "" if d["scenario"] == "healthy" else f" (rank {d['rank']}, step {d['step']})"
+    return f"{d['scenario'] + injected:32s} -> {where}"
+
+
+def explain_detection(det: list, *, every: int, world: int) -> None:
+    """Per scenario of `divergence.detection`, the first alert (`alert_sentence`), and the
+    later alerts of the NaN run, which name every rank once the all-reduce spread the NaN;
+    asserts silence on the healthy run and that every fault is named on its rank, labelled by
+    the next check step and delivered one step later."""
+    for d in det:
+        print(alert_sentence(d))
+    assert det[0]["scenario"] == "healthy" and det[0]["alerts"] == [], "silent on a healthy run"
+    for d in det[1:]:
+        first = d["first"]
+        check = first_check_at_or_after(d["step"], every)
+        assert first is not None and first["ranks"] == [d["rank"]], d
+        assert d["step"] <= first["step"] <= check and first["reported"] == check + 1, d
+    nan_run = det[-1]
+    later = [a for a in nan_run["alerts"] if a["reported"] > nan_run["first"]["reported"]]
+    later_ranks = sorted({r for a in later for r in a["ranks"]})
+    print(f"later checks in the NaN run deliver {len(later)} more alert(s), on ranks "
+          f"{later_ranks}"
+          + (": the all-reduce spread the NaN to every rank, so only the first alert names the "
+             "source" if later_ranks == list(range(world)) else ""))
+
+
+# --- A model that stops learning ----------------------------------------------------------------
+
+def stall_row(name: str, run: dict, *, steps: int) -> str:
+    """One row of the stall table: held-out loss first -> last, median gradient norm, median
+    lr applied (||update|| / ||gradient||), checks whose rank-0 checksum moved, alerts."""
+    ev, fp = run["eval_loss"][:, 0], run["fingerprint"][:, 0]
+    moved = int(np.any(fp[1:] != fp[:-1], axis=1).sum())
+    applied = np.median(run["update_norm"][:, 0] / run["grad_norm"][:, 0])
+    return (f"{name:19s} {ev[0]:6.3f} -> {ev[-1]:5.3f} {np.median(run['grad_norm']):9.2f} "
+            f"{applied:10.1e} {f'{moved} of {steps - 1}':>14s} {len(run['alerts']):6d}")
+
+
+def explain_stall(stall: dict, *, steps: int, lr: float, world: int, batch: int) -> None:
+    """The table of the healthy, optimizer_detached and lr_divided runs (`stall_row`), what
+    its columns mean and how much smaller lr_divided's first update is; asserts that both
+    stalled runs look normal to a loss-and-sync dashboard (finite gradients of the usual
+    size, agreeing replicas, no alert) while the applied lr and the checksum show them."""
+    ok, detached, divided = stall["healthy"], stall["optimizer_detached"], stall["lr_divided"]
+    g0 = ok["grad_norm"][0, 0]  # the healthy run's first gradient: same weights, same batch
+    print(f"{'':19s} {'held-out loss*':>15s} {'grad norm':>9s} {'lr applied':>10s} "
+          f"{'checksum moved':>14s} {'alerts':>6s}")
+    for name, run in stall.items():
+        print(stall_row(name, run, steps=steps))
+    shrink = divided["update_ratio"][0] / ok["update_ratio"][0]
+    print(f"(medians over {steps} steps; lr applied = ||update|| / ||gradient||, configured "
+          f"{lr}; replicas agree in every run; lr_divided's first update is {shrink.mean():.4f} "
+          f"of the healthy run's, 1 / (W x batch) = {1 / (world * batch):.4f})")
+    print("* measured after each step's update, from the same starting weights: the first "
+          "entry already includes one update, which is why the healthy run starts lower")
+    assert ok["eval_loss"][-1, 0] < 0.1 * ok["eval_loss"][0, 0], "the healthy run learns"
+    assert np.ptp(detached["eval_loss"]) == 0, "optimizer_detached learns nothing at all"
+    assert divided["eval_loss"][-1, 0] > 0.9 * divided["eval_loss"][0, 0], "lr_divided crawls"
+    for run in stall.values():
+        assert np.all(run["distance"] == 0)
+    for run in (detached, divided):  # everything a loss-and-sync dashboard shows looks normal
+        assert run["alerts"] == []
+        assert np.all(np.isfinite(run["grad_norm"])) and 0.5 < np.median(run["grad_norm"]) / g0 < 2
+    # ... but the update's size shows it
+    assert np.all(detached["update_ratio"] == 0)
+    assert np.all(detached["fingerprint"] == detached["fingerprint"][0]), "checksum never changes"
+    assert np.all(ok["update_ratio"] > 0) and np.all(np.any(ok["fingerprint"][1:] !=
+                                                            ok["fingerprint"][:-1], axis=2))
+    assert np.allclose(shrink, 1 / (world * batch), rtol=1e-3)
+    assert np.allclose(ok["update_norm"] / ok["grad_norm"], lr, rtol=1e-3)
+    assert np.allclose(divided["update_norm"] / divided["grad_norm"], lr / (world * batch),
+                       rtol=1e-2)
+    print("the stalled runs: finite gradients, agreeing replicas, no alert; the applied lr flags "
+          "both, a checksum that never moves flags optimizer_detached")
+
+
+def plot_stall(stall: dict, *, lr: float) -> None:
+    """Three panels over the steps of the stall runs: rank 0's held-out loss, its gradient
+    norm after the sync, and the lr SGD really applied (||update|| / ||gradient||, 0 on the
+    bottom row) against the configured `lr`."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.4))
+    style = {"healthy": dict(lw=2.5, alpha=0.5), "optimizer_detached": dict(ls="--"),
+             "lr_divided": dict(ls=":", lw=2)}
+    for name, run in stall.items():
+        axes[0].plot(run["eval_loss"][:, 0], label=name, **style[name])
+        axes[1].plot(run["grad_norm"][:, 0], **style[name])
+        applied = run["update_norm"][:, 0] / run["grad_norm"][:, 0]  # the lr SGD really applied
+        axes[2].plot(np.maximum(applied, 1e-6), **style[name])  # 0 drawn on the bottom row
+    axes[0].set_ylabel("held-out loss (MSE)")
+    axes[0].legend(fontsize=8)
+    axes[0].set_title("the loss stalls", fontsize=10)
+    axes[1].set_ylabel("gradient L2 norm after the sync")
+    axes[1].set_title("gradients: finite; no downward trend when stalled, falling when healthy",
+                      fontsize=10)
+    axes[2].axhline(lr, color="k", lw=1, ls="--", label=f"configured lr = {lr}")
+    axes[2].set_yscale("log")
+    axes[2].set_ylim(3e-7, 0.5)
+    axes[2].set_yticks([1e-6, 1e-4, 1e-2], ["0", "1e-4", "1e-2"])
+    axes[2].minorticks_off()
+    axes[2].set_ylabel("||update|| / ||gradient||")
+    axes[2].legend(fontsize=8, loc="center right")
+    axes[2].set_title("the lr actually applied vs the schedule's", fontsize=10)
+    for ax in axes:
+        ax.set_xlabel("step")
+    axes[1].set_ylim(bottom=0)
+    plt.tight_layout()
+    plt.show()
+
+
+# --- On a real GPU cluster ----------------------------------------------------------------------
+
+# Sourced notes rendered by `facts.show`: what NCCL's all-reduce guarantees and where replicas
+# can still split (IDENTICAL_BYTES), and what a replica is under sharded and tensor-parallel
+# training (SHARDED_REPLICAS).
+IDENTICAL_BYTES = (
+    "- **Identical bytes after an all-reduce**: in NCCL's user guide, in an AllReduce "
+    "[[nccl.allreduce_identical_results]], and its maintainer states that once the sum is "
+    "complete it is transmitted unchanged to all GPUs "
+    "([NVIDIA/nccl#855](https://github.com/NVIDIA/nccl/issues/855)). That holds within one "
+    "call, not "
+    "across runs or algorithms. So replicas split only through rank-local work after it (an "
+    "optimizer that rounds differently on one node, a rank-dependent code path). DDP re-sends "
+    "buffers at every forward by default ([[pytorch.ddp_forward_sync_buffers]]), parameters "
+    "never.\n"
+    "- **Corruption while the sum is forwarded**: a ring or tree all-reduce reduces first, "
+    "then passes the finished sum from GPU to GPU (NCCL's ring: the steps commented \"copy to "
+    "next GPU\" in [`src/device/all_reduce.h`]"
+    "(https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/device/all_reduce.h)). "
+    "A bit flipped on one hop (bad memory on a forwarding GPU, a link error that escapes the "
+    "link's CRC checksum) reaches only the ranks downstream of it: the replicas split. This is "
+    "the case the "
+    "replica fingerprint catches and no single-rank check does. A report of that symptom, "
+    "cause never found: [NVIDIA/nccl#434](https://github.com/NVIDIA/nccl/issues/434), one "
+    "node's all-reduce result (always the same node) differing from the others'; the "
+    "maintainer answered that all ranks should hold the same result.\n"
+    "- **Run-to-run reproducibility is another property**: some CUDA kernels are "
+    "non-deterministic ([listed under `torch.use_deterministic_algorithms`]"
+    "(https://docs.pytorch.org/docs/stable/generated/torch.use_deterministic_algorithms.html)): "
+    "two runs differ, while the replicas within each run agree if that non-determinism comes "
+    "before the sync (in a rank-local step after it, it splits them).")
+
+SHARDED_REPLICAS = (
+    "- **Sharded training** (each rank holds only a slice of the parameters: FSDP's "
+    "FULL_SHARD, DeepSpeed ZeRO-3) has no replica to compare: per-shard "
+    "not-finite flags and norms still catch NaN and spikes. With hybrid sharding "
+    "([[pytorch.fsdp2_hsdp]]) the ranks holding the same shard in different replica groups "
+    "are replicas: fingerprint each shard against theirs. With ZeRO-1/2 every rank holds the "
+    "whole model but updates only its own slice, then all-gathers the slices after every step "
+    "([DeepSpeed `stage_1_and_2.py`](https://github.com/deepspeedai/DeepSpeed/blob/master/"
+    "deepspeed/runtime/zero/stage_1_and_2.py)): "
+    "a rank-local change to the parameters is overwritten by the owner's slice, and one to "
+    "the fp32 master copy a rank owns reaches every rank. Either way the replicas agree again "
+    "after the next all-gather.\n"
+    "- **Parameters replicated across tensor-parallel ranks** are replicas too: under "
+    "sequence parallelism each rank computes the LayerNorm gradients from its own slice of "
+    "the sequence, and Megatron-LM sums them with "
+    "[[megatron.sp_layernorm_grad_allreduce]]. A real case: "
+    "[[gptneox.sp_layernorm_unsynced]].")
+
