@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import tempfile
 import time
 from pathlib import Path
@@ -40,3 +42,22 @@ def pytest_sessionfinish(session, exitstatus):
     from clusterlab.cluster import _sweep_orphaned_dirs
 
     _sweep_orphaned_dirs()
+
+
+@pytest.fixture
+def verdicts(monkeypatch):
+    """Every (holds, claim, busy) the lesson modules pass to `conclude`, recorded instead of
+    judged against this machine's load, in order; `conclude` returns `holds`."""
+    import clusterlab.lessons as lessons
+
+    seen = []
+
+    def record(holds, claim, *, busy=None):
+        seen.append((bool(holds), claim, busy))
+        return bool(holds)
+
+    for info in pkgutil.iter_modules(lessons.__path__):
+        module = importlib.import_module(f"clusterlab.lessons.{info.name}")
+        if hasattr(module, "conclude"):
+            monkeypatch.setattr(module, "conclude", record)
+    return seen

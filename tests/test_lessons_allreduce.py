@@ -27,20 +27,6 @@ def row(algorithm, nbytes, measured, model, *, median=None, replay=None, config=
             "busbw": models.bus_bandwidth("all_reduce", p, nbytes, measured)}
 
 
-@pytest.fixture
-def verdicts(monkeypatch):
-    """Record every (holds, claim, busy) the lesson modules pass to `conclude`."""
-    seen = []
-
-    def record(holds, claim, *, busy=None):
-        seen.append((bool(holds), claim, busy))
-        return bool(holds)
-
-    for module in (ar, hb, inr):
-        monkeypatch.setattr(module, "conclude", record)
-    return seen
-
-
 # --- 02: the cost model -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("ratio, expected", [

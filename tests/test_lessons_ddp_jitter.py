@@ -14,20 +14,6 @@ from clusterlab.lessons import jitter_and_scale as jit_lesson
 
 
 @pytest.fixture
-def verdicts(monkeypatch):
-    """Record every conclude(holds, claim) of both lessons instead of judging the machine."""
-    seen = []
-
-    def record(holds, claim, *, busy=None):
-        seen.append((bool(holds), claim, busy))
-        return bool(holds)
-
-    monkeypatch.setattr(ddp_lesson, "conclude", record)
-    monkeypatch.setattr(jit_lesson, "conclude", record)
-    return seen
-
-
-@pytest.fixture
 def said(monkeypatch):
     """Capture the Markdown sentences of notebook 04's lesson."""
     texts = []
