@@ -719,8 +719,8 @@ def plot_sweep(sweep: dict, axes=None):
     grid = np.logspace(np.log10(n.min()), np.log10(n.max()), 200)
     star = sweep["crossover_bytes"]
     ax = axes[0]
-    for row in sweep["times_ms"]:
-        ax.plot(n, row, ".", color="#4C72B0", alpha=0.4)
+    for i, row in enumerate(sweep["times_ms"]):
+        ax.plot(n, row, ".", color="#4C72B0", alpha=0.4, label="each repeat" if i == 0 else None)
     ax.plot(n, sweep["best_ms"], "o", color="#4C72B0", label="measured (best of repeats)")
     ax.plot(grid, (fit.alpha + grid * fit.beta) * 1e3, "-", color="#C44E52",
             label=f"fit: α={fit.alpha * 1e3:.2f} ms, 1/β={fit.bandwidth * 8 / 1e9:.2f} Gbit/s")
