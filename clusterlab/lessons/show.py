@@ -1,6 +1,10 @@
-"""Printing what a run showed: Markdown sentences and the units they use."""
+"""Printing what a run showed: Markdown sentences, the units they use, and the code that ran."""
 
 from __future__ import annotations
+
+import inspect
+import textwrap
+from pathlib import Path
 
 
 def say(text: str) -> None:
@@ -14,3 +18,37 @@ def say(text: str) -> None:
 def ms(seconds: float) -> str:
     """Seconds as milliseconds with one decimal: 0.0123 -> '12.3 ms'."""
     return f"{seconds * 1e3:.1f} ms"
+
+
+def code_text(obj, *, start: str | None = None, stop: str | None = None) -> str:
+    """The source of `obj` (a function or class of clusterlab) as the learner should read it:
+    a first comment naming its file and lines, then the code, dedented. `start` and `stop`
+    narrow it to the lines from the first that contains `start` up to, not including, the
+    first later line that contains `stop` (to the end when `stop` is None)."""
+    lines, first = inspect.getsourcelines(obj)
+    lo, hi = 0, len(lines)
+    if start is not None:
+        found = [i for i, line in enumerate(lines) if start in line]
+        if not found:
+            raise ValueError(f"{obj.__qualname__} has no line containing {start!r}")
+        lo = found[0]
+    if stop is not None:
+        found = [i for i in range(lo + 1, len(lines)) if stop in lines[i]]
+        if not found:
+            raise ValueError(f"{obj.__qualname__} has no line containing {stop!r} "
+                             f"after {start!r}")
+        hi = found[0]
+    path = Path(inspect.getsourcefile(obj)).resolve()
+    package = Path(__file__).resolve().parents[1]
+    where = path.relative_to(package.parent) if path.is_relative_to(package) else path.name
+    body = textwrap.dedent("".join(lines[lo:hi])).rstrip()
+    return f"# {where}, lines {first + lo}-{first + hi - 1}: {obj.__qualname__}\n{body}\n"
+
+
+def code(obj, *, start: str | None = None, stop: str | None = None) -> None:
+    """Show `code_text(obj, start=..., stop=...)` in a notebook as highlighted Python: the
+    code that ran on the ranks, where a learner would otherwise read only its results."""
+    from IPython.display import display
+
+    text = code_text(obj, start=start, stop=stop)
+    display({"text/markdown": f"```python\n{text}```", "text/plain": text}, raw=True)
