@@ -744,7 +744,8 @@ def young_daly_interval(checkpoint_s: float, mtbf_s: float) -> float:
     Why: per interval τ the job pays C once, and a failure (rate 1/M) throws away on
     average half an interval: waste ≈ C/τ + τ/(2M), smallest at τ = √(2CM)
     (`checkpoint_waste` is that model). Valid while C ≪ τ ≪ M; Daly's higher-order
-    optimum, √(2CM) - C to the next order, differs by less than C.
+    optimum, √(2CM)[1 + ⅓√(C/2M) + (C/2M)/9] - C, about √(2CM) - ⅔C to the next order,
+    differs by less than C.
 
     Source: Young, "A first order approximation to the optimum checkpoint interval",
     CACM 17(9), 1974; Daly, "A higher order estimate of the optimum checkpoint interval for

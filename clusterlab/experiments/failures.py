@@ -125,7 +125,8 @@ def _train(cfg: dict, event, state, step: int, attempt: int, rank: int, checkpoi
 
 def save(path: Path, blob: dict) -> None:
     """A durable checkpoint: write a temporary file, fsync it, rename it over the old one (a
-    crash mid-save leaves the previous checkpoint intact)."""
+    crash mid-save leaves the previous checkpoint intact), then fsync the directory so that
+    the rename itself survives a power loss."""
     import torch
 
     tmp = path.with_suffix(".tmp")
@@ -134,6 +135,11 @@ def save(path: Path, blob: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # --- the parent: start a job, read its events ---------------------------------------------------
@@ -261,7 +267,7 @@ class JobRun:
             ax.axvline(e["t"] / 1e9 - t0, color="red", lw=1)
             ax.annotate(f"rank {e['rank']} SIGKILL", (e["t"] / 1e9 - t0, e["step"]),
                         color="red", fontsize=8, xytext=(4, 4), textcoords="offset points")
-        ax.set_xlabel("seconds since the first worker started")
+        ax.set_xlabel("seconds since the first worker's first event (after its torch import)")
         ax.set_ylabel("step completed")
         ax.set_title(title or f"torchrun, {self.config['nodes']} workers, checkpoint every "
                      f"{self.config['interval']} steps (dotted)")
