@@ -221,7 +221,12 @@ def test_accumulation_decides_shorter_or_longer_by_the_steps_cut_against_the_ste
     assert a["share"][4] == pytest.approx(1 - 0.05 / 0.45)
     text = tt.accumulation_sentence(a, b_crit=128)
     assert "longer at 1 of those 2 node counts**: more samples per second" in text
-    assert "That held even at 4 nodes" in text   # batch 128 is at the critical batch
+    assert "By the means it held even at 4 nodes" in text   # batch 128 is at the critical batch
+    # per seed: the same seed's steps at B and 4B, against the step's growth (1.33x at 4 nodes)
+    per_seed = {128: np.array([20.0, 20.0]), 512: np.array([10.0, 18.0])}
+    assert tt.seed_wins(a, [4], per_seed) == {4: (1, 2)}
+    text = tt.accumulation_sentence(a, b_crit=128, per_seed=per_seed)
+    assert "at 4 nodes the steps' cut beat it for 1 of 2 seeds: not every seed" in text
 
 
 def test_explain_accumulation_prints_the_table_and_checks_one_rank_gains_nothing(said, capsys):
@@ -232,7 +237,7 @@ def test_explain_accumulation_prints_the_table_and_checks_one_rank_gains_nothing
     tt.explain_accumulation(a, b_crit=10_000)
     out = capsys.readouterr().out.splitlines()
     assert out[1].split()[-1] == "shorter" and out[2].split()[-1] == "longer"
-    assert said and "That held even" not in said[0]
+    assert said and "held even" not in said[0]
 
 
 # --- 05: stragglers and staleness -------------------------------------------------------------

@@ -218,6 +218,15 @@ def test_largest_factor_names_the_biggest_of_the_identity():
     assert races.largest_factor(200, 210, 50, 45) == "in place was already faster with 1 worker"
 
 
+def test_factor_ranges_apart_hedges_a_largest_factor_whose_runs_overlap(capsys):
+    cost = _cost()
+    apart = races.factor_ranges_apart(races.surviving_rates(cost), 0, 1)
+    assert apart["the lock slowed down with 2"] and not apart["in place sped up with 2"]
+    cost["rate"]["lock"][1] = cost["rate"]["lock"][0] * np.array([0.5, 0.6, 1.0])  # overlapping
+    races.explain_cost(cost, problem=_Problem())
+    assert "cannot say which factor is largest" in capsys.readouterr().out
+
+
 def test_ranking_orders_by_median_and_marks_overlaps():
     surv = {"inplace": [np.array([9, 10, 11])], "seqlock": [np.array([8, 9, 10])],
             "lock": [np.array([4, 5, 6])], "writeback": [np.array([3, 4.5, 5])]}

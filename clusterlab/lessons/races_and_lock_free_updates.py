@@ -178,9 +178,14 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
           f"{par['inplace', 2]:.2f} and {par['inplace', 4]:.2f}"
           + ("." if par_in > 1.3 else ": too few at once to test the in-place race on this run."))
     if par["writeback", 4] < 3:
+        net = ("below" if max(lost["writeback", 4]) < 0.75 else
+               "above" if min(lost["writeback", 4]) > 0.75 else "on both sides of")
         print(f"Only {par['writeback', 4]:.2f} of the 4 write-back workers ran at once, not 4 as "
-              "the dashed line assumes: the others were paused, and a worker paused between its "
-              "read and its write-back erases everything written meanwhile.")
+              "the dashed line assumes. Two effects pull opposite ways: fewer workers at once "
+              "means fewer updates inside each read-to-write window (less lost), while a worker "
+              "paused between its read and its write-back erases everything written meanwhile "
+              f"(more lost). The 4-worker losses ended {net} 75%: these runs show the net, "
+              "not each effect.")
     assert all(r["lost"] > 0 for r in rep["writeback", 4])
     assert runs["dense", "lock"]["lost"] == 0 and runs["dense", "seqlock"]["lost"] == 0
     for w in (2, 4):  # in place, only the one-element load-to-store window loses increments
@@ -327,6 +332,17 @@ def largest_factor(a1: float, a: float, b1: float, b: float) -> str:
     return max(f, key=f.get)
 
 
+def factor_ranges_apart(surv: dict, i1: int, i2: int) -> dict:
+    """For each factor of `largest_factor`, whether the two sets of runs it compares have
+    ranges apart (True) or overlapping (False)."""
+    def apart(u, v):
+        return bool(u.min() > v.max() or u.max() < v.min())
+    return {"in place was already faster with 1 worker": apart(surv["inplace"][i1],
+                                                               surv["lock"][i1]),
+            "in place sped up with 2": apart(surv["inplace"][i2], surv["inplace"][i1]),
+            "the lock slowed down with 2": apart(surv["lock"][i1], surv["lock"][i2])}
+
+
 def ranking(surv: dict, modes, i: int) -> str:
     """The modes by median surviving rate at worker-count index `i`, fastest first: '>' when
     the next mode's runs all lie below this one's, '≈' when their ranges overlap."""
@@ -349,9 +365,13 @@ def explain_cost(cost: dict, *, problem) -> None:
           f"({versus_one(surv['inplace'][i2], surv['inplace'][i1])}), lock {b1:,.0f} -> "
           f"{b:,.0f} ({versus_one(surv['lock'][i2], surv['lock'][i1])}).")
     if a > b:  # an identity on the medians: which factor made the 2-worker gap
+        top = largest_factor(a1, a, b1, b)
+        firm = factor_ranges_apart(surv, i1, i2)[top]
         print(f"  In place / lock with 2 workers, {a / b:.2f}x = {a1 / b1:.2f}x (with 1 worker) × "
               f"{a / a1:.2f}x (in place, 2 workers / 1) × {b1 / b:.2f}x (lock, 1 worker / 2): "
-              f"the largest factor is that {largest_factor(a1, a, b1, b)}.")
+              f"on the medians the largest factor is that {top}"
+              + ("." if firm else f", but the runs behind it overlap, so {cost['repeats']} runs "
+                 "cannot say which factor is largest."))
     print("  Median runs, 1 -> 2 workers (updates/s = workers at once / CPU s per update): "
           + "; ".join(f"{NAME[m]} {mr[m][i1][1]:.2f} -> {mr[m][i2][1]:.2f} at once, "
                       f"{mr[m][i1][2]:.0f} -> {mr[m][i2][2]:.0f} µs of CPU per update"
@@ -379,7 +399,9 @@ def explain_allreduce(runs: dict) -> None:
           f"in {ar_run['steps']} updates, {ar_run['elapsed_s']:.1f} s: "
           f"{ar_run['steps_per_s']:,.0f} updates/s, {ar_run['examples_per_s']:,.0f} examples/s "
           f"(above, one update is one example; here one update takes {ar_run['workers']} ranks "
-          f"× 64 examples); {ar_run['lost']} lost by construction; "
+          f"× 64 examples and, deliberately, applies lr × each rank's SUM over its 64, averaged "
+          f"over the ranks: as large as 64 small steps, not DDP's mean over the batch); "
+          f"{ar_run['lost']} lost by construction; "
           f"replicas bit-identical: {ar_run['replicas_agree']}.")
     if ar_run["final_loss"] > hw["final_loss"]:
         print(f"  Its loss, {ar_run['final_loss']:.1e} against {hw['final_loss']:.1e} "

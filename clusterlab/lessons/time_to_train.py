@@ -70,8 +70,9 @@ def plot_time_to_train(ttt: dict, acc_curve: list, *, nodes: list, acc: int) -> 
     axes[1].legend(fontsize=8)
     ring_t = {r["nodes"]: r["time_s"] for r in ttt["curves"]["ring"]}
     past, ups = least_rising(ring_t, nodes)
-    fig.suptitle(f"The ring's time to train is least at {past[0]} nodes; past it, it rose at "
-                 f"{ups} of {len(past) - 1} doublings of the nodes")
+    fig.suptitle(f"The ring's time to train is least at {past[0]} nodes (on a rate grid a "
+                 f"factor of 2 apart); past it, it rose at {ups} of {len(past) - 1} doublings of "
+                 "the nodes")
     fig.tight_layout()
     plt.show()
 
@@ -120,6 +121,8 @@ def best_nodes_sentence(crit: dict) -> str:
     n_seeds, s_big, seed_crit = crit["n_seeds"], crit["s_big"], crit["seed_crit"]
     edge = [k for k in STYLES if max(seed_best[k]) == max(nodes)]
     nb_ = best["ring"]["nodes"]
+    lr_of = {r["batch"]: r["lr"] for r in crit["rows"]}
+    same_lr = lr_of[nb_ * per_rank] == lr_of[2 * nb_ * per_rank]
     return (
         f"**Each seed's best node count ({n_seeds} seeds): {span(seed_best['ring'])} for the "
         f"ring, {span(seed_best['tree'])} for the tree.** "
@@ -128,7 +131,10 @@ def best_nodes_sentence(crit: dict) -> str:
         + f"On 1024 nodes the ring takes {t_of['ring'][1024] / best['ring']['time_s']:.0f}× "
         f"longer than at its best.\n\nWhy: going from {nb_} to {2 * nb_} nodes, the ring's step "
         f"grew ×{step_times['ring'][2 * nb_] / step_times['ring'][nb_]:.2f} while the steps fell "
-        f"only ×{steps[nb_ * per_rank] / steps[2 * nb_ * per_rank]:.2f}. The critical batch is "
+        f"only ×{steps[nb_ * per_rank] / steps[2 * nb_ * per_rank]:.2f}"
+        + (f", both batches at the same tuned rate ({lr_of[nb_ * per_rank]:g}): a rate between "
+           "grid values might cut the steps more, so this fall is partly the grid's"
+           if same_lr else "") + ". The critical batch is "
         f"where the steps are twice their minimum (McCandlish et al.). Taking the largest batch's "
         f"{s_big:.1f} steps as that minimum, the steps stay within twice it from batch {b_crit} "
         f"on ({span(seed_crit)} by seed; a lower true minimum would move it right), that is from "
@@ -137,7 +143,24 @@ def best_nodes_sentence(crit: dict) -> str:
         + (f"From there to batch {batches[-1]} the steps fell ×{steps[b_crit] / s_big:.1f} in "
            f"all, while the ring's step grew "
            f"×{step_times['ring'][max(nodes)] / step_times['ring'][n_crit]:.1f}."
-           if b_crit < batches[-1] else "This range of batches is too short to see past it."))
+           if b_crit < batches[-1] else "This range of batches is too short to see past it.")
+        + (f" This estimate is also the first batch tuned to the top grid rate "
+           f"({crit['lr_top']:g}): with rates a factor of 2 apart, read it as this toy's on this "
+           "grid, not as a measured critical batch." if b_crit == crit["top_from"] else ""))
+
+
+def ring_table(crit: dict) -> None:
+    """Prints the ring's curve, one row per node count: the global batch, its tuned rate, the
+    steps to the target (mean of the seeds), the simulated step and the time to train."""
+    lr_of = {r["batch"]: r["lr"] for r in crit["rows"]}
+    per_rank, steps = crit["per_rank"], crit["steps"]
+    print("Ring: time to train = steps × step time (steps: mean of "
+          f"{crit['n_seeds']} seeds; lr: the tuned rate)")
+    print(" nodes    batch    lr    steps   step, s   time, s")
+    for n in crit["nodes"]:
+        b, t = n * per_rank, crit["step_times"]["ring"][n]
+        print(f"{n:>6}   {b:>6}   {lr_of[b]:>3g}   {steps[b]:>6.1f}   {t:>7.3f}   "
+              f"{steps[b] * t:>7.2f}")
 
 
 def nccl_best_nodes(crit: dict, *, compute_s: float) -> dict:
@@ -162,7 +185,9 @@ def nccl_sentence(dc: dict, crit: dict) -> str:
     return (f"**With the {dc['alpha_s'] * 1e6:.0f} µs per network step that NCCL's tuner charges "
             f"(below) instead of 2 ms, each seed's best N for the ring would be "
             f"{span(dc['seeds'])}** ({dc['best']} by the mean; a latency-only model, 2(N−1) such "
-            "steps, no bandwidth term)"
+            "steps, no bandwidth term; NCCL's own model also adds a base latency, the topology's "
+            "inter-node latency and a plateau factor for multi-node rings, and its tuner may pick "
+            "another algorithm or protocol)"
             + (f": every seed's best is at or past the {n_crit} nodes that reach the critical "
                "batch, so there the flattening steps, more than the ring, set it."
                if min(dc["seeds"]) >= n_crit else
@@ -176,6 +201,7 @@ def explain_best_nodes(crit: dict, *, compute_s: float) -> None:
     flatten, and a learning-rate plateau that was found."""
     best, t_of, seed_best = crit["best"], crit["t_of"], crit["seed_best"]
     steps, per_rank, plateau = crit["steps"], crit["per_rank"], crit["plateau"]
+    ring_table(crit)
     say(best_nodes_sentence(crit))
     dc = nccl_best_nodes(crit, compute_s=compute_s)
     say(nccl_sentence(dc, crit))
@@ -206,7 +232,18 @@ def accumulation(step_times: dict, with_acc: dict, steps: dict, *, acc: int, per
             "share": share, "verdict": verdict}
 
 
-def accumulation_sentence(a: dict, *, b_crit: int) -> str:
+def seed_wins(a: dict, ns: list, per_seed: dict) -> dict:
+    """Per node count in `ns`: for how many seeds (of how many) S(B)/S(kB), the same seed at both
+    batches, beat the step's growth."""
+    acc, per_rank = a["acc"], a["per_rank"]
+    out = {}
+    for n in ns:
+        cut = per_seed[n * per_rank] / per_seed[acc * n * per_rank]
+        out[n] = (int((cut > a["grew"][n]).sum()), len(cut))
+    return out
+
+
+def accumulation_sentence(a: dict, *, b_crit: int, per_seed: dict | None = None) -> str:
     """Where accumulation raised samples per second, where it lengthened the mean time to
     train, the rule that decided each node count, and any win at or past the critical batch."""
     acc, per_rank = a["acc"], a["per_rank"]
@@ -214,30 +251,37 @@ def accumulation_sentence(a: dict, *, b_crit: int) -> str:
     raised = [n for n, g in sps_gain.items() if g > 1.01]
     slower = [n for n in raised if verdict[n] == "longer"]
     won_past = [n for n in raised if verdict[n] == "shorter" and n * per_rank >= b_crit]
+    wins = seed_wins(a, won_past, per_seed) if per_seed is not None else {}
     return (
         f"**Accumulating {acc} micro-batches raised samples per second on every multi-node ring "
         f"(×{min(sps_gain[n] for n in raised):.2f} to ×{max(sps_gain[n] for n in raised):.2f}), "
         f"yet the mean time to train was longer at {len(slower)} of those {len(raised)} node "
         "counts**"
         + (": more samples per second is not a shorter training. " if slower else ". ")
-        + f"It was shorter exactly where the {acc}-fold batch cut the steps by a larger factor "
-        "than the step grew (table)."
-        + (f" That held even at {' and '.join(map(str, won_past))} nodes, whose batch is at or "
-           f"past the critical batch estimate ({b_crit}): the exchange was at least "
+        + f"By the rule (time = steps × step time), it was shorter exactly where the {acc}-fold "
+        "batch cut the steps by a larger factor than the step grew (table)."
+        + (f" By the means it held even at {' and '.join(map(str, won_past))} nodes, whose batch "
+           f"is at or past the critical batch estimate ({b_crit}): the exchange was at least "
            f"{min(share[n] for n in won_past):.0%} of their step, so the step grew only "
-           f"×{max(grew[n] for n in won_past):.2f}." if won_past else "")
+           f"×{max(grew[n] for n in won_past):.2f}"
+           + (" (" + ", ".join(f"at {n} nodes the steps' cut beat it for {k} of {m} seeds"
+                               for n, (k, m) in wins.items())
+              + ("" if all(k == m for k, m in wins.values()) else
+                 ": not every seed, so this run does not show it past the critical batch; the "
+                 "rule does") + ")"
+              if wins else "") + "." if won_past else "")
         + " Which node counts win follows the toy's jumpy steps (a rate grid a factor of 2 "
         "apart); the rule that decides each one does not.")
 
 
-def explain_accumulation(a: dict, *, b_crit: int) -> None:
+def explain_accumulation(a: dict, *, b_crit: int, per_seed: dict | None = None) -> None:
     """Says what accumulation did (`accumulation_sentence`), prints the table of steps' cut,
     step growth, exchange share and verdict per node count, and checks that it raised samples
     per second exactly where it skipped an exchange (not on one rank)."""
     acc, per_rank = a["acc"], a["per_rank"]
     cut, grew, share, verdict = a["cut"], a["grew"], a["share"], a["verdict"]
     raised = [n for n, g in a["sps_gain"].items() if g > 1.01]
-    say(accumulation_sentence(a, b_crit=b_crit))
+    say(accumulation_sentence(a, b_crit=b_crit, per_seed=per_seed))
     print(f"nodes   batch B → {acc}B    steps fell ×   step grew ×   exchange share   training")
     for n in sorted(cut):
         print(f"{n:>5}   {n * per_rank:>6} → {acc * n * per_rank:<6}   {cut[n]:>11.2f}   "
