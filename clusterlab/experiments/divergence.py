@@ -849,8 +849,12 @@ def plot_distance(ax, run: dict, title: str, ranks=None) -> None:
     """Plot max |params_r - params_0| per step for `ranks` (default: all) of a `train` run."""
     d, steps = run["distance"], np.arange(len(run["distance"]))
     for r in range(d.shape[1]) if ranks is None else ranks:
-        y = np.where(np.isfinite(d[:, r]), np.maximum(d[:, r], ZERO_ROW), np.nan)  # NaN: a gap
+        fin, zero = np.isfinite(d[:, r]), d[:, r] == 0
+        y = np.where(fin & ~zero, np.maximum(d[:, r], ZERO_ROW), np.nan)  # NaN: a gap
         (line,) = ax.plot(steps, y, "o-", ms=2.5, label=f"rank {r}", alpha=0.85)
+        # the "0" row on its own: no line joins it to a measured distance
+        ax.plot(steps, np.where(zero, ZERO_ROW, np.nan), "o-", ms=2.5, alpha=0.85,
+                color=line.get_color())
         nan_steps = steps[~run["finite"][:, r]]
         ax.plot(nan_steps, np.full(len(nan_steps), NAN_ROW), "x", ms=6, mew=1.5,
                 color=line.get_color())
