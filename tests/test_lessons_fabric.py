@@ -139,7 +139,10 @@ def test_explain_fast_incast_prints_the_models_fall(capsys):
     sw.explain_fast_incast(fast, delay_s=10e-6, nbytes=256 * KiB)
     out = capsys.readouterr().out
     assert "200.4 ms for four (2 waiting for the RTO)" in out
-    assert "= 2.0 ms instead of the RTO" in out and "gives about 2.5 ms for four" in out
+    assert "= 2.0 ms instead of the RTO" in out and "gives at least 2.5 ms for four" in out
+    # the timer rounded up to whole jiffies: 2.04 ms -> 3 ms at HZ = 1000, 4 ms at HZ = 250
+    assert "3.0 ms at HZ = 1000 or 4.0 ms at HZ = 250" in out
+    assert "about 3.4 ms to 4.4 ms for four, a 3.6x to 4.6x fall" in out
 
 
 def test_linux_recovery_names_the_rack_and_the_tail_sender(monkeypatch):
@@ -152,6 +155,18 @@ def test_linux_recovery_names_the_rack_and_the_tail_sender(monkeypatch):
     assert "sends it as 182 frames of 1448 B of payload" in text
     assert "The third sender's segment 4 got through" in text and "segments 1, 2, 3 about" in text
     assert "The fourth sender delivered nothing to SACK" in text
+
+
+def test_plot_drops_marks_each_senders_repair():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    ax = sw.plot_drops([[], [3], [1], [1, 2, 3, 4]], nbytes=256 * KiB, limit=6)
+    notes = [t.get_text() for t in ax.texts]
+    assert notes == ["no loss", "1 delivered after its last loss: waits for the RTO",
+                     "3 delivered after it: duplicate ACKs resend it",
+                     "nothing delivered after its losses: waits for the RTO"]
+    assert len(ax.patches) == 16
 
 
 @pytest.mark.parametrize("template", [sw.LINUX_RECOVERY, sw.REAL_CLUSTER])

@@ -334,6 +334,12 @@ def test_rerun_line_gives_the_repeated_steps_loss_per_world_size():
 
 
 def test_death_text_carries_the_measured_delay_into_the_ledger_template():
-    text = elastic_lesson.death_text({"detected_s": 0.0625}, {"compute_s": 0.05})
+    f = {"detected_s": 0.0625, "resumed_s": 8.4}
+    cfg = {"compute_s": 0.05, "keep_alive_s": 1, "keep_alive_attempts": 2, "last_call_s": 2}
+    text = elastic_lesson.death_text(f, cfg)
     assert "heard of it\n  62 ms after the kill" in text and "compute sleep of 0.05 s" in text
+    # the table: the defaults' total from the ledger beside this run's parts
+    assert "| 62 ms |" in text and "| at most 2 s |" in text and "| 2 s |" in text
+    assert "| at least 4.3 s |" in text and "**8.4 s**" in text  # 8.4 - 0.0625 - 2 - 2
+    assert "**more than 64 s**" in text and "at least 34 s (step 2), or 10 min" in text
     facts.render(text)

@@ -140,7 +140,18 @@ def check_resharding(rs: dict, err: float) -> None:
 def death_text(f: dict, cfg: dict) -> str:
     """The `facts.show` template of "How a death reaches the job": the same mechanism, how
     this run's survivor heard of the death (its measured delay and compute sleep), the steps
-    under NCCL over InfiniBand at the defaults, and the rendezvous host."""
+    under NCCL over InfiniBand at the defaults, a table of the pause at the defaults (from the
+    ledger) beside this run's parts, and the rendezvous host."""
+    from .. import facts
+
+    ib_wait = facts.get("nccl.ib_total_wait_default").value  # s, a lower bound
+    nccl_min = facts.get("pytorch.nccl_timeout_default").value  # min
+    dead_after = facts.get("pytorch.rdzv_dead_node_after").value  # s
+    last_call = facts.get("pytorch.rdzv_last_call_timeout").value  # s
+    assert ib_wait > dead_after, "by the first failure the dead node's heartbeats are overdue"
+    keep_alive = cfg["keep_alive_s"] * cfg["keep_alive_attempts"]
+    # this run's pause less its detection and configured waits (the waits an upper bound)
+    rest = f["resumed_s"] - f["detected_s"] - keep_alive - cfg["last_call_s"]
     return f"""
 **How a death reaches the job**
 
@@ -157,8 +168,10 @@ def death_text(f: dict, cfg: dict) -> str:
   [[pytorch.gloo_timeout_default]] by default.
 - **Under NCCL over InfiniBand, at the defaults** (the cases are tabled in
   [12](12_failures_and_elasticity.ipynb)'s *On a real GPU cluster*):
-  1. The node dies. The survivors' workers hang in their collective; their agents, which poll
-     them every `--monitor-interval` ([[pytorch.torchrun_monitor_interval]]), see them healthy.
+  1. The node dies. The survivors' workers hang: an NCCL call returns once the collective is
+     queued on the GPU, so the GPU's kernel waits in the collective and the worker's host thread
+     at its next synchronisation with it. Their agents, which poll them every
+     `--monitor-interval` ([[pytorch.torchrun_monitor_interval]]), see them healthy.
   2. Its direct peers fail first (a simplification: which of them fail, and when, depends on
      what each had in flight). A sender's network card (NIC) resends data the dead node does
      not acknowledge; a receiver's NIC writes to it too, because each posted receive tells the
@@ -184,6 +197,20 @@ def death_text(f: dict, cfg: dict) -> str:
   had A died, B would have lost the rendezvous with it: whatever `--nnodes` allows, that node
   is a single point of failure. [[pytorch.rdzv_etcd_backend]] keeps it off the training nodes,
   in etcd, itself a single point of failure unless run as a replicated cluster.
+
+**The same pause at the defaults, beside this run's** (a sum of lower bounds on a cluster; an
+agent re-reads the rendezvous once a second, so each wait may end up to a second late):
+
+| part of the pause | NCCL over InfiniBand, torch's defaults | this run (Gloo, a killed process) |
+|---|---|---|
+| noticing the death | at least {ib_wait:.0f} s (step 2), or {nccl_min:.0f} min (the watchdog) | {f['detected_s'] * 1e3:.0f} ms |
+| dropping the dead node | none left: its {dead_after:.0f} s without heartbeats have passed | at most {keep_alive} s |
+| last call | {last_call:.0f} s | {cfg['last_call_s']} s |
+| the rest: polling, new workers, communicator, checkpoint load | not counted: grows with the job and the checkpoint | at least {rest:.1f} s |
+| **total** | **more than {ib_wait + last_call:.0f} s** | **{f['resumed_s']:.1f} s** |
+
+What carries over is the sequence of parts; on a cluster the detection and the last call set
+the total.
 """  # noqa: E501 (Markdown table rows and prose shown verbatim)
 
 

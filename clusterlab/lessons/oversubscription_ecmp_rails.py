@@ -92,9 +92,10 @@ def print_closed_forms(closed: dict, real: dict, *, cases: Sequence[tuple], mtu:
     frames), and check that only the farthest-first tree and the all-to-all slow with real
     frames."""
     print("closed form, 512 KiB per node: time at o = 4 / time at o = 1")
-    print(f"  {'':<23} {'emulator segments':>17} | real {mtu} B frames")
+    print(f"  {'':<23} {f'the answer: real {mtu} B frames':>31} | the emulator's segments "
+          f"(what the runs check)")
     for c, *_ in cases:
-        print(f"  {c:<23} {closed[c, 4] / closed[c, 1]:>16.2f}x | {real[c]:.2f}x")
+        print(f"  {c:<23} {real[c]:>30.2f}x | {closed[c, 4] / closed[c, 1]:.2f}x")
     assert real["ring"] < 1.05 and real["tree, neighbours first"] < 1.05
     assert real["tree, farthest first"] > 1.5 and real["all-to-all"] > 1.5
 

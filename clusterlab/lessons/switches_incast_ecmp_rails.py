@@ -19,6 +19,7 @@ from clusterlab.lessons.show import ms
 from clusterlab.wire import DUPTHRESH, HEADER_BYTES, SEGMENT_BYTES, segment_count
 
 MiB, KiB = ex.MiB, ex.KiB
+HZ = (1000, 250)  # Linux's timer ticks per second: a common build, then Kconfig's default
 ORDINALS = ("first", "second", "third", "fourth")
 
 
@@ -161,6 +162,45 @@ def explain_drops(drops: Sequence[dict], lost: Sequence[Sequence[int]], *,
              busy=ex.slowed(drops))
 
 
+def plot_drops(lost: Sequence[Sequence[int]], *, nbytes: int, limit: int, ax=None):
+    """Draw which segment of which sender the port dropped (`lost`: `ex.incast_drops`, the
+    senders in the port's service order; `nbytes` per sender, a buffer of `limit` packets):
+    one row per sender, one box per segment, delivered or dropped, and per sender how its
+    losses are repaired in the emulator: duplicate ACKs if DUPTHRESH later segments arrived,
+    else the RTO."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    k = segment_count(nbytes)
+    waits, fast = rto_senders(lost, k), repaired_senders(lost, k)
+    colour = {"delivered": "tab:green", "RTO": "tab:red", "dup": "tab:orange"}
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 1 + 0.55 * len(lost)), layout="constrained")
+    for s, segs in enumerate(lost, 1):
+        kind = "RTO" if s in waits else "dup"
+        for c in range(1, k + 1):
+            ax.add_patch(plt.Rectangle((c - 0.45, s - 0.4), 0.9, 0.8, ec="black", lw=0.5,
+                                       fc=colour[kind] if c in segs else colour["delivered"]))
+        after = k - max(segs) if segs else None
+        note = ("no loss" if not segs else
+                "nothing delivered after its losses: waits for the RTO" if after == 0 else
+                f"{after} delivered after its last loss: waits for the RTO" if s in waits else
+                f"{after} delivered after it: duplicate ACKs resend it")
+        ax.text(k + 0.7, s, note, va="center", fontsize=9)
+    ax.set(xlim=(0.4, k + 5.5), ylim=(len(lost) + 0.6, 0.4), xticks=range(1, k + 1),
+           yticks=range(1, len(lost) + 1), yticklabels=[nth(s) for s in range(1, len(lost) + 1)],
+           xlabel="segment of the sender's message", ylabel="sender (in service order)",
+           title=f"{len(lost)} senders x {k} segments into a {limit}-packet buffer: the "
+                 f"emulator's port, before any resend")
+    ax.grid(False)
+    ax.legend(handles=[Patch(fc=colour["delivered"], label="delivered"),
+                       Patch(fc=colour["RTO"], label="dropped, resent after the RTO"),
+                       Patch(fc=colour["dup"], label="dropped, resent on duplicate ACKs")],
+              loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3, fontsize=8)
+    assert set(fast) | set(waits) == set(dropped_senders(lost))
+    return ax
+
+
 def tcp_payload_bytes(mtu: int) -> int:
     """TCP payload per real Ethernet frame: the MTU less the IPv4 header and a TCP header
     with timestamps (both from the ledger)."""
@@ -174,6 +214,9 @@ LINUX_RECOVERY = """
 (the [[ethernet.mtu_bytes]] MTU less a [[ipv4.header_bytes]] IPv4 and a
 [[tcp.header_with_timestamps_bytes]] TCP header), so a loss with under {dupthresh} segments
 after it is far likelier here.
+
+These are the emulator's losses, mapped onto Linux to show the mechanism, not to predict
+which packets a real port drops: one that interleaves the flows drops others.
 
 - The {rack} sender's segment {k} got through. Its SACK lets RACK resend segments
   {rack_lost} about a round trip after the loss. RACK's rule:
@@ -229,9 +272,18 @@ def explain_fast_incast(fast: dict, *, delay_s: float, nbytes: int) -> None:
           f"{tlp_min.text} = {ms(pto)} instead of the RTO")
     print(f"  (the {tlp_min.text} term: {tlp_min.holds_for}; SRTT taken as the unloaded round "
           f"trip, which the incast's own queueing would lengthen)")
-    print(f"  gives about {ms(linux4)} for four, a "
-          f"{fast[2].goodput / (4 * nbytes / linux4):.1f}x fall (for this model's loss "
+    print(f"  gives at least {ms(linux4)} for four, a fall of at least "
+          f"{fast[2].goodput / (4 * nbytes / linux4):.1f}x (for this model's loss "
           f"pattern, if the probe is not lost)")
+    # the timer counts whole jiffies, rounded up (linux.tlp_timer_jiffies)
+    rounded = {hz: math.ceil(pto * hz - 1e-9) / hz for hz in HZ}
+    late = {hz: linux4 - pto + t for hz, t in rounded.items()}
+    print(f"A lower bound: Linux arms that timer in whole jiffies, rounded up, "
+          f"{' or '.join(f'{ms(t)} at HZ = {hz}' for hz, t in rounded.items())} (the "
+          f"default), and fires it on a tick:")
+    print(f"  about {' to '.join(ms(t) for t in late.values())} for four, a "
+          f"{' to '.join(f'{fast[2].goodput / (4 * nbytes / t):.1f}x' for t in late.values())}"
+          f" fall")
     assert fast[2].goodput > 10 * fast[4].goodput
 
 
@@ -272,7 +324,9 @@ REAL_CLUSTER = """
   loss ([[paper.mittal_irn_2018]]). A loss no NAK reports (a lost tail, last ACK, NAK or resend)
   waits the QP's ACK timeout, [[nccl.ib_timeout_formula]]: at the default NCCL_IB_TIMEOUT =
   [[nccl.ib_timeout_default]], [[nccl.ib_timeout_default_time]]. Without RDMA, NCCL falls back to
-  [[nccl.ib_disable_ip_sockets]], TCP as in Gloo, and the incast above applies.
+  [[nccl.ib_disable_ip_sockets]], TCP as in Gloo, and the incast above applies. RDMA does
+  not make incast drops irrelevant: on a lossy fabric (RoCE without PFC, below) they happen
+  and cost go-back-N or the QP's ACK timeout.
 - **ConnectX NICs on RoCE need not behave so.** With [[nvidia.roce_adaptive_retransmission]],
   the NIC's retransmission timer starts from a value of a configurable profile and grows on
   repeated timeouts, [[nvidia.roce_adp_timeout_cap]]; the same NIC register, ROCE_ACCL,
