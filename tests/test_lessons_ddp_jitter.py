@@ -130,10 +130,19 @@ def test_explain_buckets_says_only_what_the_step_ranges_support(verdicts, capsys
     networks = {"latency-bound": "delay 2ms", "bandwidth-bound": "delay 200us rate 500mbit"}
     ddp_lesson.explain_buckets(grid, networks)
     out = capsys.readouterr().out
-    assert [h for h, _, _ in verdicts] == [True, True, True]
+    assert [h for h, _, _ in verdicts] == [True, True]   # no third, weaker latency verdict
     assert "Latency-bound: big buckets win." in out
     assert "Bandwidth-bound: 0.25 MiB with overlap exposed the least (20.0 ms against 50.0 ms " \
            "for one big bucket)" + tail in out
+
+
+def test_explain_buckets_falls_back_to_the_medians_only_when_the_strong_claim_fails(verdicts):
+    grid = make_grid(small_bw_steps=[0.09, 0.10])
+    grid["latency-bound"][(0.25, "deferred")] = grid_row([0.075, 0.16])   # one fast small step
+    networks = {"latency-bound": "delay 2ms", "bandwidth-bound": "delay 200us rate 500mbit"}
+    ddp_lesson.explain_buckets(grid, networks)
+    assert [h for h, _, _ in verdicts] == [False, True, True]
+    assert "shorter median step than eight small ones" in verdicts[-1][1]
 
 
 def test_network_share_needs_the_host_under_40_percent_of_the_network():

@@ -74,9 +74,10 @@ def buckets_done_before_backward(run) -> list[int]:
 
 
 def explain_overlap(small, small_runs: list, checks: dict) -> None:
-    """Print how many buckets were reduced before backward ended, the share of the
-    communication that overlap hid (and the host's stretch of backward, where there is one),
-    the spread over `small_runs` and their single steps, then check the timeline itself:
+    """Print how many buckets were reduced before backward ended (the notebook's cell prints
+    the hidden share, 1 - wait / stream busy, itself), the host's stretch of backward where
+    there is one, the share hidden over `small_runs` and their single steps, then check the
+    timeline itself:
     phases add up, no all-reduce beats 2(p-1) latencies, buckets complete in issue order."""
     counts = buckets_done_before_backward(small)
     s = small.summary()
@@ -85,8 +86,6 @@ def explain_overlap(small, small_runs: list, checks: dict) -> None:
     nominal = {"forward": 8 * 2e-3, "backward": 8 * 4e-3}   # the emulated accelerator's sleeps
     print(f"{len(small.bucket_sizes)} buckets per step; a median of {np.median(counts):g} were "
           f"reduced before backward ended ({len(counts)} rank-steps).")
-    print(f"Overlap hid {s['hidden_fraction']:.0%} of the communication: wait {ms(s['wait_s'])}, "
-          f"stream busy {ms(s['comm_busy_s'])} (typical step).")
     if s["backward_s"] > 1.1 * nominal["backward"]:
         print(f"Backward took {ms(s['backward_s'])}, nominal {ms(nominal['backward'])}: part of "
               f"what overlap hides is time this host added (the stretch, see the box).")
@@ -202,7 +201,8 @@ def plot_buckets(grid: dict, networks: dict) -> None:
         ax.set_title(f"{label}: {networks[label]} (medians of 6 steps)")
         ax.tick_params(axis="x", labelsize=8)
     axes[0].set_ylabel("ms per step")
-    fig.legend(*axes[0].get_legend_handles_labels(), ncols=4, fontsize=8, loc="lower center")
+    fig.legend(*axes[0].get_legend_handles_labels(), ncols=4, fontsize=8, loc="lower center",
+               handlelength=4)   # room for the 28-point step marker beside its label
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     plt.show()
 
@@ -285,9 +285,10 @@ def explain_buckets(grid: dict, networks: dict) -> None:
           f"accelerator's wait, hidden = the rest of the stream's busy time, busy-model = stream "
           f"busy minus the alpha-beta model.")
     print("\n".join(details))
-    conclude(lat[(25.0, "overlap")]["step_s"] < lat[(0.25, "overlap")]["step_s"],
-             "on the latency-bound network one big bucket gave a shorter step than eight small "
-             "ones")
+    if not won:   # the weaker claim, said only where the stronger one was not shown
+        conclude(lat[(25.0, "overlap")]["step_s"] < lat[(0.25, "overlap")]["step_s"],
+                 "on the latency-bound network one big bucket gave a shorter median step than "
+                 "eight small ones")
 
 
 # --- How long the accelerator waits -----------------------------------------------------------
@@ -392,10 +393,11 @@ def real_cluster_notes() -> str:
   stream.
 - **DDP defaults.** Buckets are capped at [[pytorch.ddp_bucket_cap_mb]], the first at
   [[pytorch.ddp_first_bucket]] (passing `bucket_cap_mb`, as here, gives it the same cap).
-  DDP's docs describe buckets in roughly the [[pytorch.ddp_reverse_parameter_order]]; they
-  are [[pytorch.ddp_rebuild_once]], in the order backward produced the gradients. With
-  find_unused_parameters=False, the default, or static_graph=True, the first iteration runs
-  with one bucket.
+  DDP's docs describe buckets in roughly the [[pytorch.ddp_reverse_parameter_order]]. Only
+  with find_unused_parameters=False, the default, or static_graph=True does the first
+  iteration run with one bucket, and are the buckets then [[pytorch.ddp_rebuild_once]], in
+  the order backward produced the gradients; with find_unused_parameters=True they keep the
+  reverse registration order.
   [[pytorch.ddp_set_last_bucket_cap]] moves the small cap to the last bucket, the one that is
   always exposed. Real models are not uniform: a large input embedding is produced last in
   backward, so the exposed last bucket can be the biggest one.

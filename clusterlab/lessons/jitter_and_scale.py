@@ -66,9 +66,10 @@ def print_delays(nics) -> None:
 
 
 def plot_collapse(collapse: dict, same_mean: list, mean_nic: str) -> None:
-    """Draw throughput per rank (left) and scaling efficiency (right) against the node count:
-    the simulated ring and binomial tree on each network, the measured ring, and the control
-    `same_mean` (a constant delay `mean_nic` with the tail's mean per segment)."""
+    """Draw the collapse in two steps against the node count: left, throughput per rank of
+    the flat ring alone on each network, simulated and measured; right, scaling efficiency
+    with the simulated binomial tree and the control `same_mean` (a constant delay `mean_nic`
+    with the tail's mean per segment) added."""
     from matplotlib.lines import Line2D  # the right panel's legend: what each line style is
 
     colors = dict(zip(collapse["real"], ("#4C72B0", "#C44E52")))
@@ -84,20 +85,22 @@ def plot_collapse(collapse: dict, same_mean: list, mean_nic: str) -> None:
         tree = collapse["sim_alt"][nic]["tree"]
         axes[1].plot([r["nodes"] for r in tree], [100 * r["efficiency"] for r in tree], "--",
                      color=color)
-    for ax, key, scale in ((axes[0], "throughput_per_rank", 1), (axes[1], "efficiency", 100)):
-        ax.plot([r["nodes"] for r in same_mean], [r[key] * scale for r in same_mean], ":",
-                color="#C44E52", lw=2, label=f"{mean_nic} (the tail's mean per segment, no tail)")
+    axes[1].plot([r["nodes"] for r in same_mean], [100 * r["efficiency"] for r in same_mean],
+                 ":", color="#C44E52", lw=2)
     for ax in axes:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("nodes (one rank each)")
     axes[0].set_yscale("log")
     axes[0].set_ylabel("samples / s per rank (batch 32)")
     axes[1].set_ylabel("scaling efficiency, %")
-    axes[0].legend(fontsize=8, title="network (colour)", title_fontsize=8)
+    axes[0].legend(fontsize=8, title="network (colour); dots: measured", title_fontsize=8)
+    axes[0].set_title("1. The flat ring: calm against the Pareto tail", fontsize=10)
+    axes[1].set_title("2. Adding the binomial tree and the same-mean control", fontsize=10)
     axes[1].legend(handles=[
         Line2D([], [], color="grey", ls="-", label="simulated ring"),
         Line2D([], [], color="grey", ls="--", label="simulated binomial tree"),
-        Line2D([], [], color="grey", ls=":", lw=2, label="constant, same mean (control)"),
+        Line2D([], [], color="#C44E52", ls=":", lw=2,
+               label=f"{mean_nic}: the tail's mean per segment, no tail (control)"),
         Line2D([], [], color="grey", ls="", marker="o", ms=8, mec="black",
                label="measured ring (consistency check)")],
         fontsize=8, title="colours: network, as on the left", title_fontsize=8)
@@ -412,11 +415,13 @@ def real_cluster_notes() -> str:
     ring_dc = models.ring_allreduce(1024, 1 << 20, alpha_dc, 0.0)
     return f"""
 - **α is microseconds, not milliseconds.** NCCL's tuner models one ring step across the
-  network at [[nccl.tuner_net_ring_step_latency_simple]] with Simple, its bulk protocol (less
-  with its low-latency protocols), plus a base latency per call and the topology's inter-node
-  latency: these are lower bounds. At that value a flat ring over 1024 nodes pays at least
-  2 × 1023 steps = {ring_dc * 1e3:.1f} ms, against {2 * 1023 * 2:.0f} ms at this
-  notebook's 2 ms: the same collapse, {2e-3 / alpha_dc:.0f} times further to the right.
+  network at [[nccl.tuner_net_ring_step_latency_simple]] with Simple, its bulk protocol, plus a
+  base latency per call and the topology's inter-node latency; with one GPU per node it charges
+  [[nccl.tuner_ppn1_net_latency]]. These are the model's fitted constants, not measurements.
+  With Simple that model charges a flat ring over 1024 nodes, one GPU each, about
+  2 × 1023 steps = {ring_dc * 1e3:.1f} ms (its low-latency protocol LL less),
+  against {2 * 1023 * 2:.0f} ms at this notebook's 2 ms: the same collapse,
+  {2e-3 / alpha_dc:.0f} times further to the right.
 - **The ring is not the only choice.** NCCL picks the algorithm per call from a cost model
   ([[nccl.tuner_model]]) that moves from the tree towards the ring as messages grow. For
   latency-bound sizes it typically picks its [[nccl.double_binary_tree]] (two trees, each
@@ -427,7 +432,7 @@ def real_cluster_notes() -> str:
   the NVLink switches ([[nvidia.nvswitch_sharp]], "NVLS"), and [[nvidia.ib_sharp]] reduces in
   InfiniBand switches. Large language models at this scale also split the model: Llama 3
   405B, on [[meta.llama3_gpus]], combined data parallelism with tensor, pipeline and context
-  parallelism (notebooks 10 and 11).
+  parallelism (notebooks 10 and 10b).
 - **Real tails are rare and correlated, not i.i.d. per packet as here.** 1 − (1 − p)^N
   assumes independent ranks: a cause shared by many ranks at once hits fewer steps at the
   same rate, while events staggered across ranks (each rank's garbage collection on a

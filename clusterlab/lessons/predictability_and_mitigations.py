@@ -277,6 +277,19 @@ def plot_hierarchy(mit: dict) -> None:
     plt.show()
 
 
+def one_allreduce_each(mit: dict, *, fast_in: str) -> dict:
+    """One all-reduce of the model's gradients (one big bucket) at the largest simulated rank
+    count, 8 ranks per node, in seconds (the emulator's replay alone): flat ring and
+    hierarchical, with the course's intra-node link and with `fast_in`; keyed by
+    (intra-node link, algorithm)."""
+    ranks = max(r["nodes"] for r in mit["sim"]["hierarchical"])
+    gradients = sum(mit["config"]["sim_buckets"]["bigger buckets"])
+    return {(intra, a): jitter_at_scale.emulated_allreduce(ranks // 8, 8, mit["config"]["nic"],
+                                                           intra, a, gradients)
+            for intra in (mit["config"]["hier_intra"], fast_in)
+            for a in ("ring", "hierarchical")}
+
+
 def hierarchy_sentence(mit: dict, one: dict, factor: dict, *, fast_in: str) -> str:
     """The replay's and Gloo's flat and hierarchical all-reduce on the small cluster, the
     simulated gain at the largest rank count, and one all-reduce there with the course's
@@ -414,10 +427,8 @@ REAL_CLUSTER = """
   [[megatron.straggler_detector]]) rather than averaging.
 - **A leader-based hierarchy funnels a node's inter-node bytes through one NIC.** A DGX H100 has
   [[nvidia.dgx_h100_compute_nics]] for its compute fabric, one per GPU, so on a bandwidth-bound
-  all-reduce that scheme loses. NCCL uses every NIC (its rings run as
-  [[nccl.ring_flows_per_nic]]); an NVIDIA engineer reports measuring
-  [[nccl.busbw_dgx_a100_multi_node]] of all-reduce bus bandwidth (busbw, notebook 02b) on DGX
-  A100 nodes with eight NICs each (algorithm and node count not stated), near the NICs' sum.
+  all-reduce that scheme loses. NCCL uses every NIC: its rings run as
+  [[nccl.ring_flows_per_nic]].
 - **In-network reduction cuts bytes as well as rounds.** With [[nvidia.ib_sharp]] in InfiniBand
   switches or [[nvidia.nvswitch_sharp]] (NVLS) in an NVSwitch, [[nvidia.sharp_sends_once]] and
   receives the sum once, instead of about twice its data each way in a ring (notebook 02c). On 8
