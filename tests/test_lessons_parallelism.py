@@ -434,6 +434,17 @@ def test_accuracy_table_and_checks(capsys):
     l11b.print_accuracy_table(res, gap=gap, n_test=8)
     out = capsys.readouterr().out
     assert "fp32 (none)" in out and "2 / 1" in out and "+0.050" in out
+    assert "s.e." not in out.split("\n")[4] and "n/a" in out.split("\n")[4]  # 3 discordant
+    assert "n/a: fewer than 10 samples" in out and "Worked example" not in out
+    many = {**res, "topk:0.01": {**res["topk:0.01"],
+                                 "correct": np.r_[np.ones(20, bool), np.zeros(4, bool)]},
+            "none": {**res["none"], "correct": np.r_[np.zeros(16, bool), np.ones(8, bool)]}}
+    many = {m: many[m] for m in ("none", "topk:0.01")}
+    l11b.print_accuracy_table(many, gap=gap, n_test=24)
+    out = capsys.readouterr().out
+    assert "Worked example, topk:0.01: c = 16 samples right only here, b = 4 only under fp32: " \
+           "(c - b) / sqrt(b + c) = (16 - 4) / sqrt(20) = +2.7 s.e." in out
+    assert "n/a" not in out
     l11b.check_accuracy(res, gap=gap, n_test=8, budget=120)
     assert "with the same answer on 8 and 8 of 8 samples" in capsys.readouterr().out
     with pytest.raises(AssertionError, match="16-bit"):

@@ -41,8 +41,8 @@ def explain_sweep(st, methods) -> bool:
           + ", ".join(f"{st.speedup(m, slow):.1f}x {m}'s" for m in methods[1:]) + ".")
     print(f"At {fast} Mbit/s, fp32 DDP {ms(st.step('none', fast))}; "
           + ", ".join(f"{m} {ms(st.step(m, fast))} ({st.verdict(m, fast)})" for m in methods[1:]))
-    print("(each step: the fastest of the slowest rank's steps; 'cannot tell': inside the "
-          "noise band)")
+    print("(each step: per measured step the slowest rank's time, then the fastest of those; "
+          "'cannot tell': inside the noise band)")
     unclear = [m for m in methods[1:] if st.verdict(m, slow) == "cannot tell"]
     claim = f"every compressed method beat fp32 DDP at {slow} Mbit/s"
     return conclude(all(st.verdict(m, slow) == "faster" for m in methods[1:]), claim,
@@ -150,10 +150,13 @@ def bytes_at_rate(be, sizes, rate_gbit: float) -> float:
 
 def show_breakeven_at_scale(scan: dict, *, n_params: int) -> None:
     """The box after the figure: this model's break-even on 64 ranks, the same MLP widened,
-    capped at one default DDP bucket (ledger), and with a tree's rounds instead of a ring's,
-    each against one NIC's rate. Asserts that the break-even grows about in proportion to
-    the bytes."""
+    per DDP bucket (one full default bucket (ledger), or the widest MLP's largest matrix, which
+    DDP does not split), and with a tree's rounds instead of a ring's, each against one NIC's
+    rate. Asserts that the break-even grows about in proportion to the bytes."""
     sizes, ring = scan["sizes"], scan["ring"]
+    widest = compression.parameter_shapes(hidden=scan["hiddens"][-1])
+    largest = 4 * max(math.prod(s) for s in widest)  # the widest MLP's largest matrix, bytes
+    big = at_bucket(ring, sizes, largest / 2**20)
     model_kb = 4 * n_params / 1e3
     nic_gbit = facts.get("nvidia.connectx7_rate").value
     be_dc = compression.breakeven_rate_bps("powersgd:1", 64, 10e-6) / 1e9
@@ -171,17 +174,20 @@ charging a ring's rounds (last bullet) makes them too low:
 - **Model size.** On 64 ranks with an assumed 10 us per message and free compute, this
   {model_kb:.0f} kB model's PowerSGD rank 1 pays below {be_dc:.0f} Gbit/s. The same MLP
   widened to {sizes[-1] / 1e9:.1f} GB of gradients would, in one exchange, pay below
-  {ring[-1]:.0f} Gbit/s ({ratio:.0f}x higher for {sizes[-1] / sizes[0]:.0f}x the bytes); but DDP
-  splits it into buckets.
-- **Per bucket.** DDP calls the hook once per bucket ([[pytorch.ddp_bucket_cap_mb]] by
-  default), each paying its own rounds: the break-even stops growing at one bucket's, about
-  {bucket:.0f} Gbit/s, {'below' if bucket < nic_gbit else 'above'} one
-  [[nvidia.connectx7_rate]] NIC (buckets from about
-  {bytes_at_rate(ring, sizes, nic_gbit) / 1e6:.0f} MB pass it).
+  {ring[-1]:.0f} Gbit/s ({ratio:.0f}x higher for {sizes[-1] / sizes[0]:.0f}x the bytes).
+- **Per bucket.** DDP calls the hook once per bucket, each paying its own rounds, so what
+  counts is one bucket's bytes. It fills a bucket up to [[pytorch.ddp_bucket_cap_mb]] by
+  default but [[pytorch.ddp_bucket_whole_params]]. Gradients of at most the cap: one full
+  bucket breaks even near {bucket:.0f} Gbit/s, {'below' if bucket < nic_gbit else 'above'}
+  one [[nvidia.connectx7_rate]] NIC (buckets from about
+  {bytes_at_rate(ring, sizes, nic_gbit) / 1e6:.0f} MB pass it). A matrix larger than the cap is
+  not cut: the widest MLP's {largest / 1e9:.2f} GB weight makes a bucket at least that large,
+  breaking even near {big:.0f} Gbit/s or above. The cap bounds the break-even only where
+  every gradient is smaller than it.
 - **Latency model.** That charges a flat ring's 2(p-1) delays per all-reduce, each a NIC
   hop's (in a real node most hops are NVLink): it overcharges latency. An idealised
   tree's 2 lg p instead (NCCL has had all-reduce trees since [[nccl.tree_since]]) makes the
-  extra rounds {bucket_log / bucket:.1f}x cheaper at p = 64: one default bucket breaks even
+  extra rounds {bucket_log / bucket:.1f}x cheaper at p = 64: one full default bucket breaks even
   near {bucket_log:.0f} Gbit/s, and buckets from about
   {bytes_at_rate(scan["log"], sizes, nic_gbit) / 1e6:.0f} MB pass the NIC. Rounds then no
   longer rule PowerSGD out.
@@ -205,8 +211,9 @@ def real_cluster_text() -> str:
   all-reduces each bucket while the backward pass still runs: a compressor saves only what
   the backward does not hide (here all of it: one bucket), and its own GPU work competes with
   the backward's kernels.
-- **DDP's buckets** are capped at [[pytorch.ddp_first_bucket]] (the first) and
-  [[pytorch.ddp_bucket_cap_mb]] (the others) by default. DDP accepts torch's bf16 hook only
+- **DDP's buckets** are filled up to [[pytorch.ddp_first_bucket]] (the first) and
+  [[pytorch.ddp_bucket_cap_mb]] (the others) by default; DDP
+  [[pytorch.ddp_bucket_whole_params]]. DDP accepts torch's bf16 hook only
   from a torch build with [[pytorch.ddp_bf16_hook_check]].
 - **PowerSGD's settings.** torch's hook starts after [[pytorch.powersgd_start_iter]] of plain
   all-reduce (the runs above: from step {compression.POWERSGD_START}) and compresses a matrix

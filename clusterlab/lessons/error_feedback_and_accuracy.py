@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 WINDOW = 10  # steps per running mean of the training loss
+MIN_DISCORDANT = 10  # fewer discordant samples: the normal approximation says nothing
 
 
 def smooth(x, w: int = WINDOW) -> np.ndarray:
@@ -86,16 +87,31 @@ def only(res: dict, m: str) -> tuple[int, int]:
 
 def print_accuracy_table(res: dict, *, gap: dict, n_test: int) -> None:
     """Per method: bytes per step, test loss and its gap to fp32, accuracy ± 1 s.e., and the
-    paired difference from fp32 with the samples only one of the two got right."""
+    paired difference from fp32 with the samples only one of the two got right ("n/a" with
+    fewer than MIN_DISCORDANT of those); then the paired difference of the method farthest
+    from fp32 worked out from its two counts, (c - b) / sqrt(b + c)."""
     print(f"{'method':>11}  kB/step  test loss (vs fp32)  accuracy ± 1 s.e. (n={n_test})  "
           "paired vs fp32  right only here / only fp32")
     for m, r in res.items():
         se = math.sqrt(r["accuracy"] * (1 - r["accuracy"]) / n_test)
-        paired = "" if m == "none" else (f"{accuracy_gap_se(res, m):+5.1f} s.e."
-                                         f"{only(res, m)[0]:>21} / {only(res, m)[1]}")
+        c, b = only(res, m) if m != "none" else (0, 0)
+        paired = "" if m == "none" else ((f"{accuracy_gap_se(res, m):+5.1f} s.e."
+                                          if c + b >= MIN_DISCORDANT else f"{'n/a':>10}")
+                                         + f"{c:>21} / {b}")
         name = "fp32 (none)" if m == "none" else m
         print(f"{name:>11}  {r['sent_bytes'] / 1e3:7.1f}  {r['test_loss']:9.3f} "
               f"({gap[m]:+.3f})  {r['accuracy']:17.1%} ± {se:.1%}    {paired}".rstrip())
+    counted = [m for m in res if m != "none" and sum(only(res, m)) >= MIN_DISCORDANT]
+    if len(counted) < len(res) - 1:
+        print(f"n/a: fewer than {MIN_DISCORDANT} samples right under only one of the two, too "
+              f"few for a difference in standard errors")
+    if counted:
+        m = max(counted, key=lambda k: abs(accuracy_gap_se(res, k)))
+        c, b = only(res, m)
+        print(f"Worked example, {m}: c = {c} samples right only here, b = {b} only under fp32: "
+              f"(c - b) / sqrt(b + c) = ({c} - {b}) / sqrt({b + c}) = "
+              f"{(c - b) / math.sqrt(b + c):+.1f} s.e. (the column, from the same samples one "
+              f"by one: {accuracy_gap_se(res, m):+.1f})")
 
 
 def check_accuracy(res: dict, *, gap: dict, n_test: int, budget: int) -> None:
@@ -141,8 +157,10 @@ def explain_ring_errors(errors: dict, ps: list[int]) -> float:
     assert bf[-1] > 10 * bf[0] and bf[-1] > 1000 * errors[torch.float32][-1]
     print(f"bf16 (eps {torch.finfo(torch.bfloat16).eps:.1e}), synthetic Gaussian gradients, one "
           f"draw: an error of {bf[-1]:.1%} of the sum's norm")
-    print(f"after {ps[-1] - 1} hops of a flat ring, against {bf[0]:.1%} after one; fp32 after "
-          f"{ps[-1] - 1} hops: {errors[torch.float32][-1]:.0e}.")
+    print(f"after {ps[-1] - 1} hops of a flat ring, against {bf[0]:.1%} after one (the cast of "
+          f"each rank's values to bf16 and one rounded addition: the error is measured against "
+          f"the exact sum of the unrounded values); fp32 after {ps[-1] - 1} hops: "
+          f"{errors[torch.float32][-1]:.0e}.")
     corr = ring_sum_error(ps[-1], torch.bfloat16, common=1.0)
     print(f"Correlated ranks (a shared gradient as large as each rank's noise): bf16 {corr:.1%} "
           f"after {ps[-1] - 1} hops (the same synthetic draw).")

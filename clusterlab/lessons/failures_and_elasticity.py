@@ -209,14 +209,18 @@ def estimate_lines(rows: list[tuple[str, float, float]], *, predicted: float,
 
 def compare_estimate(rows: list[tuple[str, float, float]], *, predicted: float, second: dict,
                      other: float) -> None:
-    """Print `estimate_lines(...)` (the estimate's rows asserted to add up to it), then
-    conclude whether the measured parts account for the job's time to within 5%."""
+    """Print `estimate_lines(...)` (the estimate's rows asserted to add up to it), then what
+    the measured parts leave of the job's time, labelled an accounting check: start-up,
+    restarts and redone steps are intervals of the event log that defines that time, and
+    steps and checkpoints its counts times their medians, so the parts add up to it nearly
+    by construction (not a finding, so no `conclude`)."""
     assert abs(sum(r[1] for r in rows) - predicted) < 1e-6
     for line in estimate_lines(rows, predicted=predicted, train_s=second["train_s"]):
         print(line)
-    _ = conclude(abs(other) < 0.05 * second["train_s"],
-                 "the parts measured in the job (steps, start-up, checkpoints, restarts, redone "
-                 "steps) account for its time to within 5%")
+    print(f"Accounting check, not a finding: the measured parts leave {other:+.2f} s "
+          f"({other / second['train_s']:+.1%}) of the job's time; start-up, restarts and redone "
+          f"steps are intervals of the same event log that defines that time, steps and "
+          f"checkpoints counts times their medians, so they add up to it nearly by construction")
 
 
 def explain_hung(hung: list[dict]) -> tuple[float, int]:
@@ -376,13 +380,28 @@ TORCH_NCCL_ASYNC_ERROR_HANDLING = [[pytorch.nccl_async_error_handling|value]] it
 aborting the NCCL communicator. Terms: SHM, shared memory; ncclRemoteError, NCCL's error code
 for a failed peer.
 
-| case | who notices | what torchrun does | the job resumes |
-|---|---|---|---|
-| 1. a killed process, peers on TCP (Gloo; NCCL over sockets: "[[nccl.socket_peer_closed]]") | its peers at their next collective (the kernel closes its sockets); its own agent within [[pytorch.torchrun_monitor_interval]] | starts a new group | after the restart |
-| 2. a crashed process (OOM kill, segfault) under NCCL inside a node ([[nccl.intranode_transports]]), restarts left | its own agent at its next poll; its peers get no error | [[pytorch.torchrun_crash_path]] | after the restart |
-| 2'. the same with torchrun's default --max-restarts of [[pytorch.torchrun_max_restarts_default|value]] | its own agent | stops its node's workers and exits | never: every other agent stops too, once its workers fail (as in rows 1 and 3: at once over sockets; over InfiniBand or RoCE, a sender after the NIC's retries, a worker that only receives at the watchdog's timeout) or, if the exited agent hosted the rendezvous store, at its next poll of the store; the job fails |
-| 3. as 2, over InfiniBand or RoCE | as in 2; a peer that sends to it also gets [[nccl.remote_error]] after the NIC's retries (at least [[nccl.ib_total_wait_default]] at NCCL's default NCCL_IB_TIMEOUT and NCCL_IB_RETRY_CNT; sooner on some RoCE NICs, below); a peer that only receives may get none | as in 2 | as in 2 |
-| 4. a dead node (its agent dies with it) | its senders, by the retry error (the others alone would wait for the watchdog's timeout) | the first failing survivor's agent re-enters the rendezvous; every other agent restarts its hung workers at once | with `--nnodes MIN:MAX`, once the dead node is dropped ([12b](12b_elastic_resharding.ipynb)); with a fixed `--nnodes`, only when a replacement joins; never if it hosted the c10d rendezvous store (`--rdzv-endpoint`): the other agents fail when they cannot reach it ([pytorch#67742](https://github.com/pytorch/pytorch/issues/67742)), which a store outside the job (etcd) avoids |
+| case | who notices | what torchrun does |
+|---|---|---|
+| 1. a killed process, peers on TCP (Gloo; NCCL over sockets: "[[nccl.socket_peer_closed]]") | its peers at their next collective (the kernel closes its sockets); its own agent within [[pytorch.torchrun_monitor_interval]] | starts a new group; the job resumes after the restart |
+| 2. a crashed process (OOM kill, segfault) under NCCL inside a node ([[nccl.intranode_transports]]), restarts left | its own agent at its next poll; its peers get no error | [[pytorch.torchrun_crash_path]]; the job resumes after the restart |
+| 3. a dead node (its agent dies with it) | the peers that send to it, once the NIC's retries run out (*case 2 over InfiniBand or RoCE*, below); the others alone would wait for the watchdog's timeout | the first failing survivor's agent re-enters the rendezvous; every other agent restarts its hung workers at once; the job resumes with `--nnodes MIN:MAX` once the dead node is dropped ([12b](12b_elastic_resharding.ipynb)), with a fixed `--nnodes` only when a replacement joins |
+
+Edge cases:
+
+- **No restarts left.** With torchrun's default --max-restarts of
+  [[pytorch.torchrun_max_restarts_default|value]], in case 2 the agent stops its node's workers
+  and exits, and the job fails. Every other agent stops too once its workers fail: at once
+  over sockets; over InfiniBand or RoCE, a sender after the NIC's retries, a worker that only
+  receives at the watchdog's timeout; or, if the exited agent hosted the rendezvous store, at
+  its next poll of the store.
+- **Case 2 over InfiniBand or RoCE.** A peer that sends to the dead process also gets
+  [[nccl.remote_error]] after the NIC's retries (at least [[nccl.ib_total_wait_default]] at
+  NCCL's default NCCL_IB_TIMEOUT and NCCL_IB_RETRY_CNT; sooner on some RoCE NICs, below); a
+  peer that only receives may get none. torchrun does as in case 2.
+- **The dead node hosted the c10d rendezvous store** (`--rdzv-endpoint`). The job never
+  resumes; the other agents fail when they cannot reach it
+  ([pytorch#67742](https://github.com/pytorch/pytorch/issues/67742)), which a store outside
+  the job (etcd) avoids.
 
 RoCE: ConnectX NICs with adaptive retransmission may give up sooner, as each retry's wait
 adapts, [[nvidia.roce_adp_timeout_cap]] (a QP, queue pair, is one RDMA connection; its ACK
