@@ -1,5 +1,6 @@
 """What notebook 09 (interview rehearsal) shows around its quiz widgets: the bank's table of
-topics, printed text behind a fold, and each seed question as its 60-second version with the
+topics, printed text behind a fold, a weak open answer with its graded feedback, a fixed mock
+transcript for the static view, and each seed question as its 60-second version with the
 model answer and the key points folded."""
 
 from __future__ import annotations
@@ -63,3 +64,42 @@ def seed_question(qid: str, *, bank, lang: str) -> None:
     fold(f"{t('model_answer', lang)}: about two minutes spoken",
          to_text([("p", paragraph) for paragraph in answer]))
     fold(f"{t('key_points', lang)}: the checklist of the two-minute answer", points)
+
+
+def show_graded_open_answer(qid: str, weak: str, covered: set[int], *, bank,
+                            lang: str) -> None:
+    """An open question (draw 0 of `qid`) in `lang`, a `weak` answer to it, and behind a fold
+    the feedback it gets with the key points `covered` (counted from 0) ticked: the self-graded
+    score, the model answer and the key points, + marking those covered ("More" left out)."""
+    from clusterlab.quiz.render import feedback_blocks, question_blocks
+    from clusterlab.quiz.session import Result
+
+    question = bank.draw(qid, 0)
+    print(to_text(question_blocks(question, lang, bank)))
+    print(f"\nA weak answer: \"{weak}\"")
+    feedback = feedback_blocks(Result(question, bank.grade(question, covered)), lang, bank)
+    fold("The model answer and the key points; + marks those this answer covers",
+         to_text([b for b in feedback if b[0] != "more"]))  # blocks are (kind, text)
+
+
+def show_mock_transcript(bank, *, lang: str, topics, seed: int, answer_after: tuple,
+                         time_limit: float) -> None:
+    """A fixed mock interview for the static view: len(`answer_after`) choice questions drawn
+    with `seed` from `topics`, each answered with its right option after the given seconds on
+    a hand-driven clock (an answer after `time_limit` counts as a timeout), then the summary
+    (score, score per topic, weak topics, sections to review)."""
+    from clusterlab.quiz.render import summary_blocks
+    from clusterlab.quiz.session import Config, Session
+
+    now = [0.0]  # the hand-driven clock, in seconds
+    mock = Session(bank, Config(lang=lang, topics=topics, mode="mock", count=len(answer_after),
+                                time_limit=time_limit, seed=seed, kinds=("choice",)),
+                   clock=lambda: now[0])
+    for seconds in answer_after:
+        question = mock.begin()
+        now[0] += seconds
+        result = mock.answer(question.correct_positions())  # the right option
+        print(f"Q{mock.index}. {question.text(lang).splitlines()[0]}\n"
+              f"    right option, after {seconds} s: {result.grade.status}")
+    print()
+    print(to_text(summary_blocks(mock.summary(), lang, bank)))

@@ -99,7 +99,8 @@ def plot_step_times(sweep: list[dict]) -> None:
                      "o", color=color, ms=8, mec="black", label=f"{label}, measured")
         axes[0].plot([r["alpha"] * 1e3 for r in latency],
                      [r[f"{kind}_predicted_s"] * 1e3 for r in latency], "--", color=color,
-                     label=f"{label}: closed form + the delay 1ms run's overhead")
+                     label=f"{label}: closed form + the delay 1ms run's overhead "
+                           "(equal at 1 ms by construction)")
     axes[0].set_xlabel("one-way latency (ms)")
     axes[0].set_ylabel("step time (ms)")
     axes[0].legend(fontsize=8)
@@ -152,8 +153,8 @@ def explain_step_times(sweep: list[dict]) -> bool:
     """The table of how much each step grew from `delay 1ms` to `delay 10ms` and with
     `rate 50mbit` against the closed-form differences, FSDP2's growth over DDP's, the points
     far off their prediction, and the conclusion (FSDP2 grew over twice as much as DDP, every
-    growth within 40% of its closed form). Asserts the network's floor. Returns whether the
-    conclusion was shown."""
+    growth within 20% of its closed form, the farthest printed). Asserts the network's floor.
+    Returns whether the conclusion was shown."""
     by_nic = {r["nic"]: r for r in sweep}
     lo, hi = by_nic["delay 1ms"], by_nic["delay 10ms"]
     slow = by_nic["delay 1ms rate 50mbit"]
@@ -165,8 +166,9 @@ def explain_step_times(sweep: list[dict]) -> bool:
     for r in sweep:  # the network's floor: a step cannot beat its own communication
         for k in kinds:
             assert r[f"{k}_s"] > 0.9 * r[f"{k}_comm_s"], (r["nic"], k)
-    close = all(abs(grow[k] - pred[k]) < 0.4 * pred[k]
-                and abs(wire[k] - wire_pred[k]) < 0.4 * wire_pred[k] for k in kinds)
+    off = max(max(abs(grow[k] - pred[k]) / pred[k], abs(wire[k] - wire_pred[k]) / wire_pred[k])
+              for k in kinds)  # the farthest growth from its closed form, relative
+    close = off < 0.2
     print(f"{'':8s}{'delay 1ms -> 10ms':>24s}{'rate 50mbit added':>24s}   "
           "[closed-form difference]")
     for k in kinds:
@@ -178,7 +180,8 @@ def explain_step_times(sweep: list[dict]) -> bool:
     report_misses(sweep, lo, kinds, name)  # prose only: points far off their prediction
     return conclude(grow["fsdp"] > 2 * grow["ddp"] and close,
                     "FSDP2's step grew over twice as much as DDP's, and every growth came "
-                    "within 40% of its closed form (the emulator against its own model)")
+                    f"within 20% of its closed form (the farthest {off:.0%} off: the emulator "
+                    "against its own model)")
 
 
 def ring_rounds_s(n: int, gpus_per_node: int, *, units: int, a_net: float,
@@ -205,16 +208,59 @@ def crossing(gpus_per_node: int, nics: int, *, units: int, a_net: float, a_nv: f
                 > ring_wire_s(n, nics, psi=psi, nic_bw=nic_bw))
 
 
+def real_scale_constants() -> dict:
+    """NCCL's tuner step latencies (s) between nodes and over NVLink, an HGX H100 node's GPUs
+    and NICs, and one NIC's bytes/s, all from the ledger: the inputs of "At real scale"."""
+    return {"a_net": facts.get("nccl.tuner_net_ring_step_latency_simple").value * 1e-6,
+            "a_nv": facts.get("nccl.tuner_nvlink_ring_step_latency_simple").value * 1e-6,
+            "node": facts.get("nvidia.hgx_h100_gpus").value,
+            "node_nics": facts.get("nvidia.dgx_h100_compute_nics").value,
+            "nic_bw": facts.get("nvidia.connectx7_rate_bytes").value * 1e9}
+
+
+def plot_at_real_scale(psi: float, *, units: int, cross: dict) -> None:
+    """The two terms of "At real scale" against the rank count, for both layouts: FSDP's ring
+    latency rounds (solid) and its bytes' time (dashed) per step, by NCCL's tuner constants,
+    with the crossings `show_at_real_scale` returned marked."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    c = real_scale_constants()
+    layouts = {"one": (1, 1, "#4C72B0", "one GPU (one NIC) per node"),
+               "node": (c["node"], c["node_nics"], "#DD8452",
+                        f"nodes of {c['node']} GPUs, {c['node_nics']} NICs")}
+    top = 4 * max(cross.values())
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    for key, (g, m, color, label) in layouts.items():
+        n = np.unique(np.geomspace(g * 2, top, 200).astype(int) // g * g)
+        ax.plot(n, [ring_rounds_s(k, g, units=units, a_net=c["a_net"], a_nv=c["a_nv"]) * 1e3
+                    for k in n], "-", color=color, label=f"{label}: latency rounds")
+        ax.plot(n, [ring_wire_s(k, m, psi=psi, nic_bw=c["nic_bw"]) * 1e3 for k in n], "--",
+                color=color, label=f"{label}: bytes")
+        meet = ring_wire_s(cross[key], m, psi=psi, nic_bw=c["nic_bw"]) * 1e3
+        ax.plot(cross[key], meet, "o", color=color, mec="black")
+        ax.annotate(f"crossing: {cross[key]} ranks", (cross[key], meet), xytext=(8, -14),
+                    textcoords="offset points", ha="left", color=color, fontsize=9)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("ranks N")
+    ax.set_ylabel("ms per step")
+    ax.set_title(f"FSDP, {psi / 1e9:.0f}B parameters in bf16, {units} units: NCCL's tuner "
+                 "model, rings only (not measured)", fontsize=10)
+    ax.legend(fontsize=8)
+    plt.tight_layout()
+    plt.show()
+
+
 def show_at_real_scale(psi: float, *, units: int) -> dict:
     """The "At real scale" box: where, by NCCL's tuner constants (from the ledger), FSDP's latency
     rounds catch up with its bytes for a `psi`-parameter bf16 model in `units` units, with one
     GPU per node and with HGX H100 nodes, with the derivation. Returns the two crossings
     ({"one": ranks, "node": ranks})."""
-    a_net = facts.get("nccl.tuner_net_ring_step_latency_simple").value * 1e-6  # s, between nodes
-    a_nv = facts.get("nccl.tuner_nvlink_ring_step_latency_simple").value * 1e-6  # s, in a node
-    node = facts.get("nvidia.hgx_h100_gpus").value  # GPUs per node
-    node_nics = facts.get("nvidia.dgx_h100_compute_nics").value  # NICs per node, one per GPU
-    nic_bw = facts.get("nvidia.connectx7_rate_bytes").value * 1e9  # bytes/s, one NIC
+    c = real_scale_constants()
+    a_net, a_nv = c["a_net"], c["a_nv"]  # s per ring step, between nodes and over NVLink
+    node, node_nics = c["node"], c["node_nics"]  # GPUs and NICs per node, one NIC per GPU
+    nic_bw = c["nic_bw"]  # bytes/s, one NIC
 
     def rounds_s(n, gpus_per_node):
         return ring_rounds_s(n, gpus_per_node, units=units, a_net=a_net, a_nv=a_nv)
@@ -229,11 +275,13 @@ def show_at_real_scale(psi: float, *, units: int) -> dict:
              for k, (g, m) in layouts.items()}
     assert cross["node"] < cross["one"]
     facts.show(f"""
-**At real scale.** Past the crossing below, adding ranks makes FSDP's step latency-bound, so
-fewer, larger units help. By NCCL's tuner (the cost model NCCL picks algorithms with;
-derivation below), with every collective run as a ring, FSDP's latency rounds (one per ring
-step) catch up with its bytes for a {psi / 1e9:.0f}B-parameter bf16 model in {units} units (the two
-summed, no overlap between collectives, {units} units at every N):
+**At real scale.** Past the crossing below, adding ranks makes FSDP's communication
+latency-dominated in NCCL's cost model, so fewer, larger units help. Whether the *step* then
+waits on it depends on the compute that prefetching hides it behind (next section). By
+NCCL's tuner (the cost model NCCL picks algorithms with; derivation below; the figure
+below the box draws both terms), with every collective run as a ring, FSDP's latency rounds
+(one per ring step) catch up with its bytes for a {psi / 1e9:.0f}B-parameter bf16 model in
+{units} units (the two summed, no overlap between collectives, {units} units at every N):
 
 - **one GPU (one NIC) per node:** at about **{cross['one']} ranks**; but only there is PAT on
   ([[nccl.pat_one_gpu_per_node]]), and the same model would likely run the all-gathers

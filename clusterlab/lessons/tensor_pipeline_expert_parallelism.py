@@ -74,26 +74,36 @@ def explain_tp(sweep: list[dict], *, details: list[str]) -> bool:
     return shown
 
 
-def plot_pipeline(pipe: list[dict], *, nic: str = "delay 100us") -> None:
-    """The two schedules' timelines on `nic` (one bar per forward and backward, per stage),
-    with the measured bubble and the formula's."""
+def plot_pipeline(pipe: list[dict], *, nics=("delay 100us",)) -> None:
+    """The two schedules' timelines on each of `nics` (one row per network, one bar per
+    forward and backward, per stage, on a shared time axis): on the first, the measured bubble
+    and the formula's; on the others, the step and the share of it each stage idled (the
+    bubble plus the waits for the network), of the fastest step kept."""
     import matplotlib.pyplot as plt
 
     runs = {(r["nic"], r["schedule"]): r for r in pipe}
-    fig, axes = plt.subplots(1, 2, figsize=(13, 3.4), sharex=True)
-    for ax, schedule in zip(axes, par.PIPELINE_SCHEDULES):
-        r = runs[(nic, schedule)]
-        for stage, ops in enumerate(r["ops"]):
-            for kind, j, start, end in ops:
-                ax.barh(stage, (end - start) * 1e3, left=start * 1e3,
-                        color="#4C72B0" if kind == "F" else "#55A868", edgecolor="white")
-                ax.text((start + end) / 2 * 1e3, stage, str(j), ha="center", va="center",
-                        fontsize=7, color="white")
-        ax.invert_yaxis()
-        ax.set_yticks(range(4), [f"stage {s}" for s in range(4)])
+    fig, axes = plt.subplots(len(nics), 2, figsize=(13, 3.4 * len(nics)), sharex=True,
+                             squeeze=False)
+    for row, nic in zip(axes, nics):
+        for ax, schedule in zip(row, par.PIPELINE_SCHEDULES):
+            r = runs[(nic, schedule)]
+            for stage, ops in enumerate(r["ops"]):
+                for kind, j, start, end in ops:
+                    ax.barh(stage, (end - start) * 1e3, left=start * 1e3,
+                            color="#4C72B0" if kind == "F" else "#55A868", edgecolor="white")
+                    ax.text((start + end) / 2 * 1e3, stage, str(j), ha="center", va="center",
+                            fontsize=7, color="white")
+            ax.invert_yaxis()
+            ax.set_yticks(range(len(r["ops"])), [f"stage {s}" for s in range(len(r["ops"]))])
+            if nic == nics[0]:
+                ax.set_title(f"{schedule} on {nic}: bubble {r['bubble']:.0%} measured, "
+                             f"{r['bubble_formula']:.0%} by (p−1)/(m+p−1)", fontsize=10)
+            else:
+                ax.set_title(f"{schedule} on {nic}: step {r['step_s'] * 1e3:.0f} ms, idle "
+                             f"{r['bubble']:.0%} (fastest of {r['steps_kept_of']} steps)",
+                             fontsize=10)
+    for ax in axes[-1]:
         ax.set_xlabel("ms since the step began (blue: forward, green: backward)")
-        ax.set_title(f"{schedule} on {nic}: bubble {r['bubble']:.0%} measured, "
-                     f"{r['bubble_formula']:.0%} by (p−1)/(m+p−1)", fontsize=10)
     plt.tight_layout()
     plt.show()
 
