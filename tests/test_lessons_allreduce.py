@@ -202,25 +202,35 @@ def flat_rows(small_fastest="recursive_doubling", small_time=0.0118, busy_small=
 
 
 def test_rank_algorithms_finds_the_leaders_and_the_busy_sizes(capsys):
-    lead, busy_at = ar.rank_algorithms(flat_rows())
+    lead, busy_at = ar.rank_algorithms(flat_rows(), p=4, alpha=ALPHA, beta=BETA)
     assert lead[SMALL] == ["recursive_doubling"] and lead[LARGE] == ["rabenseifner"]
     assert busy_at == []
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("  4 KiB closed form: recursive doubling")
-    lead, busy_at = ar.rank_algorithms(flat_rows(busy_small=True))
+    assert lines[0].startswith("  4 KiB closed form: ")
+    # the closed-form order uses the textbook parameter server, 2(alpha + 3 n beta) at 4 MiB
+    textbook = models.parameter_server(3, LARGE, ALPHA, BETA) * 1e3
+    assert lines[4].endswith(f"parameter server (textbook) {textbook:.1f} ms")
+    assert lines[6].startswith("(The measured parameter server ran on this egress-only")
+    lead, busy_at = ar.rank_algorithms(flat_rows(busy_small=True), p=4, alpha=ALPHA, beta=BETA)
     assert busy_at == ["4 KiB"]
     assert capsys.readouterr().out.startswith("At 4 KiB the extra per call")
 
 
+def test_nccl_ring_latency_is_most_of_a_bucket_at_1024_gpus(capsys):
+    share = ar.nccl_ring_latency(25 * 2**20, ex.alpha_beta("delay 10us rate 100gbit")[1])
+    assert 0.6 < share < 0.8  # 254 x 14 us + 1792 x 3.4 us against about 4.2 ms of bytes
+    assert "254 network steps and 1792 NVLink steps" in capsys.readouterr().out
+
+
 def test_rank_algorithms_ties_within_the_fastests_noise(capsys):
     rows = flat_rows(small_fastest="tree", small_time=0.0119)  # tree just behind RD's median
-    lead, _ = ar.rank_algorithms(rows)
+    lead, _ = ar.rank_algorithms(rows, p=4, alpha=ALPHA, beta=BETA)
     assert lead[SMALL] == ["recursive_doubling", "tree"]
 
 
 def test_leaders_verdicts(verdicts, capsys):
     flat = flat_rows()
-    lead, _ = ar.rank_algorithms(flat)
+    lead, _ = ar.rank_algorithms(flat, p=4, alpha=ALPHA, beta=BETA)
     capsys.readouterr()
     ar.explain_leaders(flat, lead)
     assert [v[0] for v in verdicts] == [True, True]
@@ -271,7 +281,7 @@ def test_eight_ranks_verdicts_and_busy_evidence(verdicts, capsys):
 def test_print_numbers_quotes_best_and_closed_form(capsys):
     assert ar.tm(row("ring", SMALL, 0.0118, 0.0103)) == "11.8 ms [10.3]"
     flat, wide = flat_rows(), wide_rows()
-    lead, busy_at = ar.rank_algorithms(flat)
+    lead, busy_at = ar.rank_algorithms(flat, p=4, alpha=ALPHA, beta=BETA)
     capsys.readouterr()
     ar.print_numbers(flat, wide, lead=lead, busy_at=["4 KiB"], busy={SMALL: None, LARGE: None},
                      p=4)
@@ -324,7 +334,8 @@ def test_explain_hierarchy_verdict_and_the_4_kib_order(verdicts, capsys):
     assert verdicts[-1][0] is True
     out = capsys.readouterr().out
     assert "The flat ring ran at 0.92x its closed form" in out
-    assert "Both hierarchies led here too" in out
+    assert "Both hierarchies beat the flat ring here too" in out
+    assert "Recursive doubling, 2 rounds, was faster than both at 4 KiB (15.0 ms)" in out
     hb.explain_hierarchy(hier_rows(hl_large=0.300, small_hier=0.030), alpha=ALPHA, beta=BETA)
     assert verdicts[-1][0] is False  # the leader-based scheme was slower than the flat ring
     assert "This run does not show the replays' order here" in capsys.readouterr().out

@@ -14,10 +14,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from clusterlab import models
+from clusterlab import facts, models
 from clusterlab.experiments import allreduce_and_topology as ex
 from clusterlab.experiments.common import BUSY_FACTOR, beyond_closed_form, conclude
 from clusterlab.lessons.show import ms
+from clusterlab.wire import HEADER_BYTES, SEGMENT_BYTES
 
 SMALL, MEDIUM, LARGE = ex.SIZES
 
@@ -29,13 +30,14 @@ COST_TABLE_ROWS = [("ring", "ring"), ("recursive doubling", "recursive_doubling"
 # The ledger template of "On a real GPU cluster" (rendered with `facts.show`): NCCL's share of
 # the latencies, what NCCL runs, and parameter servers at scale.
 NCCL_AT_SCALE = """
-On 8-GPU nodes, with the same 100 Gbit/s per GPU, NCCL's share is smaller. Its tuner (the
-cost model with which NCCL picks an algorithm and a protocol per call) charges a network step
-([[nccl.tuner_net_ring_step_latency_simple]] with Simple, its protocol for large messages; a bit
-above the 10 µs here) only to [[nccl.tuner_ring_inter_steps]]; each other step stays inside a
-node and costs at least an NVLink step ([[nccl.tuner_nvlink_ring_step_latency_simple]]). The
-share still grows with the nodes (DDP's first bucket is smaller,
-[[pytorch.ddp_first_bucket]], so its share is larger).
+On 8-GPU nodes NCCL's tuner (the cost model with which NCCL picks an algorithm and a
+protocol per call) charges a network step ([[nccl.tuner_net_ring_step_latency_simple]] with
+Simple, its protocol for large messages; a bit above the 10 µs here) only to
+[[nccl.tuner_ring_inter_steps]]; each other step stays inside a node and costs at least an
+NVLink step ([[nccl.tuner_nvlink_ring_step_latency_simple]]). By those lower bounds (printed
+above) a ring over a thousand GPUs still spends most of a bucket's time on latency. The
+share grows with the nodes (DDP's first bucket is smaller, [[pytorch.ddp_first_bucket]], so
+its share is larger).
 
 **What NCCL runs.**
 - **Algorithms:** [[nccl.algorithms]]; no recursive doubling, Rabenseifner or parameter
@@ -122,6 +124,32 @@ def compare_networks(specs: dict[str, str], *, ranks: int = 8) -> None:
     assert abs(size[first] / size[second] - 1) < 1e-9
     print(f"Times scale by alpha_{first} / alpha_{second} = "
           f"{ex.alpha_beta(specs[first])[0] / ex.alpha_beta(specs[second])[0]:.0f}.")
+    print(f"(Both 1/beta use this machine's headers, {HEADER_BYTES} B per "
+          f"{SEGMENT_BYTES // 1024} KiB segment; a real Ethernet link pays them per frame of at "
+          "most the MTU,\nso it carries a few percent less payload and its alpha x bandwidth is "
+          "a few percent smaller: appendix.)")
+
+
+def nccl_ring_latency(nbytes: int, beta: float, *, gpus: int = 1024) -> float:
+    """Print, by NCCL's tuner constants for the Simple protocol (from the ledger), a lower bound
+    on the latency of a ring all-reduce of `nbytes` over `gpus` GPUs in 8-GPU nodes
+    (2(nodes-1) network steps, the other steps NVLink steps; NCCL's base latency and the
+    topology's extra network latency left out) and its share of the time, against the ring's
+    bytes through one GPU's link of `beta` (the most a GPU's NIC can carry; NCCL's channels
+    spread it over the node's NICs, which only raises the share). Returns the share."""
+    per_node = facts.get("nvidia.hgx_h100_gpus").value
+    net = facts.get("nccl.tuner_net_ring_step_latency_simple").value * 1e-6
+    nvlink = facts.get("nccl.tuner_nvlink_ring_step_latency_simple").value * 1e-6
+    nodes, steps = gpus // per_node, 2 * (gpus - 1)
+    inter = 2 * (nodes - 1)
+    lat = inter * net + (steps - inter) * nvlink
+    wire = models.allreduce_time("ring", gpus, nbytes, 0.0, beta)
+    share = lat / (lat + wire)
+    print(f"By NCCL's tuner constants, {gpus} GPUs in {nodes} nodes of {per_node}: {inter} network "
+          f"steps and {steps - inter} NVLink steps, at least {ms(lat)} of latency against at "
+          f"most {ms(wire)} of bytes\nthrough one GPU's NIC: at least {share:.0%} of the ring's "
+          "time is latency.")
+    return share
 
 
 def coefficients(algo: str, p: int) -> tuple[float, float, float]:
@@ -307,15 +335,27 @@ def explain_parameter_server(ps: Sequence[dict], *, p: int, alpha: float, beta: 
 def chain(rows: Sequence[dict], key: str) -> str:
     """The rows in their order as one line: 'a 14.9 < b 15.1 ms', with '≈' where two round to
     the same 0.1 ms."""
-    parts = [(ex.LABELS[r["algorithm"]], f"{r[key] * 1e3:.1f}") for r in rows]
+    parts = [(r.get("label") or ex.LABELS[r["algorithm"]], f"{r[key] * 1e3:.1f}") for r in rows]
     return " ".join([f"{parts[0][0]} {parts[0][1]}"] + [
         f"{'≈' if v == prev else '<'} {name} {v}"
         for (_, prev), (name, v) in zip(parts, parts[1:])]) + " ms"
 
 
-def rank_algorithms(flat: Sequence[dict]) -> tuple[dict[int, list[str]], list[str]]:
-    """Per size, print the closed forms' order and the measured order (`chain`), after a line
-    naming the sizes where some run paid over BUSY_FACTOR - 1 beyond its closed form. Asserts
+def textbook_rows(rows: Sequence[dict], *, p: int, alpha: float, beta: float) -> list[dict]:
+    """The rows with the parameter server's closed form replaced by the textbook one,
+    2(alpha + (p-1) n beta) (`models.parameter_server`), which also queues the pushes, as a
+    switch port in front of the server does, and labelled so."""
+    return [dict(r, model=models.parameter_server(p - 1, r["nbytes"], alpha, beta),
+                 label="parameter server (textbook)") if r["algorithm"] == "parameter_server"
+            else r for r in rows]
+
+
+def rank_algorithms(flat: Sequence[dict], *, p: int, alpha: float,
+                    beta: float) -> tuple[dict[int, list[str]], list[str]]:
+    """Per size, print the closed forms' order, with the textbook parameter server
+    (`textbook_rows`: the order that carries over), and the measured order (`chain`), after a
+    line naming the sizes where some run paid over BUSY_FACTOR - 1 beyond its closed form; then
+    the emulator's egress-only parameter-server forms the runs are checked against. Asserts
     that no run was early. Returns (per size: the fastest algorithm and those tied with it,
     by `ex.leaders`; the sizes, as labels, where the closed forms carry over)."""
     for r in flat:
@@ -331,9 +371,15 @@ def rank_algorithms(flat: Sequence[dict]) -> tuple[dict[int, list[str]], list[st
     for n in ex.SIZES:
         ranked = sorted(ex.select(flat, nbytes=n), key=lambda r: r["measured"])
         lead[n] = [r["algorithm"] for r in ex.leaders(ranked)]
-        by_model = sorted(ranked, key=lambda r: r["model"])
+        by_model = sorted(textbook_rows(ranked, p=p, alpha=alpha, beta=beta),
+                          key=lambda r: r["model"])
         print(f"{ex.human_bytes(n):>7} closed form: " + chain(by_model, "model"))
         print(f"{'':>7}    measured: " + chain(ranked, "measured"))
+    egress = ", ".join(f"{ex.human_bytes(r['nbytes'])} {ms(r['model'])}"
+                       for r in ex.select(flat, algorithm="parameter_server"))
+    print("(The measured parameter server ran on this egress-only emulator, whose closed form "
+          f"is shorter: {egress}.\nThe closed-form order above uses the textbook cost, which a "
+          "switched fabric pays.)")
     return lead, busy_at
 
 

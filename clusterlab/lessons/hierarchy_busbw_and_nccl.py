@@ -34,6 +34,50 @@ def describe_links(alpha: float, beta: float, alpha_intra: float, beta_intra: fl
 
 # --- hierarchical all-reduce on 2 x 2 -------------------------------------------------------
 
+# Who sends to whom on 2 nodes x 2 processes (ranks 0, 1 on node 0; 2, 3 on node 1): per
+# scheme, a title and its hops (sender, receiver, both ways?, arc bend); a hop between the
+# nodes crosses their NICs.
+HOPS = {
+    "flat ring: every other hop crosses a NIC":
+        [(0, 1, False, 0.3), (1, 2, False, 0.3), (2, 3, False, 0.3), (3, 0, False, 0.3)],
+    "leader-based: reduce and broadcast inside,\nonly the leaders (0, 2) use the NICs":
+        [(0, 1, True, 0.3), (2, 3, True, 0.3), (0, 2, True, 0.3)],
+    "rails: reduce-scatter and all-gather inside,\nrank 0 with 2 and 1 with 3 through the NICs":
+        [(0, 1, True, 0.3), (2, 3, True, 0.3), (0, 2, True, 0.3), (1, 3, True, -0.3)],
+}
+
+
+def plot_hops(hops: dict = HOPS):
+    """Draw, per scheme, the four ranks of 2 x 2 in their two nodes (dashed boxes) and every
+    hop: red where it crosses the NICs (between nodes), blue inside a node. Returns the
+    figure."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    x = {0: 0.0, 1: 1.0, 2: 2.6, 3: 3.6}  # rank -> position; nodes: {0, 1} and {2, 3}
+    fig, axes = plt.subplots(1, len(hops), figsize=(12, 2.6))
+    for ax, (title, edges) in zip(axes, hops.items()):
+        for left in (0.0, 2.6):
+            ax.add_patch(Rectangle((left - 0.35, -0.35), 1.7, 0.7, fill=False, ls="--", lw=0.8))
+        for r, xr in x.items():
+            ax.scatter([xr], [0], s=260, color="w", edgecolor="k", zorder=3)
+            ax.text(xr, 0, str(r), ha="center", va="center", fontsize=9, zorder=4)
+        for a, b, both, bend in edges:
+            cross = (a < 2) != (b < 2)
+            ax.add_patch(FancyArrowPatch((x[a], 0), (x[b], 0),
+                                         arrowstyle="<|-|>" if both else "-|>",
+                                         mutation_scale=10, connectionstyle=f"arc3,rad={bend}",
+                                         color="C3" if cross else "C0", lw=1.4, shrinkA=9,
+                                         shrinkB=9))
+        ax.set_title(title, fontsize=9)
+        ax.set(xlim=(-0.6, 4.2), ylim=(-1.1, 1.1))
+        ax.axis("off")
+    fig.suptitle("2 nodes x 2 processes (dashed: a node). Red: between the nodes, through their "
+                 "NICs; blue: inside a node", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def hierarchy_order(hl: dict, hr: dict) -> str | None:
     """Whether this run can order the leader-based (`hl`) and rail (`hr`) runs: when both sat
     further above their closed forms than the closed forms differ, the sentence saying it
@@ -74,12 +118,16 @@ def explain_hierarchy(hier: Sequence[dict], *, alpha: float, beta: float) -> Non
     print(f"4 KiB, best of {len(small[0]['times'])}: leader-based {ms(small[0]['measured'])}, "
           f"rails {ms(small[1]['measured'])}, flat ring {ms(small[2]['measured'])}; replays "
           f"{ms(small[0]['replay'])}, {ms(small[1]['replay'])}, {ms(small[2]['replay'])}.\n" + (
-              "Both hierarchies led here too, as in the replays; this machine's per-message "
-              "cost added"
+              "Both hierarchies beat the flat ring here too, as in the replays; this machine's "
+              "per-message cost added"
               if max(small[0]["measured"], small[1]["measured"]) < small[2]["measured"] else
               "This run does not show the replays' order here: this machine's per-message "
               "cost added")
           + f"\n{ms(min(added))} to {ms(max(added))} to each run (every run: appendix).")
+    rd_small = h.get(("recursive_doubling", SMALL))
+    if rd_small and rd_small["measured"] < min(r["measured"] for r in small[:2]):
+        print(f"Recursive doubling, 2 rounds, was faster than both at 4 KiB "
+              f"({ms(rd_small['measured'])}): few rounds win where latency dominates (02).")
     # Checks, silent when they hold:
     nic_busy = 1.5 * LARGE * beta  # the flat ring's bytes through each node's NIC
     assert abs(rl["replay"] - (nic_busy + alpha)) < 0.02 * rl["replay"]
@@ -172,7 +220,8 @@ def explain_layouts(*, four: Sequence[dict], one_node: Sequence[dict], hier: Seq
 
 def print_bandwidths(bw: Sequence[dict], *, link: float) -> None:
     """Print the bandwidth table of the best runs: ranks, algorithm, time, algbw, busbw and
-    busbw as a share of the link (1/beta)."""
+    busbw as a share of the link (1/beta); then, for recursive doubling, what its link really
+    carried (lg p whole tensors per rank, more than the factor's 2(p-1)/p n)."""
     print(f"4 MiB, best runs; link 1/beta = {link / 1e6:.1f} MB/s")
     print(f"{'ranks':>5}  {'algorithm':<20}{'time':>10}{'algbw MB/s':>12}{'busbw MB/s':>12}"
           f"{'busbw/link':>12}")
@@ -180,6 +229,14 @@ def print_bandwidths(bw: Sequence[dict], *, link: float) -> None:
         print(f"{r['config'][0]:>5}  {ex.LABELS.get(r['algorithm'], r['algorithm']):<20}"
               f"{ms(r['measured']):>10}{r['algbw'] / 1e6:>12.1f}{r['busbw'] / 1e6:>12.1f}"
               f"{r['busbw'] / link:>12.0%}")
+    for r in bw:
+        if r["algorithm"] == "recursive_doubling":
+            lg = r["p"].bit_length() - 1
+            sent = lg * r["nbytes"] / r["measured"]  # each rank sent its whole tensor lg p times
+            print(f"Recursive doubling on {r['p']} ranks: each rank sent lg p x n = {lg} x "
+                  f"{ex.human_bytes(r['nbytes'])}, so its link carried {sent / 1e6:.1f} MB/s "
+                  f"({sent / link:.0%} of the link);\n  its busbw is lower because the factor "
+                  "counts only the minimum, 2(p-1)/p n, not because its link idled.")
 
 
 def closed_form_changes(m4: float, m8: float) -> tuple[float, float]:
@@ -250,8 +307,9 @@ def gpu_cluster_template(*, intra_over_nic: float) -> str:
   by node leaves each node through one GPU's NIC, which then carries all 2((p-1)/p) n.) With
   the lower link ratio the intra-node phases cost relatively more, so a hierarchy gains less
   there than here.
-- **busbw**: nccl-tests applies [[nccl.busbw_factor_every_algorithm]]. The factor is a
-  ring's traffic per link; NCCL's tree and in-network algorithms
+- **busbw**: nccl-tests applies [[nccl.busbw_factor_every_algorithm]] (its n is the rank
+  count, this notebook's p). The factor is a ring's traffic per link; NCCL's tree and
+  in-network algorithms
   ([02c](02c_in_network_reduction_and_nccl.ipynb)) move other amounts, and their busbw can
   exceed what the link carried. On two nodes NCCL usually picks the tree
   (or NVLSTree, a tree whose sums inside the node the NVSwitch makes): to benchmark the network \
