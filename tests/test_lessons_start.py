@@ -11,7 +11,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from clusterlab import facts, models  # noqa: E402
-from clusterlab.experiments import common  # noqa: E402
+from clusterlab.experiments import common, links  # noqa: E402
 from clusterlab.lessons import interview_rehearsal as rehearsal  # noqa: E402
 from clusterlab.lessons import nic_latency_jitter as link  # noqa: E402
 from clusterlab.lessons import start_here as start  # noqa: E402
@@ -98,7 +98,7 @@ def run(forward, all_reduce, step, ranks=2, steps=4):
               (("forward", forward), ("backward", forward), ("optimizer", forward),
                ("all_reduce", all_reduce))}
     return {"phases": phases, "step_median": step, "steps": steps,
-            "median": {"all_reduce": all_reduce}}
+            "step": np.full((ranks, steps), step), "median": {"all_reduce": all_reduce}}
 
 
 def test_compute_median_counts_forward_backward_and_optimizer_only():
@@ -115,8 +115,26 @@ def test_impaired_step_within_the_jitter_range_is_shown(capsys):
     assert "44.0 ms measured" in out and "42.8 ms predicted = compute 6.0" in out
     assert "efficiency against one rank alone: 11% (= 5.0 ms / 44.0 ms, median steps)" in out
     assert "the network allows 36.8-48.8 ms" in out and "replay 37.5 ms (200 draws)" in out
-    assert ("Shown on this run: the impaired step is at most compute + the α-β all-reduce with "
-            "every delay at its largest draw.") in out
+    assert ("the gap, +1.2 ms: this run's compute +0.0 ms over the plain run's, its all-reduce "
+            "phase +2.2 ms over the α-β model") in out
+    assert ("Shown on this run: the median impaired step is at most compute + the α-β "
+            "all-reduce with every delay at its largest draw.") in out
+    assert "single steps" not in out
+
+
+def test_impaired_single_steps_above_the_ceiling_are_named_with_their_cause(capsys):
+    plain, impaired = run(0.002, 0.010, 0.016), run(0.002, 0.039, 0.044)
+    impaired["step"][1, 2] = 0.0495  # one slow step, its all-reduce phase within the bound
+    solo = run(0.0015, 0, 0.005)
+    kwargs = dict(replay=np.full(200, 0.0375), compute=0.006, model_ar=0.0368, spread=0.006,
+                  efficiency=0.11, dilation=1)
+    start.explain_impaired_step(plain, impaired, solo, **kwargs)
+    assert ("1 of 4 single steps (slowest rank, right panel) above that ceiling, up to 49.5 ms: "
+            "their all-reduce phases stayed within the jitter's bound, so the excess was their "
+            "compute") in capsys.readouterr().out
+    impaired["phases"]["all_reduce"][0, 2] = 0.045
+    start.explain_impaired_step(plain, impaired, solo, **kwargs)
+    assert "some all-reduce phases beyond the jitter's bound" in capsys.readouterr().out
 
 
 def test_impaired_step_far_above_its_closed_form_is_not_shown_and_dilated_efficiency_is_an_estimate(
@@ -128,7 +146,7 @@ def test_impaired_step_far_above_its_closed_form_is_not_shown_and_dilated_effici
                                 dilation=3)
     out = capsys.readouterr().out
     assert "about 20% (estimate: this run's compute multiplied back by K = 3" in out
-    assert "Not shown on this run: the impaired step is at most" in out
+    assert "Not shown on this run: the median impaired step is at most" in out
     assert "a run above 1.3x the closed form: 90 ms against 49 ms" in out
 
 
@@ -305,6 +323,19 @@ def test_link_notes_render_from_the_ledger():
     facts.render(link.TRANSPORT_AND_CONGESTION)
 
 
+def test_tcp_after_idle_is_worked_through_window_by_window(capsys):
+    sizes = np.array([1024 * 2**k for k in range(14)])
+    alpha, beta = 2e-3, (1 + 66 / 65536) / 125e6
+    idle = links.tcp_after_idle(sizes, alpha, beta, 1448, 10)
+    link.explain_tcp_after_idle(idle, alpha=alpha, beta=beta, first_window=14480)
+    assert capsys.readouterr().out == (
+        "TCP after idle (a rough sketch, not measured): 131 kB. The window starts at 14.5 kB "
+        "and doubles every round trip: 14.5, 29.0, 57.9 kB, 101 kB sent in 3 round trips; the "
+        "rest goes in round trip 4\nso 3 round trips more than the emulator's one burst, 4 ms "
+        "each: 15.0 ms instead of 3.0 ms\n")
+    link.plot_tcp_after_idle(idle, alpha=alpha, beta=beta)
+
+
 def test_link_figures_draw():
     pp = ping_pong([4.04, 4.05], [8.08, 8.07])
     link.plot_ping_pong(pp, delay_ms=4.0)
@@ -349,10 +380,10 @@ def test_slowest_of_64_shown_when_the_network_sets_every_tail(capsys):
     quote = tails.explain_slowest_of_64(step64_of([5.0, 5.1, 5.2]), parts, busy=None)
     assert quote == {name: True for name in tails.DISTRIBUTIONS}
     out = capsys.readouterr().out
-    assert "  normal: slowest of 64 5.10 ms (network alone 4.97, model 4.97); median ping 4.00 ms" \
-        in out
-    assert ("Shown on this run: the network's jitter sets the slowest of 64 for every "
-            "distribution.\n") in out
+    assert ("  normal: slowest of 64 5.10 ms = network alone 4.97 + this machine +0.13 (model "
+            "4.97); median ping 4.00 ms") in out
+    assert ("Shown on this run: for every distribution the network's tail (network alone - the "
+            "4 ms delay) moved the slowest of 64 more than this machine did.\n") in out
 
 
 def test_slowest_of_64_names_the_distributions_this_machine_moved(capsys):
@@ -361,9 +392,9 @@ def test_slowest_of_64_names_the_distributions_this_machine_moved(capsys):
     quote = tails.explain_slowest_of_64(step64_of([5.0, 5.1, 7.0]), parts, busy=None)
     assert quote == {"uniform": True, "normal": True, "pareto": False}
     out = capsys.readouterr().out
-    assert "Not shown on this run: the network's jitter sets the slowest of 64 for every " \
-           "distribution (this machine moved it more than the network's tail for pareto) " \
-           "(3 pings later than any network draw;" in out
+    assert ("Not shown on this run: for every distribution the network's tail (network alone "
+            "- the 4 ms delay) moved the slowest of 64 more than this machine did (this machine "
+            "moved it more for pareto) (3 pings later than any network draw;") in out
 
 
 def test_slowest_of_64_checks_noise_only_adds():

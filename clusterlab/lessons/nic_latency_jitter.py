@@ -66,15 +66,52 @@ def explain_ping_pong(pp: dict, *, delay_ms: float) -> None:
     assert ow["p50"] < 1.5 * delay_ms, "the median is the delay, plus a little"
 
 
-def plot_sweep(sweep: dict, idle: dict) -> None:
-    """The size sweep's figure (`links.plot_sweep`) with the sketch of Linux TCP after idle
-    (`links.tcp_after_idle`) as a dash-dotted curve on its time panel."""
-    axes = links.plot_sweep(sweep)
-    axes[0].plot(idle["sizes"], idle["seconds"] * 1e3, "-.", color="#8172B2",
-                 label="Linux TCP after idle (sketch)")
-    axes[0].legend(fontsize=7)
+def plot_sweep(sweep: dict) -> None:
+    """The size sweep's figure (`links.plot_sweep`): measured times against the α-β fit, and
+    the effective bandwidth."""
+    links.plot_sweep(sweep)
     plt.tight_layout()
     plt.show()
+
+
+def plot_tcp_after_idle(idle: dict, *, alpha: float, beta: float) -> None:
+    """The sketch of Linux TCP after idle (`links.tcp_after_idle`) in its own figure: the
+    emulator's α + nβ against the sketch (dash-dotted), with the size it slows most marked."""
+    n = idle["sizes"]
+    w = int(np.argmax(idle["seconds"] / (alpha + n * beta)))
+    fig, ax = plt.subplots(figsize=(6, 2.8))
+    ax.plot(n, (alpha + n * beta) * 1e3, "-", color="#C44E52", label="α + nβ (the emulator)")
+    ax.plot(n, idle["seconds"] * 1e3, "-.", color="#8172B2",
+            label="Linux TCP after idle (sketch, not measured)")
+    ax.plot([n[w]] * 2, [(alpha + n[w] * beta) * 1e3, idle["seconds"][w] * 1e3], "o:",
+            color="k", ms=4, label=f"{n[w] / 1e3:.0f} kB: worked below")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("one-way time (ms)")
+    ax.set_title("What slow start after idle would add (a sketch)", fontsize=10)
+    ax.legend(fontsize=7)
+    plt.tight_layout()
+    plt.show()
+
+
+def explain_tcp_after_idle(idle: dict, *, alpha: float, beta: float, first_window: float) -> None:
+    """The size the sketch slows most, worked through: the congestion windows it sends, one
+    per round trip, doubling from the initial window (`first_window` bytes), how many more
+    round trips that is than the emulator's one burst, and the time with and without them.
+    Checks that the smallest size needs no extra round trip and the largest does."""
+    n, extra = idle["sizes"], idle["extra_rounds"]
+    w = int(np.argmax(idle["seconds"] / (alpha + n * beta)))
+    windows = first_window * 2.0 ** np.arange(int(extra[w]) + 1) / 1e3
+    k = int(extra[w])
+    print(f"TCP after idle (a rough sketch, not measured): {n[w] / 1e3:.0f} kB. The window starts "
+          f"at {windows[0]:.1f} kB and doubles every round trip: "
+          f"{', '.join(f'{x:.1f}' for x in windows[:-1])} kB, {windows[:-1].sum():.0f} kB sent "
+          f"in {k} round trips; the rest goes in round trip {k + 1}")
+    print(f"so {k} round trips more than the emulator's one burst, {2 * alpha * 1e3:g} ms each: "
+          f"{idle['seconds'][w] * 1e3:.1f} ms instead of {(alpha + n[w] * beta) * 1e3:.1f} ms")
+    assert extra[0] == 0 and extra[-1] > 0
+    assert windows[:-1].sum() < n[w] / 1e3 <= windows.sum(), "the last window completes it"
 
 
 def effective_mbit(sizes, best_ms):
