@@ -74,7 +74,8 @@ def test_explain_sweep_agrees_only_when_the_rate_moved_more(verdicts, capsys):
     ddp_lesson.explain_sweep(rows, bandwidth_over_latency=8.46)
     out = capsys.readouterr().out
     assert verdicts[-1][0] is True
-    assert "bandwidth term is 8.5x its latency term: bandwidth-bound; the sweep agrees." in out
+    assert ("bandwidth term is 8.5x its latency term: bandwidth-bound; the sweep agrees, as it "
+            "must: the emulator implements this model.") in out
     assert "3 of 3 networks within 15 %" in out
     rows["rate"][0] = sweep_row(0.5, 250, 0.040, 0.105 / 3)   # the rate cut moved it less
     ddp_lesson.explain_sweep(rows, bandwidth_over_latency=8.46)

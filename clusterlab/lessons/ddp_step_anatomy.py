@@ -174,7 +174,8 @@ def explain_sweep(sweep: dict, *, bandwidth_over_latency: float) -> None:
     swept = conclude(by_rate > by_delay > 0, "the rate cut moved the communication time more "
                      "than the delay, and both moved it")
     print(f"The bucket's bandwidth term is {bandwidth_over_latency:.1f}x its latency term: "
-          f"bandwidth-bound" + ("; the sweep agrees." if swept else "."))
+          f"bandwidth-bound" + ("; the sweep agrees, as it must: the emulator implements this "
+                                 "model." if swept else "."))
     assert all(x["comm_busy_s"] > 0.9 * x["predicted_comm_s"]
                for x in points.values())  # never faster
 
@@ -420,7 +421,9 @@ landed: LL pairs each data word with a flag, trading bandwidth for latency), on 
 tree's values instead: model constants, not a measured α. Against the bandwidth-bound
 networks above, Simple's step constant is {200e-6 / step_s[1]:.0f} to {0.5e-3 / step_s[1]:.0f} times
 smaller, but the bandwidth is {nic_bytes_s / (1e9 / 8):.0f} to {nic_bytes_s / (500e6 / 8):.0f} times larger. With one [[nvidia.connectx7_rate_bytes]]
-NIC per GPU, Simple's n\\* = α/β = α × bandwidth is about {n_star_real / 1e3:.0f} kB, larger than
+NIC per GPU (a line rate; NCCL moves somewhat less, which lowers n\\* a little), Simple's
+n\\* = α/β = α × bandwidth is about {n_star_real / 1e3:.0f} kB from the step constant alone (every call, so
+every bucket, also pays the base latency, which favours fewer buckets), larger than
 the {n_star_here[0] / 1e3:g} to {n_star_here[1] / 1e3:g} kB of the bandwidth-bound networks above
 (200 µs at 500 Mbit/s, 0.5 ms at 1 Gbit/s). A ring's crossover p·n\\* grows with p: at 64 nodes, one GPU each, it is about
 {64 * n_star_real / 1e6:.0f} MB, more than a 25 MiB bucket. So on a fast fabric a bucket turns

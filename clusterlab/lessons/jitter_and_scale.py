@@ -419,7 +419,9 @@ def real_cluster_notes() -> str:
   base latency per call and the topology's inter-node latency; with one GPU per node it charges
   [[nccl.tuner_ppn1_net_latency]]. These are the model's fitted constants, not measurements.
   With Simple that model charges a flat ring over 1024 nodes, one GPU each, about
-  2 × 1023 steps = {ring_dc * 1e3:.1f} ms (its low-latency protocol LL less),
+  2 × 1023 steps = {ring_dc * 1e3:.1f} ms from the step constant alone (the per-call base
+  latency and the topology's inter-node latency, twice per step with Simple, come on top;
+  its low-latency protocol LL less),
   against {2 * 1023 * 2:.0f} ms at this notebook's 2 ms: the same collapse,
   {2e-3 / alpha_dc:.0f} times further to the right.
 - **The ring is not the only choice.** NCCL picks the algorithm per call from a cost model
@@ -438,7 +440,9 @@ def real_cluster_notes() -> str:
   same rate, while events staggered across ranks (each rank's garbage collection on a
   different step) hit more, up to min(1, N·p). Real events also last long: Linux's TCP
   retransmission timeout floor is [[linux.tcp_rto_min]]; an unresponsive InfiniBand peer is
-  retried for at least about [[nccl.ib_total_wait_default]] before NCCL reports an error.
+  retried for at least about [[nccl.ib_total_wait_default]] before NCCL reports an error, at
+  the defaults of NCCL 2.23 and later (NCCL_IB_TIMEOUT = [[nccl.ib_timeout_default]];
+  2.14 to 2.22 used 18, a quarter of that wait).
   Shared causes are real: [[meta.llama3_diurnal_throughput]] in Llama 3's training; GPUs
   slow their clocks for [[nvidia.nvml_clock_event_reasons]].
 - **netem's tail is clipped.** Its tables store values in units of jitter /

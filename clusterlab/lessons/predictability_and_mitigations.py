@@ -419,8 +419,10 @@ REAL_CLUSTER = """
   independent per-message jitter does not produce. Over TCP (Gloo's transport) a lost packet
   usually costs a few round trips ([[linux.tcp_recovery_default]]), a retransmission *timeout*
   at least [[linux.tcp_rto_min]]. NCCL over InfiniBand or RoCE bypasses TCP
-  ([[rdma.kernel_bypass]]); there the NIC's reliable transport retries an unresponsive peer with
-  the ACK timeout and retry count NCCL sets (NCCL_IB_TIMEOUT = [[nccl.ib_timeout_default]],
+  ([[rdma.kernel_bypass]]; GPU memory goes to the NIC directly only with GPUDirect RDMA,
+  otherwise through NCCL's buffers in host memory); there the NIC's reliable transport
+  retries an unresponsive peer with the ACK timeout and retry count NCCL sets
+  (NCCL_IB_TIMEOUT = [[nccl.ib_timeout_default]],
   NCCL_IB_RETRY_CNT = [[nccl.ib_retry_cnt_default]]), for at least about
   [[nccl.ib_total_wait_default]] in all. In Llama 3's pre-training, [[meta.llama3_stragglers]],
   and the run saw [[meta.llama3_diurnal_throughput]]. Find the slow rank per step (Megatron-LM's
@@ -433,7 +435,8 @@ REAL_CLUSTER = """
   switches or [[nvidia.nvswitch_sharp]] (NVLS) in an NVSwitch, [[nvidia.sharp_sends_once]] and
   receives the sum once, instead of about twice its data each way in a ring (notebook 02c). On 8
   H100s NCCL's NVLS all-reduce reports [[nccl.h100_nvls_allreduce_busbw]] of bus bandwidth
-  against the ring's [[nccl.h100_ring_busbw]].
+  against the ring's [[nccl.h100_ring_busbw]]; with NVLS, busbw is not the bandwidth on the
+  wire, so the two are not like for like: compare times.
 - **Fewer syncs** beyond accumulation: local SGD runs [[paper.local_sgd_stich2018]]; DiLoCo
   takes [[paper.diloco]] with an outer optimizer.
 - **Bigger buckets cost overlap.** They save only per-call latency and launch overhead, never
