@@ -36,8 +36,8 @@ Simple, its protocol for large messages; a bit above the 10 µs here) only to
 [[nccl.tuner_ring_inter_steps]]; each other step stays inside a node and costs at least an
 NVLink step ([[nccl.tuner_nvlink_ring_step_latency_simple]]). By those lower bounds (printed
 above) a ring over a thousand GPUs still spends most of a bucket's time on latency. The
-share grows with the nodes (DDP's first bucket is smaller, [[pytorch.ddp_first_bucket]], so
-its share is larger).
+share grows with the nodes (DDP's default first bucket is smaller,
+[[pytorch.ddp_first_bucket]], so its share is larger).
 
 **What NCCL runs.**
 - **Algorithms:** [[nccl.algorithms]]; no recursive doubling, Rabenseifner or parameter
@@ -48,8 +48,9 @@ its share is larger).
   one GPU per node ([tuning.cc](https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/graph/tuning.cc)).
   More on these three in [02c](02c_in_network_reduction_and_nccl.ipynb).
 - **The choice:** the tuner ([[nccl.tuner_model]]); its per-step network latency above
-  is NCCL's own alpha. With NCCL_DEBUG=INFO, [[nccl.debug_subsys_tuning]] logs each call's
-  choice. Protocols, channels and bus
+  is NCCL's model alpha, a constant, not measured. With NCCL_DEBUG=INFO,
+  [[nccl.debug_subsys_tuning]] logs each call's choice (NCCL 2.20 and later, by name from
+  2.24; 02c). Protocols, channels and bus
   bandwidth: [02b](02b_hierarchy_busbw_and_nccl.ipynb) and \
 [02c](02c_in_network_reduction_and_nccl.ipynb).
 
@@ -124,10 +125,17 @@ def compare_networks(specs: dict[str, str], *, ranks: int = 8) -> None:
     assert abs(size[first] / size[second] - 1) < 1e-9
     print(f"Times scale by alpha_{first} / alpha_{second} = "
           f"{ex.alpha_beta(specs[first])[0] / ex.alpha_beta(specs[second])[0]:.0f}.")
+    mtu = facts.get("ethernet.mtu_bytes").value
+    payload = mtu - sum(facts.get(f).value for f in ("ipv4.header_bytes",
+                                                     "tcp.header_with_timestamps_bytes"))
+    frame = mtu + sum(facts.get(f).value for f in ("ethernet.header_bytes", "ethernet.fcs_bytes",
+                                                   "ethernet.preamble_sfd_bytes",
+                                                   "ethernet.ifg_bytes"))
+    less = 1 - (payload / frame) / (SEGMENT_BYTES / (SEGMENT_BYTES + HEADER_BYTES))
     print(f"(Both 1/beta use this machine's headers, {HEADER_BYTES} B per "
           f"{SEGMENT_BYTES // 1024} KiB segment; a real Ethernet link pays them per frame of at "
-          "most the MTU,\nso it carries a few percent less payload and its alpha x bandwidth is "
-          "a few percent smaller: appendix.)")
+          f"most the MTU:\nat the standard {mtu} B MTU it carries {less:.0%} less payload and its "
+          "alpha x bandwidth is that much smaller; less with jumbo frames: appendix.)")
 
 
 def nccl_ring_latency(nbytes: int, beta: float, *, gpus: int = 1024) -> float:
@@ -136,7 +144,8 @@ def nccl_ring_latency(nbytes: int, beta: float, *, gpus: int = 1024) -> float:
     (2(nodes-1) network steps, the other steps NVLink steps; NCCL's base latency and the
     topology's extra network latency left out) and its share of the time, against the ring's
     bytes through one GPU's link of `beta` (the most a GPU's NIC can carry; NCCL's channels
-    spread it over the node's NICs, which only raises the share). Returns the share."""
+    spread it over the node's NICs, which only raises the share), and the share with the
+    NIC per GPU of the DGX H100 nodes these node sizes describe. Returns the share at `beta`."""
     per_node = facts.get("nvidia.hgx_h100_gpus").value
     net = facts.get("nccl.tuner_net_ring_step_latency_simple").value * 1e-6
     nvlink = facts.get("nccl.tuner_nvlink_ring_step_latency_simple").value * 1e-6
@@ -145,10 +154,14 @@ def nccl_ring_latency(nbytes: int, beta: float, *, gpus: int = 1024) -> float:
     lat = inter * net + (steps - inter) * nvlink
     wire = models.allreduce_time("ring", gpus, nbytes, 0.0, beta)
     share = lat / (lat + wire)
+    dgx = facts.get("nvidia.connectx7_rate").value  # Gb/s, one NIC per GPU in a DGX H100
+    wire_dgx = models.allreduce_time("ring", gpus, nbytes, 0.0, 8 / (dgx * 1e9))
     print(f"By NCCL's tuner constants, {gpus} GPUs in {nodes} nodes of {per_node}: {inter} network "
           f"steps and {steps - inter} NVLink steps, at least {ms(lat)} of latency against at "
-          f"most {ms(wire)} of bytes\nthrough one GPU's NIC: at least {share:.0%} of the ring's "
-          "time is latency.")
+          f"most {ms(wire)} of bytes\nthrough one GPU's {8 / beta / 1e9:.0f} Gbit/s NIC (the "
+          f"link above): at least {share:.0%} of the ring's time is latency. With the {dgx} Gb/s "
+          f"NIC per GPU\nof a DGX H100 the bytes take {ms(wire_dgx)} (headers left out) and the "
+          f"share is at least {lat / (lat + wire_dgx):.0%}.")
     return share
 
 
@@ -357,7 +370,7 @@ def rank_algorithms(flat: Sequence[dict], *, p: int, alpha: float,
     line naming the sizes where some run paid over BUSY_FACTOR - 1 beyond its closed form; then
     the emulator's egress-only parameter-server forms the runs are checked against. Asserts
     that no run was early. Returns (per size: the fastest algorithm and those tied with it,
-    by `ex.leaders`; the sizes, as labels, where the closed forms carry over)."""
+    by `ex.leaders`; the sizes, as labels, where this machine's cost dominates)."""
     for r in flat:
         assert r["measured"] >= 0.98 * r["model"]  # the emulated network never delivers early
     lead = {}  # per size: the fastest and those tied with it (ex.leaders: within its own noise)
@@ -366,8 +379,8 @@ def rank_algorithms(flat: Sequence[dict], *, p: int, alpha: float,
                                      for r in ex.select(flat, nbytes=n))]
     if busy_at:
         print(f"At {', '.join(busy_at)} the extra per call (check lines above) is over "
-              f"{BUSY_FACTOR - 1:.0%} of some closed forms: there the closed-form order is the "
-              "one that carries over.")
+              f"{BUSY_FACTOR - 1:.0%} of some closed forms: there this machine's cost "
+              "dominates the measured order; compare the closed forms.")
     for n in ex.SIZES:
         ranked = sorted(ex.select(flat, nbytes=n), key=lambda r: r["measured"])
         lead[n] = [r["algorithm"] for r in ex.leaders(ranked)]
@@ -448,8 +461,8 @@ def explain_eight_ranks(wide: Sequence[dict]) -> dict[int, str | None]:
               f"{ex.LABELS[fast['algorithm']]}: closed forms "
               f"{slow['model'] / fast['model']:.2f} ({why}), "
               f"measured {slow['measured'] / fast['measured']:.2f}"
-              + (f" (extra per call over {BUSY_FACTOR - 1:.0%} here: the closed forms carry over)"
-                 if busy[n] else "")
+              + (f" (extra per call over {BUSY_FACTOR - 1:.0%} here: this machine's cost "
+                 "dominates the measured ratio; compare the closed forms)" if busy[n] else "")
               + ".")
     return busy
 
@@ -465,7 +478,8 @@ def print_numbers(flat: Sequence[dict], wide: Sequence[dict], *, lead: dict[int,
                   busy_at: Sequence[str], busy: dict[int, str | None], p: int) -> None:
     """The numbers from this run, as bullets to quote: the fastest (or tied) at 4 KiB and 4 MiB
     against the ring and the parameter server, and the three algorithms on 8 ranks at 4 MiB,
-    each with its closed form; 'the closed forms carry over here' where the run was busy."""
+    each with its closed form; where the run was busy, that this machine's cost dominates and
+    the closed forms are the ones to compare."""
     w = {(r["algorithm"], r["nbytes"]): r for r in wide}
     rd8, ring8, rab8 = (w[a, LARGE] for a in ("recursive_doubling", "ring", "rabenseifner"))
     print(f"- network: '{ex.NIC}' per node; {p} ranks unless stated; best time [closed form]")
@@ -478,9 +492,11 @@ def print_numbers(flat: Sequence[dict], wide: Sequence[dict], *, lead: dict[int,
               f"{'fastest' if len(lead[size]) == 1 else 'tied'} ({times}), "
               f"{ex.LABELS[other]}{egress} "
               f"{tm(them)} (best of {len(them['times'])})"
-              + ("; the closed forms carry over here" if ex.human_bytes(size) in busy_at else ""))
+              + ("; this machine's cost dominates here: compare the closed forms"
+                 if ex.human_bytes(size) in busy_at else ""))
     print(f"- 8 ranks, 4 MiB: Rabenseifner {tm(rab8)}, recursive doubling {tm(rd8)}, "
-          f"ring {tm(ring8)}" + ("; the closed forms carry over here" if busy[LARGE] else ""))
+          f"ring {tm(ring8)}" + ("; this machine's cost dominates here: compare the closed forms"
+                                 if busy[LARGE] else ""))
 
 
 # --- appendix: two emulator paths -----------------------------------------------------------
