@@ -195,11 +195,15 @@ def death_text(f: dict, cfg: dict) -> str:
 - **The rendezvous host.** With the c10d backend one agent runs the store that holds the
   rendezvous state ([[pytorch.c10d_rendezvous_host]]). Here node A hosted it and node B died;
   had A died, B would have lost the rendezvous with it: whatever `--nnodes` allows, that node
-  is a single point of failure. [[pytorch.rdzv_etcd_backend]] keeps it off the training nodes,
-  in etcd, itself a single point of failure unless run as a replicated cluster.
+  is a single point of failure. Two ways keep it off the training nodes: a TCPStore server
+  started on a separate host, with every agent given `--rdzv-conf is_host=0` (each then
+  connects as a client; `_create_tcp_store` in `c10d_rendezvous_backend.py`), itself a single
+  point of failure; or [[pytorch.rdzv_etcd_backend]], in etcd, a single point of failure
+  unless run as a replicated cluster.
 
-**The same pause at the defaults, beside this run's** (a sum of lower bounds on a cluster; an
-agent re-reads the rendezvous once a second, so each wait may end up to a second late):
+**The same pause at the defaults, beside this run's** (on a cluster, the sum of the counted
+parts' lower bounds, the rest left out; an agent re-reads the rendezvous once a second, so
+each wait may end up to a second late):
 
 | part of the pause | NCCL over InfiniBand, torch's defaults | this run (Gloo, a killed process) |
 |---|---|---|
@@ -209,8 +213,9 @@ agent re-reads the rendezvous once a second, so each wait may end up to a second
 | the rest: polling, new workers, communicator, checkpoint load | not counted: grows with the job and the checkpoint | at least {rest:.1f} s |
 | **total** | **more than {ib_wait + last_call:.0f} s** | **{f['resumed_s']:.1f} s** |
 
-What carries over is the sequence of parts; on a cluster the detection and the last call set
-the total.
+What carries over is the sequence of parts. On a cluster at the defaults, the detection and
+the last call set a floor of {ib_wait + last_call:.0f} s; starting the new workers and loading
+the checkpoint come on top and can dominate at scale (next box).
 """  # noqa: E501 (Markdown table rows and prose shown verbatim)
 
 
@@ -226,7 +231,8 @@ def cost_text() -> str:
 
 - **Resharding is DCP's** ([[pytorch.dcp_resharding]]). The checkpoint must sit on storage
   every node reaches (here: one local directory). It holds the weights and Adam's state, at
-  least [[paper.zero_adam_state_bytes]] under mixed precision: about
+  least [[paper.zero_adam_state_bytes]] under mixed precision (the fp32 weights and Adam's two
+  moments; more if it also stores the 16-bit weights): about
   {70e9 * adam_b / 1e12:.1f} TB for a 70B-parameter model, {405e9 * adam_b / 1e12:.1f} TB for
   405B. Loading reads at least that size at the storage's read bandwidth (a multiple of it
   when each data-parallel replica reads its own copy); this tiny model does not show it.

@@ -249,10 +249,10 @@ def show_linux_recovery(four: dict, lost: Sequence[Sequence[int]], *, nbytes: in
 def linux_tlp_estimate(model_s: float, *, rtt_s: float,
                        tlp_min_s: float) -> tuple[float, float]:
     """The Linux estimate of an incast that waited the model's RTO once: the probe timeout
-    PTO = 2 SRTT + TCP_TIMEOUT_MIN (several packets out, SRTT taken as `rtt_s`) and the
+    PTO = 2 SRTT + TCP_TIMEOUT_MIN_US (several packets out, SRTT taken as `rtt_s`) and the
     model's time `model_s` with its RTO, max(RTO_MIN_S, 2 round trips), swapped for it.
     Returns (pto, estimated time) in seconds."""
-    pto = 2 * rtt_s + tlp_min_s  # 2 SRTT + TCP_TIMEOUT_MIN, several packets out
+    pto = 2 * rtt_s + tlp_min_s  # 2 SRTT + TCP_TIMEOUT_MIN_US, several packets out
     return pto, model_s - max(fm.RTO_MIN_S, 2 * rtt_s) + pto
 
 
@@ -279,8 +279,8 @@ def explain_fast_incast(fast: dict, *, delay_s: float, nbytes: int) -> None:
     rounded = {hz: math.ceil(pto * hz - 1e-9) / hz for hz in HZ}
     late = {hz: linux4 - pto + t for hz, t in rounded.items()}
     print(f"A lower bound: Linux arms that timer in whole jiffies, rounded up, "
-          f"{' or '.join(f'{ms(t)} at HZ = {hz}' for hz, t in rounded.items())} (the "
-          f"default), and fires it on a tick:")
+          f"{' or '.join(f'{ms(t)} at HZ = {hz}' for hz, t in rounded.items())} (Kconfig's "
+          f"default; many distribution kernels build with {HZ[0]}), and fires it on a tick:")
     print(f"  about {' to '.join(ms(t) for t in late.values())} for four, a "
           f"{' to '.join(f'{fast[2].goodput / (4 * nbytes / t):.1f}x' for t in late.values())}"
           f" fall")
