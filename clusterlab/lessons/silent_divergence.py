@@ -133,10 +133,13 @@ def explain_detection(det: list, *, every: int, world: int) -> None:
     nan_run = det[-1]
     later = [a for a in nan_run["alerts"] if a["reported"] > nan_run["first"]["reported"]]
     later_ranks = sorted({r for a in later for r in a["ranks"]})
+    delivered_at = sorted({a["reported"] for a in later})  # several alerts can share a step
     print(f"later checks in the NaN run deliver {len(later)} more alert(s), on ranks "
           f"{later_ranks}"
           + (": the all-reduce spread the NaN to every rank, so only the first alert names the "
              "source" if later_ranks == list(range(world)) else ""))
+    print(f"    (they arrive at the ends of {len(delivered_at)} step(s), {delivered_at}: several "
+          "alerts can arrive at the end of one step)")
 
 
 # --- A model that stops learning ----------------------------------------------------------------
@@ -154,8 +157,9 @@ def stall_row(name: str, run: dict, *, steps: int) -> str:
 def explain_stall(stall: dict, *, steps: int, lr: float, world: int, batch: int) -> None:
     """The table of the healthy, optimizer_detached and lr_divided runs (`stall_row`), what
     its columns mean and how much smaller lr_divided's first update is; asserts that both
-    stalled runs look normal to a loss-and-sync dashboard (finite gradients of the usual
-    size, agreeing replicas, no alert) while the applied lr and the checksum show them."""
+    stalled runs look normal to a loss-and-sync dashboard (finite gradients as large as the
+    healthy run's first, as in a run that has not begun to learn; agreeing replicas, no
+    alert) while the applied lr and the checksum show them."""
     ok, detached, divided = stall["healthy"], stall["optimizer_detached"], stall["lr_divided"]
     g0 = ok["grad_norm"][0, 0]  # the healthy run's first gradient: same weights, same batch
     print(f"{'':19s} {'held-out loss*':>15s} {'grad norm':>9s} {'lr applied':>10s} "
@@ -202,7 +206,8 @@ def plot_stall(stall: dict, *, lr: float) -> None:
         axes[0].plot(run["eval_loss"][:, 0], label=name, **style[name])
         axes[1].plot(run["grad_norm"][:, 0], **style[name])
         applied = run["update_norm"][:, 0] / run["grad_norm"][:, 0]  # the lr SGD really applied
-        axes[2].plot(np.maximum(applied, 1e-6), **style[name])  # 0 drawn on the bottom row
+        axes[2].plot(np.maximum(applied, 1e-6), **style[name],  # 0 drawn on the bottom row
+                     label=name + (" (on the dashed line)" if name == "healthy" else ""))
     axes[0].set_ylabel("held-out loss (MSE)")
     axes[0].legend(fontsize=8)
     axes[0].set_title("the loss stalls", fontsize=10)
@@ -215,7 +220,7 @@ def plot_stall(stall: dict, *, lr: float) -> None:
     axes[2].set_yticks([1e-6, 1e-4, 1e-2], ["0", "1e-4", "1e-2"])
     axes[2].minorticks_off()
     axes[2].set_ylabel("||update|| / ||gradient||")
-    axes[2].legend(fontsize=8, loc="center right")
+    axes[2].legend(fontsize=8, loc="center right", bbox_to_anchor=(1, 0.3))
     axes[2].set_title("the lr actually applied vs the schedule's", fontsize=10)
     for ax in axes:
         ax.set_xlabel("step")
