@@ -55,7 +55,8 @@ def timed_all_reduce(repeats):
 
 def plot_all_reduce(times_ms, *, predicted_ms: float) -> None:
     """The first measurement's figure: every repeat of every rank as a dot, each rank's
-    median as a bar, the α-β prediction as a dashed line. `times_ms` is [rank, repeat]."""
+    median as a bar, the median over repeats of the slowest rank (the printed "measured") as a
+    dotted line, the α-β prediction as a dashed line. `times_ms` is [rank, repeat]."""
     times_ms = np.asarray(times_ms)
     ranks, repeats = times_ms.shape
     fig, ax = plt.subplots(figsize=(6, 2.8))
@@ -64,6 +65,8 @@ def plot_all_reduce(times_ms, *, predicted_ms: float) -> None:
                 color="#4C72B0", ms=4, label="measured, one dot per repeat" if r == 0 else None)
         ax.plot([r - 0.25, r + 0.25], [np.median(times_ms[r])] * 2, color="k", lw=1.5,
                 label="median" if r == 0 else None)
+    ax.axhline(np.median(times_ms.max(axis=0)), color="k", ls=":", lw=1,
+               label="median of the slowest rank per repeat (printed below)")
     ax.axhline(predicted_ms, color="#C44E52", ls="--", label="α-β prediction")
     ax.set_xticks(range(ranks), [f"rank {r}" for r in range(ranks)])
     ax.set_ylabel("all-reduce time (ms)")
@@ -127,8 +130,9 @@ def explain_impaired_step(plain, impaired, solo, *, replay, compute: float, mode
           f"this run's compute multiplied back by K = {K}, its all-reduce phase as measured)")
     print(f"details: the network allows {(compute + model_ar - spread) * 1e3:.1f}-"
           f"{(compute + model_ar + spread) * 1e3:.1f} ms "
-          f"(the plain run's compute, every delay at an extreme); all-reduce phase "
-          f"{ar * 1e3:.1f} ms vs the emulator's replay {net_ar * 1e3:.1f} ms ({len(replay)} draws)")
+          f"(the plain run's compute, every delay at an extreme); all-reduce phase of the slowest "
+          f"rank (median over steps) {ar * 1e3:.1f} ms vs the emulator's replay "
+          f"{net_ar * 1e3:.1f} ms ({len(replay)} draws)")
     # conclude(): a claim that fails raises on a quiet machine; on a busy one (a run far above
     # its closed form, from beyond_closed_form, or a high load average) it prints why this run
     # cannot show it
@@ -212,9 +216,12 @@ def real_cluster_text(*, alpha: float, rate_Bps: float, alpha_nccl: float, nic_B
   equal (notebook 01) is {alpha * 1e3:g} ms × {rate_Bps / 1e6:g} MB/s = {n_star_here / 1e3:.0f} KB
   here. At [[nvidia.connectx7_rate_bytes]] it would be {alpha * nic_Bps / 1e6:.0f} MB with this α,
   but NCCL's tuner models [[nccl.tuner_net_ring_step_latency_simple]] per ring step across the
-  network, so n* ≈ {n_star_nccl / 1e6:.1f} MB. DDP's default [[pytorch.ddp_bucket_cap_mb]] bucket
-  is far above it; its first bucket ([[pytorch.ddp_first_bucket]]) is close to it, so α weighs
-  more there.
+  network for its Simple protocol, so n* ≈ {n_star_nccl / 1e6:.1f} MB (a Simple-protocol figure:
+  the tuner adds the path's own latency and a base latency per call, and its LL and LL128 protocols,
+  which it tends to pick for smaller messages, charge [[nccl.tuner_net_ring_step_latency_ll]] and
+  [[nccl.tuner_net_ring_step_latency_ll128]] per step; notebook 01). DDP's default
+  [[pytorch.ddp_bucket_cap_mb]] bucket is far above it; its first bucket
+  ([[pytorch.ddp_first_bucket]]) is close to it, so α weighs more there.
 - **Rings and trees.** A ring of p ranks moves chunks of bucket ÷ p. If every step crossed the
   network, they would fall below n* beyond about {bucket / n_star_nccl:.0f} ranks (a rough bound:
   NCCL charges steps inside a node less, and splits chunks across parallel channels). That is why
@@ -266,9 +273,9 @@ def plot_doctor(info: dict, dil: dict, *, delay_us: float, dilation: int) -> Non
 
 def native_tail_case(info: dict, dil: dict, *, delay_us: float, dilation: int) -> str:
     """Where plain Gloo's one-way p99 lies: "fits" (below the delay x K), "connection" (above
-    it, but through the emulator the late tail stays below that p99 minus the floor: plain
-    Gloo's shared TCP connection, not the machine's lateness) or "busy" (the late tail
-    through the emulator is high too)."""
+    it, but through the emulator the late tail stays below that p99 minus the floor: a
+    threshold rule only; possibly plain Gloo's shared TCP connection, possibly the cores being
+    busier while plain Gloo ran) or "busy" (the late tail through the emulator is high too)."""
     native = info["native_one_way_us"]
     if native["p99"] <= delay_us * dilation:
         return "fits"
@@ -304,9 +311,10 @@ def explain_doctor(info: dict, dil: dict, *, delay_us: float, dilation: int) -> 
               f"slowest of 2 x {native['samples']} messages), lies above the {dk}, but through "
               f"the emulator fewer than 1 in 100 messages took that long to cross (late tail "
               f"{tail_us / 1e3:.2f} ms at the {floor_us / 1e3:g} ms floor). The two were measured "
-              "seconds apart, and plain Gloo sends both directions of a pair over one TCP "
-              "connection, which on busy cores can hold a send back by milliseconds; the emulator "
-              "gives each direction its own (docs/engine.md)")
+              "seconds apart. One possible cause: plain Gloo sends both directions of a pair over "
+              "one TCP connection, which on busy cores can hold a send back by milliseconds, "
+              "while the emulator gives each direction its own (docs/engine.md); the other is "
+              "that the cores were busier while plain Gloo ran. This run does not separate the two")
     else:
         print(f"plain Gloo's one-way p99, {native['p99'] / 1e3:.2f} ms, lies above the {dk}, and "
               f"through the emulator the late tail is {tail_us / 1e3:.2f} ms: this machine was "

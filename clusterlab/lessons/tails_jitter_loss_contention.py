@@ -239,9 +239,11 @@ Linux 6.11; [[paper.vasudevan_incast_2009]]). With more segments in flight, as i
 transfers, a lost tail is probed after about 2 round trips plus [[linux.tcp_timeout_min_us]];
 only a lost probe then waits for the RTO.
 
-**Contention: one NIC per GPU removes most of it.** A DGX H100's compute fabric has
+**Contention: one NIC per GPU removes the host-side share of it.** A DGX H100's compute fabric has
 [[nvidia.dgx_h100_compute_nics]] (one per GPU) at [[nvidia.connectx7_rate]]; the sharing
 measured here appears where GPUs outnumber NICs, or send through a NIC that is not their own.
+Contention inside the fabric (switch queues, incast, flows colliding on one path) remains
+(notebooks 13 and 13b).
 
 **Jitter: measure under load, over long runs.** Real tails come from shared resources
 (switch queues, background work, power limits) and come in bursts a short benchmark misses
