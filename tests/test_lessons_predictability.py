@@ -304,8 +304,15 @@ def test_plain_seeds_sentence_says_whether_the_outcome_separated_the_two():
     diverge, converge = _run(1.0, 1e9, 3.0), _run(1.0, 1e-3, 3.0)
     clean = {"4 equal": [diverge] * 3, "slow worker": [converge] * 3}
     text = ss.plain_seeds_sentence(clean, lr=0.7)
-    assert "diverged in 3/3 (mean τ 3.0), with a slow worker in 0/3" in text
-    assert text.endswith("Same mean τ, different outcome: mean τ did not decide.")
+    assert "ended above their initial loss in 3/3 (mean τ 3.0), with a slow worker in 0/3" in text
+    assert text.endswith("Same mean τ, different outcome over these updates: mean τ did not "
+                         "decide.")
+    assert "last third" not in text   # no loss history: nothing to report
+    stalled = dict(converge, loss_after=np.array([2.0, 1.0, 0.5, 1e-3, 0.4, 1e-3]))
+    text = ss.plain_seeds_sentence({"4 equal": [diverge] * 3, "slow worker": [stalled] * 3},
+                                   lr=0.7)
+    assert ("Over the last third of their 6 updates the 3 runs that ended below their start "
+            "ranged from 1e-03 to 4e-01 (start 1.00)") in text
     mixed = {"4 equal": [diverge] * 3, "slow worker": [converge, diverge, converge]}
     assert ss.plain_seeds_sentence(mixed, lr=0.7).endswith("do not separate the two cleanly.")
 
@@ -329,8 +336,9 @@ def test_explain_ssp_lockstep_states_both_verdicts_when_released_together(capsys
     out = capsys.readouterr().out
     assert "a = 0.45; 4·a = 1.80; over 3 seeds" in out
     assert "Shown on this run: SSP released the workers in lockstep" in out
-    assert "Shown on this run: 4·a predicted the outcome for most seeds" in out
-    assert "4·a predicted the outcome in 6 of 6 runs; in those runs 100% to 100%" in out
+    assert ("Shown on this run: 4·a predicted the outcome for most seeds at both step sizes "
+            "(6 of 6 runs)") in out
+    assert "In those runs 100% to 100%" in out
     assert "(not exact lockstep)" not in out
 
 

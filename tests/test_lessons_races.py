@@ -168,7 +168,9 @@ def test_explain_convergence(capsys):
     assert "Lost without a lock: dense 56.8%, sparse 0.14%." in out
     assert "sparse 1.02x, dense 2.0e+07x." in out
     assert "survived) held: 150 of 1,000" in out and "cannot say why" not in out
-    assert "Shown on this run: the write-back run was still converging over its last third." in out
+    assert ("Shown on this run: the write-back run's loss was still falling over its last third: "
+            "it converges, only slower.") in out
+    assert "The write-back run's loss" not in out
     assert "it converges, only slower." in out
     races.explain_convergence(_convergence_runs(counted=300 * 32), problem=_Problem())
     out = capsys.readouterr().out
@@ -207,8 +209,8 @@ def test_surviving_rates_discount_the_lost_updates():
 
 
 def test_versus_one_compares_ranges():
-    assert races.versus_one(np.array([5, 6]), np.array([1, 4])) == "higher, ranges apart"
-    assert races.versus_one(np.array([1, 2]), np.array([3, 4])) == "lower, ranges apart"
+    assert races.versus_one(np.array([5, 6]), np.array([1, 4])) == "higher, ranges apart by 25%"
+    assert races.versus_one(np.array([1, 2]), np.array([3, 4])) == "lower, ranges apart by 50%"
     assert races.versus_one(np.array([1, 3]), np.array([2, 4])) == "ranges overlap"
 
 
@@ -260,7 +262,7 @@ def test_explain_allreduce(capsys):
     races.explain_allreduce(_allreduce_runs())
     out = capsys.readouterr().out
     assert "12,000 examples in 47 updates, 0.3 s: 160 updates/s, 40,754 examples/s" in out
-    assert "Its loss, 6.6e-05 against 1.1e-07 (write-back), does not rank the two" in out
+    assert "Its final loss, above the write-back run's, does not rank the two" in out
     races.explain_allreduce(_allreduce_runs(final=1e-8))
     assert "does not rank" not in capsys.readouterr().out
     with pytest.raises(AssertionError):

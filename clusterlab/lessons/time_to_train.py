@@ -134,7 +134,7 @@ def best_nodes_sentence(crit: dict) -> str:
         f"only ×{steps[nb_ * per_rank] / steps[2 * nb_ * per_rank]:.2f}"
         + (f", both batches at the same tuned rate ({lr_of[nb_ * per_rank]:g}): a rate between "
            "grid values might cut the steps more, so this fall is partly the grid's"
-           if same_lr else "") + ". The critical batch is "
+           if same_lr else "") + ".\n\nThe critical batch is "
         f"where the steps are twice their minimum (McCandlish et al.). Taking the largest batch's "
         f"{s_big:.1f} steps as that minimum, the steps stay within twice it from batch {b_crit} "
         f"on ({span(seed_crit)} by seed; a lower true minimum would move it right), that is from "
