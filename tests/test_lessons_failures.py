@@ -178,6 +178,10 @@ def test_estimate_lines_name_the_worst_row_and_cancelling_misses():
     rows = [("start-up", 3.0, 5.0), ("the rest", 0.0, 0.0)]
     lines = failures_lesson.estimate_lines(rows, predicted=3.0, train_s=5.0)
     assert "cancelled" not in lines[-2] and lines[-1] == "the total missed by over 10% on this run"
+    rows = [("start-up", 0.68, 0.05), ("steps", 3.0, 3.03), ("restarts", 5.1, 3.64)]
+    lines = failures_lesson.estimate_lines(rows, predicted=8.78, train_s=6.72)
+    assert "cancelled" not in lines[-2]  # +0.03 s against -2.09 s: no cancelling to speak of
+    assert "mostly of one sign (+0.03 s against -2.09 s), so they added up" in lines[-2]
 
 
 def test_compare_estimate_concludes_on_the_unaccounted_share(capsys):
@@ -238,6 +242,10 @@ def test_stall_table_notes_only_what_differs():
     noisy = failures_lesson.stall_table_lines(_stall(write=(0.05, 0.08), lost_s=(0.02, 0.05)))
     assert any("the background write took longer" in line for line in noisy)
     assert any("did not cost alike, 20 to 50 ms" in line for line in noisy)
+    close = failures_lesson.stall_table_lines(_stall(write=(0.107, 0.105)))  # 2 ms < 5 ms floor
+    assert not any("background write" in line for line in close)
+    assert any("differ by 2 ms, within the 5 ms noise floor: the same within noise" in line
+               for line in close)
 
 
 def test_explain_stalls_gives_the_busy_reason_only_when_noise_exceeds_a_step(capsys):

@@ -70,8 +70,8 @@ def explain_breakeven(st, methods, *, ranks: int = 4, delay_s: float = 2e-3,
         conclude(st.verdict(m, fast) == "slower", claim,
                  busy=inside_band(st, m, [fast] if st.verdict(m, fast) == "cannot tell" else []))
         claim = (f"{m} paid at the low rates and not at the high ones, and the measured "
-                 f"crossing overlaps the predicted {lo:.0f} to {hi:.0f} Mbit/s (extra time ± "
-                 f"noise band)")
+                 f"crossing overlaps the predicted {lo:.0f} to {hi:.0f} Mbit/s (t_extra, fitted on "
+                 f"this same sweep, ± noise band: a consistency check, partly by construction)")
         conclude(a is not None and a <= hi and b >= lo, claim,
                  busy="its gain over fp32 went up and down across the rates, which the network "
                  "alone cannot do" if mixed else inside_band(
@@ -177,8 +177,10 @@ charging a ring's rounds (last bullet) makes them too low:
   {ring[-1]:.0f} Gbit/s ({ratio:.0f}x higher for {sizes[-1] / sizes[0]:.0f}x the bytes).
 - **Per bucket.** DDP calls the hook once per bucket, each paying its own rounds, so what
   counts is one bucket's bytes. It fills a bucket up to [[pytorch.ddp_bucket_cap_mb]] by
-  default but [[pytorch.ddp_bucket_whole_params]]. Gradients of at most the cap: one full
-  bucket breaks even near {bucket:.0f} Gbit/s, {'below' if bucket < nic_gbit else 'above'}
+  default but [[pytorch.ddp_bucket_whole_params]]. For this MLP family (a few large
+  matrices, few vectors; a bucket of thinner matrices or many vectors saves a different share
+  of its bytes), with gradients of at most the cap: one full bucket breaks even near
+  {bucket:.0f} Gbit/s, {'below' if bucket < nic_gbit else 'above'}
   one [[nvidia.connectx7_rate]] NIC (buckets from about
   {bytes_at_rate(ring, sizes, nic_gbit) / 1e6:.0f} MB pass it). A matrix larger than the cap is
   not cut: the widest MLP's {largest / 1e9:.2f} GB weight makes a bucket at least that large,
