@@ -111,6 +111,7 @@ def test_prefetch_names_extra_time_and_busy_evidence(capsys):
     assert l10.explain_prefetch(_pre(0.100, 0.086)) is False
     out = " ".join(capsys.readouterr().out.split())
     assert "prefetching added 26.0 ms more" in out
+    assert "between 0.7 ms and 5.0 ms per layer" in out  # both forwards' excess per layer
     assert "Not shown on this run" in out and "86 ms against 56 ms" in out
 
 

@@ -5,13 +5,27 @@ model answer and the key points folded."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections import Counter
+from pathlib import Path
 
 from IPython.display import Markdown, display
 
 from clusterlab.quiz.i18n import t
 from clusterlab.quiz.render import to_text
 from clusterlab.quiz.widget import seed_question_text
+
+_SCRATCH: list[tempfile.TemporaryDirectory] = []  # kept alive for the kernel's lifetime
+
+
+def scratch_progress_file() -> Path:
+    """A throwaway quiz-progress file in a temporary directory that lasts as long as this
+    kernel, so that the notebook never writes to the learner's own history
+    (~/.clusterlab/quiz_progress.json)."""
+    scratch = tempfile.TemporaryDirectory(prefix=f"clusterlab-{os.getpid()}-quiz-")
+    _SCRATCH.append(scratch)
+    return Path(scratch.name) / "quiz_progress.json"
 
 
 def review_mark(topic: str, notebooks: list[str], so_far) -> str:

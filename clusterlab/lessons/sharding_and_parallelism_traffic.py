@@ -99,12 +99,12 @@ def plot_step_times(sweep: list[dict]) -> None:
                      "o", color=color, ms=8, mec="black", label=f"{label}, measured")
         axes[0].plot([r["alpha"] * 1e3 for r in latency],
                      [r[f"{kind}_predicted_s"] * 1e3 for r in latency], "--", color=color,
-                     label=f"{label}: closed form + the delay 1ms run's overhead "
-                           "(equal at 1 ms by construction)")
+                     label=f"{label}: closed form + the 1 ms run's overhead")
     axes[0].set_xlabel("one-way latency (ms)")
     axes[0].set_ylabel("step time (ms)")
-    axes[0].legend(fontsize=8)
-    axes[0].set_title("2 ranks, 3 layers: latency", fontsize=10)
+    axes[0].legend(fontsize=8, loc="upper left")
+    axes[0].set_title("2 ranks, 3 layers: latency (dashed = dots at 1 ms, by construction)",
+                      fontsize=10)
     slow = by_nic["delay 1ms rate 50mbit"]
     x = np.arange(2)
     axes[1].bar(x - 0.2, [slow["ddp_s"] * 1e3, slow["fsdp_s"] * 1e3], 0.4, color="#999999",
@@ -136,8 +136,8 @@ def report_misses(sweep: list[dict], lo: dict, kinds=KINDS, name=NAMES) -> None:
             + (": within the `delay 1ms` run's overhead ("
                + ", ".join(f"{name[k]} {ms(overhead[k])}" for k in kinds)
                + "), which each prediction adds in full and which can run while bytes are on "
-               "the wire." if all(r[f"{k}_predicted_s"] - r[f"{k}_s"] <= overhead[k]
-                                  for r, k in under)
+               "the wire (a likely explanation, not tested by this run)."
+               if all(r[f"{k}_predicted_s"] - r[f"{k}_s"] <= overhead[k] for r, k in under)
                else ", beyond the `delay 1ms` run's overhead: not explained by this run."))
     over = [(r, k) for r in sweep if r is not lo for k in kinds
             if r[f"{k}_s"] > 1.1 * r[f"{k}_predicted_s"]]
@@ -274,6 +274,8 @@ def show_at_real_scale(psi: float, *, units: int) -> dict:
     cross = {k: crossing(g, m, units=units, a_net=a_net, a_nv=a_nv, psi=psi, nic_bw=nic_bw)
              for k, (g, m) in layouts.items()}
     assert cross["node"] < cross["one"]
+    # inside a node the rings carry (g-1)/g of the NICs' bytes over NVLink: below NCCL's ring rate
+    assert nic_bw * node_nics * (node - 1) / node < facts.get("nccl.h100_ring_busbw").value * 1e9
     facts.show(f"""
 **At real scale.** Past the crossing below, adding ranks makes FSDP's communication
 latency-dominated in NCCL's cost model, so fewer, larger units help. Whether the *step* then
@@ -292,8 +294,9 @@ below the box draws both terms), with every collective run as a ring, FSDP's lat
 <details><summary>The derivation</summary>
 
 NCCL's tuner (the cost model NCCL uses to pick an algorithm and a protocol for each call)
-charges a ring step (one latency round) between nodes
-[[nccl.tuner_net_ring_step_latency_simple]], one over NVLink at least
+charges a ring step (one latency round) between nodes at least
+[[nccl.tuner_net_ring_step_latency_simple]] (plus twice the latency a network plugin reports,
+0 for NCCL's built-in InfiniBand and socket transports), one over NVLink at least
 [[nccl.tuner_nvlink_ring_step_latency_simple]] (for the Simple protocol, NCCL's
 bulk-transfer protocol, which large collectives use). Its ring bandwidth is the number of
 channels (parallel rings) times one channel's bandwidth (`busBw = nChannels * bw` in
@@ -312,7 +315,9 @@ and the crossing is the first N at which the first exceeds the second. The two l
 - **Nodes of {node} GPUs:** only nodes−1 of an all-gather's ranks−1 steps cross the network
   ([[nccl.tuner_ring_inter_steps]] for an all-reduce), and a GPU's ring bytes move at the
   node's {node_nics} NICs together, {nic_bw * node_nics / 1e9:.0f} GB/s (no other cap
-  modelled here; [[nccl.busbw_grows_with_node_nics]], and measured on DGX A100, whose
+  modelled here; inside the node the same rings carry {node - 1}/{node} of it over NVLink,
+  {nic_bw * node_nics * (node - 1) / node / 1e9:.0f} GB/s, below the [[nccl.h100_ring_busbw]]
+  NCCL reaches there; [[nccl.busbw_grows_with_node_nics]], and measured on DGX A100, whose
   NICs give half this bandwidth: [[nccl.busbw_dgx_a100_multi_node]]): at 64 ranks,
   {wire_s(64, node_nics):.2f} s of bytes and {rounds_s(64, node) * 1e3:.0f} ms of latency per step.
 
@@ -352,6 +357,8 @@ def explain_prefetch(pre: dict) -> bool:
                            pre["predicted_s"] - pre["predicted_prefetch_s"])
     excess_wait = pre["forward_s"] - pre["predicted_s"]  # measured beyond the closed form
     excess_pre = pre["forward_prefetch_s"] - pre["predicted_prefetch_s"]
+    low, high = (ms(e / pre["depth"]) for e in sorted((excess_wait, excess_pre)))
+    per_layer = f"about {low}" if low == high else f"between {low} and {high}"
     say(f"The forward took **{ms(pre['forward_s'])}** with each layer waiting for its "
         f"all-gather (closed form {ms(pre['predicted_s'])}) and "
         f"**{ms(pre['forward_prefetch_s'])}** with the "
@@ -359,8 +366,7 @@ def explain_prefetch(pre: dict) -> bool:
         f"{ms(saving)}, {saving / saving_pred:.0%} of the closed form's {ms(saving_pred)} "
         f"(fastest of {pre['steps']} steps each, after a warm-up step). Both forwards exceed "
         f"their closed forms, by "
-        f"{ms(excess_wait)} and {ms(excess_pre)}: about "
-        f"{ms(min(excess_wait, excess_pre) / pre['depth'])} per layer that the closed form "
+        f"{ms(excess_wait)} and {ms(excess_pre)}: {per_layer} per layer that the closed form "
         f"does not charge (FSDP2's hooks and copies, Gloo, Python: not separated here)"
         + (f"; prefetching added {ms(excess_pre - excess_wait)} more, perhaps its all-gather's "
            "work sharing this machine's CPUs (not separated from load)"
