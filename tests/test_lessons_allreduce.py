@@ -272,7 +272,7 @@ def test_eight_ranks_verdicts_and_busy_evidence(verdicts, capsys):
     assert verdicts[0][2] == busy[SMALL]
     out = capsys.readouterr().out
     assert "4 KiB, ring / recursive doubling: closed forms 4.54 (14 rounds against 3)" in out
-    assert ("(extra per call over 30% here: this machine's cost dominates the measured ratio; "
+    assert ("(extra per call over 30% here: this machine's cost moves the measured ratio; "
             "compare the closed forms).") in out
     assert out.rstrip().endswith("measured 1.59.")
     ar.explain_eight_ranks(wide_rows(rd_small=0.080, rab_large=0.60))
@@ -288,8 +288,8 @@ def test_print_numbers_quotes_best_and_closed_form(capsys):
                      p=4)
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == ("- 4 KiB: recursive doubling fastest (11.8 ms [11.2]), ring 33.3 ms "
-                        "[31.6] (best of 5); this machine's cost dominates here: compare the "
-                        "closed forms")
+                        "[31.6] (best of 5); this machine's cost can reorder close results "
+                        "here: compare the closed forms")
     assert lines[3].startswith("- 8 ranks, 4 MiB: Rabenseifner 334.0 ms [323.9]")
     assert not lines[3].endswith("compare the closed forms")
 

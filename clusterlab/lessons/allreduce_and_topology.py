@@ -379,8 +379,8 @@ def rank_algorithms(flat: Sequence[dict], *, p: int, alpha: float,
                                      for r in ex.select(flat, nbytes=n))]
     if busy_at:
         print(f"At {', '.join(busy_at)} the extra per call (check lines above) is over "
-              f"{BUSY_FACTOR - 1:.0%} of some closed forms: there this machine's cost "
-              "dominates the measured order; compare the closed forms.")
+              f"{BUSY_FACTOR - 1:.0%} of some closed forms: there this machine's cost can "
+              "reorder close results; compare the closed forms.")
     for n in ex.SIZES:
         ranked = sorted(ex.select(flat, nbytes=n), key=lambda r: r["measured"])
         lead[n] = [r["algorithm"] for r in ex.leaders(ranked)]
@@ -462,7 +462,7 @@ def explain_eight_ranks(wide: Sequence[dict]) -> dict[int, str | None]:
               f"{slow['model'] / fast['model']:.2f} ({why}), "
               f"measured {slow['measured'] / fast['measured']:.2f}"
               + (f" (extra per call over {BUSY_FACTOR - 1:.0%} here: this machine's cost "
-                 "dominates the measured ratio; compare the closed forms)" if busy[n] else "")
+                 "moves the measured ratio; compare the closed forms)" if busy[n] else "")
               + ".")
     return busy
 
@@ -492,11 +492,11 @@ def print_numbers(flat: Sequence[dict], wide: Sequence[dict], *, lead: dict[int,
               f"{'fastest' if len(lead[size]) == 1 else 'tied'} ({times}), "
               f"{ex.LABELS[other]}{egress} "
               f"{tm(them)} (best of {len(them['times'])})"
-              + ("; this machine's cost dominates here: compare the closed forms"
+              + ("; this machine's cost can reorder close results here: compare the closed forms"
                  if ex.human_bytes(size) in busy_at else ""))
     print(f"- 8 ranks, 4 MiB: Rabenseifner {tm(rab8)}, recursive doubling {tm(rd8)}, "
-          f"ring {tm(ring8)}" + ("; this machine's cost dominates here: compare the closed forms"
-                                 if busy[LARGE] else ""))
+          f"ring {tm(ring8)}" + ("; this machine's cost can reorder close results here: "
+                                 "compare the closed forms" if busy[LARGE] else ""))
 
 
 # --- appendix: two emulator paths -----------------------------------------------------------
