@@ -353,3 +353,12 @@ def test_death_text_carries_the_measured_delay_into_the_ledger_template():
     assert "| at least 4.3 s |" in text and "**8.4 s**" in text  # 8.4 - 0.0625 - 2 - 2
     assert "**more than 64 s**" in text and "at least 34 s (step 2), or 10 min" in text
     facts.render(text)
+
+
+def test_small_misses_of_both_signs_are_neither_cancelled_nor_added_up():
+    from clusterlab.lessons.failures_and_elasticity import estimate_lines
+
+    line = estimate_lines([("a", 1.0, 1.04), ("b", 1.0, 0.97)], predicted=2.0,
+                          train_s=2.01)[-2]
+    assert line.endswith("(+0.04 s)"), line
+    assert "added up" not in line and "cancelled" not in line

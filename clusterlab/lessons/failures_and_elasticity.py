@@ -200,12 +200,14 @@ def estimate_lines(rows: list[tuple[str, float, float]], *, predicted: float,
     over = sum(d for d in diffs.values() if d > 0)  # measured above the estimate
     under = -sum(d for d in diffs.values() if d < 0)  # measured below it
     cancelled = min(over, under)  # what misses of opposite sign took off each other
+    balanced = cancelled > 0.25 * max(over, under)  # neither sign's sum dwarfs the other's
     lines.append(f"the estimate missed by {miss / predicted:+.0%}; the largest difference is in "
                  f"the {worst} row ({diffs[worst]:+.2f} s)"
                  + (f"; misses of opposite sign cancelled {cancelled:.2f} s of the rows' "
-                    f"{over + under:.2f} s" if cancelled > max(0.05, 0.25 * max(over, under))
+                    f"{over + under:.2f} s" if balanced and cancelled > 0.05
                     else f"; the rows' misses were mostly of one sign ({over:+.2f} s against "
-                    f"{-under:+.2f} s), so they added up" if over + under > 0.05 else ""))
+                    f"{-under:+.2f} s), so they added up" if not balanced and over + under > 0.05
+                    else ""))
     lines.append("the total held within 10% on this run (one run does not validate it)"
                  if abs(miss) < 0.1 * predicted else "the total missed by over 10% on this run")
     return lines
