@@ -173,14 +173,14 @@ def test_estimate_lines_name_the_worst_row_and_cancelling_misses():
     lines = failures_lesson.estimate_lines(rows, predicted=11.0, train_s=11.1)
     assert lines[-3].startswith("total")
     assert "the largest difference is in the start-up row (+1.00 s)" in lines[-2]
-    assert "misses of opposite sign cancelled" in lines[-2]
+    assert "misses of opposite sign offset" in lines[-2]
     assert lines[-1].startswith("the total held within 10%")
     rows = [("start-up", 3.0, 5.0), ("the rest", 0.0, 0.0)]
     lines = failures_lesson.estimate_lines(rows, predicted=3.0, train_s=5.0)
-    assert "cancelled" not in lines[-2] and lines[-1] == "the total missed by over 10% on this run"
+    assert "offset" not in lines[-2] and lines[-1] == "the total missed by over 10% on this run"
     rows = [("start-up", 0.68, 0.05), ("steps", 3.0, 3.03), ("restarts", 5.1, 3.64)]
     lines = failures_lesson.estimate_lines(rows, predicted=8.78, train_s=6.72)
-    assert "cancelled" not in lines[-2]  # +0.03 s against -2.09 s: no cancelling to speak of
+    assert "offset" not in lines[-2]  # +0.03 s against -2.09 s: no cancelling to speak of
     assert "mostly of one sign (+0.03 s against -2.09 s), so they added up" in lines[-2]
 
 
@@ -361,4 +361,4 @@ def test_small_misses_of_both_signs_are_neither_cancelled_nor_added_up():
     line = estimate_lines([("a", 1.0, 1.04), ("b", 1.0, 0.97)], predicted=2.0,
                           train_s=2.01)[-2]
     assert line.endswith("(+0.04 s)"), line
-    assert "added up" not in line and "cancelled" not in line
+    assert "added up" not in line and "offset" not in line

@@ -370,7 +370,8 @@ def rank_algorithms(flat: Sequence[dict], *, p: int, alpha: float,
     line naming the sizes where some run paid over BUSY_FACTOR - 1 beyond its closed form; then
     the emulator's egress-only parameter-server forms the runs are checked against. Asserts
     that no run was early. Returns (per size: the fastest algorithm and those tied with it,
-    by `ex.leaders`; the sizes, as labels, where this machine's cost dominates)."""
+    by `ex.leaders`; the sizes, as labels, where some run exceeded its closed form by over
+    30%: there this machine's cost can reorder close results)."""
     for r in flat:
         assert r["measured"] >= 0.98 * r["model"]  # the emulated network never delivers early
     lead = {}  # per size: the fastest and those tied with it (ex.leaders: within its own noise)
@@ -478,8 +479,8 @@ def print_numbers(flat: Sequence[dict], wide: Sequence[dict], *, lead: dict[int,
                   busy_at: Sequence[str], busy: dict[int, str | None], p: int) -> None:
     """The numbers from this run, as bullets to quote: the fastest (or tied) at 4 KiB and 4 MiB
     against the ring and the parameter server, and the three algorithms on 8 ranks at 4 MiB,
-    each with its closed form; where the run was busy, that this machine's cost dominates and
-    the closed forms are the ones to compare."""
+    each with its closed form; where the run was busy, that this machine's cost can reorder
+    close results and the closed forms are the ones to compare."""
     w = {(r["algorithm"], r["nbytes"]): r for r in wide}
     rd8, ring8, rab8 = (w[a, LARGE] for a in ("recursive_doubling", "ring", "rabenseifner"))
     print(f"- network: '{ex.NIC}' per node; {p} ranks unless stated; best time [closed form]")

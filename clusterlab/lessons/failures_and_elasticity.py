@@ -203,8 +203,8 @@ def estimate_lines(rows: list[tuple[str, float, float]], *, predicted: float,
     balanced = cancelled > 0.25 * max(over, under)  # neither sign's sum dwarfs the other's
     lines.append(f"the estimate missed by {miss / predicted:+.0%}; the largest difference is in "
                  f"the {worst} row ({diffs[worst]:+.2f} s)"
-                 + (f"; misses of opposite sign cancelled {cancelled:.2f} s of the rows' "
-                    f"{over + under:.2f} s" if balanced and cancelled > 0.05
+                 + (f"; misses of opposite sign offset {cancelled:.2f} s of each other "
+                    f"({over:+.2f} s against {-under:+.2f} s)" if balanced and cancelled > 0.05
                     else f"; the rows' misses were mostly of one sign ({over:+.2f} s against "
                     f"{-under:+.2f} s), so they added up" if not balanced and over + under > 0.05
                     else ""))
