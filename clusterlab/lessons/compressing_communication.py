@@ -7,6 +7,7 @@ it, the measured conclusions, and the break-even figure and box.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -14,14 +15,14 @@ import numpy as np
 from .. import facts
 from ..experiments import compression
 from ..experiments.common import conclude
+from . import show
 
 # A verdict of SweepStats, as the break-even table says it.
 WORD = {"faster": "pays", "slower": "loses", "cannot tell": "cannot tell"}
 
 
-def ms(seconds: float) -> str:
-    """Seconds as whole milliseconds: 0.0123 -> '12 ms' (this notebook's unit)."""
-    return f"{seconds * 1e3:.0f} ms"
+# Seconds as whole milliseconds: 0.0123 -> '12 ms' (this notebook's unit).
+ms = functools.partial(show.ms, digits=0)
 
 
 def inside_band(st, m: str, rates) -> str | None:

@@ -15,9 +15,10 @@ def say(text: str) -> None:
     display({"text/markdown": text, "text/plain": text}, raw=True)
 
 
-def ms(seconds: float) -> str:
-    """Seconds as milliseconds with one decimal: 0.0123 -> '12.3 ms'."""
-    return f"{seconds * 1e3:.1f} ms"
+def ms(seconds: float, *, digits: int = 1) -> str:
+    """Seconds as milliseconds with `digits` decimals: 0.0123 -> '12.3 ms' ('12 ms' with
+    digits=0)."""
+    return f"{seconds * 1e3:.{digits}f} ms"
 
 
 def code_text(obj, *, start: str | None = None, stop: str | None = None) -> str:
