@@ -59,6 +59,7 @@ DEFAULT_RESYNC_S = 30.0
 HOST_VARIABLE = "CLUSTERLAB_TEST_HOST_ID"  # test only: pretend to be another host
 WARN_UNCERTAINTY_NS = 100_000  # a first estimate looser than this warns
 _RATE_WINDOW = 8  # estimates the drift rate is fitted over
+RATE_SIGNIFICANCE = 2.0  # standard errors a fitted drift rate must clear to be used
 _BYE = 1  # request flag: this client stops
 _TAG = 0
 
@@ -92,6 +93,29 @@ def estimate(t1, t2, t3, t4) -> Estimate:
         lo, hi = int(low[best]), int(high[best])
     return Estimate(offset_ns=(lo + hi) // 2, uncertainty_ns=(hi - lo + 1) // 2,
                     min_rtt_ns=int(rtt.min()), samples=int(t1.size), at_raw_ns=int(t4[-1]))
+
+
+def drift_rate(estimates: list[Estimate]) -> float:
+    """The drift rate (ns per ns) that `estimates` show, or 0.0 where they cannot tell it
+    from their own errors.
+
+    A weighted least-squares line through the offsets, each weighted by its bound (an error
+    uniform within +-u has variance u^2/3). Estimates a second apart, each known to +-80 us
+    (two hosts' processes on a busy machine), would otherwise fit a rate of tens of ppm out
+    of noise alone and extrapolate it into every delay until the next estimate; a rate is
+    used only when it is at least RATE_SIGNIFICANCE standard errors from zero."""
+    if len(estimates) < 2:
+        return 0.0
+    t = np.array([e.at_raw_ns for e in estimates], dtype=np.float64)
+    o = np.array([e.offset_ns for e in estimates], dtype=np.float64)
+    var = np.array([max(e.uncertainty_ns, 1_000) ** 2 / 3 for e in estimates])
+    w = 1.0 / var
+    t -= np.sum(w * t) / np.sum(w)
+    spread = np.sum(w * t * t)
+    if spread <= 0:
+        return 0.0
+    rate = float(np.sum(w * t * (o - np.sum(w * o) / np.sum(w))) / spread)
+    return rate if abs(rate) >= RATE_SIGNIFICANCE / np.sqrt(spread) else 0.0
 
 
 def host_key() -> str:
@@ -266,13 +290,7 @@ class ClockSync:
     def _apply(self, est: Estimate) -> None:
         """Correct the clock to `est`, with the drift rate fitted over recent estimates."""
         self.estimates.append(est)
-        rate = 0.0
-        if len(self.estimates) >= 2:  # least squares: offset against time, recent estimates
-            t = np.array([e.at_raw_ns for e in self.estimates], dtype=np.float64)
-            o = np.array([e.offset_ns for e in self.estimates], dtype=np.float64)
-            t -= t.mean()
-            if np.dot(t, t) > 0:
-                rate = float(np.dot(t, o - o.mean()) / np.dot(t, t))
+        rate = drift_rate(list(self.estimates))
         clock.set_correction(clock.Correction(offset_ns=est.offset_ns, anchor_ns=est.at_raw_ns,
                                               rate=rate, uncertainty_ns=est.uncertainty_ns))
 
@@ -300,6 +318,8 @@ class ClockSync:
             "uncertainty_ns": last.uncertainty_ns if last else 0,
             "min_rtt_ns": last.min_rtt_ns if last else 0,
             "rate_ppm": corr.rate * 1e6 if corr else 0.0,
+            # Since the applied estimate: its bound grows by |true rate - fitted rate| * age.
+            "age_ns": clock.raw_ns() - corr.anchor_ns if corr else 0,
             "estimates": len(self.estimates), "resync_s": self.resync_s,
             "last_error": self.last_error,
         }
@@ -341,7 +361,7 @@ def status() -> dict:
     that estimate's error, the fitted drift rate, how many estimates were made."""
     if _current is None:
         return {"reference": True, "offset_ns": 0, "uncertainty_ns": 0, "rate_ppm": 0.0,
-                "estimates": 0, "clients": [], "last_error": None}
+                "age_ns": 0, "estimates": 0, "clients": [], "last_error": None}
     return _current.status()
 
 

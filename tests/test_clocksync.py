@@ -53,6 +53,36 @@ def test_skew_variable_errors_name_it():
         clocksync._resync_from_env()
 
 
+def _estimates(offsets_ns, *, spacing_ns, uncertainty_ns):
+    return [clocksync.Estimate(offset_ns=int(o), uncertainty_ns=uncertainty_ns, min_rtt_ns=0,
+                               samples=32, at_raw_ns=i * spacing_ns)
+            for i, o in enumerate(offsets_ns)]
+
+
+def test_drift_rate_is_not_fitted_out_of_the_estimates_own_noise():
+    rng = np.random.default_rng(5)
+    hits = 0
+    for _ in range(200):  # no drift: offsets anywhere within each estimate's +-80 us bound
+        noise = rng.uniform(-80_000, 80_000, 3)
+        rate = clocksync.drift_rate(_estimates(noise, spacing_ns=10**9, uncertainty_ns=80_000))
+        hits += rate != 0.0
+    assert hits <= 20, hits  # 2 standard errors: seldom fooled by noise alone
+    assert clocksync.drift_rate(_estimates([5], spacing_ns=10**9, uncertainty_ns=80_000)) == 0.0
+
+
+def test_drift_rate_recovers_a_drift_that_stands_above_the_noise():
+    rng = np.random.default_rng(6)
+    ppm = 300
+    offsets = ppm * 1e-6 * np.arange(6) * 2e8 + rng.uniform(-10_000, 10_000, 6)
+    rate = clocksync.drift_rate(_estimates(offsets, spacing_ns=2 * 10**8, uncertainty_ns=10_000))
+    assert abs(rate * 1e6 - ppm) <= 0.2 * ppm, rate * 1e6
+    # Tighter estimates weigh more: one loose outlier does not drag the fit.
+    loose = _estimates(offsets, spacing_ns=2 * 10**8, uncertainty_ns=10_000)
+    loose[2] = clocksync.Estimate(offset_ns=loose[2].offset_ns + 400_000, uncertainty_ns=400_000,
+                                  min_rtt_ns=0, samples=32, at_raw_ns=loose[2].at_raw_ns)
+    assert abs(clocksync.drift_rate(loose) * 1e6 - ppm) <= 0.2 * ppm
+
+
 def _offset_error():
     """(recovered offset + skew, the estimate's bound): 0 means the skew was undone."""
     corr = clock.correction()

@@ -173,8 +173,12 @@ def test_two_hosts_under_torchrun(tmp_path, no_leftovers):
     assert clients in ([0, 1], [2, 3]), clients
     for r in clients:
         st = ranks[r]["clock"]
-        assert abs(ranks[r]["error_ns"]) <= 50_000, (r, ranks[r]["error_ns"], st)
-        assert abs(abs(st["offset_ns"]) - SKEW_S * 1e9) <= 50_000, st
+        # Within the bound the estimate claims (the skew has no drift, so a fitted rate only
+        # adds error as the correction ages; 2 us: reading the clocks apart), and small
+        # beside the 5 ms the test emulates across the hosts.
+        bound = st["uncertainty_ns"] + abs(st["rate_ppm"]) * 1e-6 * st["age_ns"] + 2_000
+        assert abs(ranks[r]["error_ns"]) <= bound, (r, ranks[r]["error_ns"], bound, st)
+        assert abs(ranks[r]["error_ns"]) <= 0.05 * DELAY_NS, (r, ranks[r]["error_ns"], st)
         assert st["estimates"] >= 2 and st["last_error"] is None, st
     # Ranks 0 -> 1 and 2 -> 3 share a node (no delay); 1 -> 2 and 3 -> 0 cross hosts: their
     # receivers' delays pooled, as the fidelity bench judges a delay row.
