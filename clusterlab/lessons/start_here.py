@@ -14,7 +14,7 @@ import torch.distributed as dist
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 import clusterlab
-from clusterlab import doctor
+from clusterlab import doctor, wire
 from clusterlab.experiments import basics
 from clusterlab.experiments.common import beyond_closed_form, conclude
 from clusterlab.lessons.show import ms
@@ -78,19 +78,21 @@ def plot_all_reduce(times_ms, *, predicted_ms: float) -> None:
 def explain_all_reduce(slowest_ms, replay_ms, *, predicted_ms: float, sums) -> None:
     """The first measurement in four lines: the sum every rank got, the measured median
     (slowest rank per repeat) against the α-β prediction, and the gap split roughly into
-    jitter and headers (the emulator's replay) and this machine. Checks that every rank got
-    the number of ranks and that the median is not far below the model (jitter can shave
+    jitter (the emulator's replay; the segment headers it adds are at most
+    `HEADER_BYTES / SEGMENT_BYTES` of the prediction) and this machine. Checks that every rank
+    got the number of ranks and that the median is not far below the model (jitter can shave
     only 6 x 0.5 ms off it)."""
     slowest_ms, replay_ms = np.asarray(slowest_ms), np.asarray(replay_ms)
     jitter_part = np.median(replay_ms) - predicted_ms
+    headers_ms = predicted_ms * wire.HEADER_BYTES / wire.SEGMENT_BYTES  # an upper bound
     machine = np.median(slowest_ms) - np.median(replay_ms)
     print(f"every rank got the sum {sums[0]:.0f} ({len(sums)} ranks x 1.0)")
     print(f"measured:  {np.median(slowest_ms):5.1f} ms  (median of {len(slowest_ms)} repeats, "
           f"slowest rank; range {slowest_ms.min():.1f}-{slowest_ms.max():.1f})")
     print(f"predicted: {predicted_ms:5.1f} ms  (α-β model)")
-    print(f"details (see Why below): the gap, roughly: jitter and headers {jitter_part:+.1f} ms "
-          f"(emulator replay, {len(replay_ms)} draws), "
-          f"this machine {machine:+.1f} ms")
+    print(f"details (see Why below): the gap, roughly: jitter {jitter_part:+.1f} ms "
+          f"(emulator replay, {len(replay_ms)} draws; segment headers at most "
+          f"{headers_ms:.2f} ms of it), this machine {machine:+.1f} ms")
     assert list(sums) == [float(len(sums))] * len(sums)
     assert np.median(slowest_ms) >= 0.8 * predicted_ms, \
         "jitter can shave only 6 x 0.5 ms off the model"
@@ -104,59 +106,72 @@ def compute_median(run) -> float:
 
 
 def explain_impaired_step(plain, impaired, solo, *, replay, compute: float, model_ar: float,
-                          spread: float, efficiency: float, dilation: int) -> None:
-    """The impaired step's three teaching numbers: measured against compute + the α-β
-    all-reduce, the efficiency against one rank alone, and the range the network allows
-    (every delay at an extreme) with the all-reduce phase against the emulator's `replay`
-    (seconds); the gap to the prediction split into compute and all-reduce. Concludes that
-    the median step stays within that range (not shown on a busy machine), says which single
-    steps (slowest rank) exceed it and whether their all-reduce phase or their compute did,
-    and checks that the network slowed the step at least by the model's all-reduce."""
+                          spread: float, efficiency: float, dilation: int,
+                          show_details: bool = False) -> None:
+    """The impaired step's teaching numbers: measured against compute + the α-β all-reduce
+    and the efficiency against one rank alone. Concludes that the median step stays below
+    compute + the all-reduce with every delay at its largest draw (not shown on a busy
+    machine). With `show_details`: the gap to the prediction split into compute and
+    all-reduce, the range the network allows (every delay at an extreme), the all-reduce phase
+    against the emulator's `replay` (seconds), and which single steps (slowest rank) exceed
+    that ceiling and whether their all-reduce phase or their compute did. Checks that the
+    network slowed the step at least by the model's all-reduce."""
     K = dilation
     step = impaired["step_median"]
-    ar = float(np.median(impaired["phases"]["all_reduce"].max(axis=0)))  # slowest rank, per step
-    net_ar = float(np.median(replay))
     own = compute_median(impaired)
     print(f"impaired step: {step * 1e3:.1f} ms measured (median, {impaired['steps']} steps x 2 "
           f"ranks); {(compute + model_ar) * 1e3:.1f} ms predicted = compute {compute * 1e3:.1f} "
           f"(the plain run's median) + α-β all-reduce {model_ar * 1e3:.1f}")
-    print(f"the gap, {(step - compute - model_ar) * 1e3:+.1f} ms: this run's compute "
-          f"{(own - compute) * 1e3:+.1f} ms over the plain run's, its all-reduce phase "
-          f"{(impaired['median']['all_reduce'] - model_ar) * 1e3:+.1f} ms over the α-β model "
-          "(medians, so the parts need not add up exactly)")
     print(f"efficiency against one rank alone: {efficiency:.0%} (= "
           f"{solo['step_median'] * 1e3:.1f} ms / {step * 1e3:.1f} ms, median steps)" if K == 1 else
           f"efficiency against one rank alone: about {efficiency:.0%} (estimate: "
           f"this run's compute multiplied back by K = {K}, its all-reduce phase as measured)")
+    ceiling = compute + model_ar + spread
+    # conclude(): a claim that fails raises on a quiet machine; on a busy one (a run far above
+    # its closed form, from beyond_closed_form, or a high load average) it prints why this run
+    # cannot show it
+    conclude(step <= ceiling,
+             "the median impaired step is at most compute + the α-β all-reduce with every delay "
+             "at its largest draw",
+             busy=beyond_closed_form([(step, ceiling), (own, compute)]))
+    if show_details:
+        _impaired_step_details(impaired, replay=replay, compute=compute, model_ar=model_ar,
+                               spread=spread, own=own)
+    assert step > plain["step_median"], "the impaired network must make the step slower"
+    assert step >= 0.8 * (compute + model_ar), "the step pays at least the model's all-reduce"
+    assert np.all(impaired["phases"]["all_reduce"] >= model_ar - spread), \
+        "no round beats delay - jitter"
+    assert impaired["median"]["all_reduce"] > plain["median"]["all_reduce"]
+
+
+def _impaired_step_details(impaired, *, replay, compute: float, model_ar: float,
+                           spread: float, own: float) -> None:
+    """`explain_impaired_step`'s details: the gap split, the range and the replay, and the
+    single steps above the ceiling with their cause."""
+    step = impaired["step_median"]
+    ar = float(np.median(impaired["phases"]["all_reduce"].max(axis=0)))  # slowest rank, per step
+    net_ar = float(np.median(replay))
+    ceiling = compute + model_ar + spread
+    print(f"details: the gap, {(step - compute - model_ar) * 1e3:+.1f} ms: this run's compute "
+          f"{(own - compute) * 1e3:+.1f} ms over the plain run's, its all-reduce phase "
+          f"{(impaired['median']['all_reduce'] - model_ar) * 1e3:+.1f} ms over the α-β model "
+          "(medians, so the parts need not add up exactly)")
     print(f"details: the network allows {(compute + model_ar - spread) * 1e3:.1f}-"
           f"{(compute + model_ar + spread) * 1e3:.1f} ms "
           f"(the plain run's compute, every delay at an extreme); all-reduce phase of the slowest "
           f"rank (median over steps) {ar * 1e3:.1f} ms vs the emulator's replay "
           f"{net_ar * 1e3:.1f} ms ({len(replay)} draws)")
-    # conclude(): a claim that fails raises on a quiet machine; on a busy one (a run far above
-    # its closed form, from beyond_closed_form, or a high load average) it prints why this run
-    # cannot show it
-    ceiling = compute + model_ar + spread
-    conclude(step <= ceiling,
-             "the median impaired step is at most compute + the α-β all-reduce with every delay "
-             "at its largest draw",
-             busy=beyond_closed_form([(step, ceiling), (own, compute)]))
     # single steps (slowest rank, the figure's right panel) above that ceiling: the network's
     # share or this machine's?
     steps = impaired["step"].max(axis=0)
     over = steps > ceiling
     if over.any():
         ar_within = np.all(impaired["phases"]["all_reduce"].max(axis=0)[over] <= model_ar + spread)
-        print(f"{over.sum()} of {len(steps)} single steps (slowest rank, right panel) above that "
-              f"ceiling, up to {steps.max() * 1e3:.1f} ms: "
+        print(f"details: {over.sum()} of {len(steps)} single steps (slowest rank, right panel) "
+              f"above the top of that range, up to {steps.max() * 1e3:.1f} ms: "
               + ("their all-reduce phases stayed within the jitter's bound, so the excess was "
                  "their compute, above the plain run's median (this machine)" if ar_within else
                  "some all-reduce phases beyond the jitter's bound (Slow steps, below)"))
-    assert step > plain["step_median"], "the impaired network must make the step slower"
-    assert step >= 0.8 * (compute + model_ar), "the step pays at least the model's all-reduce"
-    assert np.all(impaired["phases"]["all_reduce"] >= model_ar - spread), \
-        "no round beats delay - jitter"
-    assert impaired["median"]["all_reduce"] > plain["median"]["all_reduce"]
 
 
 def explain_runs(runs, *, show_details: bool, dilation: int) -> None:
@@ -205,7 +220,7 @@ def real_cluster_text(*, alpha: float, rate_Bps: float, alpha_nccl: float, nic_B
     """The "On a real GPU cluster" bullets as a `facts.show` template, with this notebook's
     n* = α × bandwidth (`alpha` s, `rate_Bps`) set against NCCL's (`alpha_nccl` s per ring
     step, a ConnectX-7's `nic_Bps`) and the ring size beyond which a DDP `bucket` (bytes)
-    cut into chunks of bucket ÷ p falls below NCCL's n*."""
+    cut into chunks of bucket ÷ p falls below NCCL's n* (one GPU per node)."""
     n_star_here, n_star_nccl = alpha * rate_Bps, alpha_nccl * nic_Bps
     return f'''
 - **Bandwidth.** A DGX H100 node has [[nvidia.dgx_h100_compute_nics]] for the compute fabric, one
@@ -215,16 +230,15 @@ def real_cluster_text(*, alpha: float, rate_Bps: float, alpha_nccl: float, nic_B
 - **Latency.** The size n* = α × bandwidth at which a message's latency and bandwidth terms are
   equal (notebook 01) is {alpha * 1e3:g} ms × {rate_Bps / 1e6:g} MB/s = {n_star_here / 1e3:.0f} KB
   here. At [[nvidia.connectx7_rate_bytes]] it would be {alpha * nic_Bps / 1e6:.0f} MB with this α,
-  but NCCL's tuner models [[nccl.tuner_net_ring_step_latency_simple]] per ring step across the
-  network for its Simple protocol, so n* ≈ {n_star_nccl / 1e6:.1f} MB (a Simple-protocol figure:
-  the tuner adds the path's own latency and a base latency per call, and its LL and LL128 protocols,
-  which it tends to pick for smaller messages, charge [[nccl.tuner_net_ring_step_latency_ll]] and
-  [[nccl.tuner_net_ring_step_latency_ll128]] per step; notebook 01). DDP's default
+  but NCCL's tuner models about [[nccl.tuner_net_ring_step_latency_simple]] per ring step across
+  the network, so n* ≈ {n_star_nccl / 1e6:.1f} MB (for large messages; notebook 01 shows its
+  lower-latency protocols for small ones). DDP's default
   [[pytorch.ddp_bucket_cap_mb]] bucket is far above it; its first bucket
   ([[pytorch.ddp_first_bucket]]) is close to it, so α weighs more there.
 - **Rings and trees.** A ring of p ranks moves chunks of bucket ÷ p. If every step crossed the
-  network, they would fall below n* beyond about {bucket / n_star_nccl:.0f} ranks (a rough bound:
-  NCCL charges steps inside a node less, and splits chunks across parallel channels). That is why
+  network (one GPU per node), they would fall below n* beyond about
+  {bucket / n_star_nccl:.0f} nodes (a rough bound: NCCL charges steps inside a node less, and
+  splits chunks across parallel channels). That is why
   NCCL added trees in version [[nccl.tree_since]] ([[nccl.tree_intra_node_chain]]).
 - **Transport.** NCCL over InfiniBand or RoCE uses RDMA, remote direct memory access: the NIC runs
   the transport ([[rdma.kernel_bypass]]), so NCCL pays none of the kernel's system calls and
@@ -308,13 +322,9 @@ def explain_doctor(info: dict, dil: dict, *, delay_us: float, dilation: int) -> 
               "its messages fit inside it")
     elif case == "connection":
         print(f"plain Gloo's one-way p99, {native['p99'] / 1e3:.2f} ms (about its {slowest} "
-              f"slowest of 2 x {native['samples']} messages), lies above the {dk}, but through "
-              f"the emulator fewer than 1 in 100 messages took that long to cross (late tail "
-              f"{tail_us / 1e3:.2f} ms at the {floor_us / 1e3:g} ms floor). The two were measured "
-              "seconds apart. One possible cause: plain Gloo sends both directions of a pair over "
-              "one TCP connection, which on busy cores can hold a send back by milliseconds, "
-              "while the emulator gives each direction its own (docs/engine.md); the other is "
-              "that the cores were busier while plain Gloo ran. This run does not separate the two")
+              f"slowest of 2 x {native['samples']} messages), lies above the {dk}: shown for "
+              f"scale, it is not the criterion (the late tail through the emulator, "
+              f"{tail_us / 1e3:.2f} ms, is)")
     else:
         print(f"plain Gloo's one-way p99, {native['p99'] / 1e3:.2f} ms, lies above the {dk}, and "
               f"through the emulator the late tail is {tail_us / 1e3:.2f} ms: this machine was "
