@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import NullFormatter
 
+from clusterlab import facts
 from clusterlab.experiments import links
 from clusterlab.experiments.common import load_per_core
 
@@ -121,9 +122,11 @@ def effective_mbit(sizes, best_ms):
 
 def explain_sweep(sweep: dict) -> None:
     """The α-β fit against the configured link (how far α lies off, in µs, and the worst
-    residual), n* fitted and configured, and the effective bandwidth at 1 KiB, 64 KiB and
-    8 MiB. Checks that the fit recovers α, β and n* within 30% and that small messages are
-    latency-bound, large ones bandwidth-bound."""
+    residual), n* fitted and configured, the effective bandwidth at 1 KiB, 64 KiB and 8 MiB,
+    and how late the smallest message was against the configured α + nβ (this machine's
+    lateness read directly; the fitted α also absorbs fit error). Checks that the fit recovers
+    α, β and n* within 30% and that small messages are latency-bound, large ones
+    bandwidth-bound."""
     fit = sweep["fit"]
     sizes, share = sweep["sizes"], sweep["latency_share"]
     eff = effective_mbit(sizes, sweep["best_ms"])
@@ -136,6 +139,10 @@ def explain_sweep(sweep: dict) -> None:
           f"{sweep['configured_crossover_bytes'] / 1e3:.0f}); effective bandwidth {eff[0]:.1f} "
           f"Mbit/s at {sizes[0] // 1024} KiB, {eff[6]:.0f} at {sizes[6] // 1024} KiB, "
           f"{eff[-1]:.0f} at {sizes[-1] // 2**20} MiB")
+    late_us = (sweep["best_ms"][0] / 1e3 - sweep["configured_alpha"]
+               - sizes[0] * sweep["configured_beta"]) * 1e6
+    print(f"the {sizes[0] // 1024} KiB message: {late_us:+.0f} µs against the configured α + nβ, "
+          "what this machine added, read directly (the fitted α also absorbs fit error)")
     assert abs(fit.alpha - sweep["configured_alpha"]) <= 0.3 * sweep["configured_alpha"]
     assert abs(fit.beta - sweep["configured_beta"]) <= 0.3 * sweep["configured_beta"]
     assert abs(sweep["crossover_bytes"] / sweep["configured_crossover_bytes"] - 1) <= 0.3
@@ -143,22 +150,27 @@ def explain_sweep(sweep: dict) -> None:
 
 
 # "On a real GPU cluster": the transport, NCCL's α, framing, congestion and flow control
-# (a `facts.show` template: [[id]] renders a ledger fact with its source).
-TRANSPORT_AND_CONGESTION = '''
+# (a `facts.show` template: [[id]] renders a ledger fact with its source). n* per µs of α on
+# one ConnectX-7 port, and a network ring step's n* for NCCL's LL and Simple constants.
+assert facts.get("nvidia.connectx7_rate_bytes").unit == "GB/s"
+_KB_PER_US = facts.get("nvidia.connectx7_rate_bytes").value * 1e9 * 1e-6 / 1e3
+_RING_STEP_NSTAR_KB = [facts.get(f"nccl.tuner_net_ring_step_latency_{p}").value * _KB_PER_US
+                       for p in ("ll", "simple")]
+TRANSPORT_AND_CONGESTION = f'''
 **Transport and α**
 
 - **Line rate.** A DGX H100 has [[nvidia.dgx_h100_compute_nics]] for its compute fabric, at
   [[nvidia.connectx7_rate]] each, one per GPU: β per NIC is 1 / [[nvidia.connectx7_rate_bytes]],
-  so n* = α/β is about 50 kB per µs of α. What crosses the wire is not simply n/p per ring step:
-  NCCL splits the data across channels (parallel rings) and pipelines it through fixed-size
-  buffers ([[nccl.buffsize_env]]).
+  so n* = α/β is about {_KB_PER_US:.0f} kB per µs of α. What crosses the wire is not simply n/p
+  per ring step: NCCL splits the data across channels (parallel rings) and pipelines it
+  through fixed-size buffers ([[nccl.buffsize_env]]).
 - **NCCL's own α.** NCCL has three protocols (notebook 02c): LL (low latency) and LL128 send a
   flag with the data, so the receiver needs no separate synchronisation (a lower per-step
   latency, less bandwidth); Simple moves large chunks at full bandwidth. NCCL's tuner, the cost
   model that picks one, charges a ring step across the network
   [[nccl.tuner_net_ring_step_latency_ll]] (LL) to [[nccl.tuner_net_ring_step_latency_simple]]
-  (Simple) when a node holds several GPUs (with one GPU per node it uses its
-  tree-algorithm constants), plus the path's own latency and [[nccl.tuner_base_latency]].
+  (Simple) on nodes with several GPUs, plus a fixed latency per call: a ring step's n* on one
+  such NIC is roughly {_RING_STEP_NSTAR_KB[0]:.0f} to {_RING_STEP_NSTAR_KB[1]:.0f} kB.
 - **α without the kernel.** RDMA skips the kernel's system calls and copies
   ([[rdma.kernel_bypass]]). The round trips measured above cannot show that software cost:
   they are almost all emulated delay.
@@ -170,7 +182,8 @@ TRANSPORT_AND_CONGESTION = '''
 
 **Congestion and flow control** (the emulator models none of them; notebook 01b)
 
-- **TCP.** Linux TCP's slow start after idle and its back-off after loss shape a real sweep.
+- **TCP.** Linux TCP's slow start (on a new connection, or after sending nothing for longer
+  than the RTO) and its window cut after a loss shape real transfers.
 - **RoCE.** NVIDIA ConnectX NICs implement [[paper.dcqcn_2015]] (Data Center Quantized
   Congestion Notification): switches mark packets with ECN (Explicit
   Congestion Notification) when a queue grows, the receiving NIC answers with congestion
@@ -180,20 +193,6 @@ TRANSPORT_AND_CONGESTION = '''
 - **InfiniBand** links use [[infiniband.credit_flow_control]] (a sender sends only into
   buffer space the receiver has granted).
 '''
-
-
-def plot_noise_floor(floor: dict) -> None:
-    """The noise floor's figure (`links.plot_noise_floor`) with a 1 ms marker and readable
-    labels on its log axis."""
-    ax = links.plot_noise_floor(floor)
-    ax.xaxis.set_minor_formatter(NullFormatter())  # unreadable overlapping labels otherwise
-    ax.axvline(1000, color="gray", ls=":", lw=1, label="1 ms")
-    ax.legend()
-    lo, hi = ax.get_xlim()
-    ticks = [t for t in (20, 50, 100, 200, 500, 1000, 2000, 5000, 10000) if lo <= t <= hi]
-    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])  # readable labels on the log axis
-    plt.title("Plain Gloo on loopback: no emulated delay at all")
-    plt.show()
 
 
 def slow_messages_text(us) -> str:
@@ -276,14 +275,18 @@ VERDICTS = {
 
 def explain_excess(pp: dict, fast) -> None:
     """The ping-pong's one-way excess over the emulated delay (median with its 95% interval,
-    p99) against the native fast path's median (`fast`, µs), and the verdict of
+    p99 with its interval, or said to have no upper bound when the sample cannot give one)
+    against the native fast path's median (`fast`, µs), and the verdict of
     `hiding_verdict`."""
     noise = pp["noise_ms"] * 1e3
     ci = links.quantile_ci(noise, 0.5)  # 95% interval of the median, from order statistics
     native = links.quantile_ci(fast, 0.5) if len(fast) else None
+    p99 = links.quantile_ci(noise, 0.99)
+    bound = (f"95% interval {p99['lower']:.0f}-{p99['upper']:.0f}" if np.isfinite(p99["upper"])
+             else f"one run; {len(noise)} samples cannot bound a p99 from above")
     print(f"ping-pong one-way excess: median {np.median(noise):.0f} µs (95% interval "
           f"{ci['lower']:.0f}-{ci['upper']:.0f}), p99 {np.percentile(noise, 99):.0f} µs over "
-          f"{len(noise)} pings")
+          f"{len(noise)} pings ({bound})")
     if native is not None:
         print(f"native fast path: median {native['estimate']:.0f} µs (95% interval "
               f"{native['lower']:.0f}-{native['upper']:.0f})")
