@@ -61,6 +61,13 @@ def test_crossover_on_4_ranks_is_8_alpha_over_beta():
     assert ar.crossover(8, 1.0, 1.0) == pytest.approx(11 / 1.25)
 
 
+def test_header_note_renders_the_payload_lost_to_frames():
+    from clusterlab import facts
+
+    text = facts.render(ar.header_note())
+    assert "% less payload than this beta assumes" in text and "<sup>[1]</sup>" in text
+
+
 def test_compare_networks_scales_times_by_the_ratio_of_alphas(capsys):
     ar.compare_networks({"emulated": ex.NIC, "datacentre": "delay 10us rate 100gbit"})
     out = capsys.readouterr().out
@@ -160,8 +167,9 @@ def test_crossover_verdict_flips_between_the_outer_sizes(verdicts, capsys):
     ar.explain_crossover(near_rows(), x_over=0.95 * 2**20)
     holds, claim, busy = verdicts[-1]
     assert holds and busy is None and "on either side of the computed 0.95 MiB" in claim
-    assert "At 1 MiB ring / recursive doubling = 1.01 (closed forms 0.99)" in (
-        capsys.readouterr().out)
+    out = capsys.readouterr().out
+    assert "consistent with the computed 0.95 MiB" in out
+    assert "At 1 MiB ring / recursive doubling = 1.01 (closed forms 0.99)" in out
     ar.explain_crossover(near_rows(rd_lo=0.080), x_over=0.95 * 2**20)
     assert verdicts[-1][0] is False and verdicts[-1][2] is not None  # 0.080 > 1.3 x 0.052
     with pytest.raises(AssertionError):  # the emulated network is never early
@@ -202,16 +210,16 @@ def flat_rows(small_fastest="recursive_doubling", small_time=0.0118, busy_small=
 
 
 def test_rank_algorithms_finds_the_leaders_and_the_busy_sizes(capsys):
-    lead, busy_at = ar.rank_algorithms(flat_rows(), p=4, alpha=ALPHA, beta=BETA)
+    lead, busy_at = ar.rank_algorithms(flat_rows())
     assert lead[SMALL] == ["recursive_doubling"] and lead[LARGE] == ["rabenseifner"]
     assert busy_at == []
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("  4 KiB closed form: ")
-    # the closed-form order uses the textbook parameter server, 2(alpha + 3 n beta) at 4 MiB
-    textbook = models.parameter_server(3, LARGE, ALPHA, BETA) * 1e3
-    assert lines[4].endswith(f"parameter server (textbook) {textbook:.1f} ms")
-    assert lines[6].startswith("(The measured parameter server ran on this egress-only")
-    lead, busy_at = ar.rank_algorithms(flat_rows(busy_small=True), p=4, alpha=ALPHA, beta=BETA)
+    assert lines[0].startswith("  4 KiB closed form: ") and len(lines) == 6
+    # the closed-form order uses the parameter server's egress-only form, the one it ran on
+    ps = next(r for r in flat_rows() if r["algorithm"] == "parameter_server"
+              and r["nbytes"] == LARGE)
+    assert f"parameter server {ps['model'] * 1e3:.1f}" in lines[4] and "textbook" not in lines[4]
+    lead, busy_at = ar.rank_algorithms(flat_rows(busy_small=True))
     assert busy_at == ["4 KiB"]
     assert capsys.readouterr().out.startswith("At 4 KiB the extra per call")
 
@@ -219,18 +227,21 @@ def test_rank_algorithms_finds_the_leaders_and_the_busy_sizes(capsys):
 def test_nccl_ring_latency_is_most_of_a_bucket_at_1024_gpus(capsys):
     share = ar.nccl_ring_latency(25 * 2**20, ex.alpha_beta("delay 10us rate 100gbit")[1])
     assert 0.6 < share < 0.8  # 254 x 14 us + 1792 x 3.4 us against about 4.2 ms of bytes
-    assert "254 network steps and 1792 NVLink steps" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "of the ring's 2 x 1023 = 2046 steps, 2 x 127 = 254 cross the network" in out
+    assert "the other 1792 stay inside a node" in out
+    assert f"at least {int(100 * share)}% of the ring's time" in out  # a bound, rounded down
 
 
 def test_rank_algorithms_ties_within_the_fastests_noise(capsys):
     rows = flat_rows(small_fastest="tree", small_time=0.0119)  # tree just behind RD's median
-    lead, _ = ar.rank_algorithms(rows, p=4, alpha=ALPHA, beta=BETA)
+    lead, _ = ar.rank_algorithms(rows)
     assert lead[SMALL] == ["recursive_doubling", "tree"]
 
 
 def test_leaders_verdicts(verdicts, capsys):
     flat = flat_rows()
-    lead, _ = ar.rank_algorithms(flat, p=4, alpha=ALPHA, beta=BETA)
+    lead, _ = ar.rank_algorithms(flat)
     capsys.readouterr()
     ar.explain_leaders(flat, lead)
     assert [v[0] for v in verdicts] == [True, True]
@@ -282,7 +293,7 @@ def test_eight_ranks_verdicts_and_busy_evidence(verdicts, capsys):
 def test_print_numbers_quotes_best_and_closed_form(capsys):
     assert ar.tm(row("ring", SMALL, 0.0118, 0.0103)) == "11.8 ms [10.3]"
     flat, wide = flat_rows(), wide_rows()
-    lead, busy_at = ar.rank_algorithms(flat, p=4, alpha=ALPHA, beta=BETA)
+    lead, busy_at = ar.rank_algorithms(flat)
     capsys.readouterr()
     ar.print_numbers(flat, wide, lead=lead, busy_at=["4 KiB"], busy={SMALL: None, LARGE: None},
                      p=4)
@@ -311,12 +322,19 @@ def test_two_paths_agree_within_a_step(verdicts, capsys):
 
 # --- 02b --------------------------------------------------------------------------------------
 
-def test_hierarchy_order_says_when_the_run_cannot_order_them():
-    hl, hr = row("hierarchical", LARGE, 0.230, 0.200), row("hierarchical_rail", LARGE, 0.225, 0.198)
-    sentence = hb.hierarchy_order(hl, hr)  # both ~14 % above, the closed forms 1 % apart
-    assert sentence.startswith("Leader-based vs rails: the closed forms differ by 1.0%")
-    assert hb.hierarchy_order(row("hierarchical", LARGE, 0.30, 0.29),
-                              row("hierarchical_rail", LARGE, 0.21, 0.20)) is None
+def test_hierarchy_order_only_past_the_staggered_start():
+    def pair(hl_median, spread):
+        return (row("hierarchical", LARGE, 0.240, 0.200, median=hl_median, spread=spread),
+                row("hierarchical_rail", LARGE, 0.230, 0.198, median=0.232, spread=spread))
+
+    sentence = hb.hierarchy_order(*pair(0.240, 0.001))  # 10 ms and 8 ms apart, 1 ms stagger
+    assert sentence.startswith("Leader-based / rails: 1.04 by the best runs, 1.03 by the medians")
+    assert sentence.endswith("the rails won by more than the ranks' staggered start (1.0 ms),\n"
+                             "by the best and by the median.")
+    assert "the medians differ by less than the ranks' staggered start (5.0 ms)" in (
+        hb.hierarchy_order(*pair(0.234, 0.005)))  # medians 2 ms apart
+    assert hb.hierarchy_order(*pair(0.228, 0.001)).endswith(
+        "the best and the median disagree, so this run does not order them.")
 
 
 def hier_rows(hl_large=0.190, small_hier=0.020):
@@ -335,12 +353,20 @@ def test_explain_hierarchy_verdict_and_the_4_kib_order(verdicts, capsys):
     hb.explain_hierarchy(hier_rows(), alpha=ALPHA, beta=BETA)
     assert verdicts[-1][0] is True
     out = capsys.readouterr().out
-    assert "The flat ring ran at 0.92x its closed form" in out
+    assert "Leader-based / rails: 1.01 by the best runs" in out
     assert "Both hierarchies beat the flat ring here too" in out
-    assert "Recursive doubling, 2 rounds, was faster than both at 4 KiB (15.0 ms)" in out
     hb.explain_hierarchy(hier_rows(hl_large=0.300, small_hier=0.030), alpha=ALPHA, beta=BETA)
     assert verdicts[-1][0] is False  # the leader-based scheme was slower than the flat ring
     assert "This run does not show the replays' order here" in capsys.readouterr().out
+
+
+def test_explain_replay_splits_each_gap_by_the_entry_spread(capsys):
+    hb.explain_replay(hier_rows(), alpha=ALPHA, beta=BETA)
+    out = capsys.readouterr().out
+    assert out.startswith("Flat ring on 2 x 2, measured/model 0.92x at 4 MiB")
+    assert "\n4 KiB  9.0 (1.0)       9.0 (1.0)       6.0 (1.0)       5.0 (1.0)\n" in out
+    assert "minus the spread, 4.0 ms to 9.0 ms here, is this machine's cost." in out
+    assert out.rstrip().endswith("Its best run, 15.0 ms, beat both of theirs.")
 
 
 def layout_rows(one_node_ring=0.040):
@@ -454,7 +480,9 @@ def test_explain_switch_by_the_best_only_when_the_medians_are_close(verdicts, ca
     inr.explain_switch(switch, ring, link=1 / BETA)
     assert verdicts[-1][0] is True
     out = capsys.readouterr().out
-    assert "The emulated switch was faster by both: 1.46x by the best, 1.45x by the median" in out
+    assert "By 1.46x (best) and 1.45x (median); closed forms 1.49x" in out
+    assert "was faster than the ring's best, 285.0 ms: the runs do not overlap." in out
+    assert "= 1.5 x 4 MiB / 195.0 ms = 32.3 MB/s" in out  # busbw worked out from the best
     assert "above the link, because the factor assumes 1.5 n per NIC" in out
 
 
@@ -479,12 +507,17 @@ def test_closed_forms_over_p(capsys):
     inr.explain_closed_forms(curves)
     out = capsys.readouterr().out
     assert f"The switch pays from p = {expected}." in out and "it never reaches 2x" in out
+    assert "where n beta = 167.9 ms: ring on 4 workers 6 x 5.0 + 1.5 x 167.9 = 281.9 ms" in out
+    assert "(1 + 1/16) x 167.9 = 188.4 ms (16 pieces)" in out
+    assert "the switch then waits 10.5 ms more, the (n/16) beta of its last piece" in out
 
 
 def test_explain_small_says_when_it_cannot_order(capsys):
     rq, sq = row("ring", SMALL, 0.033, 0.030, median=0.034), row("in_network", SMALL, 0.012,
                                                                    0.010, median=0.013)
     inr.explain_small(rq, sq, alpha=ALPHA)
-    assert capsys.readouterr().out.rstrip().endswith("(6 alpha = 30.0 ms).")
+    assert capsys.readouterr().out.rstrip().endswith(
+        "(6 alpha = 30.0 ms).\nThe switch was faster than the ring by both, 2.8x by the best "
+        "(closed forms: switch 3.0x faster).")
     inr.explain_small(rq, row("in_network", SMALL, 0.032, 0.010, median=0.0335), alpha=ALPHA)
     assert "so this run cannot order them at 4 KiB." in capsys.readouterr().out

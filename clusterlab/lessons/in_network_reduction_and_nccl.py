@@ -31,13 +31,17 @@ def medians_close(ring: dict, switch: dict) -> bool:
 def explain_switch(switch: Sequence[dict], ring4: Sequence[dict], *, link: float) -> None:
     """4 MiB on 4 workers: print both best and median times; when the medians are close
     (`medians_close`) but the switch's best is faster, say that by the median this run cannot
-    tell; otherwise conclude that the switch beat the ring by both, and print by how much.
-    Then print the switch's busbw by the factor 2(p-1)/p as a share of the link (above it:
-    the factor assumes 1.5 n per NIC). Asserts that no switch run beat its closed form."""
+    tell; otherwise conclude that the switch beat the ring by both, and print by how much and
+    whether even the switch's slowest run (the figure's black line) beat the ring's best.
+    Then print the switch's busbw by the factor 2(p-1)/p, worked out from the best time (the
+    table's statistic), as a share of the link, and by the median (above the link: the factor
+    assumes 1.5 n per NIC). Asserts that no switch run beat its closed form and that the
+    ring's replay (the figure's green bar) is its closed form."""
     rs, ss = ex.one(ring4, nbytes=LARGE), ex.one(switch, nbytes=LARGE)
     k, kr = len(ss["times"]), len(rs["times"])
+    size = ex.human_bytes(ss["nbytes"])
     model_bus = 1.5 * LARGE / ss["model"] / link
-    print(f"4 MiB on 4 workers, {k} and {kr} runs interleaved: switch best {ms(ss['best'])}, "
+    print(f"{size} on 4 workers, {k} and {kr} runs interleaved: switch best {ms(ss['best'])}, "
           f"median {ms(ss['median'])}; ring best {ms(rs['best'])}, median {ms(rs['median'])}.")
     # Both statistics must agree, and neither may sit far above its closed form (then this
     # machine, not the emulated links, set the time).
@@ -48,19 +52,26 @@ def explain_switch(switch: Sequence[dict], ring4: Sequence[dict], *, link: float
               f"({ms(ss['median'])} and {ms(rs['median'])}), so by the median this run cannot "
               "tell.")
     elif conclude(ss["best"] < rs["best"] and ss["median"] < rs["median"],
-                  f"the emulated switch beat the ring at 4 MiB, by the best and by the median of "
-                  f"{k} (closed forms: {rs['model'] / ss['model']:.2f}x)", busy=slowed):
-        print(f"The emulated switch was faster by both: {rs['best'] / ss['best']:.2f}x by the "
-              f"best, {rs['median'] / ss['median']:.2f}x by the median (closed forms: "
-              f"{rs['model'] / ss['model']:.2f}x): a consistency check of the emulator's own "
-              f"switch model.")
+                  f"the emulated switch beat the ring at {size}, by the best and by the median "
+                  f"of {k}", busy=slowed):
+        slowest = max(ss["times"])
+        print(f"By {rs['best'] / ss['best']:.2f}x (best) and {rs['median'] / ss['median']:.2f}x "
+              f"(median); closed forms {rs['model'] / ss['model']:.2f}x: a consistency check of "
+              f"the emulator's own switch model. The switch's slowest run (the black line in the "
+              f"figure), {ms(slowest)}, was " + (
+                  f"faster than the ring's best, {ms(rs['best'])}: the runs do not overlap."
+                  if slowest < rs["best"] else
+                  f"not faster than the ring's best, {ms(rs['best'])}: the runs overlap."))
     bus = {s: 1.5 * ss["nbytes"] / ss[s] / link for s in ("best", "median")}
-    print(f"The switch's busbw by the factor 2(p-1)/p: {bus['median']:.0%} of the link (median; "
-          f"closed form {model_bus:.0%})" + (": above the link, because the factor assumes "
-          "1.5 n per NIC and the switch needs only n." if model_bus > 1 and bus["median"] > 1
-          else "."))
+    print(f"The switch's busbw, 2(p-1)/p x n / best = 1.5 x {size} / {ms(ss['best'])} = "
+          f"{bus['best'] * link / 1e6:.1f} MB/s: {bus['best']:.0%} of the link's "
+          f"{link / 1e6:.2f} MB/s (by the median {bus['median']:.0%}; closed form "
+          f"{model_bus:.0%})" + (": above the link, because the factor assumes 1.5 n per NIC "
+                                 "and the switch needs only n." if model_bus > 1 and
+                                 bus["median"] > 1 else "."))
     for r in switch:
         assert r["measured"] >= 0.98 * r["model"]  # the emulated network never delivers early
+    assert abs(rs["replay"] / rs["model"] - 1) < 0.01  # the green bar: the closed form's links
 
 
 # --- the closed forms over p ----------------------------------------------------------------
@@ -71,7 +82,7 @@ def closed_forms_over_p(nbytes: int, alpha: float, beta: float, ps: Sequence[int
     ps = np.asarray(ps)
     pieces = ex.in_network_chunks(nbytes)
     return {
-        "nbytes": nbytes, "beta": beta, "ps": ps, "pieces": pieces,
+        "nbytes": nbytes, "alpha": alpha, "beta": beta, "ps": ps, "pieces": pieces,
         "ring_t": [models.allreduce_time("ring", int(p), nbytes, alpha, beta) for p in ps],
         "ring_lat": [models.allreduce_time("ring", int(p), nbytes, alpha, 0.0)  # 2(p-1) alpha
                      for p in ps],
@@ -109,23 +120,40 @@ def switch_pays_from(ps: Sequence[int], ring_t: Sequence[float], switch_t: float
 
 
 def explain_closed_forms(curves: dict) -> None:
-    """Print the closed forms at 4 workers and at the largest p: the ring's latency share, the
-    bytes the switch saves (never 2x), and from which p the switch pays (`switch_pays_from`).
-    Asserts that at the largest p the latency term is over half the ring's time and its
-    bandwidth term below 2 n beta."""
+    """Print the closed forms worked out at 4 workers (n beta, then each term), the ring's
+    time and latency share at the largest p, the bytes the switch saves (never 2x), and, when
+    the ring is faster at p = 2, why (the switch waits for its last piece) and from which p the
+    switch pays (`switch_pays_from`). Asserts that the worked sums are the closed forms, and
+    that at the largest p the latency term is over half the ring's time and its bandwidth
+    term below 2 n beta."""
+    ps = [int(p) for p in curves["ps"]]
     ring_t, ring_lat, ring_bw = curves["ring_t"], curves["ring_lat"], curves["ring_bw"]
     switch_t, pieces, nbytes = curves["switch_t"], curves["pieces"], curves["nbytes"]
-    print(f"Closed forms at 4 MiB: ring {ms(ring_t[2])} on 4 workers, {ms(ring_t[-1])} on 64; "
-          f"switch {ms(switch_t)} on any number. At 64, {ring_lat[-1] / ring_t[-1]:.0%} of the "
-          f"ring's time is its latency term 2(p-1) alpha.")
-    switch_bw = (1 + 1 / pieces) * nbytes * curves["beta"]  # the switch's bandwidth term
-    print(f"Bytes saved: at p = 64 the ring's bandwidth term is {ring_bw[-1] / switch_bw:.2f}x "
-          f"the\nswitch's (1 + 1/{pieces}) n beta; it never reaches 2x.")
-    assert ring_lat[-1] > 0.5 * ring_t[-1] and ring_bw[-1] < 2 * nbytes * curves["beta"]
-    first = switch_pays_from(curves["ps"], ring_t, switch_t)
+    alpha, nbeta = curves["alpha"], nbytes * curves["beta"]
+    at4 = ps.index(4)
+    ring4 = 6 * alpha + 1.5 * nbeta  # 2(p-1) alpha + 2((p-1)/p) n beta at p = 4
+    switch_sum = 2 * alpha + (1 + 1 / pieces) * nbeta
+    assert abs(ring4 - ring_t[at4]) < 1e-9 and abs(switch_sum - switch_t) < 1e-9
+    a, nb = f"{alpha * 1e3:.1f}", f"{nbeta * 1e3:.1f}"
+    print(f"Closed forms at {ex.human_bytes(nbytes)}, where n beta = {ms(nbeta)}: ring on 4 "
+          f"workers 6 x {a} + 1.5 x {nb} = {ms(ring4)}; switch on any number 2 x {a} + "
+          f"(1 + 1/{pieces}) x {nb} = {ms(switch_sum)} ({pieces} pieces).")
+    print(f"Ring on {ps[-1]}: {ms(ring_t[-1])}, {ring_lat[-1] / ring_t[-1]:.0%} of it the latency "
+          f"term 2(p-1) alpha.")
+    switch_bw = (1 + 1 / pieces) * nbeta  # the switch's bandwidth term
+    print(f"Bytes saved: at p = {ps[-1]} the ring's bandwidth term is "
+          f"{ring_bw[-1] / switch_bw:.2f}x the switch's (1 + 1/{pieces}) n beta; it never "
+          f"reaches 2x.")
+    assert ring_lat[-1] > 0.5 * ring_t[-1] and ring_bw[-1] < 2 * nbeta
+    first = switch_pays_from(ps, ring_t, switch_t)
     if first is not None:
-        print(f"At p = 2 the ring is faster ({ms(ring_t[0])}: it sends only n each way).\n"
-              f"The switch pays from p = {first}.")
+        if ps[0] == 2:  # the ring: 2 alpha + n beta; the switch: 2 alpha + (1 + 1/pieces) n beta
+            wait = switch_t - ring_t[0]
+            assert abs(wait - nbeta / pieces) < 1e-9
+            print(f"At p = 2 the ring is faster ({ms(ring_t[0])} = 2 alpha + n beta): both send "
+                  f"n each way, but the switch then waits {ms(wait)} more, the (n/{pieces}) beta "
+                  f"of its last piece coming back down.")
+        print(f"The switch pays from p = {first}.")
 
 
 # --- appendix: 4 KiB ------------------------------------------------------------------------
@@ -139,10 +167,17 @@ def cannot_order(ring: dict, switch: dict) -> bool:
 
 def explain_small(rq: dict, sq: dict, *, alpha: float) -> None:
     """The 4 KiB runs: the switch's and the ring's best and median beside 2 and 6 latencies,
-    and whether this run can order them (`cannot_order`)."""
+    and whether this run can order them (`cannot_order`); when it can, which was faster by
+    both, and by how much by the best against the closed forms' ratio."""
     tie = cannot_order(rq, sq)
-    print(f"4 KiB ({len(sq['times'])} runs each): switch best {ms(sq['best'])}, median "
-          f"{ms(sq['median'])} (2 alpha = {ms(2 * alpha)});\nring best {ms(rq['best'])}, median "
-          f"{ms(rq['median'])} (6 alpha = {ms(6 * alpha)})" + (
-              ": best and median disagree or are close, so this run cannot order them at 4 KiB."
-              if tie else "."))
+    head = (f"4 KiB ({len(sq['times'])} runs each): switch best {ms(sq['best'])}, median "
+            f"{ms(sq['median'])} (2 alpha = {ms(2 * alpha)});\nring best {ms(rq['best'])}, "
+            f"median {ms(rq['median'])} (6 alpha = {ms(6 * alpha)})")
+    if tie:
+        print(head + ": best and median disagree or are close, so this run cannot order them "
+              "at 4 KiB.")
+        return
+    fast, slow = ("switch", "ring") if sq["best"] < rq["best"] else ("ring", "switch")
+    by = max(rq["best"], sq["best"]) / min(rq["best"], sq["best"])
+    print(head + f".\nThe {fast} was faster than the {slow} by both, {by:.1f}x by the best "
+          f"(closed forms: switch {rq['model'] / sq['model']:.1f}x faster).")
