@@ -273,8 +273,13 @@ def test_explain_gap_tabulates_the_split_and_checks_the_draws(verdicts, said):
     assert verdicts[-1][0] is True
 
 
-def tail_run(slow, steps, compute=0.015):
-    return SimpleNamespace(slow=np.asarray(slow, dtype=bool), step_times=np.asarray(steps),
+def tail_run(slow, steps, compute=0.015, exchange=0.02):
+    """A free-running StepRun stand-in: each step is (steps - exchange) until the last
+    arrival, then `exchange`; the first row is the reference end."""
+    steps = np.asarray(steps)
+    return SimpleNamespace(slow=np.asarray(slow, dtype=bool), step_times=steps,
+                           wait_for_slowest=steps - exchange,
+                           after_last_arrival=np.full(len(steps) + 1, exchange),
                            config={"compute_s": compute})
 
 
@@ -301,6 +306,8 @@ def test_explain_tail_says_the_host_hides_the_network(verdicts, said):
     assert "16%, 40% and 68% of the steps were slow on 2, 4 and 8 ranks** (50 steps each)" in text
     assert "Within two s.d. of the curve at every N." in text
     assert "median of 34.5 ms" in text and ": here the host's, so the network is hidden" in text
+    assert "a mean of 34.5 ms: 14.5 ms until the last rank reached the all-reduce" in text
+    assert "then 20.0 ms of exchange" in text
     assert [h for h, _, _ in verdicts] == [True, True]
     jit_lesson.explain_tail(tail, native={8: 0.001}, ring_s=0.0028)
     assert "hidden under it" not in said[-1]
