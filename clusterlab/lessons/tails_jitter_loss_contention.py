@@ -24,15 +24,20 @@ def slowest_of_p(jit: dict, *, ranks, delay_ms: float = 4.0, jitter_ms: float = 
     network's own draws for them (`links.slowest_of`, 2000 draws, seed 0), with netem's exact
     expectation (`models.expected_max`). Returns (curves, step64): per distribution the
     curves over `ranks` (mean, paired, model, n) and the numbers at the largest p (measured,
-    network, model, the median ping, n)."""
+    network, model, the median ping, n, and the p99 of the network's draws against netem's
+    configured p99: network_p99, model_p99)."""
     curves, step64 = {}, {}
     for name in DISTRIBUTIONS:
         r = jit[name]
         s = links.slowest_of(r["one_way_ms"], ranks, draws=2000, seed=0, paired=r["emulated_ms"])
         model = [delay_ms + models.expected_max(k, name, jitter_ms) for k in ranks]
+        spec = f"delay {delay_ms:g}ms {jitter_ms:g}ms" + (
+            "" if name == "uniform" else f" distribution {name}")
         curves[name] = {"mean": s["mean"], "paired": s["paired"], "model": model, "n": s["n"]}
         step64[name] = {"measured": s["mean"][-1], "network": s["paired"][-1], "model": model[-1],
-                        "median": float(np.median(r["one_way_ms"])), "n": s["n"]}
+                        "median": float(np.median(r["one_way_ms"])), "n": s["n"],
+                        "network_p99": float(np.percentile(r["emulated_ms"], 99)),
+                        "model_p99": links.configured_quantile(spec, 0.99)}
     return curves, step64
 
 
@@ -65,8 +70,11 @@ def explain_slowest_of_64(step64: dict, parts: dict, *, busy: str | None,
                           delay_ms: float = 4.0) -> dict:
     """Checks the figure's claims and prints its numbers: per distribution the slowest of 64
     measured, as the network's plus what this machine added, the model's and the median
-    ping. Concludes that for every distribution the network's tail
-    moved it more than this machine's noise did (`noise_dominated`); `busy` is the run's
+    ping; then, for the distribution whose network-alone tail lies farthest from the model's,
+    that gap beside the gap between its draws' own p99 and netem's configured p99 (what a
+    sample of this size shows of the model). Concludes that for every distribution the
+    network's tail moved it more than this machine's noise did (`noise_dominated`); `busy` is
+    the run's
     evidence of a busy machine (or pings later than any network draw, from `parts`, counts
     as such). Returns, per distribution, whether the network's tail moved it most (the
     numbers to quote)."""
@@ -79,6 +87,14 @@ def explain_slowest_of_64(step64: dict, parts: dict, *, busy: str | None,
         print(f"{name:>8}: slowest of 64 {v['measured']:.2f} ms = network alone "
               f"{v['network']:.2f} + this machine {v['measured'] - v['network']:+.2f} (model "
               f"{v['model']:.2f}); median ping {v['median']:.2f} ms")
+    # Against the model the network's draws stand or fall with their own largest few: the
+    # farthest distribution's gap, beside its draws' p99 against the configured p99.
+    far = max(step64, key=lambda n: abs((step64[n]["network"] - delay_ms)
+                                        / (step64[n]["model"] - delay_ms) - 1))
+    v = step64[far]
+    print(f"network alone against the model, farthest for {far}: slowest of 64 "
+          f"{v['network']:.2f} vs {v['model']:.2f} ms; these {v['n']} draws' own p99 is "
+          f"{v['network_p99']:.2f} vs netem's configured {v['model_p99']:.2f} ms")
     # The network's tail, not this machine's noise, must move the slowest of 64 most, per
     # distribution.
     dominated = noise_dominated(step64, delay_ms=delay_ms)
@@ -253,29 +269,24 @@ Contention inside the fabric (switch queues, incast, flows colliding on one path
 
 def explain_jitter(jit: dict, parts: dict, dilated: dict) -> None:
     """Per distribution the measured median and p99 against the network's own p99 (from
-    `links.tail_split`), then whether this machine's noise stayed small enough for the bars
-    to show mainly the network, or what it was and the dilation K chosen against it
-    (`dilated`: `links.jitter_dilated`'s result)."""
+    `links.tail_split`), then in one line how far this machine moved these p99s at most
+    (measured - network) and, when `dilated` (`links.jitter_dilated`'s result) says the
+    machine was busy, that it was (the appendix has the details)."""
     for name in DISTRIBUTIONS:
         r, t = jit[name], parts[name]
         print(f"{name:>8}: median {r['percentiles']['p50']:.2f} ms, p99 {t['measured']:.2f} ms "
               f"(network alone {t['network']:.2f} ms; n = {t['n']})")
-    if dilated["busy"] is None:
-        print(f"This machine's noise was small on this run (p99 "
-              f"{dilated['noise_p99_dilated_ms']:.2f} ms, planned <= {dilated['target_ms']:.2f} "
-              "ms): the bars show mainly the network (appendix).")
-    else:
-        print(f"This machine was busy: {dilated['busy']}.\nThe network-alone values are seeded "
-              "draws, untouched by it; where a measured p99 exceeds the network's, the "
-              f"difference is its noise\n(here K = {dilated['k']}: dilation runs each spec K "
-              "times slower to shrink that noise K-fold; appendix).")
+    moved = max(parts[name]["machine_extra"] for name in DISTRIBUTIONS)
+    print(f"This machine moved these p99s by at most {moved:.2f} ms"
+          + ("" if dilated["busy"] is None else ", busy during the runs") + " (appendix).")
 
 
 def explain_noise_appendix(jit: dict, parts: dict, dilated: dict, *, delay_ms: float = 4.0) -> None:
     """The appendix on this machine's noise: the K it chose and whether the plan held during
-    the runs; per spec the measured p99 against the network's and the noise alone, with the
-    pings beyond any network draw; per distribution the p99's 95% interval ("open" when 200
-    pings cannot bound it) and the pings before the delay. Checks that noise only adds,
+    the runs (if not, why: K was capped, or the noise rose after the probe); per spec the
+    measured p99 against the network's and the noise alone, with the pings beyond any
+    network draw; per distribution the p99's 95% interval ("open" when 200 pings cannot
+    bound it) and the pings before the delay. Checks that noise only adds,
     that netem's jitter is two-sided and raises the network's p99, and that most pareto
     draws lie below the delay."""
     print(f"machine noise: p99 {dilated['noise_p99_ms']:.2f} ms over 200 jitter-free pings, so "
@@ -283,7 +294,9 @@ def explain_noise_appendix(jit: dict, parts: dict, dilated: dict, *, delay_ms: f
                                   else ""))
     print(f"during the runs: largest noise p99 of any spec (divided by K) "
           f"{dilated['noise_p99_dilated_ms']:.2f} ms, planned {dilated['target_ms']:.2f} ms "
-          "(J/2): plan " + ("met" if dilated["busy"] is None else "missed"))
+          "(J/2): plan " + ("met" if dilated["busy"] is None else
+                            f"missed (K capped at {dilated['k']})" if dilated["capped"] else
+                            "missed (the noise rose after the probe had chosen K)"))
     for name, t in parts.items():
         print(f"{name:>8}: p99 {t['measured']:.2f} ms, network {t['network']:.2f} ms, noise alone "
               f"{t['noise']:.2f} ms"

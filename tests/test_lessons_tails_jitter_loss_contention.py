@@ -1,0 +1,45 @@
+"""Notebook 01b's lesson (clusterlab/lessons/tails_jitter_loss_contention.py): the lines the
+review of r13 added. Its other sentences are tested in tests/test_lessons_start.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_lessons_start import appendix_runs, dilated, jitter_parts, jitter_runs
+
+from clusterlab.experiments import links
+from clusterlab.lessons import tails_jitter_loss_contention as tails
+
+
+def test_slowest_of_p_carries_the_draws_p99_and_the_configured_one():
+    runs = jitter_runs()
+    _, step64 = tails.slowest_of_p(runs, ranks=[1, 64])
+    assert step64["normal"]["model_p99"] == pytest.approx(
+        links.configured_quantile("delay 4ms 1ms distribution normal", 0.99))
+    assert step64["uniform"]["model_p99"] == pytest.approx(4.98, abs=0.01)
+    assert step64["pareto"]["network_p99"] == pytest.approx(
+        float(np.percentile(runs["pareto"]["emulated_ms"], 99)))
+
+
+def test_slowest_of_64_prints_the_gap_to_the_model_beside_the_draws_p99(capsys):
+    step64 = {name: {"measured": m, "network": net, "model": model, "median": 4.0, "n": 200,
+                     "network_p99": p99, "model_p99": cfg}
+              for name, m, net, model, p99, cfg in (
+                  ("uniform", 5.0, 4.97, 4.97, 4.97, 4.98),
+                  ("normal", 6.78, 6.67, 6.33, 6.64, 6.33),
+                  ("pareto", 7.74, 7.63, 7.38, 8.0, 8.0))}
+    parts = {name: {"beyond_network": 0} for name in tails.DISTRIBUTIONS}
+    tails.explain_slowest_of_64(step64, parts, busy=None)
+    assert ("network alone against the model, farthest for normal: slowest of 64 6.67 vs 6.33 "
+            "ms; these 200 draws' own p99 is 6.64 vs netem's configured 6.33 ms\n") in \
+        capsys.readouterr().out
+
+
+@pytest.mark.parametrize("capped, says", [
+    (False, "plan missed (the noise rose after the probe had chosen K)"),
+    (True, "plan missed (K capped at 3)")])
+def test_noise_appendix_says_why_the_plan_was_missed(capsys, capped, says):
+    runs = appendix_runs()
+    info = dict(dilated(busy="noise p99 0.9 ms"), capped=capped)
+    tails.explain_noise_appendix(runs, jitter_parts(runs), info)
+    assert says in capsys.readouterr().out
