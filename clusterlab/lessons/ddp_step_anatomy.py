@@ -3,8 +3,9 @@
 Each function takes what `clusterlab.experiments.ddp` returned (a `DDPRun`, a sweep, a grid)
 and draws the figure, prints the sentences computed from it, or states the measured
 conclusions through `conclude`. The pure helpers (`buckets_done_before_backward`,
-`sweep_effects`, `step_range`, `bucket_verdicts`, `network_share`) decide what is said and are
-tested on synthetic runs in `tests/test_lessons_ddp_jitter.py`.
+`nominal_overlap`, `sweep_effects`, `step_range`, `bucket_verdicts`, `network_share`) decide
+what is said and are tested on synthetic runs in `tests/test_lessons_ddp_jitter.py` and
+`tests/test_lessons_ddp_step_anatomy.py`.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def plot_step_phases(runs: dict) -> None:
 def explain_floor(plain, netem, *, predicted: float) -> None:
     """Print the wait per step on plain Gloo (this host's floor) and on the emulated network
     against `predicted` (one ring all-reduce), check that every replica ended identical to
-    plain Gloo's, print the details line (wait against max(floor, network), issue lag) and
+    plain Gloo's (same hash on every rank, the same parameter sum as plain Gloo's), print the
+    details line (wait against max(floor, network), issue lag) and
     conclude that the network made the wait and the step longer."""
     p = netem.world_size
     a, b = plain.summary(), netem.summary()
@@ -51,7 +53,8 @@ def explain_floor(plain, netem, *, predicted: float) -> None:
     print(f"Predicted for one ring all-reduce: {2 * (p - 1)} rounds x 5 ms = {ms(predicted)}.")
     assert netem.replicas_identical and plain.replicas_identical
     assert np.isclose(netem.ranks[0]["checksum"], plain.ranks[0]["checksum"], rtol=1e-6)
-    print(f"All {p} replicas ended with identical parameters, equal to plain Gloo's run.")
+    print(f"All {p} replicas ended with identical parameters, with the same parameter checksum "
+          f"(their sum) as plain Gloo's run.")
     expected, lag = max(a["wait_s"], predicted), netem.issue_lag()
     print(f"\nDetails: step {ms(a['step_s'])} on plain Gloo, {ms(b['step_s'])} on the 5 ms "
           f"network; backward {ms(a['backward_s'])} and {ms(b['backward_s'])}; "
@@ -73,22 +76,53 @@ def buckets_done_before_backward(run) -> list[int]:
             if len(r["buckets"]) == len(run.bucket_sizes)]
 
 
+def nominal_overlap(p: int, bucket_sizes, nic: str, *, backward_s: float) -> dict:
+    """The overlap an ideal host would give (seconds): the k buckets become ready evenly through
+    a backward of `backward_s` (bucket i at (i + 1) / k of it: one per layer here, the last at
+    its end) and are all-reduced one at a time, first in, first out, each at its alpha-beta
+    ring time on `nic` (`per_bucket`). `busy` is their sum, `exposed` the time the stream runs
+    past the end of backward, `hidden` the rest, `interval` the time between two buckets."""
+    k = len(bucket_sizes)
+    per_bucket = [ddp.predicted_comm(p, [n], nic) for n in bucket_sizes]
+    end = 0.0
+    for i, cost in enumerate(per_bucket):
+        end = max(end, backward_s * (i + 1) / k) + cost
+    busy = sum(per_bucket)
+    exposed = max(0.0, end - backward_s)
+    return {"per_bucket": per_bucket, "busy": busy, "exposed": exposed,
+            "hidden": busy - exposed, "interval": backward_s / k}
+
+
 def explain_overlap(small, small_runs: list, checks: dict) -> None:
     """Print how many buckets were reduced before backward ended (the notebook's cell prints
-    the hidden share, 1 - wait / stream busy, itself), the host's stretch of backward where
-    there is one, the share hidden over `small_runs` and their single steps, then check the
-    timeline itself:
+    the hidden share, 1 - wait / stream busy, itself), how long backward took against its
+    nominal time (this host's stretch, named here where it is first measured), the most an
+    ideal host could hide (`nominal_overlap`), the share hidden over `small_runs` and their
+    single steps, then check the timeline itself:
     phases add up, no all-reduce beats 2(p-1) latencies, buckets complete in issue order."""
     counts = buckets_done_before_backward(small)
     s = small.summary()
     per_run = [r.summary()["hidden_fraction"] for r in small_runs]
     per_step = np.concatenate([r.hidden_fractions() for r in small_runs])
-    nominal = {"forward": 8 * 2e-3, "backward": 8 * 4e-3}   # the emulated accelerator's sleeps
+    cfg = small.config   # the emulated accelerator's sleeps, per layer
+    nominal = {"forward": cfg["depth"] * cfg["forward_s"],
+               "backward": cfg["depth"] * cfg["backward_s"]}
+    ideal = nominal_overlap(small.world_size, small.bucket_sizes, cfg["nic"],
+                            backward_s=nominal["backward"])
+    ranks, steps = small.phases()["step"].shape
     print(f"{len(small.bucket_sizes)} buckets per step; a median of {np.median(counts):g} were "
-          f"reduced before backward ended ({len(counts)} rank-steps).")
+          f"reduced before backward ended (over {ranks} ranks x {steps} steps).")
     if s["backward_s"] > 1.1 * nominal["backward"]:
-        print(f"Backward took {ms(s['backward_s'])}, nominal {ms(nominal['backward'])}: part of "
-              f"what overlap hides is time this host added (the stretch, see the box).")
+        print(f"Backward took {ms(s['backward_s'])}, nominal {ms(nominal['backward'])}: this host "
+              f"stretched it (while buckets are in flight, the hook, Gloo's threads and the "
+              f"emulator compete with the layers for this host's cores and Python's GIL, which "
+              f"runs one Python thread at a time), and overlap hid part of that stretch.")
+    else:
+        print(f"Backward took {ms(s['backward_s'])}, close to its nominal "
+              f"{ms(nominal['backward'])}.")
+    print(f"With the nominal {ms(nominal['backward'])} backward (the alpha-beta model, no host "
+          f"costs), at most {ms(ideal['hidden'])} of {ms(ideal['busy'])} could hide "
+          f"({ideal['hidden'] / ideal['busy']:.0%}).")
     print(f"\nDetails: {len(small_runs)} runs hid {', '.join(f'{h:.0%}' for h in per_run)}; their "
           f"{len(per_step)} single steps {per_step.min():.0%}-{per_step.max():.0%}. Forward "
           f"{ms(s['forward_s'])} (nominal {ms(nominal['forward'])}).")
@@ -236,10 +270,13 @@ def bucket_verdicts(grid: dict) -> dict:
     }
 
 
-def explain_buckets(grid: dict, networks: dict) -> None:
+def explain_buckets(grid: dict, networks: dict, *,
+                    backward_s: float = ddp.DEFAULTS["depth"] * ddp.DEFAULTS["backward_s"]
+                    ) -> None:
     """Conclude, on the latency-bound network, that big buckets beat small ones and, on the
     bandwidth-bound one, that small buckets with overlap exposed the least; print how far the
-    step ranges support each, the host's stretch of backward, and the table of every variant
+    step ranges support each, the host's stretch of backward, what an ideal host would expose
+    with a backward of nominal `backward_s` (`nominal_overlap`), and the table of every variant
     (step, range, exposed, hidden, backward, stream busy beyond the alpha-beta model)."""
     lat, bw = grid["latency-bound"], grid["bandwidth-bound"]
     n_steps = step_range(lat[(25.0, "overlap")])[2]
@@ -280,8 +317,20 @@ def explain_buckets(grid: dict, networks: dict) -> None:
     bwd = bw[(0.25, "deferred")]["backward_s"]
     print(f"Host cost: on the bandwidth-bound network backward took {ms(small_bw['backward_s'])} "
           f"with overlap against {ms(bwd)} deferred" + (
-              ": buckets in flight slow this host's backward (the stretch in the box above), so "
-              "judge by the step." if small_bw["backward_s"] > 1.1 * bwd else "."))
+              ": buckets in flight stretch this host's backward (as in the per-rank timeline), "
+              "so judge by the step." if small_bw["backward_s"] > 1.1 * bwd else "."))
+    nic = networks["bandwidth-bound"]
+    ideal = nominal_overlap(4, small_bw["run"].bucket_sizes, nic, backward_s=backward_s)
+    big = nominal_overlap(4, bw[(25.0, "overlap")]["run"].bucket_sizes, nic,
+                          backward_s=backward_s)
+    hidden = max(0.0, small_bw["comm_busy_s"] - small_bw["wait_s"])
+    print(f"Without this host (a {ms(backward_s)} backward, the alpha-beta model): a 0.25 MiB "
+          f"bucket takes {ms(float(np.median(ideal['per_bucket'])))} on the stream and one "
+          f"arrives every {ms(ideal['interval'])}, so {ms(ideal['hidden'])} of "
+          f"{ms(ideal['busy'])} would hide and {ms(ideal['exposed'])} would be exposed, against "
+          f"{ms(big['exposed'])} for one big bucket" + (
+              f"; this run hid more, {ms(hidden)}, because this host stretched backward."
+              if hidden > 1.1 * ideal["hidden"] else f"; this run hid {ms(hidden)}."))
     print(f"\nDetails: medians and ranges of {n_steps} steps per variant; exposed = the "
           f"accelerator's wait, hidden = the rest of the stream's busy time, busy-model = stream "
           f"busy minus the alpha-beta model.")
@@ -343,7 +392,10 @@ def explain_idle(idle: list, *, delay_s: float, compute_s: float) -> None:
     # a host-made wait only shrinks it.
     host_share, network_set = network_share(last["native_wait_s"], closed[last["ranks"]])
     n_steps = len(last["run"].phases()["step"][0])
-    points = round((last["idle_fraction"] - last["sim_idle_fraction"]) * 100)
+    # the difference of the two shares as printed (both rounded), so that 82% and 82% never
+    # read as a point apart
+    points = (int(f"{last['idle_fraction'] * 100:.0f}")
+              - int(f"{last['sim_idle_fraction'] * 100:.0f}"))
     print(f"Idle share: {first['idle_fraction']:.0%} at {first['ranks']} ranks, "
           f"{last['idle_fraction']:.0%} at {last['ranks']} ({ms(last['wait_s'])} of "
           f"{ms(last['step_s'])}; medians of {n_steps} steps).")
@@ -354,16 +406,17 @@ def explain_idle(idle: list, *, delay_s: float, compute_s: float) -> None:
              ": too close to say the network alone set the wait."))
     print(f"\nDetails: compute per step {ms(computed[first['ranks']])} at {first['ranks']} ranks, "
           f"{ms(computed[last['ranks']])} at {last['ranks']} (nominal {ms(compute)}: the sleeps "
-          f"overshoot). The simulator, fed the measured compute and the same alpha-only model "
+          f"run long, and the real layers and Python's autograd add time on this host). The "
+          f"simulator, fed the measured compute and the same alpha-only model "
           f"the emulator enforces, gives {last['sim_idle_fraction']:.0%} at {last['ranks']} ranks "
           f"({f'{points:+d} points' if points else 'within 1 point'}): a "
           f"consistency check, not a test against a real network.")
     fractions = [r["idle_fraction"] for r in idle]
     assert all(f > 0 for f in fractions)
     conclude(fractions[-1] > fractions[0] and network_set,
-             f"the idle share grew from {first['ranks']} to {last['ranks']} ranks, with the "
-             f"network's wait at {last['ranks']} ranks {1 / max(host_share, 1e-9):.1f} times "
-             f"this machine's own (needed: over 2.5)",
+             f"the idle share grew from {first['ranks']} to {last['ranks']} ranks, and at "
+             f"{last['ranks']} ranks the network's wait was {1 / max(host_share, 1e-9):.1f} times "
+             f"this machine's own, so the network, not this host, set it",
              busy=(f"plain Gloo alone waited {ms(last['native_wait_s'])}, {host_share:.0%} of "
                    f"the network's {ms(closed[last['ranks']])}" if not network_set else None))
     assert last["wait_s"] > 0.9 * closed[last["ranks"]]   # never faster than the network
@@ -387,7 +440,10 @@ def real_cluster_notes() -> str:
   [[pytorch.collective_returns_before_cuda_completes]]. So `loss.backward()` returns before
   the exchange is done and the optimizer's kernels queue behind it on the GPU: the "wait" of
   this notebook becomes idle time on the compute stream (NCCL's kernels keep running), which a
-  host timer does not see until the next host sync (`.item()`, logging) absorbs it.
+  host timer does not see until the next host sync (`.item()`, logging) absorbs it. The
+  communication stream above is first in, first out, like ProcessGroupNCCL's: it runs a
+  group's collectives on [[pytorch.pg_nccl_stream_per_device]] (another group's can overlap),
+  while a plain Gloo group can run [[pytorch.gloo_threads_default]] collectives at once.
 - **How to see overlap on GPUs.** Time steps with CUDA events
   ([[pytorch.cuda_event_timing]]); look at the NCCL kernels next to the backward kernels with
   [[pytorch.profiler]] or [[nvidia.nsight_systems]]: the same Gantt chart as above, per CUDA
@@ -403,6 +459,8 @@ def real_cluster_notes() -> str:
   always exposed. Real models are not uniform: a large input embedding is produced last in
   backward, so the exposed last bucket can be the biggest one.
   [[pytorch.ddp_gradient_as_bucket_view]] and [[pytorch.ddp_static_graph]] by default.
+  The optimizer waits for the last bucket unless it runs per parameter inside backward, as
+  DDP's private [[pytorch.ddp_register_fused_optim]] API does.
 - **Fewer bytes.** [[pytorch.ddp_compress_hooks]] halve the bytes, hence the bandwidth term,
   not the latency term of a small bucket; DDP accepts the bf16 hook only with
   [[pytorch.ddp_bf16_hook_check]].

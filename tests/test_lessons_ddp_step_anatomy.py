@@ -1,0 +1,129 @@
+"""Notebook 03's lesson: the overlap an ideal host would give, and the sentences built on it
+(synthetic runs, no processes). The other helpers of the module are tested in
+tests/test_lessons_ddp_jitter.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from clusterlab.lessons import ddp_step_anatomy as lesson
+
+# notebook 03's MLP in 0.25 MiB buckets: the classifier shares the first with the last layer
+SMALL = [256 * 257 * 4 + 257 * 10 * 4] + [256 * 257 * 4] * 7
+BIG = [sum(SMALL)]
+
+
+def test_nominal_overlap_latency_bound_hides_only_the_rest_of_backward():
+    ideal = lesson.nominal_overlap(4, SMALL, "delay 2ms", backward_s=0.032)
+    assert ideal["per_bucket"] == pytest.approx([0.012] * 8)
+    # first bucket ready at 4 ms, the stream busy from then on: 28 of 96 ms hide
+    assert ideal["busy"] == pytest.approx(0.096)
+    assert ideal["hidden"] == pytest.approx(0.028)
+    assert ideal["exposed"] == pytest.approx(0.068)
+    assert ideal["interval"] == pytest.approx(0.004)
+
+
+def test_nominal_overlap_bandwidth_bound_queues_when_a_bucket_outlasts_the_interval():
+    ideal = lesson.nominal_overlap(4, SMALL, "delay 200us rate 500mbit", backward_s=0.032)
+    assert np.median(ideal["per_bucket"]) == pytest.approx(0.0075, abs=1e-4)   # > 4 ms apart
+    assert ideal["busy"] == pytest.approx(0.0604, abs=1e-4)
+    assert ideal["hidden"] == pytest.approx(0.028)
+    assert ideal["exposed"] == pytest.approx(0.0324, abs=1e-4)
+    big = lesson.nominal_overlap(4, BIG, "delay 200us rate 500mbit", backward_s=0.032)
+    assert big["hidden"] == pytest.approx(0.0, abs=1e-12)   # one bucket: ready at the end
+    assert big["exposed"] == pytest.approx(0.0520, abs=1e-4)
+
+
+def test_nominal_overlap_leaves_gaps_when_buckets_are_quick():
+    ideal = lesson.nominal_overlap(4, SMALL, "delay 100us", backward_s=0.032)
+    # each 0.6 ms all-reduce ends long before the next bucket: only the last one is exposed
+    assert ideal["exposed"] == pytest.approx(0.0006)
+    assert ideal["hidden"] == pytest.approx(7 * 0.0006)
+
+
+def fake_run(sizes, steps):
+    return SimpleNamespace(bucket_sizes=sizes,
+                           phases=lambda: {"step": np.asarray([steps], dtype=float)})
+
+
+def row(sizes, steps, wait, busy, backward):
+    return {"run": fake_run(sizes, steps), "step_s": float(np.median(steps)), "wait_s": wait,
+            "comm_busy_s": busy, "backward_s": backward, "buckets": len(sizes)}
+
+
+def grid(small_bw_hidden: float) -> dict:
+    lat = {(0.25, "overlap"): row(SMALL, [0.122, 0.123], 0.057, 0.097, 0.045),
+           (0.25, "deferred"): row(SMALL, [0.155, 0.159], 0.098, 0.098, 0.038),
+           (25.0, "overlap"): row(BIG, [0.071, 0.083], 0.014, 0.014, 0.038),
+           (25.0, "fused"): row(BIG, [0.071, 0.080], 0.015, 0.015, 0.037)}
+    bw = {(0.25, "overlap"): row(SMALL, [0.099, 0.111], 0.023, 0.023 + small_bw_hidden, 0.059),
+          (0.25, "deferred"): row(SMALL, [0.127, 0.131], 0.067, 0.067, 0.039),
+          (25.0, "overlap"): row(BIG, [0.114, 0.119], 0.056, 0.056, 0.038),
+          (25.0, "fused"): row(BIG, [0.115, 0.119], 0.057, 0.057, 0.038)}
+    return {"latency-bound": lat, "bandwidth-bound": bw}
+
+
+@pytest.mark.parametrize(("hidden", "tail"), [
+    (0.0518, "; this run hid more, 51.8 ms, because this host stretched backward."),
+    (0.0290, "; this run hid 29.0 ms."),
+])
+def test_explain_buckets_puts_the_ideal_host_beside_the_run(verdicts, capsys, hidden, tail):
+    networks = {"latency-bound": "delay 2ms", "bandwidth-bound": "delay 200us rate 500mbit"}
+    lesson.explain_buckets(grid(hidden), networks)
+    out = capsys.readouterr().out
+    assert ("Without this host (a 32.0 ms backward, the alpha-beta model): a 0.25 MiB bucket "
+            "takes 7.5 ms on the stream and one arrives every 4.0 ms, so 28.0 ms of 60.4 ms "
+            "would hide and 32.4 ms would be exposed, against 52.0 ms for one big bucket"
+            + tail) in out
+    assert "buckets in flight stretch this host's backward" in out
+
+
+def idle_row(ranks, idle, sim, native, wait):
+    return {"ranks": ranks, "idle_fraction": idle, "sim_idle_fraction": sim,
+            "native_wait_s": native, "wait_s": wait, "step_s": 0.344, "forward_s": 0.021,
+            "backward_s": 0.039,
+            "run": SimpleNamespace(param_bytes=2_115_624, phases=lambda: {"step": [[0.3] * 6]})}
+
+
+def test_explain_idle_compares_the_shares_as_printed(verdicts, capsys):
+    # 81.9% and 82.4% both print as 82%: no point apart
+    idle = [idle_row(2, 0.41, 0.42, 0.003, 0.040), idle_row(8, 0.819, 0.824, 0.0294, 0.2816)]
+    lesson.explain_idle(idle, delay_s=20e-3, compute_s=0.048)
+    out = capsys.readouterr().out
+    assert "gives 82% at 8 ranks (within 1 point)" in out
+    assert "the real layers and Python's autograd add time" in out
+    holds, claim, _ = verdicts[-1]
+    assert holds and "9.5 times this machine's own, so the network, not this host, set it" in claim
+
+
+def overlap_run(backward_s):
+    records = [{"backward_end": 10, "buckets": [{"done": 5}] * 3 + [{"done": 11}] * 5}] * 6
+    summary = {"backward_s": backward_s, "forward_s": 0.021, "step_s": 0.12, "wait_s": 0.055,
+               "comm_busy_s": 0.097, "hidden_fraction": 0.44}
+    return SimpleNamespace(
+        config={"depth": 8, "forward_s": 0.002, "backward_s": 0.004, "nic": "delay 2ms"},
+        world_size=4, bucket_sizes=SMALL, ranks=[{"records": records}] * 4,
+        summary=lambda: summary, phases=lambda: {"step": np.zeros((4, 6))},
+        hidden_fractions=lambda: np.array([0.40, 0.50]))
+
+
+CHECKS = {"phase_sum_error": 0.0, "latency_slack": 0.0, "fifo": True, "collectives": 48,
+          "gap": 0.0}
+
+
+@pytest.mark.parametrize(("backward_s", "said"), [
+    (0.0485, "Backward took 48.5 ms, nominal 32.0 ms: this host stretched it"),
+    (0.0330, "Backward took 33.0 ms, close to its nominal 32.0 ms."),
+])
+def test_explain_overlap_names_the_stretch_and_the_ideal_ceiling(capsys, backward_s, said):
+    run = overlap_run(backward_s)
+    lesson.explain_overlap(run, [run], CHECKS)
+    out = capsys.readouterr().out
+    assert "8 buckets per step; a median of 3 were reduced before backward ended (over 4 ranks " \
+           "x 6 steps)." in out
+    assert said in out
+    assert ("With the nominal 32.0 ms backward (the alpha-beta model, no host costs), at most "
+            "28.0 ms of 96.0 ms could hide (29%).") in out
