@@ -78,61 +78,52 @@ def plot_hops(hops: dict = HOPS):
     return fig
 
 
-def hierarchy_order(hl: dict, hr: dict) -> str | None:
-    """Whether this run can order the leader-based (`hl`) and rail (`hr`) runs: when both sat
-    further above their closed forms than the closed forms differ, the sentence saying it
-    cannot; otherwise None."""
-    over = [r["measured"] / r["model"] - 1 for r in (hl, hr)]  # this machine's overhead
-    gap = hl["model"] / hr["model"] - 1                        # what the closed forms separate
-    if min(over) > abs(gap):
-        return (f"Leader-based vs rails: the closed forms differ by {gap:.1%}, less than the "
-                f"{min(over):.1%}-{max(over):.1%} both runs sat above them: this run cannot "
-                "order them.")
-    return None
+def hierarchy_order(hl: dict, hr: dict) -> str:
+    """The line on leader-based (`hl`) against rails (`hr`) at 4 MiB: their ratio by the best
+    runs, the medians, the replays and the closed forms, and whether this run orders them. It
+    does only when the best and the median agree on the faster scheme and both differences
+    exceed how far apart the ranks entered the best runs (`best_spread`): after the emulated
+    barrier a run can start staggered by that much, and the two schemes pay it differently."""
+    stagger = max(hl.get("best_spread", 0.0), hr.get("best_spread", 0.0))
+    d_best, d_median = hl["measured"] - hr["measured"], hl["median"] - hr["median"]
+    line = (f"Leader-based / rails: {hl['measured'] / hr['measured']:.2f} by the best runs, "
+            f"{hl['median'] / hr['median']:.2f} by the medians (replays "
+            f"{hl['replay'] / hr['replay']:.2f}, closed forms {hl['model'] / hr['model']:.2f}):\n")
+    if d_best * d_median <= 0:
+        return line + "the best and the median disagree, so this run does not order them."
+    if min(abs(d_best), abs(d_median)) <= stagger:
+        which = "best runs" if abs(d_best) <= stagger else "medians"
+        return line + (f"the {which} differ by less than the ranks' staggered start "
+                       f"({ms(stagger)}),\nso this run does not order them.")
+    faster = "rails" if d_best > 0 else "leader-based scheme"
+    return line + (f"the {faster} won by more than the ranks' staggered start ({ms(stagger)}),\n"
+                   "by the best and by the median.")
 
 
 def explain_hierarchy(hier: Sequence[dict], *, alpha: float, beta: float) -> None:
     """On 2 x 2: conclude that both hierarchical schemes beat the flat ring at 4 MiB; print
-    whether this run can order leader-based and rails (`hierarchy_order`), the flat ring
-    against its closed form, and the 4 KiB runs against their replays (an order there only
-    when the best and the median agree). Asserts that the flat
-    ring's replay is its NIC's bytes plus one latency and that no run beat its replay."""
+    whether this run orders leader-based and rails (`hierarchy_order`) and the 4 KiB runs (an
+    order there only when the best and the median agree). Asserts that the flat ring's replay
+    is its NIC's bytes plus one latency, that the replays put both hierarchies ahead of the
+    flat ring at 4 KiB and that no run beat its replay."""
     h = {(r["algorithm"], r["nbytes"]): r for r in hier}
     hl, hr, rl = (h[a, LARGE] for a in ("hierarchical", "hierarchical_rail", "ring"))
     conclude(hl["measured"] < rl["measured"] and hr["measured"] < rl["measured"],
              "both hierarchical schemes beat the flat ring at 4 MiB on 2 x 2",
              busy=beyond_closed_form((r["measured"], r["replay"]) for r in (hl, hr, rl)))
-    cannot = hierarchy_order(hl, hr)
-    if cannot:
-        print(cannot)
-    else:
-        print(f"Leader-based / rails: {hl['measured'] / hr['measured']:.2f} measured, "
-              f"{hl['model'] / hr['model']:.2f} by the closed forms. The runs sat "
-              f"{ms(hl['measured'] - hl['replay'])} and\n{ms(hr['measured'] - hr['replay'])} "
-              "above their replays (the green bars): this machine's cost, not the network's.")
-    if rl["measured"] < rl["model"]:
-        print(f"The flat ring ran at {rl['measured'] / rl['model']:.2f}x its closed form: that "
-              f"form charges each of its 6 steps\na NIC latency, and most of them hide "
-              "(appendix).")
+    print(hierarchy_order(hl, hr))
     small = [h[a, SMALL] for a in ("hierarchical", "hierarchical_rail", "ring")]
-    added = [r["measured"] - r["replay"] for r in small]  # this machine's per-message cost
     print(f"4 KiB, best of {len(small[0]['times'])}: leader-based {ms(small[0]['measured'])}, "
-          f"rails {ms(small[1]['measured'])}, flat ring {ms(small[2]['measured'])}; replays "
-          f"{ms(small[0]['replay'])}, {ms(small[1]['replay'])}, {ms(small[2]['replay'])}.\n" + (
-              "Both hierarchies beat the flat ring here too, by the best and by the median, as "
-              "in the replays; this machine's per-message cost added"
+          f"rails {ms(small[1]['measured'])}, flat ring {ms(small[2]['measured'])}.\n" + (
+              "Both hierarchies beat the flat ring here too, by the best and by the median,\nas "
+              "in the replays (every run: appendix)."
               if all(max(small[0][s], small[1][s]) < small[2][s] for s in ("measured", "median"))
-              else
-              "This run does not show the replays' order here: this machine's per-message "
-              "cost added")
-          + f"\n{ms(min(added))} to {ms(max(added))} to each run (every run: appendix).")
-    rd_small = h.get(("recursive_doubling", SMALL))
-    if rd_small and rd_small["measured"] < min(r["measured"] for r in small[:2]):
-        print(f"Recursive doubling, 2 rounds, was faster than both at 4 KiB "
-              f"({ms(rd_small['measured'])}): few rounds win where latency dominates (02).")
+              else "This run does not show the replays' order here (hierarchies first; every "
+                   "run: appendix)."))
     # Checks, silent when they hold:
     nic_busy = 1.5 * LARGE * beta  # the flat ring's bytes through each node's NIC
     assert abs(rl["replay"] - (nic_busy + alpha)) < 0.02 * rl["replay"]
+    assert max(small[0]["replay"], small[1]["replay"]) < small[2]["replay"]
     for r in hier:
         assert r["measured"] >= 0.98 * r["replay"]  # the emulated network never delivers early
 
@@ -249,27 +240,22 @@ def closed_form_changes(m4: float, m8: float) -> tuple[float, float]:
 
 
 def explain_busbw(r4: dict, r8: dict, *, bw: Sequence[dict], link: float) -> None:
-    """The ring from 4 to 8 ranks at 4 MiB: print how much algbw and busbw changed; conclude
-    that algbw fell and that busbw moved less, beside the closed forms' changes
-    (`closed_form_changes`); print how far the rings sat above their closed forms. Asserts
-    that busbw moves less than algbw by the closed forms, and that no ring or Rabenseifner
-    run's busbw beat the link (one rank per NIC)."""
+    """The ring from 4 to 8 ranks at 4 MiB: print how much algbw and busbw changed, beside the
+    closed forms' changes (`closed_form_changes`); conclude that algbw fell and that busbw
+    moved less. Asserts that busbw moves less than algbw by the closed forms, and that no ring
+    or Rabenseifner run's busbw beat the link (one rank per NIC)."""
     da, db = r8["algbw"] / r4["algbw"] - 1, r8["busbw"] / r4["busbw"] - 1
-    print(f"Ring, 4 -> 8 ranks at 4 MiB: algbw changed by {da:+.0%}, busbw by {db:+.0%}.")
-    # busbw / algbw is 1.75 / 1.5 larger on 8 ranks, so busbw moves less than algbw unless the
-    # machine slowed the 4-rank runs more than the 8-rank ones; the closed forms must agree.
     m4, m8 = r4["model"], r8["model"]
     dam, dbm = closed_form_changes(m4, m8)
+    print(f"Ring, 4 -> 8 ranks at 4 MiB: algbw changed by {da:+.0%}, busbw by {db:+.0%} (closed "
+          f"forms: {dam:+.0%}, {dbm:+.0%};\nby them busbw falls only through the longer ring's "
+          f"latencies, {2 * (r8['p'] - 1)} steps, not {2 * (r4['p'] - 1)}).")
+    # busbw / algbw is 1.75 / 1.5 larger on 8 ranks, so busbw moves less than algbw unless the
+    # machine slowed the 4-rank runs more than the 8-rank ones; the closed forms must agree.
     slowed = beyond_closed_form([(r4["measured"], m4), (r8["measured"], m8)])
-    conclude(r8["algbw"] < r4["algbw"],
-             f"algbw fell from 4 to 8 ranks (closed forms: {dam:+.0%})", busy=slowed)
-    conclude(abs(db) < abs(da), f"busbw moved less than algbw (closed forms: algbw "
-             f"{dam:+.0%}, busbw {dbm:+.0%})", busy=slowed)
+    conclude(r8["algbw"] < r4["algbw"], "algbw fell from 4 to 8 ranks", busy=slowed)
+    conclude(abs(db) < abs(da), "busbw moved less than algbw", busy=slowed)
     assert abs(dbm) < abs(dam)
-    print(f"Closed forms: algbw {dam:+.0%}, busbw {dbm:+.0%} (the longer ring's latency).\nThe "
-          f"rest is this machine: the rings ran at {r4['measured'] / m4:.2f}x and "
-          f"{r8['measured'] / m8:.2f}x their closed forms (best of {len(r4['times'])} and "
-          f"{len(r8['times'])}).")
     for r in bw:
         if r["algorithm"] in ("ring", "rabenseifner"):
             # one rank per NIC: an endpoint algorithm cannot beat it
@@ -286,8 +272,8 @@ def explain_shared_nic_busbw(hl: dict, hr: dict, *, link: float) -> None:
                                               (hr["measured"], hr["model"])]))
     print(f"2 x 2 hierarchical schemes, busbw by the same factor: {hl['busbw'] / link:.0%} and "
           f"{hr['busbw'] / link:.0%} of the link\n(one best-of-{len(hl['times'])} run)" + (
-              ": above it, because each NIC carried n, not 1.5 n (the rest went inside the "
-              "node):\nwith a shared NIC busbw's 'a link of its own' does not hold."
+              ": above it, because each NIC carried n, not 1.5 n (the rest stayed inside the "
+              "node),\nso busbw's 'a link of its own' does not hold."
               if above else "."))
 
 
@@ -329,10 +315,19 @@ there, set [[nccl.busbw_ring_for_network]].
 
 # --- appendix -------------------------------------------------------------------------------
 
+# The 2 x 2 schemes of the appendix's table, with their column names.
+REPLAY_ORDER = {"hierarchical": "leader-based", "hierarchical_rail": "rails", "ring": "flat ring",
+                "recursive_doubling": "rec. doubling"}
+
+
 def explain_replay(hier: Sequence[dict], *, alpha: float, beta: float) -> None:
-    """The flat ring on 2 x 2 against its closed form and its replay, at 4 MiB and 4 KiB, and
-    why the replay sits below the closed form (latencies hidden behind the bytes at 4 MiB,
-    about 3 NIC latencies in the chain of steps at 4 KiB)."""
+    """The appendix on 2 x 2. The flat ring against its closed form and its replay, at 4 MiB
+    and 4 KiB, and why the replay sits below the closed form (latencies hidden behind the
+    bytes at 4 MiB, about 3 NIC latencies in the chain of steps at 4 KiB). Then every best run
+    minus its replay beside how far apart the ranks entered it (`best_spread`): a run is timed
+    from the first entry, so up to about that spread is the staggered start the emulated
+    barrier leaves, and only the rest is surely this machine's. Last, recursive doubling at
+    4 KiB: one NIC latency on 2 x 2, against the hierarchies' two."""
     h = {(r["algorithm"], r["nbytes"]): r for r in hier}
     rl, rq22 = h["ring", LARGE], h["ring", SMALL]
     chunk = LARGE / 4 * beta  # one step's chunk through a NIC
@@ -347,3 +342,34 @@ def explain_replay(hier: Sequence[dict], *, alpha: float, beta: float) -> None:
           f"step s\n  waits for rank r-1's step s-1, and only every other hop crosses a NIC, so "
           f"the chain\n  holds about 3 NIC latencies, not 6 (replay {ms(rq22['replay'])}; "
           f"3 alpha = {ms(3 * alpha)}).")
+    names = [a for a in REPLAY_ORDER if (a, LARGE) in h or (a, SMALL) in h]
+    labels = [REPLAY_ORDER[a] for a in names]
+    width = max(14, *(len(label) + 2 for label in labels))
+    print("\nBest run minus its replay (in parentheses: how far apart the ranks entered it), ms:")
+    print(" " * 7 + "".join(f"{label:<{width}}" for label in labels).rstrip())
+    sure = []  # gap minus entry spread: at least this machine's
+    for size in (LARGE, SMALL):
+        cells = []
+        for a in names:
+            r = h.get((a, size))
+            if r is None:
+                cells.append(f"{'-':<{width}}")
+                continue
+            gap, spread = r["measured"] - r["replay"], r.get("best_spread", 0.0)
+            sure.append(max(0.0, gap - spread))
+            cells.append(f"{f'{gap * 1e3:.1f} ({spread * 1e3:.1f})':<{width}}")
+        print(f"{ex.human_bytes(size):<7}" + "".join(cells).rstrip())
+    print("A run is timed from the first rank's entry, and the emulated barrier before it lets "
+          "the ranks go\nat different times: up to about the entry spread is that staggered "
+          "start. So at least the gap\nminus the spread, "
+          f"{ms(min(sure))} to {ms(max(sure))} here, is this machine's cost.")
+    rd = h.get(("recursive_doubling", SMALL))
+    hs = [h[a, SMALL] for a in ("hierarchical", "hierarchical_rail") if (a, SMALL) in h]
+    if rd and len(hs) == 2:
+        print(f"Recursive doubling at 4 KiB: replay {ms(rd['replay'])} against "
+              f"{ms(min(r['replay'] for r in hs))} for the hierarchies. On 2 x 2 its first\n"
+              "round stays inside the node, so it pays one NIC latency; the hierarchies' "
+              "two-node ring\npays two. " + (
+                  f"Its best run, {ms(rd['measured'])}, beat both of theirs."
+                  if rd["measured"] < min(r["measured"] for r in hs) else
+                  "Their best runs do not show it."))
