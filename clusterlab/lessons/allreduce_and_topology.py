@@ -2,13 +2,13 @@
 
 The rows are those of `clusterlab.experiments.allreduce_and_topology.measure`: one dict per
 algorithm and size with the best time ("measured"), its closed form ("model"), the repetitions
-("times") and how far apart the ranks entered ("best_spread"). Each function below prints the
-sentences the notebook shows, computed from those rows, and passes each measured conclusion to
-`conclude`, which says whether this run showed it.
+("times"). Each function below prints the sentences the notebook shows, computed from those
+rows, and passes each measured conclusion to `conclude`, which says whether this run showed it.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 
@@ -40,13 +40,12 @@ share grows with the nodes (DDP's default first bucket is smaller,
 [[pytorch.ddp_first_bucket]], so its share is larger).
 
 **What NCCL runs.**
-- **Algorithms:** [[nccl.algorithms]]; no recursive doubling, Rabenseifner or parameter
-  server. The [[nccl.double_binary_tree]] (since NCCL [[nccl.tree_since]], after the
-  [[paper.sanders_two_tree]]) keeps full bandwidth with a latency logarithmic in the nodes.
-  CollNet and NVLS have switches do the additions; PAT ([[nccl.pat_bruck]]), the closest
-  relative of recursive doubling, runs only all-gather and reduce-scatter, by default with
-  one GPU per node ([tuning.cc](https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/graph/tuning.cc)).
-  More on these three in [02c](02c_in_network_reduction_and_nccl.ipynb).
+- **Algorithms:** [[nccl.algorithms]]. Two matter here: Ring, and Tree, the
+  [[nccl.double_binary_tree]] (since NCCL [[nccl.tree_since]], after the
+  [[paper.sanders_two_tree]]), which keeps full bandwidth with a latency logarithmic in the
+  nodes. The others have switches add (CollNet, NVLS) or run only all-gather and
+  reduce-scatter (PAT, [[nccl.pat_bruck]]): [02c](02c_in_network_reduction_and_nccl.ipynb).
+  No recursive doubling, Rabenseifner or parameter server.
 - **The choice:** the tuner ([[nccl.tuner_model]]); its per-step network latency above
   is NCCL's model alpha, a constant, not measured. With NCCL_DEBUG=INFO,
   [[nccl.debug_subsys_tuning]] logs each call's choice (NCCL 2.20 and later, by name from
@@ -112,7 +111,8 @@ def crossover(p: int, alpha: float, beta: float) -> float:
 def compare_networks(specs: dict[str, str], *, ranks: int = 8) -> None:
     """Print each named netem spec's alpha, payload rate, alpha/beta (= alpha x bandwidth) and
     the ring/recursive-doubling crossover on `ranks` ranks; assert that the first two specs
-    have the same alpha/beta, and print by how much their times scale."""
+    have the same alpha/beta, and print by how much their times scale. (What beta counts
+    besides the payload, and a real link's frames: `header_note`, in the appendix.)"""
     size = {}
     for name, spec in specs.items():
         a, b = ex.alpha_beta(spec)
@@ -125,6 +125,13 @@ def compare_networks(specs: dict[str, str], *, ranks: int = 8) -> None:
     assert abs(size[first] / size[second] - 1) < 1e-9
     print(f"Times scale by alpha_{first} / alpha_{second} = "
           f"{ex.alpha_beta(specs[first])[0] / ex.alpha_beta(specs[second])[0]:.0f}.")
+
+
+def header_note() -> str:
+    """The appendix's ledger template (for `facts.show`): the headers beta counts per segment
+    on this machine, and how much less payload a real Ethernet link carries per frame at the
+    standard MTU (IPv4 and TCP headers with timestamps inside it; Ethernet header, checksum,
+    preamble and inter-frame gap around it), all sizes from the ledger."""
     mtu = facts.get("ethernet.mtu_bytes").value
     payload = mtu - sum(facts.get(f).value for f in ("ipv4.header_bytes",
                                                      "tcp.header_with_timestamps_bytes"))
@@ -132,10 +139,12 @@ def compare_networks(specs: dict[str, str], *, ranks: int = 8) -> None:
                                                    "ethernet.preamble_sfd_bytes",
                                                    "ethernet.ifg_bytes"))
     less = 1 - (payload / frame) / (SEGMENT_BYTES / (SEGMENT_BYTES + HEADER_BYTES))
-    print(f"(Both 1/beta use this machine's headers, {HEADER_BYTES} B per "
-          f"{SEGMENT_BYTES // 1024} KiB segment; a real Ethernet link pays them per frame of at "
-          f"most the MTU:\nat the standard {mtu} B MTU it carries {less:.0%} less payload and its "
-          "alpha x bandwidth is that much smaller; less with jumbo frames: appendix.)")
+    return (f"(beta includes {HEADER_BYTES} bytes of Ethernet/IP/TCP headers per "
+            f"{SEGMENT_BYTES // 1024} KiB segment, the unit this machine's loopback stack hands "
+            "over at once. A real Ethernet link pays them per packet of at most "
+            "[[ethernet.mtu_bytes]] (the MTU), plus each frame's preamble, checksum and "
+            f"inter-frame gap: it carries {less:.0%} less payload than this beta assumes, so its "
+            "alpha x bandwidth is that much smaller; less with jumbo frames.)")
 
 
 def nccl_ring_latency(nbytes: int, beta: float, *, gpus: int = 1024) -> float:
@@ -145,7 +154,8 @@ def nccl_ring_latency(nbytes: int, beta: float, *, gpus: int = 1024) -> float:
     topology's extra network latency left out) and its share of the time, against the ring's
     bytes through one GPU's link of `beta` (the most a GPU's NIC can carry; NCCL's channels
     spread it over the node's NICs, which only raises the share), and the share with the
-    NIC per GPU of the DGX H100 nodes these node sizes describe. Returns the share at `beta`."""
+    NIC per GPU of the DGX H100 nodes these node sizes describe. The shares are lower bounds,
+    so they are printed rounded down. Returns the share at `beta`."""
     per_node = facts.get("nvidia.hgx_h100_gpus").value
     net = facts.get("nccl.tuner_net_ring_step_latency_simple").value * 1e-6
     nvlink = facts.get("nccl.tuner_nvlink_ring_step_latency_simple").value * 1e-6
@@ -156,12 +166,18 @@ def nccl_ring_latency(nbytes: int, beta: float, *, gpus: int = 1024) -> float:
     share = lat / (lat + wire)
     dgx = facts.get("nvidia.connectx7_rate").value  # Gb/s, one NIC per GPU in a DGX H100
     wire_dgx = models.allreduce_time("ring", gpus, nbytes, 0.0, 8 / (dgx * 1e9))
-    print(f"By NCCL's tuner constants, {gpus} GPUs in {nodes} nodes of {per_node}: {inter} network "
-          f"steps and {steps - inter} NVLink steps, at least {ms(lat)} of latency against at "
-          f"most {ms(wire)} of bytes\nthrough one GPU's {8 / beta / 1e9:.0f} Gbit/s NIC (the "
-          f"link above): at least {share:.0%} of the ring's time is latency. With the {dgx} Gb/s "
-          f"NIC per GPU\nof a DGX H100 the bytes take {ms(wire_dgx)} (headers left out) and the "
-          f"share is at least {lat / (lat + wire_dgx):.0%}.")
+    def at_least(x: float) -> str:  # a lower bound, rounded down
+        return f"{math.floor(100 * x)}%"
+
+    print(f"By NCCL's tuner constants, {gpus} GPUs in {nodes} nodes of {per_node}: of the ring's "
+          f"2 x {gpus - 1} = {steps} steps,\n2 x {nodes - 1} = {inter} cross the network "
+          f"({net * 1e6:g} us each with Simple, NCCL's protocol for large messages) and\nthe "
+          f"other {steps - inter} stay inside a node (at least {nvlink * 1e6:g} us each over "
+          f"NVLink): at least {ms(lat)} of latency\nagainst at most {ms(wire)} of bytes through "
+          f"one GPU's {8 / beta / 1e9:.0f} Gbit/s NIC (the link above): at least "
+          f"{at_least(share)}\nof the ring's time is latency. With the {dgx} Gb/s NIC per GPU of "
+          f"a DGX H100 the bytes take {ms(wire_dgx)}\n(headers left out) and the share is at "
+          f"least {at_least(lat / (lat + wire_dgx))}.")
     return share
 
 
@@ -191,8 +207,8 @@ def print_cost_table() -> None:
 
 def check(rows: Sequence[dict]) -> None:
     """Print the best times against their closed forms: best/model, what each call paid beyond
-    its closed form per size, how far apart the ranks entered, and the sizes where that extra
-    is over BUSY_FACTOR - 1 of a closed form."""
+    its closed form per size, and the sizes where that extra is over BUSY_FACTOR - 1 of a
+    closed form."""
     ratio = [r["measured"] / r["model"] for r in rows]
     extra = {}  # per size: best minus closed form, ms
     by_size = sorted(rows, key=lambda r: r["nbytes"])
@@ -201,13 +217,11 @@ def check(rows: Sequence[dict]) -> None:
             (r["measured"] - r["model"]) * 1e3)
     far = list(dict.fromkeys(ex.human_bytes(r["nbytes"]) for r in by_size
                              if r["measured"] > BUSY_FACTOR * r["model"]))
-    spread = max(r["best_spread"] for r in rows)
     print(f"Consistency check: best/model {min(ratio):.2f} to {max(ratio):.2f}; best minus closed "
           "form, per call: "
           + ", ".join(f"{size} {min(e):+.1f}" + (f" to {max(e):+.1f}" if len(e) > 1 else "")
                       for size, e in extra.items())
-          + " ms.\n(A closed form starts all ranks at once; in "
-          f"these best runs they entered up to {spread * 1e3:.1f} ms apart.)")
+          + " ms.")
     if far:
         print(f"At {', '.join(far)} that extra is over {BUSY_FACTOR - 1:.0%} of a closed form: "
               "compare the closed forms there (measured ratios are printed beside them).")
@@ -285,7 +299,8 @@ def explain_crossover(near: Sequence[dict], *, x_over: float) -> None:
         print(f"{ex.human_bytes(lo)}: recursive doubling {ms(rd_lo['measured'])}, ring "
               f"{ms(ring_lo['measured'])}; {ex.human_bytes(hi)}: ring {ms(ring_hi['measured'])}, "
               f"recursive doubling {ms(rd_hi['measured'])} (best of {len(ring_hi['times'])}).")
-        print(f"The order flips between them, around the computed {x_over / 2**20:.2f} MiB. "
+        print(f"The order flips between them, consistent with the computed "
+              f"{x_over / 2**20:.2f} MiB. "
               f"At {ex.human_bytes(mid)} "
               f"ring / recursive doubling = {ring_mid['measured'] / rd_mid['measured']:.2f} "
               f"(closed forms {ring_mid['model'] / rd_mid['model']:.2f}): too close to call.")
@@ -330,13 +345,13 @@ def explain_tree(tree: Sequence[dict], *, ring: Sequence[dict], rd: Sequence[dic
 
 def explain_parameter_server(ps: Sequence[dict], *, p: int, alpha: float, beta: float) -> None:
     """Print the 4 MiB parameter server's time in multiples of n beta (the server's NIC sent
-    the sum p - 1 times) and the textbook cost; assert that it sent the sum p - 1 times, was
-    not early against its replay and stayed below the textbook cost."""
+    the sum p - 1 times); assert that it sent the sum p - 1 times, was not early against its
+    replay and stayed below the textbook cost, 2(alpha + (p-1) n beta), which also queues the
+    pushes."""
     big, nbeta = ex.one(ps, nbytes=LARGE), LARGE * beta
     textbook = models.parameter_server(p - 1, LARGE, alpha, beta)
     print(f"4 MiB: {ms(big['measured'])} = {big['measured'] / nbeta:.2f} n*beta (closed form "
           f"{big['model'] / nbeta:.2f}): the server's NIC sent the sum {p - 1} times.")
-    print(f"The textbook cost, which also queues the pushes: {ms(textbook)}.")
     # the server sent the sum out p - 1 times through one NIC (egress only)
     assert big["measured"] > (p - 1) * nbeta
     assert big["measured"] >= 0.98 * big["replay"]
@@ -354,24 +369,13 @@ def chain(rows: Sequence[dict], key: str) -> str:
         for (_, prev), (name, v) in zip(parts, parts[1:])]) + " ms"
 
 
-def textbook_rows(rows: Sequence[dict], *, p: int, alpha: float, beta: float) -> list[dict]:
-    """The rows with the parameter server's closed form replaced by the textbook one,
-    2(alpha + (p-1) n beta) (`models.parameter_server`), which also queues the pushes, as a
-    switch port in front of the server does, and labelled so."""
-    return [dict(r, model=models.parameter_server(p - 1, r["nbytes"], alpha, beta),
-                 label="parameter server (textbook)") if r["algorithm"] == "parameter_server"
-            else r for r in rows]
-
-
-def rank_algorithms(flat: Sequence[dict], *, p: int, alpha: float,
-                    beta: float) -> tuple[dict[int, list[str]], list[str]]:
-    """Per size, print the closed forms' order, with the textbook parameter server
-    (`textbook_rows`: the order that carries over), and the measured order (`chain`), after a
-    line naming the sizes where some run paid over BUSY_FACTOR - 1 beyond its closed form; then
-    the emulator's egress-only parameter-server forms the runs are checked against. Asserts
-    that no run was early. Returns (per size: the fastest algorithm and those tied with it,
-    by `ex.leaders`; the sizes, as labels, where some run exceeded its closed form by over
-    30%: there this machine's cost can reorder close results)."""
+def rank_algorithms(flat: Sequence[dict]) -> tuple[dict[int, list[str]], list[str]]:
+    """Per size, print the closed forms' order (the parameter server's is this egress-only
+    emulator's, the one its runs are checked against) and the measured order (`chain`), after
+    a line naming the sizes where some run paid over BUSY_FACTOR - 1 beyond its closed form.
+    Asserts that no run was early. Returns (per size: the fastest algorithm and those tied
+    with it, by `ex.leaders`; the sizes, as labels, where some run exceeded its closed form by
+    over 30%: there this machine's cost can reorder close results)."""
     for r in flat:
         assert r["measured"] >= 0.98 * r["model"]  # the emulated network never delivers early
     lead = {}  # per size: the fastest and those tied with it (ex.leaders: within its own noise)
@@ -385,15 +389,9 @@ def rank_algorithms(flat: Sequence[dict], *, p: int, alpha: float,
     for n in ex.SIZES:
         ranked = sorted(ex.select(flat, nbytes=n), key=lambda r: r["measured"])
         lead[n] = [r["algorithm"] for r in ex.leaders(ranked)]
-        by_model = sorted(textbook_rows(ranked, p=p, alpha=alpha, beta=beta),
-                          key=lambda r: r["model"])
+        by_model = sorted(ranked, key=lambda r: r["model"])
         print(f"{ex.human_bytes(n):>7} closed form: " + chain(by_model, "model"))
         print(f"{'':>7}    measured: " + chain(ranked, "measured"))
-    egress = ", ".join(f"{ex.human_bytes(r['nbytes'])} {ms(r['model'])}"
-                       for r in ex.select(flat, algorithm="parameter_server"))
-    print("(The measured parameter server ran on this egress-only emulator, whose closed form "
-          f"is shorter: {egress}.\nThe closed-form order above uses the textbook cost, which a "
-          "switched fabric pays.)")
     return lead, busy_at
 
 
