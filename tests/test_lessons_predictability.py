@@ -121,7 +121,7 @@ def test_verdict_names_resolved_slower_or_within_noise():
 def test_labels_read_the_caps_and_the_accumulation_from_the_run():
     labels = pm.labels(_mit())
     assert labels["baseline"] == "baseline\n(cap 0.25 MiB)"
-    assert labels["bigger buckets"] == "+ bigger buckets\n(cap 25 MiB)"
+    assert labels["bigger buckets"] == "+ bigger buckets\n(cap 25 MiB, no overlap left)"
     assert labels["fewer syncs"].startswith("+ fewer syncs\n(×4 batch")
 
 
@@ -131,7 +131,12 @@ def test_levers_sentence_marks_only_unresolved_levers_and_counts_the_buckets():
              "bigger buckets": _gain("bigger buckets", 3.0, 1.0),
              "fewer syncs": _gain("fewer syncs", 0.6, 0.97)}
     text = pm.levers_sentence(mit, gains, pm.factor_at_scale(mit))
-    assert "overlap +2% (within noise), bigger buckets +300%, fewer syncs +60% (30 steps" in text
+    assert text.startswith("**Each lever over the one before it, measured on 4 ranks (30 steps "
+                           "each):** overlap +2% (within noise), bigger buckets +300%, fewer "
+                           "syncs +60%; the unmarked ones *resolved*. *Resolved* means")
+    gains["overlap"] = _gain("overlap", 0.2, 0.95)
+    assert "fewer syncs +60%, each *resolved*. " in pm.levers_sentence(mit, gains,
+                                                                        pm.factor_at_scale(mit))
     assert "overlap ×1.1, bigger buckets ×5.7, fewer syncs ×2.0" in text
     assert "(8 buckets → 1)" in text
 
@@ -148,6 +153,17 @@ def test_accumulation_bound_is_the_skipped_share_of_k_steps():
     # a 100 ms step with a 40 ms exchange; skipping 3 in 4: 400 / (400 - 120) - 1
     assert pm.accumulation_bound(0.1, 0.04, 4) == pytest.approx(400 / 280 - 1)
     assert pm.accumulation_bound(0.1, 0.0, 4) == pytest.approx(0.0)
+    # with the local micro-steps as measured: 3 of 50 ms each beside the 100 ms synced step
+    assert pm.accumulation_measured(0.1, 0.15, 4) == pytest.approx(400 / 250 - 1)
+    # local micro-steps as long as the step outside its exchange: the bound itself
+    assert pm.accumulation_measured(0.1, 3 * 0.06, 4) == pytest.approx(
+        pm.accumulation_bound(0.1, 0.04, 4))
+
+
+def test_nic_label_names_the_constant_and_the_pareto_network_by_their_mean():
+    assert pm.nic_label("delay 7699us") == "constant 7.7 ms"
+    rough = pm.nic_label("delay 8ms 9ms distribution pareto")
+    assert rough.startswith("Pareto tail, mean ") and rough.endswith(" ms")
 
 
 # --- 04c: time to train -----------------------------------------------------------------------

@@ -468,7 +468,9 @@ def flat_vs_hierarchical(nodes: int = 2, procs_per_node: int = 2, nic: str = "de
         with Cluster(nodes=nodes, procs_per_node=procs_per_node, nic=nic, intra=intra,
                      algorithm=algorithm, timeout=120) as cl:
             run = run_steps(cl, compute_s=compute_s, nbytes=nbytes, steps=steps)
-        out[algorithm] = {**run.summary(), "comm_s": float(run.comm.max(axis=1).mean()),
+        per_step = run.comm.max(axis=1)   # the slowest rank's all-reduce, per step
+        out[algorithm] = {**run.summary(), "comm_s": float(per_step.mean()),
+                          "comm_per_step_s": per_step.tolist(), "steps": len(per_step),
                           "emulated_s": emulated_allreduce(nodes, procs_per_node, nic, intra,
                                                            algorithm, nbytes)}
     return out

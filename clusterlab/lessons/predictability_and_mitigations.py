@@ -39,6 +39,15 @@ def ci_text(t) -> str:
     return f"{ms(est)} [{ms(lo)}, {ms(hi)}]"
 
 
+def nic_label(nic: str) -> str:
+    """A network's label on the figures: 'constant 7.7 ms' for a fixed delay, 'Pareto tail,
+    mean 7.7 ms' for netem's Pareto distribution (the raw netem string otherwise)."""
+    mean = ms(jitter_at_scale.delay_stats(nic)["mean_s"])
+    if "pareto" in nic:
+        return f"Pareto tail, mean {mean}"
+    return f"constant {mean}" if len(nic.split()) == 2 and nic.startswith("delay") else nic
+
+
 def plot_predictability(pred: dict, *, calm_nic: str, rough_nic: str) -> None:
     """The figure of the predictability section: the measured step-time histograms of the two
     networks (dashed: each p90) and the simulated p50 and p99 with their 95 % bands up to the
@@ -49,7 +58,7 @@ def plot_predictability(pred: dict, *, calm_nic: str, rough_nic: str) -> None:
                        max(calm["step_times"].max(), rough["step_times"].max()) * 1e3, 40)
     for (nic, r), color in zip(pred["real"].items(), _COLORS):
         axes[0].hist(r["step_times"] * 1e3, bins=bins, alpha=0.6, color=color,
-                     label=f"{nic} ({r['steps']} steps)")
+                     label=f"{nic_label(nic)} ({r['steps']} steps)")
         axes[0].axvline(r["ci"]["p90"][0] * 1e3, color=color, ls="--")
     axes[0].set_xlabel("step time, ms (dashed: p90)")
     axes[0].set_ylabel("steps")
@@ -59,7 +68,7 @@ def plot_predictability(pred: dict, *, calm_nic: str, rough_nic: str) -> None:
         xs = [r["nodes"] for r in rows]
         for qn, style in (("p50", "-"), ("p99", "--")):
             est, lo, hi = (np.array([r["ci"][qn][i] for r in rows]) * 1e3 for i in range(3))
-            axes[1].plot(xs, est, style, color=color, label=f"{qn}, {nic}")
+            axes[1].plot(xs, est, style, color=color, label=f"{qn}, {nic_label(nic)}")
             axes[1].fill_between(xs, lo, hi, color=color, alpha=0.2, lw=0)
     axes[1].set_xscale("log", base=2)
     axes[1].set_yscale("log")
@@ -130,7 +139,8 @@ def labels(mit: dict) -> dict:
     caps = {k: v["bucket_cap_mb"] for k, v in mit["real"].items()}
     k_acc = mit["config"]["accumulate"]
     return {"baseline": f"baseline\n(cap {caps['baseline']:g} MiB)", "overlap": "+ overlap",
-            "bigger buckets": f"+ bigger buckets\n(cap {caps['bigger buckets']:g} MiB)",
+            "bigger buckets": f"+ bigger buckets\n(cap {caps['bigger buckets']:g} MiB, no "
+                              "overlap left)",
             "fewer syncs": f"+ fewer syncs\n(×{k_acc} batch: not the same training)",
             "hierarchical": "hierarchical, 8/node", "ring, 8 per node": "flat ring, 8/node"}
 
@@ -195,13 +205,15 @@ def levers_sentence(mit: dict, gains: dict, factor: dict) -> str:
     sim_buckets = mit["config"]["sim_buckets"]          # the measured DDP buckets, simulated as is
     n_small, n_big = len(sim_buckets["overlap"]), len(sim_buckets["bigger buckets"])
     n_a, _ = gains["overlap"]["steps"]
-    return ("**Each lever over the one before it, measured on 4 ranks:** "
+    marked = [k for k in order[1:] if not gains[k]["resolved"]]
+    return (f"**Each lever over the one before it, measured on 4 ranks ({n_a} steps each):** "
             + ", ".join(f"{k} {gains[k]['gain']:+.0%}"
                         + ("" if gains[k]["resolved"] else f" ({verdict(gains[k])})")
                         for k in order[1:])
-            + f" ({n_a} steps each; *resolved* = faster than the configuration before it in at "
-            "least 90 % of step pairs, counts in the appendix; the configurations ran one after "
-            "another, so their steps are not independent draws). "
+            + (", each *resolved*. " if not marked else "; the unmarked ones *resolved*. ")
+            + "*Resolved* means faster in at least 90 % of (new step, old step) comparisons; "
+            "the configurations ran one after another, so a drift in the machine's load could "
+            "still fool it (appendix). "
             + "**Simulated at 1024 ranks:** "
             + ", ".join(f"{k} ×{factor[k]:.1f}" for k in order[1:])
             + " (for fewer syncs, samples per second at a ×" + f"{k_acc} global batch, not time "
@@ -300,13 +312,18 @@ def hierarchy_sentence(mit: dict, one: dict, factor: dict, *, fast_in: str) -> s
     ranks = max(r["nodes"] for r in sim["hierarchical"])
     lat = jitter_at_scale.delay_stats(mit["config"]["hier_nic"])["configured_s"]
     ring_lat, hier_lat = network_latencies(hn, hp)
+    _, flat_net, hier_net = net_hops(ranks // 8, 8)
+    per = {a: np.asarray(hier[a]["comm_per_step_s"]) for a in ("ring", "hierarchical")}
     return (
         f"**On {hn} × {hp} the replay takes {ms(hier['ring']['emulated_s'])} flat against "
         f"{ms(hier['hierarchical']['emulated_s'])} hierarchical** ({ring_lat:.0f} against "
         f"{hier_lat} network latencies of {ms(lat)}); through Gloo and this host, "
-        f"{ms(hier['ring']['comm_s'])} and {ms(hier['hierarchical']['comm_s'])}. Simulated at "
-        f"{max(r['nodes'] for r in sim['hierarchical'])} ranks the hierarchy gains "
-        f"×{factor['hierarchical']:.2f}: the flat ring's intra-node hops.\n\n"
+        f"{ms(hier['ring']['comm_s'])} and {ms(hier['hierarchical']['comm_s'])} (means of "
+        f"{hier['ring']['steps']} steps each, ranging {ms(per['ring'].min())} to "
+        f"{ms(per['ring'].max())} and {ms(per['hierarchical'].min())} to "
+        f"{ms(per['hierarchical'].max())}). Simulated at {ranks} ranks the hierarchy gains "
+        f"×{factor['hierarchical']:.2f}: mostly the flat ring's intra-node hops (its longest "
+        f"chain crosses the network {flat_net} times, the hierarchy's {hier_net}).\n\n"
         f"**With a fast link inside the node (`{fast_in}`, far faster than the network; this "
         "replay models latency only) the gain nearly vanishes:** "
         f"one all-reduce at {ranks} ranks takes {one[fast_in, 'ring']:.3f} s flat against "
@@ -352,12 +369,20 @@ def accumulation_bound(step_s: float, wait_s: float, k: int) -> float:
     return k * step_s / (k * step_s - (k - 1) * wait_s) - 1
 
 
+def accumulation_measured(step_s: float, local_s: float, k: int) -> float:
+    """The throughput gain of k micro-batches per exchange when the k − 1 local micro-steps
+    take `local_s` in all (as measured) and the synced one `step_s`: k·step / (step + local)
+    − 1."""
+    return k * step_s / (step_s + local_s) - 1
+
+
 def appendix(pred: dict, mit: dict, gains: dict, factor: dict, one: dict, *, calm_nic: str,
              rough_nic: str, fast_in: str) -> None:
     """Prints the details behind each section: the measured p50 and p90 with their intervals,
-    each lever's pairs won and simulated factor with the accumulation bound, and the network
-    hops of one all-reduce with the flat and hierarchical times at the largest rank count (and
-    checks that these times differ by the flat ring's intra-node hops)."""
+    each lever's pairs won and simulated factor, DDP's first bucket, the accumulation gain from
+    the exchange alone and with the local micro-steps as measured, and the network hops of one
+    all-reduce (with NCCL's tuner count) with the flat and hierarchical times at the largest
+    rank count (and checks that these times differ by the flat ring's intra-node hops)."""
     sim_r = {r["nodes"]: r for r in pred["sim"][rough_nic]}
     sim_c = {r["nodes"]: r for r in pred["sim"][calm_nic]}
     n_real = pred["real"][rough_nic]["steps"]
@@ -368,8 +393,11 @@ def appendix(pred: dict, mit: dict, gains: dict, factor: dict, one: dict, *, cal
     nodes_h, R = ranks // 8, ranks
     slow_in = mit["config"]["hier_intra"]
     hn, hp = mit["config"]["hier_nodes"], mit["config"]["hier_ppn"]
+    caps_big = real["bigger buckets"]["bucket_cap_mb"]
+    model_mib = mit["config"]["model_bytes"] / 2**20
 
-    print(f"1. Predictability, 4 real ranks, {n_real} steps per network (95 % intervals):")
+    print(f"1. Predictability, 4 real ranks, {n_real} steps per network (95 % intervals, "
+          "treating the steps as independent):")
     for nic, r in pred["real"].items():
         print(f"   {nic:34s} p50 {ci_text(r['ci']['p50'])}   p90 {ci_text(r['ci']['p90'])}")
     print(f"   simulated, 4 nodes ({sim_r[4]['steps']} steps): the tail raised p50 by "
@@ -378,26 +406,50 @@ def appendix(pred: dict, mit: dict, gains: dict, factor: dict, one: dict, *, cal
 
     bb = real["bigger buckets"]        # accumulation skips k - 1 of every k exchanges of this step
     acc_bound = accumulation_bound(bb["step_s"], bb["wait_s"], k_acc)
+    fs = real["fewer syncs"]
+    local_each = fs["local_s"] / (k_acc - 1)       # one local micro-step, as measured
+    outside = bb["step_s"] - bb["wait_s"]          # a synced step outside its exchange
+    acc_local = accumulation_measured(bb["step_s"], fs["local_s"], k_acc)
     print(f"\n2. Levers, measured on 4 ranks ({n_a} steps each; 'resolved' = won >= 90 % of the "
           f"{n_a} x {n_b} step pairs):")
     for k in order[1:]:
-        print(f"   {label[k].replace(chr(10), ' '):38s} {gains[k]['gain']:+5.0%}  pairs won "
+        print(f"   {label[k].replace(chr(10), ' '):48s} {gains[k]['gain']:+5.0%}  pairs won "
               f"{gains[k]['beats']:4.0%} ({verdict(gains[k])})  simulated 1024 ranks "
               f"x{factor[k]:.1f}")
-    print(f"   accumulation skips an exchange of {ms(bb['wait_s'])} in a {ms(bb['step_s'])} step: "
-          f"skipping {k_acc - 1} in {k_acc} should gain about {acc_bound:+.0%}")
+    first = facts.get("pytorch.ddp_first_bucket")
+    print(f"   bigger buckets: the cap of {caps_big:g} MiB passed explicitly gives one bucket for "
+          f"the whole {model_mib:.2f} MiB model in the installed torch; left unset, DDP would "
+          f"split off a {first.text} first bucket (ledger: {first.id}).")
+    print(f"   fewer syncs skips {k_acc - 1} in {k_acc} exchanges of {ms(bb['wait_s'])} per "
+          f"{ms(bb['step_s'])} step: {acc_bound:+.0%} from the exchange alone. Each local "
+          f"micro-step took {ms(local_each)}, {ms(abs(outside - local_each))} "
+          f"{'less' if local_each < outside else 'more'} than a synced step outside its "
+          f"exchange ({ms(outside)}; the local steps also skip the optimizer step, "
+          f"{ms(bb['optimizer_s'])}, and DDP's bucket work): with them as measured, "
+          f"{acc_local:+.0%} (measured {gains['fewer syncs']['gain']:+.0%}).")
 
-    intra_hops = 2 * (R - 1) - 2 * nodes_h * (R - 1) / R   # the flat ring's intra-node hops
+    intra_hops = 2 * (R - 1) - net_hops(nodes_h, R // nodes_h)[1]   # on the longest chain
     print("\n3. Network hops in one all-reduce. The flat ring passes each chunk along a chain of "
-          "2(R - 1) hops (ranks numbered node by node; 'mean' over the chunk's first rank); a "
-          "synchronous all-reduce waits for the longest chain:")
-    print(f"   {'nodes x ranks':14s} {'flat, mean':>10s} {'flat, longest':>14s} {'hierarchy':>10s} "
+          "2(R - 1) hops (ranks numbered node by node); a synchronous all-reduce waits for the "
+          "longest chain:")
+    print(f"   {'nodes x ranks':14s} {'flat, longest':>14s} {'hierarchy':>10s} "
           f"{'NCCL tuner, ring':>17s}")
     for n, p in ((hn, hp), (nodes_h, R // nodes_h)):
-        mean_h, long_h, hier_h = net_hops(n, p)
-        print(f"   {f'{n} x {p}':14s} {mean_h:10.2f} {long_h:14d} {hier_h:10d} {2 * (n - 1):17d}")
-    print("   NCCL's tuner charges the ring 2(nodes - 1), the count with one rank per node; more "
-          "ranks per node add at most 2.")
+        _, long_h, hier_h = net_hops(n, p)
+        print(f"   {f'{n} x {p}':14s} {long_h:14d} {hier_h:10d} {2 * (n - 1):17d}")
+    # NCCL's tuner (v2.30.7 ncclTopoTuneModel): 2(nodes - 1) network steps; each other step
+    # max(intra-node latency, a per-step network overhead), at least the NVLink latency
+    steps_all, steps_net = 2 * (R - 1), 2 * (nodes_h - 1)
+    nv = facts.get("nccl.tuner_nvlink_ring_step_latency_simple").value * 1e-6
+    net = facts.get("nccl.tuner_net_ring_step_latency_simple").value * 1e-6
+    print(f"   NCCL's tuner (ledger: nccl.tuner_ring_inter_steps) charges the network latency on "
+          f"2(nodes - 1) of the ring's 2(R - 1) steps, the count with one rank per node, and on "
+          f"each of the other {steps_all - steps_net} (at {ranks} ranks) the intra-node latency "
+          f"or a per-step network overhead, whichever is larger. With Simple that is at least "
+          f"{nv * 1e6:g} us a step against {net * 1e6:g} us (plus the topology's inter-node "
+          f"latency, zero with NCCL's built-in transports): {ms((steps_all - steps_net) * nv)} "
+          f"against {ms(steps_net * net)}, so in NCCL's model too the intra-node steps are most "
+          "of a large ring's latency.")
     print(f"   Hierarchy at {ranks} ranks ({nodes_h} nodes x 8): the flat ring has "
           f"{intra_hops:.0f} intra-node hops. One all-reduce, flat vs hierarchical:")
     for intra in (slow_in, fast_in):
