@@ -212,12 +212,14 @@ def test_best_node_counts_finds_each_curves_optimum_and_the_critical_batch():
     assert "For the tree some seed's best is 1024, the edge of this range" in text
     assert "the ring's step grew ×2.00 while the steps fell only ×1.75" in text
     assert "that is from 8 nodes, past the ring's best." in text
+    assert "Critical batch estimate: taking the largest batch's 10.0 steps as S_min" in text
 
 
 def test_nccl_sentence_says_whether_every_seed_reached_the_critical_batch():
-    crit = {"n_crit": 8}
+    crit = {"n_crit": 8, "best": {"ring": {"nodes": 4}}}
     past = tt.nccl_sentence({"alpha_s": 1.4e-5, "best": 16, "seeds": [8, 16]}, crit)
     assert past.startswith("**With the 14 µs per network step")
+    assert "the ring's best moves from 4 nodes to 8 to 16 by seed** (16 by the mean" in past
     assert "every seed's best is at or past the 8 nodes" in past
     below = tt.nccl_sentence({"alpha_s": 1.4e-5, "best": 8, "seeds": [4, 8]}, crit)
     assert below.endswith("; the critical batch is reached at 8 nodes.")
@@ -237,12 +239,13 @@ def test_accumulation_decides_shorter_or_longer_by_the_steps_cut_against_the_ste
     assert a["share"][4] == pytest.approx(1 - 0.05 / 0.45)
     text = tt.accumulation_sentence(a, b_crit=128)
     assert "longer at 1 of those 2 node counts**: more samples per second" in text
-    assert "By the means it held even at 4 nodes" in text   # batch 128 is at the critical batch
+    assert "By the means, accumulation still paid at 4 nodes" in text   # 128 is at b_crit
+    assert "seeds split" not in text   # no per-seed counts given
     # per seed: the same seed's steps at B and 4B, against the step's growth (1.33x at 4 nodes)
     per_seed = {128: np.array([20.0, 20.0]), 512: np.array([10.0, 18.0])}
     assert tt.seed_wins(a, [4], per_seed) == {4: (1, 2)}
     text = tt.accumulation_sentence(a, b_crit=128, per_seed=per_seed)
-    assert "at 4 nodes the steps' cut beat it for 1 of 2 seeds: not every seed" in text
+    assert "Per seed it paid at 4 nodes for 1 of 2 seeds: this run does not show it" in text
 
 
 def test_explain_accumulation_prints_the_table_and_checks_one_rank_gains_nothing(said, capsys):
@@ -253,7 +256,12 @@ def test_explain_accumulation_prints_the_table_and_checks_one_rank_gains_nothing
     tt.explain_accumulation(a, b_crit=10_000)
     out = capsys.readouterr().out.splitlines()
     assert out[1].split()[-1] == "shorter" and out[2].split()[-1] == "longer"
-    assert said and "held even" not in said[0]
+    assert said and "still paid" not in said[0]
+    # with per-seed steps the table gains a column: for how many seeds the training got shorter
+    per_seed = {b: np.array([s, s]) for b, s in steps.items()}
+    tt.explain_accumulation(a, b_crit=10_000, per_seed=per_seed)
+    out = capsys.readouterr().out.splitlines()
+    assert "seeds shorter" in out[0] and out[2].split()[-4:] == ["0", "of", "2", "longer"]
 
 
 # --- 05: stragglers and staleness -------------------------------------------------------------

@@ -40,9 +40,19 @@ def least_rising(ring_t: dict, nodes: list) -> tuple[list, int]:
 def plot_time_to_train(ttt: dict, acc_curve: list, *, nodes: list, acc: int) -> None:
     """The figure: the measured steps to the target against the global batch (range of the
     seeds, each point's tuned rate) and the time to train against the nodes for the ring, the
-    tree and the ring with accumulation; its title says where the ring's time is least."""
+    tree and the ring with accumulation (each curve's least time marked); a dotted line at the
+    critical batch estimate (`settled`) on both panels; its title says where the ring's time is
+    least."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [0.9, 1.2]})
     rows = ttt["steps"]["rows"]
+    per_rank = ttt["per_rank_batch"]
+    b_crit = settled({r["batch"]: r["steps"] for r in rows}, sorted(r["batch"] for r in rows))
+    for ax, x, at, y in ((axes[0], b_crit, f"batch {b_crit}", 1),
+                         (axes[1], b_crit // per_rank, f"{b_crit // per_rank} nodes", 0)):
+        ax.axvline(x, ls=":", color="grey")
+        ax.annotate(f"critical batch\nestimate: {at}", (x, y), xycoords=("data", "axes fraction"),
+                    fontsize=7, color="grey", textcoords="offset points",
+                    xytext=(3, -20 if y else 4))
     axes[0].errorbar([r["batch"] for r in rows], [r["steps"] for r in rows],
                      yerr=[[r["steps"] - min(r["per_seed"]) for r in rows],
                            [max(r["per_seed"]) - r["steps"] for r in rows]],
@@ -56,18 +66,22 @@ def plot_time_to_train(ttt: dict, acc_curve: list, *, nodes: list, acc: int) -> 
     axes[0].set_ylabel(f"steps to the target loss\n(mean and range of "
                        f"{len(ttt['steps']['seeds'])} seeds)")
     axes[0].set_title("measured: real SGD on the toy, best learning rate", fontsize=9)
-    for label, (style, color) in STYLES.items():
-        c = ttt["curves"][label]
+    curves = [(label, ttt["curves"][label], style, color)
+              for label, (style, color) in STYLES.items()]
+    curves.append((f"ring, accumulate {acc}: global batch {acc}·N·b (below)",
+                   acc_curve, ":", "#55A868"))
+    for label, c, style, color in curves:
         axes[1].plot([r["nodes"] for r in c], [r["time_s"] for r in c], style, color=color,
-                     label=label)
-    axes[1].plot([r["nodes"] for r in acc_curve], [r["time_s"] for r in acc_curve], ":",
-                 color="#55A868", lw=2, label=f"ring, accumulate {acc} (see Accumulation below)")
+                     lw=2 if style == ":" else 1.5, label=label)
+        least = min(c, key=lambda r: r["time_s"])   # each curve's best node count
+        axes[1].plot(least["nodes"], least["time_s"], "o", mfc="none", color=color, ms=9)
     axes[1].set_xscale("log", base=2)
     axes[1].set_yscale("log")
     axes[1].set_xlabel("nodes")
     axes[1].set_ylabel("time to the target loss, s")
-    axes[1].set_title("steps × simulated step time (mean of the seeds)", fontsize=9)
-    axes[1].legend(fontsize=8)
+    axes[1].set_title("steps × simulated step time (mean of the seeds; circle: least)",
+                      fontsize=9)
+    axes[1].legend(fontsize=8, loc="upper center")
     ring_t = {r["nodes"]: r["time_s"] for r in ttt["curves"]["ring"]}
     past, ups = least_rising(ring_t, nodes)
     fig.suptitle(f"The ring's time to train is least at {past[0]} nodes (on a rate grid a "
@@ -108,7 +122,7 @@ def best_node_counts(ttt: dict, step_times: dict, *, nodes: list, per_rank: int)
             "plateau": [r for r in rows if r["batch"] >= top_from],
             "n_seeds": n_seeds, "per_seed": per_seed, "batches": batches,
             "b_crit": b_crit, "seed_crit": seed_crit, "n_crit": b_crit // per_rank,
-            "seed_best": seed_best}
+            "seed_best": seed_best, "pool": ttt["steps"].get("task", {}).get("pool")}
 
 
 def best_nodes_sentence(crit: dict) -> str:
@@ -134,9 +148,9 @@ def best_nodes_sentence(crit: dict) -> str:
         f"only ×{steps[nb_ * per_rank] / steps[2 * nb_ * per_rank]:.2f}"
         + (f", both batches at the same tuned rate ({lr_of[nb_ * per_rank]:g}): a rate between "
            "grid values might cut the steps more, so this fall is partly the grid's"
-           if same_lr else "") + ".\n\nThe critical batch is "
-        f"where the steps are twice their minimum (McCandlish et al.). Taking the largest batch's "
-        f"{s_big:.1f} steps as that minimum, the steps stay within twice it from batch {b_crit} "
+           if same_lr else "") + ".\n\nCritical batch "
+        f"estimate: taking the largest batch's {s_big:.1f} steps as S_min, the steps stay within "
+        f"2 S_min from batch {b_crit} "
         f"on ({span(seed_crit)} by seed; a lower true minimum would move it right), that is from "
         f"{n_crit} nodes" + (f", {'past' if n_crit > nb_ else 'below'} the ring's best. "
                              if n_crit != nb_ else ", the ring's best. ")
@@ -180,16 +194,16 @@ def nccl_best_nodes(crit: dict, *, compute_s: float) -> dict:
 
 def nccl_sentence(dc: dict, crit: dict) -> str:
     """Each seed's best node count for the ring with NCCL's tuner constant (`nccl_best_nodes`),
-    and whether every one of them is at or past the nodes that reach the critical batch."""
+    against the emulated ring's best by the mean, and whether every one of them is at or past
+    the nodes that reach the critical batch. The model's caveats are in the notebook's
+    real-cluster bullet."""
     n_crit = crit["n_crit"]
     return (f"**With the {dc['alpha_s'] * 1e6:.0f} µs per network step that NCCL's tuner charges "
-            f"(below) instead of 2 ms, each seed's best N for the ring would be "
-            f"{span(dc['seeds'])}** ({dc['best']} by the mean; a latency-only model, 2(N−1) such "
-            "steps, no bandwidth term; NCCL's own model also adds a base latency, the topology's "
-            "inter-node latency and a plateau factor for multi-node rings, and its tuner may pick "
-            "another algorithm or protocol)"
+            f"(below) instead of 2 ms, the ring's best moves from {crit['best']['ring']['nodes']} "
+            f"nodes to {span(dc['seeds'])} by seed** ({dc['best']} by the mean; the same "
+            "latency-only step)"
             + (f": every seed's best is at or past the {n_crit} nodes that reach the critical "
-               "batch, so there the flattening steps, more than the ring, set it."
+               "batch, so there the flattening steps, not the ring, set it."
                if min(dc["seeds"]) >= n_crit else
                f"; the critical batch is reached at {n_crit} nodes."))
 
@@ -232,6 +246,12 @@ def accumulation(step_times: dict, with_acc: dict, steps: dict, *, acc: int, per
             "share": share, "verdict": verdict}
 
 
+def seeded(a: dict, per_seed: dict | None) -> list:
+    """The node counts of `a` whose batches B and kB both have per-seed steps."""
+    return [n for n in sorted(a["cut"]) if per_seed is not None
+            and {n * a["per_rank"], a["acc"] * n * a["per_rank"]} <= set(per_seed)]
+
+
 def seed_wins(a: dict, ns: list, per_seed: dict) -> dict:
     """Per node count in `ns`: for how many seeds (of how many) S(B)/S(kB), the same seed at both
     batches, beat the step's growth."""
@@ -245,13 +265,16 @@ def seed_wins(a: dict, ns: list, per_seed: dict) -> dict:
 
 def accumulation_sentence(a: dict, *, b_crit: int, per_seed: dict | None = None) -> str:
     """Where accumulation raised samples per second, where it lengthened the mean time to
-    train, the rule that decided each node count, and any win at or past the critical batch."""
+    train, the rule that decided each node count, at how many node counts the seeds split, and
+    any win at or past the critical batch (with its per-seed count)."""
     acc, per_rank = a["acc"], a["per_rank"]
     sps_gain, grew, share, verdict = a["sps_gain"], a["grew"], a["share"], a["verdict"]
     raised = [n for n, g in sps_gain.items() if g > 1.01]
     slower = [n for n in raised if verdict[n] == "longer"]
     won_past = [n for n in raised if verdict[n] == "shorter" and n * per_rank >= b_crit]
     wins = seed_wins(a, won_past, per_seed) if per_seed is not None else {}
+    every = seed_wins(a, seeded(a, per_seed), per_seed)
+    split = [n for n, (k, m) in every.items() if 0 < k < m]
     return (
         f"**Accumulating {acc} micro-batches raised samples per second on every multi-node ring "
         f"(×{min(sps_gain[n] for n in raised):.2f} to ×{max(sps_gain[n] for n in raised):.2f}), "
@@ -260,32 +283,39 @@ def accumulation_sentence(a: dict, *, b_crit: int, per_seed: dict | None = None)
         + (": more samples per second is not a shorter training. " if slower else ". ")
         + f"By the rule (time = steps × step time), it was shorter exactly where the {acc}-fold "
         "batch cut the steps by a larger factor than the step grew (table)."
-        + (f" By the means it held even at {' and '.join(map(str, won_past))} nodes, whose batch "
-           f"is at or past the critical batch estimate ({b_crit}): the exchange was at least "
-           f"{min(share[n] for n in won_past):.0%} of their step, so the step grew only "
-           f"×{max(grew[n] for n in won_past):.2f}"
-           + (" (" + ", ".join(f"at {n} nodes the steps' cut beat it for {k} of {m} seeds"
-                               for n, (k, m) in wins.items())
-              + ("" if all(k == m for k, m in wins.values()) else
-                 ": not every seed, so this run does not show it past the critical batch; the "
-                 "rule does") + ")"
-              if wins else "") + "." if won_past else "")
+        + (f" The seeds split at {len(split)} of the {len(every)} node counts (table: seeds "
+           "shorter): there the mean's verdict is within seed noise." if split else "")
+        + (f" By the means, accumulation still paid at {' and '.join(map(str, won_past))} nodes, "
+           f"whose batch is at or past the critical batch estimate ({b_crit}): the exchange was "
+           f"at least {min(share[n] for n in won_past):.0%} of their step, so the step grew only "
+           f"×{max(grew[n] for n in won_past):.2f}."
+           + (" Per seed it paid " + " and ".join(f"at {n} nodes for {k} of {m} seeds"
+                                                  for n, (k, m) in wins.items())
+              + ("." if all(k == m for k, m in wins.values()) else
+                 ": this run does not show it past the critical batch; the rule predicts it.")
+              if wins else "") if won_past else "")
         + " Which node counts win follows the toy's jumpy steps (a rate grid a factor of 2 "
         "apart); the rule that decides each one does not.")
 
 
 def explain_accumulation(a: dict, *, b_crit: int, per_seed: dict | None = None) -> None:
     """Says what accumulation did (`accumulation_sentence`), prints the table of steps' cut,
-    step growth, exchange share and verdict per node count, and checks that it raised samples
-    per second exactly where it skipped an exchange (not on one rank)."""
+    step growth, exchange share, (given `per_seed`) for how many seeds the training got shorter,
+    and the verdict by the means per node count, and checks that it raised samples per second
+    exactly where it skipped an exchange (not on one rank)."""
     acc, per_rank = a["acc"], a["per_rank"]
     cut, grew, share, verdict = a["cut"], a["grew"], a["share"], a["verdict"]
     raised = [n for n, g in a["sps_gain"].items() if g > 1.01]
+    wins = seed_wins(a, seeded(a, per_seed), per_seed)
     say(accumulation_sentence(a, b_crit=b_crit, per_seed=per_seed))
-    print(f"nodes   batch B → {acc}B    steps fell ×   step grew ×   exchange share   training")
+    print(f"nodes   batch B → {acc}B    steps fell ×   step grew ×   exchange share"
+          + ("   seeds shorter" if wins else "") + "   training (means)")
     for n in sorted(cut):
         print(f"{n:>5}   {n * per_rank:>6} → {acc * n * per_rank:<6}   {cut[n]:>11.2f}   "
-              f"{grew[n]:>11.2f}   {share[n]:>14.0%}   {verdict[n]}")
+              f"{grew[n]:>11.2f}   {share[n]:>14.0%}"
+              + (f"   {f'{wins[n][0]} of {wins[n][1]}' if n in wins else '':>13}"
+                 if wins else "")
+              + f"   {verdict[n]}")
     assert 1 in cut and 1 not in raised          # one rank: nothing to save
     # every exchange it skips raises samples/s
     assert sorted(raised) == sorted(n for n in cut if n > 1)
@@ -293,15 +323,27 @@ def explain_accumulation(a: dict, *, b_crit: int, per_seed: dict | None = None) 
 
 def appendix(crit: dict) -> None:
     """Prints the steps to the target at each global batch with the tuned rate, where the rate
-    plateaus, and each curve's best node count by the mean and by seed."""
+    plateaus, how much of the shared sample pool the seeds read at the largest batch (and any
+    batch where a seed drew a sample twice), and each curve's best node count by the mean and
+    by seed."""
     rows, plateau = crit["rows"], crit["plateau"]
     best, t_of, seed_best = crit["best"], crit["t_of"], crit["seed_best"]
     print(f"Steps to the target, mean of {crit['n_seeds']} seeds, and the tuned rate:")
     print("    batch   steps   lr")
     for r in rows:
         print(f"   {r['batch']:>6}   {r['steps']:>5.1f}   {r['lr']:g}")
-    print(f"   from batch {crit['top_from']} on the best rate stays {crit['lr_top']:g} (twice that "
-          f"did worse at all {len(plateau)} of those batches)")
+    print(f"   from batch {crit['top_from']} on the best rate stays {crit['lr_top']:g} (twice "
+          f"that: at all {len(plateau)} of those batches some seed missed the target within the "
+          "best's mean steps + 1)")
+    if crit.get("pool"):   # every seed reads the same pool from its own offset
+        big = rows[-1]
+        used = [s * big["batch"] / crit["pool"] for s in big["per_seed"]]
+        reused = [r["batch"] for r in rows if r.get("reused")]
+        print(f"   at batch {big['batch']} the seeds each read {min(used):.0%} to {max(used):.0%} "
+              f"of the one pool of {crit['pool']} samples: they are far from independent there; "
+              + (f"some seed drew a sample twice at batch {', '.join(map(str, reused))}"
+                 if reused else
+                 "no seed drew a sample twice"))
     for k in STYLES:
         print(f"   {k}: best N {best[k]['nodes']} by the mean ({best[k]['time_s']:.2f} s), each "
               f"seed's best N {span(seed_best[k])}, {t_of[k][1024]:.2f} s on 1024 nodes")
