@@ -305,12 +305,29 @@ def test_backup_lines_and_the_shortening_verdict():
     assert ss.backup_line(base, base) == (
         "b=0: step 80.0 ± 1.4 ms, 2.0 ms above this sample's (N−b)-th draw")
     line = ss.backup_line(bk[1], base)
-    assert "saved 30.0 ms (predicted 30.0 ms); of 4 unused gradients, 3 were cut short, 1 " in line
+    assert ("saved 30.0 ± 0.0 ms (predicted 30.0 ms); of 4 unused gradients, 3 were cut short, "
+            "1 ") in line   # the same draws at every b: the paired saving has no spread here
     assert "discarded" not in ss.backup_line(_bk(2, 0.05, 0.044, 5), base)   # more cut than unused
     assert ss.backups_shortened(bk)
     # b = 4 saved 40 ms of a predicted 40: fine; saving under half of it is not
     assert not ss.backups_shortened([bk[0], bk[1], _bk(4, 0.065, 0.034, 5)])
     assert not ss.backups_shortened([bk[0], _bk(1, 0.081, 0.06, 1), bk[2]])   # b = 1 slower
+
+
+def test_saving_se_is_paired_when_the_steps_match():
+    base = {"step_s": np.array([0.08, 0.10, 0.09])}
+    r = {"step_s": np.array([0.05, 0.08, 0.06])}        # savings 30, 20, 30 ms
+    assert ss.saving_se(r, base) == pytest.approx(np.std([0.03, 0.02, 0.03], ddof=1) / np.sqrt(3))
+    short = {"step_s": np.array([0.05, 0.07])}           # other length: unpaired
+    assert ss.saving_se(short, base) == pytest.approx(
+        np.sqrt(np.var(base["step_s"], ddof=1) / 3 + np.var(short["step_s"], ddof=1) / 2))
+
+
+def test_step_back_by_tau_only_where_tau_has_enough_updates():
+    r = {"tau": np.array([1] * 10 + [2] * 3), "loss_before": np.ones(13),
+         "loss_after": np.array([2.0] * 4 + [0.5] * 6 + [2.0] * 3)}
+    assert ss.step_back_by_tau(r) == {1: pytest.approx(0.4)}   # τ = 2 has only 3 updates
+    assert ss.step_back_by_tau(r, min_updates=3) == {1: pytest.approx(0.4), 2: 1.0}
 
 
 def test_tau_counts_and_the_stability_title():
@@ -324,21 +341,13 @@ def _run(initial, final, mean_tau):
     return {"initial_loss": initial, "final_loss": final, "tau": np.array([mean_tau, mean_tau])}
 
 
-def test_plain_seeds_sentence_says_whether_the_outcome_separated_the_two():
-    diverge, converge = _run(1.0, 1e9, 3.0), _run(1.0, 1e-3, 3.0)
-    clean = {"4 equal": [diverge] * 3, "slow worker": [converge] * 3}
-    text = ss.plain_seeds_sentence(clean, lr=0.7)
-    assert "ended above their initial loss in 3/3 (mean τ 3.0), with a slow worker in 0/3" in text
-    assert text.endswith("Same mean τ, different outcome over these updates: mean τ did not "
-                         "decide.")
-    assert "last third" not in text   # no loss history: nothing to report
-    stalled = dict(converge, loss_after=np.array([2.0, 1.0, 0.5, 1e-3, 0.4, 1e-3]))
-    text = ss.plain_seeds_sentence({"4 equal": [diverge] * 3, "slow worker": [stalled] * 3},
-                                   lr=0.7)
-    assert ("Over the last third of their 6 updates the 3 runs that ended below their start "
-            "ranged from 1e-03 to 4e-01 (start 1.00)") in text
-    mixed = {"4 equal": [diverge] * 3, "slow worker": [converge, diverge, converge]}
-    assert ss.plain_seeds_sentence(mixed, lr=0.7).endswith("do not separate the two cleanly.")
+def test_unsettled_names_runs_below_the_start_that_rose_above_it_late():
+    stalled = {"initial_loss": 1.0, "final_loss": 1e-3,
+               "loss_after": np.array([0.5, 0.4, 0.3, 0.2, 4.0, 1e-3])}   # last third: 4.0, 1e-3
+    settled = dict(stalled, loss_after=np.array([0.5, 0.4, 0.3, 0.2, 0.1, 1e-3]))
+    diverged = dict(stalled, final_loss=1e6, loss_after=np.array([1.0, 2.0, 9.0, 1e3, 1e5, 1e6]))
+    assert ss.last_third_max(stalled) == 4.0
+    assert ss.unsettled({"a": stalled, "b": settled, "c": diverged}) == ["a"]
 
 
 def test_k_a_matches_counts_runs_whose_outcome_k_a_predicted():
@@ -360,8 +369,10 @@ def test_explain_ssp_lockstep_states_both_verdicts_when_released_together(capsys
     out = capsys.readouterr().out
     assert "a = 0.45; 4·a = 1.80; over 3 seeds" in out
     assert "Shown on this run: SSP released the workers in lockstep" in out
-    assert ("Shown on this run: 4·a predicted the outcome for most seeds at both step sizes "
+    assert ("Shown on this run: 4·a predicted the outcome in every run at both step sizes "
             "(6 of 6 runs)") in out
+    # τ = 1, 2, 3, 1: mean 1.75 -> limit at τ = 2 (0.618), max 3 (0.445): each one verdict
+    assert "not the mean or largest τ, predicted the outcome." in out
     assert "In those runs 100% to 100%" in out
     assert "(not exact lockstep)" not in out
 

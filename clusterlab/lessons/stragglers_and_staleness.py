@@ -172,10 +172,20 @@ def plot_backups(bk: list) -> None:
     plt.show()
 
 
+def saving_se(r: dict, base: dict) -> float:
+    """One standard error of the mean saving of run `r` against `base`: paired step by step
+    when both ran the same number of steps (every b draws the same compute times), else
+    unpaired."""
+    a, b = np.asarray(base["step_s"]), np.asarray(r["step_s"])
+    if len(a) == len(b):
+        return float(np.std(a - b, ddof=1) / np.sqrt(len(a)))
+    return float(np.sqrt(np.var(a, ddof=1) / len(a) + np.var(b, ddof=1) / len(b)))
+
+
 def backup_line(r: dict, base: dict) -> str:
     """One b's line: its step and spread, the time above its sample's (N−b)-th draw and, for
-    b > 0, what it saved against b = 0 (and the prediction) and what became of the unused
-    gradients."""
+    b > 0, what it saved against b = 0 with one standard error (and the prediction) and what
+    became of the unused gradients."""
     line = (f"b={r['backups']}: step {1e3 * r['mean_step_s']:.1f} ± "
             f"{1e3 * np.std(r['step_s'], ddof=1):.1f} ms, "
             f"{1e3 * (r['mean_step_s'] - r['sample_s']):.1f} ms above this sample's (N−b)-th draw")
@@ -183,7 +193,8 @@ def backup_line(r: dict, base: dict) -> str:
         saved = base["mean_step_s"] - r["mean_step_s"]
         predicted = base["predicted_s"] - r["predicted_s"]
         unused = r["backups"] * len(r["step_s"])   # b gradients per step are not used
-        line += (f"; saved {1e3 * saved:.1f} ms (predicted {1e3 * predicted:.1f} ms); of {unused} "
+        line += (f"; saved {1e3 * saved:.1f} ± {1e3 * saving_se(r, base):.1f} ms (predicted "
+                 f"{1e3 * predicted:.1f} ms); of {unused} "
                  f"unused gradients, {r['cancelled']} were cut short"
                  + (f", {unused - r['cancelled']} finished too late and were discarded"
                     if unused >= r["cancelled"] else ""))
@@ -206,9 +217,10 @@ def explain_backups(bk: list) -> None:
     base = bk[0]
     for r in bk:
         print(backup_line(r, base))
-    print(f"({len(base['step_s'])} steps per b; ± is the standard deviation over steps. The time "
-          "above the draw is messages, threads and Python overhead; with b > 0 the aggregator "
-          "also receives b unused replies per step.)")
+    print(f"({len(base['step_s'])} steps per b, the same compute draws at every b. A step's ± is "
+          "the standard deviation over steps; a saving's ± is one standard error of it (paired "
+          "step by step). The time above the draw is messages, threads and Python overhead; "
+          "with b > 0 the aggregator also receives b unused replies per step.)")
     # b = 0 waits for all; b > 0 cuts some short
     assert base["cancelled"] == 0 and bk[-1]["cancelled"] > 0
     conclude(backups_shortened(bk), f"every b > 0 shortened the step, and b = {bk[-1]['backups']} "
@@ -261,13 +273,24 @@ def plot_staleness(ps: dict) -> None:
     plt.show()
 
 
+def step_back_by_tau(r: dict, *, min_updates: int = 10) -> dict:
+    """The share of a run's updates that raised the loss, per staleness τ with at least
+    `min_updates` updates (the red dots of `plot_staleness`)."""
+    n_tau = tau_counts(r)
+    return {t: float(np.mean(r["loss_after"][r["tau"] == t] > r["loss_before"][r["tau"] == t]))
+            for t in range(len(n_tau)) if n_tau[t] >= min_updates}
+
+
 def explain_staleness(ps: dict) -> None:
-    """Prints 4 workers' updates per τ and, per worker count, the mean and largest τ, the share
-    of updates that raised the loss and the final loss; checks that one worker never steps
-    back and converges while four, τ close to W − 1, step back and diverge."""
+    """Prints 4 workers' updates per τ with the share of them that raised the loss (τ with at
+    least 10 updates) and, per worker count, the mean and largest τ, the share of updates that
+    raised the loss and the final loss; checks that one worker never steps back and converges
+    while four, τ close to W − 1, step back and diverge."""
     n_tau = tau_counts(ps[4])
     print("4 workers, updates per τ: " + ", ".join(f"τ={t}: {c}" for t, c in enumerate(n_tau) if c)
           + f" ({n_tau[2:5].sum()} of {n_tau.sum()} in τ = 2–4)")
+    print("  share of them that raised the loss (red dots; τ with ≥ 10 updates): "
+          + ", ".join(f"τ={t}: {f:.0%}" for t, f in step_back_by_tau(ps[4]).items()))
     for w, r in ps.items():
         print(f"{w} worker(s): mean τ {r['tau'].mean():.2f} (max {int(r['tau'].max())}), "
               f"updates that raised the loss {100 * r['step_back']:.0f}%, "
@@ -373,14 +396,33 @@ def plot_fixes(fix: dict) -> None:
     plt.show()
 
 
+def last_third_max(r: dict) -> float:
+    """The largest loss over the last third of a run's updates."""
+    return float(r["loss_after"][2 * len(r["loss_after"]) // 3:].max())
+
+
+def unsettled(fix: dict) -> list:
+    """The runs that ended below their initial loss although their loss rose above it in the
+    last third of their updates: lower when they stopped, not converged."""
+    return [n for n, r in fix.items()
+            if r["final_loss"] < r["initial_loss"] < last_third_max(r)]
+
+
 def explain_fixes(fix: dict) -> None:
-    """Prints each fix run's mean and largest τ, step-back share and final loss, and checks
-    what each fix must do: the τ + 1 step converges with fewer step-backs, SSP bounds τ and
-    costs updates per second, SSP + τ + 1 converges, and mean τ = W − 1 by counting."""
-    print(f"{'run (one each)':26s}{'mean τ':>7s}{'max τ':>7s}{'step back':>11s}{'final loss':>12s}")
+    """Prints each fix run's mean and largest τ, step-back share, final loss and largest loss
+    over its last third, names the runs that ended below the start yet rose above it in that
+    third, and checks what each fix must do: the τ + 1 step converges with fewer step-backs,
+    SSP bounds τ and costs updates per second, SSP + τ + 1 converges, and mean τ = W − 1 by
+    counting."""
+    print(f"{'run (one each)':26s}{'mean τ':>7s}{'max τ':>7s}{'step back':>11s}{'final loss':>12s}"
+          f"{'max, last third':>17s}")
     for name, r in fix.items():
         print(f"{name:26s}{r['tau'].mean():7.1f}{int(r['tau'].max()):7d}{r['step_back']:11.0%}"
-              f"{r['final_loss']:12.1e}")
+              f"{r['final_loss']:12.1e}{last_third_max(r):17.1e}")
+    for name in unsettled(fix):
+        print(f"{name}: ended below the start ({fix[name]['initial_loss']:.2f}) but rose to "
+              f"{last_third_max(fix[name]):.1e} in its last third: not converged, only low when "
+              "it stopped.")
     assert fix["τ+1 step (4 equal)"]["final_loss"] < fix["plain (4 equal)"]["final_loss"]
     assert fix["τ+1 step (4 equal)"]["step_back"] < fix["plain (4 equal)"]["step_back"]
     assert fix["SSP s=1, slow worker"]["tau"].max() < fix["plain, slow worker"]["tau"].max()
@@ -391,53 +433,6 @@ def explain_fixes(fix: dict) -> None:
     for r in fix.values():  # mean τ = W − 1 by counting (see below), whatever the speeds
         if r["fix"] in (None, "scale"):
             assert r["tau"].sum() + staleness.in_flight_staleness(r) == 3 * len(r["tau"])
-
-
-def explain_tau_by_worker(fix: dict, *, slow_worker: int, lr: float) -> None:
-    """Prints τ by worker in the plain run with a slow worker (fast against slow, and 4 equal
-    workers' mean) and the fixed-delay limit at the fast workers' mean τ rounded up."""
-    plain, eq = fix["plain, slow worker"], fix["plain (4 equal)"]
-    slow_id = slow_worker + 1  # the run records ranks; rank 0 serves, so worker 3 is rank 4
-    tau_by = {"fast workers": plain["tau"][plain["worker"] != slow_id],
-              "slow worker": plain["tau"][plain["worker"] == slow_id]}
-    fast_up = int(np.ceil(tau_by["fast workers"].mean()))  # a whole τ for the fixed-delay limit
-    print("Plain, slow worker, τ by worker (this run): "
-          + ", ".join(f"{n} mean {t.mean():.1f} over {len(t)} updates" for n, t in tau_by.items())
-          + f" (4 equal workers: {eq['tau'].mean():.1f}). Fixed-delay limit at the fast workers' "
-          f"mean rounded up, τ = {fast_up}: {models.delayed_gd_stable_step(fast_up):.3f}, against "
-          f"a = {lr}.")
-
-
-def last_third_sentence(runs: list) -> str:
-    """For the runs that ended below their initial loss: the range of their loss over the last
-    third of their updates, and that ending below the start does not show a run stable."""
-    below = [r for r in runs if r["final_loss"] < r["initial_loss"] and "loss_after" in r]
-    if not below:
-        return ""
-    thirds = [r["loss_after"][2 * len(r["loss_after"]) // 3:] for r in below]
-    return (f"Over the last third of their {len(below[0]['loss_after'])} updates the {len(below)} "
-            f"runs that ended below their start ranged from {min(t.min() for t in thirds):.0e} "
-            f"to {max(t.max() for t in thirds):.0e} (start {below[0]['initial_loss']:.2f}): "
-            "ending below the start in so few updates does not show a run stable. ")
-
-
-def plain_seeds_sentence(plain_runs: dict, *, lr: float) -> str:
-    """How many of the plain runs over seeds ended above their initial loss with 4 equal workers
-    and with a slow worker, at their mean τ, and whether the outcome separated them cleanly;
-    when a run ended below its start, the range of its loss over the last third of its updates
-    (ending below the start in a short run does not show it stable)."""
-    lim3 = models.delayed_gd_stable_step(3)
-    div = {k: sum(r["final_loss"] > r["initial_loss"] for r in rs) for k, rs in plain_runs.items()}
-    n_runs = len(plain_runs["4 equal"])
-    mean_tau = {k: np.mean([r["tau"].mean() for r in rs]) for k, rs in plain_runs.items()}
-    return (f"Plain async over {n_runs} seeds, a = {lr} above the τ = 3 limit {lim3:.3f}: 4 equal "
-            f"workers ended above their initial loss in {div['4 equal']}/{n_runs} (mean τ "
-            f"{mean_tau['4 equal']:.1f}), with a slow worker in {div['slow worker']}/{n_runs} "
-            f"(mean τ {mean_tau['slow worker']:.1f}). "
-            + last_third_sentence([r for rs in plain_runs.values() for r in rs])
-            + ("Same mean τ, different outcome over these updates: mean τ did not decide."
-               if abs(div["4 equal"] - div["slow worker"]) == n_runs
-               else "These seeds do not separate the two cleanly."))
 
 
 def explain_ssp_alone(fix: dict, *, lr: float) -> None:
@@ -486,16 +481,20 @@ def explain_ssp_lockstep(ssp_lr: dict, shared: dict, *, seeds) -> None:
     """For each a: k·a, the mean and largest τ with their fixed-delay limits, how many seeds
     ended above their initial loss, and the lockstep measured per seed; then states whether
     SSP released the workers in lockstep in every run and, if so, whether k·a predicted the
-    outcome for most seeds, with the count of runs it predicted (one verdict line)."""
+    outcome for most seeds (or every run), with the count of runs it predicted, and whether
+    the fixed-delay limits at the mean and largest τ could have told the two a apart."""
     k = shared["SSP s=1, slow worker"]["typical"]
     # the lockstep, measured on every run judged below, not only on the a = 0.7 run above
     lock = {a: [staleness.shared_versions(r) for r in rs] for a, rs in ssp_lr.items()}
     matches = {}
+    tau_says = {"mean": set(), "max": set()}   # each τ rule's verdicts (a below its limit?)
     for a, rs in ssp_lr.items():
         grew = [r["final_loss"] > r["initial_loss"] for r in rs]
         matches[a] = k_a_matches(rs, k=k, a=a)
         mean_t, max_t = np.mean([r["tau"].mean() for r in rs]), max(int(r["tau"].max()) for r in rs)
         up_t = int(np.ceil(mean_t))  # the fixed-delay limit needs a whole τ: the mean rounded up
+        tau_says["mean"].add(a < models.delayed_gd_stable_step(up_t))
+        tau_says["max"].add(a < models.delayed_gd_stable_step(max_t))
         print(f"a = {a}; {k}·a = {k * a:.2f}; over {len(rs)} seeds: mean τ {mean_t:.1f} "
               f"(fixed-delay limit at τ = {up_t}: {models.delayed_gd_stable_step(up_t):.3f}), "
               f"max τ {max_t} (limit {models.delayed_gd_stable_step(max_t):.3f}); "
@@ -511,17 +510,23 @@ def explain_ssp_lockstep(ssp_lr: dict, shared: dict, *, seeds) -> None:
     # mostly lockstep, not exactly: k gradients of one version are one step of k·a for the
     # gradients that shared a version, so the prediction should hold for most seeds (checked
     # only once the lockstep is shown)
+    n_match, n_runs = sum(matches.values()), len(seeds) * len(matches)
     if (conclude(lockstep, f"SSP released the workers in lockstep in every run (over 80% of the "
                  f"gradients from a version {k} workers typically pulled at once), so the k·a "
                  "prediction can be checked")
             and conclude(all(m > len(seeds) / 2 for m in matches.values()),
-                         f"{k}·a predicted the outcome for most seeds at both step sizes "
-                         f"({sum(matches.values())} of {len(seeds) * len(matches)} runs)")):
+                         f"{k}·a predicted the outcome "
+                         + ("in every run" if n_match == n_runs else "for most seeds")
+                         + f" at both step sizes ({n_match} of {n_runs} runs)")):
         print("In those runs "
               f"{min(g['in_shared'] for g in judged):.0%} to "
               f"{max(g['in_shared'] for g in judged):.0%} of the gradients shared a version"
               + (" (not exact lockstep)" if min(g["in_shared"] for g in judged) < 1 else "")
-              + ": the delay pattern, not τ, decided.")
+              + (f". The fixed-delay limits at the mean τ and at the largest τ each gave one "
+                 f"verdict for both a: the lockstep pattern ({k}·a), not the mean or largest τ, "
+                 "predicted the outcome."
+                 if all(len(v) == 1 for v in tau_says.values())
+                 else f": the lockstep pattern ({k}·a) predicted the outcome."))
 
 
 # --- on a real GPU cluster --------------------------------------------------------------------
