@@ -32,6 +32,8 @@ def test_mock_transcript_counts_the_late_answer_as_a_timeout(bank, capsys, lang)
     rehearsal.show_mock_transcript(bank, lang=lang, topics=TOPICS_TO_08B, seed=4,
                                    answer_after=(45, 150), time_limit=120)
     out = capsys.readouterr().out
-    assert "right option, after 45 s: correct" in out
-    assert "right option, after 150 s: timeout" in out
+    # seed 4 draws sd-nan-from-one-rank first: two right options, both chosen and starred
+    assert "answered B and D (the right options) after 45 s: correct" in out
+    assert "  * B. " in out and "  * D. " in out and "    A. " in out
+    assert "(the right option) after 150 s: timeout" in out
     assert out.index("Q1.") < out.index("Q2.")

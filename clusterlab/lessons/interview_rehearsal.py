@@ -99,10 +99,11 @@ def show_graded_open_answer(qid: str, weak: str, covered: set[int], *, bank,
 def show_mock_transcript(bank, *, lang: str, topics, seed: int, answer_after: tuple,
                          time_limit: float) -> None:
     """A fixed mock interview for the static view: len(`answer_after`) choice questions drawn
-    with `seed` from `topics`, each answered with its right option after the given seconds on
-    a hand-driven clock (an answer after `time_limit` counts as a timeout), then the summary
-    (score, score per topic, weak topics, sections to review)."""
-    from clusterlab.quiz.render import summary_blocks
+    with `seed` from `topics`, each printed with its options and answered with all its right
+    options (* marks them) after the given seconds on a hand-driven clock (an answer after
+    `time_limit` counts as a timeout), then the summary (score, score per topic, weak topics,
+    sections to review)."""
+    from clusterlab.quiz.render import letter, summary_blocks
     from clusterlab.quiz.session import Config, Session
 
     now = [0.0]  # the hand-driven clock, in seconds
@@ -112,8 +113,13 @@ def show_mock_transcript(bank, *, lang: str, topics, seed: int, answer_after: tu
     for seconds in answer_after:
         question = mock.begin()
         now[0] += seconds
-        result = mock.answer(question.correct_positions())  # the right option
-        print(f"Q{mock.index}. {question.text(lang).splitlines()[0]}\n"
-              f"    right option, after {seconds} s: {result.grade.status}")
+        right = sorted(question.correct_positions())
+        result = mock.answer(right)  # every right option, as a strong candidate would
+        print(f"Q{mock.index}. {question.text(lang).splitlines()[0]}")
+        for pos, option in enumerate(question.options(lang)):
+            print(f"  {'*' if pos in right else ' '} {letter(pos)}. {option}")
+        chosen = " and ".join(letter(pos) for pos in right)
+        print(f"    answered {chosen} (the right option{'s' if len(right) > 1 else ''}) "
+              f"after {seconds} s: {result.grade.status}")
     print()
     print(to_text(summary_blocks(mock.summary(), lang, bank)))
