@@ -39,13 +39,17 @@ def _mismatches(**override):
 
 
 def test_outcome_row_aligns_columns_and_wraps_what_it_says_under_its_column():
-    m = {"case": "op", "debug": "DETAIL", "error": "RankError", "ranks": [0, 1], "wall_s": 0.42,
-         "said": "word " * 40}
+    m = {"case": "op", "debug": None, "error": "ClusterTimeout", "ranks": [0, 1],
+         "wall_s": 2.42, "said": "word " * 40}
     lines = hangs_lesson.outcome_row(m).splitlines()
-    assert lines[0].startswith("op      DETAIL  RankError       [0, 1]    0.4s  word")
-    indent = len("op      DETAIL  RankError       [0, 1]    0.4s  ")
+    assert lines[0].startswith("op      None    ClusterTimeout  [0, 1]    2.4s  word")
+    indent = len("op      None    ClusterTimeout  [0, 1]    2.4s  ")
     assert len(lines) > 1 and all(line.startswith(" " * indent + "word") for line in lines[1:])
     assert all(len(line) <= 100 for line in lines)
+    # a RankError names only the first rank to report; every rank raises under DETAIL
+    detail = hangs_lesson.outcome_row({**m, "debug": "DETAIL", "error": "RankError",
+                                       "ranks": [1], "wall_s": 0.3})
+    assert detail.startswith("op      DETAIL  RankError       -         0.3s  word")
 
 
 def test_smaller_marks_a_wrong_result_as_silent_and_a_right_one_not():
@@ -87,14 +91,35 @@ def test_swap_lines_name_each_mode_and_rank_and_the_correct_sums():
 
 
 def test_skip_names_the_missing_rank_or_none_and_checks_the_bound(capsys):
-    skip = {None: {"waits_s": [2.0], "messages": ["Timed out"], "named_ranks": []},
-            "DETAIL": {"waits_s": [2.1], "messages": ["missing rank 2"], "named_ranks": [2]}}
+    skip = {None: {"waits_s": [2.0, 2.0, 0.0], "messages": ["Timed out a", "Timed out b", ""],
+                   "named_ranks": []},
+            "DETAIL": {"waits_s": [2.1, 2.2, 0.0], "named_ranks": [2],
+                       "messages": ["missing rank 2", "check rank 0 Original exception: x", ""]}}
     lines = hangs_lesson.skip_lines(skip)
-    assert lines[2] == "    ranks named as missing: none"
-    assert lines[5] == "    ranks named as missing: [2]"
+    assert lines[:4] == ["TORCH_DISTRIBUTED_DEBUG=OFF:",
+                         "    rank 0 raised after 2.0 s: Timed out a",
+                         "    rank 1 raised after 2.0 s: Timed out b",
+                         "    ranks named as missing by rank 0: none"]
+    assert lines[6] == "    rank 1 raised after 2.2 s: check rank 0"  # the wrapped cause cut
+    assert lines[7] == "    ranks named as missing by rank 0: [2]"
     hangs_lesson.explain_skip(skip, wait_s=2.0)
     with pytest.raises(AssertionError, match="bounded by the timeout"):
         hangs_lesson.explain_skip(skip, wait_s=3.0)
+    quiet = {**skip, None: {**skip[None], "messages": ["Timed out a", "closed", ""]}}
+    with pytest.raises(AssertionError, match="ranks 0, 1 time out"):
+        hangs_lesson.explain_skip(quiet, wait_s=2.0)
+
+
+def test_barrier_line_says_when_rank_0_raised_and_the_check_refuses_an_early_error(capsys):
+    mb = {"waits_s": [0.52, 0.53, None], "named_ranks": [2],
+          "message": "[Rank 0]: Ranks 2 failed to pass monitoredBarrier in 500 ms"}
+    assert hangs_lesson.barrier_line(mb, late_s=1.5) == (
+        "rank 0 raised after 0.5 s (the late rank was stuck for 1.5 s): [Rank 0]: Ranks 2 "
+        "failed to pass monitoredBarrier in 500 ms")
+    hangs_lesson.explain_barrier(mb, barrier_timeout_s=0.5, late_s=1.5)
+    with pytest.raises(AssertionError, match="barrier's timeout"):
+        hangs_lesson.explain_barrier({**mb, "waits_s": [0.1, 0.1, None]}, barrier_timeout_s=0.5,
+                                     late_s=1.5)
 
 
 @pytest.mark.parametrize("template", [hangs_lesson.hang_checklist, hangs_lesson.hang_settings,

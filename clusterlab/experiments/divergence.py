@@ -147,7 +147,8 @@ def _train_rank(faults, steps, features, hidden, batch, lr, seed, every, monitor
 
     rank, world = dist.get_rank(), dist.get_world_size()
     x_all, y_all = make_regression(4096, features, seed, dtype="float32")
-    x_eval, y_eval = x_all[:256], y_all[:256]  # the same held-out batch on every rank
+    x_eval, y_eval = x_all[:256], y_all[:256]  # one fixed batch, the same on every rank (training
+    # draws from all 4096 rows, so it is an evaluation batch, not a held-out set)
     results = {}
     for f in faults:
         f = Fault(**f)
@@ -293,7 +294,8 @@ def train(faults=(Fault(),), steps: int = 40, world: int = 4, features: int = 8,
 
     Returns {scenario: {
       "loss": (steps, world) each rank's training loss (rank 0's is what gets logged),
-      "eval_loss": (steps, world) each replica's loss on one shared held-out batch,
+      "eval_loss": (steps, world) each replica's loss on one fixed evaluation batch (rows
+                 the training batches are also drawn from: not held out),
       "distance": (steps, world) max |params_r - params_0| after each step (inf: NaN),
       "finite": (steps, world) the replica's parameters are all finite,
       "fingerprint": (steps, world, 2) clusterlab.monitor.fingerprint of each replica,
@@ -764,7 +766,8 @@ def _barrier_rank(late_rank, late_s, barrier_timeout):
     _quiet()
     if dist.get_rank() == late_rank:  # stuck elsewhere: I/O, a data loader, a deadlock
         time.sleep(late_s)
-        return {"arrived": False, "message": ""}
+        return {"arrived": False, "message": "", "wait_s": None}
+    t0 = time.monotonic()
     try:
         timeout = timedelta(seconds=barrier_timeout)
         if dist.get_backend() == "gloo":
@@ -772,8 +775,9 @@ def _barrier_rank(late_rank, late_s, barrier_timeout):
         else:  # dist.monitored_barrier accepts only "gloo"; the netem group runs Gloo's own
             dist.group.WORLD.monitored_barrier(timeout, True)
     except RuntimeError as exc:
-        return {"arrived": True, "message": str(exc).strip().splitlines()[0]}
-    return {"arrived": True, "message": ""}
+        return {"arrived": True, "message": str(exc).strip().splitlines()[0],
+                "wait_s": time.monotonic() - t0}
+    return {"arrived": True, "message": "", "wait_s": time.monotonic() - t0}
 
 
 def missed_barrier(world: int = 3, late_rank: int = 2, late_s: float = 2.0,
@@ -782,10 +786,12 @@ def missed_barrier(world: int = 3, late_rank: int = 2, late_s: float = 2.0,
 
     Rank 0 waits at most `barrier_timeout` for every other rank, then raises an error that
     names the ranks that did not arrive (wait_all_ranks=True: all of them, not only the
-    first). Each rank catches its error and returns its first line.
+    first). Each rank catches its error and returns its first line and how long it waited in
+    the barrier.
 
     Returns {"named_ranks": ranks named by rank 0's error, "message": rank 0's message,
-    "messages": per rank, "wall_s"}.
+    "messages": per rank, "waits_s": per rank, seconds in the barrier (None for the late
+    rank), "wall_s"}.
     """
     import time
 
@@ -796,7 +802,8 @@ def missed_barrier(world: int = 3, late_rank: int = 2, late_s: float = 2.0,
     found = re.search(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier", message)
     named = [int(r) for r in found[1].split(",") if r.strip()] if found else []
     return {"named_ranks": named, "message": message,
-            "messages": [o["message"] for o in out], "wall_s": time.monotonic() - t0}
+            "messages": [o["message"] for o in out], "waits_s": [o["wait_s"] for o in out],
+            "wall_s": time.monotonic() - t0}
 
 
 # --- detection ----------------------------------------------------------------------------------

@@ -15,8 +15,11 @@ HEADER = f"{'case':8s}{'debug':8s}{'outcome':16s}{'ranks':8s}{'after':>6s}  what
 def outcome_row(m: dict) -> str:
     """One run of `divergence.mismatched_collective` as a row of the outcomes table: case,
     debug mode, outcome, the ranks it names, seconds until it ended, and what it said (wrapped
-    at 100 characters under its column)."""
-    row = (f"{m['case']:8s}{str(m['debug']):8s}{m['error']:16s}{str(m['ranks']):8s}"
+    at 100 characters under its column). The ranks are those still inside the call
+    (ClusterTimeout) or the one that died (RankDied); '-' for a RankError, where the launcher
+    names only the first rank to report an error that, under DETAIL, every rank raises."""
+    ranks = "-" if m["error"] == "RankError" else str(m["ranks"])
+    row = (f"{m['case']:8s}{str(m['debug']):8s}{m['error']:16s}{ranks:8s}"
            f"{m['wall_s']:5.1f}s  ")
     return textwrap.fill(row + m["said"], 100, subsequent_indent=" " * len(row))
 
@@ -106,64 +109,88 @@ def check_swap(swap: dict) -> None:
 
 
 def skip_lines(skip: dict) -> list[str]:
-    """The skipped-collective runs, `skip[debug]`, in words: when rank 0 raised, its error
-    (wrapped), and the ranks the error names as missing ('none' when it names nobody)."""
+    """The skipped-collective runs, `skip[debug]`, in words: for every rank that raised, when
+    and its error (up to any 'Original exception' it wraps, wrapped at 96 characters); then the
+    ranks rank 0's error names as missing ('none' when it names nobody)."""
     lines = []
     for debug, r in skip.items():
-        lines.append(f"TORCH_DISTRIBUTED_DEBUG={debug or 'OFF'}: rank 0 raised after "
-                     f"{r['waits_s'][0]:.1f} s:")
-        lines.append(textwrap.fill(r["messages"][0], 96, initial_indent="    ",
-                                   subsequent_indent="    "))
-        lines.append(f"    ranks named as missing: {r['named_ranks'] or 'none'}")
+        lines.append(f"TORCH_DISTRIBUTED_DEBUG={debug or 'OFF'}:")
+        for rank, message in enumerate(r["messages"]):
+            if message:
+                first = message.split(" Original exception")[0]
+                lines.append(textwrap.fill(f"rank {rank} raised after {r['waits_s'][rank]:.1f} s: "
+                                           f"{first}", 96, initial_indent="    ",
+                                           subsequent_indent="        "))
+        lines.append(f"    ranks named as missing by rank 0: {r['named_ranks'] or 'none'}")
     return lines
 
 
 def explain_skip(skip: dict, *, wait_s: float) -> None:
-    """Print `skip_lines(skip)` and assert what the text says: plain Gloo names nobody,
-    `DETAIL` names rank 2, and rank 0 waited about the group's timeout `wait_s` either way."""
+    """Print `skip_lines(skip)` and assert what the text says: on plain Gloo ranks 0 and 1
+    each raise a timeout of their own that names nobody, `DETAIL` names rank 2, and rank 0
+    waited about the group's timeout `wait_s` either way."""
     for line in skip_lines(skip):
         print(line)
+    assert all("Timed out" in m for m in skip[None]["messages"][:2]), "ranks 0, 1 time out"
     assert skip[None]["named_ranks"] == [] and skip["DETAIL"]["named_ranks"] == [2]
     assert all(r["waits_s"][0] >= 0.9 * wait_s for r in skip.values()), "bounded by the timeout"
 
 
+def barrier_line(mb: dict, *, late_s: float) -> str:
+    """The monitored-barrier run in words: when rank 0 raised (seconds in the barrier), how
+    long the late rank was stuck, and rank 0's error."""
+    return (f"rank 0 raised after {mb['waits_s'][0]:.1f} s (the late rank was stuck for "
+            f"{late_s:g} s): {mb['message']}")
+
+
+def explain_barrier(mb: dict, *, barrier_timeout_s: float, late_s: float) -> None:
+    """Print `barrier_line(mb)` and assert what the text says: rank 0's error names rank 2, and
+    rank 0 waited at least about the barrier's timeout (it is never early)."""
+    print(barrier_line(mb, late_s=late_s))
+    assert mb["named_ranks"] == [2], mb["message"]
+    assert mb["waits_s"][0] >= 0.9 * barrier_timeout_s, "raised at the barrier's timeout"
+
+
 def hang_checklist() -> str:
-    """The `facts.show` template of "When a job hangs": the five steps in order and where the
-    evidence sits (flight-recorder dumps, a waiting rank's stack)."""
+    """The `facts.show` template of "When a job hangs": what to set before a run (or the
+    rerun), what to do while it hangs and after its timeout, and where the evidence sits
+    (flight-recorder dumps, a waiting rank's stack)."""
     return (
-        "**When a job hangs**, in this order:\n\n"
-        "1. **Bound it**: an explicit `timeout` (table below). On NCCL the watchdog then ends the "
-        "job, and each rank writes its flight-recorder dump: the ranks whose collective timed "
-        "out on their own, a rank with nothing queued (stuck in host code) on the dump signal "
-        "the others broadcast through the store (`kStoreDumpKey` in torch 2.13's "
-        "[ProcessGroupNCCL.hpp](https://github.com/pytorch/pytorch/blob/v2.13.0/torch/csrc/"
-        "distributed/c10d/ProcessGroupNCCL.hpp)).\n"
-        "2. **Name the missing rank**: `monitored_barrier` on a Gloo side group (above).\n"
-        "3. **See where every rank is**: [[pyspy.dump_native]] on every rank (it needs the "
-        "`SYS_PTRACE` capability, not among Docker's or Kubernetes' default capabilities: add it, "
-        "per the same README): the odd rank out is not waiting where the others are.\n"
-        "4. **Read the dumps** with [[pytorch.flight_recorder_analyzer]]: it merges them and "
-        "reports the first mismatch (op, size, dtype) or the ranks that never joined. The "
-        "watchdog writes a dump on a timeout or an exception; from a job that does neither, fetch "
-        "it on each rank on demand, `torch._C._distributed_c10d._dump_nccl_trace()` (a pickle; "
-        "NCCL builds, per the same tutorial). A same-shape swap issued from one line leaves no "
-        "trace there (above).\n"
-        "5. **A suspected mismatched op or shape**: rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL: it "
-        "[[pytorch.distributed_debug_detail]] (debugging only). Stuck at start-up: "
-        "`NCCL_DEBUG=INFO` logs the communicator set-up; `TORCH_SHOW_CPP_STACKTRACES=1` adds C++ "
-        "frames to errors.\n\n"
-        "- **Keep the dumps.** They are written on each rank's own host, by default to "
+        "**When a job hangs.** Before a run, or the rerun:\n\n"
+        "1. **Bound it**: an explicit `timeout` (table below). On NCCL, when a collective "
+        "exceeds it, the watchdog tears down its own process (the launcher then ends the job), "
+        "and each rank first tries to write its flight-recorder dump (best effort: PyTorch "
+        "waits for it only a bounded time): the ranks whose collective timed out on their own, "
+        "a rank stuck elsewhere when the first timed-out rank signals it.\n"
+        "2. **Keep the dumps.** They are written on each rank's own host, by default to "
         "[[pytorch.fr_dump_location]] (`$XDG_CACHE_HOME` replaces `~/.cache` when set): a "
         "container whose home is discarded loses them. Set "
         "TORCH_FR_DUMP_TEMP_FILE to a file-name prefix on persistent shared storage, e.g. "
         "`/shared/fr/trace_rank_` (the rank is appended; the directory must exist).\n"
+        "3. **Name a missing rank**: `monitored_barrier` on a Gloo side group at a few chosen "
+        "points (above).\n"
+        "4. **A suspected mismatched op or shape**: rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL: it "
+        "[[pytorch.distributed_debug_detail]] (debugging only). Stuck at start-up: "
+        "`NCCL_DEBUG=INFO` logs the communicator set-up; `TORCH_SHOW_CPP_STACKTRACES=1` adds C++ "
+        "frames to errors.\n\n"
+        "While it hangs, and after its timeout:\n\n"
+        "5. **See where every rank is**: [[pyspy.dump_native]] on every rank (it needs the "
+        "`SYS_PTRACE` capability, not among Docker's or Kubernetes' default capabilities: add it, "
+        "per the same README): the odd rank out is not waiting where the others are.\n"
+        "6. **Read the dumps** with [[pytorch.flight_recorder_analyzer]]: it merges them and "
+        "reports the first mismatch (op, size, dtype) or the ranks that never joined. From a "
+        "job that neither times out nor fails, fetch a dump on each rank on demand, "
+        "`torch._C._distributed_c10d._dump_nccl_trace()` (a pickle; NCCL builds, per the same "
+        "tutorial). A same-shape swap issued from one line leaves no trace there (above).\n\n"
         "- **Where a waiting rank's stack sits.** A collective with `async_op=False` "
         "[[pytorch.collective_returns_before_cuda_completes]], so the others wait at the next "
         "host sync (`.item()`, `.cpu()`); [[pytorch.nccl_blocking_wait]] puts the stack in the "
         "collective itself. A group's first collective creates its communicator "
         "([[pytorch.nccl_lazy_comm_init]]; [[nccl.comm_init_rank_sync]]), so a hang can sit "
         "there; with `device_id` in `init_process_group` it moves to the init and `new_group`. "
-        "`torch.distributed.breakpoint(rank=k)` opens pdb on rank k while the others wait.")
+        "`torch.distributed.breakpoint(rank=k)`, called on every rank, opens pdb on rank k "
+        "while the others wait: it ends in a barrier, so called from a rank-dependent branch it "
+        "is itself the mismatch above (it also sets every group's timeout to an hour).")
 
 
 def hang_settings() -> str:
