@@ -32,7 +32,7 @@ def test_a_detached_optimizer_and_a_divided_learning_rate_stall_without_any_alar
         assert run["params"].shape[0] == world
         assert run["alerts"] == [] and np.all(run["distance"] == 0)
         assert np.all(np.isfinite(run["grad_norm"])) and np.all(run["grad_norm"] > 0)
-    # Nothing is applied: no update, a constant held-out loss and checksum.
+    # Nothing is applied: no update, a constant evaluation loss and checksum.
     assert np.all(detached["update_ratio"] == 0)
     assert np.ptp(detached["eval_loss"]) == 0
     assert np.all(detached["fingerprint"] == detached["fingerprint"][0])

@@ -341,6 +341,8 @@ def test_explain_changed(capsys):
     assert "2.400000e-03 after step 0, 2.400000e-03 after step 24 (moved by at most 0.0e+00" in out
     assert "rank 0's loss, last 10 steps: 0.10% off" in out
     assert "(both within 0.8% of it)" in out and "which replica the checkpoint" in out
+    assert "loss on a fixed evaluation batch (the same on every rank)" in out
+    assert "held-out" not in out  # the evaluation rows are also in the training pool
     with pytest.raises(AssertionError, match="within 5%"):
         sd.explain_changed(_run(odd=(2,), distance=1e-3, loss=0.2, eval_loss=ev), healthy,
                            steps=25)
@@ -442,8 +444,8 @@ def _stall(steps=30, world=4, batch=16, lr=0.05):
 
 def test_stall_row_counts_the_checksum_moves():
     row = sd.stall_row("optimizer_detached", _stall()["optimizer_detached"], steps=30)
-    assert row == f"{'optimizer_detached':19s}  2.800 -> 2.800      2.80    0.0e+00 " + (
-        f"{'0 of 29':>14s}      0")
+    assert row == f"{'optimizer_detached':19s}     2.800 -> 2.800      2.80    0.0e+00 " + (
+        f"{'0 of 29':>21s}      0")
     assert "29 of 29" in sd.stall_row("healthy", _stall()["healthy"], steps=30)
 
 
@@ -453,7 +455,49 @@ def test_explain_stall(capsys):
     assert ("lr_divided's first update is 0.0156 of the healthy run's, "
             "1 / (W x batch) = 0.0156") in out
     assert out.rstrip().endswith("a checksum that never moves flags optimizer_detached")
+    assert "loss, step 0 -> 29" in out and "steps weights changed" in out
+    assert "held-out" not in out and "*" not in out
     stall = _stall()
     stall["lr_divided"]["alerts"] = [{"kind": "nan"}]  # a dashboard would have flagged it
     with pytest.raises(AssertionError):
         sd.explain_stall(stall, steps=30, lr=0.05, world=4, batch=16)
+
+
+def _drift(gap_ulps=1, weight=0.75):
+    def run(split):
+        p = np.full((4, 161), 0.5)
+        p[:, 7] = weight
+        if split:
+            p[2, 7] = weight + gap_ulps * float(np.spacing(np.float32(weight)))
+        d = np.zeros((25, 4))
+        d[:, 2] = abs(p[2, 7] - p[0, 7])
+        return {"params": p, "distance": d}
+
+    return {"manual_allreduce": run(False), "split_batch_before": run(False),
+            "sum_order": run(True), "float64_update": run(True)}
+
+
+def test_ulps_apart_counts_float32_spacings_at_the_weight():
+    gap, w, n = sd.ulps_apart(_drift(gap_ulps=1, weight=0.75)["sum_order"])
+    assert w == 0.75 and n == 1 and gap == 2.0 ** -24
+    assert sd.ulps_apart(_drift(gap_ulps=3, weight=-0.3)["sum_order"])[2] == 3
+
+
+def test_explain_last_bits(capsys):
+    sd.explain_last_bits(_drift(), steps=25)
+    out = capsys.readouterr().out
+    assert "vs manual_allreduce = max weight difference from that run" in out
+    assert "sum_order: its gap 6.0e-08 is 1 ulp of the weight it sits at (+0.750)" in out
+    assert "float64_update" in out and "split_batch_before" not in out
+    assert "float32 eps = 1.2e-07 (dotted in the plot) is that spacing at 1.0" in out
+    with pytest.raises(AssertionError, match="last bits"):
+        sd.explain_last_bits(_drift(gap_ulps=5000), steps=25)
+
+
+def test_reference_notes_fold_into_one_details_element():
+    from clusterlab import facts
+
+    text = facts.render(sd.REFERENCE)
+    assert text.startswith("<details><summary>For reference")
+    assert text.count("</details>") == 1 and "TORCH_NCCL_NAN_CHECK" in text
+    assert "corruption while the sum is forwarded" in facts.render(sd.IDENTICAL_BYTES)

@@ -12,8 +12,9 @@ import numpy as np
 
 def explain_changed(changed: dict, healthy: dict, *, steps: int) -> None:
     """Rank 2 changed its weights after wrapping: which ranks' fingerprints differ, how its gap
-    to rank 0 stayed what it was, how far rank 0's loss and both replicas' held-out losses are
-    from the healthy run's; asserts each of these."""
+    to rank 0 stayed what it was, how far rank 0's loss and both replicas' losses on the fixed
+    evaluation batch (drawn from the training data, not held out) are from the healthy run's;
+    asserts each of these."""
     from ..experiments import divergence
 
     dev = divergence.loss_deviation(changed, healthy)
@@ -26,8 +27,8 @@ def explain_changed(changed: dict, healthy: dict, *, steps: int) -> None:
     ev0, ev2 = changed["eval_loss"][-1, 0], changed["eval_loss"][-1, 2]
     evh = healthy["eval_loss"][-1, 0]
     off = max(abs(ev0 - evh), abs(ev2 - evh)) / evh
-    print(f"held-out loss: rank 0's replica {ev0:.5f}, rank 2's {ev2:.5f}, healthy run "
-          f"{evh:.5f} (both within {off:.1%} of it)")
+    print(f"loss on a fixed evaluation batch (the same on every rank): rank 0's replica "
+          f"{ev0:.5f}, rank 2's {ev2:.5f}, healthy run {evh:.5f} (both within {off:.1%} of it)")
     if off < 0.05:
         print("so evaluating either replica alone shows nothing wrong; which replica the "
               "checkpoint holds is a real question")
@@ -41,7 +42,8 @@ def explain_changed(changed: dict, healthy: dict, *, steps: int) -> None:
 def explain_exponent_flip(expo: dict, healthy: dict) -> None:
     """An exponent bit (30) flipped before the all-reduce: the element before and after, the
     gradient-norm spike at step 10 on every rank and the normal norms after it, how many
-    elements of the healthy gradient could reach 1, the replicas, the huge weight it left and
+    elements of the healthy run's averaged gradient could reach 1 (an illustration: the flip
+    hits rank 2's own gradient, not that one), the replicas, the huge weight it left and
     the hidden unit it saturated; asserts each of these."""
     from ..experiments import divergence
 
@@ -52,7 +54,9 @@ def explain_exponent_flip(expo: dict, healthy: dict) -> None:
           + (" (its float32 sum of squares overflows)" if np.isinf(g[10]) else "")
           + f", the same on every rank: {np.all(expo['grad_norm'][10] == g[10])}")
     print(f"healthy run at step 10: {h[10]:.2f}, so at most {int(h[10] ** 2)} of its "
-          f"{expo['params'].shape[1]} synchronised gradient elements can reach 1 in magnitude")
+          f"{expo['params'].shape[1]} synchronised gradient elements can reach 1 in magnitude "
+          "(an illustration: the flip hits rank 2's own gradient, before averaging, whose norm "
+          "is usually larger)")
     print(f"gradient norm at steps 11-12: {', '.join(f'{x:.1e}' for x in g[11:13])} (healthy: "
           f"{', '.join(f'{x:.2f}' for x in h[11:13])})")
     print(f"replicas differing from rank 0 at the end: {divergence.replicas_agree(expo)}; "
@@ -145,13 +149,15 @@ def explain_detection(det: list, *, every: int, world: int) -> None:
 # --- A model that stops learning ----------------------------------------------------------------
 
 def stall_row(name: str, run: dict, *, steps: int) -> str:
-    """One row of the stall table: held-out loss first -> last, median gradient norm, median
-    lr applied (||update|| / ||gradient||), checks whose rank-0 checksum moved, alerts."""
+    """One row of the stall table: the loss on the fixed evaluation batch after the first
+    and after the last step, median gradient norm, median lr applied (||update|| /
+    ||gradient||), the steps after the first that changed rank 0's weights (its checksum
+    moved), alerts."""
     ev, fp = run["eval_loss"][:, 0], run["fingerprint"][:, 0]
     moved = int(np.any(fp[1:] != fp[:-1], axis=1).sum())
     applied = np.median(run["update_norm"][:, 0] / run["grad_norm"][:, 0])
-    return (f"{name:19s} {ev[0]:6.3f} -> {ev[-1]:5.3f} {np.median(run['grad_norm']):9.2f} "
-            f"{applied:10.1e} {f'{moved} of {steps - 1}':>14s} {len(run['alerts']):6d}")
+    return (f"{name:19s} {f'{ev[0]:.3f} -> {ev[-1]:.3f}':>18s} {np.median(run['grad_norm']):9.2f} "
+            f"{applied:10.1e} {f'{moved} of {steps - 1}':>21s} {len(run['alerts']):6d}")
 
 
 def explain_stall(stall: dict, *, steps: int, lr: float, world: int, batch: int) -> None:
@@ -162,16 +168,17 @@ def explain_stall(stall: dict, *, steps: int, lr: float, world: int, batch: int)
     alert) while the applied lr and the checksum show them."""
     ok, detached, divided = stall["healthy"], stall["optimizer_detached"], stall["lr_divided"]
     g0 = ok["grad_norm"][0, 0]  # the healthy run's first gradient: same weights, same batch
-    print(f"{'':19s} {'held-out loss*':>15s} {'grad norm':>9s} {'lr applied':>10s} "
-          f"{'checksum moved':>14s} {'alerts':>6s}")
+    print(f"{'':19s} {f'loss, step 0 -> {steps - 1}':>18s} {'grad norm':>9s} {'lr applied':>10s} "
+          f"{'steps weights changed':>21s} {'alerts':>6s}")
     for name, run in stall.items():
         print(stall_row(name, run, steps=steps))
     shrink = divided["update_ratio"][0] / ok["update_ratio"][0]
-    print(f"(medians over {steps} steps; lr applied = ||update|| / ||gradient||, configured "
-          f"{lr}; replicas agree in every run; lr_divided's first update is {shrink.mean():.4f} "
-          f"of the healthy run's, 1 / (W x batch) = {1 / (world * batch):.4f})")
-    print("* measured after each step's update, from the same starting weights: the first "
-          "entry already includes one update, which is why the healthy run starts lower")
+    print(f"(loss on the fixed evaluation batch after step 0 and after step {steps - 1}; medians "
+          f"over {steps} steps; lr applied = ||update|| / ||gradient||, configured {lr}; steps "
+          f"weights changed: of steps 1-{steps - 1}, those after which rank 0's checksum "
+          f"differs; replicas agree in every run; lr_divided's first update is "
+          f"{shrink.mean():.4f} of the healthy run's, 1 / (W x batch) = "
+          f"{1 / (world * batch):.4f})")
     assert ok["eval_loss"][-1, 0] < 0.1 * ok["eval_loss"][0, 0], "the healthy run learns"
     assert np.ptp(detached["eval_loss"]) == 0, "optimizer_detached learns nothing at all"
     assert divided["eval_loss"][-1, 0] > 0.9 * divided["eval_loss"][0, 0], "lr_divided crawls"
@@ -194,7 +201,8 @@ def explain_stall(stall: dict, *, steps: int, lr: float, world: int, batch: int)
 
 
 def plot_stall(stall: dict, *, lr: float) -> None:
-    """Three panels over the steps of the stall runs: rank 0's held-out loss, its gradient
+    """Three panels over the steps of the stall runs: rank 0's loss on the fixed evaluation
+    batch, its gradient
     norm after the sync, and the lr SGD really applied (||update|| / ||gradient||, 0 on the
     bottom row) against the configured `lr`."""
     import matplotlib.pyplot as plt
@@ -208,7 +216,7 @@ def plot_stall(stall: dict, *, lr: float) -> None:
         applied = run["update_norm"][:, 0] / run["grad_norm"][:, 0]  # the lr SGD really applied
         axes[2].plot(np.maximum(applied, 1e-6), **style[name],  # 0 drawn on the bottom row
                      label=name + (" (on the dashed line)" if name == "healthy" else ""))
-    axes[0].set_ylabel("held-out loss (MSE)")
+    axes[0].set_ylabel("loss on the evaluation batch (MSE)")
     axes[0].legend(fontsize=8)
     axes[0].set_title("the loss stalls", fontsize=10)
     axes[1].set_ylabel("gradient L2 norm after the sync")
@@ -221,7 +229,7 @@ def plot_stall(stall: dict, *, lr: float) -> None:
     axes[2].minorticks_off()
     axes[2].set_ylabel("||update|| / ||gradient||")
     axes[2].legend(fontsize=8, loc="center right", bbox_to_anchor=(1, 0.3))
-    axes[2].set_title("the lr actually applied vs the schedule's", fontsize=10)
+    axes[2].set_title("the lr actually applied (0 drawn on the bottom row)", fontsize=10)
     for ax in axes:
         ax.set_xlabel("step")
     axes[1].set_ylim(bottom=0)
@@ -229,11 +237,41 @@ def plot_stall(stall: dict, *, lr: float) -> None:
     plt.show()
 
 
+# --- Numerical drift ----------------------------------------------------------------------------
+
+def ulps_apart(run: dict, rank: int = 2) -> tuple[float, float, float]:
+    """Rank `rank`'s largest |w_rank - w_0| after the last step, rank 0's weight where it
+    occurs, and that gap in ulp (units in the last place: the spacing of float32 numbers at
+    the smaller of the two weights' magnitudes)."""
+    p = run["params"]
+    d = np.abs(p[rank] - p[0])
+    i = int(np.argmax(d))
+    ulp = float(np.spacing(np.float32(min(abs(p[0, i]), abs(p[rank, i])))))
+    return float(d[i]), float(p[0, i]), float(d[i]) / ulp
+
+
+def explain_last_bits(num: dict, *, steps: int, reference: str = "manual_allreduce",
+                      rank: int = 2) -> None:
+    """Under the numerical-drift table: what its columns measure, and for each run that split
+    rank `rank` off, its largest gap in ulp of the weight it sits at (float32 eps is that
+    spacing at 1.0 only); asserts that the split lies in the last bits."""
+    eps = float(np.finfo(np.float32).eps)
+    print(f"(after {steps} steps; gap to rank 0 = max |w_{rank} - w_0|; vs {reference} = max "
+          f"weight difference from that run, over every rank)")
+    split = [name for name, run in num.items() if np.any(run["distance"][-1] > 0)]
+    for name in split:
+        gap, w, n = ulps_apart(num[name], rank)
+        print(f"{name}: its gap {gap:.1e} is {n:g} ulp of the weight it sits at ({w:+.3f})")
+        assert 0 < n <= 2 ** 10, "a difference in the last bits"
+    print(f"ulp: the float32 spacing at a value; float32 eps = {eps:.1e} (dotted in the plot) "
+          f"is that spacing at 1.0; in [0.5, 1) it is eps/2 = {eps / 2:.1e}")
+
+
 # --- On a real GPU cluster ----------------------------------------------------------------------
 
 # Sourced notes rendered by `facts.show`: what NCCL's all-reduce guarantees and where replicas
-# can still split (IDENTICAL_BYTES), and what a replica is under sharded and tensor-parallel
-# training (SHARDED_REPLICAS).
+# can still split (IDENTICAL_BYTES); folded, for reference (REFERENCE): what a replica is under
+# sharded and tensor-parallel training (SHARDED_REPLICAS) and NaN checks on GPUs (GPU_NAN_CHECK).
 IDENTICAL_BYTES = (
     "- **Identical bytes after an all-reduce**: in NCCL's user guide, in an AllReduce "
     "[[nccl.allreduce_identical_results]], and its maintainer states that once the sum is "
@@ -241,7 +279,8 @@ IDENTICAL_BYTES = (
     "([NVIDIA/nccl#855](https://github.com/NVIDIA/nccl/issues/855)). That holds within one "
     "call, not "
     "across runs or algorithms. So replicas split only through rank-local work after it (an "
-    "optimizer that rounds differently on one node, a rank-dependent code path). DDP re-sends "
+    "optimizer that rounds differently on one node, a rank-dependent code path), or, below, "
+    "through corruption while the sum is forwarded. DDP re-sends "
     "buffers at every forward by default ([[pytorch.ddp_forward_sync_buffers]]), parameters "
     "never.\n"
     "- **Corruption while the sum is forwarded**: a ring or tree all-reduce reduces first, "
@@ -279,3 +318,14 @@ SHARDED_REPLICAS = (
     "[[megatron.sp_layernorm_grad_allreduce]]. A real case: "
     "[[gptneox.sp_layernorm_unsynced]].")
 
+GPU_NAN_CHECK = (
+    "- **On GPUs, keep the NaN check on the device**: [[pytorch.cuda_host_copy_sync]], so a "
+    "norm read on the host every step costs a synchronisation per step. Read a not-finite "
+    "flag accumulated on the GPU at check steps, or set [[pytorch.nccl_nan_check]]: it "
+    "kills the rank whose send buffer holds a NaN (not an Inf), before the collective runs. "
+    "After a device-side assert the process cannot use the GPU again "
+    "([[cuda.error_assert_sticky]]).")
+
+REFERENCE = ("<details><summary>For reference: replicas under sharded and tensor-parallel "
+             "training; NaN checks on GPUs</summary>\n\n" + SHARDED_REPLICAS + "\n"
+             + GPU_NAN_CHECK + "\n\n</details>")
