@@ -216,3 +216,20 @@ def test_touching_a_buffer_before_wait_goes_wrong_and_the_fixes_do_not():
     for n in ("wait_then_read", "wait_then_edit", "clone_then_edit"):
         assert v[n]["wrong_trials"] == 0 and v[n]["wrong_elements"] == 0, n
         assert v[n]["disagree_trials"] == 0, n
+
+
+def test_replica_digests_are_the_same_in_every_interpreter():
+    # Ranks started by "spawn" (Cluster's default on macOS and Windows) are fresh interpreters,
+    # each with its own salt for hash(): the digest that compares the ranks' bytes must not
+    # depend on it, or identical replicas would be counted as disagreeing.
+    import os
+    import subprocess
+    import sys
+
+    code = ("import numpy as np; from clusterlab.experiments.races import _digest; "
+            "print(_digest(np.arange(1000, dtype=np.float32)))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    seen = {subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, check=True, timeout=120).stdout.strip() for _ in range(2)}
+    assert seen == {races._digest(np.arange(1000, dtype=np.float32))}
+    assert races._digest(np.zeros(4, np.float32)) != races._digest(np.ones(4, np.float32))

@@ -43,6 +43,7 @@ Public API: `make_problem`, `loss`, `hogwild`, `writeback_model`, `throughput`,
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import multiprocessing as mp
 import resource
 import time
@@ -514,6 +515,13 @@ ASYNC_VARIANTS = ("read_before_wait", "wait_then_read", "edit_before_wait", "wai
                   "clone_then_edit")
 
 
+def _digest(a: np.ndarray) -> str:
+    """A fingerprint of the array's bytes that every process computes alike. (hash() of bytes
+    is salted per interpreter: ranks started by "spawn", Cluster's default on macOS and
+    Windows, would disagree on identical bytes.)"""
+    return hashlib.blake2b(a.tobytes(), digest_size=16).hexdigest()
+
+
 def _async_races_rank(numel, trials, add):
     rank, world = dist.get_rank(), dist.get_world_size()
     total = world * (world + 1) / 2  # every rank contributes rank + 1: the reduced value
@@ -555,7 +563,7 @@ def _async_races_rank(numel, trials, add):
                 "local": int(np.count_nonzero(s == rank + 1)),
                 "edit_sent": int(np.count_nonzero(s == total + world * add)),
                 "edit_lost": int(np.count_nonzero(s == total)) if want != total else 0,
-                "digest": hash(s.tobytes()),
+                "digest": _digest(s),
             })
     return out
 

@@ -148,11 +148,15 @@ def far_above_median(losses: list) -> bool:
 
 
 def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
-    """How much write-backs and in-place adds lost over the seeds of `rep` (2 and 4 workers),
-    against the one-run lock and seqlock in `runs`, how many workers really ran at once on
-    `cores` cores, and what a far-out in-place run or too few workers at once means; asserts
-    that every 4-worker write-back lost, the lock and seqlock lost nothing, and in place lost
-    far less than write-back."""
+    """How much write-backs and in-place adds lost over the seeds of `rep` (2 and 4 workers;
+    `rep[m, w][k]` ran with seed k), beside the one-run write-back, lock and seqlock in `runs`
+    (the write-back with the settings and seed of `rep["writeback", 4][0]`), how many workers
+    really ran at once on `cores` cores, what a far-out in-place run or too few workers at
+    once means, and how long a time slice is (a sourced note); asserts that every 4-worker
+    write-back lost, the lock and seqlock lost nothing, and in place lost far less than
+    write-back."""
+    from .. import facts
+
     lost = {k: [r["lost_fraction"] for r in v] for k, v in rep.items()}
     par = {(m, w): np.median([r["parallelism"] for r in rep[m, w]])
            for m in ("writeback", "inplace") for w in (2, 4)}
@@ -160,9 +164,10 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
     print(f"Write-backs lost {min(lost['writeback', 2]):.0%}-{max(lost['writeback', 2]):.0%} "
           f"with 2 workers and {min(lost['writeback', 4]):.0%}-{max(lost['writeback', 4]):.0%} "
           f"with 4 ({n_runs} runs each; all at once, (W - 1)/W is 50% and 75%).\n"
-          f"  The first dense write-back run above has the same settings and seed as one of "
-          f"the 4-worker runs and lost {runs['dense', 'writeback']['lost_fraction']:.0%}; only "
-          "the scheduling differs between them, so any gap is the scheduler's.")
+          f"  The dense write-back run above lost {runs['dense', 'writeback']['lost_fraction']:.0%}"
+          f", its twin here (same settings, seed 0) "
+          f"{rep['writeback', 4][0]['lost_fraction']:.0%}: only the scheduling differs between "
+          "them.")
     par_in = min(par["inplace", w] for w in (2, 4))
     in_lost = [r["lost"] for w in (2, 4) for r in rep["inplace", w]]
     print(f"In place lost a median of {np.median(in_lost):,.0f} and at worst {max(in_lost):,} "
@@ -181,16 +186,41 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
     if par["writeback", 4] < 3:
         net = ("below" if max(lost["writeback", 4]) < 0.75 else
                "above" if min(lost["writeback", 4]) > 0.75 else "on both sides of")
-        print(f"Only {par['writeback', 4]:.2f} of the 4 write-back workers ran at once, not 4 as "
-              "the dashed line assumes. Two effects pull opposite ways: fewer workers at once "
-              "means fewer updates inside each read-to-write window (less lost), while a worker "
-              "paused between its read and its write-back erases everything written meanwhile "
-              f"(more lost). The 4-worker losses ended {net} 75%: these runs show the net, "
-              "not each effect.")
+        print(f"Only {par['writeback', 4]:.2f} of the 4 write-back workers ran at once, so 75% "
+              f"(all 4 at once) is not the expected loss here; the 4-worker losses ended {net} "
+              "it.")
+    facts.show("A worker waiting for a core waits out the others' **time slices**, on Linux "
+               "by default [[linux.eevdf_base_slice]].")
     assert all(r["lost"] > 0 for r in rep["writeback", 4])
     assert runs["dense", "lock"]["lost"] == 0 and runs["dense", "seqlock"]["lost"] == 0
     for w in (2, 4):  # in place, only the one-element load-to-store window loses increments
         assert np.median(lost["inplace", w]) < np.median(lost["writeback", w]) / 20
+
+
+# --- Reads of mixed versions --------------------------------------------------------------------
+
+def explain_mixed_reads(runs: dict) -> None:
+    """How many dense write-backs (4 workers, one run) computed from a read the stamps
+    flagged, and how many reads the seqlock retried; why so many retries per read, when
+    there are (a sourced note); asserts that the lock saw no flagged read and that the seqlock
+    never computed from one."""
+    from .. import facts
+
+    wb, sq, lk = (runs["dense", m] for m in ("writeback", "seqlock", "lock"))
+    print(f"Dense, 4 workers, one run each: write-backs computed {wb['mixed_reads']:,} of "
+          f"{wb['updates']:,} updates ({wb['mixed_reads'] / wb['updates']:.1%}) from a read the "
+          f"stamps flagged; lock {lk['mixed_reads']}.")
+    print(f"The seqlock retried {sq['retried_reads']:,} of {sq['updates']:,} reads "
+          f"({sq['retried_reads'] / sq['updates']:.0%}; {sq['retries']:,} retries in all) and "
+          "computed from no mixed read.")
+    if sq["retries"] > 100 * max(sq["retried_reads"], 1):
+        facts.show("So many retries per read mean a writer was paused mid-write (descheduled) "
+                   "while readers spun on its half-written stamps; that is why Linux rules: "
+                   "[[linux.seqlock_writer_not_preempted]].")
+    assert lk["mixed_reads"] == 0
+    assert sq["retries"] == sq["mixed_reads"]  # the seqlock never computes from a mixed read
+    assert (sq["retries"] > 0) == (sq["retried_reads"] > 0)
+    assert sq["retried_reads"] <= sq["updates"]
 
 
 # --- Sparse and dense problems ------------------------------------------------------------------
@@ -242,15 +272,31 @@ def prediction_sentence(survived: float, lo: int, hi: int, updates: int) -> str:
             f"reached the same loss after {lo:,}-{hi:,} updates.")
 
 
-def explain_convergence(runs: dict, *, problem) -> None:
+def hit_chance(problem) -> float:
+    """The chance that an update on a uniformly drawn example touches a given coordinate of
+    another update, averaged over the coordinates updates write: mean n_j / examples, n_j the
+    examples touching coordinate j. 1 on the dense problem; on the sparse one above nnz / dim,
+    since a few thousand examples are drawn again and again and one may be drawn twice."""
+    n = np.bincount(np.ravel(problem.idx), minlength=problem.dim)
+    return float(n[problem.idx].mean() / problem.examples)
+
+
+def explain_convergence(runs: dict, *, problem, sparse) -> None:
     """The lost fractions and final-loss ratios (without / with a lock) on the dense and
-    sparse problems, whether the dense write-back run ended where as many locked updates as
-    survived would take it, and the verdict that it was still converging over its last third;
-    asserts the conflicts' gap, that the sparse problem trained, and the loss ratios."""
+    sparse problems, the chance that an overlapping update touches a given coordinate of the
+    `sparse` problem and the overlap per window that the sparse loss implies, whether the
+    dense write-back run ended where as many locked updates as survived would take it, and
+    the verdict that it was still converging over its last third; asserts the conflicts' gap,
+    that the sparse problem trained, and the loss ratios."""
     d, s, dl = runs["dense", "writeback"], runs["sparse", "writeback"], runs["dense", "lock"]
     ratio = {n: runs[n, "writeback"]["final_loss"] / runs[n, "lock"]["final_loss"]
              for n in ("dense", "sparse")}
+    hit = hit_chance(sparse)
     print(f"Lost without a lock: dense {d['lost_fraction']:.1%}, sparse {s['lost_fraction']:.2%}.")
+    print(f"  On the sparse problem an update touches a given coordinate of another with chance "
+          f"{hit:.1e} ({sparse.nnz}/{sparse.dim} = {sparse.nnz / sparse.dim:.1e} for random "
+          f"examples; here {sparse.examples:,} examples are drawn again and again): as if "
+          f"{s['lost_fraction'] / hit:.1f} other updates landed in each read-to-write window.")
     print(f"Final loss without / with a lock (one run each): sparse {ratio['sparse']:.2f}x, "
           f"dense {ratio['dense']:.1e}x.")
     survived, lo, hi = survivor_prediction(d, dl, nnz=problem.nnz)
@@ -328,25 +374,6 @@ def versus_one(runs2, runs1) -> str:
     return "ranges overlap"
 
 
-def largest_factor(a1: float, a: float, b1: float, b: float) -> str:
-    """Which factor made the 2-worker gap between in place (`a1` -> `a` surviving updates/s)
-    and the lock (`b1` -> `b`): a / b = (a1 / b1) × (a / a1) × (b1 / b), an identity."""
-    f = {"in place was already faster with 1 worker": a1 / b1, "in place sped up with 2": a / a1,
-         "the lock slowed down with 2": b1 / b}
-    return max(f, key=f.get)
-
-
-def factor_ranges_apart(surv: dict, i1: int, i2: int) -> dict:
-    """For each factor of `largest_factor`, whether the two sets of runs it compares have
-    ranges apart (True) or overlapping (False)."""
-    def apart(u, v):
-        return bool(u.min() > v.max() or u.max() < v.min())
-    return {"in place was already faster with 1 worker": apart(surv["inplace"][i1],
-                                                               surv["lock"][i1]),
-            "in place sped up with 2": apart(surv["inplace"][i2], surv["inplace"][i1]),
-            "the lock slowed down with 2": apart(surv["lock"][i1], surv["lock"][i2])}
-
-
 def ranking(surv: dict, modes, i: int) -> str:
     """The modes by median surviving rate at worker-count index `i`, fastest first: '>' when
     the next mode's runs all lie below this one's, '≈' when their ranges overlap."""
@@ -356,9 +383,9 @@ def ranking(surv: dict, modes, i: int) -> str:
 
 
 def explain_cost(cost: dict, *, problem) -> None:
-    """From 1 to 2 workers, the surviving rates of in place and the lock, which factor made
-    their gap, the median runs' workers at once and CPU per update, hedged possible causes of
-    extra CPU per update, and the ranking of the modes with 4 workers."""
+    """From 1 to 2 workers, the surviving rates of in place and the lock; why, from the
+    median runs (workers at once and CPU per update); hedged possible causes of extra CPU per
+    update; and the ranking of the modes with 4 workers."""
     ws, modes, surv = cost["workers"], cost["modes"], surviving_rates(cost)
     i1, i2, i4 = ws.index(1), ws.index(2), ws.index(4)
     spread = max((v.max() - v.min()) / np.median(v) for v in (surv[m][0] for m in modes))
@@ -368,20 +395,13 @@ def explain_cost(cost: dict, *, problem) -> None:
           f"{cost['repeats']}): in place {a1:,.0f} -> {a:,.0f} "
           f"({versus_one(surv['inplace'][i2], surv['inplace'][i1])}), lock {b1:,.0f} -> "
           f"{b:,.0f} ({versus_one(surv['lock'][i2], surv['lock'][i1])}).")
-    if a > b:  # an identity on the medians: which factor made the 2-worker gap
-        top = largest_factor(a1, a, b1, b)
-        firm = factor_ranges_apart(surv, i1, i2)[top]
-        print(f"  In place / lock with 2 workers, {a / b:.2f}x = {a1 / b1:.2f}x (with 1 worker) × "
-              f"{a / a1:.2f}x (in place, 2 workers / 1) × {b1 / b:.2f}x (lock, 1 worker / 2): "
-              f"on the medians the largest factor is that {top}"
-              + ("." if firm else f", but the runs behind it overlap, so {cost['repeats']} runs "
-                 "cannot say which factor is largest."))
-    print("  Median runs, 1 -> 2 workers (updates/s = workers at once / CPU s per update): "
-          + "; ".join(f"{NAME[m]} {mr[m][i1][1]:.2f} -> {mr[m][i2][1]:.2f} at once, "
-                      f"{mr[m][i1][2]:.0f} -> {mr[m][i2][2]:.0f} µs of CPU per update"
-                      for m in ("inplace", "lock")) + "."
+    print("  Why, from the median runs (updates/s = workers at once / CPU s per update): "
+          + "; ".join(f"{NAME[m]} ran {mr[m][i1][1]:.2f} -> {mr[m][i2][1]:.2f} workers at once "
+                      f"at {mr[m][i1][2]:.0f} -> {mr[m][i2][2]:.0f} µs of CPU per update "
+                      f"({mr[m][i2][2] / mr[m][i1][2]:.1f}x)" for m in ("inplace", "lock"))
+          + "."
           + (" The lock's workers at once above 1 is CPU spent outside the held lock (the loop's "
-             "own bookkeeping, acquiring and handing over the lock), not measured apart here."
+             "own bookkeeping, acquiring and handing over the lock)."
              if mr["lock"][i2][1] > 1 else ""))
     why = {"inplace": f"in place, two cores writing the same {problem.dim} coordinates (their "
                       "cache lines move between the cores) or cores sharing hardware",
@@ -391,29 +411,33 @@ def explain_cost(cost: dict, *, problem) -> None:
     if grown:
         print("  Possible causes of the extra CPU per update, not measured here: "
               + "; ".join(why[m] for m in grown) + ".")
+    order = ranking(surv, modes, i4)
     print(f"4 workers on {cost['cores']} cores"
-          f"{' (more workers than cores)' if cost['cores'] < 4 else ''}: "
-          f"{ranking(surv, modes, i4)} ('≈': the {cost['repeats']} runs' ranges overlap; "
-          f"one mode's own runs spread by up to {spread:.0%} with 1 worker).")
+          f"{' (more workers than cores)' if cost['cores'] < 4 else ''}: {order} ('>': every "
+          f"run below every run of the mode before"
+          + (", '≈': ranges overlap" if "≈" in order else "")
+          + f"). With {cost['repeats']} runs a mode, and one mode's own runs spread by up to "
+          f"{spread:.0%} with 1 worker, another run can reorder the modes.")
 
 
 def explain_allreduce(runs: dict) -> None:
-    """The synchronous all-reduce's updates, examples per second, losses and replicas, beside
-    the write-back run on the same examples; asserts that the lock, the seqlock and the
-    all-reduce lost nothing, that both saw the same examples, and that the replicas agree."""
+    """The synchronous all-reduce's updates, examples per second and replicas, and its final
+    loss beside the write-back run's on the same examples; asserts that the lock, the seqlock
+    and the all-reduce lost nothing, that both saw the same examples, and that the replicas
+    agree."""
     ar_run, hw = runs["dense", "allreduce"], runs["dense", "writeback"]
-    print(f"Synchronous all-reduce (4 ranks, emulated network): {ar_run['examples']:,} examples "
-          f"in {ar_run['steps']} updates, {ar_run['elapsed_s']:.1f} s: "
-          f"{ar_run['steps_per_s']:,.0f} updates/s, {ar_run['examples_per_s']:,.0f} examples/s "
-          f"(above, one update is one example; here one update takes {ar_run['workers']} ranks "
-          f"× 64 examples and, deliberately, applies lr × each rank's SUM over its 64, averaged "
-          f"over the ranks: as large as 64 small steps, not DDP's mean over the batch); "
-          f"{ar_run['lost']} lost by construction; "
-          f"replicas bit-identical: {ar_run['replicas_agree']}.")
-    if ar_run["final_loss"] > hw["final_loss"]:
-        print(f"  Its final loss, above the write-back run's, does not rank the two: it took "
-              f"{ar_run['steps']} large steps at the lr of the small ones, not an lr tuned for "
-              "it.")
+    print(f"Synchronous all-reduce ({ar_run['workers']} ranks, emulated network): "
+          f"{ar_run['examples']:,} examples in {ar_run['steps']} updates, "
+          f"{ar_run['elapsed_s']:.1f} s: {ar_run['steps_per_s']:,.0f} updates/s, "
+          f"{ar_run['examples_per_s']:,.0f} examples/s (here an update takes "
+          f"{ar_run['workers']} ranks × 64 examples, above one example: not comparable per "
+          f"update); {ar_run['lost']} lost by construction; replicas bit-identical: "
+          f"{ar_run['replicas_agree']}.")
+    above = ar_run["final_loss"] > hw["final_loss"]
+    print(f"  Final loss {ar_run['final_loss']:.1e}, against {hw['final_loss']:.1e} for the "
+          "write-back run on the same examples"
+          + (f": that does not rank the two, since it took {ar_run['steps']} large steps at the "
+             "lr of the small ones, not an lr tuned for it." if above else "."))
     assert all(runs["dense", n]["lost"] == 0 for n in ("lock", "seqlock", "allreduce"))
     assert ar_run["examples"] == hw["updates"]  # the same examples: a fair comparison of losses
     assert ar_run["replicas_agree"] and ar_run["final_loss"] < ar_run["initial_loss"]

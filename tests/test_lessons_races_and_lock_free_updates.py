@@ -1,0 +1,300 @@
+"""The lesson module of notebook 06 (races and lock-free updates): each verdict,
+classification and formatted number on small synthetic runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clusterlab.experiments import common
+from clusterlab.lessons import races_and_lock_free_updates as races
+
+
+def _variant(reads=80, wrong=0, disagree=0, **extra):
+    return {"reads": reads, "wrong_trials": wrong, "disagree_trials": disagree, **extra}
+
+
+def _async(edit_wrong=80, read_wrong=80, edit_disagree=0, fix_wrong=0):
+    v = {n: _variant(wrong=fix_wrong) for n in races.ASYNC_FIXES}
+    v["read_before_wait"] = _variant(wrong=read_wrong, wrong_elements=0.997, local=0.96)
+    v["edit_before_wait"] = _variant(wrong=edit_wrong, disagree=edit_disagree, edit_sent=0.737,
+                                     edit_lost=0.0, wrong_elements=1.0)
+    return {"variants": v, "trials": 20, "workers": 4}
+
+
+def test_agreeing_wrong_trials_subtracts_disagreeing_and_possibly_right_trials():
+    assert races.agreeing_wrong_trials(_async(edit_wrong=80, edit_disagree=3)) == 17
+    # 8 right reads: at most 8 // 4 = 2 trials were right on every rank
+    assert races.agreeing_wrong_trials(_async(edit_wrong=72, edit_disagree=3)) == 15
+
+
+def test_explain_async_races_says_at_least_only_when_some_reads_were_right(capsys):
+    races.explain_async_races(_async(), _async())
+    out = capsys.readouterr().out
+    assert "own value 96.0%, partly reduced 3.7%" in out
+    assert "  in 20 of 20 trials every rank held the same wrong values" in out
+    assert "happened to be right: 0 of 80 (1 MiB bucket), 0 of 80 (one element): none" in out
+    races.explain_async_races(_async(edit_wrong=72, read_wrong=76), _async(read_wrong=80))
+    out = capsys.readouterr().out
+    assert "  in at least 18 of 20 trials" in out
+    assert "right: 4 of 80 (1 MiB bucket), 0 of 80 (one element): such a read passes" in out
+
+
+def test_explain_async_races_asserts_the_fixes_were_right():
+    with pytest.raises(AssertionError, match="wait_then_read"):
+        races.explain_async_races(_async(fix_wrong=1), _async())
+    with pytest.raises(AssertionError):
+        races.explain_async_races(_async(read_wrong=0), _async())
+
+
+def test_overlap_sentence_classifies_by_1_3_cores():
+    assert races.overlap_sentence(1.71).endswith(
+        "1.71 at once (CPU s per wall s): they overlapped.")
+    assert "mostly took turns" in races.overlap_sentence(1.3)
+
+
+def _hogwild(final, initial=0.43, **extra):
+    return {"updates": 12000, "initial_loss": initial, "final_loss": final, **extra}
+
+
+def test_explain_hogwild_states_the_verdict_once(capsys, monkeypatch):
+    runs = {("dense", "writeback"): _hogwild(1.1e-7), ("dense", "lock"): _hogwild(6.5e-15),
+            ("dense", "inplace"): _hogwild(6.0e-15, parallelism=1.71)}
+    races.explain_hogwild(runs)
+    out = capsys.readouterr().out
+    assert "loss 0.43 -> 1.1e-07 with write-backs, 6.0e-15 in place, 6.5e-15 with a lock" in out
+    assert "Shown on this run: the in-place run ended below the write-back run." in out
+    assert out.count("in-place run ended below") == 1  # no duplicate of conclude's line
+    runs["dense", "inplace"] = _hogwild(1e-6, parallelism=1.71)  # above the write-back run
+    runs["dense", "lock"] = _hogwild(1e-8)
+    monkeypatch.setattr(common, "load_per_core", lambda: 0.0)  # a quiet machine: a real failure
+    with pytest.raises(AssertionError, match="in-place run ended below"):
+        races.explain_hogwild(runs)
+
+
+def test_far_above_median_uses_at_least_one_as_the_median():
+    assert races.far_above_median([1, 2, 3, 40])  # 40 > 10 x 2.5
+    assert not races.far_above_median([16, 12, 28, 20])
+    assert races.far_above_median([0, 0, 0, 11]) and not races.far_above_median([0, 0, 0, 10])
+
+
+def _rep(lost_wb=(0.4, 0.6), par_wb=(1.6, 1.75), par_in=(1.76, 1.75), lost_in=(16, 28)):
+    rep = {}
+    for k, w in enumerate((2, 4)):
+        rep["writeback", w] = [{"lost_fraction": lost_wb[k] + d, "parallelism": par_wb[k],
+                                "lost": 1000} for d in (-0.02, 0.0, 0.02)]
+        rep["inplace", w] = [{"lost_fraction": lost_in[k] / 384000, "parallelism": par_in[k],
+                              "lost": lost_in[k], "expected": 384000, "updates": 12000}
+                             for _ in range(3)]
+    return rep
+
+
+def _runs_lost(lock_lost=0):
+    return {("dense", "writeback"): {"lost_fraction": 0.57},
+            ("dense", "lock"): {"lost_fraction": 0.0, "lost": lock_lost},
+            ("dense", "seqlock"): {"lost_fraction": 0.0, "lost": 0}}
+
+
+class _Problem:
+    nnz = dim = 32
+
+
+class _Sparse:
+    """4 examples of 2 coordinates each out of 10: coordinate 0 in three of them."""
+    idx = np.array([[0, 1], [0, 2], [0, 3], [4, 5]])
+    dim, nnz, examples = 10, 2, 4
+
+
+def test_hit_chance_counts_the_examples_sharing_a_coordinate():
+    # n = (3, 1, 1, 1, 1, 1) on the coordinates written: (3 + 1) x 3 + 1 + 1 over 8, / 4
+    assert races.hit_chance(_Sparse()) == pytest.approx(14 / 8 / 4)
+    dense = type("D", (), {"idx": np.tile(np.arange(32), (5, 1)), "dim": 32, "examples": 5})
+    assert races.hit_chance(dense()) == 1.0
+
+
+def test_explain_lost_updates_reads_the_ranges_and_the_parallelism(capsys):
+    races.explain_lost_updates(_rep(), _runs_lost(), problem=_Problem(), cores=2)
+    out = capsys.readouterr().out
+    assert "Write-backs lost 38%-42% with 2 workers and 58%-62% with 4 (3 runs each" in out
+    assert "run above lost 57%, its twin here (same settings, seed 0) 58%: only the" in out
+    assert "In place lost a median of 22 and at worst 28 of 384,000" in out
+    assert "(12,000 updates × 32 coordinates) in one run (6 runs)" in out
+    assert "far above the median" not in out
+    assert "in place 1.76 and 1.75." in out
+    assert ("Only 1.75 of the 4 write-back workers ran at once, so 75% (all 4 at once) is not "
+            "the expected loss here; the 4-worker losses ended below it.") in out
+    assert "Two effects" not in out
+    races.explain_lost_updates(_rep(par_wb=(1.9, 3.5), par_in=(1.2, 1.9)), _runs_lost(),
+                               problem=_Problem(), cores=4)
+    out = capsys.readouterr().out
+    assert ": too few at once to test the in-place race on this run." in out
+    assert "Only" not in out
+
+
+def test_explain_lost_updates_asserts_what_the_text_says():
+    with pytest.raises(AssertionError):
+        races.explain_lost_updates(_rep(), _runs_lost(lock_lost=1), problem=_Problem(), cores=2)
+    with pytest.raises(AssertionError):  # in place losing as much as write-backs
+        races.explain_lost_updates(_rep(lost_in=(150000, 230000)), _runs_lost(),
+                                   problem=_Problem(), cores=2)
+
+
+def _mixed_runs(retries=6595, retried=2439, lock_mixed=0, seq_mixed=None):
+    return {("dense", "writeback"): {"mixed_reads": 3806, "updates": 12000},
+            ("dense", "lock"): {"mixed_reads": lock_mixed, "updates": 12000},
+            ("dense", "seqlock"): {"mixed_reads": retries if seq_mixed is None else seq_mixed,
+                                   "retries": retries, "retried_reads": retried,
+                                   "updates": 12000}}
+
+
+def test_explain_mixed_reads(capsys, monkeypatch):
+    from clusterlab import facts
+
+    shown = []
+    monkeypatch.setattr(facts, "show", shown.append)
+    races.explain_mixed_reads(_mixed_runs())
+    out = capsys.readouterr().out
+    assert ("write-backs computed 3,806 of 12,000 updates (31.7%) from a read the stamps "
+            "flagged; lock 0.") in out
+    assert "retried 2,439 of 12,000 reads (20%; 6,595 retries in all)" in out
+    assert not shown  # under 100 retries per retried read
+    races.explain_mixed_reads(_mixed_runs(retries=50000, retried=400))
+    assert shown and "[[linux.seqlock_writer_not_preempted]]" in shown[0]
+    with pytest.raises(AssertionError):  # the lock saw a flagged read
+        races.explain_mixed_reads(_mixed_runs(lock_mixed=1))
+    with pytest.raises(AssertionError):  # the seqlock computed from a flagged read
+        races.explain_mixed_reads(_mixed_runs(seq_mixed=6596))
+
+
+def _locked_curve():
+    return {"curve_loss": np.array([1.0, 0.5, 0.1, 0.01]),
+            "curve_updates": np.array([0, 100, 200, 300]),
+            "curve_updates_after": np.array([5, 105, 205, 305])}
+
+
+def test_survivor_prediction_brackets_the_locked_run():
+    wb = {"counted": 150 * 32, "final_loss": 0.2}
+    assert races.survivor_prediction(wb, _locked_curve(), nnz=32) == (150, 100, 205)
+    with pytest.raises(AssertionError):  # the locked run's first sample is already that low
+        races.survivor_prediction({"counted": 0, "final_loss": 2.0}, _locked_curve(), nnz=32)
+
+
+def test_prediction_sentence_held_or_missed_by():
+    held = races.prediction_sentence(150, 100, 205, 1000)
+    assert held.startswith("The prediction above (the loss of as many locked updates as "
+                           "survived) held: 150 of 1,000 dense write-backs survived")
+    assert held.endswith("after 100-205 updates.")
+    assert "missed by 32%:" in races.prediction_sentence(300, 100, 205, 1000)  # 95 / 300
+    assert "missed by 100%:" in races.prediction_sentence(50, 100, 205, 1000)  # 50 / 50
+
+
+def _convergence_runs(wb_final=0.2, counted=150 * 32):
+    curve = _locked_curve()
+    return {("dense", "writeback"): {"lost_fraction": 0.568, "final_loss": wb_final,
+                                     "counted": counted, "updates": 1000,
+                                     "curve_updates": np.array([0, 300, 600, 900, 1000]),
+                                     "curve_loss": np.array([1.0, 0.8, 0.5, 0.3, wb_final])},
+            ("dense", "lock"): {"final_loss": 1e-8, **curve},
+            ("sparse", "writeback"): {"lost_fraction": 0.0014, "final_loss": 1.02e-3,
+                                      "initial_loss": 1.0},
+            ("sparse", "lock"): {"final_loss": 1e-3}}
+
+
+def test_explain_convergence(capsys):
+    races.explain_convergence(_convergence_runs(), problem=_Problem(), sparse=_Sparse())
+    out = capsys.readouterr().out
+    assert "Lost without a lock: dense 56.8%, sparse 0.14%." in out
+    assert ("touches a given coordinate of another with chance 4.4e-01 (2/10 = 2.0e-01 for "
+            "random examples; here 4 examples are drawn again and again): as if 0.0 other "
+            "updates landed") in out
+    assert "sparse 1.02x, dense 2.0e+07x." in out
+    assert "survived) held: 150 of 1,000" in out and "cannot say why" not in out
+    assert ("Shown on this run: the write-back run's loss was still falling over its last third: "
+            "it converges, only slower.") in out
+    assert "The write-back run's loss" not in out
+    assert "it converges, only slower." in out
+    races.explain_convergence(_convergence_runs(counted=300 * 32), problem=_Problem(),
+                              sparse=_Sparse())
+    out = capsys.readouterr().out
+    assert "missed by 32%" in out and "These runs cannot say why" in out
+
+
+def _cost(p_in2=1.97, grow=True):
+    ws, modes = [1, 2, 4], list(races.MODES)
+    base = {"writeback": 30e3, "inplace": 68e3, "lock": 59e3, "seqlock": 60e3}
+    rate = {m: [np.array([base[m] * f] * 3) * np.array([0.9, 1.0, 1.1]) for f in (1, 1.0, 1.0)]
+            for m in modes}
+    rate["lock"][1] = rate["lock"][1] * 0.63  # the lock slowed down with 2 workers
+    lost = {m: [np.zeros(3)] * 3 for m in modes}
+    lost["writeback"] = [np.full(3, 0.5)] * 3
+    par = {m: [1.0, 1.2, 1.3] for m in modes}
+    par["inplace"] = [1.0, p_in2, 1.9]
+    mr = {m: [(1, 1.0, 15), (1, 1.9, 28 if grow else 16), (1, 1.9, 30)] for m in modes}
+    return {"workers": ws, "modes": modes, "rate": rate, "lost_fraction": lost,
+            "parallelism": par, "median_run": mr, "cores": 2, "repeats": 3}
+
+
+def test_costs_measurable_needs_1_3_cores_for_two_in_place_workers(capsys):
+    assert races.costs_measurable(_cost(p_in2=1.97))
+    assert ("Shown on this run: wall-clock costs, which need a second core free for the "
+            "lock-free workers: 2 in-place workers got 1.97 cores, 1.3 needed.") in (
+                capsys.readouterr().out)
+    assert not races.costs_measurable(_cost(p_in2=1.1))
+    out = capsys.readouterr().out
+    assert out.startswith("Not shown on this run") and "shared about 1.10 cores" in out
+
+
+def test_surviving_rates_discount_the_lost_updates():
+    surv = races.surviving_rates(_cost())
+    assert np.allclose(surv["writeback"][0], [13.5e3, 15e3, 16.5e3])
+    assert np.allclose(surv["lock"][1], 0.63 * np.array([53.1e3, 59e3, 64.9e3]))
+
+
+def test_versus_one_compares_ranges():
+    assert races.versus_one(np.array([5, 6]), np.array([1, 4])) == "higher, ranges apart by 25%"
+    assert races.versus_one(np.array([1, 2]), np.array([3, 4])) == "lower, ranges apart by 50%"
+    assert races.versus_one(np.array([1, 3]), np.array([2, 4])) == "ranges overlap"
+
+
+def test_ranking_orders_by_median_and_marks_overlaps():
+    surv = {"inplace": [np.array([9, 10, 11])], "seqlock": [np.array([8, 9, 10])],
+            "lock": [np.array([4, 5, 6])], "writeback": [np.array([3, 4.5, 5])]}
+    assert races.ranking(surv, races.MODES, 0) == "in place ≈ seqlock > lock ≈ write-back"
+
+
+def test_explain_cost(capsys):
+    races.explain_cost(_cost(), problem=_Problem())
+    out = capsys.readouterr().out
+    assert "in place 68,000 -> 68,000 (ranges overlap), lock 59,000 -> 37,170 (lower" in out
+    assert "largest factor" not in out
+    assert ("in place ran 1.00 -> 1.90 workers at once at 15 -> 28 µs of CPU per update "
+            "(1.9x)") in out
+    assert "two cores writing the same 32 coordinates" in out and "handing it" in out
+    assert "4 workers on 2 cores (more workers than cores): in place" in out
+    assert "spread by up to 20% with 1 worker, another run can reorder" in out
+    assert ("'>': every run below every run of the mode before)" in out) == ("≈" not in out)
+    races.explain_cost(_cost(grow=False), problem=_Problem())
+    assert "Possible causes" not in capsys.readouterr().out
+
+
+def _allreduce_runs(final=6.6e-5, lock_lost=0):
+    return {("dense", "allreduce"): {"examples": 12000, "steps": 47, "elapsed_s": 0.29,
+                                     "steps_per_s": 160.0, "examples_per_s": 40754.0,
+                                     "workers": 4, "lost": 0, "replicas_agree": True,
+                                     "final_loss": final, "initial_loss": 0.43},
+            ("dense", "writeback"): {"updates": 12000, "final_loss": 1.1e-7},
+            ("dense", "lock"): {"lost": lock_lost}, ("dense", "seqlock"): {"lost": 0}}
+
+
+def test_explain_allreduce(capsys):
+    races.explain_allreduce(_allreduce_runs())
+    out = capsys.readouterr().out
+    assert "12,000 examples in 47 updates, 0.3 s: 160 updates/s, 40,754 examples/s" in out
+    assert ("Final loss 6.6e-05, against 1.1e-07 for the write-back run on the same examples: "
+            "that does not rank the two, since it took 47 large steps") in out
+    races.explain_allreduce(_allreduce_runs(final=1e-8))
+    out = capsys.readouterr().out
+    assert "Final loss 1.0e-08, against 1.1e-07 for the write-back" in out
+    assert "does not rank" not in out
+    with pytest.raises(AssertionError):
+        races.explain_allreduce(_allreduce_runs(lock_lost=3))
