@@ -313,6 +313,7 @@ def test_sweep_verdict(capsys):
     out = capsys.readouterr().out
     assert "At 25 Mbit/s fp32 DDP's step took 2.0x fp16's, 2.0x topk:0.01's." in out
     assert "Shown on this run: every compressed method beat fp32 DDP at 25 Mbit/s." in out
+    assert "fp16 50 ms (faster: gain +1.5 ms, band 4.0 ms)" in out
     assert "Shown:" not in out.replace("Shown on this run:", "")
     unclear = {**ok, ("fp16", 25): "cannot tell"}
     assert l11.explain_sweep(FakeStats(unclear), methods) is False
@@ -326,30 +327,72 @@ def test_breakeven_verdicts_and_what_decides(capsys):
     verdicts = {("powersgd:1", 25): "faster", ("powersgd:1", 100): "cannot tell",
                 ("powersgd:1", 1600): "slower"}
     st = FakeStats(verdicts, rates=rates, crossing=(100, 1600, False), extra=0.002, band=0.003)
-    l11.explain_breakeven(st, ("powersgd:1",), steps_measured=12)
+    assert l11.explain_breakeven(st, ("powersgd:1",)) is True
     out = capsys.readouterr().out
-    assert "powersgd:1: pays at 25 Mbit/s; cannot tell at 100 Mbit/s; loses at 1600 Mbit/s" in out
-    assert "predicted break-even 200 Mbit/s (t_extra fitted on this sweep), measured between " \
-           "100 and 1600 Mbit/s" in out
-    assert out.count("Shown on this run:") == 2 and "    shown:" not in out
-    assert "Read together, both ranks cross between 100 and 1600 Mbit/s." in out
+    assert "counts only beyond the method's noise band: powersgd:1 3.0 ms." in out
+    assert "    100       1.5 ms cannot tell" in out
+    assert "Break-even, predicted (± noise band) and measured: powersgd:1 200 (100 to 300), " \
+           "measured between 100 and 1600 Mbit/s." in out
+    assert out.count("Shown on this run:") == 1 and "verdicts differ" not in out
     # Two extra all-reduces on 4 ranks at 2 ms: 2 x 6 delays = 24 ms > 2 + 3 ms.
     assert "wait 24 ms of delays per step" in out and "here, the rounds decide." in out
     st = FakeStats(verdicts, rates=rates, crossing=(100, 1600, False), extra=0.020, band=0.010)
-    l11.explain_breakeven(st, ("powersgd:1",), steps_measured=12)
+    l11.explain_breakeven(st, ("powersgd:1",))
     assert "this run cannot tell which of the two decides." in capsys.readouterr().out
+
+
+def test_breakeven_says_where_the_ranks_differ_and_by_what_margin(capsys):
+    rates = (25, 130, 1600)
+    methods = ("powersgd:1", "powersgd:4")
+    verdicts = {(m, q): v for m in methods for q, v in zip(rates, ("faster", "x", "slower"))}
+    verdicts["powersgd:1", 130], verdicts["powersgd:4", 130] = "cannot tell", "slower"
+    st = FakeStats(verdicts, rates=rates, crossing=(25, 130, False), band=0.0059)
+    gains = {("powersgd:1", 130): 0.0005, ("powersgd:4", 130): -0.0060}
+    st.gain = lambda m, q: gains.get((m, q), 0.1 if q == 25 else -0.1)
+    assert l11.explain_breakeven(st, methods) is True
+    out = capsys.readouterr().out
+    assert "At 130 Mbit/s the verdicts differ: gains +0.5 ms vs -6.0 ms, equal bands (5.9 ms); " \
+           "the nearest call clears its band by 0.1 ms" in out
+    assert "Shown on this run: powersgd:1 and powersgd:4 paid at the low rates" in out
+
+
+def test_breakeven_not_shown_when_the_fastest_link_is_inside_the_band(capsys):
+    verdicts = {("powersgd:1", 25): "faster", ("powersgd:1", 1600): "cannot tell"}
+    assert l11.explain_breakeven(FakeStats(verdicts), ("powersgd:1",)) is False
+    out = capsys.readouterr().out
+    assert "Not shown on this run:" in out
+    assert "powersgd:1 against fp32 at 1600 Mbit/s is inside this run's noise band" in out
 
 
 def test_breakeven_fails_when_compression_still_pays_on_the_fastest_link():
     verdicts = {("powersgd:1", 25): "faster", ("powersgd:1", 1600): "faster"}
-    with pytest.raises(AssertionError, match="extra rounds cost more"):
-        l11.explain_breakeven(FakeStats(verdicts), ("powersgd:1",), steps_measured=12)
+    with pytest.raises(AssertionError, match="lost at the high ones up to the fastest"):
+        l11.explain_breakeven(FakeStats(verdicts), ("powersgd:1",))
 
 
 def test_bucket_interpolation_is_log_log():
     sizes, be = [2**20, 2**30], [1.0, 1024.0]  # proportional
     assert l11.at_bucket(be, sizes, 32) == pytest.approx(32.0)
     assert l11.bytes_at_rate(be, sizes, 4.0) == pytest.approx(4 * 2**20)
+
+
+def test_sig2_two_significant_figures_without_exponent():
+    assert [l11.sig2(x) for x in (1716.0, 163.0, 1.88, 6.1e4)] == ["1700", "160", "1.9", "61000"]
+
+
+def test_breakeven_box_gives_ring_and_tree_as_a_pair(monkeypatch):
+    from clusterlab import facts
+
+    shown = []
+    monkeypatch.setattr(facts, "show", lambda text: shown.append(facts.render(text)))
+    scan = l11.breakeven_by_size([256, 1024, 4096, 16384], ranks=64, latency_s=10e-6)
+    l11.show_breakeven_at_scale(scan, n_params=76810)
+    text = " ".join(shown[0].split())
+    # 25 MiB bucket: ring ~163, tree ~1716 Gbit/s (126 against 12 extra rounds), either side
+    # of a 400 Gb/s NIC.
+    assert "breaks even near 160 Gbit/s (ring) to 1700 Gbit/s (tree)" in text
+    assert "10.5x cheaper" in text and "the latency model decides the side" in text
+    assert "because of the compute compression adds" in text and "[[" not in text
 
 
 def test_least_compression_rate_of_the_notebooks_mlp():
@@ -367,6 +410,7 @@ def test_prediction_errors(capsys):
     assert l11.explain_prediction_errors(st) is True
     out = capsys.readouterr().out
     assert "within a median 15% of the 2 (method, rate) points (largest 20%, fp16 at 25" in out
+    assert "with a median error of 15% (the check: under 30%)" in out
     assert "That point is 20 ms *below* the model" in out
     assert "The step is still above its exchange's closed form (48 ms)." in out
     st.prediction_errors = lambda: np.array([0.4, 0.5])
@@ -381,6 +425,7 @@ def test_gains_table_words(capsys):
     l11.print_gains(FakeStats(verdicts), ("powersgd:1",))
     out = capsys.readouterr().out
     assert "1.5 ms        pays" in out and "1.5 ms       loses" in out
+    assert "noise band: powersgd:1 4.0 ms." in out
 
 
 # --- 11b: error feedback and accuracy ----------------------------------------------------

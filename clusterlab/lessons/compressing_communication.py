@@ -41,53 +41,71 @@ def explain_sweep(st, methods) -> bool:
     print(f"At {slow} Mbit/s fp32 DDP's step took "
           + ", ".join(f"{st.speedup(m, slow):.1f}x {m}'s" for m in methods[1:]) + ".")
     print(f"At {fast} Mbit/s, fp32 DDP {ms(st.step('none', fast))}; "
-          + ", ".join(f"{m} {ms(st.step(m, fast))} ({st.verdict(m, fast)})" for m in methods[1:]))
-    print("(each step: per measured step the slowest rank's time, then the fastest of those; "
-          "'cannot tell': inside the noise band)")
+          + "; ".join(f"{m} {ms(st.step(m, fast))} ({st.verdict(m, fast)}: gain "
+                      f"{st.gain(m, fast) * 1e3:+.1f} ms, band {st.band(m) * 1e3:.1f} ms)"
+                      for m in methods[1:]))
+    print("(gain: fp32's step minus the method's; each step: per measured step the slowest "
+          "rank's time, then the fastest of those; 'cannot tell': the gain is inside the noise "
+          "band)")
     unclear = [m for m in methods[1:] if st.verdict(m, slow) == "cannot tell"]
     claim = f"every compressed method beat fp32 DDP at {slow} Mbit/s"
     return conclude(all(st.verdict(m, slow) == "faster" for m in methods[1:]), claim,
                     busy="; ".join(inside_band(st, m, [slow]) for m in unclear) or None)
 
 
-def explain_breakeven(st, methods, *, ranks: int = 4, delay_s: float = 2e-3,
-                      steps_measured: int) -> None:
-    """For each PowerSGD rank in `methods`: where it paid, could not tell and lost, its
-    predicted and measured break-even, and two conclusions (on the fastest link its extra
-    rounds cost more than the bytes it saved; it paid at the low rates and not at the high
-    ones, crossing within the predicted interval). Then both ranks' crossings read together,
-    and whether the extra rounds or all else PowerSGD rank 1 adds decide its cost."""
-    fast = st.fast
+def breakeven_evidence(st, m: str, lo: float, hi: float) -> tuple[bool, str | None]:
+    """Whether `m` paid at the low rates and lost at the high ones up to the fastest, its
+    measured crossing overlapping the predicted `lo` to `hi` Mbit/s, and the evidence of a
+    busy run when it did not (None: a real failure, for `conclude` to assert)."""
+    a, b, mixed = st.crossing(m)
+    v_fast = st.verdict(m, st.fast)
+    holds = v_fast == "slower" and a is not None and a <= hi and b >= lo
+    if holds or v_fast == "faster":
+        return holds, None
+    if mixed:
+        return False, (f"{m}'s gain over fp32 went up and down across the rates, which the "
+                       "network alone cannot do")
+    if v_fast == "cannot tell" or a is None:
+        return False, inside_band(st, m, [q for q in st.rates
+                                          if st.verdict(m, q) == "cannot tell"])
+    return False, None
+
+
+def explain_breakeven(st, methods, *, ranks: int = 4, delay_s: float = 2e-3) -> bool:
+    """For the PowerSGD ranks in `methods`: the time each saved against fp32 per rate with
+    its verdict (`print_gains`), its predicted and measured break-even in one line, and one
+    conclusion (each paid at the low rates and lost at the high ones up to the fastest,
+    crossing within its predicted interval). Then the rates where the ranks' verdicts differ,
+    with how far the nearest call cleared its band, and whether the extra rounds or all else
+    PowerSGD rank 1 adds decide its cost. Returns whether the conclusion was shown."""
+    print_gains(st, methods)
+    predicted = {m: st.breakeven_mbit(m, ranks, delay_s) for m in methods}
+    parts = []
     for m in methods:
-        where = {w: [q for q in st.rates if WORD[st.verdict(m, q)] == w]
-                 for w in ("pays", "cannot tell", "loses")}
-        print(f"{m}: " + "; ".join(f"{w} at {', '.join(map(str, qs))} Mbit/s"
-                                   for w, qs in where.items() if qs))
-        lo, mid, hi = st.breakeven_mbit(m, ranks, delay_s)
-        a, b, mixed = st.crossing(m)
-        print(f"    predicted break-even {mid:.0f} Mbit/s (t_extra fitted on this sweep)"
-              + (f", measured between {a} and {b} Mbit/s" if a else ""))
-        claim = f"on the fastest link {m}'s extra rounds cost more than the bytes it saved"
-        conclude(st.verdict(m, fast) == "slower", claim,
-                 busy=inside_band(st, m, [fast] if st.verdict(m, fast) == "cannot tell" else []))
-        claim = (f"{m} paid at the low rates and not at the high ones, and the measured "
-                 f"crossing overlaps the predicted {lo:.0f} to {hi:.0f} Mbit/s (t_extra, fitted on "
-                 f"this same sweep, ± noise band: a consistency check, partly by construction)")
-        conclude(a is not None and a <= hi and b >= lo, claim,
-                 busy="its gain over fp32 went up and down across the rates, which the network "
-                 "alone cannot do" if mixed else inside_band(
-                     st, m, [q for q in st.rates if st.verdict(m, q) == "cannot tell"]
-                     if a is None else []))
-    cross = [st.crossing(m)[:2] for m in methods]
-    if all(a for a, _ in cross):
-        a_all, b_all = min(a for a, _ in cross), max(b for _, b in cross)
-        print(f"Read together, both ranks cross between {a_all} and {b_all} Mbit/s"
-              + ("." if len(set(cross)) == 1 else ": each verdict compares one fastest-of-"
-                 f"{steps_measured} step per rate against each method's noise band ("
-                 + ", ".join(f"{m} {st.band(m) * 1e3:.1f} ms" for m in methods)
-                 + "), so a narrower interval for one rank is no measured difference."
-                 if max(a for a, _ in cross) < min(b for _, b in cross)
-                 else "; on this run their intervals do not overlap."))
+        lo, mid, hi = predicted[m]
+        a, b, _ = st.crossing(m)
+        parts.append(f"{m} {mid:.0f} ({lo:.0f} to {hi:.0f})"
+                     + (f", measured between {a} and {b} Mbit/s" if a else
+                        ", no measured crossing"))
+    print("Break-even, predicted (± noise band) and measured: " + "; ".join(parts) + ".")
+    evidence = [breakeven_evidence(st, m, predicted[m][0], predicted[m][2]) for m in methods]
+    holds = all(h for h, _ in evidence)
+    busy = (None if holds or any(not h and e is None for h, e in evidence)
+            else "; ".join(e for h, e in evidence if not h))
+    shown = conclude(holds, f"{' and '.join(methods)} paid at the low rates and lost at the high "
+                     "ones up to the fastest, each crossing where predicted (a consistency "
+                     "check: t_extra is fitted on this same sweep)", busy=busy)
+    for q in st.rates:
+        if len({WORD[st.verdict(m, q)] for m in methods}) > 1:
+            called = [abs(st.gain(m, q)) - st.band(m) for m in methods
+                      if st.verdict(m, q) != "cannot tell"]
+            bands = [st.band(m) for m in methods]
+            print(f"At {q} Mbit/s the verdicts differ: gains "
+                  + " vs ".join(f"{st.gain(m, q) * 1e3:+.1f} ms" for m in methods)
+                  + (f", equal bands ({bands[0] * 1e3:.1f} ms)" if max(bands) - min(bands) < 5e-5
+                     else ", bands " + " vs ".join(f"{b * 1e3:.1f} ms" for b in bands))
+                  + f"; the nearest call clears its band by {min(called) * 1e3:.1f} ms, and "
+                  "the different measured crossings rest on that margin.")
     delays_s = {m: compression.comm_seconds(compression.predicted_calls(m, ranks), ranks,
                                             delay_s, 0)
                 for m in ("none", "powersgd:1")}
@@ -98,6 +116,7 @@ def explain_breakeven(st, methods, *, ranks: int = 4, delay_s: float = 2e-3,
     print(f"(median over {len(st.rates)} rates, noise band {ms(band)}): "
           + ("here, the rounds decide." if extra + band < rounds
              else "this run cannot tell which of the two decides."))
+    return shown
 
 
 def breakeven_by_size(hiddens, *, ranks: int, latency_s: float) -> dict:
@@ -149,52 +168,69 @@ def bytes_at_rate(be, sizes, rate_gbit: float) -> float:
     return float(np.exp(np.interp(np.log(rate_gbit), np.log(be), np.log(sizes))))
 
 
+def sig2(x: float) -> str:
+    """`x` to two significant figures, without an exponent: 1716 -> '1700', 1.88 -> '1.9' (an
+    estimate under an assumed latency supports no more)."""
+    return f"{float(f'{x:.2g}'):g}"
+
+
 def show_breakeven_at_scale(scan: dict, *, n_params: int) -> None:
-    """The box after the figure: this model's break-even on 64 ranks, the same MLP widened,
-    per DDP bucket (one full default bucket (ledger), or the widest MLP's largest matrix, which
-    DDP does not split), and with a tree's rounds instead of a ring's, each against one NIC's
-    rate. Asserts that the break-even grows about in proportion to the bytes."""
-    sizes, ring = scan["sizes"], scan["ring"]
-    widest = compression.parameter_shapes(hidden=scan["hiddens"][-1])
-    largest = 4 * max(math.prod(s) for s in widest)  # the widest MLP's largest matrix, bytes
-    big = at_bucket(ring, sizes, largest / 2**20)
+    """The box after the figure, to two significant figures, each break-even as a pair (flat
+    ring, tree): the latency model; this model's break-even on 64 ranks and how it grows with
+    the bytes; one full default DDP bucket (ledger) against one NIC's rate, and the bucket
+    size that passes it. Asserts that the break-even grows about in proportion to the
+    bytes."""
+    sizes, ring, tree = scan["sizes"], scan["ring"], scan["log"]
     model_kb = 4 * n_params / 1e3
     nic_gbit = facts.get("nvidia.connectx7_rate").value
-    be_dc = compression.breakeven_rate_bps("powersgd:1", 64, 10e-6) / 1e9
     ratio = ring[-1] / ring[0]
     assert ratio > 0.5 * sizes[-1] / sizes[0]  # about proportional to the bytes
     cap_mib = facts.get("pytorch.ddp_bucket_cap_mb").value
-    bucket, bucket_log = at_bucket(ring, sizes, cap_mib), at_bucket(scan["log"], sizes, cap_mib)
+    bucket, bucket_log = at_bucket(ring, sizes, cap_mib), at_bucket(tree, sizes, cap_mib)
+    side = ("below it either way: at this bucket size the rounds alone rule PowerSGD out"
+            if bucket_log < nic_gbit else
+            "above it either way: at this bucket size the rounds alone do not rule PowerSGD out"
+            if bucket > nic_gbit else
+            "the latency model decides the side, so with free compute the rounds alone do not "
+            "rule PowerSGD out")
     facts.show(f"""
-On a real fabric what usually decides is compression's compute overhead (Agarwal et al.,
-across methods and GPU setups: [[paper.agarwal_compression_utility_2022]]) and how much of
-the exchange the backward already hides (*On a real GPU cluster*). This model prices only
-rounds and bytes: leaving out compute and overlap makes its break-even rates too high;
-charging a ring's rounds (last bullet) makes them too low:
+Agarwal et al. compared gradient compression with optimised data-parallel training on GPU
+clusters and found that, because of the compute compression adds,
+[[paper.agarwal_compression_utility_2022]]. How much of the exchange the backward already hides
+matters too (*On a real GPU cluster*). This model prices only rounds and bytes: leaving out
+compute and overlap makes its break-even rates too high, and the latency it charges per round
+moves them either way (first bullet).
 
-- **Model size.** On 64 ranks with an assumed 10 us per message and free compute, this
-  {model_kb:.0f} kB model's PowerSGD rank 1 pays below {be_dc:.0f} Gbit/s. The same MLP
-  widened to {sizes[-1] / 1e9:.1f} GB of gradients would, in one exchange, pay below
-  {ring[-1]:.0f} Gbit/s ({ratio:.0f}x higher for {sizes[-1] / sizes[0]:.0f}x the bytes).
+- **Latency model.** A flat ring charges 2(p-1) delays per all-reduce, each a NIC hop's (in a
+  real node most hops are NVLink): too much. An idealised tree's 2 lg p (NCCL has had
+  all-reduce trees since [[nccl.tree_since]]) makes the extra rounds
+  {bucket_log / bucket:.1f}x cheaper at p = 64 and each break-even as much higher; the
+  estimates below give both.
+- **Model size.** On 64 ranks at an assumed 10 us per message, with free compute, this
+  {model_kb:.0f} kB model's PowerSGD rank 1 pays below about {sig2(ring[0])} Gbit/s (ring)
+  to {sig2(tree[0])} Gbit/s (tree). The break-even grows in proportion to the bytes in one exchange
+  ({sig2(ratio)}x higher for {sig2(sizes[-1] / sizes[0])}x the bytes).
 - **Per bucket.** DDP calls the hook once per bucket, each paying its own rounds, so what
   counts is one bucket's bytes. It fills a bucket up to [[pytorch.ddp_bucket_cap_mb]] by
-  default but [[pytorch.ddp_bucket_whole_params]]. For this MLP family (a few large
-  matrices, few vectors; a bucket of thinner matrices or many vectors saves a different share
-  of its bytes), with gradients of at most the cap: one full bucket breaks even near
-  {bucket:.0f} Gbit/s, {'below' if bucket < nic_gbit else 'above'}
-  one [[nvidia.connectx7_rate]] NIC (buckets from about
-  {bytes_at_rate(ring, sizes, nic_gbit) / 1e6:.0f} MB pass it). A matrix larger than the cap is
-  not cut: the widest MLP's {largest / 1e9:.2f} GB weight makes a bucket at least that large,
-  breaking even near {big:.0f} Gbit/s or above. The cap bounds the break-even only where
-  every gradient is smaller than it.
-- **Latency model.** That charges a flat ring's 2(p-1) delays per all-reduce, each a NIC
-  hop's (in a real node most hops are NVLink): it overcharges latency. An idealised
-  tree's 2 lg p instead (NCCL has had all-reduce trees since [[nccl.tree_since]]) makes the
-  extra rounds {bucket_log / bucket:.1f}x cheaper at p = 64: one full default bucket breaks even
-  near {bucket_log:.0f} Gbit/s, and buckets from about
-  {bytes_at_rate(scan["log"], sizes, nic_gbit) / 1e6:.0f} MB pass the NIC. Rounds then no
-  longer rule PowerSGD out.
+  default but [[pytorch.ddp_bucket_whole_params]]. So the cap bounds the break-even only
+  where every gradient is smaller than it. For this MLP family (a few large matrices, few
+  vectors), one full default bucket breaks even near {sig2(bucket)} Gbit/s (ring) to
+  {sig2(bucket_log)} Gbit/s (tree), against one [[nvidia.connectx7_rate]] NIC: {side}. A
+  bucket passes that NIC from about
+  {sig2(bytes_at_rate(ring, sizes, nic_gbit) / 1e6)} MB (ring) or
+  {sig2(bytes_at_rate(tree, sizes, nic_gbit) / 1e6)} MB (tree).
 """)
+
+
+def plain_log_ticks(ax) -> None:
+    """Plain numbers (1, 2, 5 per decade) on both log axes of `ax`: '50', not '5x10^1', so a
+    crossing can be read off directly."""
+    from matplotlib import ticker
+
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)))
+        axis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+        axis.set_minor_formatter(ticker.NullFormatter())
 
 
 def least_compression_rate(rank: int = 4) -> float:
@@ -235,9 +271,9 @@ def real_cluster_text() -> str:
 
 def explain_prediction_errors(st) -> bool:
     """How close the closed form came to the measured steps (median and largest relative
-    error), why the worst point may sit below the model, and the conclusion (within 30% in
-    the median; fp32's own noise band above 30% of its fastest step is the evidence of a busy
-    run). Returns whether it was shown."""
+    error), why the worst point may sit below the model, and the conclusion (the median error,
+    checked to be under 30%; fp32's own noise band above 30% of its fastest step is the
+    evidence of a busy run). Returns whether it was shown."""
     err = st.prediction_errors()
     worst = st.rows[int(np.argmax(err))]
     print(f"The closed form is within a median {np.median(err):.0%} of the {len(err)} (method, "
@@ -252,20 +288,19 @@ def explain_prediction_errors(st) -> bool:
         print("The step is " + ("still above" if worst["step_s"] > comm else "within 10% of"
                                  if worst["step_s"] > 0.9 * comm else "below")
               + f" its exchange's closed form ({ms(comm)}).")
-    return conclude(np.median(err) < 0.3, "the closed form follows the measured steps within "
-                    "30% in the median",
+    return conclude(np.median(err) < 0.3, f"the closed form follows the measured steps, with "
+                    f"a median error of {np.median(err):.0%} (the check: under 30%)",
                     busy=(f"fp32's noise band alone is {ms(st.band('none'))}"
                           if st.band("none") > 0.3 * st.step("none", st.fast) else None))
 
 
 def print_gains(st, methods) -> None:
-    """Per rate, the time each of `methods` saved against fp32 and its verdict, and the noise
-    bands the verdicts used."""
-    print("Time saved against fp32 per step (fp32's step minus the method's):")
+    """The noise bands the verdicts use, then per rate the time each of `methods` saved
+    against fp32 and its verdict."""
+    print("Time saved against fp32 per step (fp32's step minus the method's); it counts only "
+          "beyond the method's noise band: "
+          + ", ".join(f"{m} {st.band(m) * 1e3:.1f} ms" for m in methods) + ".")
     print(f"{'Mbit/s':>7}" + "".join(f"{m:>24}" for m in methods))
     for q in st.rates:
         print(f"{q:>7}" + "".join(f"{st.gain(m, q) * 1e3:>10.1f} ms {WORD[st.verdict(m, q)]:>11}"
                                   for m in methods))
-    print("A gain counts only beyond its method's noise band (the larger of its and fp32's): "
-          + ", ".join(f"{m} {st.band(m) * 1e3:.1f} ms" for m in methods)
-          + "; so the same gain can read 'cannot tell' for one and 'loses' for the other.")
