@@ -162,7 +162,8 @@ def test_tp_concludes_and_flags_dp_noise(capsys):
     details = []
     assert l10b.explain_tp(_tp_sweep(), details=details) is True
     out = capsys.readouterr().out
-    assert "Shown on this run: the tensor-parallel step grew over 3x" in out
+    assert ("Shown on this run: the tensor-parallel step grew 7.5x as much as the data-parallel "
+            "one, 4% from its closed form") in out and "expected" not in out
     assert "TP step +150.0 ms, DP step +20.0 ms (closed forms +144.0 ms and +18.0 ms)." in out
     assert "DP's growth is 111%" in details[0]
     l10b.explain_tp(_tp_sweep(dp_hi=0.030), details=details)  # DP +10 ms against 18 ms
@@ -200,10 +201,18 @@ def _growth(gpipe, f1b):
 def test_pipeline_verdict_from_the_least_grown_step(monkeypatch, capsys):
     monkeypatch.setattr(l10b.exp, "pipeline_growth",
                         lambda pipe, calm, rough: _growth([0.06, 0.07, 0.09], [0.10, 0.16]))
+    monkeypatch.setattr(l10b, "delay_only_growth",
+                        lambda pipe, calm, rough: {"gpipe": 0.0594, "1f1b": 0.1584})
+    rows = _pipe_rows()
+    rows[0]["step_s"] = 0.52  # calm GPipe: 20 ms of this machine's overhead over its replay
     details = []
-    assert l10b.explain_pipeline(_pipe_rows(), calm="calm", rough="rough", details=details)
+    assert l10b.explain_pipeline(rows, calm="calm", rough="rough", details=details)
     out = capsys.readouterr().out
-    assert "grew by 70.0 ms (GPipe) and 130.0 ms (1F1B), medians of 7 steps: 1F1B paid more" in out
+    assert "grew by 70.0 ms (GPipe) and 130.0 ms (1F1B), medians of 7 steps: 1F1B paid more." in out
+    assert ("without its jitter the rough network adds 59.4 ms (GPipe) and 158.4 ms (1F1B); the "
+            "jitter adds a further 15.6 ms and 1.6 ms (means of 2 draws)") in out
+    # Both medians are below their replay's mean; only GPipe's calm step ran over its replay.
+    assert "below the replay's mean (GPipe): it starts from the calm step, which ran 20.0 ms" in out
     assert "Bubble on the calm network: GPipe 30%, 1F1B 30% (formula 27%)." in out
     assert "replay mean 75.0 ms" in details[0]
     # One 1F1B step grew less than GPipe's median: not shown, and on a quiet machine a failure.
@@ -211,6 +220,24 @@ def test_pipeline_verdict_from_the_least_grown_step(monkeypatch, capsys):
                         lambda pipe, calm, rough: _growth([0.06, 0.07, 0.09], [0.065, 0.16]))
     with pytest.raises(AssertionError):
         l10b.explain_pipeline(_pipe_rows(), calm="calm", rough="rough", details=[])
+
+
+def test_replay_without_jitter_counts_the_hops():
+    from clusterlab import parallelism as par
+
+    assert l10b.without_jitter("delay 10ms 5ms") == "delay 10ms"
+    rows = []
+    for nic in ("delay 100us", "delay 10ms 5ms"):
+        for schedule in par.PIPELINE_SCHEDULES:
+            calm = par.simulate_pipeline(schedule, stages=4, microbatches=8, forward_s=0.015,
+                                         backward_s=0.030, nic=nic, activation_bytes=4096)
+            rows.append({"nic": nic, "schedule": schedule, "ops": [[None] * 16] * 4,
+                         "forward_took_s": 0.015, "backward_took_s": 0.030,
+                         "activation_bytes": 4096, "simulated_step_s": calm.step_s})
+    grown = l10b.delay_only_growth(rows, "delay 100us", "delay 10ms 5ms")
+    # 2(p-1) = 6 hops for GPipe, 2(p-1)m/p + 2(p-2) = 16 for 1F1B, each 9.9 ms longer
+    assert grown["gpipe"] == pytest.approx(6 * 0.0099)
+    assert grown["1f1b"] == pytest.approx(16 * 0.0099)
 
 
 def test_pipeline_asserts_the_replay_floor(monkeypatch):
@@ -227,6 +254,7 @@ def _moe_row(share, step, predicted, dispatch, combine, tokens):
     return {"hot_share": share, "step_s": step, "predicted_step_s": predicted,
             "predicted_dispatch_s": dispatch, "predicted_combine_s": combine,
             "predicted": p, "sent": [100, 100, 100, 400], "hot_tokens": tokens,
+            "repeats_kept_of": 5,
             "hot_phases": {"a": 0.01}, "hot_step_s": step, "best_step_s": step}
 
 
@@ -243,7 +271,8 @@ def test_moe_verdict_and_busy_evidence(capsys):
     assert l10b.explain_moe([bal, hot], details=details) is True
     out = capsys.readouterr().out
     assert "computed 288 tokens instead of 96" in out
-    assert "by the closed form 4.1x the balanced layer, not 2.9x" in out
+    assert "by the closed form at least 4.1x the balanced layer, not 2.9x" in out
+    assert "the layer took 3.0x as long as balanced." in out and "fastest of 5 repeats" in out
     assert details[0].startswith("MoE: 0 of 2 layers") and "add about 34.0 ms" in details[0]
     slow_bal = _moe_row(0.25, 0.070, 0.028, 0.015, 0.015, 96)  # 2.5x its closed form
     assert l10b.explain_moe([slow_bal, hot], details=[]) is False

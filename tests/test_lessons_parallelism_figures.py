@@ -80,4 +80,5 @@ def test_pipeline_figure_has_one_row_per_network(quiet_machine_no_windows):
     titles = [ax.get_title() for ax in fig.axes]
     assert len(titles) == 4
     assert titles[0].startswith("gpipe on calm: bubble 30% measured, 27%")
-    assert titles[3] == "1f1b on rough: step 500 ms, idle 30% (fastest of 7 steps)"
+    assert titles[3] == ("1f1b on rough: step 500 ms, idle 30% (bubble + network waits; "
+                         "fastest of 7 steps)")

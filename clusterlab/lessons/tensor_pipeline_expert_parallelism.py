@@ -14,6 +14,8 @@ from ..experiments import parallelism as exp
 from ..experiments.common import conclude
 from .show import ms
 
+NAME = {"gpipe": "GPipe", "1f1b": "1F1B"}  # the schedules as the text names them
+
 
 def kb(nbytes: float) -> str:
     """Bytes as kilobytes with one decimal: 12345 -> '12.3 kB'."""
@@ -44,7 +46,8 @@ def plot_tp(sweep: list[dict]) -> None:
 def explain_tp(sweep: list[dict], *, details: list[str]) -> bool:
     """The all-reduces per step and the growth of the TP and DP steps from `delay 1ms` to
     `delay 10ms` against their closed forms, and the conclusion (TP grew over 3x as much as
-    DP, within 40% of its closed form). Asserts the counts, the TP output's match with the
+    DP, within 40% of its closed form; the verdict states the measured ratio and error, the
+    thresholds only when they are missed). Asserts the counts, the TP output's match with the
     unsplit blocks and the network's floor. Returns whether the conclusion was shown."""
     by_nic = {r["nic"]: r for r in sweep}
     lo, hi = by_nic["delay 1ms"], by_nic["delay 10ms"]
@@ -56,11 +59,11 @@ def explain_tp(sweep: list[dict], *, details: list[str]) -> bool:
     for r in sweep:  # the network's floor: a step cannot beat its own communication
         assert r["tp_s"] > 0.9 * r["tp_comm_s"] and r["tp_dp_s"] > 0.9 * r["tp_dp_comm_s"], \
             r["nic"]
-    shown = conclude(tp_grow > 3 * dp_grow and abs(tp_grow - tp_pred) < 0.4 * tp_pred,
-                     f"the tensor-parallel step grew over 3x as much as the data-parallel one "
-                     f"({tp_grow / dp_grow:.1f}x), within 40% of its closed form "
-                     f"({abs(tp_grow - tp_pred) / tp_pred:.0%} off: the emulator against its "
-                     f"own model)")
+    holds = tp_grow > 3 * dp_grow and abs(tp_grow - tp_pred) < 0.4 * tp_pred
+    shown = conclude(holds, f"the tensor-parallel step grew {tp_grow / dp_grow:.1f}x as much as "
+                     f"the data-parallel one, {abs(tp_grow - tp_pred) / tp_pred:.0%} from its "
+                     f"closed form (the emulator against its own model)"
+                     + ("" if holds else "; expected over 3x and within 40%"))
     print(f"All-reduces per step: TP {lo['tp_allreduces']} ({kb(lo['tp_sent'])} sent per rank), "
           f"DP {lo['dp_allreduces']} ({kb(lo['tp_dp_sent'])}).")
     print(f"From delay 1ms to delay 10ms: TP step +{ms(tp_grow)}, DP step +{ms(dp_grow)} "
@@ -102,20 +105,50 @@ def plot_pipeline(pipe: list[dict], *, nics=("delay 100us",)) -> None:
                              f"{r['bubble_formula']:.0%} by (p−1)/(m+p−1)", fontsize=10)
             else:
                 ax.set_title(f"{schedule} on {nic}: step {r['step_s'] * 1e3:.0f} ms, idle "
-                             f"{r['bubble']:.0%} (fastest of {r['steps_kept_of']} steps)",
-                             fontsize=10)
+                             f"{r['bubble']:.0%} (bubble + network waits; fastest of "
+                             f"{r['steps_kept_of']} steps)", fontsize=10)
     for ax in axes[-1]:
         ax.set_xlabel("ms since the step began (blue: forward, green: backward)")
     plt.tight_layout()
     plt.show()
 
 
+def without_jitter(nic: str) -> str:
+    """A netem spec with its jitter removed: 'delay 10ms 5ms' -> 'delay 10ms'."""
+    from dataclasses import replace
+
+    from ..netem import Netem
+
+    return str(replace(Netem.parse(nic), jitter_ns=0, delay_correlation=0.0))
+
+
+def delay_only_growth(pipe: list[dict], calm: str, rough: str) -> dict[str, float]:
+    """Each schedule's replayed growth from `calm` to `rough` with the rough network's jitter
+    removed (its delay alone): the replay of the rough run's operation times on
+    `without_jitter(rough)`, minus the calm run's replay (`simulated_step_s`, the base that
+    `exp.pipeline_growth` subtracts too). The replay's mean growth minus this is what the
+    jitter added."""
+    runs = {(r["nic"], r["schedule"]): r for r in pipe}
+    out = {}
+    for schedule in par.PIPELINE_SCHEDULES:
+        r = runs[(rough, schedule)]
+        steady = par.simulate_pipeline(
+            schedule, stages=len(r["ops"]), microbatches=len(r["ops"][0]) // 2,
+            forward_s=r["forward_took_s"], backward_s=r["backward_took_s"],
+            nic=without_jitter(rough), activation_bytes=r["activation_bytes"]).step_s
+        out[schedule] = steady - runs[(calm, schedule)]["simulated_step_s"]
+    return out
+
+
 def explain_pipeline(pipe: list[dict], *, calm: str, rough: str,
                      details: list[str]) -> bool:
     """The bubbles on the `calm` network and each schedule's growth on the `rough` one
     (medians of its steps), and the conclusion (even the least-grown of 1F1B's steps grew more
-    than GPipe's median step). Asserts the stage boundaries' bytes, the bubble formula as a
-    floor and each step against its replay. Returns whether the conclusion was shown."""
+    than GPipe's median step); then, by the replay, how much of the growth the delay alone
+    causes and how much its jitter adds, and, when a measured growth is below its replay's
+    mean, the calm step's overhead over its replay that explains it. Asserts the stage
+    boundaries' bytes, the bubble formula as a floor and each step against its replay.
+    Returns whether the conclusion was shown."""
     import numpy as np
 
     runs = {(r["nic"], r["schedule"]): r for r in pipe}
@@ -139,7 +172,28 @@ def explain_pipeline(pipe: list[dict], *, calm: str, rough: str,
           f"(formula {pipe[0]['bubble_formula']:.0%}).")
     print(f"On the rough network the step grew by {ms(g['gpipe'])} (GPipe) and "
           f"{ms(g['1f1b'])} (1F1B), medians of {kept} steps"
-          + (": 1F1B paid more for latency and jitter." if shown else "."))
+          + (": 1F1B paid more." if shown else "."))
+    # The replay splits the growth: the delay alone, then what its jitter adds on average.
+    steady = delay_only_growth(pipe, calm, rough)
+    jit = {s: float(grown[s]["replay"].mean()) - steady[s] for s in par.PIPELINE_SCHEDULES}
+    draws = len(grown["gpipe"]["replay"])
+    print(f"By the replay (the same link model, this run's compute times): without its jitter "
+          f"the rough network adds {ms(steady['gpipe'])} (GPipe) and {ms(steady['1f1b'])} "
+          f"(1F1B); the jitter adds a further {ms(jit['gpipe'])} and {ms(jit['1f1b'])} (means "
+          f"of {draws} draws).")
+    # A measured growth is the rough steps minus the calm step, so the calm step's overhead
+    # on this machine (over its replay) lowers it; the rough network's waits hide some of it.
+    over = {s: runs[(calm, s)]["step_s"] - runs[(calm, s)]["simulated_step_s"]
+            for s in par.PIPELINE_SCHEDULES}
+    low = [s for s in par.PIPELINE_SCHEDULES
+           if g[s] < grown[s]["replay"].mean() and over[s] > 0]
+    if low:
+        print(f"Measured growth below the replay's mean ({' and '.join(NAME[s] for s in low)}): "
+              f"it starts from the calm step, which ran "
+              + " and ".join(f"{ms(over[s])}" + (f" ({NAME[s]})" if len(low) > 1 else "")
+                             for s in low)
+              + " over its replay (this machine's overhead between operations), while the "
+                "rough network's waits partly hide that overhead.")
     # The rest only writes the appendix's secondary numbers.
     sim_bub = runs[(calm, "gpipe")]["simulated_bubble"]
     details.append(
@@ -203,9 +257,10 @@ def incast_step_s(hot: dict) -> float:
 
 def explain_moe(moe: list[dict], *, details: list[str]) -> bool:
     """The balanced and hottest layers' times against their closed forms, the hot rank's
-    tokens, what incast would add behind a real switch, and the conclusion (the hottest
-    expert made the layer over 1.5x slower than balanced; the machine counts as busy when a
-    layer took over 25% more than its closed form). Asserts each rank's bytes and the
+    tokens, what incast would add at least behind a real switch (an ideal one: fair share, no
+    loss), and the conclusion (the hottest expert made the layer over 1.5x slower than
+    balanced; the verdict states the measured ratio; the machine counts as busy when a layer
+    took over 25% more than its closed form). Asserts each rank's bytes and the
     network's floor. Returns whether the conclusion was shown."""
     for r in moe:
         p = r["predicted"]
@@ -216,22 +271,25 @@ def explain_moe(moe: list[dict], *, details: list[str]) -> bool:
         assert sum(r["hot_phases"].values()) <= r["hot_step_s"] + 1e-6 <= r["best_step_s"] + 2e-6
     busy = [r for r in moe if r["step_s"] > 1.25 * r["predicted_step_s"]]
     bal, hot = moe[0], moe[-1]
-    shown = conclude(hot["step_s"] > 1.5 * bal["step_s"],
-                     f"the hot expert at {hot['hot_share']:.2f} made the layer over 1.5x slower "
-                     f"than balanced",
+    holds = hot["step_s"] > 1.5 * bal["step_s"]
+    shown = conclude(holds,
+                     f"with the hot expert at {hot['hot_share']:.2f} the layer took "
+                     f"{hot['step_s'] / bal['step_s']:.1f}x as long as balanced"
+                     + ("" if holds else "; expected over 1.5x"),
                      busy=(f"{len(busy)} of {len(moe)} layers over 25% above the closed form"
                            if busy else None))
-    print(f"Layer time: balanced {ms(bal['step_s'])}, hot expert at {hot['hot_share']:.2f} "
-          f"{ms(hot['step_s'])} (closed forms {ms(bal['predicted_step_s'])} and "
-          f"{ms(hot['predicted_step_s'])}).")
+    print(f"Layer time, fastest of {hot['repeats_kept_of']} repeats: balanced "
+          f"{ms(bal['step_s'])}, hot expert at {hot['hot_share']:.2f} {ms(hot['step_s'])} "
+          f"(closed forms {ms(bal['predicted_step_s'])} and {ms(hot['predicted_step_s'])}).")
     print(f"The hot rank computed {hot['hot_tokens']} tokens instead of {bal['hot_tokens']}, "
           f"and every rank waited for it.")
     ingress = hot["predicted_combine_s"]
     real = incast_step_s(hot)
     print(f"Behind a real switch its receiving link would also slow the dispatch (incast): it "
           f"receives for {ms(ingress)}, not the {ms(hot['predicted_dispatch_s'])} charged to "
-          f"the dispatch, so by the closed form {real / bal['predicted_step_s']:.1f}x the "
-          f"balanced layer, not {hot['predicted_step_s'] / bal['predicted_step_s']:.1f}x.")
+          f"the dispatch, so by the closed form at least {real / bal['predicted_step_s']:.1f}x "
+          f"the balanced layer, not {hot['predicted_step_s'] / bal['predicted_step_s']:.1f}x "
+          f"(an ideal switch; a shallow buffer's drops and retransmissions would add more).")
     # The appendix's secondary numbers.
     details.append(
         f"MoE: {len(busy)} of {len(moe)} layers took over 25% more than the closed form. "
@@ -259,7 +317,7 @@ def real_cluster_text(*, one_nv: float, hot_share: float, capacity_factor: float
   [[pytorch.async_tp]].
   An H100 SXM sends
   [[nvidia.h100_nvlink_bw_per_direction]] over NVLink, [[nvidia.connectx7_rate_bytes]] through
-  its NIC.
+  its NIC, and computes at most [[nvidia.h100_bf16_dense_tflops]] in dense BF16.
 * **NCCL inside the node.** Since NCCL [[nccl.nvls_since]], on NVSwitches with NVLink SHARP,
   the all-reduce of large messages defaults to NVLS (the NVSwitch adds the data); without
   them NCCL runs rings or trees. nccl-tests reports bus bandwidth (busbw), comparable to a
