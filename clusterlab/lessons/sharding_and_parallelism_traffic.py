@@ -61,23 +61,25 @@ def explain_traffic(traffic: dict, names: dict) -> float:
     ratio = t["zero3"]["sent"][0] / t["ddp"]["sent"][0]
     assert ratio == 1.5
     facts.show(
-        f"Each rank sent **{t['ddp']['sent'][0]} B** under DDP, in one all-reduce (one bucket; "
-        f"step 3, after DDP's one-time rebuild: [[pytorch.ddp_rebuild_buckets]]), and the same "
-        f"under "
-        f"ZeRO-1 and ZeRO-2, in {t['zero1']['ops']} collectives (a reduce-scatter and an "
-        f"all-gather per tensor, as this hand-written version issues them). FSDP2 sent "
+        f"Each rank sent **{t['ddp']['sent'][0]} B** under DDP, in one all-reduce (one "
+        f"bucket)\\*, and the same under ZeRO-1 and ZeRO-2, in {t['zero1']['ops']} collectives "
+        f"(a reduce-scatter and an all-gather per tensor, as this hand-written version issues "
+        f"them). FSDP2 sent "
         f"**{t['zero3']['sent'][0]} B** in {t['zero3']['ops']} collectives, **{ratio:.2f}× DDP's "
         f"volume**; without resharding after the forward, {t['fsdp_no_reshard']['sent'][0]} B in "
-        f"{t['fsdp_no_reshard']['ops']}.\n\n<details><summary>Details: DeepSpeed's calls"
-        f"</summary>\n\nThe bullets above, and this hand-written version, follow the ZeRO "
-        f"paper. DeepSpeed's ZeRO-1/2 group gradients into buckets of `reduce_bucket_size` "
-        f"elements and by default issue [[deepspeed.zero12_bucket_allreduce]]. Per step, with "
-        f"the all-gather of the updated parameters:\n\n"
+        f"{t['fsdp_no_reshard']['ops']}.\n\n\\* Why step 3: step 2 also carries DDP's "
+        f"one-time bucket rebuild ([[pytorch.ddp_rebuild_buckets]]).\n\n<details><summary>"
+        f"Details: DeepSpeed's calls</summary>\n\nThe bullets above, and this hand-written "
+        f"version, follow the ZeRO paper. DeepSpeed's ZeRO-1/2 group gradients into buckets "
+        f"of `reduce_bucket_size` elements and by default issue "
+        f"[[deepspeed.zero12_bucket_allreduce]]. Per step, with the all-gather of the updated "
+        f"parameters:\n\n"
         f"| ZeRO-1/2 setting | gradient calls | bytes, × DDP |\n|---|---|---|\n"
         f"| default | one all-reduce per bucket | 1.5, as much as FSDP |\n"
         f"| `use_multi_rank_bucket_allreduce=False` | one `dist.reduce` per rank whose "
-        f"partition the bucket overlaps | 1, with ring reduces |\n"
-        f"| `reduce_scatter=False` | one all-reduce per bucket | 1.5 |\n\n"
+        f"partition the bucket overlaps | 1, with ring reduces |\n\n"
+        f"(`reduce_scatter=False` also all-reduces each bucket: no change from the default.)"
+        f"\n\n"
         f"DeepSpeed's ZeRO-3 [[deepspeed.zero3_param_persistence]]: those small tensors "
         f"(biases, norms) are gathered once per step, after the optimizer step, not before each "
         f"forward and backward, so it sends a little less than 3 (N−1)/N · Ψb.\n</details>")
@@ -169,7 +171,7 @@ def explain_step_times(sweep: list[dict]) -> bool:
     off = max(max(abs(grow[k] - pred[k]) / pred[k], abs(wire[k] - wire_pred[k]) / wire_pred[k])
               for k in kinds)  # the farthest growth from its closed form, relative
     close = off < 0.2
-    print(f"{'':8s}{'delay 1ms -> 10ms':>24s}{'rate 50mbit added':>24s}   "
+    print(f"{'':8s}{'delay 1ms -> 10ms':>23s}{'50 Mbit/s cap adds':>23s}   "
           "[closed-form difference]")
     for k in kinds:
         print(f"{name[k]:8s}{ms(grow[k]):>12s} [{ms(pred[k]):>8s}]{ms(wire[k]):>12s} "
@@ -246,7 +248,7 @@ def plot_at_real_scale(psi: float, *, units: int, cross: dict) -> None:
     ax.set_xlabel("ranks N")
     ax.set_ylabel("ms per step")
     ax.set_title(f"FSDP, {psi / 1e9:.0f}B parameters in bf16, {units} units: NCCL's tuner "
-                 "model, rings only (not measured)", fontsize=10)
+                 "model, Intel hosts, rings only (not measured)", fontsize=10)
     ax.legend(fontsize=8)
     plt.tight_layout()
     plt.show()
@@ -255,12 +257,15 @@ def plot_at_real_scale(psi: float, *, units: int, cross: dict) -> None:
 def show_at_real_scale(psi: float, *, units: int) -> dict:
     """The "At real scale" box: where, by NCCL's tuner constants (from the ledger), FSDP's latency
     rounds catch up with its bytes for a `psi`-parameter bf16 model in `units` units, with one
-    GPU per node and with HGX H100 nodes, with the derivation. Returns the two crossings
-    ({"one": ranks, "node": ranks})."""
+    GPU per node and with HGX H100 nodes (Intel hosts; AMD hosts, whose tuner charges an NVLink
+    step more, printed too), DDP's ring rounds in default buckets against FSDP's, and the
+    derivation. Returns the two Intel-host crossings ({"one": ranks, "node": ranks})."""
     c = real_scale_constants()
     a_net, a_nv = c["a_net"], c["a_nv"]  # s per ring step, between nodes and over NVLink
     node, node_nics = c["node"], c["node_nics"]  # GPUs and NICs per node, one NIC per GPU
     nic_bw = c["nic_bw"]  # bytes/s, one NIC
+    # AMD hosts: multi-node rings charge an intra-node step at least the tuner's net overhead
+    a_nv_amd = max(a_nv, facts.get("nccl.tuner_ring_intra_step_amd").value * 1e-6)
 
     def rounds_s(n, gpus_per_node):
         return ring_rounds_s(n, gpus_per_node, units=units, a_net=a_net, a_nv=a_nv)
@@ -273,32 +278,46 @@ def show_at_real_scale(psi: float, *, units: int) -> dict:
     layouts = {"one": (1, 1), "node": (node, node_nics)}  # (GPUs per node, NICs per node)
     cross = {k: crossing(g, m, units=units, a_net=a_net, a_nv=a_nv, psi=psi, nic_bw=nic_bw)
              for k, (g, m) in layouts.items()}
-    assert cross["node"] < cross["one"]
+    cross_amd = crossing(node, node_nics, units=units, a_net=a_net, a_nv=a_nv_amd, psi=psi,
+                         nic_bw=nic_bw)
+    assert cross_amd < cross["node"] < cross["one"]
     # inside a node the rings carry (g-1)/g of the NICs' bytes over NVLink: below NCCL's ring rate
     assert nic_bw * node_nics * (node - 1) / node < facts.get("nccl.h100_ring_busbw").value * 1e9
+    # DDP: one all-reduce (2 (N-1) ring steps) per default-size bucket of bf16 gradients
+    buckets = round(psi * 2 / (facts.get("pytorch.ddp_bucket_cap_mb").value * 2**20))
+    assert 2 * buckets > 3 * units  # at this size DDP pays more rounds than FSDP
     facts.show(f"""
-**At real scale.** Past the crossing below, adding ranks makes FSDP's communication
-latency-dominated in NCCL's cost model, so fewer, larger units help. Whether the *step* then
-waits on it depends on the compute that prefetching hides it behind (next section). By
-NCCL's tuner (the cost model NCCL picks algorithms with; derivation below; the figure
-below the box draws both terms), with every collective run as a ring, FSDP's latency rounds
-(one per ring step) catch up with its bytes for a {psi / 1e9:.0f}B-parameter bf16 model in
-{units} units (the two summed, no overlap between collectives, {units} units at every N):
+**At real scale.** A model, not a measurement: latency from NCCL's tuner (the cost model NCCL
+picks algorithms with), bandwidth at the NICs' line rate; every collective a ring, nothing
+overlapped, a {psi / 1e9:.0f}B-parameter bf16 model in {units} units at every N. FSDP's
+latency rounds (one per ring step) then overtake its bytes
 
-- **one GPU (one NIC) per node:** at about **{cross['one']} ranks**; but only there is PAT on
-  ([[nccl.pat_one_gpu_per_node]]), and the same model would likely run the all-gathers
-  with it, whose latency grows more slowly;
-- **nodes of [[nvidia.hgx_h100_gpus]] with [[nvidia.dgx_h100_compute_nics]]:** at
-  about **{cross['node']} ranks**, {cross['one'] / cross['node']:.1f}× fewer.
+- **with one GPU (one NIC) per node:** at about **{cross['one']} ranks**. PAT (*Parallel
+  Aggregated Trees*, an all-gather and reduce-scatter algorithm with
+  [[paper.jeaugey_pat_2025]]) is on here ([[nccl.pat_one_gpu_per_node]]), and this model
+  would likely run its all-gathers with it, whose modelled latency grows more slowly. Its
+  reduce-scatters, a third of its collectives, stay rings: FSDP2 uses
+  [[pytorch.fsdp2_reduce_scatter_avg]], and [[nccl.pat_skips_avg_reduce_scatter]];
+- **with nodes of [[nvidia.hgx_h100_gpus]] and [[nvidia.dgx_h100_compute_nics]]:** at about
+  **{cross['node']} ranks** on Intel hosts, {cross['one'] / cross['node']:.1f}× fewer; at
+  about **{cross_amd}** on AMD hosts, where the tuner charges an NVLink step
+  [[nccl.tuner_ring_intra_step_amd]].
+
+Past the crossing, fewer, larger units help, at the cost of a larger gathered working set
+(printed after the memory table above); whether the *step* waits depends on the compute that
+prefetching hides the rounds behind (next section). DDP pays rounds too: in buckets of
+[[pytorch.ddp_bucket_cap_mb]] (its default) this model's bf16 gradients fill about {buckets},
+whose all-reduces take 2 · {buckets} · (N−1) ring steps, {2 * buckets / (3 * units):.0f}×
+FSDP's 3 · {units} · (N−1).
 
 <details><summary>The derivation</summary>
 
-NCCL's tuner (the cost model NCCL uses to pick an algorithm and a protocol for each call)
-charges a ring step (one latency round) between nodes at least
+NCCL's tuner charges a ring step (one latency round) between nodes at least
 [[nccl.tuner_net_ring_step_latency_simple]] (plus twice the latency a network plugin reports,
 0 for NCCL's built-in InfiniBand and socket transports), one over NVLink at least
-[[nccl.tuner_nvlink_ring_step_latency_simple]] (for the Simple protocol, NCCL's
-bulk-transfer protocol, which large collectives use). Its ring bandwidth is the number of
+[[nccl.tuner_nvlink_ring_step_latency_simple]] on Intel hosts
+([[nccl.tuner_ring_intra_step_amd|value]] µs on AMD hosts), for the Simple protocol, NCCL's
+bulk-transfer protocol, which large collectives use. Its ring bandwidth is the number of
 channels (parallel rings) times one channel's bandwidth (`busBw = nChannels * bw` in
 `src/graph/tuning.cc`), and on multi-NIC nodes the channels leave through different NICs.
 For N ranks in nodes of g GPUs with m NICs of B bytes/s each, and α_net, α_NVLink the two
@@ -314,17 +333,16 @@ and the crossing is the first N at which the first exceeds the second. The two l
   and {rounds_s(64, 1) * 1e3:.0f} ms of latency per step.
 - **Nodes of {node} GPUs:** only nodes−1 of an all-gather's ranks−1 steps cross the network
   ([[nccl.tuner_ring_inter_steps]] for an all-reduce), and a GPU's ring bytes move at the
-  node's {node_nics} NICs together, {nic_bw * node_nics / 1e9:.0f} GB/s (no other cap
-  modelled here; inside the node the same rings carry {node - 1}/{node} of it over NVLink,
-  {nic_bw * node_nics * (node - 1) / node / 1e9:.0f} GB/s, below the [[nccl.h100_ring_busbw]]
-  NCCL reaches there; [[nccl.busbw_grows_with_node_nics]], and measured on DGX A100, whose
-  NICs give half this bandwidth: [[nccl.busbw_dgx_a100_multi_node]]): at 64 ranks,
-  {wire_s(64, node_nics):.2f} s of bytes and {rounds_s(64, node) * 1e3:.0f} ms of latency per step.
+  node's {node_nics} NICs together, {nic_bw * node_nics / 1e9:.0f} GB/s
+  ([[nccl.busbw_grows_with_node_nics]]). NVLink is not the limit: the same rings carry
+  {node - 1}/{node} of it there, {nic_bw * node_nics * (node - 1) / node / 1e9:.0f} GB/s, below
+  the [[nccl.h100_ring_busbw]] NCCL reaches inside a node. At 64 ranks,
+  {wire_s(64, node_nics):.2f} s of bytes and {rounds_s(64, node) * 1e3:.0f} ms of latency per
+  step.
 
-These are the tuner's *model* constants, not measured latencies. The tuner also charges a
-base latency per call ([[nccl.tuner_base_latency]]): {3 * units} calls add
-{3 * units * base * 1e-3:.1f} ms per step whatever N, left out above; it barely moves the
-crossings.
+These are the tuner's *model* constants, not measured latencies. The tuner also charges
+[[nccl.tuner_base_latency]]: {3 * units} calls add {3 * units * base * 1e-3:.1f} ms per step
+whatever N, left out above; it barely moves the crossings.
 </details>
 """)
     return cross
@@ -404,9 +422,9 @@ def show_microbatches_and_layout(psi: float, *, nodes: int) -> None:
   parameters. FSDP1's [[pytorch.fsdp1_no_sync_memory]].
 - **Two bandwidths.** One H100 SXM sends over NVLink at [[nvidia.h100_nvlink_bw_per_direction]]
   per direction (the often quoted [[nvidia.h100_nvlink_bw|value]] GB/s counts both), through
-  its NIC at [[nvidia.connectx7_rate_bytes]]: {nvlink_vs_nic:.0f}× less. Hence HSDP
-  (*hybrid sharded data parallel*):
-  [[pytorch.fsdp2_hsdp]]. Sharded over the {node} GPUs of a node, a rank sends
+  its NIC at [[nvidia.connectx7_rate_bytes]]: {nvlink_vs_nic:.0f}× less. Hence hybrid
+  sharding: shard inside a node, replicate across nodes. FSDP2 takes a mesh of nodes × GPUs
+  for it: [[pytorch.fsdp2_hsdp]]. Sharded over the {node} GPUs of a node, a rank sends
   3 × {node - 1}/{node} · Ψb over NVLink and all-reduces only its 1/{node} shard of the
   gradients across M nodes, 2(M−1)/M · Ψb/{node} through its NIC. For the
   {psi / 1e9:.0f}B-parameter model in bf16 on {nodes} nodes, each rank sends

@@ -1,0 +1,88 @@
+"""Notebook 10 (review r13): the "At real scale" box names the AMD-host crossing and DDP's ring
+rounds in default buckets, the DDP rebuild aside is a footnote, the step-time table's header
+lines up with its rows, and HSDP is named once."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusterlab import facts
+from clusterlab.experiments import common
+from clusterlab.lessons import sharding_and_parallelism_traffic as l10
+
+
+@pytest.fixture(autouse=True)
+def quiet_machine(monkeypatch):
+    monkeypatch.setattr(common, "load_per_core", lambda: 0.0)
+
+
+@pytest.fixture
+def shown(monkeypatch):
+    """The Markdown each facts.show call would display, rendered from the ledger."""
+    texts: list[str] = []
+    monkeypatch.setattr(facts, "show", lambda t, **k: texts.append(facts.render(t, **k)))
+    return texts
+
+
+def test_real_scale_names_amd_hosts_and_ddp_buckets(shown):
+    assert l10.show_at_real_scale(7e9, units=32) == {"one": 625, "node": 240}
+    text = " ".join(shown[0].split())
+    assert "**240 ranks** on Intel hosts, 2.6× fewer" in text
+    # AMD hosts: an NVLink ring step is charged the tuner's 6 us net overhead, not 3.4 us
+    assert "about **160** on AMD hosts" in text
+    assert "fill about 534, whose all-reduces take 2 · 534 · (N−1) ring steps, 11×" in text
+    assert "never runs an averaging reduce-scatter with PAT" in text
+    assert "[[" not in text
+
+
+def test_amd_crossing_follows_from_the_ledger():
+    c = l10.real_scale_constants()
+    amd = facts.get("nccl.tuner_ring_intra_step_amd").value * 1e-6
+    assert amd > c["a_nv"]
+    assert l10.crossing(c["node"], c["node_nics"], units=32, a_net=c["a_net"], a_nv=amd,
+                        psi=7e9, nic_bw=c["nic_bw"]) == 160
+
+
+def _traffic():
+    ddp = {"ops": 1, "by_kind": {"allreduce": 74880}, "sent": [74880] * 4, "predicted": 74880}
+    zero1 = {"ops": 12, "by_kind": {}, "sent": [74880] * 4, "predicted": 74880}
+    return {"ddp": ddp, "zero1": zero1, "zero2": dict(zero1),
+            "zero3": {"ops": 9, "by_kind": {}, "sent": [112320] * 4, "predicted": 112320},
+            "fsdp_no_reshard": {"ops": 6, "by_kind": {}, "sent": [74880] * 4,
+                                "predicted": 74880}}
+
+
+def test_traffic_footnotes_the_ddp_rebuild(shown):
+    names = dict.fromkeys(("ddp", "zero1", "zero2", "zero3", "fsdp_no_reshard"), "")
+    assert l10.explain_traffic(_traffic(), names) == 1.5
+    head, footnote = shown[0].split("\n\n")[:2]
+    assert "rebuil" not in head and head.startswith("Each rank sent **74880 B**")
+    assert footnote.startswith("\\* Why step 3: step 2 also carries DDP's one-time bucket")
+    assert "| `reduce_scatter=False` |" not in shown[0]
+
+
+def test_step_time_header_lines_up_with_the_rows(capsys):
+    def row(nic, ddp, fsdp, ddp_comm, fsdp_comm):
+        return {"nic": nic, "ddp_s": ddp, "fsdp_s": fsdp, "ddp_comm_s": ddp_comm,
+                "fsdp_comm_s": fsdp_comm, "ddp_predicted_s": ddp, "fsdp_predicted_s": fsdp,
+                "ddp_sent": 100, "fsdp_sent": 150, "steps": 8}
+
+    sweep = [row("delay 1ms", 0.010, 0.020, 0.004, 0.018),
+             row("delay 5ms", 0.018, 0.056, 0.012, 0.054),
+             row("delay 10ms", 0.028, 0.101, 0.022, 0.099),
+             row("delay 1ms rate 50mbit", 0.042, 0.068, 0.036, 0.066)]
+    l10.explain_step_times(sweep)
+    header, ddp = capsys.readouterr().out.splitlines()[:2]
+    for label in ("delay 1ms -> 10ms", "50 Mbit/s cap adds"):
+        assert label in header
+    # each label ends where its column's "]" does
+    ends = [i + 1 for i, ch in enumerate(ddp) if ch == "]"]
+    assert header.index("10ms") + 4 == ends[0]
+    assert header.index("adds") + 4 == ends[1]
+
+
+def test_layout_names_hsdp_once(shown):
+    l10.show_microbatches_and_layout(7e9, nodes=16)
+    text = " ".join(shown[0].split())
+    assert "shard inside a node, replicate across nodes" in text
+    assert text.count("HSDP") == 1
