@@ -124,14 +124,23 @@ class _LoopbackMeter:
 
 
 class _Bucket:
-    def __init__(self, t):
+    """DDP's GradBucket as a hook sees it: a flat buffer holding `params`' gradients one
+    after another, in that order (one parameter of the buffer's size by default)."""
+
+    def __init__(self, t, params=None):
+        import torch
+
         self.t = t
+        self.params = params if params is not None else [torch.nn.Parameter(torch.zeros_like(t))]
 
     def buffer(self):
         return self.t
 
     def index(self):
         return 0
+
+    def parameters(self):
+        return self.params
 
 
 def test_topk_error_feedback_sends_everything_eventually(monkeypatch):
@@ -141,15 +150,38 @@ def test_topk_error_feedback_sends_everything_eventually(monkeypatch):
     g = torch.tensor([4.0, 1.0, 0.5, -0.25])
     ef = compression.TopK(0.25, _LoopbackMeter())
     noef = compression.TopK(0.25, _LoopbackMeter(), error_feedback=False)
+    params = [torch.nn.Parameter(torch.zeros(4))]
     applied_ef, applied_noef = torch.zeros(4), torch.zeros(4)
     for _ in range(40):
-        applied_ef += ef(_Bucket(g.clone())).wait()
+        applied_ef += ef(_Bucket(g.clone(), params)).wait()
         applied_noef += noef(_Bucket(g.clone())).wait()
     # with the residual, what was applied plus what is still held is exactly the sum of g
-    assert torch.allclose(applied_ef + ef.residuals[0], 40 * g)
+    assert torch.allclose(applied_ef + ef.residual(_Bucket(g, params)), 40 * g)
     assert (applied_ef != 0).all(), "every coordinate was sent at some step"
     assert (applied_noef[1:] == 0).all(), "without it, only the largest ever is"
     assert ef.meter.calls == [("allgather", 8)] * 40  # one value + one index per step
+
+
+def test_topk_residual_follows_its_parameters_when_ddp_reorders_the_bucket(monkeypatch):
+    # DDP rebuilds its buckets after the first step in backward order: [a, b] becomes [b, a]
+    import torch
+
+    monkeypatch.setattr(compression, "_world", lambda: 1)
+    a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))
+    ga, gb = torch.tensor([8.0, 1.0, 2.0]), torch.tensor([5.0, -0.5])
+    ef = compression.TopK(0.2, _LoopbackMeter())  # k = 1 of 5
+    sent = ef(_Bucket(torch.cat([ga, gb]), [a, b])).wait()  # step 0: sends a[0]
+    assert torch.equal(sent, torch.tensor([8.0, 0, 0, 0, 0]))
+    assert torch.equal(ef.residuals[a], torch.tensor([0.0, 1.0, 2.0]))
+    assert torch.equal(ef.residuals[b], gb)
+    sent = ef(_Bucket(torch.cat([gb, ga]), [b, a])).wait()  # step 1, rebuilt: b first
+    # b's entries now come first: its residual is added to them (b[0] = 5 + 5 is sent), not
+    # to a's old place (a residual kept by position would send 8 + 2 at position 2)
+    assert torch.equal(sent, torch.tensor([10.0, 0, 0, 0, 0]))
+    assert torch.equal(ef.residual(_Bucket(torch.zeros(5), [a, b])),
+                       torch.tensor([8.0, 2.0, 4.0, 0.0, -1.0]))
+    with pytest.raises(RuntimeError, match="entries"):
+        ef(_Bucket(torch.zeros(4), [a, b]))
 
 
 def test_hooks_through_netem_send_what_the_shapes_predict():

@@ -15,7 +15,8 @@ makes, `make_task`) with unmodified `DistributedDataParallel` on the ranks of a
                   feedback; vectors (biases) are all-reduced uncompressed;
 * "topk:F"      - `TopK`, written here: keep the fraction F of largest-magnitude entries of
                   (gradient + residual), all-gather (values, indices) from every rank, sum;
-                  what was not sent stays in the residual (error feedback). "topk-noef:F"
+                  what was not sent stays in the residual (error feedback), kept per
+                  parameter: DDP reorders its bucket after the first step. "topk-noef:F"
                   drops the residual, to show why it matters.
 
 What is counted: every collective a hook issues is recorded with its payload bytes (the
@@ -239,12 +240,43 @@ class TopK:
     every rank picks different indices, so the sparse vectors cannot be all-reduced as they
     are. Each rank's bytes on the wire therefore grow with p ((p-1) x 8k), unlike an
     all-reduce's.
+
+    The residual is kept per parameter, not per bucket: DDP builds its first buckets in
+    parameter order and rebuilds them after the first step in the order the gradients became
+    ready in backward, which permutes a bucket's layout (a residual kept by bucket index
+    would then be added to other parameters' entries; torch's PowerSGD hook avoids the same
+    problem by starting only after that rebuild, `start_powerSGD_iter` >= 2).
     """
 
     fraction: float
     meter: _Meter
     error_feedback: bool = True
-    residuals: dict = field(default_factory=dict)  # bucket index -> what was not sent yet
+    residuals: dict = field(default_factory=dict)  # parameter -> its entries not sent yet
+
+    @staticmethod
+    def slices(bucket) -> list:
+        """(parameter, slice of the bucket's buffer) for each parameter of `bucket`: DDP's
+        buffer holds their gradients flattened one after another, in `bucket.parameters()`
+        order."""
+        out, start = [], 0
+        for p in bucket.parameters():
+            out.append((p, slice(start, start + p.numel())))
+            start += p.numel()
+        if start != bucket.buffer().numel():
+            raise RuntimeError(f"the bucket's parameters hold {start} entries, its buffer "
+                               f"{bucket.buffer().numel()}")
+        return out
+
+    def residual(self, bucket):
+        """What this rank has not sent yet of `bucket`'s entries, in the layout of its
+        buffer now (zeros for a parameter not seen yet)."""
+        import torch
+
+        flat = torch.zeros_like(bucket.buffer())
+        for p, s in self.slices(bucket):
+            if p in self.residuals:
+                flat[s] = self.residuals[p]
+        return flat
 
     def __call__(self, bucket):
         import torch
@@ -254,12 +286,13 @@ class TopK:
         k = max(1, min(n, int(self.fraction * n)))
         acc = buffer.clone()
         if self.error_feedback:
-            acc += self.residuals.get(bucket.index(), 0.0)
+            acc += self.residual(bucket)
         idx = acc.abs().topk(k, sorted=False).indices
         payload = torch.cat([acc[idx], idx.to(torch.int32).view(torch.float32)])
         if self.error_feedback:
             acc[idx] = 0.0
-            self.residuals[bucket.index()] = acc  # not sent: next step's head start
+            for p, s in self.slices(bucket):  # not sent: next step's head start
+                self.residuals[p] = acc[s]
         world = _world()
         gathered = [torch.empty_like(payload) for _ in range(world)]
         fut = self.meter.all_gather(gathered, payload)
@@ -340,11 +373,13 @@ def _train(cfg: dict) -> dict:
         calls.append(list(meter.calls))
     with torch.no_grad():
         test_loss = float(torch.nn.functional.cross_entropy(model(x_test), y_test))
+        sample_loss = torch.nn.functional.cross_entropy(model(x_test), y_test, reduction="none")
         correct = model(x_test).argmax(1) == y_test  # per test sample, for paired comparisons
         accuracy = float(correct.float().mean())
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return {"rank": rank, "step_s": steps, "loss": losses, "calls": calls,
             "test_loss": test_loss, "accuracy": accuracy, "correct": correct.tolist(),
+            "sample_loss": sample_loss.tolist(),
             "param_bytes": params.numel() * params.element_size(),
             "checksum": float(params.double().sum())}
 
@@ -444,6 +479,7 @@ class CompressionRun:
                 "final_loss": float(loss[-tail:].mean()),
                 "test_loss": self.ranks[0]["test_loss"], "accuracy": self.ranks[0]["accuracy"],
                 "correct": np.array(self.ranks[0]["correct"], dtype=bool),
+                "sample_loss": np.array(self.ranks[0]["sample_loss"]),
                 "replicas_identical": self.replicas_identical}
 
 
@@ -664,7 +700,8 @@ def accuracy_table(methods=DEFAULT_METHODS + ("topk-noef:0.01",), *, nodes: int 
                    nic: str = "delay 200us", steps: int = 150,
                    cluster: Cluster | None = None) -> list[dict]:
     """Train every method for `steps` steps from the same start: final training loss, test
-    loss and accuracy on the held-out set."""
+    loss and accuracy on the held-out set, with each test sample's loss ("sample_loss") and
+    whether it was classified right ("correct"), for paired comparisons."""
     rows = []
     with use_or_open(cluster, ddp=True, nodes=nodes, nic=nic, timeout=300) as cl:
         for method in methods:

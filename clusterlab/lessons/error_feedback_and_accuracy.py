@@ -13,6 +13,10 @@ import numpy as np
 
 WINDOW = 10  # steps per running mean of the training loss
 MIN_DISCORDANT = 10  # fewer discordant samples: the normal approximation says nothing
+BORDERLINE_SE, CLEAR_SE = 2.0, 3.0  # paired differences: beyond 2 s.e. borderline, 3 clear
+NEGLIGIBLE_LOSS = 1e-3  # a test-loss gap below this is too small to matter, however sure
+LABELS = {"none": "fp32 (none)", "topk:0.01": "top-k 1%, error feedback",
+          "topk-noef:0.01": "top-k 1%, no error feedback"}  # the figure's legend
 
 
 def smooth(x, w: int = WINDOW) -> np.ndarray:
@@ -37,10 +41,9 @@ def plot_error_feedback(ef_runs: dict, longer: dict, *, target: float, budget: i
                         ("topk:0.01", longer["topk:0.01"], "-"),
                         ("topk-noef:0.01", longer["topk-noef:0.01"], "--")):
         curve = smooth(r["loss_curve"])
-        ax.plot(np.arange(len(curve)) + WINDOW, curve, style,
-                label="fp32 (none)" if m == "none" else m)
+        ax.plot(np.arange(len(curve)) + WINDOW, curve, style, label=LABELS[m])
     ax.axhline(target, color="grey", ls=":", label=f"fp32 at step {budget}")
-    ax.axvline(budget, color="grey", lw=0.8)
+    ax.axvline(budget, color="grey", lw=0.8, label=f"fp32's {budget}-step budget")
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (4 ranks, 10-step mean)")
     ax.set_title("Same start, same batches: top-k 1% with and without error feedback",
@@ -71,12 +74,66 @@ def explain_error_feedback(ef_runs: dict, longer: dict, *, target: float,
     return n_ef, n_noef
 
 
+def check_same_trajectory(ef_runs: dict, longer: dict, *, budget: int) -> None:
+    """Asserts that the longer top-k runs repeat the budget runs over their first `budget`
+    steps (the same weights, batches and arithmetic), so the figure's curves and the test
+    losses after the budget come from one trajectory per method."""
+    for m in longer:
+        short, long = ef_runs[m]["loss_curve"], longer[m]["loss_curve"][:budget]
+        assert np.allclose(long, short, rtol=0, atol=1e-3), (
+            f"{m}: the {len(longer[m]['loss_curve'])}-step run left the {budget}-step one by "
+            f"up to {np.abs(long - short).max():.2g} in training loss")
+
+
 def accuracy_gap_se(res: dict, m: str) -> float:
     """`m`'s test accuracy minus fp32's ("none"), in standard errors of the paired difference
     (the same test samples, sample by sample); 0 when the two answered identically."""
     d = res[m]["correct"].astype(float) - res["none"]["correct"].astype(float)  # same samples
     sd = d.std(ddof=1)
     return d.mean() / (sd / math.sqrt(len(d))) if sd > 0 else 0.0
+
+
+def loss_gap(res: dict, m: str) -> tuple[float, float] | None:
+    """`m`'s test loss minus fp32's, as the mean over the test samples of the paired
+    per-sample cross-entropy differences, and that mean's standard error; None without
+    per-sample losses."""
+    if "sample_loss" not in res[m] or "sample_loss" not in res["none"]:
+        return None
+    d = np.asarray(res[m]["sample_loss"], float) - np.asarray(res["none"]["sample_loss"], float)
+    return float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d)))
+
+
+def _se(se: float) -> str:
+    return f"{se:.3f}" if se >= 5e-4 else "<0.001"
+
+
+def loss_verdict(res: dict, m: str) -> str:
+    """`verdict` of `m`'s paired test-loss gap; "negligible" below NEGLIGIBLE_LOSS, where a
+    tiny but consistent shift (a 16-bit sum's) can lie many standard errors from zero."""
+    lg = loss_gap(res, m)
+    if lg is None:
+        return "not measured"
+    if abs(lg[0]) < NEGLIGIBLE_LOSS:
+        return f"negligible (under {NEGLIGIBLE_LOSS:g})"
+    return verdict(lg[0] / lg[1], "higher", "lower")
+
+
+def verdict(z: float | None, more: str, less: str) -> str:
+    """A paired difference of `z` standard errors in words: `more`/`less` beyond CLEAR_SE,
+    "borderline" between BORDERLINE_SE and CLEAR_SE, else "cannot tell" (None: n/a)."""
+    if z is None:
+        return "cannot tell (n/a)"
+    word = more if z > 0 else less
+    if abs(z) >= CLEAR_SE:
+        return f"{word} ({z:+.1f} s.e.)"
+    if abs(z) >= BORDERLINE_SE:
+        return f"borderline {word} ({z:+.1f} s.e.)"
+    return f"cannot tell ({z:+.1f} s.e.)"
+
+
+def accuracy_z(res: dict, m: str) -> float | None:
+    """`accuracy_gap_se`, or None with fewer than MIN_DISCORDANT discordant samples."""
+    return accuracy_gap_se(res, m) if sum(only(res, m)) >= MIN_DISCORDANT else None
 
 
 def only(res: dict, m: str) -> tuple[int, int]:
@@ -86,22 +143,26 @@ def only(res: dict, m: str) -> tuple[int, int]:
 
 
 def print_accuracy_table(res: dict, *, gap: dict, n_test: int) -> None:
-    """Per method: bytes per step, test loss and its gap to fp32, accuracy ± 1 s.e., and the
-    paired difference from fp32 with the samples only one of the two got right ("n/a" with
-    fewer than MIN_DISCORDANT of those); then the paired difference of the method farthest
-    from fp32 worked out from its two counts, (c - b) / sqrt(b + c)."""
-    print(f"{'method':>11}  kB/step  test loss (vs fp32)  accuracy ± 1 s.e. (n={n_test})  "
-          "paired vs fp32  right only here / only fp32")
+    """Per method: bytes per step, test loss and its gap to fp32 (± the paired standard
+    error when per-sample losses are there), accuracy ± 1 s.e., and the paired difference
+    from fp32 with c and b, the samples right only under the method and only under fp32
+    ("n/a" with fewer than MIN_DISCORDANT of those); then the paired difference of the method
+    farthest from fp32 worked out from its two counts, (c - b) / sqrt(b + c), and a verdict
+    per method on its accuracy and its test loss."""
+    print(f"{'method':>11}  kB/step  test loss (vs fp32 ± paired s.e.)  accuracy ± 1 s.e. "
+          f"(n={n_test})  paired vs fp32   c / b")
     for m, r in res.items():
         se = math.sqrt(r["accuracy"] * (1 - r["accuracy"]) / n_test)
         c, b = only(res, m) if m != "none" else (0, 0)
-        paired = "" if m == "none" else ((f"{accuracy_gap_se(res, m):+5.1f} s.e."
-                                          if c + b >= MIN_DISCORDANT else f"{'n/a':>10}")
-                                         + f"{c:>21} / {b}")
+        z = accuracy_z(res, m) if m != "none" else None
+        paired = "" if m == "none" else ((f"{z:+5.1f} s.e." if z is not None
+                                          else f"{'n/a':>10}") + f"{c:>8} / {b}")
+        lg = loss_gap(res, m) if m != "none" else None
+        loss = f"({gap[m]:+.3f}" + (f" ± {_se(lg[1])})" if lg else ")")
         name = "fp32 (none)" if m == "none" else m
-        print(f"{name:>11}  {r['sent_bytes'] / 1e3:7.1f}  {r['test_loss']:9.3f} "
-              f"({gap[m]:+.3f})  {r['accuracy']:17.1%} ± {se:.1%}    {paired}".rstrip())
-    counted = [m for m in res if m != "none" and sum(only(res, m)) >= MIN_DISCORDANT]
+        print(f"{name:>11}  {r['sent_bytes'] / 1e3:7.1f}  {r['test_loss']:9.3f} {loss:<23}  "
+              f"{r['accuracy']:17.1%} ± {se:.1%}    {paired}".rstrip())
+    counted = [m for m in res if m != "none" and accuracy_z(res, m) is not None]
     if len(counted) < len(res) - 1:
         print(f"n/a: fewer than {MIN_DISCORDANT} samples right under only one of the two, too "
               f"few for a difference in standard errors")
@@ -112,6 +173,12 @@ def print_accuracy_table(res: dict, *, gap: dict, n_test: int) -> None:
               f"(c - b) / sqrt(b + c) = ({c} - {b}) / sqrt({b + c}) = "
               f"{(c - b) / math.sqrt(b + c):+.1f} s.e. (the column, from the same samples one "
               f"by one: {accuracy_gap_se(res, m):+.1f})")
+    others = [m for m in res if m != "none"]
+    print(f"Against fp32, paired (beyond {CLEAR_SE:g} s.e.: clear; {BORDERLINE_SE:g} to "
+          f"{CLEAR_SE:g}: borderline, as {len(others)} methods are compared):")
+    for m in others:
+        print(f"  {m:>11}: accuracy {verdict(accuracy_z(res, m), 'higher', 'lower'):28s} "
+              f"test loss {loss_verdict(res, m)}")
 
 
 def check_accuracy(res: dict, *, gap: dict, n_test: int, budget: int) -> None:
@@ -164,4 +231,30 @@ def explain_ring_errors(errors: dict, ps: list[int]) -> float:
     corr = ring_sum_error(ps[-1], torch.bfloat16, common=1.0)
     print(f"Correlated ranks (a shared gradient as large as each rank's noise): bf16 {corr:.1%} "
           f"after {ps[-1] - 1} hops (the same synthetic draw).")
+    fp16, bf16 = torch.finfo(torch.float16), torch.finfo(torch.bfloat16)
+    if torch.float16 in errors:
+        finer = bf16.eps / fp16.eps
+        print(f"fp16 keeps {round(math.log2(finer))} more significant bits than bf16 (an eps "
+              f"{finer:.0f}x finer); its error after {ps[-1] - 1} hops was "
+              f"{bf[-1] / errors[torch.float16][-1]:.0f}x smaller. Its risk is range (below).")
     return corr
+
+
+def print_summary(res: dict, noef: dict, *, gap: dict, budget: int) -> None:
+    """What compression cost here, in test loss (± paired s.e.) and paired accuracy: top-k
+    with and without error feedback, PowerSGD at each rank, the 16-bit casts."""
+    def cost(m):
+        lg = loss_gap(res, m)
+        z = accuracy_z(res, m)
+        acc = f"{z:+.1f} s.e." if z is not None else "n/a"
+        loss = f"{gap[m]:+.3f} ± {_se(lg[1])}" if lg else f"{gap[m]:+.3f}"
+        return f"test loss {loss}, accuracy {acc}"
+
+    ref = res["none"]["test_loss"]
+    print(f"Measured here (4 ranks, {budget} steps, one training run each; against fp32, "
+          f"paired):")
+    print(f"  top-k 1% with error feedback: {cost('topk:0.01')}; without: test loss "
+          f"{noef['test_loss'] - ref:+.3f}")
+    for m in [m for m in res if m.startswith("powersgd")]:
+        print(f"  PowerSGD rank {m.partition(':')[2]}: {cost(m)}")
+    print(f"  fp16 and bf16: test loss within {max(abs(gap['fp16']), abs(gap['bf16'])):.0e}")

@@ -1,0 +1,92 @@
+"""What notebook 11b prints and asserts beyond tests/test_lessons_parallelism.py: the longer
+top-k runs repeating the budget runs, the paired test-loss gaps, the verdicts, the summary and
+fp16's line under the ring errors."""
+
+import numpy as np
+import pytest
+
+from clusterlab.lessons import error_feedback_and_accuracy as l11b
+
+
+def test_the_longer_runs_must_repeat_the_budget_runs():
+    curve = np.linspace(2.0, 0.5, 40)
+    ef_runs = {"topk:0.01": {"loss_curve": curve[:10]}}
+    l11b.check_same_trajectory(ef_runs, {"topk:0.01": {"loss_curve": curve}}, budget=10)
+    moved = curve.copy()
+    moved[5] += 0.01  # other batches move a step's loss by far more
+    with pytest.raises(AssertionError, match="left the 10-step one"):
+        l11b.check_same_trajectory(ef_runs, {"topk:0.01": {"loss_curve": moved}}, budget=10)
+
+
+def _res():
+    n = 400
+    base = np.r_[np.ones(300, bool), np.zeros(100, bool)]
+    loss = np.linspace(0.2, 1.2, n)
+
+    def run(up, down, shift, noise=0.0):
+        c = base.copy()
+        c[300:300 + up] = True
+        c[:down] = False
+        sl = loss + shift + noise * np.sin(np.arange(n))
+        return {"correct": c, "accuracy": c.mean(), "sent_bytes": 100, "test_loss": sl.mean(),
+                "sample_loss": sl}
+
+    return {"none": {"correct": base, "accuracy": 0.75, "sent_bytes": 400,
+                     "test_loss": loss.mean(), "sample_loss": loss},
+            "fp16": run(0, 0, 1e-5), "powersgd:1": run(5, 40, 0.05, 0.1),
+            "powersgd:4": run(4, 14, 0.004, 0.5), "topk:0.01": run(10, 14, 0.03, 0.1)}
+
+
+def test_loss_gap_is_paired_and_the_verdicts_use_two_and_three_se():
+    res = _res()
+    mean, se = l11b.loss_gap(res, "topk:0.01")
+    d = res["topk:0.01"]["sample_loss"] - res["none"]["sample_loss"]
+    assert mean == pytest.approx(d.mean()) and se == pytest.approx(d.std(ddof=1) / 20)
+    assert l11b.loss_gap({"none": {}, "x": {}}, "x") is None
+    assert l11b.verdict(-4.6, "higher", "lower") == "lower (-4.6 s.e.)"
+    assert l11b.verdict(-2.3, "higher", "lower") == "borderline lower (-2.3 s.e.)"
+    assert l11b.verdict(0.8, "higher", "lower") == "cannot tell (+0.8 s.e.)"
+    assert l11b.verdict(None, "higher", "lower") == "cannot tell (n/a)"
+    assert l11b.loss_verdict(res, "fp16").startswith("negligible")  # a tiny, sure shift
+    assert l11b.accuracy_z(res, "fp16") is None  # no discordant samples
+
+
+def test_accuracy_table_prints_loss_se_c_b_and_a_verdict_per_method(capsys):
+    res = _res()
+    gap = {m: r["test_loss"] - res["none"]["test_loss"] for m, r in res.items()}
+    l11b.print_accuracy_table(res, gap=gap, n_test=400)
+    out = capsys.readouterr().out
+    assert "c / b" in out.splitlines()[0] and "paired s.e." in out.splitlines()[0]
+    se = l11b.loss_gap(res, "powersgd:1")[1]
+    assert f"(+0.050 ± {se:.3f})" in out and "5 / 40" in out
+    verdicts = {line.split(": accuracy")[0].strip(): line for line in out.splitlines()
+                if line.startswith("  ")}
+    assert "accuracy lower (-5." in verdicts["powersgd:1"]
+    assert "test loss higher" in verdicts["powersgd:1"]
+    assert "accuracy borderline lower (-2." in verdicts["powersgd:4"]
+    assert "accuracy cannot tell (-0." in verdicts["topk:0.01"]
+    assert "accuracy cannot tell (n/a)" in verdicts["fp16"]
+    assert "test loss negligible" in verdicts["fp16"]
+
+
+def test_summary_gives_loss_gaps_with_se_next_to_paired_accuracy(capsys):
+    res = _res()
+    res["bf16"] = res["fp16"]
+    gap = {m: r["test_loss"] - res["none"]["test_loss"] for m, r in res.items()}
+    noef = {"test_loss": res["none"]["test_loss"] + 1.0}
+    l11b.print_summary(res, noef, gap=gap, budget=120)
+    out = capsys.readouterr().out
+    assert "120 steps" in out and "without: test loss +1.000" in out
+    assert "PowerSGD rank 1: test loss +0.050 ± " in out and "accuracy -5." in out
+    assert "PowerSGD rank 4:" in out and "fp16 and bf16: test loss within 1e-05" in out
+
+
+def test_ring_errors_say_what_fp16_keeps(capsys):
+    torch = pytest.importorskip("torch")
+    ps = [2, 8]
+    errors = {torch.float32: [1e-8, 1e-8], torch.bfloat16: [1e-3, 4e-2],
+              torch.float16: [1e-4, 5e-3]}
+    l11b.explain_ring_errors(errors, ps)
+    out = capsys.readouterr().out
+    assert ("fp16 keeps 3 more significant bits than bf16 (an eps 8x finer); its error after 7 "
+            "hops was 8x smaller") in out
