@@ -319,17 +319,22 @@ def torchrun_job(**options) -> JobRun:
     try:
         config_path = os.path.join(work, "job.json")
         Path(config_path).write_text(json.dumps(cfg))
-        # TORCH_DISABLE_SHARE_RDZV_TCP_STORE: with the store shared between torchrun's
-        # rendezvous and the workers, a restarted group can read the previous attempt's
-        # keys and hang in its process group's creation (pytorch/pytorch#135712; seen here
-        # in about one restart in three).
+        # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: the workers get their own store, not the
+        # agent's. Shared (the default), restarts hung here in the new group's process group
+        # creation about one time in three: a restarted group can read the previous
+        # attempt's keys (pytorch/pytorch#135712). The fix, #135957 (relanded as #136768),
+        # meant a new store server per restart, but torch 2.13's DynamicRendezvousHandler.
+        # next_rendezvous creates the shared server only on the first round (or when rank 0
+        # moves) and reuses it, while the workers add no per-attempt prefix on the
+        # assumption of a new store per retry (torch/distributed/rendezvous.py,
+        # _create_c10d_store).
         env = {**os.environ, JOB_ENV: config_path, "CLUSTERLAB_NIC": cfg["nic"],
                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
                "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
                "TORCHELASTIC_ERROR_FILE": os.path.join(work, "error.json")}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(cfg["nodes"]), "--max-restarts",
-               str(cfg["max_restarts"]), "--monitor-interval", "0.1",
+               str(cfg["max_restarts"]), "--monitor-interval", "0.1",  # torch 2.13's default
                # Without --log-dir the agent makes /tmp/torchelastic_* and never removes it.
                "--log-dir", os.path.join(work, "agent-logs"),
                "-m", "clusterlab.experiments.failures"]

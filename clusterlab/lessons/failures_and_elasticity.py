@@ -24,7 +24,8 @@ def explain_restart(job) -> None:
           f"processes of the job left after it: {len(job.leftover)}")
     print(f"rank 1 died at step {f['step']}; the new group resumed from step {f['resumed_from']} "
           f"and redid {f['redone_steps']} steps")
-    print(f"restart (SIGKILL to the new group's checkpoint loaded): {f['restart_s']:.2f} s; "
+    print(f"restart (from the SIGKILL until the new group had loaded the checkpoint): "
+          f"{f['restart_s']:.2f} s; "
           f"redone work {f['redo_s']:.2f} s; a step {s['step_s'] * 1e3:.0f} ms (median of "
           f"{len(job.step_seconds())}), a checkpoint {s['checkpoint_s'] * 1e3:.0f} ms (median of "
           f"{s['checkpoints']})")
@@ -40,12 +41,38 @@ def check_restart(job) -> None:
     assert f["restart_s"] > 10 * s["step_s"], "a restart costs far more than a step"
 
 
+def plot_restart(job) -> None:
+    """Draw the first job's timeline (`job.plot_timeline`) with the restart shaded and
+    labelled, the redone steps circled, and the checkpoints' steps named in the legend."""
+    import matplotlib.pyplot as plt
+
+    f = job.failures()[0]
+    kill = next(e for e in job.events if e["kind"] == "kill")
+    t_kill = kill["t"] / 1e9 - job.first_s
+    ax = job.plot_timeline(title=f"torchrun, {job.config['nodes']} workers: rank "
+                           f"{kill['rank']} killed at step {kill['step']}")
+    ax.axvspan(t_kill, t_kill + f["restart_s"], color="red", alpha=0.08,
+               label=f"restart {f['restart_s']:.2f} s")
+    redone = [e for e in job.events if e["kind"] == "step" and e["rank"] == 0
+              and e["attempt"] == kill["attempt"] + 1 and e["step"] <= f["step"]]
+    ax.plot([e["t"] / 1e9 - job.first_s for e in redone], [e["step"] for e in redone], "o",
+            mfc="none", mec="black", ms=9,
+            label=f"redone: steps {f['resumed_from'] + 1} to {f['step']}")
+    saved = sorted({e["step"] for e in job.events if e["kind"] == "checkpoint"})
+    ax.plot([], [], color="grey", lw=0.5, ls=":",
+            label="checkpoints at steps " + ", ".join(str(k) for k in saved))
+    ax.legend(fontsize=8, loc="lower right")
+    plt.tight_layout()
+    plt.show()
+
+
 def waste_curve(*, checkpoint_s: float, mtbf_s: float, restart_s: float, points: int = 60):
     """(intervals in s, expected waste at each): the first-order waste over intervals from
-    10^1.5 to 10^4.5 s, for the figure and the check that Young's interval is its minimum."""
+    2 minutes to 5 hours (inside the formula's cap of 100% for the notebook's C and M), for
+    the figure and the check that Young's interval is its minimum."""
     import numpy as np
 
-    taus = np.logspace(1.5, 4.5, points)
+    taus = np.geomspace(120.0, 5 * 3600.0, points)
     return taus, [models.checkpoint_waste(t, checkpoint_s, mtbf_s, restart_s) for t in taus]
 
 
@@ -173,15 +200,16 @@ def plot_parts(parts: dict) -> None:
 
 def estimate_rows(*, first: dict, failure: dict, parts: dict, other: float,
                   schedule: list[int], steps: int, interval: int) -> list[tuple[str, float, float]]:
-    """(part, estimate, measured) in seconds: the terms of `failures.predicted_train_s`, each
-    from the first job's one sample, beside the second job's measured parts."""
+    """(part, estimate, measured) in seconds: the terms of `failures.predicted_train_s`, from
+    the first job (medians of its steps and checkpoints, its one start-up and one restart),
+    beside the second job's measured parts; "unaccounted" is what lies between them."""
     redone_est = sum(x - (x // interval) * interval for x in schedule)
     return [("start-up", first["startup_s"], parts["start-up"]),
             ("steps", steps * first["step_s"], parts["steps"]),
             ("checkpoints", (steps - 1) // interval * first["checkpoint_s"], parts["checkpoints"]),
             ("restarts", len(schedule) * failure["restart_s"], parts["restarts"]),
             ("redone steps", redone_est * first["step_s"], parts["redone steps"]),
-            ("the rest", 0.0, other)]
+            ("unaccounted", 0.0, other)]
 
 
 def estimate_lines(rows: list[tuple[str, float, float]], *, predicted: float,
@@ -215,18 +243,42 @@ def estimate_lines(rows: list[tuple[str, float, float]], *, predicted: float,
 
 def compare_estimate(rows: list[tuple[str, float, float]], *, predicted: float, second: dict,
                      other: float) -> None:
-    """Print `estimate_lines(...)` (the estimate's rows asserted to add up to it), then what
-    the measured parts leave of the job's time, labelled an accounting check: start-up,
-    restarts and redone steps are intervals of the event log that defines that time, and
-    steps and checkpoints its counts times their medians, so the parts add up to it nearly
-    by construction (not a finding, so no `conclude`)."""
+    """Print `estimate_lines(...)`. Asserted silently: the estimate's rows add up to it, and
+    the measured parts leave under 10% of the job's time unaccounted (an accounting check,
+    not a finding: start-up, restarts and redone steps are intervals of the event log that
+    defines that time, steps and checkpoints its counts times their medians)."""
     assert abs(sum(r[1] for r in rows) - predicted) < 1e-6
+    assert abs(other) < 0.1 * second["train_s"], "the measured parts account for the job's time"
     for line in estimate_lines(rows, predicted=predicted, train_s=second["train_s"]):
         print(line)
-    print(f"Accounting check, not a finding: the measured parts leave {other:+.2f} s "
-          f"({other / second['train_s']:+.1%}) of the job's time; start-up, restarts and redone "
-          f"steps are intervals of the same event log that defines that time, steps and "
-          f"checkpoints counts times their medians, so they add up to it nearly by construction")
+
+
+def restart_miss_lines(*, failure: dict, job2, predicted: float) -> list[str]:
+    """Every restart measured (in brackets: until the new workers had torch loaded), then how
+    far the first job's one restart, which the estimate used for every failure, sat from the
+    second job's, and what that made of the restarts row against the total miss."""
+    s2 = job2.summary()
+    r2 = [x["restart_s"] for x in job2.failures()]
+    lines = ["restarts measured (in brackets: until the new workers had torch loaded): first "
+             f"job {failure['restart_s']:.2f} s ({failure['respawn_s']:.2f} s), the one the "
+             "estimate used; second job "
+             + ", ".join(f"{x['restart_s']:.2f} s ({x['respawn_s']:.2f} s)"
+                         for x in job2.failures())]
+    if r2:
+        gap = failure["restart_s"] - sum(r2) / len(r2)
+        than = ("every restart of the second job" if all(failure["restart_s"] > r for r in r2)
+                or all(failure["restart_s"] < r for r in r2) else "the second job's mean")
+        lines.append(f"the first job's restart was {abs(gap):.2f} s "
+                     f"{'slower' if gap > 0 else 'faster'} than {than}; over {len(r2)} "
+                     f"restarts that makes the restarts row's {-gap * len(r2):+.2f} s, against "
+                     f"the total's {s2['train_s'] - predicted:+.2f} s miss")
+    return lines
+
+
+def explain_restart_miss(*, failure: dict, job2, predicted: float) -> None:
+    """Print `restart_miss_lines(...)`."""
+    for line in restart_miss_lines(failure=failure, job2=job2, predicted=predicted):
+        print(line)
 
 
 def explain_hung(hung: list[dict]) -> tuple[float, int]:
@@ -261,9 +313,10 @@ def plot_stalls(traces: dict, stall: dict) -> None:
                 label="rank 0, run without saves")
         for k in tr["saved"]:
             ax.axvline(k, color="grey", lw=0.6, ls=":")
-        ax.set_title(f"{mode} save: {min(stall[mode]['lost_s']) * 1e3:.0f} to "
-                     f"{max(stall[mode]['lost_s']) * 1e3:.0f} ms lost per save "
-                     f"({stall[mode]['saves']} saves)", fontsize=10)
+        ax.set_title(f"{mode} save: {stall[mode]['lost_per_save_s'] * 1e3:.0f} ms lost per "
+                     f"save (median; {min(stall[mode]['lost_s']) * 1e3:.0f} to "
+                     f"{max(stall[mode]['lost_s']) * 1e3:.0f}, {stall[mode]['saves']} saves)",
+                     fontsize=10)
         ax.set_xlabel("step (dotted: rank 0 saves)")
     axes[0].set_ylabel("step time (ms)")
     axes[0].legend(fontsize=8)
@@ -272,45 +325,60 @@ def plot_stalls(traces: dict, stall: dict) -> None:
 
 
 def stall_table_lines(stall: dict) -> list[str]:
-    """The two save modes side by side (ms, medians: the saving step's block, the write, the
-    loss per save, saves), a note when the two writes' medians differ (beyond the noise floor
-    or within it), every save's loss,
-    a note when the synchronous saves' losses differ over 2x, and the noise floor of the run
-    without saves."""
+    """The two save modes side by side (ms, medians: the saving step's block, the copy (async
+    only), the write, the loss per save, saves), every save's loss, and the noise floor of the
+    run without saves."""
     sy, asy = stall["sync"], stall["async"]
     floor = sy["noise_max_s"]  # the largest window excess of the run without saves
-    lines = [f"{'mode':6s}{'saving step blocked':>20s}{'write':>8s}{'lost per save':>15s}"
-             f"{'saves':>7s}   (ms, medians)"]
+    lines = [f"{'mode':6s}{'saving step blocked':>20s}{'copy':>6s}{'write':>7s}"
+             f"{'lost per save':>15s}{'saves':>7s}   (ms, medians)"]
     for name, r in (("sync", sy), ("async", asy)):
-        lines.append(f"{name:6s}{r['blocked_s'] * 1e3:20.0f}{r['write_s'] * 1e3:8.0f}"
+        copy = f"{r['copy_s'] * 1e3:6.0f}" if name == "async" else f"{'-':>6s}"
+        lines.append(f"{name:6s}{r['blocked_s'] * 1e3:20.0f}{copy}{r['write_s'] * 1e3:7.0f}"
                      f"{r['lost_per_save_s'] * 1e3:15.0f}{r['saves']:7d}")
-    if abs(asy["write_s"] - sy["write_s"]) > floor:
-        lines.append(f"the background write took "
-                     f"{'longer' if asy['write_s'] > sy['write_s'] else 'less time'} "
-                     f"than the synchronous one on this run, beyond the noise floor; with "
-                     f"{asy['saves']} saves per mode this run does not say why")
-    elif asy["write_s"] != sy["write_s"]:
-        lines.append(f"the two writes' medians differ by "
-                     f"{abs(asy['write_s'] - sy['write_s']) * 1e3:.0f} ms, within the "
-                     f"{floor * 1e3:.0f} ms noise floor: the same within noise")
-    lines.append("details, lost per save (ms): " + "; ".join(
+    lines.append("lost per save, each (ms): " + "; ".join(
         f"{name} " + ", ".join(f"{x * 1e3:.0f}" for x in r["lost_s"])
         for name, r in (("sync", sy), ("async", asy))))
-    lo, hi = min(sy["lost_s"]), max(sy["lost_s"])
-    if hi > 2 * lo:
-        lines.append(f"the synchronous saves did not cost alike, {lo * 1e3:.0f} to "
-                     f"{hi * 1e3:.0f} ms (the taller spikes in the figure); this run does not "
-                     f"say why (a guess, not measured: the kernel flushing written pages to disk "
-                     f"during the save)")
     lines.append(f"without saves the same windows were off by {round(sy['noise_s'] * 1e3)} ms "
                  f"(median), {floor * 1e3:.0f} ms at most: the noise floor")
     return lines
 
 
-def print_stall_table(stall: dict) -> None:
-    """Print `stall_table_lines(stall)`."""
+def async_outlier_line(traces: dict, stall: dict) -> str | None:
+    """When the asynchronous save's worst window lost more than half of what a synchronous
+    save loses (median) and more than its own median plus the noise floor, where that loss
+    sat: the window's steps, its largest step on rank 0 and how many steps after the save,
+    rank 1's excess at that step, and that save's write; the run cannot say whether the save
+    caused it. None otherwise."""
+    import numpy as np
+
+    sy, asy = stall["sync"], stall["async"]
+    lost = asy["lost_s"]
+    i = int(np.argmax(lost))
+    if not (lost[i] > 0.5 * sy["lost_per_save_s"]
+            and lost[i] > asy["lost_per_save_s"] + sy["noise_max_s"]):
+        return None
+    tr = traces["async"]
+    steps = np.asarray(tr["step_s"])
+    save = tr["saved"][i]
+    end = min(save + asy["window_steps"], steps.shape[1])
+    k = save + int(np.argmax(steps[0][save:end]))
+    write = (f"; that save's write took {tr['write_s'][i] * 1e3:.0f} ms"
+             if i < len(tr["write_s"]) else "")
+    return (f"async: its worst window (steps {save} to {end - 1}) lost {lost[i] * 1e3:.0f} ms, "
+            f"{(steps[0][k] - asy['step_s']) * 1e3:.0f} ms of it in step {k}, {k - save} steps "
+            f"after the save (rank 1's step {k}: "
+            f"{(steps[1][k] - asy['rank1_step_s']) * 1e3:+.0f} ms){write}; this run does not "
+            f"show whether the save caused it")
+
+
+def print_stall_table(stall: dict, traces: dict | None = None) -> None:
+    """Print `stall_table_lines(stall)`, then `async_outlier_line(traces, stall)` if any."""
     for line in stall_table_lines(stall):
         print(line)
+    note = async_outlier_line(traces, stall) if traces is not None else None
+    if note:
+        print(note)
 
 
 def stall_verdict(stall: dict) -> str:
@@ -330,12 +398,14 @@ def stall_verdict(stall: dict) -> str:
 
 def stall_holds(stall: dict) -> bool:
     """The stall claim: the saving step was blocked longer (beyond the noise floor) when
-    synchronous than when asynchronous, and rank 1's step right after a synchronous save grew
-    by at least half of rank 0's write (rank 1 reaches the next all-reduce on time and waits
-    there for the write, whatever this machine's disk speed)."""
+    synchronous than when asynchronous, the asynchronous block was no more than its copy
+    (within the noise floor), and rank 1's step right after a synchronous save grew by at
+    least half of rank 0's write (rank 1 reaches the next all-reduce on time and waits there
+    for the write, whatever this machine's disk speed)."""
     sy, asy = stall["sync"], stall["async"]
     floor = sy["noise_max_s"]
     return (asy["blocked_s"] + floor < sy["blocked_s"]
+            and asy["blocked_s"] <= asy["copy_s"] + floor
             and sy["after_s"] - sy["rank1_step_s"] > 0.5 * sy["write_s"])
 
 
@@ -393,9 +463,9 @@ for a failed peer.
 
 | case | who notices | what torchrun does |
 |---|---|---|
-| 1. a killed process, peers on TCP (Gloo; NCCL over sockets: "[[nccl.socket_peer_closed]]") | its peers at their next collective (the kernel closes its sockets); its own agent within [[pytorch.torchrun_monitor_interval]] | starts a new group; the job resumes after the restart |
+| 1. a killed process, peers on TCP (Gloo; NCCL over sockets: "[[nccl.socket_peer_closed]]") | its peers in their current or next collective (the kernel closes its sockets); its own agent within [[pytorch.torchrun_monitor_interval]] | starts a new group; the job resumes after the restart |
 | 2. a crashed process (OOM kill, segfault) under NCCL inside a node ([[nccl.intranode_transports]]), restarts left | its own agent at its next poll; its peers get no error | [[pytorch.torchrun_crash_path]]; the job resumes after the restart |
-| 3. a dead node (its agent dies with it) | the peers that send to it, once the NIC's retries run out (*case 2 over InfiniBand or RoCE*, below); the others alone would wait for the watchdog's timeout | the first failing survivor's agent re-enters the rendezvous; every other agent restarts its hung workers at its next poll, but the new round starts only once the dead node's rendezvous keep-alive lapses (and with `--nnodes MIN:MAX` short of MAX only after a last-call wait): tens of seconds at torch's defaults; the job resumes with `--nnodes MIN:MAX` once the dead node is dropped ([12b](12b_elastic_resharding.ipynb)), with a fixed `--nnodes` only when a replacement joins |
+| 3. a dead node (its agent dies with it) | the peers that send to it, once the NIC's retries run out (*case 2 over InfiniBand or RoCE*, below); the others alone would wait for the watchdog's timeout | the first failing survivor's agent re-enters the rendezvous; the others restart their workers at their next poll. The new round starts once the dead node's *keep-alive* (the heartbeat each agent writes to the rendezvous store) has lapsed, [[pytorch.rdzv_dead_node_after]], and with `--nnodes MIN:MAX` short of MAX after a *last call* for late joiners, [[pytorch.rdzv_last_call_timeout]] ([12b](12b_elastic_resharding.ipynb)); with a fixed `--nnodes`, only once a replacement joins |
 
 Edge cases:
 
@@ -407,16 +477,10 @@ Edge cases:
   its next poll of the store.
 - **Case 2 over InfiniBand or RoCE.** A peer that sends to the dead process also gets
   [[nccl.remote_error]] after the NIC's retries (at least [[nccl.ib_total_wait_default]] at
-  NCCL's default NCCL_IB_TIMEOUT and NCCL_IB_RETRY_CNT; sooner on some RoCE NICs, below); a
-  peer that only receives may get none. torchrun does as in case 2.
-- **The dead node hosted the c10d rendezvous store** (`--rdzv-endpoint`). The job never
-  resumes; the other agents fail when they cannot reach it
-  ([pytorch#67742](https://github.com/pytorch/pytorch/issues/67742)), which a store outside
-  the job (etcd) avoids.
+  NCCL's default NCCL_IB_TIMEOUT and NCCL_IB_RETRY_CNT; sooner on some RoCE NICs: see the
+  note for experts); a peer that only receives may get none. torchrun does as in case 2.
 
-RoCE: ConnectX NICs with adaptive retransmission may give up sooner, as each retry's wait
-adapts, [[nvidia.roce_adp_timeout_cap]] (a QP, queue pair, is one RDMA connection; its ACK
-timeout is how long the NIC waits for an acknowledgement before it resends).
+What else differs:
 
 - **Timeouts and hung ranks.** Set the timeout above the longest gap between two collectives;
   naming the missing rank and the flight recorder are in
@@ -431,14 +495,26 @@ timeout is how long the NIC waits for an acknowledgement before it resends).
   [[meta.llama3_snapshot_days]], one every {days * 24 / count:.1f} hours.
 - **Asynchronous checkpoints.** `torch.distributed.checkpoint.async_save` makes
   [[pytorch.dcp_async_save_staging]] and writes it from another thread; the training waits for
-  that copy unless [[pytorch.dcp_async_staging_option]] moves it to the background too. It
-  needs a CPU backend in the process group (e.g. `"cpu:gloo,cuda:nccl"`; it asserts so).
+  that copy unless an `async_stager=DefaultStager(...)` built with
+  [[pytorch.dcp_async_staging_option]] (documented as CUDA only) moves it to the background
+  too. It needs a CPU backend in the process group (e.g. `"cpu:gloo,cuda:nccl"`; it asserts so).
 - **Beyond restarting everything from storage.** With [[paper.gemini_in_memory_2023]]
   (GEMINI) a job recovers from memory instead of remote storage; with [[pytorch.torchft]] only
   the failed replica restarts, fetching the live state from a healthy peer.
 - **Not every failure crashes.** Hardware can compute wrong results with no error report:
   [[paper.silent_data_corruption_2021]], found in Meta's CPU fleet. Nodes are screened before
   and between jobs: [[nvidia.dcgm_health]].
+
+<details><summary>For experts: RoCE retries, and a dead node that hosted the store</summary>
+
+- **RoCE.** ConnectX NICs with adaptive retransmission may give up sooner, as each retry's
+  wait adapts, [[nvidia.roce_adp_timeout_cap]] (a QP, queue pair, is one RDMA connection;
+  its ACK timeout is how long the NIC waits for an acknowledgement before it resends).
+- **The dead node hosted the c10d rendezvous store** (`--rdzv-endpoint`). The job never
+  resumes; the other agents fail when they cannot reach it
+  ([pytorch#67742](https://github.com/pytorch/pytorch/issues/67742)), which a store outside
+  the job (etcd) avoids.
+</details>
 """  # noqa: E501 (Markdown table rows and prose shown verbatim)
 
 
@@ -463,5 +539,6 @@ def measured_here(*, failure: dict, job2, traces: dict, stall: dict, hung: list[
             f"{asy['blocked_s'] * 1e3:.0f} ms (median) when asynchronous, "
             f"and {loss_verdict} (medians); with {s2['failures']} injected failures "
             f"the job did useful work {ideal / s2['train_s']:.0%} of its time, "
-            f"{s2['train_s'] / predicted - 1:+.0%} off the estimate built from one sample of "
-            f"each of the first job's parts (one run, not a validation).")
+            f"{s2['train_s'] / predicted - 1:+.0%} off the estimate built from the first "
+            f"job's medians and its one start-up and one restart (one run, not a "
+            f"validation).")
