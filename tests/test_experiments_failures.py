@@ -118,7 +118,10 @@ def test_a_dead_node_shrinks_the_job_and_the_checkpoint_is_resharded(no_leftover
     assert not run.leftover and not elastic_left()
     f = run.failure()
     assert (f["step"], f["world_before"], f["world_after"], f["resumed_from"]) == (5, 2, 1, 4)
-    assert f["error"] and 0 < f["detected_s"] < f["regrouped_s"] < f["resumed_s"]
+    assert f["error"] and 0 < f["detected_s"] < f["spawned_s"] < f["regrouped_s"] < f["resumed_s"]
+    # the rendezvous' last call is set once A joins the new round, after its worker failed
+    assert f["spawned_s"] - f["detected_s"] >= run.config["last_call_s"] - 0.01
+    assert run.rounds()[-1]["restart"] == 1  # the failure cost A's agent one restart
     # the new worker's milestones, in order: its code runs (torch came with clusterlab),
     # DCP/FSDP imported, group, resumed
     assert f["regrouped_s"] < f["imported_s"] < f["group_s"] < f["resumed_s"]
@@ -138,6 +141,26 @@ def test_a_dead_node_shrinks_the_job_and_the_checkpoint_is_resharded(no_leftover
     assert min(run.step_seconds(2) + run.step_seconds(1)) >= 0.02  # at least the compute sleep
     assert run.final_error() < 1e-5  # the same parameters as one plain process
     assert float((run.final - run.saved[min(run.saved)]).abs().max()) > 0  # it did train
+
+
+def test_a_process_start_time_is_read_on_the_monotonic_clock():
+    """_started_ns times the new worker's creation: /proc's start time (clock ticks since
+    boot), truncated to a tick, brought onto time.monotonic_ns()."""
+    import subprocess
+    import time
+
+    from clusterlab.experiments.elastic import _started_ns
+
+    tick = 10**9 // os.sysconf("SC_CLK_TCK")
+    before = time.monotonic_ns()
+    proc = subprocess.Popen(["sleep", "0.2"])
+    after = time.monotonic_ns()
+    try:
+        started = _started_ns(proc.pid)
+    finally:
+        proc.wait()
+    assert before - tick - 10**6 <= started <= after + 10**6
+    assert _started_ns() <= time.monotonic_ns()  # this process: already started
 
 
 def test_bad_elastic_options_are_named():

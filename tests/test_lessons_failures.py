@@ -399,17 +399,28 @@ def test_group_lines_name_the_redone_steps_and_where_each_group_started():
     assert "(steps 4, 5, 6, 7 redone)" in elastic_lesson.group_lines(rounds)[1]
 
 
-def test_pause_lines_split_the_pause_and_bound_the_configured_waits():
+def test_restart_line_gives_the_restarts_spent_per_group():
+    rounds = [{"restart": 0}, {"restart": 1}]
+    assert elastic_lesson.restart_line(rounds, 2) == (
+        "restarts node A's agent had spent (its worker's TORCHELASTIC_RESTART_COUNT): 0 for "
+        "group 0, 1 for group 1, of 2 allowed")
+
+
+def test_pause_lines_give_each_milestone_after_the_kill_and_what_it_added():
     f = {"step": 7, "detected_s": 0.062, "error": "Connection closed by peer. More",
-         "regrouped_s": 5.6, "world_after": 1, "resumed_s": 7.2, "imported_s": 6.5}
+         "spawned_s": 4.6, "regrouped_s": 5.6, "world_after": 1, "resumed_s": 7.2,
+         "imported_s": 6.5}
     cfg = {"last_call_s": 2, "keep_alive_s": 1, "keep_alive_attempts": 2, "compute_s": 0.05}
     lines = elastic_lesson.pause_lines(f, cfg)
-    assert lines[0] == ("node B died before step 8; 62 ms later node A's worker was told: "
+    assert lines[0] == ("node B died before step 8; node A's worker was told: "
                         "Connection closed by peer")
-    assert "importing torch      5.5 s (of which" in lines[4]  # 5.6 - 0.062
-    assert lines[4].endswith("at most 4 s)")
-    assert "1.6 s (importing DCP and FSDP 0.9 s)" in lines[5]
-    assert lines[6].startswith("At least 1.5 s of the second part")
+    assert lines[2].startswith("   0.06  A's worker is told") and "0.05 s compute" in lines[2]
+    assert lines[3].startswith("   4.60  A's agent has started a new worker (+4.5 s): ")
+    assert lines[4].startswith(" " * 9 + "whose waits") and "at most 2 s after the kill" in lines[4]
+    assert lines[4].endswith("then the last call, 2 s")
+    assert lines[5] == "   5.60  its Python has started and imported torch (+1.0 s)"
+    assert lines[6] == "   6.50  it has imported DCP and FSDP (+0.9 s)"
+    assert lines[7] == "   7.20  it has loaded the checkpoint at world size 1 (+0.7 s)"
 
 
 def _resharding(rank1_out_rows=0):
@@ -448,15 +459,26 @@ def test_rerun_line_gives_the_repeated_steps_loss_per_world_size():
 
 
 def test_death_text_carries_the_measured_delay_into_the_ledger_template():
-    f = {"detected_s": 0.0625, "resumed_s": 8.4}
-    cfg = {"compute_s": 0.05, "keep_alive_s": 1, "keep_alive_attempts": 2, "last_call_s": 2}
+    f = {"detected_s": 0.0625, "spawned_s": 4.5625, "resumed_s": 8.4}
+    cfg = {"compute_s": 0.05, "keep_alive_s": 1, "keep_alive_attempts": 2, "last_call_s": 2,
+           "collective_timeout_s": 20.0}
     text = elastic_lesson.death_text(f, cfg)
     assert "heard of it\n  62 ms after the kill" in text and "compute sleep of 0.05 s" in text
-    # the table: the defaults' total from the ledger beside this run's parts
-    assert "| 62 ms |" in text and "| at most 2 s |" in text and "| 2 s |" in text
-    assert "| at least 4.3 s |" in text and "**8.4 s**" in text  # 8.4 - 0.0625 - 2 - 2
+    assert "by default (20 s in this run)" in text
+    # the table: the defaults' total from the ledger beside this run's measured parts
+    assert "| 62 ms |" in text and "| 4.5 s (configured: at most 2 s, then 2 s) |" in text
+    assert "| 0 s (its 15 s without heartbeats have passed) + 30 s |" in text
+    assert "| 3.8 s |" in text and "**8.4 s**" in text  # 8.4 - 4.5625
     assert "**more than 64 s**" in text and "at least 34 s (step 2), or 10 min" in text
+    assert "can dominate" not in text
     facts.render(text)
+
+
+def test_cost_text_reads_the_405b_state_at_llama_3s_storage_throughput():
+    text = facts.render(elastic_lesson.cost_text())
+    # 405e9 parameters x 12 bytes = 4.86 TB; at 2 TB/s 2.4 s, at a hundredth of it 4 min
+    assert "4.9 TB for\n  405B" in text and "2 TB/s<sup>" in text
+    assert "takes 2.4 s there, small beside the 64 s floor" in text and "4 min on" in text
 
 
 def test_small_misses_of_both_signs_are_neither_cancelled_nor_added_up():

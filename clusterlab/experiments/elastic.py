@@ -87,6 +87,17 @@ def reference_params(cfg: dict):
 # --- the worker ----------------------------------------------------------------------------------
 
 
+def _started_ns(pid: int | str = "self") -> int:
+    """When process `pid` was created (forked by its parent), on time.monotonic_ns()'s clock,
+    to a clock tick (10 ms at 100 Hz), truncated. /proc/<pid>/stat's field 22 is the start
+    time in ticks since boot on CLOCK_BOOTTIME, which runs ahead of CLOCK_MONOTONIC by the
+    time the machine spent suspended: that offset is subtracted."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    ticks = int(stat.rsplit(")", 1)[1].split()[19])  # fields after "(comm)" start at field 3
+    offset = time.clock_gettime_ns(time.CLOCK_BOOTTIME) - time.monotonic_ns()
+    return ticks * 10**9 // os.sysconf("SC_CLK_TCK") - offset
+
+
 def _worker() -> None:
     """One torchrun worker (run as `python -m clusterlab.experiments.elastic`)."""
     cfg = json.loads(Path(os.environ[JOB_ENV]).read_text())
@@ -99,8 +110,9 @@ def _worker() -> None:
             log.write(json.dumps({"kind": kind, "t": time.monotonic_ns(), "node": node,
                                   "restart": restart, "pid": os.getpid(), **data}) + "\n")
 
-        # this module runs: the interpreter has started and imported clusterlab, hence torch
-        event("process")
+        # this module runs: the interpreter has started and imported clusterlab, hence torch;
+        # `started`: when the agent created this process, before the interpreter started
+        event("process", started=_started_ns())
         try:
             _train(cfg, node, work, event)
         except Exception as exc:
@@ -261,12 +273,13 @@ class ElasticRun:
 
     def failure(self) -> dict:
         """The node's death and the recovery, from the events (seconds on the shared clock):
-        detected_s: kill to the survivor's error; regrouped_s: kill to this module's code
-        running in the new group's worker (the agent stopping the old worker, the rendezvous
-        round without the dead node, incl. its keep-alive expiry and the last call, spawning
-        the new interpreter, its start-up and its import of clusterlab, hence of torch);
-        imported_s, group_s: kill to torch.distributed's DCP and FSDP modules imported and to
-        the process group created in that worker; resumed_s: kill to the checkpoint loaded at
+        detected_s: kill to the survivor's error; spawned_s: kill to the creation of the new
+        group's worker process, to a clock tick (the agent stopping the old worker, the
+        rendezvous round without the dead node, incl. its keep-alive expiry and the last call);
+        regrouped_s: kill to this module's code running in that worker (after the interpreter's
+        start-up and its import of clusterlab, hence of torch); imported_s, group_s: kill to
+        torch.distributed's DCP and FSDP modules imported and to the process group created in
+        that worker; resumed_s: kill to the checkpoint loaded at
         the new world size (after the resharding load and one all-gather of the parameters)."""
         (kill,) = self._of("kill")
 
@@ -277,12 +290,14 @@ class ElasticRun:
         def since(e: dict | None) -> float | None:
             return (e["t"] - kill["t"]) / 1e9 if e else None
 
-        err, res = first("error"), first("resume")
+        err, res, proc = first("error"), first("resume"), first("process")
         out = {"step": kill["step"], "world_before": kill["world"],
                "world_after": res["world"] if res else None,
                "resumed_from": res["step"] if res else None,
                "error": err["error"] if err else None, "detected_s": since(err),
-               "regrouped_s": since(first("process")), "imported_s": since(first("imported")),
+               "spawned_s": ((proc["started"] - kill["t"]) / 1e9
+                             if proc and proc.get("started") else None),
+               "regrouped_s": since(proc), "imported_s": since(first("imported")),
                "group_s": since(first("group")), "resumed_s": since(res)}
         return out
 
@@ -342,15 +357,20 @@ class ElasticRun:
             ax.axvline((e["t"] - self.t0) / 1e9, color="red", lw=1)
             ax.annotate("node B killed", ((e["t"] - self.t0) / 1e9, e["step"]), color="red",
                         fontsize=8, xytext=(4, -12), textcoords="offset points")
-        f = self.failure()
-        if f["regrouped_s"] is not None and f["resumed_s"] is not None:
+        f, cfg = self.failure(), self.config
+        if None not in (f["spawned_s"], f["regrouped_s"], f["resumed_s"]):
             kill_s = (self._of("kill")[0]["t"] - self.t0) / 1e9
+            waits = (f"(B's heartbeats expire\n≤ "
+                     f"{cfg['keep_alive_s'] * cfg['keep_alive_attempts']} s after the kill,\n"
+                     f"then the last call, {cfg['last_call_s']} s)")
             for lo, hi, colour, text in (
-                    (0.0, f["regrouped_s"], "0.85", "detect, rendezvous,\nnew Python + torch"),
-                    (f["regrouped_s"], f["resumed_s"], "0.93", "worker code: imports, load")):
+                    (0.0, f["spawned_s"], "0.82", f"detect, agent, rendezvous\n{waits}"),
+                    (f["spawned_s"], f["regrouped_s"], "0.89", "new Python\n+ torch"),
+                    (f["regrouped_s"], f["resumed_s"], "0.95", "worker code:\nimports, load")):
                 ax.axvspan(kill_s + lo, kill_s + hi, color=colour, zorder=0)
                 ax.text(kill_s + (lo + hi) / 2, 0.5 * (1 + self.config["steps"]), text,
-                        ha="center", va="center", fontsize=8, rotation=90, color="0.3")
+                        ha="center", va="center", fontsize=8, color="0.3",
+                        rotation=0 if lo == 0 else 90)  # the rendezvous' span is wide
         ax.set_xlabel("seconds since the first worker started")
         ax.set_ylabel("step completed")
         ax.set_title("torchrun --nnodes 1:2: two agents, one dies (checkpoints dotted)")

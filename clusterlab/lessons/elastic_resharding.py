@@ -39,40 +39,53 @@ def group_lines(rounds: list[dict]) -> list[str]:
     return lines
 
 
+def restart_line(rounds: list[dict], max_restarts: int) -> str:
+    """How many of its restarts node A's agent had spent when it started each group's worker
+    (the worker's TORCHELASTIC_RESTART_COUNT, which torch sets to max_restarts less the
+    restarts left)."""
+    spent = ", ".join(f"{r['restart']} for group {i}" for i, r in enumerate(rounds))
+    return (f"restarts node A's agent had spent (its worker's TORCHELASTIC_RESTART_COUNT): "
+            f"{spent}, of {max_restarts} allowed")
+
+
 def explain_groups(run) -> None:
-    """Print the agents' exit codes, the processes left after the job, and `group_lines` of
-    its rendezvous rounds."""
+    """Print the agents' exit codes, the processes left after the job, `group_lines` of its
+    rendezvous rounds and `restart_line`."""
     print(f"agents' exit codes: A {run.returncodes['A']}, B {run.returncodes['B']} (SIGKILL); "
           f"processes of the job left afterwards: {len(run.leftover)}")
     for line in group_lines(run.rounds()):
         print(line)
+    print(restart_line(run.rounds(), run.config["max_restarts"]))
 
 
 def pause_lines(f: dict, cfg: dict) -> list[str]:
-    """The pause after node B's death in words: what node A's worker was told and when, when
-    the new group's worker code ran and loaded the checkpoint, then the pause in three parts
-    (detection; agent, rendezvous and new interpreter, with the configured waits' upper bound;
-    the worker's code up to the loaded checkpoint) and how much of the second part is neither
-    configured wait."""
-    agent_s = f["regrouped_s"] - f["detected_s"]
-    waits = cfg["last_call_s"] + cfg["keep_alive_s"] * cfg["keep_alive_attempts"]
-    return [
-        f"node B died before step {f['step'] + 1}; {f['detected_s'] * 1e3:.0f} ms later node A's "
-        f"worker was told: {f['error'].split('. ')[0]}",
-        f"the new group's worker code ran {f['regrouped_s']:.1f} s after the death (its "
-        f"interpreter had started and imported torch) and had loaded the checkpoint at world "
-        f"size {f['world_after']} after {f['resumed_s']:.1f} s",
-        f"the pause, {f['resumed_s']:.1f} s (one run):",
-        f"  detection                                       {f['detected_s'] * 1e3:4.0f} ms "
-        f"(A's next collective, after its {cfg['compute_s']} s compute sleep)",
-        f"  agent, rendezvous, new Python importing torch    {agent_s:5.1f} s "
-        f"(of which configured waits, heartbeat expiry + last call: at most {waits} s)",
-        f"  worker's code, up to the loaded checkpoint       "
-        f"{f['resumed_s'] - f['regrouped_s']:5.1f} s "
-        f"(importing DCP and FSDP {f['imported_s'] - f['regrouped_s']:.1f} s)",
-        f"At least {agent_s - waits:.1f} s of the second part is neither configured wait; the new "
-        f"interpreter's start and torch import are in it (next paragraph).",
+    """The pause after node B's death in words: what node A's worker was told, then each
+    milestone in seconds after the kill with the time it added: A's worker told; A's agent has
+    created the new worker (its restart and the rendezvous without B, whose configured waits
+    are named); that worker's Python has imported torch; it has imported DCP and FSDP; it has
+    loaded the checkpoint at the new world size."""
+    keep_alive = cfg["keep_alive_s"] * cfg["keep_alive_attempts"]
+    marks = [
+        (f["detected_s"], f"A's worker is told, in its next collective (after its "
+                          f"{cfg['compute_s']} s compute sleep)"),
+        (f["spawned_s"], f"A's agent has started a new worker (+{{:.1f}} s): its restart and "
+                         f"the rendezvous without B,\nwhose waits are B's heartbeats expiring, "
+                         f"at most {keep_alive} s after the kill, then the last call, "
+                         f"{cfg['last_call_s']} s"),
+        (f["regrouped_s"], "its Python has started and imported torch (+{:.1f} s)"),
+        (f["imported_s"], "it has imported DCP and FSDP (+{:.1f} s)"),
+        (f["resumed_s"], f"it has loaded the checkpoint at world size {f['world_after']} "
+                         f"(+{{:.1f}} s)"),
     ]
+    lines = [f"node B died before step {f['step'] + 1}; node A's worker was told: "
+             f"{f['error'].split('. ')[0]}",
+             "the pause, in seconds after the kill (one run):"]
+    before = 0.0
+    for t, text in marks:
+        first, *more = text.format(t - before).split("\n")  # more: indented under first
+        lines += [f"  {t:5.2f}  {first}"] + [" " * 9 + line for line in more]
+        before = t
+    return lines
 
 
 def explain_pause(f: dict, cfg: dict) -> None:
@@ -83,12 +96,17 @@ def explain_pause(f: dict, cfg: dict) -> None:
 
 def check_run(run) -> None:
     """Assert what the text says of the run: agent A ended cleanly and B was SIGKILLed, no
-    process left; the job went from world size 2 to 1 resuming from the step-6 checkpoint; the
-    death was detected before the new group ran, which ran before it had resumed."""
+    process left; the job went from world size 2 to 1 resuming from the step-6 checkpoint; A's
+    worker failing cost its agent one restart; the milestones come in order, and the
+    rendezvous took at least its last call (its deadline is set once A has joined the new
+    round, after its worker failed)."""
     f = run.failure()
     assert run.returncodes == {"A": 0, "B": -9} and not run.leftover
     assert (f["world_before"], f["world_after"], f["resumed_from"]) == (2, 1, 6)
-    assert f["detected_s"] < f["regrouped_s"] < f["resumed_s"]
+    assert run.rounds()[-1]["restart"] == 1, "the failure cost A's agent one restart"
+    assert f["detected_s"] < f["spawned_s"] < f["regrouped_s"] < f["resumed_s"]
+    assert f["spawned_s"] - f["detected_s"] >= run.config["last_call_s"] - 0.01, (
+        "the rendezvous waited its last call")
 
 
 def shard_lines(rs: dict) -> list[str]:
@@ -150,8 +168,10 @@ def death_text(f: dict, cfg: dict) -> str:
     last_call = facts.get("pytorch.rdzv_last_call_timeout").value  # s
     assert ib_wait > dead_after, "by the first failure the dead node's heartbeats are overdue"
     keep_alive = cfg["keep_alive_s"] * cfg["keep_alive_attempts"]
-    # this run's pause less its detection and configured waits (the waits an upper bound)
-    rest = f["resumed_s"] - f["detected_s"] - keep_alive - cfg["last_call_s"]
+    rdzv = f["spawned_s"] - f["detected_s"]  # this run: A's agent and the rendezvous
+    start = f["resumed_s"] - f["spawned_s"]  # this run: the new worker, up to the loaded state
+    # Step 2's receiver: each receive it posts is announced to the sender by an RDMA write
+    # (ncclIbPostFifo in NCCL v2.30's src/transport/net_ib/p2p.cc).
     return f"""
 **How a death reaches the job**
 
@@ -165,24 +185,24 @@ def death_text(f: dict, cfg: dict) -> str:
   {f['detected_s'] * 1e3:.0f} ms after the kill: the kernel closed the killed process's TCP connections at once, and A's worker found
   them closed in its next collective, after its compute sleep of {cfg['compute_s']} s. A powered-off
   node closes nothing: under Gloo its peers fail at the latest at the process group's timeout,
-  [[pytorch.gloo_timeout_default]] by default.
+  [[pytorch.gloo_timeout_default]] by default ({cfg['collective_timeout_s']:.0f} s in this run).
 - **Under NCCL over InfiniBand, at the defaults** (the cases are tabled in
   [12](12_failures_and_elasticity.ipynb)'s *On a real GPU cluster*):
   1. The node dies. The survivors' workers hang: an NCCL call returns once the collective is
      queued on the GPU, so the GPU's kernel waits in the collective and the worker's host thread
      at its next synchronisation with it. Their agents, which poll them every
      `--monitor-interval` ([[pytorch.torchrun_monitor_interval]]), see them healthy.
-  2. Its direct peers fail first (a simplification: which of them fail, and when, depends on
-     what each had in flight). A sender's network card (NIC) resends data the dead node does
-     not acknowledge; a receiver's NIC writes to it too, because each posted receive tells the
-     sender that a buffer is free by RDMA (one NIC writing straight into the other node's
-     memory; `ncclIbPostFifo` in NCCL's `transport/net_ib/p2p.cc`). After the first try and
+  2. Its direct peers fail first (which of them, and when, depends on what each had in
+     flight): a sender's network card (NIC) has data for it in flight, a receiver's NIC its
+     notes that a buffer is free (written by RDMA: one NIC writing straight into the other
+     node's memory). After the first try and
      NCCL_IB_RETRY_CNT = [[nccl.ib_retry_cnt_default]] retries, each waiting an ACK timeout
      (how long the NIC waits for the acknowledgement) of at least
      [[nccl.ib_timeout_default_time]] (NCCL_IB_TIMEOUT = [[nccl.ib_timeout_default]]), the NIC reports an error: at least
      [[nccl.ib_total_wait_default]].
   3. That worker fails; its agent spends a restart (if one is left) and re-enters the rendezvous.
-  4. Every other agent sees a node waiting at its next poll and restarts its hung workers.
+  4. Every other agent sees a node waiting at its next poll and restarts its hung workers
+     (SIGTERM, then SIGKILL after a grace period).
   5. By then the dead node's heartbeats are overdue (a node is dropped after
      [[pytorch.rdzv_dead_node_after]] without them at torch's defaults), so it leaves at once;
      the round, once it has its minimum, waits the last call, [[pytorch.rdzv_last_call_timeout]].
@@ -205,17 +225,16 @@ def death_text(f: dict, cfg: dict) -> str:
 parts' lower bounds, the rest left out; an agent re-reads the rendezvous once a second, so
 each wait may end up to a second late):
 
-| part of the pause | NCCL over InfiniBand, torch's defaults | this run (Gloo, a killed process) |
+| part of the pause | NCCL over InfiniBand, torch's defaults | this run (Gloo, a killed process; one run) |
 |---|---|---|
 | noticing the death | at least {ib_wait:.0f} s (step 2), or {nccl_min:.0f} min (the watchdog) | {f['detected_s'] * 1e3:.0f} ms |
-| dropping the dead node | none left: its {dead_after:.0f} s without heartbeats have passed | at most {keep_alive} s |
-| last call | {last_call:.0f} s | {cfg['last_call_s']} s |
-| the rest: polling, new workers, communicator, checkpoint load | not counted: grows with the job and the checkpoint | at least {rest:.1f} s |
+| agent and rendezvous: dropping the dead node, then the last call | 0 s (its {dead_after:.0f} s without heartbeats have passed) + {last_call:.0f} s | {rdzv:.1f} s (configured: at most {keep_alive} s, then {cfg['last_call_s']} s) |
+| new workers, communicator, checkpoint load | not counted: grows with the job and the checkpoint | {start:.1f} s |
 | **total** | **more than {ib_wait + last_call:.0f} s** | **{f['resumed_s']:.1f} s** |
 
 What carries over is the sequence of parts. On a cluster at the defaults, the detection and
 the last call set a floor of {ib_wait + last_call:.0f} s; starting the new workers and loading
-the checkpoint come on top and can dominate at scale (next box).
+the checkpoint come on top (how long a load takes: next box).
 """  # noqa: E501 (Markdown table rows and prose shown verbatim)
 
 
@@ -226,6 +245,10 @@ def cost_text() -> str:
     from .. import facts
 
     adam_b = facts.get("paper.zero_adam_state_bytes").value  # optimizer state per parameter
+    tb_s = facts.get("meta.llama3_storage_throughput").value  # TB/s, sustained
+    floor = (facts.get("nccl.ib_total_wait_default").value
+             + facts.get("pytorch.rdzv_last_call_timeout").value)  # s, as in death_text
+    read_s = 405e9 * adam_b / 1e12 / tb_s  # the 405B state read once at that throughput
     return f"""
 **What a smaller job costs**
 
@@ -234,8 +257,10 @@ def cost_text() -> str:
   least [[paper.zero_adam_state_bytes]] under mixed precision (the fp32 weights and Adam's two
   moments; more if it also stores the 16-bit weights): about
   {70e9 * adam_b / 1e12:.1f} TB for a 70B-parameter model, {405e9 * adam_b / 1e12:.1f} TB for
-  405B. Loading reads at least that size at the storage's read bandwidth (a multiple of it
-  when each data-parallel replica reads its own copy); this tiny model does not show it.
+  405B. Loading reads at least that size (a multiple of it when each data-parallel replica
+  reads its own copy). Llama 3's storage sustained [[meta.llama3_storage_throughput]]: one read
+  of 405B's state takes {read_s:.1f} s there, small beside the {floor:.0f} s floor, and
+  {read_s * 100 / 60:.0f} min on storage a hundred times slower. This tiny model does not show it.
 - **Uneven shards** ([[pytorch.fsdp2_shard_dim0_chunk]]). A tensor with fewer rows than ranks,
   as the output layer here, leaves some ranks an empty shard. Parameter memory stays
   balanced: each rank stores its parameter shard in a buffer of the chunk size (rank 0's shard size), at the
