@@ -91,9 +91,9 @@ def print_closed_forms(closed: dict, real: dict, *, cases: Sequence[tuple], mtu:
     time with the emulator's segments; `real`: case -> the ratio with real `mtu`-byte
     frames), and check that only the farthest-first tree and the all-to-all slow with real
     frames."""
-    print("closed form, 512 KiB per node: time at o = 4 / time at o = 1")
-    print(f"  {'':<23} {f'the answer: real {mtu} B frames':>31} | the emulator's segments "
-          f"(what the runs check)")
+    print(f"closed form, {NBYTES // KiB} KiB per node: time at o = 4 / time at o = 1")
+    print(f"  {'':<23} {f'real network ({mtu} B frames)':>31} | this emulator "
+          f"({SEGMENT_BYTES // KiB} KiB segments; what the runs check)")
     for c, *_ in cases:
         print(f"  {c:<23} {real[c]:>30.2f}x | {closed[c, 4] / closed[c, 1]:.2f}x")
     assert real["ring"] < 1.05 and real["tree, neighbours first"] < 1.05
@@ -111,11 +111,47 @@ def replay_ranges(over: Sequence[dict], *, orders: int) -> list[tuple[float, flo
             for r in over]
 
 
-def plot_oversubscribed(over: Sequence[dict], replays: Sequence[tuple[float, float]]):
-    """Bars per algorithm and oversubscription: measured runs, replay range, closed form."""
+def plot_oversubscribed(over: Sequence[dict], ax=None):
+    """Per algorithm, its o = 1 and o = 4 runs side by side (bar: the median, whisker: fastest
+    to slowest), the closed form with the emulator's segments as a black line across each bar,
+    and o = 4 / o = 1 between medians above each pair."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3.4))
+    row = {(r["algorithm"], r["oversubscription"]): r for r in over}
+    med = median_ratios(over)
+    w = 0.38
+    for k, o in enumerate((1.0, 4.0)):
+        rs = [row[a, o] for a in CASE]
+        x = np.arange(len(CASE)) + (k - 0.5) * w
+        m = np.array([r["median"] for r in rs]) * 1e3
+        lo = m - np.array([min(r["times"]) for r in rs]) * 1e3
+        hi = np.array([max(r["times"]) for r in rs]) * 1e3 - m
+        ax.bar(x, m, w * 0.95, yerr=[lo, hi], capsize=3, color="C0" if k == 0 else "C3",
+               label=f"o = {o:g}: measured (median, range)")
+        ax.hlines([r["model"] * 1e3 for r in rs], x - w / 2, x + w / 2, colors="k", lw=2,
+                  label="closed form, emulator segments" if k else None)
+    top = max(max(r["times"] + [r["model"]]) for r in over) * 1e3
+    for i, a in enumerate(CASE):
+        high = max(max(row[a, o]["times"] + [row[a, o]["model"]]) for o in (1.0, 4.0)) * 1e3
+        ax.text(i, high + 0.03 * top, f"{med[a]:.2f}x", ha="center", fontsize=9)
+    ax.set_xticks(range(len(CASE)), [NAMES[a] for a in CASE], fontsize=8)
+    ax.set(ylabel="time (ms)", ylim=(0, 1.25 * top),
+           title=f"{NBYTES // KiB} KiB all-reduce on 8 nodes in 2 leaves "
+                 f"(above each pair: o = 4 / o = 1, medians)")
+    handles, labels = ax.get_legend_handles_labels()  # the measured bars first
+    ax.legend(handles[1:] + handles[:1], labels[1:] + labels[:1], fontsize=8, loc="upper left")
+    return ax
+
+
+def plot_oversubscription_replays(over: Sequence[dict], replays: Sequence[tuple[float, float]]):
+    """Appendix: bars per algorithm and oversubscription: measured runs, replay range (over
+    service orders), closed form."""
     return ex.plot_bars(over, key=lambda r: f"{NAMES[r['algorithm']]}\n"
                                             f"o = {r['oversubscription']:g}",
-                        title="512 KiB all-reduce on 8 nodes in 2 leaves", replays=replays)
+                        title=f"{NBYTES // KiB} KiB all-reduce on 8 nodes in 2 leaves: runs, "
+                              f"replays, closed form", replays=replays)
 
 
 def by_setup(over: Sequence[dict], replays: Sequence[tuple[float, float]]) -> dict:
@@ -161,6 +197,98 @@ def explain_oversubscribed(over: Sequence[dict], med: dict[str, float], closed: 
              "than the ring and the neighbours-first tree", busy=ex.slowed(over))
 
 
+def nccl_btree(nranks: int, rank: int) -> tuple[int, int, int]:
+    """NCCL's ncclGetBtree (src/graph/trees.cc, v2.30.7-1), transcribed: (parent, child 0,
+    child 1) of `rank` in the binary tree over ranks 0..nranks-1 rooted at 0, -1 for none."""
+    bit = 1
+    while bit < nranks and not bit & rank:  # the lowest set bit of rank
+        bit <<= 1
+    if rank == 0:
+        return -1, -1, (bit >> 1 if nranks > 1 else -1)
+    up = (rank ^ bit) | (bit << 1)
+    if up >= nranks:
+        up = rank ^ bit
+    low = bit >> 1
+    down0 = -1 if low == 0 else rank - low
+    down1 = -1 if low == 0 else rank + low
+    while down1 >= nranks:  # as in trees.cc: halve the step until the child exists
+        down1 = -1 if low == 0 else rank + low
+        low >>= 1
+    return up, down0, down1
+
+
+def nccl_dtree(nranks: int, rank: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """NCCL's ncclGetDtree, transcribed: `rank`'s (parent, child, child) in both trees. The
+    first is `nccl_btree`; the second mirrors it (rank -> nranks - 1 - rank) when nranks is
+    even and shifts it by one rank when odd."""
+    first = nccl_btree(nranks, rank)
+    if nranks % 2:
+        second = nccl_btree(nranks, (rank - 1 + nranks) % nranks)
+        return first, tuple(-1 if x == -1 else (x + 1) % nranks for x in second)
+    second = nccl_btree(nranks, nranks - 1 - rank)
+    return first, tuple(-1 if x == -1 else nranks - 1 - x for x in second)
+
+
+def nccl_dtree_edges(nodes: int) -> list[set[tuple[int, int]]]:
+    """The (parent, child) edges of NCCL's two trees over `nodes` nodes, numbered in rank
+    order as NCCL numbers them (connectTrees calls ncclGetDtree with nNodes and the node's
+    index); checks that every child's parent lists it as a child."""
+    edges = []
+    for t in (0, 1):
+        trees = [nccl_dtree(nodes, n)[t] for n in range(nodes)]
+        up = {(u, n) for n, (u, _, _) in enumerate(trees) if u != -1}
+        down = {(n, d) for n, (_, *kids) in enumerate(trees) for d in kids if d != -1}
+        assert up == down, f"tree {t} on {nodes} nodes is inconsistent"
+        edges.append(up)
+    return edges
+
+
+def nccl_tree_loads(nodes: int, nodes_per_leaf: int, *,
+                    oversubscription: float) -> dict[str, float]:
+    """Bytes per link of NCCL's tree all-reduce, in units of the buffer B, on `nodes` nodes
+    numbered leaf by leaf: each tree carries B/2 (NCCL gives each tree half the channels) up
+    and down each of its edges, one NIC per node. "nic": the busiest NIC's bytes each way;
+    "uplinks": the bytes the busiest leaf sends up (and receives down); "capacity": its
+    uplinks' rate in NIC rates at `oversubscription`; "slowdown": the time at that
+    oversubscription over the time at 1:1, pipelined (the busiest link decides), with the
+    leaf's flows spread evenly over its uplinks."""
+    nic = np.zeros(nodes)
+    uplinks = np.zeros(nodes // nodes_per_leaf)
+    for tree in nccl_dtree_edges(nodes):
+        for parent, child in tree:
+            nic[[parent, child]] += 0.5  # reduce up, broadcast down: B/2 each way
+            leaves = parent // nodes_per_leaf, child // nodes_per_leaf
+            if leaves[0] != leaves[1]:
+                uplinks[list(leaves)] += 0.5  # up from one leaf, up from the other
+    capacity = nodes_per_leaf / oversubscription
+    assert uplinks.max() / nodes_per_leaf <= nic.max()  # at 1:1 the NICs decide
+    return {"nic": nic.max(), "uplinks": uplinks.max(), "capacity": capacity,
+            "slowdown": max(1.0, uplinks.max() / capacity / nic.max())}
+
+
+NCCL_TREE_SETUPS = ((8, 4), (16, 4), (32, 4), (64, 8))  # (nodes, nodes per leaf)
+
+
+def explain_nccl_trees(*, far: float, setups: Sequence[tuple[int, int]] = NCCL_TREE_SETUPS,
+                       oversubscription: float = 4) -> None:
+    """Print what oversubscription costs NCCL's double binary tree in `setups` (arithmetic
+    on the edges of `nccl_dtree`, `nccl_tree_loads`), against this course's farthest-first
+    tree (`far`: its closed-form o = 4 / o = 1 with real frames, 8 nodes in leaves of 4)."""
+    o = f"{oversubscription:g}:1"
+    print(f"NCCL's double binary tree at {o}: arithmetic on ncclGetDtree's edges, not modelled "
+          f"or run.")
+    print("  B = the buffer; each tree carries B/2 up and B/2 down each of its edges; one NIC per "
+          "node;\n  a leaf's flows spread evenly over its uplinks; the busiest link sets the time")
+    print(f"  nodes  per leaf | busiest NIC | busiest leaf's uplinks, each way | {o} costs")
+    for nodes, per_leaf in setups:
+        t = nccl_tree_loads(nodes, per_leaf, oversubscription=oversubscription)
+        rates = f"{t['capacity']:g} NIC rate" + ("s" if t["capacity"] != 1 else "")
+        print(f"  {nodes:>5}  {per_leaf:>8} | {t['nic']:>9.1f} B | {t['uplinks']:>5.1f} B over "
+              f"{rates:<19} | {t['slowdown']:.2f}x")
+    print(f"This course's farthest-first tree, 8 nodes in leaves of 4: {far:.2f}x (closed form, "
+          f"real frames).")
+
+
 def describe_step() -> None:
     """Print the data-parallel step the simulator plays (`clusterlab.widgets.fabric.SETUP`):
     gradients and their buckets (with the simulator's default first bucket), compute, the
@@ -196,7 +324,7 @@ def plot_efficiency(curves: dict, ax=None):
     ax.set_xscale("log", base=2)
     ax.set_xticks(fw.NODES, [str(n) for n in fw.NODES])
     ax.axvline(fw.NODES_PER_LEAF, color="0.8", lw=1)
-    ax.text(fw.NODES_PER_LEAF * 1.03, 0.05, "one leaf", fontsize=8, color="0.45")
+    ax.text(fw.NODES_PER_LEAF * 1.03, 1.02, "one leaf", fontsize=8, color="0.45", va="top")
     ax.set(xlabel="nodes", ylabel="scaling efficiency", ylim=(0, 1.05),
            title="data-parallel step, 25 MiB of gradients, simulated (8 nodes per leaf, 2 spines)")
     ax.grid(alpha=0.3)
@@ -285,7 +413,9 @@ def explain_ecmp_rounds(rounds: Sequence[dict]) -> None:
     the closed form, and why that is not the flows' ratio; check that no round beat its
     closed form, and state the verdict."""
     by_peak, model_of, fastest = ecmp_classes(rounds)
-    print("busiest uplink | pairings | closed form | fastest measured")
+    repeats = max(len(r["times"]) for r in rounds)
+    print(f"busiest uplink | pairings | closed form | fastest of the class (each pairing run "
+          f"{repeats}x)")
     for peak, rs in sorted(by_peak.items()):
         print(f"{peak:>6} flow(s) | {len(rs):>8} | {ms(model_of[peak]):>11} | "
               f"{ms(fastest[peak])}")
@@ -300,8 +430,9 @@ def explain_ecmp_rounds(rounds: Sequence[dict]) -> None:
     assert lucky == 1 and worst >= 2
     assert min(ratios) > 0.98  # an exact closed form for one round: never early
     conclude(collisions_as_predicted(check, exact, ratios),
-             "the colliding pairings took the closed form's ratio within 10%, the rounds "
-             "typically on their closed form", busy=ex.slowed(rounds))
+             f"the colliding pairings took the closed form's ratio within 10%, each "
+             f"pairing's fastest of {repeats} runs typically on its closed form",
+             busy=ex.slowed(rounds))
 
 
 def explain_rails(rl: Sequence[dict], rail_model: dict, *, repeats: int) -> None:

@@ -1,0 +1,127 @@
+"""Notebook 13b's lesson module, the parts added in review r13: NCCL's double binary tree
+transcribed from src/graph/trees.cc and its edge counts, the regrouped oversubscription
+figure, and what the closed-form and ECMP tables say about their statistics. (The rest of the
+module is tested in test_lessons_fabric.py.)"""
+
+from __future__ import annotations
+
+import matplotlib
+import pytest
+
+from clusterlab import fabric_models as fm
+from clusterlab.experiments import fabric as ex
+from clusterlab.lessons import oversubscription_ecmp_rails as ob
+from clusterlab.topology import Topology
+
+KiB = ex.KiB
+
+
+def edges(pairs: str) -> set[tuple[int, int]]:
+    """'0-8 8-4' -> {(0, 8), (8, 4)}: (parent, child) edges written as in trees.cc's drawings."""
+    return {tuple(int(x) for x in e.split("-")) for e in pairs.split()}
+
+
+def test_btree_matches_the_drawing_in_trees_cc():
+    # the first drawing of src/graph/trees.cc: 14 ranks, 0..13
+    assert ob.nccl_dtree_edges(14)[0] == edges(
+        "0-8 8-4 8-12 4-2 4-6 12-10 12-13 2-1 2-3 6-5 6-7 10-9 10-11")
+    assert ob.nccl_btree(14, 0) == (-1, -1, 8)
+    assert ob.nccl_btree(14, 13) == (12, -1, -1)
+    assert ob.nccl_btree(1, 0) == (-1, -1, -1)
+
+
+def test_dtree_mirrors_for_even_and_shifts_for_odd_node_counts():
+    first, second = ob.nccl_dtree_edges(12)  # the mirror drawing: 12 ranks
+    assert first == edges("0-8 8-4 8-10 4-2 4-6 10-9 10-11 2-1 2-3 6-5 6-7")
+    assert second == edges("11-3 3-1 3-7 1-0 1-2 7-5 7-9 5-4 5-6 9-8 9-10")
+    first, second = ob.nccl_dtree_edges(13)  # the shift drawing: 13 ranks
+    assert first == edges("0-8 8-4 8-12 4-2 4-6 12-10 2-1 2-3 6-5 6-7 10-9 10-11")
+    assert second == edges("1-9 9-5 9-0 5-3 5-7 0-11 3-2 3-4 7-6 7-8 11-10 11-12")
+    for n in range(2, 70):  # every node in both trees, each tree a tree
+        for tree in ob.nccl_dtree_edges(n):
+            assert len(tree) == n - 1
+            assert {c for _, c in tree} | {p for p, _ in tree} == set(range(n))
+
+
+def test_tree_loads_count_the_edges_that_cross_leaves():
+    eight = ob.nccl_tree_loads(8, 4, oversubscription=4)
+    assert eight == {"nic": 2.0, "uplinks": 2.0, "capacity": 1.0, "slowdown": 1.0}
+    sixteen = ob.nccl_tree_loads(16, 4, oversubscription=4)
+    assert sixteen["uplinks"] == 3.0 and sixteen["slowdown"] == pytest.approx(1.5)
+    assert ob.nccl_tree_loads(64, 8, oversubscription=4)["slowdown"] == 1.0
+    assert ob.nccl_tree_loads(64, 8, oversubscription=8)["slowdown"] == pytest.approx(1.5)
+    assert ob.nccl_tree_loads(16, 4, oversubscription=1)["slowdown"] == 1.0
+
+
+def test_explain_nccl_trees_prints_each_setup_against_the_farthest_first_tree(capsys):
+    ob.explain_nccl_trees(far=1.98)
+    out = capsys.readouterr().out
+    assert "arithmetic on ncclGetDtree's edges, not modelled or run" in out
+    assert "     16         4 |       2.0 B |   3.0 B over 1 NIC rate" in out
+    assert out.count("| 1.50x") == 2 and out.count("| 1.00x") == 2
+    assert "3.0 B over 2 NIC rates" in out
+    assert "farthest-first tree, 8 nodes in leaves of 4: 1.98x (closed form, real frames)" in out
+
+
+def oversubscribed_rows() -> list[dict]:
+    """`ex.oversubscribed` rows on their closed forms, with a spread of runs."""
+    rows = []
+    for o in (1.0, 4.0):
+        t = Topology.build(8, 1, ex.NIC, fabric=ex.leaf_spine(o))
+        for a in ("ring", "tree", "tree_neighbours_first"):
+            order = ex.neighbours_first_order(8) if a == "tree_neighbours_first" else None
+            m = fm.bottleneck_time(t, "ring" if a == "ring" else "tree", 512 * KiB,
+                                   ranks=order)[0]
+            rows.append({"oversubscription": o, "algorithm": a, "model": m, "median": m,
+                         "best": m, "times": [m, 1.01 * m, 1.02 * m]})
+    return rows
+
+
+def test_plot_oversubscribed_puts_each_algorithms_o1_and_o4_side_by_side():
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = oversubscribed_rows()
+    ax = ob.plot_oversubscribed(rows)
+    bars = sorted(ax.patches, key=lambda b: b.get_x())
+    assert len(bars) == 6
+    colours = [b.get_facecolor() for b in bars]
+    assert colours[0] == colours[2] == colours[4] != colours[1]  # o = 1, o = 4, o = 1, ...
+    med = ob.median_ratios(rows)
+    assert sorted(t.get_text() for t in ax.texts) == sorted(f"{med[a]:.2f}x" for a in ob.CASE)
+    assert [t.get_text() for t in ax.get_xticklabels()] == list(ob.NAMES.values())
+    plt.close("all")
+    ax = ob.plot_oversubscription_replays(rows, [(r["model"], r["model"]) for r in rows])
+    assert len(ax.get_xticklabels()) == 6
+    plt.close("all")
+
+
+def test_the_one_leaf_label_sits_at_the_top():
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from clusterlab.widgets import fabric as fw
+
+    n = len(fw.NODES)
+    curves = {(a, o): np.linspace(0.9, 0.5, n) for a in ("ring", "tree") for o in (1, 4)}
+    ax = ob.plot_efficiency(curves)
+    (label,) = [t for t in ax.texts if t.get_text() == "one leaf"]
+    assert label.get_position()[1] > 0.9
+    plt.close("all")
+
+
+def test_the_tables_name_their_statistics(capsys):
+    closed = {(c, o): 1.0 for c in ("ring", "tree, farthest first", "tree, neighbours first",
+                                     "all-to-all") for o in (1, 4)}
+    real = {"ring": 1.01, "tree, farthest first": 1.98, "tree, neighbours first": 1.0,
+            "all-to-all": 2.25}
+    ob.print_closed_forms(closed, real, cases=[(c,) for c in real], mtu=1500)
+    out = capsys.readouterr().out
+    assert "real network (1500 B frames) | this emulator (64 KiB segments" in out
+    rounds = [{"peak": p, "best": m, "median": m, "times": [m, m, m], "model": m}
+              for p, m in ((1, 0.0587), (2, 0.1007), (3, 0.1427))]
+    ob.explain_ecmp_rounds(rounds)
+    out = capsys.readouterr().out
+    assert "fastest of the class (each pairing run 3x)" in out
+    assert "each pairing's fastest of 3 runs typically on its closed form" in out
