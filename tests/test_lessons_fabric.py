@@ -24,6 +24,22 @@ def incast_row(n: int, best: float, *, nbytes: int = MiB, limit: int | None = No
             "times": [best], "goodput": n * nbytes / best}
 
 
+def drop_row(n: int, arrivals: list[float]) -> dict:
+    """A drop-incast row (256 KiB, limit 6) whose one repetition's messages arrived at
+    `arrivals` (s after the start)."""
+    row = incast_row(n, max(arrivals), nbytes=256 * KiB, limit=6)
+    row["limit"] = 6
+    row["arrivals"] = {(i, 0): [t] for i, t in enumerate(arrivals, 1)}
+    return row
+
+
+@pytest.fixture(scope="module")
+def replays():
+    """The drop incast replayed: all four sends at one instant, then 1 us apart."""
+    return (ex.incast_replay(4, 256 * KiB, limit=6),
+            ex.incast_replay(4, 256 * KiB, limit=6, stagger_s=1e-6))
+
+
 def with_queue(rows: list[dict]) -> list[dict]:
     for r in rows:
         r["queue"] = r["best"] - rows[0]["best"]
@@ -94,32 +110,60 @@ def test_explain_ps_vs_ring_splits_the_rings_closed_form(capsys):
     out = capsys.readouterr().out
     assert "8 nodes on one leaf, 1 MiB | measured (best of 3) | closed form" in out
     assert "(14 rounds x w) and 14.0 ms the delay" in out
-    assert "took 5.0x the ring's time (closed form 5.1x" in out
+    assert "took 5.0x the ring's time (closed form 5.1x)." in out  # +2%: no appendix pointer
     assert out.count("Shown on this run: the parameter server took over twice") == 1
 
 
-def test_per_message_cost_and_the_appendix(capsys):
+def test_the_replay_at_one_instant_is_the_closed_form_and_a_tie_costs_one_drop(replays):
+    tie, skew = replays
+    model = fm.incast(4, 256 * KiB, rate_bps=RATE, delay_s=1e-3, buffer_packets=6)
+    assert tie["lost"] == ex.incast_drops(4, 256 * KiB, limit=6) == [[], [], [1, 2, 3],
+                                                                      [1, 2, 3, 4]]
+    assert tie["done"] == pytest.approx(model.message_s, abs=1e-6)  # no gap between the clocks
+    # 1 us (even 1 ns) later the third sender's segment 3 gets in: a tie at the buffer
+    assert skew["lost"] == [[], [], [1, 2], [1, 2, 3, 4]]
+    assert ex.incast_replay(4, 256 * KiB, limit=6, stagger_s=1e-9)["lost"] == skew["lost"]
+    w = (64 * KiB + 66) * 8 / RATE
+    assert skew["time_s"] == pytest.approx(tie["time_s"] - w, abs=5e-6)
+
+
+def test_per_message_cost_and_the_appendix(capsys, replays):
     ps, ring = ps_ring(1.1887, 0.2384)
     assert not sw.per_message_cost_visible(ps, ring)  # the ring +2% above its closed form
     ps_far, ring_far = ps_ring(1.1887, 0.27)
     assert sw.per_message_cost_visible(ps_far, ring_far)
-    four = incast_row(4, 0.2388, nbytes=256 * KiB, limit=6)
-    sw.explain_appendix(ps_far, ring_far, four, rate=RATE, busy=None)
+    four = drop_row(4, [0.0273, 0.0483, 0.2169, 0.2383])
+    sw.explain_appendix(ps_far, ring_far, four, *replays, stagger_s=1e-6, rate=RATE)
     out = capsys.readouterr().out
     assert "the ring's 14 rounds sit above their closed form" in out
-    assert "differ by the first segment's NIC time, 5.2 ms" in out
-    assert "Shown on this run: four senders took at least" in out
-
-
-def test_explain_drops_names_the_senders_that_wait_for_the_rto(capsys):
-    drops = with_queue([incast_row(n, b, nbytes=256 * KiB, limit=6)
-                        for n, b in ((1, 0.028), (2, 0.0484), (4, 0.2388))])
-    sw.explain_drops(drops, [[], [], [1, 2, 3], [1, 2, 3, 4]], nbytes=256 * KiB)
+    assert "arrived at 27.3, 48.3, 216.9, 238.3 ms." in out
+    assert "all at one instant: 27.2, 48.2, 222.0, 243.0 ms, 7 segments dropped" in out
+    assert "1 us after the one before: 27.2, 48.2, 216.7, 237.7 ms, 6 dropped." in out
+    assert "the third sender's segment 3 meets a backlog of exactly the buffer's 6 packets" in out
+    assert "one resend (w = 5.2 ms) fewer" in out
+    assert "fit the replay with 6 drops (each within 0.6 ms)" in out
+    # a run that met the tie fits the other replay; one far from both fits neither
+    sw.explain_appendix(ps, ring, drop_row(4, [0.0273, 0.0483, 0.2221, 0.2431]), *replays,
+                        stagger_s=1e-6, rate=RATE)
+    sw.explain_appendix(ps, ring, drop_row(4, [0.0273, 0.0483, 0.2169, 0.2450]), *replays,
+                        stagger_s=1e-6, rate=RATE)
     out = capsys.readouterr().out
-    assert "the third and fourth senders it served lost segments, and the third and fourth " \
-           "wait for the RTO (200.0 ms)" in out
-    assert "No loss had 3 segments behind it" in out
+    assert "fit the replay with 7 drops" in out and "fit neither replay within w/2" in out
+
+
+def test_explain_drops_names_the_senders_that_wait_for_the_rto(capsys, replays):
+    drops = with_queue([drop_row(1, [0.028]), drop_row(2, [0.0273, 0.0484]),
+                        drop_row(4, [0.0273, 0.0483, 0.2169, 0.2388])])
+    sw.explain_drops(drops, replays[0], nbytes=256 * KiB)
+    out = capsys.readouterr().out
+    assert "the four sends at one instant: the third and fourth senders served lose 7 " \
+           "segments between them." in out
+    assert "No loss has 3 segments behind it, so no duplicate ACKs repair one: both wait " \
+           "for the RTO (200.0 ms)." in out
+    assert "The third sender's segment 4 got in after its losses" in out
+    assert "This run: 2 of the 4 messages arrived after the RTO." in out
     assert "Goodput fell 2.5x from two senders to four." in out
+    assert "RTO clock" not in out
     assert out.count("Shown on this run: two senders finished within the RTO") == 1
 
 
@@ -138,11 +182,13 @@ def test_explain_fast_incast_prints_the_models_fall(capsys):
             for n in (2, 4)}
     sw.explain_fast_incast(fast, delay_s=10e-6, nbytes=256 * KiB)
     out = capsys.readouterr().out
-    assert "200.4 ms for four (2 waiting for the RTO)" in out
-    assert "= 2.0 ms instead of the RTO" in out and "gives at least 2.5 ms for four" in out
+    assert "two senders take 0.5 ms," in out
+    assert "four take 200.4 ms (2 wait for the RTO): 208x less goodput." in out
     # the timer rounded up to whole jiffies: 2.04 ms -> 3 ms at HZ = 1000, 4 ms at HZ = 250
-    assert "3.0 ms at HZ = 1000 or 4.0 ms at HZ = 250" in out
-    assert "about 3.4 ms to 4.4 ms for four, a 3.6x to 4.6x fall" in out
+    assert "2 SRTT + 2 ms, rounded up to whole timer ticks (HZ = 1000 or 250)" in out
+    assert "about 3.4 ms to 4.4 ms for four, 3.6x to 4.6x less goodput" in out
+    assert "congestion window" in out and "lower bound" not in out
+    assert len(out.strip().splitlines()) == 3
 
 
 def test_linux_recovery_names_the_rack_and_the_tail_sender(monkeypatch):
@@ -155,6 +201,7 @@ def test_linux_recovery_names_the_rack_and_the_tail_sender(monkeypatch):
     assert "sends it as 182 frames of 1448 B of payload" in text
     assert "The third sender's segment 4 got through" in text and "segments 1, 2, 3 about" in text
     assert "The fourth sender delivered nothing to SACK" in text
+    assert "These are the replay's losses (all sends at one instant)" in text
 
 
 def test_plot_drops_marks_each_senders_repair():
@@ -167,6 +214,14 @@ def test_plot_drops_marks_each_senders_repair():
                      "3 delivered after it: duplicate ACKs resend it",
                      "nothing delivered after its losses: waits for the RTO"]
     assert len(ax.patches) == 16
+    assert "replay, all sends at one instant" in ax.get_title()
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["delivered", "dropped, resent after the RTO",
+                      "dropped, resent on duplicate ACKs"]
+    # only the kinds that occur: no duplicate-ACK repair in the replay at one instant
+    ax = sw.plot_drops([[], [], [1, 2, 3], [1, 2, 3, 4]], nbytes=256 * KiB, limit=6)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "delivered", "dropped, resent after the RTO"]
 
 
 @pytest.mark.parametrize("template", [sw.LINUX_RECOVERY, sw.REAL_CLUSTER])

@@ -511,6 +511,49 @@ def incast_drops(senders: int, nbytes: int, *, limit: int, nic: str = NIC) -> li
     return [(np.flatnonzero(row < 0) + 1).tolist() for row in out]
 
 
+def incast_replay(senders: int, nbytes: int, *, limit: int, stagger_s: float = 0.0,
+                  nic: str = NIC) -> dict:
+    """The drop incast replayed through the emulator's own point-to-point path, in one
+    process, no cluster: sender s (from 1) sends `nbytes` to one receiver at (s - 1) x
+    `stagger_s`, through its NIC (`LinkModel`) and the receiver's port with a buffer of
+    `limit` packets (`SharedPorts.deliver`: the ports, then TCP's recovery), the messages in
+    send order as the backend places them. Returns `lost` (per sender, the segments the
+    port dropped before any resend, numbered from 1), `done` (per sender, when its message
+    is delivered, s after the first send) and `time_s` (the last delivery)."""
+    import os
+    import tempfile
+
+    from ..fabric import SharedPorts, cross_path
+    from ..link import LinkModel
+    from ..wire import SEGMENT_BYTES
+
+    spec = as_netem(nic)
+    topo = Topology.build(senders + 1, 1, nic, fabric=incast_fabric(senders + 1, limit=limit,
+                                                                    nic=nic))
+    specs = topo.port_specs()
+    payload = segments(nbytes, SEGMENT_BYTES)
+    lost, done = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        ports = SharedPorts(os.path.join(tmp, "ports"), specs)
+        try:
+            for s in range(1, senders + 1):
+                now = round((s - 1) * stagger_s * 1e9)
+                sent = LinkModel(spec, segment_bytes=SEGMENT_BYTES).transmit(now, nbytes)
+                path, back = (p[p >= 0] for p in (topo.paths([s], [0])[0],
+                                                   topo.paths([0], [s])[0]))
+                at_nic = np.asarray(sent.segment_ns, dtype=np.int64).reshape(1, -1)
+                # the port's first pass on a copy of its state: what it drops before TCP resends
+                first = cross_path(ports.state.copy(), specs, path.reshape(1, -1), at_nic,
+                                   payload, np.zeros(1), None)
+                lost.append((np.flatnonzero(first[0] < 0) + 1).tolist())
+                done.append(ports.deliver(path, now, sent.segment_ns, payload, nic=spec,
+                                          back_ns=spec.delay_ns + ports.back_ns(back),
+                                          flow=s) / 1e9)
+        finally:
+            ports.close()
+    return {"lost": lost, "done": done, "time_s": max(done)}
+
+
 # --- plots -------------------------------------------------------------------------------------
 
 

@@ -85,8 +85,9 @@ def explain_ps_vs_ring(pr: Sequence[dict], *, delay: float, repeats: int) -> Non
     print(f"Of the ring's closed form, {ms(ring['model'] - ring['crossbar'])} is the port's "
           f"store and forward ({rounds} rounds x w) and {ms(rounds * delay)} the delay "
           f"({rounds} rounds x delay).")
+    gap = "; the gap: appendix" if per_message_cost_visible(ps, ring) else ""
     print(f"The parameter server took {ps['best'] / ring['best']:.1f}x the ring's time "
-          f"(closed form {ps['model'] / ring['model']:.1f}x; the gap: appendix).")
+          f"(closed form {ps['model'] / ring['model']:.1f}x{gap}).")
     assert ps["model"] > 2 * ring["model"]  # the closed forms
     # the switch port adds the incast NIC shaping alone hides
     assert ps["model"] > 1.5 * ps["crossbar"]
@@ -128,46 +129,69 @@ def tail_senders(lost: Sequence[Sequence[int]], k: int) -> list[int]:
     return [s for s, segs in enumerate(lost, 1) if len(segs) == k]
 
 
-def explain_drops(drops: Sequence[dict], lost: Sequence[Sequence[int]], *,
-                  nbytes: int) -> None:
+def best_arrivals(row: dict) -> list[float]:
+    """Each message's arrival (s after the agreed start) in the row's fastest repetition, in
+    order (`row`: an `ex.incast` row)."""
+    k = row["times"].index(row["best"])
+    return sorted(times[k] for times in row["arrivals"].values())
+
+
+def kept_after_loss(segs: Sequence[int], k: int) -> list[int]:
+    """The segments of a `k`-segment message delivered after its first lost one (`segs`)."""
+    return [c for c in range(min(segs) + 1, k + 1) if c not in segs] if segs else []
+
+
+def explain_drops(drops: Sequence[dict], tie: dict, *, nbytes: int) -> None:
     """Print the incast into a small buffer (`drops`: `ex.incast` rows for 1, 2 and 4 senders
-    of `nbytes`; `lost`: `ex.incast_drops` for four): the table, which senders the port's
-    model drops and which of them wait for the RTO or are repaired by duplicate ACKs; check
-    the closed form's timeouts against that, and state whether two senders kept clear of
-    the RTO with over 1.5x the goodput of four."""
+    of `nbytes`; `tie`: `ex.incast_replay` of four, all sent at one instant): the table, which
+    senders the replay drops and which of them wait for the RTO or are repaired by duplicate
+    ACKs, how many of the run's messages arrived after the RTO; check the closed form's
+    timeouts and time against the replay, and state whether two senders kept clear of the
+    RTO with over 1.5x the goodput of four."""
     print("senders | measured | closed form | goodput")
     for r in drops:
         print(f"{r['senders']:>7} | {ms(r['best']):>8} | {ms(r['model'].time_s):>11} | "
               f"{r['goodput'] * 8 / 1e6:.1f} Mbit/s")
     two, four = drops[1], drops[2]
     k = segment_count(nbytes)
+    lost = tie["lost"]
     dropped, waits, repaired = (dropped_senders(lost), rto_senders(lost, k),
                                 repaired_senders(lost, k))
-    print(f"With four, the emulator's port model (replayed, before any resend) says the "
-          f"{' and '.join(map(nth, dropped))} senders it served lost segments, and the "
-          f"{' and '.join(map(nth, waits))} wait for the RTO ({ms(fm.RTO_MIN_S)}).")
+    print(f"Replay (the emulator's own NIC, port and recovery, no cluster; the figure), the "
+          f"four sends at one instant: the {' and '.join(map(nth, dropped))} senders served "
+          f"lose {sum(map(len, lost))} segments between them.")
     if repaired:
-        print(f"The {' and '.join(map(nth, repaired))} are repaired by duplicate ACKs.")
+        print(f"The {' and '.join(map(nth, waits))} wait for the RTO ({ms(fm.RTO_MIN_S)}); "
+              f"the {' and '.join(map(nth, repaired))} are repaired by duplicate ACKs.")
     else:
-        print(f"No loss had {DUPTHRESH} segments behind it: this run shows no repair by "
-              f"duplicate ACKs, only the wait for the RTO.")
+        who = {1: "it waits", 2: "both wait"}.get(len(waits), "they wait")
+        print(f"No loss has {DUPTHRESH} segments behind it, so no duplicate ACKs repair one: "
+              f"{who} for the RTO ({ms(fm.RTO_MIN_S)}).")
+    for s in dropped:
+        if kept := kept_after_loss(lost[s - 1], k):
+            print(f"The {nth(s)} sender's segment {', '.join(map(str, kept))} got in after its "
+                  f"losses: by then the port had forwarded enough of the queue to have room.")
+    late = sum(t >= fm.RTO_MIN_S for t in best_arrivals(four))
+    print(f"This run: {late} of the {four['senders']} messages arrived after the RTO.")
     print(f"Goodput fell {two['goodput'] / four['goodput']:.1f}x from two senders to four.")
-    print("(The closed form starts its RTO clock later than the emulator does, so a run with "
-          "drops can finish a little before it: appendix.)")
+    print("(The closed form and the replay send at one instant; a run's sends are microseconds "
+          "apart, which can save a segment: appendix.)")
     assert len(waits) > 0 and four["model"].timeouts == len(waits)
+    assert abs(tie["time_s"] - four["model"].time_s) < 1e-6  # the closed form is this replay
     assert two["model"].timeouts == 0
-    assert four["best"] >= fm.RTO_MIN_S  # the RTO really was waited for
+    assert four["best"] >= fm.RTO_MIN_S and late >= 1  # the RTO really was waited for
     conclude(two["best"] < fm.RTO_MIN_S and two["goodput"] > 1.5 * four["goodput"],
              "two senders finished within the RTO, with over 1.5x the goodput of four",
              busy=ex.slowed(drops))
 
 
 def plot_drops(lost: Sequence[Sequence[int]], *, nbytes: int, limit: int, ax=None):
-    """Draw which segment of which sender the port dropped (`lost`: `ex.incast_drops`, the
-    senders in the port's service order; `nbytes` per sender, a buffer of `limit` packets):
-    one row per sender, one box per segment, delivered or dropped, and per sender how its
-    losses are repaired in the emulator: duplicate ACKs if DUPTHRESH later segments arrived,
-    else the RTO."""
+    """Draw which segment of which sender the port dropped (`lost`: `ex.incast_replay`'s
+    losses with all sends at one instant, the senders in the port's service order; `nbytes`
+    per sender, a buffer of `limit` packets): one row per sender, one box per segment,
+    delivered or dropped, and per sender how its losses are repaired in the emulator:
+    duplicate ACKs if DUPTHRESH later segments arrived, else the RTO; the legend shows only
+    the kinds that occur."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
@@ -190,12 +214,13 @@ def plot_drops(lost: Sequence[Sequence[int]], *, nbytes: int, limit: int, ax=Non
     ax.set(xlim=(0.4, k + 5.5), ylim=(len(lost) + 0.6, 0.4), xticks=range(1, k + 1),
            yticks=range(1, len(lost) + 1), yticklabels=[nth(s) for s in range(1, len(lost) + 1)],
            xlabel="segment of the sender's message", ylabel="sender (in service order)",
-           title=f"{len(lost)} senders x {k} segments into a {limit}-packet buffer: the "
-                 f"emulator's port, before any resend")
+           title=f"{len(lost)} senders x {k} segments into a {limit}-packet buffer: replay, "
+                 f"all sends at one instant")
     ax.grid(False)
-    ax.legend(handles=[Patch(fc=colour["delivered"], label="delivered"),
-                       Patch(fc=colour["RTO"], label="dropped, resent after the RTO"),
-                       Patch(fc=colour["dup"], label="dropped, resent on duplicate ACKs")],
+    labels = {"delivered": "delivered", "RTO": "dropped, resent after the RTO",
+              "dup": "dropped, resent on duplicate ACKs"}
+    shown = ["delivered"] + ["RTO"] * bool(waits) + ["dup"] * bool(fast)
+    ax.legend(handles=[Patch(fc=colour[c], label=labels[c]) for c in shown],
               loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3, fontsize=8)
     assert set(fast) | set(waits) == set(dropped_senders(lost))
     return ax
@@ -215,8 +240,9 @@ LINUX_RECOVERY = """
 [[tcp.header_with_timestamps_bytes]] TCP header), so a loss with under {dupthresh} segments
 after it is far likelier here.
 
-These are the emulator's losses, mapped onto Linux to show the mechanism, not to predict
-which packets a real port drops: one that interleaves the flows drops others.
+These are the replay's losses (all sends at one instant), mapped onto Linux to show the
+mechanism, not to predict which packets a real port drops: one that interleaves the flows
+drops others.
 
 - The {rack} sender's segment {k} got through. Its SACK lets RACK resend segments
   {rack_lost} about a round trip after the loss. RACK's rule:
@@ -233,8 +259,8 @@ which packets a real port drops: one that interleaves the flows drops others.
 
 def show_linux_recovery(four: dict, lost: Sequence[Sequence[int]], *, nbytes: int,
                         mtu: int) -> None:
-    """Show (Markdown, sourced from the ledger) how Linux TCP would repair this run's losses
-    (`four`: the four-sender row of the drop incast, `lost`: `ex.incast_drops`): the sender
+    """Show (Markdown, sourced from the ledger) how Linux TCP would repair the replay's losses
+    (`four`: the four-sender row of the drop incast, `lost`: `ex.incast_replay`'s): the sender
     whose last segment got through by RACK, the one that lost its whole tail by a probe."""
     k = segment_count(nbytes)
     mss = tcp_payload_bytes(mtu)  # TCP payload per frame
@@ -259,31 +285,23 @@ def linux_tlp_estimate(model_s: float, *, rtt_s: float,
 def explain_fast_incast(fast: dict, *, delay_s: float, nbytes: int) -> None:
     """Print the drop incast at a datacentre port (`fast`: sender count -> `fm.incast` for 2
     and 4 senders, `delay_s` one way) in this emulator's closed form, then the Linux estimate
-    with the tail loss probe's timer instead of the RTO (the fixed term from the ledger)."""
-    print(f"at 10 Gbit/s, 10 us of delay: {ms(fast[2].time_s)} for two senders, "
-          f"{ms(fast[4].time_s)} for four ({fast[4].timeouts} waiting for the RTO)")
-    print(f"  the goodput falls {fast[2].goodput / fast[4].goodput:.0f}x in this model "
-          f"(no RACK, no tail loss probe)")
+    with the tail loss probe's timer instead of the RTO (the fixed term from the ledger),
+    rounded up to whole jiffies as Linux arms it (linux.tlp_timer_jiffies), at each HZ."""
+    print(f"10 Gbit/s, 10 us of delay, this model: two senders take {ms(fast[2].time_s)},")
+    print(f"four take {ms(fast[4].time_s)} ({fast[4].timeouts} wait for the RTO): "
+          f"{fast[2].goodput / fast[4].goodput:.0f}x less goodput.")
     tlp_min = facts.get("linux.tcp_timeout_min_us")  # the probe timer's fixed term
     assert tlp_min.unit == "ms"
     rtt = 2 * delay_s  # the round trip: the delay each way
     pto, linux4 = linux_tlp_estimate(fast[4].time_s, rtt_s=rtt, tlp_min_s=tlp_min.value * 1e-3)
-    print(f"Linux estimate: a tail loss probe after 2 SRTT (smoothed round-trip time) + "
-          f"{tlp_min.text} = {ms(pto)} instead of the RTO")
-    print(f"  (the {tlp_min.text} term: {tlp_min.holds_for}; SRTT taken as the unloaded round "
-          f"trip, which the incast's own queueing would lengthen)")
-    print(f"  gives at least {ms(linux4)} for four, a fall of at least "
-          f"{fast[2].goodput / (4 * nbytes / linux4):.1f}x (for this model's loss "
-          f"pattern, if the probe is not lost)")
-    # the timer counts whole jiffies, rounded up (linux.tlp_timer_jiffies)
-    rounded = {hz: math.ceil(pto * hz - 1e-9) / hz for hz in HZ}
-    late = {hz: linux4 - pto + t for hz, t in rounded.items()}
-    print(f"A lower bound: Linux arms that timer in whole jiffies, rounded up, "
-          f"{' or '.join(f'{ms(t)} at HZ = {hz}' for hz, t in rounded.items())} (Kconfig's "
-          f"default; many distribution kernels build with {HZ[0]}), and fires it on a tick:")
-    print(f"  about {' to '.join(ms(t) for t in late.values())} for four, a "
-          f"{' to '.join(f'{fast[2].goodput / (4 * nbytes / t):.1f}x' for t in late.values())}"
-          f" fall")
+    rounded = {hz: math.ceil(pto * hz - 1e-9) / hz for hz in HZ}  # whole jiffies, rounded up
+    late = [linux4 - pto + t for t in rounded.values()]
+    print(f"Linux instead: a tail loss probe after 2 SRTT + {tlp_min.text}, rounded up to whole "
+          f"timer ticks (HZ = {' or '.join(map(str, HZ))}): about "
+          f"{' to '.join(ms(t) for t in late)} for four, "
+          f"{' to '.join(f'{fast[2].goodput / (4 * nbytes / t):.1f}x' for t in late)} less "
+          f"goodput (SRTT taken unloaded, the probe not lost, and still ignoring the "
+          f"congestion window after the loss).")
     assert fast[2].goodput > 10 * fast[4].goodput
 
 
@@ -293,12 +311,14 @@ def per_message_cost_visible(ps: dict, ring: dict) -> bool:
     return ring["best"] > 1.1 * ring["model"] and ps["best"] < 1.1 * ps["model"]
 
 
-def explain_appendix(ps: dict, ring: dict, four: dict, *, rate: float,
-                     busy: str | None) -> None:
+def explain_appendix(ps: dict, ring: dict, four: dict, tie: dict, skew: dict, *,
+                     stagger_s: float, rate: float) -> None:
     """Print the appendix's checks: each run's range against its closed form (`ps`, `ring`:
     `ex.ps_vs_ring` rows), the ring's gap as a per-message cost when it shows, and the drop
-    incast's four senders (`four`) against the closed form less the first segment's NIC time
-    (`rate`: the NIC's bit/s), stated with `conclude` (`busy`: `ex.slowed` of the drop rows)."""
+    incast's arrivals in its fastest run (`four`) against two replays of it (`tie`: all sent
+    at one instant; `skew`: each sender `stagger_s` after the one before): how many segments
+    each drops, which segment the stagger saves, and which replay the run fits (a reading
+    of its arrivals; `rate`: the NIC's bit/s, for w)."""
     for name, r in (("parameter server", ps), ("ring", ring)):
         print(f"{name}: runs {ms(min(r['times']))} to {ms(max(r['times']))}, closed form "
               f"{ms(r['model'])} ({r['best'] / r['model'] - 1:+.0%} for the best run)")
@@ -306,13 +326,35 @@ def explain_appendix(ps: dict, ring: dict, four: dict, *, rate: float,
         print(f"the ring's {2 * (ring['nodes'] - 1)} rounds sit above their closed form and the "
               f"parameter server's few large messages do not: consistent with a cost per "
               f"message exchange on this machine (not measured separately)")
-    first_segment = (SEGMENT_BYTES + HEADER_BYTES) * 8 / rate
-    print(f"incast with drops, four senders: best {ms(four['best'])}, closed form "
-          f"{ms(four['model'].time_s)}; the two RTO clocks differ by the first segment's NIC "
-          f"time, {ms(first_segment)}")
-    conclude(four["best"] >= 0.98 * (four["model"].time_s - first_segment),
-             "four senders took at least the closed form less the first segment's NIC "
-             "time", busy=busy)
+    w = (SEGMENT_BYTES + HEADER_BYTES) * 8 / rate  # one segment through the port
+
+    def times(t):
+        return ", ".join(f"{x * 1e3:.1f}" for x in sorted(t)) + " ms"
+
+    run, limit = best_arrivals(four), four["limit"]
+    n_tie, n_skew = (sum(map(len, r["lost"])) for r in (tie, skew))
+    print(f"incast with drops, four senders: this run's messages arrived at {times(run)}.")
+    print(f"replayed (no cluster), all at one instant: {times(tie['done'])}, {n_tie} segments "
+          f"dropped (the closed form); each sender {stagger_s * 1e6:g} us after the one before: "
+          f"{times(skew['done'])}, {n_skew} dropped.")
+    for s, (a, b) in enumerate(zip(tie["lost"], skew["lost"]), 1):
+        if saved := sorted(set(a) - set(b)):
+            print(f"At one instant the {nth(s)} sender's segment "
+                  f"{', '.join(map(str, saved))} meets a backlog of exactly the buffer's "
+                  f"{limit} packets, and the port drops a packet that finds {limit} or more (a "
+                  f"tie is full); {stagger_s * 1e6:g} us later it gets in: one resend "
+                  f"(w = {ms(w)}) fewer.")
+    fit = {n: max(abs(x - y) for x, y in zip(run, sorted(r["done"])))
+           for n, r in ((n_tie, tie), (n_skew, skew))}
+    n = min(fit, key=fit.get)
+    if fit[n] < w / 2:
+        print(f"This run's arrivals fit the replay with {n} drops (each within {ms(fit[n])}); "
+              f"which one a run meets depends on the microseconds between its sends and the "
+              f"order its processes reach the port.")
+    else:
+        print(f"This run's arrivals fit neither replay within w/2 ({ms(w / 2)}): its senders "
+              f"started further apart.")
+    assert n_skew == n_tie - 1 and abs(tie["time_s"] - four["model"].time_s) < 1e-6
 
 
 # The "On a real GPU cluster" box: how RDMA fabrics avoid or repair the drops above (ledger ids
@@ -322,19 +364,15 @@ REAL_CLUSTER = """
   ([[rdma.kernel_bypass]]) and the NIC retransmits. Under the InfiniBand spec's RC rules, as
   in Linux's soft-RoCE: [[linux.rxe_nak_seq_retry]] (go-back-N), about a round trip after the
   loss ([[paper.mittal_irn_2018]]). A loss no NAK reports (a lost tail, last ACK, NAK or resend)
-  waits the QP's ACK timeout, [[nccl.ib_timeout_formula]]: at the default NCCL_IB_TIMEOUT =
-  [[nccl.ib_timeout_default]], [[nccl.ib_timeout_default_time]]. Without RDMA, NCCL falls back to
+  waits the QP's ACK timeout, [[nccl.ib_timeout_formula]]: nominally
+  [[nccl.ib_timeout_default_time]] at the default NCCL_IB_TIMEOUT = [[nccl.ib_timeout_default]].
+  ConnectX RoCE NICs can instead retransmit selectively ([[nvidia.roce_selective_repeat]]) on
+  adaptive timers ([[nvidia.roce_adaptive_retransmission]]). Without RDMA, NCCL falls back to
   [[nccl.ib_disable_ip_sockets]], TCP as in Gloo, and the incast above applies. RDMA does
   not make incast drops irrelevant: on a lossy fabric (RoCE without PFC, below) they happen
   and cost go-back-N or the QP's ACK timeout.
-- **ConnectX NICs on RoCE need not behave so.** With [[nvidia.roce_adaptive_retransmission]],
-  the NIC's retransmission timer starts from a value of a configurable profile and grows on
-  repeated timeouts, [[nvidia.roce_adp_timeout_cap]]; the same NIC register, ROCE_ACCL,
-  offers [[nvidia.roce_selective_repeat]], resending only what was lost. There a lost tail need not
-  cost the QP's full timeout.
 - **InfiniBand** uses [[infiniband.credit_flow_control]]: switches do not drop for lack of
-  buffer. They still drop packets held too long, by their
-  [[infiniband.switch_lifetime_discard]], so the lost tail above is not hypothetical.
+  buffer, only packets held too long ([[infiniband.switch_lifetime_discard]]).
 - **RoCE** is usually made lossless with [[ieee.pfc_8021qbb]], which pauses a whole port
   priority, stalling flows that never touch the full port; [[paper.dcqcn_2015]] slows senders
   on ECN marks to need fewer pauses. On these fabrics incast is back-pressure, not drops. It
