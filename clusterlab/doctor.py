@@ -361,5 +361,5 @@ def report(info: dict) -> str:
     shaping = ", ".join(f"{key} {'yes' if k[key] else 'no'}" for key in ("root", "netns", "netem",
                                                                          "tbf"))
     lines.append(f"kernel shaping: {shaping}" + (f" ({k['detail']})" if k["detail"] else ""))
-    lines.append("userspace emulation (backend 'netem'): available")
+    lines.append("user-space emulator (needs no kernel netem): available")
     return "\n".join(lines)

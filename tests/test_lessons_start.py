@@ -61,24 +61,12 @@ def test_runs_sentences_and_identity_checks(capsys):
                            show_details=False, dilation=1)
 
 
-def test_slow_steps_sentences(capsys):
-    impaired = {"predicted_all_reduce": 0.0368, "load_average": [1.2, 2.6], "cores": 2}
-    s = {"steps": 12, "all_reduce_median": 0.0394, "all_reduce_max": 0.0427, "ceiling": 0.0428,
-         "floor": 0.0308, "beyond": 0, "max_excess": 0.0}
-    start.explain_slow_steps(s, impaired)
-    assert capsys.readouterr().out.splitlines()[1] == \
-        "0 of 12 phases beyond the bound: none exceeds what the jitter alone could produce"
-    start.explain_slow_steps(dict(s, beyond=2, max_excess=0.0031), impaired)
-    assert capsys.readouterr().out.splitlines()[1] == (
-        "2 of 12 phases beyond the bound (by up to 3.1 ms: this machine or a late rank; load "
-        "average up to 2.6 on 2 cores)")
-    with pytest.raises(AssertionError):
-        start.explain_slow_steps(dict(s, beyond=2), impaired)
-
-
 def test_all_reduce_sentences_split_the_gap_into_jitter_and_machine(capsys):
     start.explain_all_reduce([64.0, 63.0, 70.0], [62.5, 62.7, 62.9], predicted_ms=62.3,
                              sums=[4.0] * 4)
+    assert "details" not in capsys.readouterr().out  # the split only on request
+    start.explain_all_reduce([64.0, 63.0, 70.0], [62.5, 62.7, 62.9], predicted_ms=62.3,
+                             sums=[4.0] * 4, show_details=True)
     out = capsys.readouterr().out
     assert "every rank got the sum 4 (4 ranks x 1.0)" in out
     assert "measured:   64.0 ms  (median of 3 repeats, slowest rank; range 63.0-70.0)" in out
@@ -110,18 +98,24 @@ def test_impaired_step_within_the_jitter_range_is_shown(capsys):
     plain, impaired = run(0.002, 0.010, 0.016), run(0.002, 0.039, 0.044)
     solo = run(0.0015, 0, 0.005)
     kwargs = dict(replay=np.full(200, 0.0375), compute=0.006, model_ar=0.0368, spread=0.006,
-                  efficiency=0.11, dilation=1)
+                  efficiency=0.005 / 0.044, dilation=1)
     start.explain_impaired_step(plain, impaired, solo, **kwargs)
-    assert "details" not in capsys.readouterr().out  # the range and the gap only on request
+    out = capsys.readouterr().out
+    assert "details" not in out  # the range and the gap only on request
+    assert ("all-reduce phase: 39.0 ms (slowest rank, median over steps); the emulator's replay "
+            "of the network alone: 37.5 ms (200 draws), so this machine added about +1.5 ms (a "
+            "difference of medians)") in out
+    assert "efficiency against one rank alone: 5.0 ms / 44.0 ms = 11% (median steps)\n" in out
+    assert ("Shown on this run: the emulated network set most of the all-reduce phase (its "
+            "replay is 96% of it).") in out
     start.explain_impaired_step(plain, impaired, solo, show_details=True, **kwargs)
     out = capsys.readouterr().out
     assert "44.0 ms measured" in out and "42.8 ms predicted = compute 6.0" in out
-    assert "efficiency against one rank alone: 11% (= 5.0 ms / 44.0 ms, median steps)" in out
-    assert "the network allows 36.8-48.8 ms" in out and "replay 37.5 ms (200 draws)" in out
+    assert ("the network allows 36.8-48.8 ms (the plain run's compute, every delay at an "
+            "extreme: a loose sanity bound); all-reduce phases above its top, 42.8 ms: 0 of "
+            "4") in out
     assert ("the gap, +1.2 ms: this run's compute +0.0 ms over the plain run's, its all-reduce "
             "phase +2.2 ms over the α-β model") in out
-    assert ("Shown on this run: the median impaired step is at most compute + the α-β "
-            "all-reduce with every delay at its largest draw.") in out
     assert "single steps" not in out
 
 
@@ -130,7 +124,7 @@ def test_impaired_single_steps_above_the_ceiling_are_named_with_their_cause(caps
     impaired["step"][1, 2] = 0.0495  # one slow step, its all-reduce phase within the bound
     solo = run(0.0015, 0, 0.005)
     kwargs = dict(replay=np.full(200, 0.0375), compute=0.006, model_ar=0.0368, spread=0.006,
-                  efficiency=0.11, dilation=1, show_details=True)
+                  efficiency=0.005 / 0.044, dilation=1, show_details=True)
     start.explain_impaired_step(plain, impaired, solo, **kwargs)
     assert ("1 of 4 single steps (slowest rank, right panel) above the top of that range, up to "
             "49.5 ms: "
@@ -141,17 +135,27 @@ def test_impaired_single_steps_above_the_ceiling_are_named_with_their_cause(caps
     assert "some all-reduce phases beyond the jitter's bound" in capsys.readouterr().out
 
 
-def test_impaired_step_far_above_its_closed_form_is_not_shown_and_dilated_efficiency_is_an_estimate(
-        capsys):
-    plain, impaired = run(0.002, 0.010, 0.016), run(0.002, 0.039, 0.090)
+def test_all_reduce_phase_far_above_the_replay_is_not_shown_when_compute_was_slow_too(capsys):
+    plain, impaired = run(0.002, 0.010, 0.016), run(0.002, 0.080, 0.090)
     solo = run(0.0015, 0, 0.005)
     start.explain_impaired_step(plain, impaired, solo, replay=np.full(200, 0.0375),
-                                compute=0.006, model_ar=0.0368, spread=0.006, efficiency=0.2,
-                                dilation=3)
+                                compute=0.004, model_ar=0.0368, spread=0.006,
+                                efficiency=0.005 / 0.090, dilation=3)
     out = capsys.readouterr().out
-    assert "about 20% (estimate: this run's compute multiplied back by K = 3" in out
-    assert "Not shown on this run: the median impaired step is at most" in out
-    assert "a run above 1.3x the closed form: 90 ms against 49 ms" in out
+    assert ("efficiency against one rank alone: 5.0 ms / 90.0 ms = 6% (median steps; times "
+            "divided by K = 3, so the compute is that of a CPU 3 times faster than this "
+            "one)") in out
+    assert "so this machine added about +42.5 ms" in out
+    assert "Not shown on this run: the emulated network set most of the all-reduce phase" in out
+    assert "a run above 1.3x the closed form: 6 ms against 4 ms" in out
+
+
+def test_impaired_step_checks_the_efficiency_is_the_ratio_of_median_steps():
+    plain, impaired = run(0.002, 0.010, 0.016), run(0.002, 0.039, 0.044)
+    with pytest.raises(AssertionError, match="efficiency is one rank's median step"):
+        start.explain_impaired_step(plain, impaired, run(0.0015, 0, 0.005),
+                                    replay=np.full(3, 0.0375), compute=0.006, model_ar=0.0368,
+                                    spread=0.006, efficiency=0.16, dilation=2)
 
 
 def test_impaired_step_must_be_slower_than_plain_gloo():
@@ -160,18 +164,21 @@ def test_impaired_step_must_be_slower_than_plain_gloo():
     with pytest.raises(AssertionError, match="must make the step slower"):
         start.explain_impaired_step(plain, impaired, solo, replay=np.full(3, 0.0375),
                                     compute=0.006, model_ar=0.0368, spread=0.006,
-                                    efficiency=0.11, dilation=1)
+                                    efficiency=0.005 / 0.044, dilation=1)
 
 
 def test_real_cluster_text_computes_both_crossovers_and_renders():
     text = start.real_cluster_text(alpha=2e-3, rate_Bps=125e6, alpha_nccl=14e-6, nic_Bps=50e9,
-                                   bucket=25 * 2**20)
+                                   bucket=25 * 2**20, first_bucket=2**20)
     facts.render(text)  # every [[fact]] is in the ledger
     text = " ".join(text.split())
     assert "2 ms × 125 MB/s = 250 KB here" in text
-    assert "it would be 100 MB with this α" in text
-    assert "so n* ≈ 0.7 MB" in text
+    assert "n* ≈ 0.7 MB" in text
+    assert "has chunks below n* from p = 2" in text  # 1 MiB / 2 = 0.52 MB
     assert "beyond about 37 nodes" in text
+    text = start.real_cluster_text(alpha=2e-3, rate_Bps=125e6, alpha_nccl=14e-6, nic_Bps=50e9,
+                                   bucket=25 * 2**20, first_bucket=1.5e6)
+    assert "from p = 3" in " ".join(text.split())  # 1.5 MB / 2 is above 0.7 MB, / 3 below
 
 
 def doctor_inputs(*, native_p99, tail, floor=500.0, capped=False):
@@ -207,6 +214,9 @@ def test_doctor_sentences_and_warning_at_the_edge(capsys):
     assert "ran at 6 ms and reported times divided by 3" in out
     assert "below the delay x K" in out
     assert "late tail is 98% of the dilated delay" in out
+    info, dil = doctor_inputs(native_p99=3940.0, tail=3370.0)
+    start.explain_doctor(info, dil, delay_us=2000.0, dilation=2)
+    assert "3.94 ms, is just below the delay x K" in capsys.readouterr().out
 
 
 def test_doctor_checks_k_against_its_criterion():
