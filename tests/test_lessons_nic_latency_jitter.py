@@ -25,7 +25,17 @@ def test_sweep_reads_the_machine_lateness_off_the_smallest_message(capsys):
                         "configured_alpha": alpha, "configured_beta": beta,
                         "crossover_bytes": fit.alpha / fit.beta,
                         "configured_crossover_bytes": alpha / beta})
-    assert "the 1 KiB message: +90 µs against the configured α + nβ" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "the 1 KiB message: +90 µs against the configured α + nβ" in out
+    # the fitted α's excess is the least-squares weights times every size's excess: here only
+    # the 1 KiB message is late, so it is 90 µs times that size's weight
+    extra = (fit.alpha - alpha) * 1e6
+    assert f"the fitted α's {extra:+.0f} µs is a weighted mean of every size's excess" in out
+    assert "weights 0.09 at 1 KiB down to -0.05 at 8 MiB); the excesses ranged from +0 to +90 µs" \
+        in out
+    x = sizes.astype(float)
+    w0 = 1 / len(x) - x.mean() * (x[0] - x.mean()) / np.sum((x - x.mean()) ** 2)
+    assert abs(extra - 90 * w0) < 0.01
 
 
 def test_a_p99_of_200_pings_is_said_to_have_no_upper_bound(capsys):
@@ -36,7 +46,10 @@ def test_a_p99_of_200_pings_is_said_to_have_no_upper_bound(capsys):
 
 def test_a_ring_step_nstar_comes_from_the_ledger():
     per_us = facts.get("nvidia.connectx7_rate_bytes").value  # GB/s = 1e9 B/s = kB per µs
-    lo = facts.get("nccl.tuner_net_ring_step_latency_ll").value * per_us
-    hi = facts.get("nccl.tuner_net_ring_step_latency_simple").value * per_us
-    text = facts.render(link.TRANSPORT_AND_CONGESTION)
-    assert f"roughly {lo:.0f} to {hi:.0f} kB" in text and f"about {per_us:.0f} kB per µs" in text
+    simple = facts.get("nccl.tuner_net_ring_step_latency_simple").value * per_us
+    # LL: its own α, and at most half the bandwidth (half of each LL line is data)
+    ll = facts.get("nccl.tuner_net_ring_step_latency_ll").value * per_us * 0.5
+    assert facts.get("nccl.proto_ll_efficiency").value == 50
+    text = " ".join(facts.render(link.TRANSPORT_AND_CONGESTION).split())
+    assert f"about {simple:.0f} kB with Simple" in text and f"at most about {ll:.0f} kB" in text
+    assert f"about {per_us:.0f} kB per µs" in text

@@ -344,7 +344,8 @@ def test_tcp_after_idle_is_worked_through_window_by_window(capsys):
     idle = links.tcp_after_idle(sizes, alpha, beta, 1448, 10)
     link.explain_tcp_after_idle(idle, alpha=alpha, beta=beta, first_window=14480)
     assert capsys.readouterr().out == (
-        "TCP after idle (a rough sketch, not measured): 131 kB. The window starts at 14.5 kB "
+        "TCP from the initial window (new connection, or idle for many RTOs; a rough sketch, "
+        "not measured): 128 KiB (131 kB). The window starts at 14.5 kB "
         "and doubles every round trip: 14.5, 29.0, 57.9 kB, 101 kB sent in 3 round trips; the "
         "rest goes in round trip 4\nso 3 round trips more than the emulator's one burst, 4 ms "
         "each: 15.0 ms instead of 3.0 ms\n")

@@ -244,9 +244,11 @@ def _stream(senders: list[int], receivers: list[int], count: int, nbytes: int,
 
 
 def tcp_after_idle(sizes, alpha: float, beta: float, mss: int, initial_window: int) -> dict:
-    """A sketch of what a Linux TCP connection adds after an idle period longer than its RTO
-    (net.ipv4.tcp_slow_start_after_idle=1): its window restarts at the initial window and
-    doubles every round trip (2 alpha), until it holds the bandwidth-delay product; beyond
+    """A sketch of what a Linux TCP connection adds when its window starts at the initial
+    window: a new connection, or one idle for many RTOs (net.ipv4.tcp_slow_start_after_idle=1
+    halves the window once per RTO of idle time, tcp_cwnd_restart, down to the initial
+    window; a shorter idle leaves more). The window doubles every round trip (2 alpha), until
+    it holds the bandwidth-delay product; beyond
     that the sender is rate-limited and the extra round trips stop growing. No loss, receiver
     window not limiting. Returns sizes, extra_rounds (round trips beyond the emulator's one
     burst) and seconds (alpha + n beta + extra_rounds x 2 alpha), next to the emulator's

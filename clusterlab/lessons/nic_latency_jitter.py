@@ -76,21 +76,22 @@ def plot_sweep(sweep: dict) -> None:
 
 
 def plot_tcp_after_idle(idle: dict, *, alpha: float, beta: float) -> None:
-    """The sketch of Linux TCP after idle (`links.tcp_after_idle`) in its own figure: the
-    emulator's α + nβ against the sketch (dash-dotted), with the size it slows most marked."""
+    """The sketch of Linux TCP starting from its initial window (`links.tcp_after_idle`: a
+    new connection, or one idle for many RTOs) in its own figure: the emulator's α + nβ
+    against the sketch (dash-dotted), with the size it slows most marked in KiB and kB."""
     n = idle["sizes"]
     w = int(np.argmax(idle["seconds"] / (alpha + n * beta)))
     fig, ax = plt.subplots(figsize=(6, 2.8))
     ax.plot(n, (alpha + n * beta) * 1e3, "-", color="#C44E52", label="α + nβ (the emulator)")
     ax.plot(n, idle["seconds"] * 1e3, "-.", color="#8172B2",
-            label="Linux TCP after idle (sketch, not measured)")
+            label="Linux TCP from the initial window (sketch, not measured)")
     ax.plot([n[w]] * 2, [(alpha + n[w] * beta) * 1e3, idle["seconds"][w] * 1e3], "o:",
-            color="k", ms=4, label=f"{n[w] / 1e3:.0f} kB: worked below")
+            color="k", ms=4, label=f"{n[w] / 1024:.0f} KiB ({n[w] / 1e3:.0f} kB): worked below")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("one-way time (ms)")
-    ax.set_title("What slow start after idle would add (a sketch)", fontsize=10)
+    ax.set_title("What slow start from the initial window would add (a sketch)", fontsize=10)
     ax.legend(fontsize=7)
     plt.tight_layout()
     plt.show()
@@ -105,7 +106,8 @@ def explain_tcp_after_idle(idle: dict, *, alpha: float, beta: float, first_windo
     w = int(np.argmax(idle["seconds"] / (alpha + n * beta)))
     windows = first_window * 2.0 ** np.arange(int(extra[w]) + 1) / 1e3
     k = int(extra[w])
-    print(f"TCP after idle (a rough sketch, not measured): {n[w] / 1e3:.0f} kB. The window starts "
+    print(f"TCP from the initial window (new connection, or idle for many RTOs; a rough sketch, "
+          f"not measured): {n[w] / 1024:.0f} KiB ({n[w] / 1e3:.0f} kB). The window starts "
           f"at {windows[0]:.1f} kB and doubles every round trip: "
           f"{', '.join(f'{x:.1f}' for x in windows[:-1])} kB, {windows[:-1].sum():.0f} kB sent "
           f"in {k} round trips; the rest goes in round trip {k + 1}")
@@ -123,10 +125,11 @@ def effective_mbit(sizes, best_ms):
 def explain_sweep(sweep: dict) -> None:
     """The α-β fit against the configured link (how far α lies off, in µs, and the worst
     residual), n* fitted and configured, the effective bandwidth at 1 KiB, 64 KiB and 8 MiB,
-    and how late the smallest message was against the configured α + nβ (this machine's
-    lateness read directly; the fitted α also absorbs fit error). Checks that the fit recovers
-    α, β and n* within 30% and that small messages are latency-bound, large ones
-    bandwidth-bound."""
+    how late the smallest message was against the configured α + nβ (this machine's excess
+    read directly), and why the fitted α differs: a least-squares intercept is a weighted mean
+    of every size's excess (weights summing to 1, negative for the largest sizes). Checks
+    that identity, that the fit recovers α, β and n* within 30% and that small messages are
+    latency-bound, large ones bandwidth-bound."""
     fit = sweep["fit"]
     sizes, share = sweep["sizes"], sweep["latency_share"]
     eff = effective_mbit(sizes, sweep["best_ms"])
@@ -139,10 +142,19 @@ def explain_sweep(sweep: dict) -> None:
           f"{sweep['configured_crossover_bytes'] / 1e3:.0f}); effective bandwidth {eff[0]:.1f} "
           f"Mbit/s at {sizes[0] // 1024} KiB, {eff[6]:.0f} at {sizes[6] // 1024} KiB, "
           f"{eff[-1]:.0f} at {sizes[-1] // 2**20} MiB")
-    late_us = (sweep["best_ms"][0] / 1e3 - sweep["configured_alpha"]
-               - sizes[0] * sweep["configured_beta"]) * 1e6
-    print(f"the {sizes[0] // 1024} KiB message: {late_us:+.0f} µs against the configured α + nβ, "
-          "what this machine added, read directly (the fitted α also absorbs fit error)")
+    x = np.asarray(sizes, dtype=float)
+    excess_us = (sweep["best_ms"] / 1e3 - sweep["configured_alpha"]
+                 - x * sweep["configured_beta"]) * 1e6
+    # the intercept of a least-squares line is sum(w * y) with these weights (sum 1, and
+    # sum(w * x) = 0), so the fitted α's excess is sum(w * excess) exactly
+    weights = 1 / len(x) - x.mean() * (x - x.mean()) / np.sum((x - x.mean()) ** 2)
+    print(f"the {sizes[0] // 1024} KiB message: {excess_us[0]:+.0f} µs against the configured "
+          "α + nβ: what this machine added, read directly")
+    print(f"the fitted α's {extra_us:+.0f} µs is a weighted mean of every size's excess "
+          f"(least-squares weights {weights[0]:.2f} at {sizes[0] // 1024} KiB down to "
+          f"{weights[-1]:+.2f} at {sizes[-1] // 2**20} MiB); the excesses ranged from "
+          f"{round(excess_us.min()) + 0:+d} to {round(excess_us.max()) + 0:+d} µs")
+    assert abs(np.sum(weights * excess_us) - extra_us) < 0.01, "the intercept is sum(w * excess)"
     assert abs(fit.alpha - sweep["configured_alpha"]) <= 0.3 * sweep["configured_alpha"]
     assert abs(fit.beta - sweep["configured_beta"]) <= 0.3 * sweep["configured_beta"]
     assert abs(sweep["crossover_bytes"] / sweep["configured_crossover_bytes"] - 1) <= 0.3
@@ -151,26 +163,32 @@ def explain_sweep(sweep: dict) -> None:
 
 # "On a real GPU cluster": the transport, NCCL's α, framing, congestion and flow control
 # (a `facts.show` template: [[id]] renders a ledger fact with its source). n* per µs of α on
-# one ConnectX-7 port, and a network ring step's n* for NCCL's LL and Simple constants.
+# one ConnectX-7 port, and a network ring step's n* for NCCL's Simple constant and, at most,
+# for LL's (its lower α comes with at most half the bandwidth: half of each LL line is flags,
+# and NCCL's tuner caps ring LL at half the bus bandwidth, tuning.cc in v2.30.7-1).
 assert facts.get("nvidia.connectx7_rate_bytes").unit == "GB/s"
+assert facts.get("nccl.proto_ll_efficiency").unit == "%"
 _KB_PER_US = facts.get("nvidia.connectx7_rate_bytes").value * 1e9 * 1e-6 / 1e3
-_RING_STEP_NSTAR_KB = [facts.get(f"nccl.tuner_net_ring_step_latency_{p}").value * _KB_PER_US
-                       for p in ("ll", "simple")]
+_SIMPLE_NSTAR_KB = facts.get("nccl.tuner_net_ring_step_latency_simple").value * _KB_PER_US
+_LL_NSTAR_KB = (facts.get("nccl.tuner_net_ring_step_latency_ll").value * _KB_PER_US
+                * facts.get("nccl.proto_ll_efficiency").value / 100)
 TRANSPORT_AND_CONGESTION = f'''
 **Transport and α**
 
 - **Line rate.** A DGX H100 has [[nvidia.dgx_h100_compute_nics]] for its compute fabric, at
   [[nvidia.connectx7_rate]] each, one per GPU: β per NIC is 1 / [[nvidia.connectx7_rate_bytes]],
-  so n* = α/β is about {_KB_PER_US:.0f} kB per µs of α. What crosses the wire is not simply n/p
-  per ring step: NCCL splits the data across channels (parallel rings) and pipelines it
-  through fixed-size buffers ([[nccl.buffsize_env]]).
+  so n* = α/β is about {_KB_PER_US:.0f} kB per µs of α. (A ring all-reduce, notebook 02,
+  sends 1/p of the buffer per step; NCCL cuts that further across channels and fixed-size
+  buffers, [[nccl.buffsize_env]].)
 - **NCCL's own α.** NCCL has three protocols (notebook 02c): LL (low latency) and LL128 send a
   flag with the data, so the receiver needs no separate synchronisation (a lower per-step
   latency, less bandwidth); Simple moves large chunks at full bandwidth. NCCL's tuner, the cost
   model that picks one, charges a ring step across the network
   [[nccl.tuner_net_ring_step_latency_ll]] (LL) to [[nccl.tuner_net_ring_step_latency_simple]]
   (Simple) on nodes with several GPUs, plus a fixed latency per call: a ring step's n* on one
-  such NIC is roughly {_RING_STEP_NSTAR_KB[0]:.0f} to {_RING_STEP_NSTAR_KB[1]:.0f} kB.
+  such NIC is about {_SIMPLE_NSTAR_KB:.0f} kB with Simple. LL's lower α comes with at most half
+  the bandwidth ([[nccl.proto_ll_efficiency]] of each LL line is data), so its n* is at most
+  about {_LL_NSTAR_KB:.0f} kB.
 - **α without the kernel.** RDMA skips the kernel's system calls and copies
   ([[rdma.kernel_bypass]]). The round trips measured above cannot show that software cost:
   they are almost all emulated delay.
@@ -180,18 +198,10 @@ TRANSPORT_AND_CONGESTION = f'''
   [[infiniband.max_mtu_bytes]]: its goodput is not the TCP figure above. InfiniBand has its
   own headers.
 
-**Congestion and flow control** (the emulator models none of them; notebook 01b)
-
-- **TCP.** Linux TCP's slow start (on a new connection, or after sending nothing for longer
-  than the RTO) and its window cut after a loss shape real transfers.
-- **RoCE.** NVIDIA ConnectX NICs implement [[paper.dcqcn_2015]] (Data Center Quantized
-  Congestion Notification): switches mark packets with ECN (Explicit
-  Congestion Notification) when a queue grows, the receiving NIC answers with congestion
-  notification packets, and the sending NIC cuts its rate. The fabric is commonly kept
-  lossless by [[ieee.pfc_8021qbb]] (a full switch pauses its upstream neighbour instead of
-  dropping); the alternative is [[nvidia.roce_lossy_mode]].
-- **InfiniBand** links use [[infiniband.credit_flow_control]] (a sender sends only into
-  buffer space the receiver has granted).
+**Congestion and flow control** (the emulator models none of them; notebook 01b): TCP's
+slow start and its window cut after a loss; on RoCE, ConnectX NICs' rate control
+[[paper.dcqcn_2015]], usually on a fabric kept lossless by [[ieee.pfc_8021qbb]]; on
+InfiniBand, [[infiniband.credit_flow_control]].
 '''
 
 
