@@ -84,6 +84,28 @@ def test_coefficients_of_the_closed_forms(algo, p, expected):
     assert ar.coefficients(algo, p) == pytest.approx(expected)
 
 
+def test_gamma_here_times_an_add_and_sets_a_gpu_beside_it(capsys):
+    from clusterlab import facts
+
+    beta_dc = ex.alpha_beta("delay 10us rate 100gbit")[1]
+    template = ar.gamma_here(BETA, beta_dc, nbytes=2**16, repeats=3)
+    out = capsys.readouterr().out
+    assert out.startswith("gamma on this CPU: one add of 64 KiB of float32 took ")
+    assert "x beta at 100 Gbit/s (0.080 ns per byte): " in out
+    assert any(k in out for k in ("the same order as beta", "well below beta", "above beta"))
+    text = facts.render(template)
+    assert "3.35 TB/s<sup>[1]</sup>" in text and "gamma = 3 / bandwidth = 0.0009 ns" in text
+    assert "1.1% of beta at 100 Gbit/s" in text
+
+
+def test_nccl_at_scale_keeps_ring_and_tree_only():
+    from clusterlab import facts
+
+    text = facts.render(ar.NCCL_AT_SCALE, sources=False)
+    assert "n/2 + n + n/2 = 2n" in text and "nearly the ring's bandwidth" in text
+    assert "PAT" not in text and "CollNet" not in text and "full bandwidth" not in text
+
+
 def test_cost_table_has_one_line_per_algorithm(capsys):
     ar.print_cost_table()
     lines = capsys.readouterr().out.splitlines()
@@ -283,8 +305,8 @@ def test_eight_ranks_verdicts_and_busy_evidence(verdicts, capsys):
     assert verdicts[0][2] == busy[SMALL]
     out = capsys.readouterr().out
     assert "4 KiB, ring / recursive doubling: closed forms 4.54 (14 rounds against 3)" in out
-    assert ("(extra per call over 30% here: this machine's cost moves the measured ratio; "
-            "compare the closed forms).") in out
+    assert "measured 3.77 (busy: extra per call over 30%)." in out
+    assert "(3 nβ against Rabenseifner's 1.75 nβ), measured 1.59." in out
     assert out.rstrip().endswith("measured 1.59.")
     ar.explain_eight_ranks(wide_rows(rd_small=0.080, rab_large=0.60))
     assert [v[0] for v in verdicts[2:]] == [False, False]
@@ -299,8 +321,7 @@ def test_print_numbers_quotes_best_and_closed_form(capsys):
                      p=4)
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == ("- 4 KiB: recursive doubling fastest (11.8 ms [11.2]), ring 33.3 ms "
-                        "[31.6] (best of 5); this machine's cost can reorder close results "
-                        "here: compare the closed forms")
+                        "[31.6] (best of 5); busy: compare the closed forms")
     assert lines[3].startswith("- 8 ranks, 4 MiB: Rabenseifner 334.0 ms [323.9]")
     assert not lines[3].endswith("compare the closed forms")
 

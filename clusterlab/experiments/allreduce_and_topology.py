@@ -752,7 +752,8 @@ def _wrapped(algorithm: str) -> str:
 
 
 def plot_regimes(rows: Sequence[dict], ax=None, title: str | None = None):
-    """Per message size, every algorithm's measured median relative to the fastest one."""
+    """Per message size, every algorithm's best time (its row's "measured") relative to the
+    fastest best time at that size."""
     import matplotlib.pyplot as plt
 
     sizes = sorted({r["nbytes"] for r in rows})
@@ -770,7 +771,7 @@ def plot_regimes(rows: Sequence[dict], ax=None, title: str | None = None):
     ax.axhline(1, color="k", lw=0.8)
     ax.set_xticks(np.arange(len(sizes)))
     ax.set_xticklabels([human_bytes(n) for n in sizes])
-    ax.set_ylabel("time / fastest at this size (ratio)")
+    ax.set_ylabel("best time / fastest best (ratio)")
     if title:
         ax.set_title(title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))

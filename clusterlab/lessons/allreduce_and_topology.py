@@ -31,27 +31,23 @@ COST_TABLE_ROWS = [("ring", "ring"), ("recursive doubling", "recursive_doubling"
 # the latencies, what NCCL runs, and parameter servers at scale.
 NCCL_AT_SCALE = """
 On 8-GPU nodes NCCL's tuner (the cost model with which NCCL picks an algorithm and a
-protocol per call) charges a network step ([[nccl.tuner_net_ring_step_latency_simple]] with
-Simple, its protocol for large messages; a bit above the 10 µs here) only to
-[[nccl.tuner_ring_inter_steps]]; each other step stays inside a node and costs at least an
-NVLink step ([[nccl.tuner_nvlink_ring_step_latency_simple]]). By those lower bounds (printed
-above) a ring over a thousand GPUs still spends most of a bucket's time on latency. The
-share grows with the nodes (DDP's default first bucket is smaller,
-[[pytorch.ddp_first_bucket]], so its share is larger).
+protocol per call; its step latencies are model constants, not measurements) charges a
+network step ([[nccl.tuner_net_ring_step_latency_simple]] with Simple, its protocol for large
+messages; a bit above the 10 µs here) only to [[nccl.tuner_ring_inter_steps]]; each other
+step stays inside a node and costs at least an NVLink step
+([[nccl.tuner_nvlink_ring_step_latency_simple]]). By those lower bounds (printed above) a ring
+over a thousand GPUs still spends most of a bucket's time on latency, and the share grows
+with the nodes (DDP's default first bucket is smaller, [[pytorch.ddp_first_bucket]], so its
+share is larger).
 
-**What NCCL runs.**
-- **Algorithms:** [[nccl.algorithms]]. Two matter here: Ring, and Tree, the
-  [[nccl.double_binary_tree]] (since NCCL [[nccl.tree_since]], after the
-  [[paper.sanders_two_tree]]), which keeps full bandwidth with a latency logarithmic in the
-  nodes. The others have switches add (CollNet, NVLS) or run only all-gather and
-  reduce-scatter (PAT, [[nccl.pat_bruck]]): [02c](02c_in_network_reduction_and_nccl.ipynb).
-  No recursive doubling, Rabenseifner or parameter server.
-- **The choice:** the tuner ([[nccl.tuner_model]]); its per-step network latency above
-  is NCCL's model alpha, a constant, not measured. With NCCL_DEBUG=INFO,
-  [[nccl.debug_subsys_tuning]] logs each call's choice (NCCL 2.20 and later, by name from
-  2.24; 02c). Protocols, channels and bus
-  bandwidth: [02b](02b_hierarchy_busbw_and_nccl.ipynb) and \
-[02c](02c_in_network_reduction_and_nccl.ipynb).
+**So NCCL adds a tree**, the [[nccl.double_binary_tree]] (since NCCL [[nccl.tree_since]],
+after the [[paper.sanders_two_tree]]): two pipelined binary trees over the nodes, each
+carrying half the data, with a latency logarithmic in the nodes. A node is interior in one
+tree and a leaf in the other, so it sends n/2 + n + n/2 = 2n (up the tree where it is
+interior, down to its two children there, up as a leaf in the other tree): about the ring's
+2((p-1)/p) n, so nearly the ring's bandwidth. No recursive doubling, Rabenseifner or
+parameter server. NCCL's other algorithms, how it picks one per call and how to log the
+choice: [02c](02c_in_network_reduction_and_nccl.ipynb).
 
 **Parameter servers at scale.** A [[paper.li_parameter_server]] scales where a single server
 does not; [[paper.byteps]] adds spare CPU machines as summation servers.
@@ -203,6 +199,36 @@ def print_cost_table() -> None:
               f"{a1k:>18.0f} {b1k:>8.2f} {g1k:>8.2f}")
 
 
+def gamma_here(beta: float, beta_dc: float, *, nbytes: int = LARGE, repeats: int = 20) -> str:
+    """Time one float32 add of `nbytes` into a buffer on this CPU (NumPy, one thread, as a
+    CPU reduction runs; best of `repeats`) and print gamma, the time per byte added, against
+    this emulator's `beta` and against `beta_dc` (100 Gbit/s). Returns the ledger template
+    (for `facts.show`) that sets an H100's add beside them: an add reads two bytes and writes
+    one per byte added, so at the datasheet memory bandwidth gamma = 3 / bandwidth."""
+    import time
+
+    x = np.ones(nbytes // 4, np.float32)
+    buf = x.copy()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.add(x, buf, out=x)
+        best = min(best, time.perf_counter() - t0)
+    gamma = best / nbytes
+    r = gamma / beta_dc
+    kind = ("the same order as" if 0.25 <= r <= 4 else "well below" if r < 0.25 else "above")
+    print(f"gamma on this CPU: one add of {ex.human_bytes(nbytes)} of float32 took "
+          f"{ms(best, digits=3)} (best of {repeats}), gamma = {gamma * 1e9:.3f} ns per byte: "
+          f"{gamma / beta:.2%} of this emulator's beta ({beta * 1e9:.2f} ns), so the closed "
+          "forms leave it out;\n"
+          f"{r:.2f}x beta at 100 Gbit/s ({beta_dc * 1e9:.3f} ns per byte): {kind} beta there.")
+    hbm = facts.get("nvidia.h100_memory_bandwidth")
+    g_gpu = 3 / (hbm.value * 1e12)
+    return (f"An H100 reads two bytes and writes one per byte it adds: if the add runs at its "
+            f"memory bandwidth, [[nvidia.h100_memory_bandwidth]], gamma = 3 / bandwidth = "
+            f"{g_gpu * 1e9:.4f} ns per byte, {g_gpu / beta_dc:.1%} of beta at 100 Gbit/s.")
+
+
 # --- each algorithm's run -------------------------------------------------------------------
 
 def check(rows: Sequence[dict]) -> None:
@@ -224,7 +250,7 @@ def check(rows: Sequence[dict]) -> None:
           + " ms.")
     if far:
         print(f"At {', '.join(far)} that extra is over {BUSY_FACTOR - 1:.0%} of a closed form: "
-              "compare the closed forms there (measured ratios are printed beside them).")
+              "busy there.")
 
 
 def _by_size(rows: Sequence[dict], key: str) -> dict[int, float]:
@@ -384,8 +410,7 @@ def rank_algorithms(flat: Sequence[dict]) -> tuple[dict[int, list[str]], list[st
                                      for r in ex.select(flat, nbytes=n))]
     if busy_at:
         print(f"At {', '.join(busy_at)} the extra per call (check lines above) is over "
-              f"{BUSY_FACTOR - 1:.0%} of some closed forms: there this machine's cost can "
-              "reorder close results; compare the closed forms.")
+              f"{BUSY_FACTOR - 1:.0%} of some closed forms: busy there.")
     for n in ex.SIZES:
         ranked = sorted(ex.select(flat, nbytes=n), key=lambda r: r["measured"])
         lead[n] = [r["algorithm"] for r in ex.leaders(ranked)]
@@ -399,7 +424,7 @@ def plot_regimes(flat: Sequence[dict], *, p: int, alpha: float, beta: float):
     """`ex.plot_regimes` of all five, with the parameter server's legend entry saying that the
     emulator shapes egress only and how much longer the textbook cost is at 4 MiB. Returns
     the axes."""
-    ax = ex.plot_regimes(flat, title=f"{p} ranks: time relative to the fastest algorithm")
+    ax = ex.plot_regimes(flat, title=f"{p} ranks: best time relative to the fastest algorithm")
     ps_textbook = (models.parameter_server(p - 1, LARGE, alpha, beta)
                    / ex.one(flat, algorithm="parameter_server", nbytes=LARGE)["model"])
     handles, labels = ax.get_legend_handles_labels()
@@ -454,14 +479,17 @@ def explain_eight_ranks(wide: Sequence[dict]) -> dict[int, str | None]:
              "on 8 ranks recursive doubling beat the ring at 4 KiB", busy=busy[SMALL])
     conclude(rab8["measured"] < rd8["measured"],
              "on 8 ranks Rabenseifner beat recursive doubling at 4 MiB", busy=busy[LARGE])
-    for n, (slow, fast), why in ((SMALL, (ring4, rd4), "14 rounds against 3"),
-                                 (LARGE, (rd8, rab8), "3 rounds of the full 4 MiB")):
+    p = ring4["p"]
+    coef = {a: coefficients(a, p) for a in ("ring", "recursive_doubling", "rabenseifner")}
+    why = {SMALL: f"{coef['ring'][0]:.0f} rounds against {coef['recursive_doubling'][0]:.0f}",
+           LARGE: f"{coef['recursive_doubling'][1]:g} nβ against Rabenseifner's "
+                  f"{coef['rabenseifner'][1]:g} nβ"}
+    for n, (slow, fast) in ((SMALL, (ring4, rd4)), (LARGE, (rd8, rab8))):
         print(f"{ex.human_bytes(n)}, {ex.LABELS[slow['algorithm']]} / "
               f"{ex.LABELS[fast['algorithm']]}: closed forms "
-              f"{slow['model'] / fast['model']:.2f} ({why}), "
+              f"{slow['model'] / fast['model']:.2f} ({why[n]}), "
               f"measured {slow['measured'] / fast['measured']:.2f}"
-              + (f" (extra per call over {BUSY_FACTOR - 1:.0%} here: this machine's cost "
-                 "moves the measured ratio; compare the closed forms)" if busy[n] else "")
+              + (f" (busy: extra per call over {BUSY_FACTOR - 1:.0%})" if busy[n] else "")
               + ".")
     return busy
 
@@ -491,11 +519,9 @@ def print_numbers(flat: Sequence[dict], wide: Sequence[dict], *, lead: dict[int,
               f"{'fastest' if len(lead[size]) == 1 else 'tied'} ({times}), "
               f"{ex.LABELS[other]}{egress} "
               f"{tm(them)} (best of {len(them['times'])})"
-              + ("; this machine's cost can reorder close results here: compare the closed forms"
-                 if ex.human_bytes(size) in busy_at else ""))
+              + ("; busy: compare the closed forms" if ex.human_bytes(size) in busy_at else ""))
     print(f"- 8 ranks, 4 MiB: Rabenseifner {tm(rab8)}, recursive doubling {tm(rd8)}, "
-          f"ring {tm(ring8)}" + ("; this machine's cost can reorder close results here: "
-                                 "compare the closed forms" if busy[LARGE] else ""))
+          f"ring {tm(ring8)}" + ("; busy: compare the closed forms" if busy[LARGE] else ""))
 
 
 # --- appendix: two emulator paths -----------------------------------------------------------
