@@ -1,5 +1,5 @@
 """Notebook 01b's lesson (clusterlab/lessons/tails_jitter_loss_contention.py): the lines the
-review of r13 added. Its other sentences are tested in tests/test_lessons_start.py."""
+reviews of r13 and r14 added. Its other sentences are tested in tests/test_lessons_start.py."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def test_slowest_of_p_carries_the_draws_p99_and_the_configured_one():
         float(np.percentile(runs["pareto"]["emulated_ms"], 99)))
 
 
-def test_slowest_of_64_prints_the_gap_to_the_model_beside_the_draws_p99(capsys):
+def test_the_gap_to_the_model_is_printed_in_the_appendix_not_beside_the_figure(capsys):
     step64 = {name: {"measured": m, "network": net, "model": model, "median": 4.0, "n": 200,
                      "network_p99": p99, "model_p99": cfg}
               for name, m, net, model, p99, cfg in (
@@ -30,9 +30,21 @@ def test_slowest_of_64_prints_the_gap_to_the_model_beside_the_draws_p99(capsys):
                   ("pareto", 7.74, 7.63, 7.38, 8.0, 8.0))}
     parts = {name: {"beyond_network": 0} for name in tails.DISTRIBUTIONS}
     tails.explain_slowest_of_64(step64, parts, busy=None)
-    assert ("network alone against the model, farthest for normal: slowest of 64 6.67 vs 6.33 "
-            "ms; these 200 draws' own p99 is 6.64 vs netem's configured 6.33 ms\n") in \
-        capsys.readouterr().out
+    assert "netem's law" not in capsys.readouterr().out
+    tails.explain_model_gap(step64)
+    assert capsys.readouterr().out == (
+        "the network's draws against netem's law (hollow markers against the line), farthest "
+        "for normal: slowest of 64 6.67 vs 6.33 ms; these 200 draws' own p99 is 6.64 vs "
+        "netem's configured 6.33 ms\n")
+
+
+def test_a_verdict_not_shown_is_printed_where_it_was_reached(capsys, monkeypatch):
+    monkeypatch.setattr("clusterlab.experiments.common.load_per_core", lambda: 99.0)
+    details = []
+    assert tails._verdict(True, "it held", details) is True
+    assert tails._verdict(False, "it failed", details) is False
+    assert details == ["Shown on this run: it held."]
+    assert capsys.readouterr().out.startswith("Not shown on this run: it failed (load average")
 
 
 @pytest.mark.parametrize("capped, says", [
