@@ -43,7 +43,7 @@ def explain_floor(plain, netem, *, predicted: float) -> None:
     """Print the wait per step on plain Gloo (this host's floor) and on the emulated network
     against `predicted` (one ring all-reduce), check that every replica ended identical to
     plain Gloo's (same hash on every rank, the same parameter sum as plain Gloo's), print the
-    details line (wait against max(floor, network), issue lag) and
+    details line (wait against the bound max(floor, network), issue lag) and
     conclude that the network made the wait and the step longer."""
     p = netem.world_size
     a, b = plain.summary(), netem.summary()
@@ -58,7 +58,8 @@ def explain_floor(plain, netem, *, predicted: float) -> None:
     expected, lag = max(a["wait_s"], predicted), netem.issue_lag()
     print(f"\nDetails: step {ms(a['step_s'])} on plain Gloo, {ms(b['step_s'])} on the 5 ms "
           f"network; backward {ms(a['backward_s'])} and {ms(b['backward_s'])}; "
-          f"wait / max(floor, network) = {b['wait_s'] / expected:.2f}; ranks issued the bucket "
+          f"wait {ms(b['wait_s'])} against max(floor, network) = max({ms(a['wait_s'])}, "
+          f"{ms(predicted)}) = {ms(expected)} expected; ranks issued the bucket "
           f"on average {ms(lag)} before the last rank did.")
     assert b["wait_s"] > 0.9 * predicted   # one bucket: nothing overlapped
     conclude(b["wait_s"] > a["wait_s"] and b["step_s"] > a["step_s"],
@@ -93,13 +94,15 @@ def nominal_overlap(p: int, bucket_sizes, nic: str, *, backward_s: float) -> dic
             "hidden": busy - exposed, "interval": backward_s / k}
 
 
-def explain_overlap(small, small_runs: list, checks: dict) -> None:
-    """Print how many buckets were reduced before backward ended (the notebook's cell prints
-    the hidden share, 1 - wait / stream busy, itself), how long backward took against its
-    nominal time (this host's stretch, named here where it is first measured), the most an
-    ideal host could hide (`nominal_overlap`), the share hidden over `small_runs` and their
-    single steps, then check the timeline itself:
-    phases add up, no all-reduce beats 2(p-1) latencies, buckets complete in issue order."""
+def explain_overlap(small, small_runs: list, checks: dict, *, baseline=None) -> None:
+    """Print how many buckets were reduced before backward ended, the most an ideal host could
+    hide (`nominal_overlap`, a backward of nominal length), the share `small` hid (1 - wait /
+    stream busy), and why it differs: how long backward took against its nominal time, split,
+    when `baseline` (a one-bucket run of the same model: no bucket in flight during its
+    backward) is given, into the part with no bucket in flight and the part buckets in flight
+    added. Then the share over `small_runs` and their single steps, and checks of the timeline
+    itself: phases add up, no all-reduce beats 2(p-1) latencies, buckets complete in issue
+    order."""
     counts = buckets_done_before_backward(small)
     s = small.summary()
     per_run = [r.summary()["hidden_fraction"] for r in small_runs]
@@ -109,20 +112,33 @@ def explain_overlap(small, small_runs: list, checks: dict) -> None:
                "backward": cfg["depth"] * cfg["backward_s"]}
     ideal = nominal_overlap(small.world_size, small.bucket_sizes, cfg["nic"],
                             backward_s=nominal["backward"])
+    ideal_share, share = ideal["hidden"] / ideal["busy"], 1 - s["wait_s"] / s["comm_busy_s"]
     ranks, steps = small.phases()["step"].shape
     print(f"{len(small.bucket_sizes)} buckets per step; a median of {np.median(counts):g} were "
           f"reduced before backward ended (over {ranks} ranks x {steps} steps).")
+    print(f"Ideal host (the nominal {ms(nominal['backward'])} backward, the alpha-beta model): "
+          f"at most {ms(ideal['hidden'])} of {ms(ideal['busy'])} could hide "
+          f"({ideal_share:.0%}).")
+    print(f"This run: hidden share = 1 - wait / stream busy = 1 - {ms(s['wait_s'])} / "
+          f"{ms(s['comm_busy_s'])} = {share:.0%}.")
     if s["backward_s"] > 1.1 * nominal["backward"]:
-        print(f"Backward took {ms(s['backward_s'])}, nominal {ms(nominal['backward'])}: this host "
-              f"stretched it (while buckets are in flight, the hook, Gloo's threads and the "
-              f"emulator compete with the layers for this host's cores and Python's GIL, which "
-              f"runs one Python thread at a time), and overlap hid part of that stretch.")
+        why = (f"Backward took {ms(s['backward_s'])}, not {ms(nominal['backward'])}")
+        if baseline is not None:
+            base = baseline.summary()["backward_s"]
+            why += (f": {ms(base)} with no bucket in flight (the one-bucket run of the first "
+                    f"section: the sleeps run long, the real layers and autograd add time)")
+            if s["backward_s"] > base + 1e-3:
+                why += (f", {ms(s['backward_s'] - base)} more here while buckets were in flight "
+                        f"(the hook, Gloo's threads and the emulator compete with the layers "
+                        f"for this host's cores and Python's GIL, which runs one Python thread "
+                        f"at a time)")
+        slow = nominal_overlap(small.world_size, small.bucket_sizes, cfg["nic"],
+                               backward_s=s["backward_s"])
+        print(why + f". A longer backward leaves more time to hide under: the same model with "
+              f"this {ms(s['backward_s'])} backward hides {slow['hidden'] / slow['busy']:.0%}.")
     else:
         print(f"Backward took {ms(s['backward_s'])}, close to its nominal "
               f"{ms(nominal['backward'])}.")
-    print(f"With the nominal {ms(nominal['backward'])} backward (the alpha-beta model, no host "
-          f"costs), at most {ms(ideal['hidden'])} of {ms(ideal['busy'])} could hide "
-          f"({ideal['hidden'] / ideal['busy']:.0%}).")
     print(f"\nDetails: {len(small_runs)} runs hid {', '.join(f'{h:.0%}' for h in per_run)}; their "
           f"{len(per_step)} single steps {per_step.min():.0%}-{per_step.max():.0%}. Forward "
           f"{ms(s['forward_s'])} (nominal {ms(nominal['forward'])}).")
@@ -274,66 +290,52 @@ def explain_buckets(grid: dict, networks: dict, *,
                     backward_s: float = ddp.DEFAULTS["depth"] * ddp.DEFAULTS["backward_s"]
                     ) -> None:
     """Conclude, on the latency-bound network, that big buckets beat small ones and, on the
-    bandwidth-bound one, that small buckets with overlap exposed the least; print how far the
-    step ranges support each, the host's stretch of backward, what an ideal host would expose
-    with a backward of nominal `backward_s` (`nominal_overlap`), and the table of every variant
-    (step, range, exposed, hidden, backward, stream busy beyond the alpha-beta model)."""
+    bandwidth-bound one, that small buckets with overlap exposed the least (each verdict with its
+    numbers); print how far the step ranges support the second, the host's stretch of backward
+    with what the run hid against an ideal host with a backward of nominal `backward_s`
+    (`nominal_overlap`), and the table of every variant (step, range, exposed, hidden,
+    backward)."""
     lat, bw = grid["latency-bound"], grid["bandwidth-bound"]
     n_steps = step_range(lat[(25.0, "overlap")])[2]
     details = [f"{'network':<16}{'variant':<19}{'step':>9}{'step range':>18}{'exposed':>10}"
-               f"{'hidden':>10}{'backward':>10}{'busy-model':>12}"]
-    extra = {}  # stream busy beyond the alpha-beta model, per bucket: this host's cost
+               f"{'hidden':>10}{'backward':>10}"]
     for label, g in grid.items():
         for (cap, mode), r in g.items():
             lo, hi, _ = step_range(r)
-            over = r["comm_busy_s"] - ddp.predicted_comm(4, r["run"].bucket_sizes,
-                                                         networks[label])
-            extra[label, cap, mode] = over / r["buckets"]
             details.append(f"{label:<16}{f'{cap:g} MiB {mode}':<19}{ms(r['step_s']):>9}"
                            f"{ms(lo) + '-' + ms(hi):>18}{ms(r['wait_s']):>10}"
                            f"{ms(max(0.0, r['comm_busy_s'] - r['wait_s'])):>10}"
-                           f"{ms(r['backward_s']):>10}{ms(over):>12}")
+                           f"{ms(r['backward_s']):>10}")
     # Latency-bound, the question asked: big buckets against small (each big-bucket variant's
     # median step against the fastest step of either small one).
     v = bucket_verdicts(grid)
     big_median, small_fastest, small_bw, big_wait = (v["big_median"], v["small_fastest"],
                                                      v["small_bw"], v["big_wait"])
-    won = conclude(big_median < small_fastest, "on the latency-bound network the median step "
-                   "with one 25 MiB bucket beat even the fastest step with 0.25 MiB buckets")
-    exposed_least = conclude(small_bw["wait_s"] < big_wait, "on the bandwidth-bound network "
-                             "small buckets with overlap exposed the least")
+    won = conclude(big_median < small_fastest, f"latency-bound, big buckets win: the median "
+                   f"25 MiB step (at most {ms(big_median)}) beat even the fastest 0.25 MiB step "
+                   f"({ms(small_fastest)})")
+    exposed_least = conclude(small_bw["wait_s"] < big_wait, f"bandwidth-bound, 0.25 MiB with "
+                             f"overlap exposed the least ({ms(small_bw['wait_s'])} against "
+                             f"{ms(big_wait)} for one big bucket)")
     # Said only as far as the step ranges order them.
     clear, beaten = v["clear"], v["beaten"]
-    if won:
-        print(f"Latency-bound: big buckets win. The median 25 MiB step (at most {ms(big_median)}) "
-              f"beat even the fastest 0.25 MiB step ({ms(small_fastest)}).")
     if exposed_least:
-        print(f"Bandwidth-bound: 0.25 MiB with overlap exposed the least "
-              f"({ms(small_bw['wait_s'])} against {ms(big_wait)} for one big bucket)" + (
-                  "; its step was also the shortest, its range clear of every other." if clear
-                  else "; but another variant's step was shorter in every step measured."
-                  if beaten else "; but the step ranges overlap, so these steps cannot say "
-                  "whether the step gained."))
+        print("Its step was also the shortest, its range clear of every other." if clear
+              else "But another variant's step was shorter in every step measured." if beaten
+              else "But the step ranges overlap, so these steps cannot say whether the step "
+                   "gained.")
     bwd = bw[(0.25, "deferred")]["backward_s"]
+    ideal = nominal_overlap(4, small_bw["run"].bucket_sizes, networks["bandwidth-bound"],
+                            backward_s=backward_s)
+    hidden = max(0.0, small_bw["comm_busy_s"] - small_bw["wait_s"])
     print(f"Host cost: on the bandwidth-bound network backward took {ms(small_bw['backward_s'])} "
           f"with overlap against {ms(bwd)} deferred" + (
-              ": buckets in flight stretch this host's backward (as in the per-rank timeline), "
-              "so judge by the step." if small_bw["backward_s"] > 1.1 * bwd else "."))
-    nic = networks["bandwidth-bound"]
-    ideal = nominal_overlap(4, small_bw["run"].bucket_sizes, nic, backward_s=backward_s)
-    big = nominal_overlap(4, bw[(25.0, "overlap")]["run"].bucket_sizes, nic,
-                          backward_s=backward_s)
-    hidden = max(0.0, small_bw["comm_busy_s"] - small_bw["wait_s"])
-    print(f"Without this host (a {ms(backward_s)} backward, the alpha-beta model): a 0.25 MiB "
-          f"bucket takes {ms(float(np.median(ideal['per_bucket'])))} on the stream and one "
-          f"arrives every {ms(ideal['interval'])}, so {ms(ideal['hidden'])} of "
-          f"{ms(ideal['busy'])} would hide and {ms(ideal['exposed'])} would be exposed, against "
-          f"{ms(big['exposed'])} for one big bucket" + (
-              f"; this run hid more, {ms(hidden)}, because this host stretched backward."
-              if hidden > 1.1 * ideal["hidden"] else f"; this run hid {ms(hidden)}."))
+              ": buckets in flight stretch this host's backward (as in the per-rank timeline)"
+              if small_bw["backward_s"] > 1.1 * bwd else "")
+          + f"; the run hid {ms(hidden)}, an ideal host ({ms(backward_s)} backward) "
+          f"{ms(ideal['hidden'])}. Judge by the step.")
     print(f"\nDetails: medians and ranges of {n_steps} steps per variant; exposed = the "
-          f"accelerator's wait, hidden = the rest of the stream's busy time, busy-model = stream "
-          f"busy minus the alpha-beta model.")
+          f"accelerator's wait, hidden = the rest of the stream's busy time.")
     print("\n".join(details))
     if not won:   # the weaker claim, said only where the stronger one was not shown
         conclude(lat[(25.0, "overlap")]["step_s"] < lat[(0.25, "overlap")]["step_s"],
@@ -401,7 +403,7 @@ def explain_idle(idle: list, *, delay_s: float, compute_s: float) -> None:
           f"{ms(last['step_s'])}; medians of {n_steps} steps).")
     print(f"Network alone at {last['ranks']} ranks: 2(p-1) x {DELAY * 1e3:g} ms = "
           f"{ms(closed[last['ranks']])}. Plain Gloo (this host's floor): "
-          f"{ms(last['native_wait_s'])}, {host_share:.0%} of it"
+          f"{ms(last['native_wait_s'])}, {host_share:.0%} of the network's"
           + (": the network set the wait." if network_set else
              ": too close to say the network alone set the wait."))
     print(f"\nDetails: compute per step {ms(computed[first['ranks']])} at {first['ranks']} ranks, "
@@ -450,21 +452,20 @@ def real_cluster_notes() -> str:
   stream.
 - **DDP defaults.** Buckets are capped at [[pytorch.ddp_bucket_cap_mb]], the first at
   [[pytorch.ddp_first_bucket]] (passing `bucket_cap_mb`, as here, gives it the same cap).
-  DDP's docs describe buckets in roughly the [[pytorch.ddp_reverse_parameter_order]]. Only
-  with find_unused_parameters=False, the default, or static_graph=True does the first
-  iteration run with one bucket, and are the buckets then [[pytorch.ddp_rebuild_once]], in
-  the order backward produced the gradients; with find_unused_parameters=True they keep the
-  reverse registration order.
+  DDP's docs describe buckets in roughly the [[pytorch.ddp_reverse_parameter_order]]; with
+  the default find_unused_parameters=False, the first iteration runs with one bucket and
+  the buckets are then [[pytorch.ddp_rebuild_once]], in the order backward produced the
+  gradients.
   [[pytorch.ddp_set_last_bucket_cap]] moves the small cap to the last bucket, the one that is
   always exposed. Real models are not uniform: a large input embedding is produced last in
   backward, so the exposed last bucket can be the biggest one.
-  [[pytorch.ddp_gradient_as_bucket_view]] and [[pytorch.ddp_static_graph]] by default.
   The optimizer waits for the last bucket unless it runs per parameter inside backward, as
   DDP's private [[pytorch.ddp_register_fused_optim]] API does.
 - **Fewer bytes.** [[pytorch.ddp_compress_hooks]] halve the bytes, hence the bandwidth term,
   not the latency term of a small bucket; DDP accepts the bf16 hook only with
   [[pytorch.ddp_bf16_hook_check]].
-- **Overlap is not free.** NCCL runs its collectives as CUDA blocks (CTAs) on the GPU's SMs,
+- **Overlap is not free.** NCCL runs its collectives as CUDA blocks (CTAs) on the GPU's SMs
+  (streaming multiprocessors, its cores),
   one per channel (a block and its slice of the data), up to [[nccl.max_ctas]].
   NCCL_MAX_CTAS (or `ncclConfig_t.maxCTAs`) caps a communicator's channels, DDP's all-reduce
   included. Fewer leave more SMs to the backward kernels (which also share memory bandwidth
@@ -483,8 +484,8 @@ NIC per GPU (a line rate; NCCL moves somewhat less, which lowers n\\* a little),
 n\\* = α/β = α × bandwidth is about {n_star_real / 1e3:.0f} kB from the step constant alone (every call, so
 every bucket, also pays the base latency, which favours fewer buckets), larger than
 the {n_star_here[0] / 1e3:g} to {n_star_here[1] / 1e3:g} kB of the bandwidth-bound networks above
-(200 µs at 500 Mbit/s, 0.5 ms at 1 Gbit/s). A ring's crossover p·n\\* grows with p: at 64 nodes, one GPU each, it is about
-{64 * n_star_real / 1e6:.0f} MB, more than a 25 MiB bucket. So on a fast fabric a bucket turns
+(200 µs at 500 Mbit/s, 0.5 ms at 1 Gbit/s). A ring's crossover p·n\\* grows with p: at 64 nodes, one GPU each, it is at least
+{64 * n_star_real / 1e6:.0f} MB (the step constant alone), more than a 25 MiB bucket. So on a fast fabric a bucket turns
 latency-bound as the cluster grows. Only [[nccl.tuner_ring_inter_steps]] cross the
 network in the tuner's model (count nodes, not GPUs), and at many nodes its model favours the
 tree for small and medium messages ([[nccl.tuner_tree_log_latency]]). See also [[paper.li_pytorch_ddp_2020]].
