@@ -503,7 +503,8 @@ def test_explain_switch_by_the_best_only_when_the_medians_are_close(verdicts, ca
     out = capsys.readouterr().out
     assert "By 1.46x (best) and 1.45x (median); closed forms 1.49x" in out
     assert "was faster than the ring's best, 285.0 ms: the runs do not overlap." in out
-    assert "= 1.5 x 4 MiB / 195.0 ms = 32.3 MB/s" in out  # busbw worked out from the best
+    # busbw worked out from the best, in the link rate's units
+    assert "= 1.5 x 4.19 MB (4 MiB) / 0.1950 s = 32.3 MB/s" in out
     assert "above the link, because the factor assumes 1.5 n per NIC" in out
 
 

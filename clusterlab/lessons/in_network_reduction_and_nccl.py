@@ -34,9 +34,10 @@ def explain_switch(switch: Sequence[dict], ring4: Sequence[dict], *, link: float
     tell; otherwise conclude that the switch beat the ring by both, and print by how much and
     whether even the switch's slowest run (the figure's black line) beat the ring's best.
     Then print the switch's busbw by the factor 2(p-1)/p, worked out from the best time (the
-    table's statistic), as a share of the link, and by the median (above the link: the factor
-    assumes 1.5 n per NIC). Asserts that no switch run beat its closed form and that the
-    ring's replay (the figure's green bar) is its closed form."""
+    table's statistic) in MB (10^6 bytes, the link rate's unit) and seconds, as a share of the
+    link, and by the median (above the link: the factor assumes 1.5 n per NIC). Asserts that
+    no switch run beat its closed form and that the ring's replay (the figure's green bar) is
+    its closed form."""
     rs, ss = ex.one(ring4, nbytes=LARGE), ex.one(switch, nbytes=LARGE)
     k, kr = len(ss["times"]), len(rs["times"])
     size = ex.human_bytes(ss["nbytes"])
@@ -63,8 +64,9 @@ def explain_switch(switch: Sequence[dict], ring4: Sequence[dict], *, link: float
                   if slowest < rs["best"] else
                   f"not faster than the ring's best, {ms(rs['best'])}: the runs overlap."))
     bus = {s: 1.5 * ss["nbytes"] / ss[s] / link for s in ("best", "median")}
-    print(f"The switch's busbw, 2(p-1)/p x n / best = 1.5 x {size} / {ms(ss['best'])} = "
-          f"{bus['best'] * link / 1e6:.1f} MB/s: {bus['best']:.0%} of the link's "
+    print(f"The switch's busbw, 2(p-1)/p x n / best = 1.5 x {ss['nbytes'] / 1e6:.2f} MB "
+          f"({size}) / {ss['best']:.4f} s = {bus['best'] * link / 1e6:.1f} MB/s: "
+          f"{bus['best']:.0%} of the link's "
           f"{link / 1e6:.2f} MB/s (by the median {bus['median']:.0%}; closed form "
           f"{model_bus:.0%})" + (": above the link, because the factor assumes 1.5 n per NIC "
                                  "and the switch needs only n." if model_bus > 1 and
