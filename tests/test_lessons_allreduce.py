@@ -361,7 +361,7 @@ def test_hierarchy_order_only_past_the_staggered_start():
 def hier_rows(hl_large=0.190, small_hier=0.020):
     rl_replay = 1.5 * LARGE * BETA + ALPHA
     return [row("hierarchical", LARGE, hl_large, 0.180, replay=0.180, config="2x2"),
-            row("hierarchical_rail", LARGE, 0.188, 0.178, replay=0.178, config="2x2"),
+            row("hierarchical_rail", LARGE, 0.188, 0.178, replay=0.178 - ALPHA, config="2x2"),
             row("ring", LARGE, 0.260, 0.282, replay=rl_replay, config="2x2"),
             row("recursive_doubling", LARGE, 0.340, 0.346, replay=0.335, config="2x2"),
             row("hierarchical", SMALL, small_hier, 0.012, replay=0.011, config="2x2"),
@@ -375,10 +375,26 @@ def test_explain_hierarchy_verdict_and_the_4_kib_order(verdicts, capsys):
     assert verdicts[-1][0] is True
     out = capsys.readouterr().out
     assert "Leader-based / rails: 1.01 by the best runs" in out
-    assert "Both hierarchies beat the flat ring here too" in out
+    assert "Both hierarchies beat the flat ring by more than the staggered start (1.0 ms)" in out
     hb.explain_hierarchy(hier_rows(hl_large=0.300, small_hier=0.030), alpha=ALPHA, beta=BETA)
     assert verdicts[-1][0] is False  # the leader-based scheme was slower than the flat ring
-    assert "This run does not show the replays' order here" in capsys.readouterr().out
+    assert "The flat ring beat rails by more than the staggered start" in capsys.readouterr().out
+
+
+def test_4_kib_order_uses_the_staggered_start_per_scheme():
+    small = [row("hierarchical", SMALL, 0.014, 0.0104, median=0.0174, replay=0.0103, spread=0.0019),
+             row("hierarchical_rail", SMALL, 0.0168, 0.0104, median=0.0196, replay=0.0103,
+                 spread=0.0051),
+             row("ring", SMALL, 0.019, 0.030, median=0.0204, replay=0.0154, spread=0.0018)]
+    lines = hb.small_order(small).splitlines()
+    assert lines[0] == ("The leader-based scheme beat the flat ring by more than the staggered "
+                        "start (1.9 ms),")
+    assert lines[2] == ("Rails against the flat ring: the best runs differ by less than the "
+                        "staggered start (5.1 ms),")
+    assert lines[-1] == ("Replays: leader-based 10.3 ms, rails 10.3 ms, flat ring 15.4 ms "
+                         "(every run: appendix).")
+    assert hb.stagger_order(small[0], small[2])[0] == -1
+    assert hb.stagger_order(small[1], small[2]) == (0, 0.0051, "best runs")
 
 
 def test_explain_replay_splits_each_gap_by_the_entry_spread(capsys):
@@ -386,7 +402,8 @@ def test_explain_replay_splits_each_gap_by_the_entry_spread(capsys):
     out = capsys.readouterr().out
     assert out.startswith("Flat ring on 2 x 2, measured/model 0.92x at 4 MiB")
     assert "\n4 KiB  9.0 (1.0)      9.0 (1.0)      6.0 (1.0)      5.0 (1.0)\n" in out
-    assert "minus the spread, 2.1 ms to 9.0 ms here, is this machine's cost." in out
+    assert "minus the spread, 2.1 ms to 14.0 ms here, is this machine's cost." in out
+    assert "- Rails at 4 MiB: replay 173.0 ms, closed form 178.0 ms minus one alpha" in out
     assert out.rstrip().endswith("Its best run, 15.0 ms, beat both of theirs.")
 
 
@@ -415,6 +432,7 @@ def test_explain_layouts_four_verdicts(verdicts, capsys):
     assert [v[0] for v in verdicts] == [True, True, True, True]
     out = capsys.readouterr().out
     assert "2 x 2: recursive doubling took 1.81x the faster hierarchical scheme" in out
+    assert out.count("✓") == 4 and "Shown on this run: ✓ ring 1 x 4 < 4 x 1" in out
     assert "4.0x its closed form" in out and "only the direction shows" in out
     four, one_node, slow = layout_rows(one_node_ring=0.014)  # under 1.5x: the ratio shows
     hb.explain_layouts(four=four, one_node=one_node, hier=hier_rows(), slow_intra=slow, beta=BETA)
@@ -452,7 +470,7 @@ def test_shared_nic_busbw_above_the_link(verdicts, capsys):
     hr = row("hierarchical_rail", LARGE, 0.188, 0.178, config="2x2")
     hb.explain_shared_nic_busbw(hl, hr, link=link)
     assert verdicts[-1][0] is True
-    assert "above it, because each NIC carried n" in capsys.readouterr().out
+    assert "busbw counts bytes, not which link carried them" in capsys.readouterr().out
     slow = row("hierarchical", LARGE, 0.400, 0.180, config="2x2")
     hb.explain_shared_nic_busbw(slow, hr, link=link)
     assert verdicts[-1][0] is False and verdicts[-1][2] is not None
@@ -466,12 +484,23 @@ def test_print_bandwidths_shares_of_the_link(capsys):
     assert capsys.readouterr().out.splitlines()[-1].rstrip().endswith("100%")
 
 
+@pytest.mark.parametrize("nodes, per_node", [(2, 8), (4, 8), (2, 2)])
+def test_striped_rails_win_only_past_p_times_the_nic(nodes, per_node):
+    p = nodes * per_node
+    hier, flat = hb.striped_times(nodes, per_node, 1.01 * p)
+    assert hier < flat
+    hier, flat = hb.striped_times(nodes, per_node, 0.99 * p)
+    assert hier > flat
+    assert hb.striped_times(2, 8, 9) == pytest.approx((1.75 / 9 + 1 / 8, 1.875 / 8))
+
+
 def test_gpu_cluster_template_names_this_runs_ratio():
     from clusterlab import facts
 
     text = hb.gpu_cluster_template(intra_over_nic=50)
     assert "here the\n  intra-node link was 50x the NIC" in text
     assert "the network there, set [[nccl.busbw_ring_for_network]]" in text
+    assert "(p = 16) a hierarchy whose phases run one after another takes 1.36x" in text
     facts.render(text, one_per_source=True)  # every fact it names is in the ledger
 
 

@@ -10,6 +10,8 @@ conclusion to `conclude`, which says whether this run showed it.
 
 from __future__ import annotations
 
+import contextlib
+import io
 from collections.abc import Sequence
 
 from clusterlab import facts
@@ -78,34 +80,79 @@ def plot_hops(hops: dict = HOPS):
     return fig
 
 
+def stagger_order(x: dict, y: dict) -> tuple[int, float, str]:
+    """Whether this run orders two rows: 1 when `y` was faster, -1 when `x` was, 0 when it
+    cannot tell; the staggered start it used; and, when 0, why ("disagree": the best and the
+    median name different winners; "best runs" or "medians": that difference is within the
+    staggered start). A run orders them only when the best and the median agree and both
+    differences exceed how far apart the ranks entered the best runs (`best_spread`): after
+    the emulated barrier a run can start staggered by that much, and two schemes pay it
+    differently."""
+    stagger = max(x.get("best_spread", 0.0), y.get("best_spread", 0.0))
+    d_best, d_median = x["measured"] - y["measured"], x["median"] - y["median"]
+    if d_best * d_median <= 0:
+        return 0, stagger, "disagree"
+    if min(abs(d_best), abs(d_median)) <= stagger:
+        return 0, stagger, "best runs" if abs(d_best) <= stagger else "medians"
+    return (1 if d_best > 0 else -1), stagger, ""
+
+
 def hierarchy_order(hl: dict, hr: dict) -> str:
     """The line on leader-based (`hl`) against rails (`hr`) at 4 MiB: their ratio by the best
-    runs, the medians, the replays and the closed forms, and whether this run orders them. It
-    does only when the best and the median agree on the faster scheme and both differences
-    exceed how far apart the ranks entered the best runs (`best_spread`): after the emulated
-    barrier a run can start staggered by that much, and the two schemes pay it differently."""
-    stagger = max(hl.get("best_spread", 0.0), hr.get("best_spread", 0.0))
-    d_best, d_median = hl["measured"] - hr["measured"], hl["median"] - hr["median"]
+    runs, the medians, the replays and the closed forms, and whether this run orders them
+    (`stagger_order`)."""
+    order, stagger, why = stagger_order(hl, hr)
     line = (f"Leader-based / rails: {hl['measured'] / hr['measured']:.2f} by the best runs, "
             f"{hl['median'] / hr['median']:.2f} by the medians (replays "
             f"{hl['replay'] / hr['replay']:.2f}, closed forms {hl['model'] / hr['model']:.2f}):\n")
-    if d_best * d_median <= 0:
+    if why == "disagree":
         return line + "the best and the median disagree, so this run does not order them."
-    if min(abs(d_best), abs(d_median)) <= stagger:
-        which = "best runs" if abs(d_best) <= stagger else "medians"
-        return line + (f"the {which} differ by less than the ranks' staggered start "
+    if not order:
+        return line + (f"the {why} differ by less than the ranks' staggered start "
                        f"({ms(stagger)}),\nso this run does not order them.")
-    faster = "rails" if d_best > 0 else "leader-based scheme"
+    faster = "rails" if order > 0 else "leader-based scheme"
     return line + (f"the {faster} won by more than the ranks' staggered start ({ms(stagger)}),\n"
                    "by the best and by the median.")
 
 
+def small_order(small: Sequence[dict]) -> str:
+    """The lines on the 4 KiB runs on 2 x 2 (`small`: leader-based, rails, flat ring): each
+    hierarchy against the flat ring by the same rule as at 4 MiB (`stagger_order`), then the
+    replays."""
+    names = ("The leader-based scheme", "Rails")
+    verdicts = [stagger_order(h, small[2]) for h in small[:2]]
+    if all(order < 0 for order, _, _ in verdicts):
+        stagger = max(st for _, st, _ in verdicts)
+        lines = ["Both hierarchies beat the flat ring by more than the staggered start "
+                 f"({ms(stagger)}),\nby the best and by the median."]
+    else:
+        lines = []
+        for name, (order, stagger, why) in zip(names, verdicts):
+            if order < 0:
+                lines.append(f"{name} beat the flat ring by more than the staggered start "
+                             f"({ms(stagger)}),\n  by the best and by the median.")
+            elif order > 0:
+                lines.append(f"The flat ring beat {name.lower()} by more than the staggered "
+                             f"start ({ms(stagger)}),\n  against the replays.")
+            elif why == "disagree":
+                lines.append(f"{name} against the flat ring: the best and the median disagree,"
+                             "\n  so this run does not order them.")
+            else:
+                lines.append(f"{name} against the flat ring: the {why} differ by less than the "
+                             f"staggered start ({ms(stagger)}),\n  so this run does not order "
+                             "them.")
+    lines.append(f"Replays: leader-based {ms(small[0]['replay'])}, rails "
+                 f"{ms(small[1]['replay'])}, flat ring {ms(small[2]['replay'])} (every run: "
+                 "appendix).")
+    return "\n".join(lines)
+
+
 def explain_hierarchy(hier: Sequence[dict], *, alpha: float, beta: float) -> None:
     """On 2 x 2: conclude that both hierarchical schemes beat the flat ring at 4 MiB; print
-    whether this run orders leader-based and rails (`hierarchy_order`) and the 4 KiB runs (an
-    order there only when the best and the median agree). Asserts that the flat ring's replay
-    is its NIC's bytes plus one latency, that the replays put both hierarchies ahead of the
-    flat ring at 4 KiB and that no run beat its replay."""
+    whether this run orders leader-based and rails (`hierarchy_order`) and each hierarchy
+    against the flat ring at 4 KiB (`small_order`). Asserts that the flat ring's replay is its
+    NIC's bytes plus one latency, that the replays put both hierarchies ahead of the flat ring
+    at 4 KiB and that no run beat its replay."""
     h = {(r["algorithm"], r["nbytes"]): r for r in hier}
     hl, hr, rl = (h[a, LARGE] for a in ("hierarchical", "hierarchical_rail", "ring"))
     conclude(hl["measured"] < rl["measured"] and hr["measured"] < rl["measured"],
@@ -114,12 +161,8 @@ def explain_hierarchy(hier: Sequence[dict], *, alpha: float, beta: float) -> Non
     print(hierarchy_order(hl, hr))
     small = [h[a, SMALL] for a in ("hierarchical", "hierarchical_rail", "ring")]
     print(f"4 KiB, best of {len(small[0]['times'])}: leader-based {ms(small[0]['measured'])}, "
-          f"rails {ms(small[1]['measured'])}, flat ring {ms(small[2]['measured'])}.\n" + (
-              "Both hierarchies beat the flat ring here too, by the best and by the median,\nas "
-              "in the replays (every run: appendix)."
-              if all(max(small[0][s], small[1][s]) < small[2][s] for s in ("measured", "median"))
-              else "This run does not show the replays' order here (hierarchies first; every "
-                   "run: appendix)."))
+          f"rails {ms(small[1]['measured'])}, flat ring {ms(small[2]['measured'])}.\n"
+          + small_order(small))
     # Checks, silent when they hold:
     nic_busy = 1.5 * LARGE * beta  # the flat ring's bytes through each node's NIC
     assert abs(rl["replay"] - (nic_busy + alpha)) < 0.02 * rl["replay"]
@@ -141,17 +184,25 @@ def plot_layouts(four: Sequence[dict], one_node: Sequence[dict], hier: Sequence[
                  slow_intra: Sequence[dict]) -> None:
     """Draw and show two figures of measured against predicted times at 4 MiB: the ring on
     4 x 1 and 1 x 4 with recursive doubling on 4 x 1 and 2 x 2; and the three schemes on 2 x 2
-    with an intra-node link as slow as the NIC."""
+    with an intra-node link as slow as the NIC. The 1 x 4 bars carry how many times faster
+    than 4 x 1 the ring was, by the closed forms and measured."""
     import matplotlib.pyplot as plt
 
-    new_bars = (ex.select(four, algorithm="ring", nbytes=LARGE)
-                + ex.select(one_node, algorithm="ring")
-                + ex.select(four, algorithm="recursive_doubling", nbytes=LARGE)
+    ring4 = ex.one(four, algorithm="ring", nbytes=LARGE)
+    ring1 = ex.one(one_node, algorithm="ring")
+    new_bars = ([ring4, ring1] + ex.select(four, algorithm="recursive_doubling", nbytes=LARGE)
                 + ex.select(hier, algorithm="recursive_doubling", nbytes=LARGE))
     for rows, title in (
             (new_bars, "4 MiB: ring on 4 x 1 and 1 x 4; recursive doubling on 4 x 1 and 2 x 2"),
             (slow_intra, "4 MiB: 2 x 2, intra-node link as slow as the NIC")):
-        ex.plot_measured_vs_predicted(rows, title=title, log=False)
+        ax = ex.plot_measured_vs_predicted(rows, title=title, log=False)
+        if rows is new_bars:
+            ax.annotate(f"faster than 4 x 1:\n{ring4['model'] / ring1['model']:.0f}x by closed "
+                        f"forms,\n{ring4['measured'] / ring1['measured']:.0f}x measured"
+                        + ("\n(this machine's\ncost set 1 x 4)" if host_set(ring1) else ""),
+                        xy=(1, max(ring1["measured"], ring1["model"]) * 1e3),
+                        xytext=(1, 0.35 * ring4["model"] * 1e3), ha="center", fontsize=8,
+                        arrowprops={"arrowstyle": "->", "lw": 0.8})
         plt.show()
 
 
@@ -165,7 +216,8 @@ def explain_layouts(*, four: Sequence[dict], one_node: Sequence[dict], hier: Seq
     """Print what the layout changed at 4 MiB: recursive doubling on 2 x 2 against the faster
     hierarchical scheme (two vectors through one NIC), the hierarchies against the flat ring
     with a slow intra-node link, and 1 x 4 against 4 x 1 (only the direction when this
-    machine set the 1 x 4 time, `host_set`); then conclude the four layout claims. Asserts
+    machine set the 1 x 4 time, `host_set`); then conclude the four layout claims, on one line
+    of ticks when all hold (each "Not shown" sentence in full otherwise). Asserts
     that no run beat its replay, that recursive doubling's shared NIC carried two vectors and
     that the slow-intra rails' closed form is above the flat ring's."""
     topo = _spread_out(four, hier) + list(one_node) + list(slow_intra)
@@ -190,19 +242,26 @@ def explain_layouts(*, four: Sequence[dict], one_node: Sequence[dict], hier: Seq
              if host_set(floor) else
              f" ({m['4x1', 'ring'] / m['1x4', 'ring']:.1f}x; closed forms {fold:.0f}x)."))
     busy = beyond_closed_form((r["measured"], r["replay"]) for r in topo if r["config"] != "1x4")
-    for holds, claim, why in (
+    claims = (  # (holds, claim, busy evidence, its tick)
         (m["1x4", "ring"] < m["4x1", "ring"],
-         "the ring inside one node was faster than across 4 nodes", None),
+         "the ring inside one node was faster than across 4 nodes", None, "ring 1 x 4 < 4 x 1 "),
         (best_h < m["2x2", "ring"] and best_h < m["2x2", "recursive_doubling"],
-         "on 2 x 2 the faster hierarchical scheme beat the flat ring and recursive doubling", busy),
+         "on 2 x 2 the faster hierarchical scheme beat the flat ring and recursive doubling", busy,
+         "2 x 2: faster hierarchy < flat ring, rec. doubling\n" + " " * 18),
         (slow["hierarchical_rail"] > slow["ring"],
          "with an intra-node link as slow as the NIC the rails cost more than the flat ring, as "
-         "their closed forms say", None),
+         "their closed forms say", None, "slow intra: flat ring < rails "),
         (slow["ring"] < slow["hierarchical"] and slow["hierarchical_rail"] < slow["hierarchical"],
          "with an intra-node link as slow as the NIC the leader-based scheme was the slowest",
-         busy),
-    ):
-        conclude(holds, claim, busy=why)
+         busy, "slow intra: leader-based slowest"),
+    )
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        shown = [conclude(holds, claim, busy=why) for holds, claim, why, _ in claims]
+    if all(shown):
+        print("Shown on this run: " + " ".join(f"✓ {tick}" for *_, tick in claims))
+    else:
+        print(said.getvalue(), end="")
     # Checks, silent when they hold:
     for r in topo:
         assert r["measured"] >= 0.98 * r["replay"]  # the emulated network never delivers early
@@ -265,19 +324,35 @@ def explain_busbw(r4: dict, r8: dict, *, bw: Sequence[dict], link: float) -> Non
 def explain_shared_nic_busbw(hl: dict, hr: dict, *, link: float) -> None:
     """busbw by the same factor on the 2 x 2 hierarchical runs (4 ranks, every sum made at a
     rank): conclude that it exceeded one NIC's rate, and print both as a share of the link,
-    with why when above (each NIC carried n, not 1.5 n)."""
+    with why when above (each NIC carried n, not 1.5 n; the intra-node link the rest)."""
     above = conclude(min(hl["busbw"], hr["busbw"]) > link,
                      "the 2 x 2 hierarchical schemes' busbw exceeded one NIC's rate",
                      busy=beyond_closed_form([(hl["measured"], hl["model"]),
                                               (hr["measured"], hr["model"])]))
     print(f"2 x 2 hierarchical schemes, busbw by the same factor: {hl['busbw'] / link:.0%} and "
           f"{hr['busbw'] / link:.0%} of the link\n(one best-of-{len(hl['times'])} run)" + (
-              ": above it, because each NIC carried n, not 1.5 n (the rest stayed inside the "
-              "node),\nso busbw's 'a link of its own' does not hold."
+              ": above it. busbw counts bytes, not which link carried them:\neach NIC carried "
+              "n, not 1.5 n, and the fast intra-node link carried the rest."
               if above else "."))
 
 
 # --- on a real GPU cluster ------------------------------------------------------------------
+
+def striped_times(nodes: int, per_node: int, intra_over_nic: float) -> tuple[float, float]:
+    """With one NIC per GPU (`per_node` P of each per node, N `nodes`, p = N P), the bytes-only
+    all-reduce times in units of n beta_NIC: the rails hierarchy with its phases one after
+    another (reduce-scatter and all-gather inside the node, 2((P-1)/P) n at `intra_over_nic`
+    times the NIC's rate; then each rail's ring over its own NIC, 2((N-1)/N) n / P), and the
+    flat ring striped over the node's P NICs (each NIC carries 2((p-1)/p) n / P; a GPU's other
+    P-1 slices take the intra-node link at the same time). The hierarchy is the faster only
+    while intra_over_nic > p."""
+    nodes_f, p = float(nodes), nodes * per_node
+    hier = (2 * (per_node - 1) / per_node / intra_over_nic
+            + 2 * (nodes_f - 1) / nodes_f / per_node)
+    ring = 2 * (p - 1) / p
+    flat = max(ring / per_node, (per_node - 1) / per_node * ring / intra_over_nic)
+    return hier, flat
+
 
 def gpu_cluster_template(*, intra_over_nic: float) -> str:
     """The ledger template of "On a real GPU cluster" (render with `facts.show(...,
@@ -286,26 +361,28 @@ def gpu_cluster_template(*, intra_over_nic: float) -> str:
     the link that bounds a ring's busbw."""
     nvlink = facts.get("nvidia.h100_nvlink_bw_per_direction").value
     nic = facts.get("nvidia.connectx7_rate_bytes").value
+    nics = facts.get("nvidia.dgx_h100_compute_nics").value
+    hier, flat = striped_times(2, nics, nvlink / nic)
+    assert hier > flat and nvlink / nic < 2 * nics  # NVLink is not over p = 2 P times the NIC
     return f"""
 - **A DGX H100 node**: [[nvidia.dgx_h100_compute_nics]] for the compute fabric, one per GPU,
   each [[nvidia.connectx7_rate_bytes]]. A GPU's NVLink carries
   [[nvidia.h100_nvlink_bw_per_direction]] each way, about {nvlink / nic:.0f}x its NIC; here the
-  intra-node link was {intra_over_nic:.0f}x the NIC. If the flat ring is striped over a
-  node's P NICs, as NCCL's channels do (below), a hierarchy cuts each NIC's bytes by the same
-  ratio as here, 2((N-1)/N) n against 2((p-1)/p) n, both divided by P. (One ring numbered node
-  by node leaves each node through one GPU's NIC, which then carries all 2((p-1)/p) n.) With
-  the lower link ratio the intra-node phases cost relatively more, so a hierarchy gains less
-  there than here.
+  intra-node link was {intra_over_nic:.0f}x the NIC. NCCL's **channels** (parallel slices
+  of a collective, below) stripe even a flat ring over a node's P NICs, so each NIC carries
+  only 2((p-1)/p) n / P. By bytes alone (the appendix's closed forms) the rails then beat the
+  flat ring only while the intra-node link is over p times the NIC: on 2 such nodes
+  (p = {2 * nics}) a hierarchy whose phases run one after another takes {hier / flat:.2f}x the
+  flat ring's time, and gains only if it overlaps them.
 - **busbw**: nccl-tests applies [[nccl.busbw_factor_every_algorithm]] (its n is the rank
   count, this notebook's p). The factor is a ring's traffic per link; NCCL's tree and
   in-network algorithms
   ([02c](02c_in_network_reduction_and_nccl.ipynb)) move other amounts, and their busbw can
   exceed what the link carried. On two nodes NCCL usually picks the tree
-  (or NVLSTree, a tree whose sums inside the node the NVSwitch makes): to benchmark the network \
-there, set [[nccl.busbw_ring_for_network]].
+  (or NVLSTree: the NVSwitch adds inside the node, a tree links the nodes): to benchmark the \
+network there, set [[nccl.busbw_ring_for_network]].
 - **The link that bounds a ring's busbw** is the NIC with one GPU and one NIC per node. With
-  several per node NCCL's channels (parallel slices of a collective, 02c) spread over all
-  the NICs, and busbw between nodes grows
+  several per node NCCL's channels spread over all the NICs, and busbw between nodes grows
   [[nccl.busbw_grows_with_node_nics]]. An NVIDIA engineer reports an all-reduce busbw of
   [[nccl.busbw_dgx_a100_multi_node]] on DGX A100 nodes with eight 200 Gb/s InfiniBand NICs each
   (algorithm and node count not stated): close to the node's total NIC bandwidth,
@@ -323,7 +400,8 @@ REPLAY_ORDER = {"hierarchical": "leader-based", "hierarchical_rail": "rails", "r
 def explain_replay(hier: Sequence[dict], *, alpha: float, beta: float) -> None:
     """The appendix on 2 x 2. The flat ring against its closed form and its replay, at 4 MiB
     and 4 KiB, and why the replay sits below the closed form (latencies hidden behind the
-    bytes at 4 MiB, about 3 NIC latencies in the chain of steps at 4 KiB). Then every best run
+    bytes at 4 MiB, about 3 NIC latencies in the chain of steps at 4 KiB), and the rails' replay
+    one latency under their closed form (asserted). Then every best run
     minus its replay beside how far apart the ranks entered it (`best_spread`): a run is timed
     from the first entry, so up to about that spread is the staggered start the emulated
     barrier leaves, and only the rest is surely this machine's. Last, recursive doubling at
@@ -342,6 +420,12 @@ def explain_replay(hier: Sequence[dict], *, alpha: float, beta: float) -> None:
           f"step s\n  waits for rank r-1's step s-1, and only every other hop crosses a NIC, so "
           f"the chain\n  holds about 3 NIC latencies, not 6 (replay {ms(rq22['replay'])}; "
           f"3 alpha = {ms(3 * alpha)}).")
+    hr = h.get(("hierarchical_rail", LARGE))
+    if hr:
+        print(f"- Rails at 4 MiB: replay {ms(hr['replay'])}, closed form {ms(hr['model'])} "
+              f"minus one alpha: one rail's second\n  chunk queues in the shared NIC behind the "
+              f"other rail's first, so its latency hides too.")
+        assert abs(hr["replay"] - (hr["model"] - alpha)) < 0.01 * hr["model"]
     names = [a for a in REPLAY_ORDER if (a, LARGE) in h or (a, SMALL) in h]
     labels = [REPLAY_ORDER[a] for a in names]
     width = max(14, *(len(label) + 2 for label in labels))
