@@ -64,3 +64,38 @@ def test_split_without_hiccup_adds_up_to_the_mean_step():
                           after_last_arrival=np.array([0.5, 0.021, 0.020, 0.022]))
     to_arrival, exchange = lesson.split_without_hiccup(run)
     assert to_arrival == pytest.approx(0.0185) and exchange == pytest.approx(0.0215)
+
+
+def tail_rows(agree, steps=50):
+    """Tail-at-scale rows at 2, 4 and 8 ranks whose step duration matched the draws on a share
+    `agree` of the steps (one per rank count); every step without a hiccup is 34 ms."""
+    run = SimpleNamespace(slow=np.zeros((5, 2), dtype=bool),
+                          step_times=np.full(4, 0.034), wait_for_slowest=np.full(4, 0.016),
+                          after_last_arrival=np.full(5, 0.018), config={"compute_s": 0.015})
+    return [{"nodes": n, "slow_share": s, "predicted": p, "steps": steps, "drawn_share": s,
+             "agree": a, "run": run}
+            for (n, s, p), a in zip(((2, 0.16, 0.19), (4, 0.40, 0.34), (8, 0.68, 0.57)), agree)]
+
+
+def test_explain_tail_says_on_how_many_steps_the_duration_told_the_hiccups(verdicts, said):
+    lesson.explain_tail(tail_rows((1.0, 1.0, 1.0)), native={8: 0.0191}, ring_s=0.0028)
+    assert verdicts[0][1] == ("every step's duration told whether a rank drew a hiccup, on "
+                              "50 of 50, 50 of 50 and 50 of 50 steps on 2, 4 and 8 ranks")
+    lesson.explain_tail(tail_rows((1.0, 0.98, 0.9)), native={8: 0.0191}, ring_s=0.0028)
+    holds, claim, _ = verdicts[2]
+    assert holds and claim.startswith("a step's duration told") and "49 of 50 and 45 of 50" in claim
+    # the host's bookkeeping of a step without a hiccup is collapsed
+    assert "<details><summary>What a step without a hiccup is made of</summary>" in said[-1]
+    assert said[-1].index("</details>") < said[-1].index("At 1024 ranks")
+
+
+def test_explain_jitter_growth_pairs_the_step_with_its_own_last_arrivals(verdicts, said):
+    def row(n, extra, arrival, predicted):
+        return {"nodes": n, "extra_s": extra, "predicted_s": predicted,
+                "arrival_extra_s": arrival, "calm_lateness_s": arrival - extra,
+                "jittery_after_s": 0.002, "calm_after_s": 0.002, "drawn_max_s": arrival,
+                "jittery": SimpleNamespace(step_times=np.array([0.10, 0.25, 0.15])),
+                "calm": SimpleNamespace(step_times=np.array([0.11, 0.11, 0.12]))}
+    lesson.explain_jitter_growth([row(2, 0.0366, 0.0372, 0.0333), row(8, 0.0715, 0.0785, 0.0778)],
+                                 native={2: 0.0024, 8: 0.0191})
+    assert ("last arrival minus step growth was 0.6 ms and 7.0 ms on 2 and 8 ranks" in said[-1])

@@ -136,7 +136,6 @@ def explain_collapse(collapse: dict, same_mean: list, mean_nic: str) -> None:
     k4, ring4_msg = message_mean(rough_nic, (1 << 20) // 4)  # a ring chunk at 4 nodes
     seg_mean = jitter_at_scale.delay_stats(rough_nic)["mean_s"]
     sim_steps = _sim_steps()   # the notebook's call leaves it at the default
-    nic_rate = facts.get("nvidia.connectx7_rate_bytes").value * 1e9   # bytes/s, one direction
     say(f"**Simulated to 1024 nodes, the flat ring's efficiency falls to "
         f"{sim_calm[1024]['efficiency']:.1%}** without jitter and "
         f"{sim_rough[1024]['efficiency']:.1%} "
@@ -159,12 +158,8 @@ def explain_collapse(collapse: dict, same_mean: list, mean_nic: str) -> None:
         f"{models.ring_allreduce_steps(4)} × {ms(ring4_msg)} ({k4}-segment chunks).\n\n"
         f"Both are latency-only: this network has no rate limit, and the tree wins by its "
         f"{rounds} rounds against the ring's {models.ring_allreduce_steps(1024)}. With a rate "
-        f"limit the tree sends the whole 1 MiB in "
-        f"every round: at a ConnectX-7's {nic_rate / 1e9:.0f} GB/s (ledger) that adds "
-        f"{ms(models.tree_allreduce(1024, 1 << 20, 0, 1 / nic_rate))} at 1024 nodes, little "
-        f"against c, but it is {rounds} whole messages against the ring's fewer than 2, so for "
-        f"large messages the ring wins against this unpipelined tree (NCCL's tree is pipelined "
-        f"in chunks, notebook 02c).\n</details>")
+        f"limit this unpipelined tree resends the whole 1 MiB each round, so for large messages "
+        f"the ring wins (NCCL's tree is pipelined in chunks, notebook 02c).\n</details>")
     for n in (2, 8, 64, 1024):
         assert sim_rough[n]["efficiency"] <= sim_calm[n]["efficiency"] + 1e-9
     assert x_mean > 1 and x_tail > 1   # both the mean and the tail lengthen the step
@@ -206,7 +201,8 @@ def explain_measured(collapse: dict) -> None:
         ([f"within two standard errors of 1 {and_list(within)}"] if within else [])
         + ([f"more than two above {and_list(above)} (this host's own cost of running 8 ranks; "
             f"its plain Gloo all-reduce is measured in the next section)"] if above else [])
-        + ([f"more than two below {and_list(below)} (the simulator's own sampling)"]
+        + ([f"more than two below {and_list(below)} (the simulator's own sampling, with the "
+            f"tail)"]
            if below else []))
     say(f"**Measured on 8 real ranks ({len(rough_steps)} steps per point): efficiency "
         f"{real_calm[8]['efficiency']:.0%} against {sim_calm[8]['efficiency']:.0%} simulated "
@@ -214,8 +210,9 @@ def explain_measured(collapse: dict) -> None:
         f"{sim_rough[8]['efficiency']:.0%} with the tail.**\n\n"
         + "Measured over simulated mean step at 8 ranks: "
         + and_list(f"×{x:.2f} ± {se:.2f} {k}" for k, (x, se) in ratios.items())
-        + f" (± one standard error of the {len(rough_steps)} measured steps; the simulator's "
-        f"{_sim_steps()} steps per point add an error of their own). "
+        + f" (± one standard error of the {len(rough_steps)} measured steps; the simulator is "
+        f"exact without jitter, and with the tail its {_sim_steps()} steps per point add an "
+        f"error of their own). "
         + verdict[0].upper() + verdict[1:] + ". "
         + ("All within ×1.1: the dots sit on the lines, as a consistency check should."
            if all(abs(x - 1) <= 0.1 for x, _ in ratios.values()) else
@@ -277,7 +274,8 @@ def explain_jitter_growth(growth: list, *, native: dict) -> None:
     """Say how much jitter lengthened the step at each rank count (± one standard error)
     against J·E[max], where it lies within two standard errors, by how much it falls below and
     the likely reasons (this host's plain Gloo all-reduce, `native`; hypotheses, not
-    measured), and that the points share their draws; check the exact bookkeeping of each
+    measured), how much less it grew than this run's own last arrivals (paired, no
+    sampling), and that the points share their draws; check the exact bookkeeping of each
     step and conclude that jitter made the 2-rank step longer."""
     g = {r["nodes"]: r for r in growth}
     se = {n: se_diff(r["jittery"].step_times, r["calm"].step_times) for n, r in g.items()}
@@ -299,6 +297,11 @@ def explain_jitter_growth(growth: list, *, native: dict) -> None:
            f"wait. Why it was shorter with jitter is not measured: probably ranks arriving one "
            f"by one start its work early, or fewer ranks then compete for this host's cores "
            f"(details below)." if low else "")
+        + " That test is dominated by the spread of the draws. Paired with this run's own last "
+        "arrivals instead (no sampling), last arrival minus step growth was "
+        + and_list(sms(r["arrival_extra_s"] - r["extra_s"]) for r in g.values())
+        + f" on {and_list(g)} ranks: the part of the late ranks' wait that this host's own "
+        "delays hid (split below)."
         + " Rank r draws the same compute times on every N (one seed per rank), so the points "
         "are not independent tests.")
     # exact bookkeeping: extra = arrival extra - calm lateness + (jittery - calm all-reduce after)
@@ -334,11 +337,13 @@ def explain_gap(growth: list, *, jitter_s: float) -> None:
     say("<details><summary>How the gap to the prediction splits</summary>\n\n"
         "A scheduled step is (last arrival − start) + (all-reduce after the last arrival), so "
         "prediction − measured splits exactly into: sampling (E[max] against this run's actual "
-        "last arrivals), the host's delay without jitter (paid by the calm run too), and how "
+        "last arrivals, which also hold its ranks' lateness in waking, the check below), the "
+        "host's delay without jitter (paid by the calm run, hidden under the late arrivals "
+        "with jitter), and how "
         "much shorter the all-reduce after the last arrival was with jitter (not measured why: "
         "probably ranks arriving one by one start this host's Gloo work early, or fewer of "
         "them then compete for its cores).\n\n"
-        "| ranks | gap | sampling | host delay without jitter "
+        "| ranks | gap | sampling (+ waking) | host delay without jitter "
         "| all-reduce after, calm − jittery |\n"
         "|---|---|---|---|---|\n" + rows + "\n"
         f"**Check of the draws**, taken before any communication: the last rank reached the "
@@ -369,9 +374,10 @@ def split_without_hiccup(run) -> tuple[float, float]:
             float(run.after_last_arrival[1:][calm].mean()))
 
 
-def plot_tail(tail: list) -> None:
+def plot_tail(tail: list, *, ring_s: float | None = None) -> None:
     """Draw the share of slow steps against 1 − (1 − p)^N (left) and every measured step's
-    time per rank count (right), titled with the 8-rank median step without a hiccup."""
+    time per rank count (right), titled with the 8-rank median step without a hiccup against
+    the compute and, given `ring_s`, the emulated network's all-reduce time."""
     fig, axes = plt.subplots(1, 2, figsize=(11.5, 4))
     ns = np.unique(np.geomspace(1, 1024, 80).astype(int))
     for p, style in ((0.001, ":"), (0.01, "--"), (0.1, "-")):
@@ -390,8 +396,12 @@ def plot_tail(tail: list) -> None:
     axes[1].set_xticks(range(len(tail)), [f"{r['nodes']} ranks" for r in tail])
     axes[1].set_ylabel("step time, ms")
     calm8 = steps_without_hiccup(tail[-1]["run"])
-    axes[1].set_title(f"every step, measured (compute 15 ms, hiccup +50 ms)\n8 ranks, steps "
-                      f"without a hiccup: median {ms(np.median(calm8))} ({len(calm8)} steps)",
+    compute = tail[-1]["run"].config["compute_s"]
+    axes[1].set_title(f"every step, measured (compute 15 ms, hiccup +50 ms)\n8 ranks without "
+                      f"a hiccup: median {ms(np.median(calm8))} ({len(calm8)} steps), "
+                      f"{np.median(calm8) / compute:.1f}× compute"
+                      + (f"\ncompute + emulated network = {ms(compute + ring_s)}; the rest is "
+                         f"this host's overhead" if ring_s is not None else ""),
                       fontsize=10)
     fig.tight_layout()
     plt.show()
@@ -412,8 +422,8 @@ def explain_tail(tail: list, *, native: dict, ring_s: float) -> None:
     s.d.), where it is off the curve, why the points are not independent, what an 8-rank step
     without a hiccup is made of (compute and lateness until the last arrival, then the
     exchange: the emulated network's `ring_s` against this host's plain Gloo all-reduce,
-    `native`), and the share at 1024 ranks; conclude that the step's duration told the
-    hiccups and that the share followed the curve."""
+    `native`; collapsed), and the share at 1024 ranks; conclude that the step's duration told
+    the hiccups (on how many steps) and that the share followed the curve."""
     t = {r["nodes"]: r for r in tail}
     t8 = tail[-1]
     calm8 = steps_without_hiccup(t8["run"])
@@ -434,6 +444,7 @@ def explain_tail(tail: list, *, native: dict, ring_s: float) -> None:
         f"the hiccups of the 2-rank run recur on 4 and 8 ranks: the rise with N is built into "
         f"these runs, and the three points are not independent tests (each alone is a fair test "
         f"of its own 1 − (1 − p)^N).\n\n"
+        f"<details><summary>What a step without a hiccup is made of</summary>\n\n"
         f"Steps without a hiccup on 8 ranks took a median of {ms(np.median(calm8))}, a mean of "
         f"{ms(calm8.mean())}: {ms(to_arrival)} until the last rank reached the all-reduce "
         f"({ms(t8['run'].config['compute_s'])} of compute, the rest this host's lateness in "
@@ -442,11 +453,15 @@ def explain_tail(tail: list, *, native: dict, ring_s: float) -> None:
         f"network's {ms(ring_s)} and this host's own Gloo work (plain Gloo all-reduce alone, on "
         f"a common schedule: {ms(native[8])})"
         + (": here the host's, so the network is hidden under it" if native[8] > ring_s else "")
-        + ".\n\n"
+        + ".\n</details>\n\n"
         f"At 1024 ranks a 0.1 % hiccup would hit {models.tail_at_scale(0.001, 1024):.0%} of the "
         f"steps.")
+    told = [round(r["agree"] * r["steps"]) for r in tail]
     conclude(all(r["agree"] >= 0.85 for r in tail),
-             "every step's duration told whether a rank drew a hiccup")
+             ("every" if all(k == r["steps"] for k, r in zip(told, tail)) else "a")
+             + " step's duration told whether a rank drew a hiccup, on "
+             + and_list(f"{k} of {r['steps']}" for k, r in zip(told, tail))
+             + f" steps on {and_list(t)} ranks")
     conclude(t[8]["slow_share"] > t[2]["slow_share"] and not off,
              "within two s.d. of 1 − (1 − p)^N at every N, more slow steps on 8 ranks than on 2")
 
@@ -461,22 +476,16 @@ def real_cluster_notes() -> str:
     ring_dc = models.ring_allreduce(1024, 1 << 20, alpha_dc, 0.0)
     return f"""
 - **α is microseconds, not milliseconds.** NCCL's cost model charges about
-  [[nccl.tuner_net_ring_step_latency_simple]] per network step (a fitted constant of its bulk
-  protocol, not a measurement; a per-call base latency and the topology's inter-node latency
-  come on top), so a flat ring over 1024 one-GPU nodes costs about 2 × 1023 steps =
-  {ring_dc * 1e3:.1f} ms of latency against {2 * 1023 * 2:.0f} ms at this notebook's 2 ms: the
-  same collapse, {2e-3 / alpha_dc:.0f} times further to the right.
-- **The ring is not the only choice.** NCCL picks the algorithm per call
-  ([[nccl.tuner_model]]), moving from the tree towards the ring as messages grow. For
-  latency-bound sizes it typically picks its [[nccl.double_binary_tree]] (two trees, each
-  with half the data), pipelined [[nccl.tree_chunk_pipeline]] and modelled as
-  [[nccl.tuner_tree_log_latency]]. Even its ring, which spans every GPU, is charged
-  network latency on only [[nccl.tuner_ring_inter_steps]]: a DGX or HGX H100 node holds
-  [[nvidia.hgx_h100_gpus]] on NVLink. Since [[nccl.nvls_since]] NCCL can also reduce inside
-  the NVLink switches ([[nvidia.nvswitch_sharp]], "NVLS"), and [[nvidia.ib_sharp]] reduces in
-  InfiniBand switches. Large language models at this scale also split the model: Llama 3
-  405B, on [[meta.llama3_gpus]], combined data parallelism with tensor, pipeline and context
-  parallelism (notebooks 10 and 10b).
+  [[nccl.tuner_net_ring_step_latency_simple]] per network step (a hard-coded tuning constant
+  of its bulk protocol, not a measurement; a per-call base latency and the topology's
+  inter-node latency come on top), so a flat ring over 1024 one-GPU nodes costs about
+  2 × 1023 steps = {ring_dc * 1e3:.1f} ms of latency against {2 * 1023 * 2:.0f} ms at this
+  notebook's 2 ms: the same collapse, {2e-3 / alpha_dc:.0f} times further to the right.
+- **The ring is not the only choice.** NCCL picks tree or ring per call
+  ([[nccl.tuner_model]]): for latency-bound sizes typically its [[nccl.double_binary_tree]],
+  modelled as [[nccl.tuner_tree_log_latency]]. Even its ring, which spans every GPU, is
+  charged network latency on only [[nccl.tuner_ring_inter_steps]]: a DGX or HGX H100 node
+  holds [[nvidia.hgx_h100_gpus]] on NVLink.
 - **Real tails are rare and correlated, not independent per segment and per rank as here.**
   1 − (1 − p)^N assumes independent ranks: a cause shared by many ranks at once hits fewer
   steps at the same rate, while events staggered across ranks (each rank's garbage
@@ -485,8 +494,8 @@ def real_cluster_notes() -> str:
   InfiniBand peer is retried for at least about [[nccl.ib_total_wait_default]] before NCCL
   reports an error, at the defaults of NCCL 2.23 and later (NCCL_IB_TIMEOUT =
   [[nccl.ib_timeout_default]]; 2.14 to 2.22 used 18, a quarter of that wait). Shared causes
-  are real: [[meta.llama3_diurnal_throughput]] in Llama 3's training; GPUs slow their clocks
-  for [[nvidia.nvml_clock_event_reasons]].
+  are real: GPUs slow their clocks for [[nvidia.nvml_clock_event_reasons]], the last
+  asserted from outside the GPU (NVML: e.g. by the system power supply).
 - **netem's tail is clipped.** Its tables store values in units of jitter /
   [[linux.netem_dist_scale]] as 16-bit integers, hence the 4 J ceiling of the table above.
 """
