@@ -31,19 +31,21 @@ def distance_to_own_minimiser(params: dict, minimisers: dict) -> float:
 def explain_fix(fix: dict, opt_pt: dict, *, steps: int, mom: float) -> None:
     """The table of `fix_table`, what dividing by the global count does to the gradient's
     error, where the mean of means ends after `steps` steps (its own minimiser, off the
-    full-batch one), what that costs in full-data loss and what moves it here; asserts the
+    full-batch one), what that costs in full-data loss (absolute and relative to the
+    minimum) and what moves it here; asserts the
     "tens of percent" (`mom`: the mean of means' error on the first batches), the fixes to
     rounding, and that the mean of means converged to its own minimiser."""
     fix_table(fix, steps=steps)
     shift, mom_end = opt_pt["shift"], fix["param_error"]["mean_of_means"][-1]
+    own = distance_to_own_minimiser(fix["params"], opt_pt)  # asserted below, not printed
+    floor, excess = opt_pt["min_loss"], opt_pt["excess_loss"]
+    print(f"The mean of means converges, but to another point: after {steps} steps it sits at "
+          f"its own minimiser, {shift:.4f} from the full-batch one ({shift / opt_pt['scale']:.1%} "
+          f"of the largest parameter). There the full-data loss is {floor * (1 + excess):.4f} "
+          f"instead of {floor:.4f}, a floor set by the data's noise (+{excess:.0%}).")
     print(f"Dividing by the global count takes the gradient's error from "
           f"{fix['rel_error']['mean_of_means']:.0%} to {fix['rel_error']['global_count']:.0e}, "
           "for one all-reduce of a single number per step.")
-    own = distance_to_own_minimiser(fix["params"], opt_pt)
-    print(f"After {steps} steps the mean of means has converged, but to its own minimiser "
-          f"({own:.1e} away), {shift:.4f} from the full-batch one ({shift / opt_pt['scale']:.1%} "
-          f"of the largest parameter); there the full-data loss is "
-          f"+{opt_pt['excess_loss']:.0%} above its minimum.")
     print("The shift is zero with equal counts, or when the full-batch optimum also minimises "
           "every shard's own loss. Here one linear model made every shard's data, so only "
           f"sampling noise in {min(fix['batch_sizes'])} to {max(fix['batch_sizes'])} samples "
