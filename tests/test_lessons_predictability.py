@@ -132,13 +132,41 @@ def test_levers_sentence_marks_only_unresolved_levers_and_counts_the_buckets():
              "fewer syncs": _gain("fewer syncs", 0.6, 0.97)}
     text = pm.levers_sentence(mit, gains, pm.factor_at_scale(mit))
     assert text.startswith("**Each lever over the one before it, measured on 4 ranks (30 steps "
-                           "each):** overlap +2% (within noise), bigger buckets +300%, fewer "
-                           "syncs +60%; the unmarked ones *resolved*. *Resolved* means")
+                           "each):** overlap ×1.02 (within noise), bigger buckets ×4.00, fewer "
+                           "syncs ×1.60; the unmarked ones *resolved*. *Resolved* means")
     gains["overlap"] = _gain("overlap", 0.2, 0.95)
-    assert "fewer syncs +60%, each *resolved*. " in pm.levers_sentence(mit, gains,
-                                                                        pm.factor_at_scale(mit))
+    assert "fewer syncs ×1.60, each *resolved*. " in pm.levers_sentence(mit, gains,
+                                                                         pm.factor_at_scale(mit))
     assert "overlap ×1.1, bigger buckets ×5.7, fewer syncs ×2.0" in text
-    assert "(8 buckets → 1)" in text
+    assert "(8 buckets → 1, where fewer syncs cuts the rounds per sample by 4" in text
+
+
+def test_measured_efficiency_is_compute_over_step_per_sample_like_the_simulator():
+    mit = _mit()
+    mit["config"]["compute_s"] = 0.03
+    for name, (rate, step) in {"baseline": (400, 0.08), "overlap": (500, 0.064),
+                               "bigger buckets": (800, 0.04), "fewer syncs": (1000, 0.128)}.items():
+        mit["real"][name].update(samples_per_s_per_rank=rate, step_s=step)
+    eff = pm.measured_efficiency(mit)
+    assert eff["baseline"] == pytest.approx(0.03 / 0.08)        # 32 samples a step
+    assert eff["fewer syncs"] == pytest.approx(4 * 0.03 / 0.128)  # k micro-batches a step
+
+
+def test_latency_ratio_gain_is_p_minus_1_intra_over_net():
+    mit = _mit()
+    mit["config"]["hier_intra"] = "delay 50us"
+    est = pm.latency_ratio_gain(mit, fast_in="delay 1us")
+    assert est["delay 50us"] == pytest.approx(7 * 50e-6 / 2e-3)
+    assert est["delay 1us"] == pytest.approx(7 * 1e-6 / 2e-3)
+    assert est["nccl"] == pytest.approx(7 * 3.4 / 14)       # NCCL 2.30.7's Simple ring steps
+
+
+def test_the_nvls_sentence_compares_busbw_as_speed_not_as_wire_traffic():
+    from clusterlab import facts
+
+    text = facts.render(pm.REAL_CLUSTER)
+    assert "not like for like" not in text
+    assert "NVLS is about ×1.3\n  as fast" in text or "NVLS is about ×1.3 as fast" in text
 
 
 def test_network_latencies_and_hops_count_the_diagram():

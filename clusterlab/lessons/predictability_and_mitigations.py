@@ -70,6 +70,9 @@ def plot_predictability(pred: dict, *, calm_nic: str, rough_nic: str) -> None:
             est, lo, hi = (np.array([r["ci"][qn][i] for r in rows]) * 1e3 for i in range(3))
             axes[1].plot(xs, est, style, color=color, label=f"{qn}, {nic_label(nic)}")
             axes[1].fill_between(xs, lo, hi, color=color, alpha=0.2, lw=0)
+    for r, color in zip(pred["real"].values(), _COLORS):   # the run, on the same axes
+        axes[1].plot([4], [q(r, "p50") * 1e3], "D", mfc="none", color=color, ms=7)
+    axes[1].plot([], [], "kD", mfc="none", label="p50 measured, 4 real ranks")
     axes[1].set_xscale("log", base=2)
     axes[1].set_yscale("log")
     axes[1].set_xlabel(f"nodes ({rows[0]['steps']} steps each; band: 95 % interval)")
@@ -164,20 +167,37 @@ def plot_mitigations(mit: dict) -> None:
                       f"{real['baseline']['steps']} steps; whiskers: 25th to 75th percentile)",
                       fontsize=9)
     axes[0].tick_params(axis="x", labelsize=8, rotation=15)
+    measured = measured_efficiency(mit)
     for name in names:
         rows = sim[name]
         dashed = name == "fewer syncs"   # k× the global batch: not the same training
-        axes[1].plot([r["nodes"] for r in rows], [100 * r["efficiency"] for r in rows],
-                     "o--" if dashed else "o-", ms=3, label=label[name].replace("\n", " "))
+        line, = axes[1].plot([r["nodes"] for r in rows], [100 * r["efficiency"] for r in rows],
+                             "o--" if dashed else "o-", ms=3,
+                             label=label[name].replace("\n", " "))
+        axes[1].plot([mit["config"]["nodes"]], [100 * measured[name]], "D", mfc="none", ms=7,
+                     color=line.get_color())
+    axes[1].plot([], [], "kD", mfc="none", label=f"measured, {mit['config']['nodes']} ranks "
+                 "(also pays this host's optimizer step)")
     axes[1].set_xscale("log", base=2)
     axes[1].set_yscale("log")
     axes[1].set_xlabel("ranks, one per node")
     axes[1].set_ylabel("scaling efficiency, %")
-    axes[1].set_title("simulated", fontsize=9)
-    axes[1].legend(fontsize=7)
-    fig.suptitle("At scale, the lever that cuts latency rounds moves the curve")
+    axes[1].set_title("simulated (diamonds: measured)", fontsize=9)
+    axes[1].legend(fontsize=7, loc="lower left")
+    fig.suptitle("At scale, the lever that cuts the most latency rounds moves the curve most")
     fig.tight_layout()
     plt.show()
+
+
+def measured_efficiency(mit: dict) -> dict:
+    """Each measured configuration's scaling efficiency as the simulator defines it (compute
+    time per sample over step time per sample: the measured forward and backward of the
+    baseline, `config["compute_s"]`), from its median samples per second per rank; the
+    samples per step come from the baseline, whose rate is samples per step over its step."""
+    real = mit["real"]
+    batch = real["baseline"]["samples_per_s_per_rank"] * real["baseline"]["step_s"]
+    return {k: v["samples_per_s_per_rank"] * mit["config"]["compute_s"] / batch
+            for k, v in real.items()}
 
 
 def factor_at_scale(mit: dict) -> dict:
@@ -207,7 +227,7 @@ def levers_sentence(mit: dict, gains: dict, factor: dict) -> str:
     n_a, _ = gains["overlap"]["steps"]
     marked = [k for k in order[1:] if not gains[k]["resolved"]]
     return (f"**Each lever over the one before it, measured on 4 ranks ({n_a} steps each):** "
-            + ", ".join(f"{k} {gains[k]['gain']:+.0%}"
+            + ", ".join(f"{k} ×{1 + gains[k]['gain']:.2f}"
                         + ("" if gains[k]["resolved"] else f" ({verdict(gains[k])})")
                         for k in order[1:])
             + (", each *resolved*. " if not marked else "; the unmarked ones *resolved*. ")
@@ -219,10 +239,12 @@ def levers_sentence(mit: dict, gains: dict, factor: dict) -> str:
             + " (for fewer syncs, samples per second at a ×" + f"{k_acc} global batch, not time "
             "to train: see 04c)"
             + f".\n\nBigger buckets lead at scale because they *are* fewer rounds ({n_small} "
-            f"buckets → {n_big}): at `{mit['config']['nic']}` per hop the exchange takes seconds, "
-            "which overlap cannot hide behind this toy MLP's tens of milliseconds of backward. On "
-            "a real fabric (µs hops) it would take milliseconds, so there the ranking also "
-            "depends on the backward's length.")
+            f"buckets → {n_big}, where fewer syncs cuts the rounds per sample by {k_acc}: the "
+            f"order follows these two choices): at `{mit['config']['nic']}` per hop the exchange "
+            "takes seconds, which overlap cannot hide behind this toy MLP's tens of milliseconds "
+            "of backward. On a real fabric (µs hops) it would take milliseconds, so there the "
+            "ranking also depends on the backward's length, and on the bytes: once the exchange "
+            "is bandwidth-bound, bigger buckets gain nothing.")
 
 
 def explain_levers(mit: dict, gains: dict, factor: dict) -> None:
@@ -314,6 +336,7 @@ def hierarchy_sentence(mit: dict, one: dict, factor: dict, *, fast_in: str) -> s
     ring_lat, hier_lat = network_latencies(hn, hp)
     _, flat_net, hier_net = net_hops(ranks // 8, 8)
     per = {a: np.asarray(hier[a]["comm_per_step_s"]) for a in ("ring", "hierarchical")}
+    est = latency_ratio_gain(mit, fast_in=fast_in)
     return (
         f"**On {hn} × {hp} the replay takes {ms(hier['ring']['emulated_s'])} flat against "
         f"{ms(hier['hierarchical']['emulated_s'])} hierarchical** ({ring_lat:.0f} against "
@@ -328,9 +351,30 @@ def hierarchy_sentence(mit: dict, one: dict, factor: dict, *, fast_in: str) -> s
         "replay models latency only) the gain nearly vanishes:** "
         f"one all-reduce at {ranks} ranks takes {one[fast_in, 'ring']:.3f} s flat against "
         f"{one[fast_in, 'hierarchical']:.3f} s hierarchical ({one[slow_in, 'ring']:.3f} s against "
-        f"{one[slow_in, 'hierarchical']:.3f} s at `{slow_in}`). And a leader hierarchy sends a "
-        "node's bytes through one NIC, so with large messages it can lose (*On a real GPU "
+        f"{one[slow_in, 'hierarchical']:.3f} s at `{slow_in}`).\n\n**What decides is the "
+        "intra-node latency against the network's, not whether the link is fast:** per network "
+        "hop the flat ring pays p − 1 hops inside a node (p = 8 ranks per node), so a hierarchy "
+        f"saves about (p − 1)·t_intra / t_net of the network's time: {est[slow_in]:.3f} at "
+        f"`{slow_in}` (replayed: {one[slow_in, 'ring'] / one[slow_in, 'hierarchical'] - 1:.3f}),"
+        f" {est[fast_in]:.4f} at `{fast_in}`, but {est['nccl']:.1f} or more with NCCL's tuner "
+        "latencies for an NVLink step and a network step (appendix 3): by NCCL's own model of "
+        "NVLink and InfiniBand, a hierarchy would save most of a large ring's latency on a "
+        "latency-bound all-reduce. For large messages bytes decide instead, and a leader "
+        "hierarchy sends a node's bytes through one NIC, so it can lose (*On a real GPU "
         "cluster*).")
+
+
+def latency_ratio_gain(mit: dict, *, fast_in: str) -> dict:
+    """What a hierarchy saves, as a share of the network's latency, by the latency ratio alone:
+    (p − 1)·t_intra / t_net with p = 8 ranks per node, for the course's intra-node link, for
+    `fast_in`, and ("nccl") for NCCL's tuner latencies of an NVLink and a network ring step
+    (Simple; the tuner charges each intra-node step at least that)."""
+    t_net = jitter_at_scale.delay_stats(mit["config"]["nic"])["configured_s"]
+    out = {i: 7 * jitter_at_scale.delay_stats(i)["configured_s"] / t_net
+           for i in (mit["config"]["hier_intra"], fast_in)}
+    out["nccl"] = (7 * facts.get("nccl.tuner_nvlink_ring_step_latency_simple").value
+                   / facts.get("nccl.tuner_net_ring_step_latency_simple").value)
+    return out
 
 
 def explain_hierarchy(mit: dict, one: dict, factor: dict, *, fast_in: str) -> None:
@@ -345,6 +389,13 @@ def explain_hierarchy(mit: dict, one: dict, factor: dict, *, fast_in: str) -> No
     say(hierarchy_sentence(mit, one, factor, fast_in=fast_in))
     assert end["hierarchical"] >= end["ring, 8 per node"]
     assert one[fast_in, "ring"] < 1.05 * one[fast_in, "hierarchical"]   # "nearly vanishes"
+    # the latency ratio gives the replay's gain (the flat ring's longest chain also crosses the
+    # network twice more than the hierarchy's 2(nodes − 1): 1/(nodes − 1) on top)
+    est = latency_ratio_gain(mit, fast_in=fast_in)
+    nodes = max(r["nodes"] for r in sim["hierarchical"]) // 8
+    for intra in (mit["config"]["hier_intra"], fast_in):
+        gain = one[intra, "ring"] / one[intra, "hierarchical"] - 1
+        assert abs(gain - est[intra]) < 2 / (nodes - 1)
     # the replay counts the network latencies of the diagram above
     assert (hier["ring"]["emulated_s"] - hier["hierarchical"]["emulated_s"]
             > 0.9 * (ring_lat - hier_lat) * lat)
@@ -413,7 +464,7 @@ def appendix(pred: dict, mit: dict, gains: dict, factor: dict, one: dict, *, cal
     print(f"\n2. Levers, measured on 4 ranks ({n_a} steps each; 'resolved' = won >= 90 % of the "
           f"{n_a} x {n_b} step pairs):")
     for k in order[1:]:
-        print(f"   {label[k].replace(chr(10), ' '):48s} {gains[k]['gain']:+5.0%}  pairs won "
+        print(f"   {label[k].replace(chr(10), ' '):48s} ×{1 + gains[k]['gain']:.2f}  pairs won "
               f"{gains[k]['beats']:4.0%} ({verdict(gains[k])})  simulated 1024 ranks "
               f"x{factor[k]:.1f}")
     first = facts.get("pytorch.ddp_first_bucket")
@@ -450,8 +501,11 @@ def appendix(pred: dict, mit: dict, gains: dict, factor: dict, one: dict, *, cal
           f"latency, zero with NCCL's built-in transports): {ms((steps_all - steps_net) * nv)} "
           f"against {ms(steps_net * net)}, so in NCCL's model too the intra-node steps are most "
           "of a large ring's latency.")
-    print(f"   Hierarchy at {ranks} ranks ({nodes_h} nodes x 8): the flat ring has "
-          f"{intra_hops:.0f} intra-node hops. One all-reduce, flat vs hierarchical:")
+    print(f"   Hierarchy at {ranks} ranks ({nodes_h} nodes x 8): the flat ring's longest chain "
+          f"has {intra_hops:.0f} intra-node hops, 2(R - 1) minus its "
+          f"{net_hops(nodes_h, R // nodes_h)[1]} network crossings (NCCL's "
+          f"{steps_all - steps_net} above subtract 2(nodes - 1), the crossings with one rank per "
+          "node). One all-reduce, flat vs hierarchical:")
     for intra in (slow_in, fast_in):
         print(f"   intra-node `{intra}`: {one[intra, 'ring']:.3f} s vs "
               f"{one[intra, 'hierarchical']:.3f} s")
@@ -466,19 +520,18 @@ def appendix(pred: dict, mit: dict, gains: dict, factor: dict, one: dict, *, cal
 
 # --- on a real GPU cluster --------------------------------------------------------------------
 
-REAL_CLUSTER = """
+_NVLS_OVER_RING = (facts.get("nccl.h100_nvls_allreduce_busbw").value
+                   / facts.get("nccl.h100_ring_busbw").value)
+
+REAL_CLUSTER = f"""
 - **Real tails also come from rare long events, slow ranks and shared causes**, which
   independent per-message jitter does not produce. Over TCP (Gloo's transport) a lost packet
   usually costs a few round trips ([[linux.tcp_recovery_default]]), a retransmission *timeout*
-  at least [[linux.tcp_rto_min]]. NCCL over InfiniBand or RoCE bypasses TCP
-  ([[rdma.kernel_bypass]]; GPU memory goes to the NIC directly only with GPUDirect RDMA,
-  otherwise through NCCL's buffers in host memory); there the NIC's reliable transport
-  retries an unresponsive peer with the ACK timeout and retry count NCCL sets
-  (NCCL_IB_TIMEOUT = [[nccl.ib_timeout_default]],
-  NCCL_IB_RETRY_CNT = [[nccl.ib_retry_cnt_default]]), for at least about
-  [[nccl.ib_total_wait_default]] in all. In Llama 3's pre-training, [[meta.llama3_stragglers]],
-  and the run saw [[meta.llama3_diurnal_throughput]]. Find the slow rank per step (Megatron-LM's
-  [[megatron.straggler_detector]]) rather than averaging.
+  at least [[linux.tcp_rto_min]]; over InfiniBand, NCCL at its defaults gives up on an
+  unresponsive peer only after at least about [[nccl.ib_total_wait_default]]. In Llama 3's
+  pre-training, [[meta.llama3_stragglers]], and the run saw [[meta.llama3_diurnal_throughput]].
+  Time each rank and compare ranks (Megatron-LM's [[megatron.straggler_detector]] reports the
+  slowest and fastest rank per logging interval) rather than averaging over them.
 - **A leader-based hierarchy funnels a node's inter-node bytes through one NIC.** A DGX H100 has
   [[nvidia.dgx_h100_compute_nics]] for its compute fabric, one per GPU, so on a bandwidth-bound
   all-reduce that scheme loses. NCCL uses every NIC: its rings run as
@@ -487,8 +540,10 @@ REAL_CLUSTER = """
   switches or [[nvidia.nvswitch_sharp]] (NVLS) in an NVSwitch, [[nvidia.sharp_sends_once]] and
   receives the sum once, instead of about twice its data each way in a ring (notebook 02c). On 8
   H100s NCCL's NVLS all-reduce reports [[nccl.h100_nvls_allreduce_busbw]] of bus bandwidth
-  against the ring's [[nccl.h100_ring_busbw]]; with NVLS, busbw is not the bandwidth on the
-  wire, so the two are not like for like: compare times.
+  against the ring's [[nccl.h100_ring_busbw]]. nccl-tests computes both as algbw ×
+  [[nccl.busbw_factor_every_algorithm]], so at equal size NVLS is about ×{_NVLS_OVER_RING:.1f}
+  as fast. But its busbw is not traffic on the wire: it exceeds the ring's, the link's
+  effective rate, because each GPU sends its data once.
 - **Fewer syncs** beyond accumulation: local SGD runs [[paper.local_sgd_stich2018]]; DiLoCo
   takes [[paper.diloco]] with an outer optimizer.
 - **Bigger buckets cost overlap.** They save only per-call latency and launch overhead, never
