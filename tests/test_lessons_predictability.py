@@ -239,17 +239,42 @@ def test_best_node_counts_finds_each_curves_optimum_and_the_critical_batch():
     assert "4 for the ring, 1024 for the tree" in text
     assert "For the tree some seed's best is 1024, the edge of this range" in text
     assert "the ring's step grew ×2.00 while the steps fell only ×1.75" in text
-    assert "that is from 8 nodes, past the ring's best." in text
-    assert "Critical batch estimate: taking the largest batch's 10.0 steps as S_min" in text
+    assert "from batch 256 on (8 nodes, past the ring's best) the mean steps stay below" in text
+    assert "Critical batch estimate: S_min ≈ 10.0 steps (the largest batch's), so 2 S_min = 20.0" \
+        in text
+    # 21 -> 12 is x1.75 into the estimate, steeper than the model's x1.5, as the rate rose
+    assert ("the fall into it, 21.0 → 12.0 steps (×1.75), is steeper than the model allows "
+            "(×1.5), and the tuned rate rose 0.1 → 0.4 there.") in text
+    assert "From batch 32 to 256 the rate grid" in text and "even rise" not in text
+
+
+def test_grid_note_names_a_rise_past_the_estimate_and_stays_short_without_one():
+    rows = [{"batch": b, "lr": 4} for b in (256, 512, 1024, 2048, 4096)]
+    crit = {"steps": {256: 30.0, 512: 20.0, 1024: 12.0, 2048: 11.0, 4096: 11.5},
+            "b_crit": 1024, "batches": [256, 512, 1024, 2048, 4096], "rows": rows}
+    note = tt.grid_note(crit)   # 20 -> 12 is x1.67 > x1.5; same rate; 11.0 -> 11.5 rises
+    assert "(×1.67), is steeper than the model allows (×1.5);" in note
+    assert "past it the steps even rise (11.0 → 11.5 at batch 4096)" in note
+    assert "From batch 256 to 4096 the rate grid" in note
+    crit["steps"] = {256: 30.0, 512: 16.0, 1024: 12.0, 2048: 11.0, 4096: 10.0}
+    assert tt.grid_note(crit) == (" Treat 1024 as approximate (a lower true S_min would move "
+                                  "it right).")
 
 
 def test_nccl_sentence_says_whether_every_seed_reached_the_critical_batch():
-    crit = {"n_crit": 8, "best": {"ring": {"nodes": 4}}}
-    past = tt.nccl_sentence({"alpha_s": 1.4e-5, "best": 16, "seeds": [8, 16]}, crit)
-    assert past.startswith("**With the 14 µs per network step")
+    crit = {"n_crit": 8, "best": {"ring": {"nodes": 4}},
+            "step_times": {"ring": {8: 0.078, 16: 0.11}}}
+    step = {n: 0.05 + 2 * (n - 1) * 1.4e-5 for n in (8, 16)}
+    dc = {"alpha_s": 1.4e-5, "compute_s": 0.05, "step": step, "best": 16, "seeds": [8, 16]}
+    past = tt.nccl_sentence(dc, crit)
+    assert past.startswith("**With NCCL's tuner constant of 14 µs per network step instead of "
+                           "2 ms, step = 50 ms + 2(N−1) × 14 µs")
     assert "the ring's best moves from 4 nodes to 8 to 16 by seed** (16 by the mean" in past
-    assert "every seed's best is at or past the 8 nodes" in past
-    below = tt.nccl_sentence({"alpha_s": 1.4e-5, "best": 8, "seeds": [4, 8]}, crit)
+    assert "50 ms + 30 × 14 µs = 50 ms, against 0.11 s at 2 ms)" in past
+    assert "Every seed's best is at or past the 8 nodes" in past
+    assert "small growth and seed noise decide the exact count" in past
+    assert "not the ring" not in past
+    below = tt.nccl_sentence({**dc, "best": 8, "seeds": [4, 8]}, crit)
     assert below.endswith("; the critical batch is reached at 8 nodes.")
 
 
@@ -267,13 +292,22 @@ def test_accumulation_decides_shorter_or_longer_by_the_steps_cut_against_the_ste
     assert a["share"][4] == pytest.approx(1 - 0.05 / 0.45)
     text = tt.accumulation_sentence(a, b_crit=128)
     assert "longer at 1 of those 2 node counts**: more samples per second" in text
-    assert "By the means, accumulation still paid at 4 nodes" in text   # 128 is at b_crit
+    # the rule worked on the first multi-node count that got shorter: 4 nodes
+    assert ("The rule on 4 nodes: the step of 450 ms grows to 450 + 150 = 600 ms (×1.33), and "
+            "the 4-fold batch cuts the steps 20.0 → 12.5 (×1.60 > 1.33), so the training is "
+            "shorter (table).") in text
+    assert "it still paid at 4 nodes (by the means)" in text   # 128 is at b_crit
     assert "seeds split" not in text   # no per-seed counts given
+    # accumulating on 1 node (batch 128, 20 x 0.2 s) beats 4 nodes without it (20 x 0.45 s) and
+    # the ring's best (1 node, 100 x 0.05 s)
+    assert ("The accumulating ring's best, 1 nodes (4.00 s), reaches batch 128 faster than 4 "
+            "nodes without it (9.00 s), and beats the ring's best (5.00 s on 1 nodes).") in text
     # per seed: the same seed's steps at B and 4B, against the step's growth (1.33x at 4 nodes)
     per_seed = {128: np.array([20.0, 20.0]), 512: np.array([10.0, 18.0])}
     assert tt.seed_wins(a, [4], per_seed) == {4: (1, 2)}
     text = tt.accumulation_sentence(a, b_crit=128, per_seed=per_seed)
-    assert "Per seed it paid at 4 nodes for 1 of 2 seeds: this run does not show it" in text
+    assert ("it paid at 4 nodes by the means but for only 1 of 2 seeds: not shown on this run, "
+            "though the rule predicts it there (the exchange was at least 89% of the step") in text
 
 
 def test_explain_accumulation_prints_the_table_and_checks_one_rank_gains_nothing(said, capsys):

@@ -41,18 +41,20 @@ def plot_time_to_train(ttt: dict, acc_curve: list, *, nodes: list, acc: int) -> 
     """The figure: the measured steps to the target against the global batch (range of the
     seeds, each point's tuned rate) and the time to train against the nodes for the ring, the
     tree and the ring with accumulation (each curve's least time marked); a dotted line at the
-    critical batch estimate (`settled`) on both panels; its title says where the ring's time is
-    least."""
+    critical batch estimate (`settled`) on both panels (on the right, the nodes at which the
+    ring and the tree reach it: accumulation reaches it on fewer); its title says where the
+    ring's time is least."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [0.9, 1.2]})
     rows = ttt["steps"]["rows"]
     per_rank = ttt["per_rank_batch"]
     b_crit = settled({r["batch"]: r["steps"] for r in rows}, sorted(r["batch"] for r in rows))
-    for ax, x, at, y in ((axes[0], b_crit, f"batch {b_crit}", 1),
-                         (axes[1], b_crit // per_rank, f"{b_crit // per_rank} nodes", 0)):
+    for ax, x, at, y in ((axes[0], b_crit, f"critical batch\nestimate: batch {b_crit}", 1),
+                         (axes[1], b_crit // per_rank, "critical batch estimate\n(ring, tree): "
+                          f"{b_crit // per_rank} nodes", 0)):
         ax.axvline(x, ls=":", color="grey")
-        ax.annotate(f"critical batch\nestimate: {at}", (x, y), xycoords=("data", "axes fraction"),
+        ax.annotate(at, (x, y), xycoords=("data", "axes fraction"),
                     fontsize=7, color="grey", textcoords="offset points",
-                    xytext=(3, -20 if y else 4))
+                    xytext=(3, -20) if y else (-3, 4), ha="left" if y else "right")
     axes[0].errorbar([r["batch"] for r in rows], [r["steps"] for r in rows],
                      yerr=[[r["steps"] - min(r["per_seed"]) for r in rows],
                            [max(r["per_seed"]) - r["steps"] for r in rows]],
@@ -148,19 +150,54 @@ def best_nodes_sentence(crit: dict) -> str:
         f"only ×{steps[nb_ * per_rank] / steps[2 * nb_ * per_rank]:.2f}"
         + (f", both batches at the same tuned rate ({lr_of[nb_ * per_rank]:g}): a rate between "
            "grid values might cut the steps more, so this fall is partly the grid's"
-           if same_lr else "") + ".\n\nCritical batch "
-        f"estimate: taking the largest batch's {s_big:.1f} steps as S_min, the steps stay within "
-        f"2 S_min from batch {b_crit} "
-        f"on ({span(seed_crit)} by seed; a lower true minimum would move it right), that is from "
-        f"{n_crit} nodes" + (f", {'past' if n_crit > nb_ else 'below'} the ring's best. "
-                             if n_crit != nb_ else ", the ring's best. ")
+           if same_lr else "") + f".\n\nCritical batch estimate: S_min ≈ {s_big:.1f} steps (the "
+        f"largest batch's), so 2 S_min = {2 * s_big:.1f}; from batch {b_crit} on ({n_crit} nodes"
+        + (f", {'past' if n_crit > nb_ else 'below'} the ring's best" if n_crit != nb_ else
+           ", the ring's best")
+        + f") the mean steps stay below that ({span(seed_crit)} by seed). "
         + (f"From there to batch {batches[-1]} the steps fell ×{steps[b_crit] / s_big:.1f} in "
            f"all, while the ring's step grew "
            f"×{step_times['ring'][max(nodes)] / step_times['ring'][n_crit]:.1f}."
            if b_crit < batches[-1] else "This range of batches is too short to see past it.")
-        + (f" This estimate is also the first batch tuned to the top grid rate "
-           f"({crit['lr_top']:g}): with rates a factor of 2 apart, read it as this toy's on this "
-           "grid, not as a measured critical batch." if b_crit == crit["top_from"] else ""))
+        + grid_note(crit))
+
+
+def grid_note(crit: dict) -> str:
+    """Why the critical batch estimate is approximate: a lower true S_min would move it right,
+    and, when they happened, the tuned rate's rise into it, a fall into it steeper than
+    McCandlish's model allows for that doubling of the batch ((1 + B_crit/B)/(1 + B_crit/2B) at
+    B = B_crit/2, i.e. ×1.5), and steps that rise past it (the model's never do): then the rate
+    grid, not the batch alone, shapes the steps over those batches."""
+    steps, b_crit, batches = crit["steps"], crit["b_crit"], crit["batches"]
+    lr_of = {r["batch"]: r["lr"] for r in crit["rows"]}
+    prev = b_crit // 2
+    parts = []
+    if prev in steps:
+        fall, allowed = steps[prev] / steps[b_crit], (1 + b_crit / prev) / 2
+        rate = (f"the tuned rate rose {lr_of[prev]:g} → {lr_of[b_crit]:g} there"
+                if lr_of[prev] != lr_of[b_crit] else "")
+        if fall > allowed:
+            parts.append(f"the fall into it, {steps[prev]:.1f} → {steps[b_crit]:.1f} steps "
+                         f"(×{fall:.2f}), is steeper than the model allows (×{allowed:.1f})"
+                         + (f", and {rate}" if rate else ""))
+        elif rate:
+            parts.append(rate)
+    rises = [(a, b) for a, b in zip(batches, batches[1:]) if a >= b_crit and steps[b] > steps[a]]
+    if rises:
+        a, b = rises[0]
+        parts.append(f"past it the steps even rise ({steps[a]:.1f} → {steps[b]:.1f} at batch {b}), "
+                     "which the model's steps never do")
+    text = f" Treat {b_crit} as approximate (a lower true S_min would move it right)"
+    if not parts:
+        return text + "."
+    text += ": " + "; ".join(parts) + "."
+    if lr_of.get(prev) != lr_of[b_crit] or rises:
+        lo = min(b for b in batches if b <= prev and lr_of[b] == lr_of[prev]) if prev in lr_of \
+            else b_crit
+        hi = rises[-1][1] if rises else b_crit
+        text += (f" From batch {lo} to {hi} the rate grid (a factor of 2 apart), not the batch "
+                 "alone, shapes the steps.")
+    return text
 
 
 def ring_table(crit: dict) -> None:
@@ -180,30 +217,37 @@ def ring_table(crit: dict) -> None:
 def nccl_best_nodes(crit: dict, *, compute_s: float) -> dict:
     """The ring's time to train with NCCL's tuner constant per network step instead of the
     emulated 2 ms (a latency-only model, 2(N − 1) such steps): the constant `alpha_s`, the
-    best node count by the mean `best` and each seed's best `seeds`."""
+    compute `compute_s`, the step per node count `step`, the best node count by the mean `best`
+    and each seed's best `seeds`."""
     steps, per_seed, per_rank, nodes = (crit["steps"], crit["per_seed"], crit["per_rank"],
                                         crit["nodes"])
     alpha_dc = facts.get("nccl.tuner_net_ring_step_latency_simple").value * 1e-6
-    dc = {n: steps[n * per_rank] * (compute_s + models.ring_allreduce(n, 1 << 20, alpha_dc, 0.0))
-          for n in nodes}
+    step = {n: compute_s + models.ring_allreduce(n, 1 << 20, alpha_dc, 0.0) for n in nodes}
+    dc = {n: steps[n * per_rank] * step[n] for n in nodes}
     best_dc = min(dc, key=dc.get)
     seed_dc = sorted({nodes[i] for i in np.argmin([per_seed[n * per_rank] * dc[n]
                                                    / steps[n * per_rank] for n in nodes], axis=0)})
-    return {"alpha_s": alpha_dc, "best": best_dc, "seeds": seed_dc}
+    return {"alpha_s": alpha_dc, "compute_s": compute_s, "step": step, "best": best_dc,
+            "seeds": seed_dc}
 
 
 def nccl_sentence(dc: dict, crit: dict) -> str:
     """Each seed's best node count for the ring with NCCL's tuner constant (`nccl_best_nodes`),
-    against the emulated ring's best by the mean, and whether every one of them is at or past
-    the nodes that reach the critical batch. The model's caveats are in the notebook's
-    real-cluster bullet."""
-    n_crit = crit["n_crit"]
-    return (f"**With the {dc['alpha_s'] * 1e6:.0f} µs per network step that NCCL's tuner charges "
-            f"(below) instead of 2 ms, the ring's best moves from {crit['best']['ring']['nodes']} "
-            f"nodes to {span(dc['seeds'])} by seed** ({dc['best']} by the mean; the same "
-            "latency-only step)"
-            + (f": every seed's best is at or past the {n_crit} nodes that reach the critical "
-               "batch, so there the flattening steps, not the ring, set it."
+    against the emulated ring's best by the mean, with the step worked at the new best by the
+    mean, and whether every seed's best is at or past the nodes that reach the critical batch
+    (where the steps have flattened, so the step's small growth and seed noise pick the exact
+    count). The model's caveats are in the notebook's real-cluster bullet."""
+    n_crit, n = crit["n_crit"], dc["best"]
+    us, c_ms = dc["alpha_s"] * 1e6, dc["compute_s"] * 1e3
+    return (f"**With NCCL's tuner constant of {us:.0f} µs per network step instead of 2 ms, "
+            f"step = {c_ms:.0f} ms + 2(N−1) × {us:.0f} µs, and the ring's best moves from "
+            f"{crit['best']['ring']['nodes']} nodes to {span(dc['seeds'])} by seed** "
+            f"({n} by the mean: {c_ms:.0f} ms + {2 * (n - 1)} × {us:.0f} µs = "
+            f"{dc['step'][n] * 1e3:.0f} ms, against {crit['step_times']['ring'][n]:.2f} s at "
+            "2 ms)"
+            + (f". Every seed's best is at or past the {n_crit} nodes that reach the critical "
+               "batch: there the steps have flattened, so the step's small growth and seed noise "
+               "decide the exact count."
                if min(dc["seeds"]) >= n_crit else
                f"; the critical batch is reached at {n_crit} nodes."))
 
@@ -234,16 +278,25 @@ def accumulation(step_times: dict, with_acc: dict, steps: dict, *, acc: int, per
                  compute_s: float) -> dict:
     """Per node count of the ring with accumulation: the samples-per-second gain `sps_gain`,
     the steps' cut S(B)/S(kB) `cut`, the step's growth (t + (k−1)c)/t `grew`, the exchange's
-    share of the step `share`, and the `verdict` on the training: 'shorter' when the cut beats
-    the growth, 'longer' when it falls short, else 'same'."""
+    share of the step `share`, the `verdict` on the training: 'shorter' when the cut beats
+    the growth, 'longer' when it falls short, else 'same'; and, for a worked row, the steps
+    `steps`, the step times `t` (without) and `t_acc` (with accumulation), and the times to
+    train `time` with accumulation on n nodes, `time_kn` without it on k·n nodes (the same
+    global batch) and `ring_time` without it on each node count."""
     sps_gain = {n: acc * step_times["ring"][n] / t for n, t in with_acc.items()}
     cut = {n: steps[n * per_rank] / steps[acc * n * per_rank] for n in with_acc}   # S(B)/S(kB)
     grew = {n: t / step_times["ring"][n] for n, t in with_acc.items()}           # (t+(k-1)c)/t
     share = {n: 1 - compute_s / step_times["ring"][n] for n in with_acc}         # exchange / step
     verdict = {n: "shorter" if cut[n] > grew[n] else "longer" if cut[n] < grew[n] else "same"
                for n in with_acc}
-    return {"acc": acc, "per_rank": per_rank, "sps_gain": sps_gain, "cut": cut, "grew": grew,
-            "share": share, "verdict": verdict}
+    time = {n: steps[acc * n * per_rank] * t for n, t in with_acc.items()}
+    ring_time = {n: steps[n * per_rank] * t for n, t in step_times["ring"].items()
+                 if n * per_rank in steps}
+    time_kn = {n: ring_time[acc * n] for n in with_acc if acc * n in ring_time}
+    return {"acc": acc, "per_rank": per_rank, "compute_s": compute_s, "sps_gain": sps_gain,
+            "cut": cut, "grew": grew, "share": share, "verdict": verdict, "steps": steps,
+            "t": {n: step_times["ring"][n] for n in with_acc}, "t_acc": dict(with_acc),
+            "time": time, "time_kn": time_kn, "ring_time": ring_time}
 
 
 def seeded(a: dict, per_seed: dict | None) -> list:
@@ -263,10 +316,29 @@ def seed_wins(a: dict, ns: list, per_seed: dict) -> dict:
     return out
 
 
+def worked_row(a: dict) -> str:
+    """The rule applied to one node count, the first multi-node one where accumulation
+    shortened the mean time to train (else the first multi-node one)."""
+    acc, per_rank, c = a["acc"], a["per_rank"], a["compute_s"]
+    multi = [n for n in sorted(a["cut"]) if n > 1]
+    if not multi:
+        return ""
+    n = next((m for m in multi if a["verdict"][m] == "shorter"), multi[0])
+    s_b, s_kb = a["steps"][n * per_rank], a["steps"][acc * n * per_rank]
+    t, grew, cut = a["t"][n] * 1e3, a["grew"][n], a["cut"][n]
+    return (f"The rule on {n} nodes: the step of {t:.0f} ms grows to {t:.0f} + "
+            f"{(acc - 1) * c * 1e3:.0f} = {a['t_acc'][n] * 1e3:.0f} ms (×{grew:.2f}), and the "
+            f"{acc}-fold batch cuts the steps {s_b:.1f} → {s_kb:.1f} (×{cut:.2f} "
+            f"{'>' if cut > grew else '<' if cut < grew else '='} {grew:.2f}), so the training "
+            f"is {a['verdict'][n]} (table).")
+
+
 def accumulation_sentence(a: dict, *, b_crit: int, per_seed: dict | None = None) -> str:
-    """Where accumulation raised samples per second, where it lengthened the mean time to
-    train, the rule that decided each node count, at how many node counts the seeds split, and
-    any win at or past the critical batch (with its per-seed count)."""
+    """Where accumulation raised samples per second and where it lengthened the mean time to
+    train, the rule worked on one node count (`worked_row`), at how many node counts the seeds
+    split, any win at or past the critical batch (per seed first, when given), and the
+    accumulating curve's best against the ring's at the same global batch and the ring's
+    best."""
     acc, per_rank = a["acc"], a["per_rank"]
     sps_gain, grew, share, verdict = a["sps_gain"], a["grew"], a["share"], a["verdict"]
     raised = [n for n, g in sps_gain.items() if g > 1.01]
@@ -275,27 +347,39 @@ def accumulation_sentence(a: dict, *, b_crit: int, per_seed: dict | None = None)
     wins = seed_wins(a, won_past, per_seed) if per_seed is not None else {}
     every = seed_wins(a, seeded(a, per_seed), per_seed)
     split = [n for n, (k, m) in every.items() if 0 < k < m]
+    why = (f"the exchange was at least {min(share[n] for n in won_past):.0%} of the step, so the "
+           f"step grew only ×{max(grew[n] for n in won_past):.2f}" if won_past else "")
+    if wins and not all(k == m for k, m in wins.values()):
+        past = (f" Past the critical batch estimate ({b_crit}) it paid at "
+                f"{' and '.join(map(str, won_past))} nodes by the means but for only "
+                + " and ".join(f"{k} of {m}" for k, m in wins.values())
+                + f" seeds: not shown on this run, though the rule predicts it there ({why}).")
+    elif won_past:
+        past = (f" Past the critical batch estimate ({b_crit}) it still paid at "
+                f"{' and '.join(map(str, won_past))} nodes"
+                + (" for every seed" if wins else " (by the means)") + f": {why}.")
+    else:
+        past = ""
+    t_kn, time = a["time_kn"], a["time"]
+    n_acc = min(time, key=time.get)   # the accumulating curve's best node count
+    n_ring = min(a["ring_time"], key=a["ring_time"].get)
+    green = ""
+    if n_acc in t_kn and time[n_acc] < t_kn[n_acc]:
+        green = (f" The accumulating ring's best, {n_acc} nodes ({time[n_acc]:.2f} s), reaches "
+                 f"batch {acc * n_acc * per_rank} faster than {acc * n_acc} nodes without it "
+                 f"({t_kn[n_acc]:.2f} s), "
+                 + ("but not faster than" if a["ring_time"][n_ring] < time[n_acc] else "and beats")
+                 + f" the ring's best ({a['ring_time'][n_ring]:.2f} s on {n_ring} nodes).")
     return (
         f"**Accumulating {acc} micro-batches raised samples per second on every multi-node ring "
         f"(×{min(sps_gain[n] for n in raised):.2f} to ×{max(sps_gain[n] for n in raised):.2f}), "
         f"yet the mean time to train was longer at {len(slower)} of those {len(raised)} node "
         "counts**"
         + (": more samples per second is not a shorter training. " if slower else ". ")
-        + f"By the rule (time = steps × step time), it was shorter exactly where the {acc}-fold "
-        "batch cut the steps by a larger factor than the step grew (table)."
+        + worked_row(a)
         + (f" The seeds split at {len(split)} of the {len(every)} node counts (table: seeds "
            "shorter): there the mean's verdict is within seed noise." if split else "")
-        + (f" By the means, accumulation still paid at {' and '.join(map(str, won_past))} nodes, "
-           f"whose batch is at or past the critical batch estimate ({b_crit}): the exchange was "
-           f"at least {min(share[n] for n in won_past):.0%} of their step, so the step grew only "
-           f"×{max(grew[n] for n in won_past):.2f}."
-           + (" Per seed it paid " + " and ".join(f"at {n} nodes for {k} of {m} seeds"
-                                                  for n, (k, m) in wins.items())
-              + ("." if all(k == m for k, m in wins.values()) else
-                 ": this run does not show it past the critical batch; the rule predicts it.")
-              if wins else "") if won_past else "")
-        + " Which node counts win follows the toy's jumpy steps (a rate grid a factor of 2 "
-        "apart); the rule that decides each one does not.")
+        + past + green)
 
 
 def explain_accumulation(a: dict, *, b_crit: int, per_seed: dict | None = None) -> None:
@@ -332,9 +416,10 @@ def appendix(crit: dict) -> None:
     print("    batch   steps   lr")
     for r in rows:
         print(f"   {r['batch']:>6}   {r['steps']:>5.1f}   {r['lr']:g}")
-    print(f"   from batch {crit['top_from']} on the best rate stays {crit['lr_top']:g} (twice "
-          f"that: at all {len(plateau)} of those batches some seed missed the target within the "
-          "best's mean steps + 1)")
+    print(f"   from batch {crit['top_from']} on the best rate stays {crit['lr_top']:g}: at all "
+          f"{len(plateau)} of those batches, at rate {2 * crit['lr_top']:g} some seed had not "
+          "reached the target after the best's mean steps (rounded down) + 1, so the search "
+          "stopped it there (diverging or only slower: not told apart)")
     if crit.get("pool"):   # every seed reads the same pool from its own offset
         big = rows[-1]
         used = [s * big["batch"] / crit["pool"] for s in big["per_seed"]]
