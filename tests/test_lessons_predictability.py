@@ -364,8 +364,7 @@ def _bk(backups, mean, predicted, cancelled):
 def test_backup_lines_and_the_shortening_verdict():
     bk = [_bk(0, 0.080, 0.074, 0), _bk(2, 0.050, 0.044, 3), _bk(4, 0.040, 0.034, 5)]
     base = bk[0]
-    assert ss.backup_line(base, base) == (
-        "b=0: step 80.0 ± 1.4 ms, 2.0 ms above this sample's (N−b)-th draw")
+    assert ss.backup_line(base, base) == "b=0: step 80.0 ± 1.4 ms"
     line = ss.backup_line(bk[1], base)
     assert ("saved 30.0 ± 0.0 ms (predicted 30.0 ms); of 4 unused gradients, 3 were cut short, "
             "1 ") in line   # the same draws at every b: the paired saving has no spread here
@@ -374,6 +373,26 @@ def test_backup_lines_and_the_shortening_verdict():
     # b = 4 saved 40 ms of a predicted 40: fine; saving under half of it is not
     assert not ss.backups_shortened([bk[0], bk[1], _bk(4, 0.065, 0.034, 5)])
     assert not ss.backups_shortened([bk[0], _bk(1, 0.081, 0.06, 1), bk[2]])   # b = 1 slower
+
+
+def test_within_se_counts_savings_against_their_predictions():
+    base = {"mean_step_s": 0.080, "predicted_s": 0.074, "step_s": np.array([0.08, 0.09, 0.07])}
+    near = {"mean_step_s": 0.050, "predicted_s": 0.044,
+            "step_s": np.array([0.05, 0.058, 0.042])}   # saved 30, predicted 30
+    far = dict(near, mean_step_s=0.070)                  # saved 10 of 30: many SE off
+    assert ss.within_se([base, near]) == (
+        "Every saving is within one standard error of its prediction.")
+    assert ss.within_se([base, near, far]).startswith(
+        "1 of 2 savings are within one standard error of their prediction")
+
+
+def test_explain_backups_prints_the_overhead_once(capsys):
+    bk = [_bk(0, 0.080, 0.074, 0), _bk(2, 0.050, 0.044, 3), _bk(4, 0.040, 0.034, 5)]
+    ss.explain_backups(bk)
+    out = capsys.readouterr().out
+    assert out.count("above this sample's (N−b)-th draw") == 1
+    assert "Each step is 2.0 to 2.0 ms above" in out
+    assert "Every saving is within one standard error of its prediction." in out
 
 
 def test_saving_se_is_paired_when_the_steps_match():
@@ -412,6 +431,28 @@ def test_unsettled_names_runs_below_the_start_that_rose_above_it_late():
     assert ss.unsettled({"a": stalled, "b": settled, "c": diverged}) == ["a"]
 
 
+def test_plain_pair_says_neither_number_is_a_verdict_only_for_opposite_outcomes():
+    def run(mean_tau, step_back, final):
+        return {"tau": np.array([mean_tau]), "step_back": step_back, "initial_loss": 1.0,
+                "final_loss": final}
+
+    fix = {"plain (4 equal)": run(3.0, 0.53, 1e5), "plain, slow worker": run(2.9, 0.51, 4e-3)}
+    assert ss.plain_pair(fix) == (
+        "The two plain runs: mean τ 3.0 and 2.9, step back 53% and 51%, diverged and ended "
+        "below the start: same mean τ and step-back share, opposite outcomes. Neither number "
+        "is a verdict.")
+    fix["plain, slow worker"]["final_loss"] = 1e3   # both diverged: no lesson to draw
+    assert ss.plain_pair(fix).endswith("diverged and diverged.")
+
+
+def test_separating_tau_finds_a_whole_tau_limit_between_two_step_sizes():
+    assert ss.separating_tau(0.45, 0.55) is None        # τ = 2: 0.618, τ = 3: 0.445
+    assert ss.separating_tau(0.5, 0.7) == 2              # 0.618 lies between
+    assert ss.no_tau_between(0.45, 0.55).startswith(
+        "No whole τ has its fixed-delay limit between a = 0.45 and 0.55 (τ = 2: 0.618, τ = 3: "
+        "0.445)")
+
+
 def test_k_a_matches_counts_runs_whose_outcome_k_a_predicted():
     runs = [_run(1.0, 1e6, 2.0), _run(1.0, 0.1, 2.0), _run(1.0, 1e6, 2.0)]
     assert ss.k_a_matches(runs, k=4, a=0.55) == 2      # 2.2 > 2: growth predicted
@@ -433,8 +474,8 @@ def test_explain_ssp_lockstep_states_both_verdicts_when_released_together(capsys
     assert "Shown on this run: SSP released the workers in lockstep" in out
     assert ("Shown on this run: 4·a predicted the outcome in every run at both step sizes "
             "(6 of 6 runs)") in out
-    # τ = 1, 2, 3, 1: mean 1.75 -> limit at τ = 2 (0.618), max 3 (0.445): each one verdict
-    assert "not the mean or largest τ, predicted the outcome." in out
+    # no whole τ has its limit in (0.45, 0.55]: τ = 2 gives 0.618, τ = 3 gives 0.445
+    assert "so no fixed-delay rule tells the two apart. The lockstep pattern (4·a), not τ" in out
     assert "In those runs 100% to 100%" in out
     assert "(not exact lockstep)" not in out
 

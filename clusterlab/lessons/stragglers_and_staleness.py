@@ -34,8 +34,9 @@ def plot_slow_rank(even: dict, slow: dict, *, c: float) -> None:
 
 
 def slow_rank_medians(even: dict, slow: dict) -> dict:
-    """The median step of each run: a host spike in one step does not move them, and the
-    collective adds alike to both."""
+    """The median step of each run: a host spike in one step does not move them. (The
+    collective adds to both, less after one late arrival than after four together, so the slow
+    rank adds a little under its extra c.)"""
     return {k: float(np.median(r["step_s"])) for k, r in (("even", even), ("slow", slow))}
 
 
@@ -87,17 +88,12 @@ def emulated_ring(runs: list) -> dict:
 
 
 def straggler_table(runs: list) -> None:
-    """Prints, per N, c + m·H_N, the slowest sleep, the whole step, the time after the last
-    arrival, the all-reduce alone and the emulated link's closed form; checks that no sleep is
-    shorter than its draw and no step ends before its slowest rank."""
-    ring = emulated_ring(runs)
-    print(" N   c + m·H_N   slowest sleep   whole step   after last arrival   all-reduce alone"
-          "   emulated link")
+    """Prints, per N, c + m·H_N, the slowest sleep, the whole step and the all-reduce alone;
+    checks that no sleep is shorter than its draw and no step ends before its slowest rank."""
+    print(" N   c + m·H_N   slowest sleep   whole step   all-reduce alone")
     for r in runs:
-        after = r["mean_step_s"] - r["mean_slowest_s"]
         print(f"{r['nodes']:2d}{1e3 * r['model_s']:9.1f} ms{1e3 * r['mean_slowest_s']:13.1f} ms"
-              f"{1e3 * r['mean_step_s']:10.1f} ms{1e3 * after:18.1f} ms{1e3 * r['comm_s']:16.1f} ms"
-              f"{1e3 * ring[r['nodes']]:13.1f} ms")
+              f"{1e3 * r['mean_step_s']:10.1f} ms{1e3 * r['comm_s']:16.1f} ms")
         # a sleep is never shorter than its draw; no step ends before its slowest rank
         assert r["mean_slowest_s"] > 0.97 * r["sample_max_s"]
         assert r["mean_step_s"] > 0.97 * r["mean_slowest_s"]
@@ -144,10 +140,11 @@ def explain_straggler_growth(runs: list, sim: dict) -> None:
     print("N = 2 to 8: " + growth_verdict(grew, predicted, band, weak_if_wider=False)
           + f" (grew {1e3 * grew:.1f} ms ± {1e3 * band:.1f}; predicted {1e3 * predicted:.1f} ms)."
           + ("" if followed else
-             f" After the last arrival it grew by {1e3 * tail:.1f} ms, the all-reduce alone by "
-             f"{1e3 * (last['comm_s'] - first['comm_s']):.1f} ms, the emulated link's closed form "
-             f"by {1e3 * (ring[last['nodes']] - ring[first['nodes']]):.1f} ms"
-             + (": most of the excess came after the last arrival, not from the compute."
+             f" The time after the slowest sleep grew by {1e3 * tail:.1f} ms, the all-reduce "
+             f"alone by {1e3 * (last['comm_s'] - first['comm_s']):.1f} ms, the emulated link's "
+             f"ring (2(N−1) rounds) by {1e3 * (ring[last['nodes']] - ring[first['nodes']]):.1f} ms"
+             + (": most of the excess came after the slowest sleep (this host's all-reduce), "
+                "not from the compute."
                 if excess > 0 and tail > 0.5 * excess else ".")))
     assert np.allclose(sim["mean_step_s"], sim["model_s"], rtol=0.05)
 
@@ -183,12 +180,10 @@ def saving_se(r: dict, base: dict) -> float:
 
 
 def backup_line(r: dict, base: dict) -> str:
-    """One b's line: its step and spread, the time above its sample's (N−b)-th draw and, for
-    b > 0, what it saved against b = 0 with one standard error (and the prediction) and what
-    became of the unused gradients."""
+    """One b's line: its step and spread and, for b > 0, what it saved against b = 0 with one
+    standard error (and the prediction) and what became of the unused gradients."""
     line = (f"b={r['backups']}: step {1e3 * r['mean_step_s']:.1f} ± "
-            f"{1e3 * np.std(r['step_s'], ddof=1):.1f} ms, "
-            f"{1e3 * (r['mean_step_s'] - r['sample_s']):.1f} ms above this sample's (N−b)-th draw")
+            f"{1e3 * np.std(r['step_s'], ddof=1):.1f} ms")
     if r is not base:
         saved = base["mean_step_s"] - r["mean_step_s"]
         predicted = base["predicted_s"] - r["predicted_s"]
@@ -210,24 +205,36 @@ def backups_shortened(bk: list) -> bool:
             > 0.5 * (base["predicted_s"] - bk[-1]["predicted_s"]))
 
 
+def within_se(bk: list) -> str:
+    """How the savings of b > 0 compare with their predictions, in standard errors."""
+    base = bk[0]
+    off = [abs(base["mean_step_s"] - r["mean_step_s"] - (base["predicted_s"] - r["predicted_s"]))
+           / max(saving_se(r, base), 1e-12) for r in bk[1:]]
+    if all(o <= 1 for o in off):
+        return "Every saving is within one standard error of its prediction."
+    return (f"{sum(o <= 1 for o in off)} of {len(off)} savings are within one standard error of "
+            f"their prediction, {sum(o <= 2 for o in off)} within two.")
+
+
 def explain_backups(bk: list) -> None:
     """Prints each b's line (`backup_line`) with how to read them, checks that b = 0 cut nothing
-    short and the largest b did, and states whether every b > 0 shortened the step as
-    predicted."""
+    short and the largest b did, states whether every b > 0 shortened the step as predicted,
+    and how far each saving is from its prediction in standard errors (`within_se`)."""
     base = bk[0]
     for r in bk:
         print(backup_line(r, base))
+    above = [1e3 * (r["mean_step_s"] - r["sample_s"]) for r in bk]
     print(f"({len(base['step_s'])} steps per b, the same compute draws at every b. A step's ± is "
           "the standard deviation over steps; a saving's ± is one standard error of it (paired "
-          "step by step). The time above the draw is messages, threads and Python overhead; "
-          "with b > 0 the aggregator also receives b unused replies per step.)")
+          f"step by step). Each step is {min(above):.1f} to {max(above):.1f} ms above this "
+          "sample's (N−b)-th draw: point-to-point messages to one aggregator, threads and "
+          "Python, less than the previous section's all-reduce; with b > 0 the aggregator also "
+          "receives b unused replies per step.)")
     # b = 0 waits for all; b > 0 cuts some short
     assert base["cancelled"] == 0 and bk[-1]["cancelled"] > 0
     conclude(backups_shortened(bk), f"every b > 0 shortened the step, and b = {bk[-1]['backups']} "
              "saved at least half of the saving c + m·(H_N − H_b) predicts for it")
-    frac = [(base["mean_step_s"] - r["mean_step_s"]) / (base["predicted_s"] - r["predicted_s"])
-            for r in bk[1:]]
-    print(f"Each b > 0 saved {min(frac):.0%} to {max(frac):.0%} of the saving predicted for it.")
+    print(within_se(bk))
 
 
 # --- stale gradients --------------------------------------------------------------------------
@@ -408,6 +415,21 @@ def unsettled(fix: dict) -> list:
             if r["final_loss"] < r["initial_loss"] < last_third_max(r)]
 
 
+def plain_pair(fix: dict) -> str:
+    """The two plain runs side by side: mean τ, step-back share and outcome; when their mean τ
+    and step-back shares are close but one diverged and the other did not, says that neither
+    number is a verdict."""
+    a, b = fix["plain (4 equal)"], fix["plain, slow worker"]
+    up = [r["final_loss"] > r["initial_loss"] for r in (a, b)]
+    close = (abs(a["tau"].mean() - b["tau"].mean()) < 0.3
+             and abs(a["step_back"] - b["step_back"]) < 0.1)
+    return (f"The two plain runs: mean τ {a['tau'].mean():.1f} and {b['tau'].mean():.1f}, step "
+            f"back {a['step_back']:.0%} and {b['step_back']:.0%}, "
+            + " and ".join("diverged" if u else "ended below the start" for u in up)
+            + (": same mean τ and step-back share, opposite outcomes. Neither number is a "
+               "verdict." if close and up[0] != up[1] else "."))
+
+
 def explain_fixes(fix: dict) -> None:
     """Prints each fix run's mean and largest τ, step-back share, final loss and largest loss
     over its last third, names the runs that ended below the start yet rose above it in that
@@ -419,6 +441,7 @@ def explain_fixes(fix: dict) -> None:
     for name, r in fix.items():
         print(f"{name:26s}{r['tau'].mean():7.1f}{int(r['tau'].max()):7d}{r['step_back']:11.0%}"
               f"{r['final_loss']:12.1e}{last_third_max(r):17.1e}")
+    print(plain_pair(fix))
     for name in unsettled(fix):
         print(f"{name}: ended below the start ({fix[name]['initial_loss']:.2f}) but rose to "
               f"{last_third_max(fix[name]):.1e} in its last third: not converged, only low when "
@@ -477,28 +500,42 @@ def k_a_matches(rs: list, *, k: int, a: float) -> int:
     return sum(g == (k * a > 2) for g in grew)
 
 
+def separating_tau(lo: float, hi: float, *, max_tau: int = 1000) -> int | None:
+    """The first whole τ whose fixed-delay limit lies in (lo, hi]: a τ rule that calls a = lo
+    stable and a = hi unstable; None when no τ up to `max_tau` does."""
+    return next((t for t in range(max_tau + 1)
+                 if lo < models.delayed_gd_stable_step(t) <= hi), None)
+
+
+def no_tau_between(lo: float, hi: float) -> str:
+    """Says that no whole τ has its fixed-delay limit between lo and hi, with the two limits
+    either side of them."""
+    t = next(t for t in range(1001) if models.delayed_gd_stable_step(t) <= hi)
+    if t == 0:   # hi is at or above the synchronous limit: every τ calls both unstable
+        return f"Every whole τ's fixed-delay limit is at or below a = {lo} and {hi}."
+    return (f"No whole τ has its fixed-delay limit between a = {lo} and {hi} (τ = {t - 1}: "
+            f"{models.delayed_gd_stable_step(t - 1):.3f}, τ = {t}: "
+            f"{models.delayed_gd_stable_step(t):.3f}), so no fixed-delay rule tells the two "
+            "apart.")
+
+
 def explain_ssp_lockstep(ssp_lr: dict, shared: dict, *, seeds) -> None:
-    """For each a: k·a, the mean and largest τ with their fixed-delay limits, how many seeds
-    ended above their initial loss, and the lockstep measured per seed; then states whether
-    SSP released the workers in lockstep in every run and, if so, whether k·a predicted the
-    outcome for most seeds (or every run), with the count of runs it predicted, and whether
-    the fixed-delay limits at the mean and largest τ could have told the two a apart."""
+    """For each a: k·a, the mean and largest τ, how many seeds ended above their initial loss,
+    and the lockstep measured per seed; then states whether SSP released the workers in
+    lockstep in every run and, if so, whether k·a predicted the outcome for most seeds (or
+    every run), with the count of runs it predicted, and whether any whole τ's fixed-delay
+    limit could have told the smallest and largest a apart (`separating_tau`)."""
     k = shared["SSP s=1, slow worker"]["typical"]
     # the lockstep, measured on every run judged below, not only on the a = 0.7 run above
     lock = {a: [staleness.shared_versions(r) for r in rs] for a, rs in ssp_lr.items()}
     matches = {}
-    tau_says = {"mean": set(), "max": set()}   # each τ rule's verdicts (a below its limit?)
     for a, rs in ssp_lr.items():
         grew = [r["final_loss"] > r["initial_loss"] for r in rs]
         matches[a] = k_a_matches(rs, k=k, a=a)
         mean_t, max_t = np.mean([r["tau"].mean() for r in rs]), max(int(r["tau"].max()) for r in rs)
-        up_t = int(np.ceil(mean_t))  # the fixed-delay limit needs a whole τ: the mean rounded up
-        tau_says["mean"].add(a < models.delayed_gd_stable_step(up_t))
-        tau_says["max"].add(a < models.delayed_gd_stable_step(max_t))
-        print(f"a = {a}; {k}·a = {k * a:.2f}; over {len(rs)} seeds: mean τ {mean_t:.1f} "
-              f"(fixed-delay limit at τ = {up_t}: {models.delayed_gd_stable_step(up_t):.3f}), "
-              f"max τ {max_t} (limit {models.delayed_gd_stable_step(max_t):.3f}); "
-              f"{sum(grew)} ended above their initial loss, {len(rs) - sum(grew)} below it")
+        print(f"a = {a}; {k}·a = {k * a:.2f}; over {len(rs)} seeds: mean τ {mean_t:.1f}, "
+              f"max τ {max_t}; {sum(grew)} ended above their initial loss, "
+              f"{len(rs) - sum(grew)} below it")
         print("  per seed, gradients from a version several workers pulled: "
               + ", ".join(f"{g['in_shared']:.0%} (typically {g['typical']} per version)"
                           for g in lock[a]))
@@ -522,10 +559,9 @@ def explain_ssp_lockstep(ssp_lr: dict, shared: dict, *, seeds) -> None:
               f"{min(g['in_shared'] for g in judged):.0%} to "
               f"{max(g['in_shared'] for g in judged):.0%} of the gradients shared a version"
               + (" (not exact lockstep)" if min(g["in_shared"] for g in judged) < 1 else "")
-              + (f". The fixed-delay limits at the mean τ and at the largest τ each gave one "
-                 f"verdict for both a: the lockstep pattern ({k}·a), not the mean or largest τ, "
-                 "predicted the outcome."
-                 if all(len(v) == 1 for v in tau_says.values())
+              + (f". {no_tau_between(min(ssp_lr), max(ssp_lr))} The lockstep pattern ({k}·a), "
+                 "not τ, predicted the outcome."
+                 if separating_tau(min(ssp_lr), max(ssp_lr)) is None
                  else f": the lockstep pattern ({k}·a) predicted the outcome."))
 
 
@@ -562,7 +598,9 @@ REAL_CLUSTER = """
   [[python.gc_freeze]] exempts long-lived objects); data-loader stalls; power or thermal capping
   ([[nvidia.nvml_clock_event_reasons]]); a PCIe link trained down ([[nvidia.nvml_pcie_link]]); a
   bad NIC or cable.
-- **Delay on purpose**: PipeDream's [[paper.pipedream_weight_stashing]]; asynchronous RL's
+- **Delay on purpose**: PipeDream's asynchronous 1F1B, with no flush
+  ([[paper.pipedream_weight_stashing]] keeps a micro-batch's forward and backward on one
+  weight version); asynchronous RL's
   policy lag, corrected by IMPALA's [[paper.impala_vtrace]]; SSP ([[paper.ssp_ho2013]]).
 - **Infrequent synchronisation is not asynchrony**: local SGD ([[paper.local_sgd_stich2018]])
   and DiLoCo ([[paper.diloco]]) average replicas that drifted for H local steps, every replica
