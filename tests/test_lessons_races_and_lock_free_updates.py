@@ -49,7 +49,7 @@ def test_explain_async_races_asserts_the_fixes_were_right():
 
 def test_overlap_sentence_classifies_by_1_3_cores():
     assert races.overlap_sentence(1.71).endswith(
-        "1.71 at once (CPU s per wall s): they overlapped.")
+        "1.71 at once: they overlapped.")
     assert "mostly took turns" in races.overlap_sentence(1.3)
 
 
@@ -121,14 +121,30 @@ def test_explain_lost_updates_reads_the_ranges_and_the_parallelism(capsys):
     assert "(12,000 updates × 32 coordinates) in one run (6 runs)" in out
     assert "far above the median" not in out
     assert "in place 1.76 and 1.75." in out
-    assert ("Only 1.75 of the 4 write-back workers ran at once, so 75% (all 4 at once) is not "
-            "the expected loss here; the 4-worker losses ended below it.") in out
+    assert ("With 1.75 of the 4 write-back workers at once, (W - 1)/W is 43%; the 4-worker "
+            "losses ended above it, which pauses can explain") in out
     assert "Two effects" not in out
+    races.explain_lost_updates(_rep(lost_wb=(0.4, 0.3)), _runs_lost(), problem=_Problem(),
+                               cores=2)
+    assert "losses ended below it." in capsys.readouterr().out
     races.explain_lost_updates(_rep(par_wb=(1.9, 3.5), par_in=(1.2, 1.9)), _runs_lost(),
                                problem=_Problem(), cores=4)
     out = capsys.readouterr().out
     assert ": too few at once to test the in-place race on this run." in out
-    assert "Only" not in out
+    assert "write-back workers at once" not in out
+
+
+def test_time_slice_here_follows_the_ledger_formula(monkeypatch):
+    import os
+    import platform
+
+    monkeypatch.setattr(platform, "system", lambda: "Linux")
+    monkeypatch.setattr(platform, "release", lambda: "6.18.4-generic")
+    for cpus, ms in ((1, 0.7), (2, 1.4), (3, 1.4), (4, 2.1), (64, 2.8)):
+        monkeypatch.setattr(os, "cpu_count", lambda c=cpus: c)
+        assert races.time_slice_here()[0] == pytest.approx(ms)
+    monkeypatch.setattr(platform, "release", lambda: "6.14.0")  # base 0.75 ms: not stated
+    assert races.time_slice_here()[0] is None
 
 
 def test_explain_lost_updates_asserts_what_the_text_says():
@@ -157,6 +173,7 @@ def test_explain_mixed_reads(capsys, monkeypatch):
     assert ("write-backs computed 3,806 of 12,000 updates (31.7%) from a read the stamps "
             "flagged; lock 0.") in out
     assert "retried 2,439 of 12,000 reads (20%; 6,595 retries in all)" in out
+    assert "computed only from reads its check passed (complete " in out
     assert not shown  # under 100 retries per retried read
     races.explain_mixed_reads(_mixed_runs(retries=50000, retried=400))
     assert shown and "[[linux.seqlock_writer_not_preempted]]" in shown[0]
@@ -236,12 +253,11 @@ def _cost(p_in2=1.97, grow=True):
 
 def test_costs_measurable_needs_1_3_cores_for_two_in_place_workers(capsys):
     assert races.costs_measurable(_cost(p_in2=1.97))
-    assert ("Shown on this run: wall-clock costs, which need a second core free for the "
-            "lock-free workers: 2 in-place workers got 1.97 cores, 1.3 needed.") in (
-                capsys.readouterr().out)
+    assert ("Shown on this run: the costs below are valid: 2 in-place workers ran 1.97 at "
+            "once on 2 cores (1.3 needed).") in capsys.readouterr().out
     assert not races.costs_measurable(_cost(p_in2=1.1))
     out = capsys.readouterr().out
-    assert out.startswith("Not shown on this run") and "shared about 1.10 cores" in out
+    assert out.startswith("Not shown on this run") and "ran only 1.10 at once" in out
 
 
 def test_surviving_rates_discount_the_lost_updates():
@@ -265,7 +281,11 @@ def test_ranking_orders_by_median_and_marks_overlaps():
 def test_explain_cost(capsys):
     races.explain_cost(_cost(), problem=_Problem())
     out = capsys.readouterr().out
-    assert "in place 68,000 -> 68,000 (ranges overlap), lock 59,000 -> 37,170 (lower" in out
+    assert out.startswith("On 2 cores, 1 -> 2 workers (surviving updates/s, medians of 3 "
+                          "runs): in place 68,000 -> 68,000, lock 59,000 -> 37,170, as each lock "
+                          "update's CPU went from 15 to 28 µs.")
+    assert ("2 workers against 1, by the ranges of the 3 runs: in place: ranges overlap; lock: "
+            "lower") in out and "rests on one run each" in out
     assert "largest factor" not in out
     assert ("in place ran 1.00 -> 1.90 workers at once at 15 -> 28 µs of CPU per update "
             "(1.9x)") in out
@@ -274,7 +294,8 @@ def test_explain_cost(capsys):
     assert "spread by up to 20% with 1 worker, another run can reorder" in out
     assert ("'>': every run below every run of the mode before)" in out) == ("≈" not in out)
     races.explain_cost(_cost(grow=False), problem=_Problem())
-    assert "Possible causes" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Possible causes" not in out and "37,170." in out and ", as each" not in out
 
 
 def _allreduce_runs(final=6.6e-5, lock_lost=0):
@@ -289,7 +310,12 @@ def _allreduce_runs(final=6.6e-5, lock_lost=0):
 def test_explain_allreduce(capsys):
     races.explain_allreduce(_allreduce_runs())
     out = capsys.readouterr().out
-    assert "12,000 examples in 47 updates, 0.3 s: 160 updates/s, 40,754 examples/s" in out
+    assert ("12,000 examples in 47 updates (4 ranks × 64 examples each), 0.29 s: 160 "
+            "updates/s, 40,754 examples/s; 0 lost") in out
+    races.explain_allreduce(_allreduce_runs(), _cost())
+    assert ("40,754 examples/s, against 68,000 surviving updates/s for 4 in-place workers above "
+            "(one example each; the all-reduce also waits on the network, 4 ranks on 2 cores)"
+            ) in capsys.readouterr().out
     assert ("Final loss 6.6e-05, against 1.1e-07 for the write-back run on the same examples: "
             "that does not rank the two, since it took 47 large steps") in out
     races.explain_allreduce(_allreduce_runs(final=1e-8))

@@ -6,6 +6,8 @@ into the figure and the sentences the learner reads, and checks what the text cl
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..experiments.common import conclude
@@ -30,7 +32,7 @@ def plot_async_races(ar: dict) -> None:
     ax.bar(range(len(variants)), [100 * v[n]["wrong_trials"] / v[n]["reads"] for n in variants],
            color=["C3" if n.endswith("before_wait") else "C2" for n in variants])
     ax.set_xticks(range(len(variants)), [n.replace("_", " ") for n in variants], fontsize=8)
-    ax.set_ylabel(f"reads with a wrong value (% of {v[variants[0]]['reads']})")
+    ax.set_ylabel(f"rank-trials with a wrong value\n(% of {v[variants[0]]['reads']})")
     ax.set_ylim(0, 110)
     for k, n in enumerate(variants):
         ax.text(k, 100 * v[n]["wrong_trials"] / v[n]["reads"] + 2,
@@ -55,13 +57,13 @@ def explain_async_races(ar: dict, ar1: dict) -> None:
     went wrong and that the fixes never did."""
     v = ar["variants"]
     d = v["read_before_wait"]  # what a wrong read saw: this rank's own value, or a partial sum
-    print(f"read before wait(): wrong in {d['wrong_trials']} of {d['reads']} reads "
+    print(f"read before wait(): wrong in {d['wrong_trials']} of {d['reads']} rank-trials "
           f"({d['wrong_elements']:.1%} of the elements): own value {d['local']:.1%}, "
           f"partly reduced {d['wrong_elements'] - d['local']:.1%}")
     d = v["edit_before_wait"]  # what became of the edit, and whether the replicas still agree
-    print(f"edit before wait(): wrong in {d['wrong_trials']} of {d['reads']} reads: edit sent "
-          f"by every rank (410) {d['edit_sent']:.1%} of the elements, overwritten by Gloo (10) "
-          f"{d['edit_lost']:.1%}, other wrong values (some ranks' edits sent, or a mix) "
+    print(f"edit before wait(): wrong in {d['wrong_trials']} of {d['reads']} rank-trials: edit "
+          f"sent by every rank (410) {d['edit_sent']:.1%} of the elements, overwritten by Gloo "
+          f"(10) {d['edit_lost']:.1%}, other wrong values (some ranks' edits sent, or a mix) "
           f"{d['wrong_elements'] - d['edit_sent'] - d['edit_lost']:.1%}; "
           f"ranks disagree in {d['disagree_trials']} of "
           f"{ar['trials']} trials")
@@ -73,8 +75,8 @@ def explain_async_races(ar: dict, ar1: dict) -> None:
     fixes = ASYNC_FIXES
     print(f"the fixes ({', '.join(fixes)}): wrong in "
           f"{', '.join(str(v[n]['wrong_trials']) for n in fixes)} of {v[fixes[0]]['reads']} "
-          f"reads; ranks disagree in {', '.join(str(v[n]['disagree_trials']) for n in fixes)} "
-          f"of {ar['trials']} trials")
+          "rank-trials; ranks disagree in "
+          f"{', '.join(str(v[n]['disagree_trials']) for n in fixes)} of {ar['trials']} trials")
     rb, rb1 = v["read_before_wait"], ar1["variants"]["read_before_wait"]
     ok, ok1 = rb["reads"] - rb["wrong_trials"], rb1["reads"] - rb1["wrong_trials"]
     print(f"reads before wait() that happened to be right: {ok} of {rb['reads']} (1 MiB bucket), "
@@ -90,7 +92,7 @@ def explain_async_races(ar: dict, ar1: dict) -> None:
 
 def overlap_sentence(parallelism: float) -> str:
     """Whether the in-place workers overlapped (more than 1.3 CPU s per wall s) or took turns."""
-    return (f"The in-place workers ran {parallelism:.2f} at once (CPU s per wall s): "
+    return (f"The in-place workers ran {parallelism:.2f} at once: "
             + ("they overlapped." if parallelism > 1.3 else
                "they mostly took turns, so in place had little chance to differ from the lock."))
 
@@ -111,6 +113,27 @@ def explain_hogwild(runs: dict) -> None:
 
 
 # --- Lost updates -------------------------------------------------------------------------------
+
+def time_slice_here() -> tuple[float | None, int | None]:
+    """This kernel's default time slice in ms, by the ledger's linux.eevdf_base_slice (0.70 ms
+    x (1 + ilog2 of the online CPUs, at most 8), Linux 6.15 and later; None on another
+    system or an older kernel), and its scheduler tick rate HZ from /proc/config.gz (None
+    when the kernel does not publish its configuration)."""
+    import gzip
+    import platform
+    import re
+
+    m = re.match(r"(\d+)\.(\d+)", platform.release())
+    slice_ms = None
+    if platform.system() == "Linux" and m and (int(m[1]), int(m[2])) >= (6, 15):
+        slice_ms = 0.70 * (1 + int(np.log2(min(os.cpu_count() or 1, 8))))
+    try:
+        with gzip.open("/proc/config.gz", "rt") as f:
+            hz = re.search(r"^CONFIG_HZ=(\d+)$", f.read(), re.M)
+    except OSError:
+        hz = None
+    return slice_ms, int(hz[1]) if hz else None
+
 
 def plot_lost_updates(rep: dict, runs: dict) -> None:
     """Bar chart of the counter increments lost on the dense problem (the proxy for lost
@@ -179,18 +202,26 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
         print("The worst run is far above the median: in-place losses vary a lot from run to "
               "run. Two adds colliding on an element, or a worker paused between its load and "
               "store, each lose increments; these runs do not tell which happened.")
-    print(f"Workers at once on {cores} cores (CPU s per wall s): write-back "
+    print(f"Workers at once on {cores} cores: write-back "
           f"{par['writeback', 2]:.2f} and {par['writeback', 4]:.2f}, in place "
           f"{par['inplace', 2]:.2f} and {par['inplace', 4]:.2f}"
           + ("." if par_in > 1.3 else ": too few at once to test the in-place race on this run."))
-    if par["writeback", 4] < 3:
-        net = ("below" if max(lost["writeback", 4]) < 0.75 else
-               "above" if min(lost["writeback", 4]) > 0.75 else "on both sides of")
-        print(f"Only {par['writeback', 4]:.2f} of the 4 write-back workers ran at once, so 75% "
-              f"(all 4 at once) is not the expected loss here; the 4-worker losses ended {net} "
-              "it.")
+    p4 = par["writeback", 4]
+    if p4 < 3:  # (W - 1)/W with W the workers really at once, not the 4 started
+        at_once = (p4 - 1) / p4
+        net = ("below" if max(lost["writeback", 4]) < at_once else
+               "above" if min(lost["writeback", 4]) > at_once else "on both sides of")
+        print(f"With {p4:.2f} of the 4 write-back workers at once, (W - 1)/W is {at_once:.0%}; "
+              f"the 4-worker losses ended {net} it"
+              + (", which pauses can explain: a worker descheduled between its read and its "
+                 "write-back erases, when it resumes, all the others wrote meanwhile."
+                 if net == "above" else "."))
+    slice_ms, hz = time_slice_here()
+    here = "" if slice_ms is None else (
+        f"; on this machine's {os.cpu_count()} CPUs {slice_ms:.1f} ms, rounded up to a "
+        "scheduler tick" + ("" if hz is None else f" (every {1000 / hz:.0f} ms here: HZ = {hz})"))
     facts.show("A worker waiting for a core waits out the others' **time slices**, on Linux "
-               "by default [[linux.eevdf_base_slice]].")
+               f"by default [[linux.eevdf_base_slice]]{here}.")
     assert all(r["lost"] > 0 for r in rep["writeback", 4])
     assert runs["dense", "lock"]["lost"] == 0 and runs["dense", "seqlock"]["lost"] == 0
     for w in (2, 4):  # in place, only the one-element load-to-store window loses increments
@@ -203,22 +234,29 @@ def explain_mixed_reads(runs: dict) -> None:
     """How many dense write-backs (4 workers, one run) computed from a read the stamps
     flagged, and how many reads the seqlock retried; why so many retries per read, when
     there are (a sourced note); asserts that the lock saw no flagged read and that the seqlock
-    never computed from one."""
+    never computed from one (that no unflagged read mixed versions holds by construction, on
+    x86: the appendix's memory-ordering note)."""
     from .. import facts
 
     wb, sq, lk = (runs["dense", m] for m in ("writeback", "seqlock", "lock"))
     print(f"Dense, 4 workers, one run each: write-backs computed {wb['mixed_reads']:,} of "
           f"{wb['updates']:,} updates ({wb['mixed_reads'] / wb['updates']:.1%}) from a read the "
           f"stamps flagged; lock {lk['mixed_reads']}.")
+    import platform
+
+    x86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
     print(f"The seqlock retried {sq['retried_reads']:,} of {sq['updates']:,} reads "
           f"({sq['retried_reads'] / sq['updates']:.0%}; {sq['retries']:,} retries in all) and "
-          "computed from no mixed read.")
+          "computed only from reads its check passed ("
+          + ("complete on x86 with serialised writers" if x86 else
+             "complete only with the memory barriers the appendix names")
+          + ": appendix).")
     if sq["retries"] > 100 * max(sq["retried_reads"], 1):
         facts.show("So many retries per read mean a writer was paused mid-write (descheduled) "
                    "while readers spun on its half-written stamps; that is why Linux rules: "
                    "[[linux.seqlock_writer_not_preempted]].")
     assert lk["mixed_reads"] == 0
-    assert sq["retries"] == sq["mixed_reads"]  # the seqlock never computes from a mixed read
+    assert sq["retries"] == sq["mixed_reads"]  # the seqlock never computes from a flagged read
     assert (sq["retries"] > 0) == (sq["retried_reads"] > 0)
     assert sq["retried_reads"] <= sq["updates"]
 
@@ -322,9 +360,9 @@ def costs_measurable(cost: dict) -> bool:
     says. States the verdict (`conclude`) and returns it."""
     i2 = cost["workers"].index(2)
     p_in2 = cost["parallelism"]["inplace"][i2]
-    return conclude(p_in2 > 1.3, f"wall-clock costs, which need a second core free for the "
-                    f"lock-free workers: 2 in-place workers got {p_in2:.2f} cores, 1.3 needed",
-                    busy=f"the 2 in-place workers shared about {p_in2:.2f} cores"
+    return conclude(p_in2 > 1.3, f"the costs below are valid: 2 in-place workers ran "
+                    f"{p_in2:.2f} at once on {cost['cores']} cores (1.3 needed)",
+                    busy=f"the 2 in-place workers ran only {p_in2:.2f} at once"
                     if p_in2 <= 1.3 else None)
 
 
@@ -383,22 +421,27 @@ def ranking(surv: dict, modes, i: int) -> str:
 
 
 def explain_cost(cost: dict, *, problem) -> None:
-    """From 1 to 2 workers, the surviving rates of in place and the lock; why, from the
-    median runs (workers at once and CPU per update); hedged possible causes of extra CPU per
-    update; and the ranking of the modes with 4 workers."""
+    """From 1 to 2 workers, the surviving rates of in place and the lock, and why, from the
+    median runs (workers at once and CPU per update: the takeaway first); hedged possible
+    causes of extra CPU per update; how far the runs' ranges support the 1 -> 2 change; and
+    the ranking of the modes with 4 workers."""
     ws, modes, surv = cost["workers"], cost["modes"], surviving_rates(cost)
     i1, i2, i4 = ws.index(1), ws.index(2), ws.index(4)
     spread = max((v.max() - v.min()) / np.median(v) for v in (surv[m][0] for m in modes))
     mr = cost["median_run"]  # (updates/s, workers at once, CPU µs per update)
-    a1, a, b1, b = (float(np.median(surv[m][i])) for m in ("inplace", "lock") for i in (i1, i2))
-    print(f"1 -> 2 workers on {cost['cores']} cores, surviving updates/s (median of "
-          f"{cost['repeats']}): in place {a1:,.0f} -> {a:,.0f} "
-          f"({versus_one(surv['inplace'][i2], surv['inplace'][i1])}), lock {b1:,.0f} -> "
-          f"{b:,.0f} ({versus_one(surv['lock'][i2], surv['lock'][i1])}).")
-    print("  Why, from the median runs (updates/s = workers at once / CPU s per update): "
+    pair = ("inplace", "lock")
+    med = {m: [float(np.median(surv[m][i])) for i in (i1, i2)] for m in pair}
+    # updates/s = workers at once / CPU s per update: a fall with CPU per update grown is that
+    cpu_why = [f"each {NAME[m]} update's CPU went from {mr[m][i1][2]:.0f} to {mr[m][i2][2]:.0f} "
+               f"µs" for m in pair if med[m][1] < med[m][0] and mr[m][i2][2] > 1.3 * mr[m][i1][2]]
+    print(f"On {cost['cores']} cores, 1 -> 2 workers (surviving updates/s, medians of "
+          f"{cost['repeats']} runs): "
+          + ", ".join(f"{NAME[m]} {med[m][0]:,.0f} -> {med[m][1]:,.0f}" for m in pair)
+          + (f", as {' and '.join(cpu_why)}." if cpu_why else "."))
+    print("  The median runs (updates/s = workers at once / CPU s per update): "
           + "; ".join(f"{NAME[m]} ran {mr[m][i1][1]:.2f} -> {mr[m][i2][1]:.2f} workers at once "
                       f"at {mr[m][i1][2]:.0f} -> {mr[m][i2][2]:.0f} µs of CPU per update "
-                      f"({mr[m][i2][2] / mr[m][i1][2]:.1f}x)" for m in ("inplace", "lock"))
+                      f"({mr[m][i2][2] / mr[m][i1][2]:.1f}x)" for m in pair)
           + "."
           + (" The lock's workers at once above 1 is CPU spent outside the held lock (the loop's "
              "own bookkeeping, acquiring and handing over the lock)."
@@ -407,10 +450,15 @@ def explain_cost(cost: dict, *, problem) -> None:
                       "cache lines move between the cores) or cores sharing hardware",
            "lock": "the lock, handing it and the coordinates from process to process (waking "
                    "the waiting process)"}
-    grown = [m for m in ("inplace", "lock") if mr[m][i2][2] > 1.3 * mr[m][i1][2]]
+    grown = [m for m in pair if mr[m][i2][2] > 1.3 * mr[m][i1][2]]
     if grown:
         print("  Possible causes of the extra CPU per update, not measured here: "
               + "; ".join(why[m] for m in grown) + ".")
+    print(f"  2 workers against 1, by the ranges of the {cost['repeats']} runs: "
+          + "; ".join(f"{NAME[m]}: {versus_one(surv[m][i2], surv[m][i1])}" for m in pair)
+          + (" (a gap between the nearest runs rests on one run each)"
+             if any(versus_one(surv[m][i2], surv[m][i1]) != "ranges overlap" for m in pair)
+             else "") + ".")
     order = ranking(surv, modes, i4)
     print(f"4 workers on {cost['cores']} cores"
           f"{' (more workers than cores)' if cost['cores'] < 4 else ''}: {order} ('>': every "
@@ -420,19 +468,25 @@ def explain_cost(cost: dict, *, problem) -> None:
           f"{spread:.0%} with 1 worker, another run can reorder the modes.")
 
 
-def explain_allreduce(runs: dict) -> None:
-    """The synchronous all-reduce's updates, examples per second and replicas, and its final
-    loss beside the write-back run's on the same examples; asserts that the lock, the seqlock
-    and the all-reduce lost nothing, that both saw the same examples, and that the replicas
-    agree."""
+def explain_allreduce(runs: dict, cost: dict | None = None) -> None:
+    """The synchronous all-reduce's updates, examples per second (beside the in-place rate with
+    as many workers in `cost`, one example an update) and replicas, and its final loss beside
+    the write-back run's on the same examples; asserts that the lock, the seqlock and the
+    all-reduce lost nothing, that both saw the same examples, and that the replicas agree."""
     ar_run, hw = runs["dense", "allreduce"], runs["dense", "writeback"]
-    print(f"Synchronous all-reduce ({ar_run['workers']} ranks, emulated network): "
-          f"{ar_run['examples']:,} examples in {ar_run['steps']} updates, "
-          f"{ar_run['elapsed_s']:.1f} s: {ar_run['steps_per_s']:,.0f} updates/s, "
-          f"{ar_run['examples_per_s']:,.0f} examples/s (here an update takes "
-          f"{ar_run['workers']} ranks × 64 examples, above one example: not comparable per "
-          f"update); {ar_run['lost']} lost by construction; replicas bit-identical: "
-          f"{ar_run['replicas_agree']}.")
+    w = ar_run["workers"]
+    versus = ""
+    if cost is not None and w in cost["workers"]:
+        inpl = float(np.median(surviving_rates(cost)["inplace"][cost["workers"].index(w)]))
+        versus = (f", against {inpl:,.0f} surviving updates/s for {w} in-place workers above "
+                  f"(one example each; the all-reduce also waits on the network, {w} ranks on "
+                  f"{cost['cores']} cores)")
+    print(f"Synchronous all-reduce ({w} ranks, emulated network): "
+          f"{ar_run['examples']:,} examples in {ar_run['steps']} updates ({w} ranks × 64 "
+          "examples each), "
+          f"{ar_run['elapsed_s']:.2f} s: {ar_run['steps_per_s']:,.0f} updates/s, "
+          f"{ar_run['examples_per_s']:,.0f} examples/s{versus}; {ar_run['lost']} lost by "
+          f"construction; replicas bit-identical: {ar_run['replicas_agree']}.")
     above = ar_run["final_loss"] > hw["final_loss"]
     print(f"  Final loss {ar_run['final_loss']:.1e}, against {hw['final_loss']:.1e} for the "
           "write-back run on the same examples"
@@ -462,7 +516,8 @@ GPU_RACES = """
 - **Finding stream races.** Kernels on two streams that touch one tensor with no
   synchronisation between them race; the CUDA Stream Sanitizer
   ([[pytorch.cuda_stream_sanitizer]]) records each PyTorch operator's reads and writes on
-  the stream current at the call and stops at the first such pair. It does not see kernels
+  the stream current at the call and stops at the first operator that races, listing its
+  conflicts. It does not see kernels
   launched outside PyTorch's operators, nor the stream NCCL really runs a collective on.
 - **Asynchronous checkpoints.** DCP's async_save writes [[pytorch.dcp_async_save_staging]]
   from another thread. By default it makes that copy before it returns; given an
