@@ -81,10 +81,11 @@ def test_explain_changed(capsys):
     sd.explain_changed(changed, healthy, steps=25)
     out = capsys.readouterr().out
     assert "differs from rank 0's: [2]" in out
-    assert "2.400000e-03 after step 0, 2.400000e-03 after step 24 (moved by at most 0.0e+00" in out
+    assert ("2.400000e-03 after step 0, 2.400000e-03 after step 24 (relative change <= 0.0e+00: "
+            "rounding only)") in out
     assert "rank 0's loss, last 10 steps: 0.10% off" in out
     assert "(both within 0.8% of it)" in out and "which replica the checkpoint" in out
-    assert "loss on a fixed evaluation batch (the same on every rank)" in out
+    assert "loss on a fixed batch of training rows (the same on every rank)" in out
     assert "held-out" not in out  # the evaluation rows are also in the training pool
     with pytest.raises(AssertionError, match="within 5%"):
         sd.explain_changed(_run(odd=(2,), distance=1e-3, loss=0.2, eval_loss=ev), healthy,
@@ -111,6 +112,10 @@ def test_explain_exponent_flip(capsys, monkeypatch):
     assert "inf (its float32 sum of squares overflows), the same on every rank: True" in out
     assert "at most 5 of its 161 synchronised gradient elements" in out
     assert "at flat index 0: the flipped element" in out and "exactly 0 in float32: 100%" in out
+    expo["grad_norm"][12] = 30.0  # the norm has not come back down
+    with pytest.raises(AssertionError, match="back to the healthy run's scale"):
+        sd.explain_exponent_flip(expo, healthy)
+    expo["grad_norm"][12] = 1.9
     expo["params"][:, 0], expo["params"][:, 3] = 0.5, 2.8e35  # the huge weight elsewhere
     with pytest.raises(AssertionError):
         sd.explain_exponent_flip(expo, healthy)
@@ -137,13 +142,14 @@ def test_first_check_at_or_after():
         4, 4, 14, 14, 19, 24]
 
 
-def _detection(first_step=14, reported=15, later_ranks=(0, 1, 2, 3)):
+def _detection(first_step=14, reported=15, later_ranks=(0, 1, 2, 3), repeats=True):
     nan_first = {"kind": "nan", "ranks": [3], "step": 23, "reported": 25}
+    first = {"kind": "parameter_mismatch", "ranks": [2], "step": first_step, "reported": reported}
+    again = [dict(first, step=s, reported=s + 1) for s in range(first_step + 5, 30, 5)]
     return [
         {"scenario": "healthy", "first": None, "alerts": [], "rank": None, "step": None},
-        {"scenario": "param_changed", "rank": 2, "step": 12, "alerts": [],
-         "first": {"kind": "parameter_mismatch", "ranks": [2], "step": first_step,
-                   "reported": reported}},
+        {"scenario": "param_changed", "rank": 2, "step": 12, "first": first,
+         "alerts": [first] + (again if repeats else [])},
         {"scenario": "grad_before", "rank": 3, "step": 23, "first": nan_first,
          "alerts": [nan_first, {"kind": "nan", "ranks": list(later_ranks), "step": 29,
                                 "reported": 30}]},
@@ -162,12 +168,15 @@ def test_explain_detection(capsys):
     sd.explain_detection(_detection(), every=5, world=4)
     out = capsys.readouterr().out
     assert "deliver 1 more alert(s), on ranks [0, 1, 2, 3]: the all-reduce spread the NaN" in out
+    assert "alert again at every later check, up to step 29: a split persists" in out
     sd.explain_detection(_detection(later_ranks=(3,)), every=5, world=4)
     assert "on ranks [3]\n" in capsys.readouterr().out
     with pytest.raises(AssertionError):  # delivered two steps after its check
         sd.explain_detection(_detection(reported=16), every=5, world=4)
     with pytest.raises(AssertionError):  # labelled after the first check step
         sd.explain_detection(_detection(first_step=19, reported=20), every=5, world=4)
+    with pytest.raises(AssertionError):  # the split's later checks were silent
+        sd.explain_detection(_detection(repeats=False), every=5, world=4)
 
 
 def _stall(steps=30, world=4, batch=16, lr=0.05):

@@ -12,8 +12,8 @@ import numpy as np
 
 def explain_changed(changed: dict, healthy: dict, *, steps: int) -> None:
     """Rank 2 changed its weights after wrapping: which ranks' fingerprints differ, how its gap
-    to rank 0 stayed what it was, how far rank 0's loss and both replicas' losses on the fixed
-    evaluation batch (drawn from the training data, not held out) are from the healthy run's;
+    to rank 0 stayed what it was, how far rank 0's loss and both replicas' losses on a fixed
+    batch of training rows (the same on every rank, not held out) are from the healthy run's;
     asserts each of these."""
     from ..experiments import divergence
 
@@ -22,12 +22,12 @@ def explain_changed(changed: dict, healthy: dict, *, steps: int) -> None:
     drift = np.max(np.abs(d2 / d2[0] - 1))
     print(f"ranks whose fingerprint differs from rank 0's: {divergence.replicas_agree(changed)}")
     print(f"rank 2's gap to rank 0: {d2[0]:.6e} after step 0, {d2[-1]:.6e} after step "
-          f"{steps - 1} (moved by at most {drift:.1e} of itself)")
+          f"{steps - 1} (relative change <= {drift:.1e}: rounding only)")
     print(f"rank 0's loss, last 10 steps: {dev:.2%} off the healthy run's (one seeded run)")
     ev0, ev2 = changed["eval_loss"][-1, 0], changed["eval_loss"][-1, 2]
     evh = healthy["eval_loss"][-1, 0]
     off = max(abs(ev0 - evh), abs(ev2 - evh)) / evh
-    print(f"loss on a fixed evaluation batch (the same on every rank): rank 0's replica "
+    print(f"loss on a fixed batch of training rows (the same on every rank): rank 0's replica "
           f"{ev0:.5f}, rank 2's {ev2:.5f}, healthy run {evh:.5f} (both within {off:.1%} of it)")
     if off < 0.05:
         print("so evaluating either replica alone shows nothing wrong; which replica the "
@@ -72,6 +72,7 @@ def explain_exponent_flip(expo: dict, healthy: dict) -> None:
           f"{sat['zero_grad_share']:.0%}")
     assert 0 < abs(was) < 1 and abs(now) > 1e30, "a normal value below 1, times 2^128"
     assert g[10] > 1e20 * np.median(h) and np.all(expo["grad_norm"][10] == g[10])
+    assert np.all(g[11:13] < 10 * h[11:13]), "steps 11-12: back to the healthy run's scale"
     assert divergence.replicas_agree(expo) == []
     assert big > 1e30 and big_h < 10 and where == 0
     assert sat["unit"] == 0 and sat["zero_grad_share"] == 1.0, "saturated on every input"
@@ -124,8 +125,9 @@ def alert_sentence(d: dict) -> str:
 def explain_detection(det: list, *, every: int, world: int) -> None:
     """Per scenario of `divergence.detection`, the first alert (`alert_sentence`), and the
     later alerts of the NaN run, which name every rank once the all-reduce spread the NaN;
-    asserts silence on the healthy run and that every fault is named on its rank, labelled by
-    the next check step and delivered one step later."""
+    asserts silence on the healthy run, that every fault is named on its rank, labelled by
+    the next check step and delivered one step later, and that the weight-change runs (all
+    but the first and the last) alert again at every later check."""
     for d in det:
         print(alert_sentence(d))
     assert det[0]["scenario"] == "healthy" and det[0]["alerts"] == [], "silent on a healthy run"
@@ -134,6 +136,12 @@ def explain_detection(det: list, *, every: int, world: int) -> None:
         check = first_check_at_or_after(d["step"], every)
         assert first is not None and first["ranks"] == [d["rank"]], d
         assert d["step"] <= first["step"] <= check and first["reported"] == check + 1, d
+    last = max(a["reported"] for d in det for a in d["alerts"]) - 1  # the last check step
+    for d in det[1:-1]:  # a weight change: the split persists
+        labels = sorted({a["step"] for a in d["alerts"] if a["kind"] == d["first"]["kind"]})
+        assert labels == list(range(d["first"]["step"], last + 1, every)), d
+    print(f"the weight-change runs alert again at every later check, up to step {last}: a "
+          "split persists")
     nan_run = det[-1]
     later = [a for a in nan_run["alerts"] if a["reported"] > nan_run["first"]["reported"]]
     later_ranks = sorted({r for a in later for r in a["ranks"]})
@@ -149,7 +157,7 @@ def explain_detection(det: list, *, every: int, world: int) -> None:
 # --- A model that stops learning ----------------------------------------------------------------
 
 def stall_row(name: str, run: dict, *, steps: int) -> str:
-    """One row of the stall table: the loss on the fixed evaluation batch after the first
+    """One row of the stall table: the loss on a fixed batch of training rows after the first
     and after the last step, median gradient norm, median lr applied (||update|| /
     ||gradient||), the steps after the first that changed rank 0's weights (its checksum
     moved), alerts."""
@@ -161,10 +169,10 @@ def stall_row(name: str, run: dict, *, steps: int) -> str:
 
 
 def explain_stall(stall: dict, *, steps: int, lr: float, world: int, batch: int) -> None:
-    """The table of the healthy, optimizer_detached and lr_divided runs (`stall_row`), what
-    its columns mean and how much smaller lr_divided's first update is; asserts that both
-    stalled runs look normal to a loss-and-sync dashboard (finite gradients as large as the
-    healthy run's first, as in a run that has not begun to learn; agreeing replicas, no
+    """The table of the healthy, optimizer_detached and lr_divided runs (`stall_row`; the
+    notebook defines its columns) and how much smaller lr_divided's first update is; asserts
+    that both stalled runs look normal to a loss-and-sync dashboard (finite gradients as large
+    as the healthy run's first, as in a run that has not begun to learn; agreeing replicas, no
     alert) while the applied lr and the checksum show them."""
     ok, detached, divided = stall["healthy"], stall["optimizer_detached"], stall["lr_divided"]
     g0 = ok["grad_norm"][0, 0]  # the healthy run's first gradient: same weights, same batch
@@ -173,12 +181,8 @@ def explain_stall(stall: dict, *, steps: int, lr: float, world: int, batch: int)
     for name, run in stall.items():
         print(stall_row(name, run, steps=steps))
     shrink = divided["update_ratio"][0] / ok["update_ratio"][0]
-    print(f"(loss on the fixed evaluation batch after step 0 and after step {steps - 1}; medians "
-          f"over {steps} steps; lr applied = ||update|| / ||gradient||, configured {lr}; steps "
-          f"weights changed: of steps 1-{steps - 1}, those after which rank 0's checksum "
-          f"differs; replicas agree in every run; lr_divided's first update is "
-          f"{shrink.mean():.4f} of the healthy run's, 1 / (W x batch) = "
-          f"{1 / (world * batch):.4f})")
+    print(f"lr_divided's first update is {shrink.mean():.4f} of the healthy run's, "
+          f"1 / (W x batch) = {1 / (world * batch):.4f}")
     assert ok["eval_loss"][-1, 0] < 0.1 * ok["eval_loss"][0, 0], "the healthy run learns"
     assert np.ptp(detached["eval_loss"]) == 0, "optimizer_detached learns nothing at all"
     assert divided["eval_loss"][-1, 0] > 0.9 * divided["eval_loss"][0, 0], "lr_divided crawls"
@@ -201,10 +205,9 @@ def explain_stall(stall: dict, *, steps: int, lr: float, world: int, batch: int)
 
 
 def plot_stall(stall: dict, *, lr: float) -> None:
-    """Three panels over the steps of the stall runs: rank 0's loss on the fixed evaluation
-    batch, its gradient
-    norm after the sync, and the lr SGD really applied (||update|| / ||gradient||, 0 on the
-    bottom row) against the configured `lr`."""
+    """Three panels over the steps of the stall runs: rank 0's loss on a fixed batch of
+    training rows, its gradient norm after the sync, and the lr SGD really applied
+    (||update|| / ||gradient||, 0 on the bottom row) against the configured `lr`."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.4))
@@ -216,7 +219,7 @@ def plot_stall(stall: dict, *, lr: float) -> None:
         applied = run["update_norm"][:, 0] / run["grad_norm"][:, 0]  # the lr SGD really applied
         axes[2].plot(np.maximum(applied, 1e-6), **style[name],  # 0 drawn on the bottom row
                      label=name + (" (on the dashed line)" if name == "healthy" else ""))
-    axes[0].set_ylabel("loss on the evaluation batch (MSE)")
+    axes[0].set_ylabel("loss on the fixed training rows (MSE)")
     axes[0].legend(fontsize=8)
     axes[0].set_title("the loss stalls", fontsize=10)
     axes[1].set_ylabel("gradient L2 norm after the sync")
@@ -288,9 +291,9 @@ IDENTICAL_BYTES = (
     "next GPU\" in [`src/device/all_reduce.h`]"
     "(https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/device/all_reduce.h)). "
     "A bit flipped on one hop (bad memory on a forwarding GPU, a link error that escapes the "
-    "link's CRC checksum) reaches only the ranks downstream of it: the replicas split. This is "
-    "the case the "
-    "replica fingerprint catches and no single-rank check does. A report of that symptom, "
+    "link's CRC checksum) reaches only the ranks downstream of it: the replicas split. The "
+    "replica fingerprint catches it; for a mantissa flip, no single-rank check sees it. A "
+    "report of that symptom, "
     "cause never found: [NVIDIA/nccl#434](https://github.com/NVIDIA/nccl/issues/434), one "
     "node's all-reduce result (always the same node) differing from the others'; the "
     "maintainer answered that all ranks should hold the same result.\n"
