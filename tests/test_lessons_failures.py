@@ -52,6 +52,21 @@ def test_outcome_row_aligns_columns_and_wraps_what_it_says_under_its_column():
     assert detail.startswith("op      DETAIL  RankError       -         0.3s  word")
 
 
+def test_legend_gives_the_bound_and_the_start_up_and_teardown_beyond_it(capsys):
+    lines = hangs_lesson.legend_lines(_mismatches(), plain_timeout_s=1.6)
+    assert [line.split(":")[0].strip() for line in lines] == [
+        "outcome", "ranks", "after", "what it says"]
+    assert "at its bound (1.6 s;" in lines[0]
+    assert "bound plus 0.4 s of clusterlab's start-up and teardown" in " ".join(lines[2].split())
+    assert all(len(row) <= 96 for line in lines for row in line.splitlines())
+    no_timeout = _mismatches(op={"error": "RankDied"}, smaller={"error": "RankDied"})
+    assert "bound plus" not in hangs_lesson.legend_lines(no_timeout, plain_timeout_s=2)[2]
+    hangs_lesson.print_outcomes(_mismatches())
+    assert "key:" not in capsys.readouterr().out
+    hangs_lesson.print_outcomes(_mismatches(), plain_timeout_s=1.6)
+    assert "key:" in capsys.readouterr().out
+
+
 def test_smaller_marks_a_wrong_result_as_silent_and_a_right_one_not():
     small = _mismatches()["smaller", None]
     wrong = hangs_lesson.smaller_lines(small)

@@ -24,11 +24,42 @@ def outcome_row(m: dict) -> str:
     return textwrap.fill(row + m["said"], 100, subsequent_indent=" " * len(row))
 
 
-def print_outcomes(mism: dict) -> None:
-    """Print the table of the six mismatch runs, `mism[case, debug]`, one row per run."""
+def legend_lines(mism: dict, *, plain_timeout_s: float) -> list[str]:
+    """What the outcomes table's words mean, one entry per column (wrapped at 96 characters,
+    indented): the three outcomes, the ranks column, and `after`, with the seconds a
+    `ClusterTimeout` run on plain Gloo took beyond its bound `plain_timeout_s` (clusterlab's
+    start-up and teardown; the mean over those rows, left out when there is none)."""
+    over = [m["wall_s"] - plain_timeout_s for m in mism.values()
+            if m["error"] == "ClusterTimeout" and m["debug"] is None]
+    after = "seconds from starting the processes until the run ended"
+    if over:  # a no-break space keeps a number with its unit when wrapped
+        after += (f": a ClusterTimeout's bound plus {sum(over) / len(over):.1f}\u00a0s of "
+                  "clusterlab's start-up and teardown")
+    entries = [
+        ("outcome", f"ClusterTimeout, clusterlab stopped a run still busy at its bound "
+                    f"({plain_timeout_s:g}\u00a0s; the process group's own, longer timeout never "
+                    "fired); RankDied, a rank process died; RankError, a rank raised"),
+        ("ranks", "those still inside the call, or the one that died; '-' for RankError "
+                  "(under DETAIL every rank raises)"),
+        ("after", after),
+        ("what it says", "DETAIL's error, from the first rank to report it; else Gloo's own "
+                         "diagnostic, from the rank's stderr; else nothing"),
+    ]
+    return [textwrap.fill(f"{name}: {text}", 96, initial_indent="    ",
+                          subsequent_indent="        ").replace("\u00a0", " ")
+            for name, text in entries]
+
+
+def print_outcomes(mism: dict, *, plain_timeout_s: float | None = None) -> None:
+    """Print the table of the six mismatch runs, `mism[case, debug]`, one row per run; with
+    `plain_timeout_s` (the bound of the plain-Gloo runs), its key below it."""
     print(HEADER)
     for m in mism.values():
         print(outcome_row(m))
+    if plain_timeout_s is not None:
+        print("key:")
+        for line in legend_lines(mism, plain_timeout_s=plain_timeout_s):
+            print(line)
 
 
 def smaller_lines(small: dict) -> list[str]:
@@ -160,8 +191,9 @@ def hang_checklist() -> str:
         "1. **Bound it**: an explicit `timeout` (table below). On NCCL, when a collective "
         "exceeds it, the watchdog tears down its own process (the launcher then ends the job), "
         "and each rank first tries to write its flight-recorder dump (best effort: PyTorch "
-        "waits for it only a bounded time): the ranks whose collective timed out on their own, "
-        "a rank stuck elsewhere when the first timed-out rank signals it.\n"
+        "waits for it only a bounded time). Ranks whose own collective timed out dump at once; "
+        "the others dump when the first of them posts a flag in the job's store, which every "
+        "rank polls.\n"
         "2. **Keep the dumps.** They are written on each rank's own host, by default to "
         "[[pytorch.fr_dump_location]] (`$XDG_CACHE_HOME` replaces `~/.cache` when set): a "
         "container whose home is discarded loses them. Set "
@@ -178,10 +210,13 @@ def hang_checklist() -> str:
         "`SYS_PTRACE` capability, not among Docker's or Kubernetes' default capabilities: add it, "
         "per the same README): the odd rank out is not waiting where the others are.\n"
         "6. **Read the dumps** with [[pytorch.flight_recorder_analyzer]]: it merges them and "
-        "reports the first mismatch (op, size, dtype) or the ranks that never joined. From a "
-        "job that neither times out nor fails, fetch a dump on each rank on demand, "
-        "`torch._C._distributed_c10d._dump_nccl_trace()` (a pickle; NCCL builds, per the same "
-        "tutorial). A same-shape swap issued from one line leaves no trace there (above).\n\n"
+        "reports the first mismatch (op, size, dtype) or the ranks that never joined. For a "
+        "job stuck short of its timeout, set TORCH_NCCL_DEBUG_INFO_PIPE_FILE to a file-name "
+        "prefix before the run: then [[pytorch.nccl_debug_info_pipe]]. A same-shape swap "
+        "issued from one loop leaves no trace there: an entry holds op, sizes, dtypes, timing "
+        "and the Python stack, nothing that names the tensor (`struct Entry` in torch 2.13's "
+        "[FlightRecorder.hpp](https://github.com/pytorch/pytorch/blob/v2.13.0/torch/csrc/"
+        "distributed/c10d/FlightRecorder.hpp)).\n\n"
         "- **Where a waiting rank's stack sits.** A collective with `async_op=False` "
         "[[pytorch.collective_returns_before_cuda_completes]], so the others wait at the next "
         "host sync (`.item()`, `.cpu()`); [[pytorch.nccl_blocking_wait]] puts the stack in the "
@@ -210,4 +245,5 @@ def hang_settings() -> str:
         "recorder's ring buffer, in collectives per rank |\n"
         "| TORCH_NCCL_DUMP_ON_TIMEOUT | [[pytorch.nccl_dump_on_timeout]] | the dump on a "
         "timeout |\n"
-        "| TORCH_NCCL_DESYNC_DEBUG=1 | off | it [[pytorch.nccl_desync_debug]] |")
+        "| TORCH_NCCL_DESYNC_DEBUG=1 | off (on under `DETAIL`) | it "
+        "[[pytorch.nccl_desync_debug]] |")
