@@ -126,10 +126,11 @@ def explain_sweep(sweep: dict) -> None:
     """The α-β fit against the configured link (how far α lies off, in µs, and the worst
     residual), n* fitted and configured, the effective bandwidth at 1 KiB, 64 KiB and 8 MiB,
     how late the smallest message was against the configured α + nβ (this machine's excess
-    read directly), and why the fitted α differs: a least-squares intercept is a weighted mean
-    of every size's excess (weights summing to 1, negative for the largest sizes). Checks
-    that identity, that the fit recovers α, β and n* within 30% and that small messages are
-    latency-bound, large ones bandwidth-bound."""
+    read directly), and why the fitted α differs: it comes from every size's excess (their
+    range is printed), since what all sizes share moves a line's intercept. Checks that the fitted
+    α's excess is exactly the least-squares weights (summing to 1) times the sizes' excesses,
+    that the fit recovers α, β and n* within 30% and that small messages are latency-bound,
+    large ones bandwidth-bound."""
     fit = sweep["fit"]
     sizes, share = sweep["sizes"], sweep["latency_share"]
     eff = effective_mbit(sizes, sweep["best_ms"])
@@ -150,10 +151,9 @@ def explain_sweep(sweep: dict) -> None:
     weights = 1 / len(x) - x.mean() * (x - x.mean()) / np.sum((x - x.mean()) ** 2)
     print(f"the {sizes[0] // 1024} KiB message: {excess_us[0]:+.0f} µs against the configured "
           "α + nβ: what this machine added, read directly")
-    print(f"the fitted α's {extra_us:+.0f} µs is a weighted mean of every size's excess "
-          f"(least-squares weights {weights[0]:.2f} at {sizes[0] // 1024} KiB down to "
-          f"{weights[-1]:+.2f} at {sizes[-1] // 2**20} MiB); the excesses ranged from "
-          f"{round(excess_us.min()) + 0:+d} to {round(excess_us.max()) + 0:+d} µs")
+    print(f"the fitted α's {extra_us:+.0f} µs comes from every size's excess (here "
+          f"{round(excess_us.min()) + 0:+d} to {round(excess_us.max()) + 0:+d} µs): what all "
+          "sizes share moves a line's intercept, not its slope")
     assert abs(np.sum(weights * excess_us) - extra_us) < 0.01, "the intercept is sum(w * excess)"
     assert abs(fit.alpha - sweep["configured_alpha"]) <= 0.3 * sweep["configured_alpha"]
     assert abs(fit.beta - sweep["configured_beta"]) <= 0.3 * sweep["configured_beta"]
@@ -170,16 +170,18 @@ assert facts.get("nvidia.connectx7_rate_bytes").unit == "GB/s"
 assert facts.get("nccl.proto_ll_efficiency").unit == "%"
 _KB_PER_US = facts.get("nvidia.connectx7_rate_bytes").value * 1e9 * 1e-6 / 1e3
 _SIMPLE_NSTAR_KB = facts.get("nccl.tuner_net_ring_step_latency_simple").value * _KB_PER_US
-_LL_NSTAR_KB = (facts.get("nccl.tuner_net_ring_step_latency_ll").value * _KB_PER_US
-                * facts.get("nccl.proto_ll_efficiency").value / 100)
+_LL_US = facts.get("nccl.tuner_net_ring_step_latency_ll").value
+_LL_GBPS = (facts.get("nvidia.connectx7_rate_bytes").value
+            * facts.get("nccl.proto_ll_efficiency").value / 100)  # LL's data rate, GB/s
+_LL_NSTAR_KB = _LL_US * _LL_GBPS  # µs × GB/s = kB
 TRANSPORT_AND_CONGESTION = f'''
 **Transport and α**
 
 - **Line rate.** A DGX H100 has [[nvidia.dgx_h100_compute_nics]] for its compute fabric, at
   [[nvidia.connectx7_rate]] each, one per GPU: β per NIC is 1 / [[nvidia.connectx7_rate_bytes]],
   so n* = α/β is about {_KB_PER_US:.0f} kB per µs of α. (A ring all-reduce, notebook 02,
-  sends 1/p of the buffer per step; NCCL cuts that further across channels and fixed-size
-  buffers, [[nccl.buffsize_env]].)
+  sends 1/p of the buffer per step; NCCL splits that further over its channels, the parallel
+  slices of notebook 02c, and into fixed-size buffers, [[nccl.buffsize_env]].)
 - **NCCL's own α.** NCCL has three protocols (notebook 02c): LL (low latency) and LL128 send a
   flag with the data, so the receiver needs no separate synchronisation (a lower per-step
   latency, less bandwidth); Simple moves large chunks at full bandwidth. NCCL's tuner, the cost
@@ -188,7 +190,7 @@ TRANSPORT_AND_CONGESTION = f'''
   (Simple) on nodes with several GPUs, plus a fixed latency per call: a ring step's n* on one
   such NIC is about {_SIMPLE_NSTAR_KB:.0f} kB with Simple. LL's lower α comes with at most half
   the bandwidth ([[nccl.proto_ll_efficiency]] of each LL line is data), so its n* is at most
-  about {_LL_NSTAR_KB:.0f} kB.
+  about {_LL_US:g} µs × {_LL_GBPS:g} GB/s ≈ {_LL_NSTAR_KB:.0f} kB.
 - **α without the kernel.** RDMA skips the kernel's system calls and copies
   ([[rdma.kernel_bypass]]). The round trips measured above cannot show that software cost:
   they are almost all emulated delay.
