@@ -166,6 +166,7 @@ def test_tp_concludes_and_flags_dp_noise(capsys):
             "one, 4% from its closed form") in out and "expected" not in out
     assert "TP step +150.0 ms, DP step +20.0 ms (closed forms +144.0 ms and +18.0 ms)." in out
     assert "DP's growth is 111%" in details[0]
+    assert "fp32 matrices) to 1.0e-07 (tolerance 1e-5)" in details[0]
     l10b.explain_tp(_tp_sweep(dp_hi=0.030), details=details)  # DP +10 ms against 18 ms
     assert "within this machine's noise on this run" in capsys.readouterr().out
 
@@ -201,20 +202,25 @@ def _growth(gpipe, f1b):
 def test_pipeline_verdict_from_the_least_grown_step(monkeypatch, capsys):
     monkeypatch.setattr(l10b.exp, "pipeline_growth",
                         lambda pipe, calm, rough: _growth([0.06, 0.07, 0.09], [0.10, 0.16]))
-    monkeypatch.setattr(l10b, "delay_only_growth",
-                        lambda pipe, calm, rough: {"gpipe": 0.0594, "1f1b": 0.1584})
+    monkeypatch.setattr(l10b, "replay_split", lambda pipe, calm, rough: {
+        "gpipe": {"delay": 0.0594, "drift": -0.0062}, "1f1b": {"delay": 0.1584, "drift": 0.002}})
     rows = _pipe_rows()
     rows[0]["step_s"] = 0.52  # calm GPipe: 20 ms of this machine's overhead over its replay
     details = []
     assert l10b.explain_pipeline(rows, calm="calm", rough="rough", details=details)
     out = capsys.readouterr().out
     assert "grew by 70.0 ms (GPipe) and 130.0 ms (1F1B), medians of 7 steps: 1F1B paid more." in out
-    assert ("without its jitter the rough network adds 59.4 ms (GPipe) and 158.4 ms (1F1B); the "
-            "jitter adds a further 15.6 ms and 1.6 ms (means of 2 draws)") in out
-    # Both medians are below their replay's mean; only GPipe's calm step ran over its replay.
-    assert "below the replay's mean (GPipe): it starts from the calm step, which ran 20.0 ms" in out
+    assert ("the delay alone, without its jitter, adds 59.4 ms (GPipe) and 158.4 ms (1F1B); "
+            "what the jitter and this run's compute drift add: appendix.") in out
+    assert "below the replay's mean" not in out and "jitter adds" not in out
     assert "Bubble on the calm network: GPipe 30%, 1F1B 30% (formula 27%)." in out
-    assert "replay mean 75.0 ms" in details[0]
+    # GPipe's median 70 ms inside the replay's 70 to 80 ms; 1F1B's 130 ms below 150 ms.
+    assert "gpipe measured median 70.0 ms (range 60.0 ms to 90.0 ms, 7 steps), inside" in \
+        details[0]
+    assert "1f1b  measured median 130.0 ms (range 100.0 ms to 160.0 ms, 7 steps), below" in \
+        details[0]
+    assert "gpipe mean 75.0 ms = delay 59.4 ms + jitter 21.8 ms + drift -6.2 ms" in details[0]
+    assert "1f1b  mean 160.0 ms = delay 158.4 ms + jitter -0.4 ms + drift 2.0 ms" in details[0]
     # One 1F1B step grew less than GPipe's median: not shown, and on a quiet machine a failure.
     monkeypatch.setattr(l10b.exp, "pipeline_growth",
                         lambda pipe, calm, rough: _growth([0.06, 0.07, 0.09], [0.065, 0.16]))
@@ -227,17 +233,20 @@ def test_replay_without_jitter_counts_the_hops():
 
     assert l10b.without_jitter("delay 10ms 5ms") == "delay 10ms"
     rows = []
-    for nic in ("delay 100us", "delay 10ms 5ms"):
+    for nic, forward in (("delay 100us", 0.016), ("delay 10ms 5ms", 0.015)):
         for schedule in par.PIPELINE_SCHEDULES:
-            calm = par.simulate_pipeline(schedule, stages=4, microbatches=8, forward_s=0.015,
-                                         backward_s=0.030, nic=nic, activation_bytes=4096)
+            own = par.simulate_pipeline(schedule, stages=4, microbatches=8, forward_s=forward,
+                                        backward_s=0.030, nic=nic, activation_bytes=4096)
             rows.append({"nic": nic, "schedule": schedule, "ops": [[None] * 16] * 4,
-                         "forward_took_s": 0.015, "backward_took_s": 0.030,
-                         "activation_bytes": 4096, "simulated_step_s": calm.step_s})
-    grown = l10b.delay_only_growth(rows, "delay 100us", "delay 10ms 5ms")
-    # 2(p-1) = 6 hops for GPipe, 2(p-1)m/p + 2(p-2) = 16 for 1F1B, each 9.9 ms longer
-    assert grown["gpipe"] == pytest.approx(6 * 0.0099)
-    assert grown["1f1b"] == pytest.approx(16 * 0.0099)
+                         "forward_took_s": forward, "backward_took_s": 0.030,
+                         "activation_bytes": 4096, "simulated_step_s": own.step_s})
+    split = l10b.replay_split(rows, "delay 100us", "delay 10ms 5ms")
+    # 2(p-1) = 6 hops for GPipe, 2(p-1)m/p + 2(p-2) = 16 for 1F1B, each 9.9 ms longer, with
+    # the same operation times; the calm run's forwards 1 ms slower: 11 slots 1 ms shorter.
+    assert split["gpipe"]["delay"] == pytest.approx(6 * 0.0099)
+    assert split["1f1b"]["delay"] == pytest.approx(16 * 0.0099)
+    assert split["gpipe"]["drift"] == pytest.approx(-0.011)
+    assert split["1f1b"]["drift"] == pytest.approx(-0.011)
 
 
 def test_pipeline_asserts_the_replay_floor(monkeypatch):

@@ -79,6 +79,25 @@ def test_pipeline_figure_has_one_row_per_network(quiet_machine_no_windows):
     (fig,) = quiet_machine_no_windows
     titles = [ax.get_title() for ax in fig.axes]
     assert len(titles) == 4
-    assert titles[0].startswith("gpipe on calm: bubble 30% measured, 27%")
-    assert titles[3] == ("1f1b on rough: step 500 ms, idle 30% (bubble + network waits; "
-                         "fastest of 7 steps)")
+    assert titles[0].startswith("GPipe, calm: bubble 30% measured, 27%")
+    assert titles[3] == "1F1B, rough: step 500 ms, idle 30% (fastest of 7 steps)"
+    # m = 2 < p: no round trip of micro-batch p to mark
+    assert not [t for t in fig.axes[3].texts if "B(0)" in t.get_text()]
+
+
+def test_pipeline_figure_marks_one_1f1b_round_trip(quiet_machine_no_windows):
+    from clusterlab import parallelism as par
+
+    pipe = []
+    for nic in ("calm", "rough"):
+        for s in par.PIPELINE_SCHEDULES:
+            run = par.simulate_pipeline(s, stages=4, microbatches=8, forward_s=0.015,
+                                        backward_s=0.030, nic="delay 10ms")
+            ops = [[(k, j, run.start[(st, k, j)], run.end[(st, k, j)]) for k in "FB"
+                    for j in range(8)] for st in range(4)]
+            pipe.append({**_pipe(nic, s), "ops": ops})
+    l10b.plot_pipeline(pipe, nics=("calm", "rough"))
+    (fig,) = quiet_machine_no_windows
+    assert [t.get_text() for t in fig.axes[3].texts if "B(0)" in t.get_text()] == [
+        "end of B(0) to end of B(4): F(4) to stage 3 and back, ≥ 4(f+b) + 6 hops"]
+    assert not [t for t in fig.axes[1].texts if "B(0)" in t.get_text()]  # calm row: none

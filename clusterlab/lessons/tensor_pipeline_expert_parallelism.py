@@ -70,9 +70,11 @@ def explain_tp(sweep: list[dict], *, details: list[str]) -> bool:
           f"(closed forms +{ms(tp_pred)} and +{ms(dp_pred)})"
           + (": DP's two rounds are within this machine's noise on this run (appendix)."
              if abs(dp_grow - dp_pred) > 0.25 * dp_pred else "."))
+    err = lo["tp_max_error"]
     details.append(
-        f"TP: output matched the unsplit blocks' (recomputed with the full fp32 matrices) to "
-        f"{lo['tp_max_error']:.1e}; step times are the "
+        "TP: output matched the unsplit blocks' (recomputed with the full fp32 matrices) "
+        + ("bit-identical on this run" if err == 0 else f"to {err:.1e}")
+        + " (tolerance 1e-5); step times are the "
         f"fastest of {lo['steps']} steps after one warm-up; DP's growth is "
         f"{dp_grow / dp_pred:.0%} "
         f"of its closed form (two rounds, one difference of two fastest steps).")
@@ -83,7 +85,9 @@ def plot_pipeline(pipe: list[dict], *, nics=("delay 100us",)) -> None:
     """The two schedules' timelines on each of `nics` (one row per network, one bar per
     forward and backward, per stage, on a shared time axis): on the first, the measured bubble
     and the formula's; on the others, the step and the share of it each stage idled (the
-    bubble plus the waits for the network), of the fastest step kept."""
+    bubble plus the waits for the network), of the fastest step kept. On the last row's 1F1B
+    panel an arrow spans one round trip on stage 0, from the end of B(0) to the end of B(p)
+    (when m > p): p forwards and backwards of its own work and at least 2(p-1) hops."""
     import matplotlib.pyplot as plt
 
     runs = {(r["nic"], r["schedule"]): r for r in pipe}
@@ -98,17 +102,26 @@ def plot_pipeline(pipe: list[dict], *, nics=("delay 100us",)) -> None:
                             color="#4C72B0" if kind == "F" else "#55A868", edgecolor="white")
                     ax.text((start + end) / 2 * 1e3, stage, str(j), ha="center", va="center",
                             fontsize=7, color="white")
-            ax.invert_yaxis()
-            ax.set_yticks(range(len(r["ops"])), [f"stage {s}" for s in range(len(r["ops"]))])
+            p = len(r["ops"])
+            ax.set_ylim(p - 0.5, -1.2)  # stage 0 on top, room above it for the arrow
+            ax.set_yticks(range(p), [f"stage {s}" for s in range(p)])
             if nic == nics[0]:
-                ax.set_title(f"{schedule} on {nic}: bubble {r['bubble']:.0%} measured, "
+                ax.set_title(f"{NAME[schedule]}, {nic}: bubble {r['bubble']:.0%} measured, "
                              f"{r['bubble_formula']:.0%} by (p−1)/(m+p−1)", fontsize=10)
             else:
-                ax.set_title(f"{schedule} on {nic}: step {r['step_s'] * 1e3:.0f} ms, idle "
-                             f"{r['bubble']:.0%} (bubble + network waits; fastest of "
-                             f"{r['steps_kept_of']} steps)", fontsize=10)
-    for ax in axes[-1]:
-        ax.set_xlabel("ms since the step began (blue: forward, green: backward)")
+                ax.set_title(f"{NAME[schedule]}, {nic}: step {r['step_s'] * 1e3:.0f} ms, idle "
+                             f"{r['bubble']:.0%} (fastest of {r['steps_kept_of']} steps)",
+                             fontsize=10)
+            end = {(kind, j): e for kind, j, _, e in r["ops"][0]}
+            if nic == nics[-1] and schedule == "1f1b" and ("B", p) in end:
+                a, b = end[("B", 0)] * 1e3, end[("B", p)] * 1e3
+                ax.annotate("", xy=(b, -0.65), xytext=(a, -0.65),
+                            arrowprops={"arrowstyle": "<->", "color": "black"})
+                ax.text((a + b) / 2, -0.8, f"end of B(0) to end of B({p}): F({p}) to stage "
+                        f"{p - 1} and back, ≥ {p}(f+b) + {2 * (p - 1)} hops",
+                        ha="center", va="bottom", fontsize=8)
+    axes[-1][0].set_xlabel("ms since the step began (blue: forward, green: backward)")
+    axes[-1][-1].set_xlabel("ms since the step began (idle: bubble + network waits)")
     plt.tight_layout()
     plt.show()
 
@@ -122,21 +135,28 @@ def without_jitter(nic: str) -> str:
     return str(replace(Netem.parse(nic), jitter_ns=0, delay_correlation=0.0))
 
 
-def delay_only_growth(pipe: list[dict], calm: str, rough: str) -> dict[str, float]:
-    """Each schedule's replayed growth from `calm` to `rough` with the rough network's jitter
-    removed (its delay alone): the replay of the rough run's operation times on
-    `without_jitter(rough)`, minus the calm run's replay (`simulated_step_s`, the base that
-    `exp.pipeline_growth` subtracts too). The replay's mean growth minus this is what the
-    jitter added."""
+def replay_split(pipe: list[dict], calm: str, rough: str) -> dict[str, dict[str, float]]:
+    """Two parts of each schedule's replayed growth from `calm` to `rough` (the replay that
+    `exp.pipeline_growth` draws: the rough run's operation times on `rough`, minus the calm
+    run's replay, `simulated_step_s`, with the calm run's times): {schedule: {"delay",
+    "drift"}}. "delay": the rough network's delay alone, without its jitter, with the same
+    (the rough run's) operation times on both networks. "drift": the rough run's operation
+    times minus the calm run's, both replayed on `calm` (the sleeps ran a little longer or
+    shorter in one run). The replay's mean growth minus both is what the jitter added."""
     runs = {(r["nic"], r["schedule"]): r for r in pipe}
     out = {}
     for schedule in par.PIPELINE_SCHEDULES:
         r = runs[(rough, schedule)]
-        steady = par.simulate_pipeline(
-            schedule, stages=len(r["ops"]), microbatches=len(r["ops"][0]) // 2,
-            forward_s=r["forward_took_s"], backward_s=r["backward_took_s"],
-            nic=without_jitter(rough), activation_bytes=r["activation_bytes"]).step_s
-        out[schedule] = steady - runs[(calm, schedule)]["simulated_step_s"]
+
+        def replay(nic, r=r, schedule=schedule):
+            return par.simulate_pipeline(
+                schedule, stages=len(r["ops"]), microbatches=len(r["ops"][0]) // 2,
+                forward_s=r["forward_took_s"], backward_s=r["backward_took_s"],
+                nic=nic, activation_bytes=r["activation_bytes"]).step_s
+
+        base = replay(calm)  # the rough run's operation times on the calm network
+        out[schedule] = {"delay": replay(without_jitter(rough)) - base,
+                         "drift": base - runs[(calm, schedule)]["simulated_step_s"]}
     return out
 
 
@@ -144,9 +164,9 @@ def explain_pipeline(pipe: list[dict], *, calm: str, rough: str,
                      details: list[str]) -> bool:
     """The bubbles on the `calm` network and each schedule's growth on the `rough` one
     (medians of its steps), and the conclusion (even the least-grown of 1F1B's steps grew more
-    than GPipe's median step); then, by the replay, how much of the growth the delay alone
-    causes and how much its jitter adds, and, when a measured growth is below its replay's
-    mean, the calm step's overhead over its replay that explains it. Asserts the stage
+    than GPipe's median step); then, by the replay, the growth the delay alone causes. The
+    appendix gets each median against its replay's range and the replay's mean split into the
+    delay alone, the jitter and this run's compute drift (`replay_split`). Asserts the stage
     boundaries' bytes, the bubble formula as a floor and each step against its replay.
     Returns whether the conclusion was shown."""
     import numpy as np
@@ -173,37 +193,34 @@ def explain_pipeline(pipe: list[dict], *, calm: str, rough: str,
     print(f"On the rough network the step grew by {ms(g['gpipe'])} (GPipe) and "
           f"{ms(g['1f1b'])} (1F1B), medians of {kept} steps"
           + (": 1F1B paid more." if shown else "."))
-    # The replay splits the growth: the delay alone, then what its jitter adds on average.
-    steady = delay_only_growth(pipe, calm, rough)
-    jit = {s: float(grown[s]["replay"].mean()) - steady[s] for s in par.PIPELINE_SCHEDULES}
-    draws = len(grown["gpipe"]["replay"])
-    print(f"By the replay (the same link model, this run's compute times): without its jitter "
-          f"the rough network adds {ms(steady['gpipe'])} (GPipe) and {ms(steady['1f1b'])} "
-          f"(1F1B); the jitter adds a further {ms(jit['gpipe'])} and {ms(jit['1f1b'])} (means "
-          f"of {draws} draws).")
-    # A measured growth is the rough steps minus the calm step, so the calm step's overhead
-    # on this machine (over its replay) lowers it; the rough network's waits hide some of it.
-    over = {s: runs[(calm, s)]["step_s"] - runs[(calm, s)]["simulated_step_s"]
-            for s in par.PIPELINE_SCHEDULES}
-    low = [s for s in par.PIPELINE_SCHEDULES
-           if g[s] < grown[s]["replay"].mean() and over[s] > 0]
-    if low:
-        print(f"Measured growth below the replay's mean ({' and '.join(NAME[s] for s in low)}): "
-              f"it starts from the calm step, which ran "
-              + " and ".join(f"{ms(over[s])}" + (f" ({NAME[s]})" if len(low) > 1 else "")
-                             for s in low)
-              + " over its replay (this machine's overhead between operations), while the "
-                "rough network's waits partly hide that overhead.")
+    # The replay splits its growth: the delay alone, the jitter and this run's compute drift.
+    split = replay_split(pipe, calm, rough)
+    print(f"By the replay (the same link model, the same operation times on both networks), "
+          f"the delay alone, without its jitter, adds {ms(split['gpipe']['delay'])} (GPipe) "
+          f"and {ms(split['1f1b']['delay'])} (1F1B); what the jitter and this run's compute "
+          f"drift add: appendix.")
+
+    def where(s, v):  # the measured median against the replay's range (pipeline_growth)
+        lo, hi = v["replay"].min(), v["replay"].max()
+        return ("inside the replay's range" if lo <= g[s] <= hi else
+                "below the replay's range: the run does not measure its size" if g[s] < lo
+                else "above the replay's range: load cannot be told from the network")
+
     # The rest only writes the appendix's secondary numbers.
     sim_bub = runs[(calm, "gpipe")]["simulated_bubble"]
     details.append(
         f"PP: replay bubble {sim_bub:.0%}; the measured bubble's excess is this machine's cost "
         f"between operations (not separated here). Growth from {calm} to {rough}:\n"
         + "\n".join(f"  {s:5s} measured median {ms(g[s])} (range {ms(v['measured'].min())} to "
-                    f"{ms(v['measured'].max())}, {kept} steps); replay mean "
-                    f"{ms(v['replay'].mean())} "
-                    f"(range {ms(v['replay'].min())} to {ms(v['replay'].max())}, "
-                    f"{len(v['replay'])} jitter draws)" for s, v in grown.items())
+                    f"{ms(v['measured'].max())}, {kept} steps), {where(s, v)}: "
+                    f"{ms(v['replay'].min())} to {ms(v['replay'].max())} "
+                    f"({len(v['replay'])} jitter draws)" for s, v in grown.items())
+        + "\nThe replay's mean growth, split: the delay alone (the same operation times on both "
+          "networks), what its jitter adds, and this run's compute drift (the rough run's "
+          "operations ran longer or shorter than the calm run's; replayed on the calm network):\n"
+        + "\n".join(f"  {s:5s} mean {ms(v['replay'].mean())} = delay {ms(split[s]['delay'])} "
+                    f"+ jitter {ms(v['replay'].mean() - split[s]['delay'] - split[s]['drift'])}"
+                    f" + drift {ms(split[s]['drift'])}" for s, v in grown.items())
         + "\n" + "\n".join(f"  {r['schedule']:5s} {r['nic']:15s} step {ms(r['step_s'])} "
                            f"(replay {ms(r['simulated_step_s'])}, ideal "
                            f"{ms(r['ideal_step_s'])})"
@@ -301,11 +318,12 @@ def explain_moe(moe: list[dict], *, details: list[str]) -> bool:
 
 
 def real_cluster_text(*, one_nv: float, hot_share: float, capacity_factor: float) -> str:
-    """The "On a real GPU cluster" box: TP, NCCL inside the node (with the time of the 64 MiB
-    all-reduce that took `one_nv` seconds over NVLink at line rate, at NVLS and ring busbw),
-    small messages, PP, and MoE (the share of all tokens the toy's hottest expert, at
-    `hot_share`, would drop at `capacity_factor`): a template for `facts.show`, whose
-    [[...]] placeholders cite the ledger."""
+    """The "On a real GPU cluster" box: TP, PP, MoE (the share of all tokens the toy's
+    hottest expert, at `hot_share`, would drop at `capacity_factor`), further reading, and,
+    folded in a <details> block, NCCL inside the node (with the time of the 64 MiB
+    all-reduce that took `one_nv` seconds over NVLink at line rate, at NVLS and ring busbw)
+    and small messages: a template for `facts.show`, whose [[...]] placeholders cite the
+    ledger."""
     ar_nv = one_nv * facts.get("nvidia.h100_nvlink_bw_per_direction").value  # s x GB/s
     cf = capacity_factor  # applied to the toy's hottest expert
     dropped = par.moe_traffic(tokens_per_rank=96, hidden=256, ranks=4, hot_share=hot_share,
@@ -318,19 +336,6 @@ def real_cluster_text(*, one_nv: float, hot_share: float, capacity_factor: float
   An H100 SXM sends
   [[nvidia.h100_nvlink_bw_per_direction]] over NVLink, [[nvidia.connectx7_rate_bytes]] through
   its NIC, and computes at most [[nvidia.h100_bf16_dense_tflops]] in dense BF16.
-* **NCCL inside the node.** Since NCCL [[nccl.nvls_since]], on NVSwitches with NVLink SHARP,
-  the all-reduce of large messages defaults to NVLS (the NVSwitch adds the data); without
-  them NCCL runs rings or trees. nccl-tests reports bus bandwidth (busbw), comparable to a
-  link's rate for a ring; with NVLS it is not the bandwidth on the wire, so it can exceed
-  the line rate. Peak busbw: [[nccl.h100_ring_busbw]] for a ring,
-  [[nccl.h100_nvls_allreduce_busbw]] with NVLS. Peaks need messages larger than the 64 MiB
-  above, so that all-reduce takes at least
-  {ar_nv / facts.get("nccl.h100_nvls_allreduce_busbw").value * 1e3:.2f} ms (NVLS) or
-  {ar_nv / facts.get("nccl.h100_ring_busbw").value * 1e3:.2f} ms (ring).
-* **Small messages.** NCCL's tuner charges a ring step over NVLink
-  [[nccl.tuner_nvlink_ring_step_latency_simple]] with its Simple protocol (less with LL, its
-  small-message protocol), so for small micro-batches the rounds weigh
-  again.
 * **PP.** Megatron's bubble is [[megatron.bubble_definition]] of the ideal compute;
   interleaving v model chunks per rank reaches [[megatron.interleaved_bubble]], at v times the
   messages. Megatron-Core sends [[megatron.pp_scatter_gather]], and overlaps those transfers
@@ -346,6 +351,23 @@ def real_cluster_text(*, one_nv: float, hot_share: float, capacity_factor: float
 * **Further reading.** Context parallelism for long sequences: ring attention
   ([[cp.ring_attention]]) or Ulysses ([[cp.ulysses]]). DeepSeek-V3's pipeline schedule:
   [[deepseek_v3.dualpipe]].
+
+<details><summary>NCCL inside the node, and small messages</summary>
+
+* **NCCL inside the node.** Since NCCL [[nccl.nvls_since]], on NVSwitches with NVLink SHARP,
+  the all-reduce of large messages defaults to NVLS (the NVSwitch adds the data); without
+  them NCCL runs rings or trees. nccl-tests reports bus bandwidth (busbw), comparable to a
+  link's rate for a ring; with NVLS it is not the bandwidth on the wire, so it can exceed
+  the line rate. Peak busbw: [[nccl.h100_ring_busbw]] for a ring,
+  [[nccl.h100_nvls_allreduce_busbw]] with NVLS. Peaks need messages larger than the 64 MiB
+  above, so that all-reduce takes at least
+  {ar_nv / facts.get("nccl.h100_nvls_allreduce_busbw").value * 1e3:.2f} ms (NVLS) or
+  {ar_nv / facts.get("nccl.h100_ring_busbw").value * 1e3:.2f} ms (ring).
+* **Small messages.** NCCL's tuner charges a ring step over NVLink
+  [[nccl.tuner_nvlink_ring_step_latency_simple]] with its Simple protocol (less with LL, its
+  small-message protocol), so for small micro-batches the rounds weigh
+  again.
+</details>
 """
 
 
