@@ -1,6 +1,8 @@
-"""Notebook 10 (review r13): the "At real scale" box names the AMD-host crossing and DDP's ring
-rounds in default buckets, the DDP rebuild aside is a footnote, the step-time table's header
-lines up with its rows, and HSDP is named once."""
+"""Notebook 10 (reviews r13, r14): the "At real scale" box says why 8 NICs cross over sooner,
+DDP's ring rounds in default buckets and its tree steps, the AMD-host crossing (in the
+derivation); the DDP rebuild aside is a footnote; DeepSpeed's ZeRO-3 reuse distance depends on
+the model's size; the step-time table's header lines up with its rows and its growth is told in
+rounds, an excess round said plainly; HSDP is named once."""
 
 from __future__ import annotations
 
@@ -27,10 +29,15 @@ def shown(monkeypatch):
 def test_real_scale_names_amd_hosts_and_ddp_buckets(shown):
     assert l10.show_at_real_scale(7e9, units=32) == {"one": 625, "node": 240}
     text = " ".join(shown[0].split())
-    assert "**240 ranks** on Intel hosts, 2.6× fewer" in text
+    assert "**240 ranks** (Intel or Arm hosts), 2.6× fewer" in text
+    assert "cut the bytes term 8×, but the average ring step only 3.0×" in text
     # AMD hosts: an NVLink ring step is charged the tuner's 6 us net overhead, not 3.4 us
-    assert "about **160** on AMD hosts" in text
+    assert "the 8-GPU crossing comes at about 160 ranks" in text
+    assert text.index("160 ranks") > text.index("The derivation")
     assert "fill about 534, whose all-reduces take 2 · 534 · (N−1) ring steps, 11×" in text
+    assert "if all are rings" in text
+    # DDP's all-reduces as trees: 2 (log2 64 + 7) steps each at 512 ranks, against FSDP's rings
+    assert "1068 · (6 + 7) = 13884 tree steps against FSDP's 3 · 32 · 511 = 49056" in text
     assert "never runs an averaging reduce-scatter with PAT" in text
     assert "[[" not in text
 
@@ -52,6 +59,13 @@ def _traffic():
                                 "predicted": 74880}}
 
 
+def test_deepspeed_zero3_keeps_the_last_units_by_reuse_distance():
+    # 7B in 32 units of 219M: the i-th from the end waits 2 (i - 1) units, kept below 1e9
+    assert l10.deepspeed_kept_units(7e9, 32) == 3
+    assert l10.deepspeed_kept_units(0.5e9, 32) == 32  # a small model stays gathered whole
+    assert l10.deepspeed_kept_units(1e9, 32) < 32
+
+
 def test_traffic_footnotes_the_ddp_rebuild(shown):
     names = dict.fromkeys(("ddp", "zero1", "zero2", "zero3", "fsdp_no_reshard"), "")
     assert l10.explain_traffic(_traffic(), names) == 1.5
@@ -59,6 +73,9 @@ def test_traffic_footnotes_the_ddp_rebuild(shown):
     assert "rebuil" not in head and head.startswith("Each rank sent **74880 B**")
     assert footnote.startswith("\\* Why step 3: step 2 also carries DDP's one-time bucket")
     assert "| `reduce_scatter=False` |" not in shown[0]
+    assert "about the last 3: 2.91 (N−1)/N · Ψb" in shown[0]
+    assert "under about 0.5B parameters stays gathered whole" in shown[0]
+    assert "a little less" not in shown[0]
 
 
 def test_step_time_header_lines_up_with_the_rows(capsys):
@@ -79,6 +96,32 @@ def test_step_time_header_lines_up_with_the_rows(capsys):
     ends = [i + 1 for i, ch in enumerate(ddp) if ch == "]"]
     assert header.index("10ms") + 4 == ends[0]
     assert header.index("adds") + 4 == ends[1]
+
+
+def test_step_time_growth_in_rounds_and_an_excess_round_said(capsys):
+    def row(nic, ddp, fsdp, ddp_comm, fsdp_comm):
+        return {"nic": nic, "ddp_s": ddp, "fsdp_s": fsdp,
+                "ddp_comm_s": ddp_comm, "fsdp_comm_s": fsdp_comm, "ddp_predicted_s": ddp,
+                "fsdp_predicted_s": fsdp, "ddp_sent": 100, "fsdp_sent": 150, "steps": 7}
+
+    # the r14 run: FSDP2 grew 90.3 ms against 81 (about one round of 9 ms more) from 1 to
+    # 10 ms, but 36 ms, its 9 rounds of 4 ms, from 1 to 5 ms
+    sweep = [row("delay 1ms", 0.0038, 0.0185, 0.002, 0.009),
+             row("delay 5ms", 0.0118, 0.0545, 0.010, 0.045),
+             row("delay 10ms", 0.0223, 0.1088, 0.020, 0.090),
+             row("delay 1ms rate 50mbit", 0.0359, 0.0673, 0.0337, 0.0566)]
+    assert l10.explain_step_times(sweep)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "In rounds of 9.0 ms: DDP grew 2.1 (2 counted), FSDP2 grew 10.0 (9 counted)." in out
+    assert ("FSDP2 grew about 1.0 round more than its 9, though the backend counts no other "
+            "collective") in out
+    assert ("to delay 5ms it grew 9.0 rounds of 4.0 ms, so the excess is no wait that every "
+            "step pays. Not explained by this run") in out
+    assert "DDP grew about" not in out and "the emulator against its own model" not in out
+    sweep[1]["fsdp_s"] = 0.0585  # 10 rounds from 1 to 5 ms too: no such conclusion
+    l10.explain_step_times(sweep)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "it grew 10.0 rounds of 4.0 ms. Not explained" in out
 
 
 def test_layout_names_hsdp_once(shown):

@@ -10,6 +10,7 @@ import textwrap
 
 from .. import facts
 from ..experiments.common import beyond_closed_form, conclude
+from ..netem import Netem
 from .show import ms
 
 NAMES = {"ddp": "DDP", "fsdp": "FSDP2"}
@@ -49,10 +50,20 @@ def plot_traffic(traffic: dict, names: dict) -> None:
     plt.show()
 
 
-def explain_traffic(traffic: dict, names: dict) -> float:
+def deepspeed_kept_units(psi: float, units: int) -> int:
+    """How many of `units` equal units DeepSpeed's ZeRO-3 keeps gathered from its forward to
+    its backward under the default stage3_max_reuse_distance: the i-th unit from the end is
+    reused after the forward and backward of the i - 1 units after it, 2 (i - 1) units of
+    parameters, and stays gathered while that is below the distance."""
+    distance = facts.get("deepspeed.zero3_max_reuse_distance").value
+    return sum(2 * (i - 1) * psi / units < distance for i in range(1, units + 1))
+
+
+def explain_traffic(traffic: dict, names: dict, *, psi: float = 7e9, units: int = 32) -> float:
     """Check the counted bytes (every rank's equal the closed form; DDP's step 3 is one
     all-reduce; FSDP2 sends exactly 1.5x DDP's) and show what each strategy sent, with
-    DeepSpeed's calls in a details box. Returns FSDP2's bytes over DDP's."""
+    DeepSpeed's calls in a details box (its ZeRO-3 worked out for a `psi`-parameter model in
+    `units` equal units). Returns FSDP2's bytes over DDP's."""
     t = traffic
     for key in names:  # every rank, every strategy: the closed form (by construction)
         assert all(s == t[key]["predicted"] for s in t[key]["sent"]), key
@@ -60,6 +71,10 @@ def explain_traffic(traffic: dict, names: dict) -> float:
     assert t["ddp"]["ops"] == 1 and set(t["ddp"]["by_kind"]) == {"allreduce"}
     ratio = t["zero3"]["sent"][0] / t["ddp"]["sent"][0]
     assert ratio == 1.5
+    kept = deepspeed_kept_units(psi, units)  # DeepSpeed ZeRO-3: units not re-gathered
+    distance = facts.get("deepspeed.zero3_max_reuse_distance").value
+    whole = distance * units / (2 * (units - 1))  # below this size every unit is kept
+    assert 0 < kept < units and deepspeed_kept_units(0.99 * whole, units) == units
     facts.show(
         f"Each rank sent **{t['ddp']['sent'][0]} B** under DDP, in one all-reduce (one "
         f"bucket)\\*, and the same under ZeRO-1 and ZeRO-2, in {t['zero1']['ops']} collectives "
@@ -80,9 +95,16 @@ def explain_traffic(traffic: dict, names: dict) -> float:
         f"partition the bucket overlaps | 1, with ring reduces |\n\n"
         f"(`reduce_scatter=False` also all-reduces each bucket: no change from the default.)"
         f"\n\n"
-        f"DeepSpeed's ZeRO-3 [[deepspeed.zero3_param_persistence]]: those small tensors "
-        f"(biases, norms) are gathered once per step, after the optimizer step, not before each "
-        f"forward and backward, so it sends a little less than 3 (N−1)/N · Ψb.\n</details>")
+        f"DeepSpeed's ZeRO-3 sends less than 3 (N−1)/N · Ψb, by how much depending on the "
+        f"model's size. It [[deepspeed.zero3_param_persistence]]: those small tensors (biases, "
+        f"norms) are gathered once per step, after the optimizer step. And it keeps a gathered "
+        f"parameter that will be reused within stage3_max_reuse_distance "
+        f"([[deepspeed.zero3_max_reuse_distance]] by default): after the forward the last "
+        f"units, whose backward follows within that many elements, stay gathered and skip "
+        f"their backward all-gather. For a {psi / 1e9:.0f}B-parameter model in {units} equal "
+        f"units that is about the last {kept}: {3 - kept / units:.2f} (N−1)/N · Ψb. A model of "
+        f"under about {whole / 1e9:.1f}B parameters stays gathered whole and sends about "
+        f"2 (N−1)/N · Ψb, DDP's volume.\n</details>")
     return ratio
 
 
@@ -105,8 +127,8 @@ def plot_step_times(sweep: list[dict]) -> None:
     axes[0].set_xlabel("one-way latency (ms)")
     axes[0].set_ylabel("step time (ms)")
     axes[0].legend(fontsize=8, loc="upper left")
-    axes[0].set_title("2 ranks, 3 layers: latency (dashed = dots at 1 ms, by construction)",
-                      fontsize=10)
+    axes[0].set_title("2 ranks, 3 layers: latency (dashed: prediction anchored at the 1 ms "
+                      "run)", fontsize=10)
     slow = by_nic["delay 1ms rate 50mbit"]
     x = np.arange(2)
     axes[1].bar(x - 0.2, [slow["ddp_s"] * 1e3, slow["fsdp_s"] * 1e3], 0.4, color="#999999",
@@ -171,19 +193,40 @@ def explain_step_times(sweep: list[dict]) -> bool:
     off = max(max(abs(grow[k] - pred[k]) / pred[k], abs(wire[k] - wire_pred[k]) / wire_pred[k])
               for k in kinds)  # the farthest growth from its closed form, relative
     close = off < 0.2
+    delay = {r["nic"]: Netem.parse(r["nic"]).delay_ns / 1e9 for r in sweep}  # one round, s
+    step = delay[hi["nic"]] - delay[lo["nic"]]  # what one latency round grew by
+    rounds = {k: grow[k] / step for k in kinds}
+    counted = {k: round(pred[k] / step) for k in kinds}  # delay only: comm = rounds x delay
+    mids = [r for r in sweep if r is not lo and r is not hi and r is not slow]
     print(f"{'':8s}{'delay 1ms -> 10ms':>23s}{'50 Mbit/s cap adds':>23s}   "
           "[closed-form difference]")
     for k in kinds:
         print(f"{name[k]:8s}{ms(grow[k]):>12s} [{ms(pred[k]):>8s}]{ms(wire[k]):>12s} "
               f"[{ms(wire_pred[k]):>8s}]")
+    print(f"In rounds of {ms(step)}: "
+          + ", ".join(f"{name[k]} grew {rounds[k]:.1f} ({counted[k]} counted)" for k in kinds)
+          + ".")
     print(f"FSDP2's step grew {grow['fsdp'] / grow['ddp']:.1f}x as much as DDP's for latency, "
           f"for {slow['fsdp_sent'] / slow['ddp_sent']:.2f}x the bytes (each step the fastest of "
           f"{lo['steps']}).")
+    for k in kinds:  # a growth half a round or more from the rounds counted: said plainly
+        if abs(rounds[k] - counted[k]) >= 0.5:
+            # the same count over the other delays: an extra wait in every step shows there too
+            mid = {r["nic"]: (r[f"{k}_s"] - lo[f"{k}_s"]) / (delay[r["nic"]] - delay[lo["nic"]])
+                   for r in mids}
+            say(f"{name[k]} grew about {abs(rounds[k] - counted[k]):.1f} round "
+                f"{'more' if rounds[k] > counted[k] else 'less'} than its {counted[k]}, though "
+                "the backend counts no other collective in its step (the first experiment)"
+                + "".join(f"; from `{lo['nic']}` to `{nic}` it grew {x:.1f} rounds of "
+                          f"{ms(delay[nic] - delay[lo['nic']])}" for nic, x in mid.items())
+                + (", so the excess is no wait that every step pays"
+                   if mid and all(abs(x - counted[k]) < 0.5 for x in mid.values()) else "")
+                + ". Not explained by this run: each NIC is one run, and a growth subtracts one "
+                "run's fastest step from another's.")
     report_misses(sweep, lo, kinds, name)  # prose only: points far off their prediction
     return conclude(grow["fsdp"] > 2 * grow["ddp"] and close,
                     "FSDP2's step grew over twice as much as DDP's, and every growth came "
-                    f"within 20% of its closed form (the farthest {off:.0%} off: the emulator "
-                    "against its own model)")
+                    f"within 20% of its closed form (the farthest {off:.0%} off)")
 
 
 def ring_rounds_s(n: int, gpus_per_node: int, *, units: int, a_net: float,
@@ -248,7 +291,7 @@ def plot_at_real_scale(psi: float, *, units: int, cross: dict) -> None:
     ax.set_xlabel("ranks N")
     ax.set_ylabel("ms per step")
     ax.set_title(f"FSDP, {psi / 1e9:.0f}B parameters in bf16, {units} units: NCCL's tuner "
-                 "model, Intel hosts, rings only (not measured)", fontsize=10)
+                 "model, Intel or Arm hosts, rings only (not measured)", fontsize=10)
     ax.legend(fontsize=8)
     plt.tight_layout()
     plt.show()
@@ -257,9 +300,10 @@ def plot_at_real_scale(psi: float, *, units: int, cross: dict) -> None:
 def show_at_real_scale(psi: float, *, units: int) -> dict:
     """The "At real scale" box: where, by NCCL's tuner constants (from the ledger), FSDP's latency
     rounds catch up with its bytes for a `psi`-parameter bf16 model in `units` units, with one
-    GPU per node and with HGX H100 nodes (Intel hosts; AMD hosts, whose tuner charges an NVLink
-    step more, printed too), DDP's ring rounds in default buckets against FSDP's, and the
-    derivation. Returns the two Intel-host crossings ({"one": ranks, "node": ranks})."""
+    GPU per node and with HGX H100 nodes (Intel or Arm hosts; AMD hosts, whose tuner charges
+    an NVLink step more, in the derivation), DDP's ring rounds in default buckets against
+    FSDP's and DDP's tree steps at 512 ranks, and the derivation. Returns the two Intel-host
+    crossings ({"one": ranks, "node": ranks})."""
     c = real_scale_constants()
     a_net, a_nv = c["a_net"], c["a_nv"]  # s per ring step, between nodes and over NVLink
     node, node_nics = c["node"], c["node_nics"]  # GPUs and NICs per node, one NIC per GPU
@@ -285,38 +329,43 @@ def show_at_real_scale(psi: float, *, units: int) -> dict:
     assert nic_bw * node_nics * (node - 1) / node < facts.get("nccl.h100_ring_busbw").value * 1e9
     # DDP: one all-reduce (2 (N-1) ring steps) per default-size bucket of bf16 gradients
     buckets = round(psi * 2 / (facts.get("pytorch.ddp_bucket_cap_mb").value * 2**20))
-    assert 2 * buckets > 3 * units  # at this size DDP pays more rounds than FSDP
+    assert 2 * buckets > 3 * units  # at this size DDP pays more rounds than FSDP, in rings
+    # why the 8-NIC crossing comes sooner: bytes 8x cheaper, a ring step on average only
+    step_gain = a_net / ((a_net + (node - 1) * a_nv) / node)
+    # NCCL's tree for DDP's all-reduces: 2 (log2(nodes) + GPUs per node - 1) steps each
+    tree_n = 512  # ranks, in nodes of `node`
+    tree_steps = 2 * buckets * ((tree_n // node).bit_length() - 1 + node - 1)
+    ring_steps = 3 * units * (tree_n - 1)
+    assert tree_steps < ring_steps
     facts.show(f"""
 **At real scale.** A model, not a measurement: latency from NCCL's tuner (the cost model NCCL
 picks algorithms with), bandwidth at the NICs' line rate; every collective a ring, nothing
 overlapped, a {psi / 1e9:.0f}B-parameter bf16 model in {units} units at every N. FSDP's
 latency rounds (one per ring step) then overtake its bytes
 
-- **with one GPU (one NIC) per node:** at about **{cross['one']} ranks**. PAT (*Parallel
-  Aggregated Trees*, an all-gather and reduce-scatter algorithm with
-  [[paper.jeaugey_pat_2025]]) is on here ([[nccl.pat_one_gpu_per_node]]), and this model
-  would likely run its all-gathers with it, whose modelled latency grows more slowly. Its
-  reduce-scatters, a third of its collectives, stay rings: FSDP2 uses
-  [[pytorch.fsdp2_reduce_scatter_avg]], and [[nccl.pat_skips_avg_reduce_scatter]];
+- **with one GPU (one NIC) per node:** at about **{cross['one']} ranks**;
 - **with nodes of [[nvidia.hgx_h100_gpus]] and [[nvidia.dgx_h100_compute_nics]]:** at about
-  **{cross['node']} ranks** on Intel hosts, {cross['one'] / cross['node']:.1f}× fewer; at
-  about **{cross_amd}** on AMD hosts, where the tuner charges an NVLink step
-  [[nccl.tuner_ring_intra_step_amd]].
+  **{cross['node']} ranks** (Intel or Arm hosts), {cross['one'] / cross['node']:.1f}× fewer:
+  the {node_nics} NICs cut the bytes term {node_nics}×, but the average ring step only
+  {step_gain:.1f}×, as {node - 1} of every {node} steps stay inside the node, over NVLink.
 
 Past the crossing, fewer, larger units help, at the cost of a larger gathered working set
 (printed after the memory table above); whether the *step* waits depends on the compute that
 prefetching hides the rounds behind (next section). DDP pays rounds too: in buckets of
 [[pytorch.ddp_bucket_cap_mb]] (its default) this model's bf16 gradients fill about {buckets},
 whose all-reduces take 2 · {buckets} · (N−1) ring steps, {2 * buckets / (3 * units):.0f}×
-FSDP's 3 · {units} · (N−1).
+FSDP's 3 · {units} · (N−1), if all are rings. But NCCL may give DDP's all-reduces a tree,
+with [[nccl.tuner_tree_log_latency]] and 2({node} − 1) inside the nodes, while FSDP's
+all-gathers and reduce-scatters have none (*On a real GPU cluster*): at {tree_n} ranks,
+{2 * buckets} · ({(tree_n // node).bit_length() - 1} + {node - 1}) = {tree_steps} tree steps
+against FSDP's 3 · {units} · {tree_n - 1} = {ring_steps}.
 
 <details><summary>The derivation</summary>
 
 NCCL's tuner charges a ring step (one latency round) between nodes at least
 [[nccl.tuner_net_ring_step_latency_simple]] (plus twice the latency a network plugin reports,
 0 for NCCL's built-in InfiniBand and socket transports), one over NVLink at least
-[[nccl.tuner_nvlink_ring_step_latency_simple]] on Intel hosts
-([[nccl.tuner_ring_intra_step_amd|value]] µs on AMD hosts), for the Simple protocol, NCCL's
+[[nccl.tuner_nvlink_ring_step_latency_simple]], for the Simple protocol, NCCL's
 bulk-transfer protocol, which large collectives use. Its ring bandwidth is the number of
 channels (parallel rings) times one channel's bandwidth (`busBw = nChannels * bw` in
 `src/graph/tuning.cc`), and on multi-NIC nodes the channels leave through different NICs.
@@ -334,7 +383,9 @@ and the crossing is the first N at which the first exceeds the second. The two l
 - **Nodes of {node} GPUs:** only nodes−1 of an all-gather's ranks−1 steps cross the network
   ([[nccl.tuner_ring_inter_steps]] for an all-reduce), and a GPU's ring bytes move at the
   node's {node_nics} NICs together, {nic_bw * node_nics / 1e9:.0f} GB/s
-  ([[nccl.busbw_grows_with_node_nics]]). NVLink is not the limit: the same rings carry
+  ([[nccl.busbw_grows_with_node_nics]]), if at least {node_nics} channels spread over them.
+  That is line rate: NCCL reaches less, as it does inside a node, which lengthens the
+  bytes term and moves both crossings to more ranks. NVLink is not the limit: the same rings carry
   {node - 1}/{node} of it there, {nic_bw * node_nics * (node - 1) / node / 1e9:.0f} GB/s, below
   the [[nccl.h100_ring_busbw]] NCCL reaches inside a node. At 64 ranks,
   {wire_s(64, node_nics):.2f} s of bytes and {rounds_s(64, node) * 1e3:.0f} ms of latency per
@@ -343,6 +394,14 @@ and the crossing is the first N at which the first exceeds the second. The two l
 These are the tuner's *model* constants, not measured latencies. The tuner also charges
 [[nccl.tuner_base_latency]]: {3 * units} calls add {3 * units * base * 1e-3:.1f} ms per step
 whatever N, left out above; it barely moves the crossings.
+
+Two cases it leaves out. On AMD x86 hosts the tuner raises every step inside a node of a
+multi-node ring to a network overhead set by the CPU vendor, [[nccl.tuner_ring_intra_step_amd]]
+(on Intel and Arm hosts it stays below the NVLink step): the 8-GPU crossing comes at about
+{cross_amd} ranks. With one GPU per node PAT (*On a real GPU cluster*) is on, and this model
+would likely run its all-gathers with it, whose modelled latency grows more slowly; its
+reduce-scatters, a third of its collectives, stay rings: FSDP2 uses
+[[pytorch.fsdp2_reduce_scatter_avg]], and [[nccl.pat_skips_avg_reduce_scatter]].
 </details>
 """)
     return cross
@@ -401,7 +460,8 @@ def explain_prefetch(pre: dict) -> bool:
 
 
 def show_microbatches_and_layout(psi: float, *, nodes: int) -> None:
-    """The "Micro-batches and layout" box: gradient accumulation, the NVLink/NIC bandwidth
+    """The "Micro-batches and layout" box: gradient accumulation (other frameworks in the
+    details), the NVLink/NIC bandwidth
     ratio of an H100 (ledger), HSDP's bytes per rank for the `psi`-parameter bf16 model on
     `nodes` nodes, and FSDP's bytes per parameter with mixed precision."""
     fsdp_mixed = 2 * 2 + 4  # bytes per parameter: two bf16 all-gathers + an fp32 reduce-scatter
@@ -412,14 +472,11 @@ def show_microbatches_and_layout(psi: float, *, nodes: int) -> None:
     facts.show(f"""
 **Micro-batches and layout**
 
-- **Gradient accumulation multiplies FSDP's traffic.** By default DDP and FSDP reduce every
-  micro-batch's gradients; DeepSpeed reduces them [[deepspeed.zero12_reduce_per_microbatch]].
-  FSDP also gathers the parameters again for each micro-batch: k micro-batches per step send
-  k× the bytes (self-check 2). DDP's `no_sync` skips its all-reduce and leaves nothing else to
-  send; FSDP2's [[pytorch.fsdp2_skip_grad_sync]] skips only the reduction, and keeps each
-  module's unsharded gradients until the synchronised backward; `set_reshard_after_backward(False)`
-  with `reshard_after_forward=False` also skips the re-gathering, at the memory of unsharded
-  parameters. FSDP1's [[pytorch.fsdp1_no_sync_memory]].
+- **Gradient accumulation multiplies FSDP's traffic.** By default FSDP reduce-scatters every
+  micro-batch's gradients and gathers the parameters again for each: k micro-batches per step
+  send k× one micro-batch's bytes (self-check 2). FSDP2 skips both until the last
+  micro-batch with [[pytorch.fsdp2_skip_grad_sync]] and `set_reshard_after_backward(False)`
+  (with `reshard_after_forward=False`), at the memory of unsharded gradients and parameters.
 - **Two bandwidths.** One H100 SXM sends over NVLink at [[nvidia.h100_nvlink_bw_per_direction]]
   per direction (the often quoted [[nvidia.h100_nvlink_bw|value]] GB/s counts both), through
   its NIC at [[nvidia.connectx7_rate_bytes]]: {nvlink_vs_nic:.0f}× less. Hence hybrid
@@ -431,8 +488,11 @@ def show_microbatches_and_layout(psi: float, *, nodes: int) -> None:
   {3 * (node - 1) / node * psi * 2 / 1e9:.1f} GB per step over NVLink and
   {2 * (nodes - 1) / nodes * psi * 2 / node / 1e9:.1f} GB through its NIC.
 
-<details><summary>Details: precision and Megatron's memory</summary>
+<details><summary>Details: other frameworks, precision and Megatron's memory</summary>
 
+- **Accumulation elsewhere.** DDP's `no_sync` skips its all-reduce and leaves nothing else to
+  send. FSDP1's [[pytorch.fsdp1_no_sync_memory]]. DeepSpeed reduces gradients
+  [[deepspeed.zero12_reduce_per_microbatch]].
 - **Precision changes the ratio.** FSDP2 sets the reduce-scatter's dtype with
   [[pytorch.fsdp2_reduce_dtype]] (by default the compute dtype); torchtitan's default is
   [[torchtitan.reduce_fp32]]. With bf16 all-gathers and an fp32 reduce-scatter FSDP sends
