@@ -347,11 +347,14 @@ def test_inside_band_names_the_rates_or_nothing():
 def test_sweep_verdict(capsys):
     methods = ("none", "fp16", "topk:0.01")
     ok = {(m, q): "faster" for m in methods for q in (25, 1600)}
-    assert l11.explain_sweep(FakeStats(ok), methods) is True
+    steps = {("none", 25): 0.170, ("topk:0.01", 25): 0.020}
+    assert l11.explain_sweep(FakeStats(ok, step=steps), methods) is True
     out = capsys.readouterr().out
-    assert "At 25 Mbit/s fp32 DDP's step took 2.0x fp16's, 2.0x topk:0.01's." in out
+    # fp32's step over the method's, with the step plus or minus the 4 ms band: 170/24, 170/16
+    assert "topk:0.01  4.0 ms |  20 ms  8.5x (7.1 to 11)" in out
+    assert "fp16  4.0 ms |  50 ms  3.4x (3.1 to 3.7)" in out
     assert "Shown on this run: every compressed method beat fp32 DDP at 25 Mbit/s." in out
-    assert "fp16 50 ms (faster: gain +1.5 ms, band 4.0 ms)" in out
+    assert "|  50 ms   +1.5 ms  faster" in out
     assert "Shown:" not in out.replace("Shown on this run:", "")
     unclear = {**ok, ("fp16", 25): "cannot tell"}
     assert l11.explain_sweep(FakeStats(unclear), methods) is False
@@ -408,6 +411,17 @@ def test_breakeven_fails_when_compression_still_pays_on_the_fastest_link():
         l11.explain_breakeven(FakeStats(verdicts), ("powersgd:1",))
 
 
+def test_ratio_range_and_calls_text():
+    st = FakeStats({}, step={("none", 25): 0.170, ("topk:0.01", 25): 0.003})
+    assert l11.ratio_range(st, "topk:0.01", 25) == "57x (24 or more)"  # band above the step
+    from clusterlab.experiments import compression
+
+    assert l11.calls_text("powersgd:1", compression.predicted_calls("powersgd:1", 4)) == (
+        "allreduce of vectors 2088 B, allreduce of P 2088 B, allreduce of Q 2176 B  "
+        "(total 6352 B)")
+    assert l11.calls_text("none", [("allreduce", 8)]) == "allreduce of 8 B  (total 8 B)"
+
+
 def test_bucket_interpolation_is_log_log():
     sizes, be = [2**20, 2**30], [1.0, 1024.0]  # proportional
     assert l11.at_bucket(be, sizes, 32) == pytest.approx(32.0)
@@ -428,8 +442,12 @@ def test_breakeven_box_gives_ring_and_tree_as_a_pair(monkeypatch):
     text = " ".join(shown[0].split())
     # 25 MiB bucket: ring ~163, tree ~1716 Gbit/s (126 against 12 extra rounds), either side
     # of a 400 Gb/s NIC.
-    assert "breaks even near 160 Gbit/s (ring) to 1700 Gbit/s (tree)" in text
-    assert "10.5x cheaper" in text and "the latency model decides the side" in text
+    assert "a bucket at the cap breaks even near 160 Gbit/s (ring) to 1700 Gbit/s (tree)" in text
+    # A bucket of gradients smaller than the cap closes below twice it: twice the break-even.
+    assert "one at twice the cap near 330 to 3400 Gbit/s" in text
+    assert "cap plus one gradient" in text
+    assert "10.5x cheaper at p = 64, which raises each break-even 10.5x" in text
+    assert "the latency model decides the side" in text
     assert "because of the compute compression adds" in text and "[[" not in text
 
 

@@ -23,6 +23,7 @@ WORD = {"faster": "pays", "slower": "loses", "cannot tell": "cannot tell"}
 
 # Seconds as whole milliseconds: 0.0123 -> '12 ms' (this notebook's unit).
 ms = functools.partial(show.ms, digits=0)
+ms1 = show.ms  # to 0.1 ms: a noise band
 
 
 def inside_band(st, m: str, rates) -> str | None:
@@ -32,25 +33,49 @@ def inside_band(st, m: str, rates) -> str | None:
             f"noise band of {ms(st.band(m))}") if rates else None
 
 
+def ratio_range(st, m: str, rate) -> str:
+    """fp32's step over `m`'s at `rate`, with the range its noise band allows: fp32's step
+    over `m`'s step plus and minus the band ('8.3x (6.8 to 11)'; '(6.8 or more)' when the
+    band exceeds the step)."""
+    def num(x: float) -> str:
+        return f"{x:.1f}" if x < 10 else f"{x:.0f}"
+
+    base, step, band = st.step("none", rate), st.step(m, rate), st.band(m)
+    hi = f" to {num(base / (step - band))}" if step > band else " or more"
+    return f"{num(base / step)}x ({num(base / (step + band))}{hi})"
+
+
 def explain_sweep(st, methods) -> bool:
-    """How much longer fp32 DDP's step took than each compressed method's on the slowest
-    link, each method's step and verdict on the fastest, and the conclusion (every compressed
-    method beat fp32 at the slowest rate; a verdict inside the noise band is the evidence of a
-    busy run). `methods` starts with the baseline "none". Returns whether it was shown."""
+    """One table: per method its noise band; on the slowest link its step and how many times
+    longer fp32's step took (with the range the band allows: one run per rate); on the fastest
+    its step, gain over fp32 and verdict. Then the conclusion (every compressed method beat
+    fp32 at the slowest rate; a verdict inside the noise band is the evidence of a busy run).
+    `methods` starts with the baseline "none". Returns whether it was shown."""
     slow, fast = st.slow, st.fast
-    print(f"At {slow} Mbit/s fp32 DDP's step took "
-          + ", ".join(f"{st.speedup(m, slow):.1f}x {m}'s" for m in methods[1:]) + ".")
-    print(f"At {fast} Mbit/s, fp32 DDP {ms(st.step('none', fast))}; "
-          + "; ".join(f"{m} {ms(st.step(m, fast))} ({st.verdict(m, fast)}: gain "
-                      f"{st.gain(m, fast) * 1e3:+.1f} ms, band {st.band(m) * 1e3:.1f} ms)"
-                      for m in methods[1:]))
-    print("(gain: fp32's step minus the method's; each step: per measured step the slowest "
-          "rank's time, then the fastest of those; 'cannot tell': the gain is inside the noise "
-          "band)")
+    print(f"{'':20}| {f'at {slow} Mbit/s':27}| at {fast} Mbit/s")
+    print(f"{'method':>11}{'band':>8} | {'step':>6}  {'fp32 step / it':18} | {'step':>6}"
+          f"{'gain':>10}  verdict")
+    for m in methods:
+        base = m == "none"
+        print(f"{m:>11}{'-' if base else ms1(st.band(m)):>8} | {ms(st.step(m, slow)):>6}  "
+              f"{'-' if base else ratio_range(st, m, slow):18} | {ms(st.step(m, fast)):>6}"
+              + ("" if base else f"{st.gain(m, fast) * 1e3:+7.1f} ms  {st.verdict(m, fast)}"))
+    print("(gain: fp32's step minus the method's, a verdict only beyond the band; the ratio's "
+          "range: the method's step plus or minus its band, one run per rate; each step: per "
+          "measured step the slowest rank's time, then the fastest of those)")
     unclear = [m for m in methods[1:] if st.verdict(m, slow) == "cannot tell"]
     claim = f"every compressed method beat fp32 DDP at {slow} Mbit/s"
     return conclude(all(st.verdict(m, slow) == "faster" for m in methods[1:]), claim,
                     busy="; ".join(inside_band(st, m, [slow]) for m in unclear) or None)
+
+
+def calls_text(method: str, calls) -> str:
+    """`calls` (kind, bytes) as cell 3 prints them, PowerSGD's three all-reduces named in the
+    order torch's hook issues them: the uncompressed vectors, then P, then Q."""
+    names = (["vectors", "P", "Q"] if method.startswith("powersgd") and len(calls) == 3
+             else [""] * len(calls))
+    return (", ".join(f"{k} of {n + ' ' if n else ''}{b} B" for (k, b), n in zip(calls, names))
+            + f"  (total {sum(b for _, b in calls)} B)")
 
 
 def breakeven_evidence(st, m: str, lo: float, hi: float) -> tuple[bool, str | None]:
@@ -177,9 +202,9 @@ def sig2(x: float) -> str:
 def show_breakeven_at_scale(scan: dict, *, n_params: int) -> None:
     """The box after the figure, to two significant figures, each break-even as a pair (flat
     ring, tree): the latency model; this model's break-even on 64 ranks and how it grows with
-    the bytes; one full default DDP bucket (ledger) against one NIC's rate, and the bucket
-    size that passes it. Asserts that the break-even grows about in proportion to the
-    bytes."""
+    the bytes; a DDP bucket at the default cap (ledger) and at twice it (the most a bucket of
+    gradients smaller than the cap holds) against one NIC's rate, and the bucket size that
+    passes it. Asserts that the break-even grows about in proportion to the bytes."""
     sizes, ring, tree = scan["sizes"], scan["ring"], scan["log"]
     model_kb = 4 * n_params / 1e3
     nic_gbit = facts.get("nvidia.connectx7_rate").value
@@ -187,10 +212,11 @@ def show_breakeven_at_scale(scan: dict, *, n_params: int) -> None:
     assert ratio > 0.5 * sizes[-1] / sizes[0]  # about proportional to the bytes
     cap_mib = facts.get("pytorch.ddp_bucket_cap_mb").value
     bucket, bucket_log = at_bucket(ring, sizes, cap_mib), at_bucket(tree, sizes, cap_mib)
-    side = ("below it either way: at this bucket size the rounds alone rule PowerSGD out"
-            if bucket_log < nic_gbit else
-            "above it either way: at this bucket size the rounds alone do not rule PowerSGD out"
-            if bucket > nic_gbit else
+    twice, twice_log = at_bucket(ring, sizes, 2 * cap_mib), at_bucket(tree, sizes, 2 * cap_mib)
+    side = ("below it either way: at these bucket sizes the rounds alone rule PowerSGD out"
+            if twice_log < nic_gbit else
+            "above it either way: at these bucket sizes the rounds alone do not rule PowerSGD "
+            "out" if bucket > nic_gbit else
             "the latency model decides the side, so with free compute the rounds alone do not "
             "rule PowerSGD out")
     facts.show(f"""
@@ -201,36 +227,39 @@ matters too (*On a real GPU cluster*). This model prices only rounds and bytes: 
 compute and overlap makes its break-even rates too high, and the latency it charges per round
 moves them either way (first bullet).
 
-- **Latency model.** A flat ring charges 2(p-1) delays per all-reduce, each a NIC hop's (in a
-  real node most hops are NVLink): too much. An idealised tree's 2 lg p (NCCL has had
-  all-reduce trees since [[nccl.tree_since]]) makes the extra rounds
-  {bucket_log / bucket:.1f}x cheaper at p = 64 and each break-even as much higher; the
-  estimates below give both.
+- **Latency model.** A flat ring charges 2(p-1) delays per all-reduce, one per ring step, each
+  as if it crossed a NIC (in a real node most steps cross NVLink): too much. An idealised
+  tree's 2 lg p (NCCL has had all-reduce trees since [[nccl.tree_since]]) makes the extra
+  rounds {bucket_log / bucket:.1f}x cheaper at p = 64, which raises each break-even
+  {bucket_log / bucket:.1f}x; the estimates below give both.
 - **Model size.** On 64 ranks at an assumed 10 us per message, with free compute, this
   {model_kb:.0f} kB model's PowerSGD rank 1 pays below about {sig2(ring[0])} Gbit/s (ring)
   to {sig2(tree[0])} Gbit/s (tree). The break-even grows in proportion to the bytes in one exchange
   ({sig2(ratio)}x higher for {sig2(sizes[-1] / sizes[0])}x the bytes).
 - **Per bucket.** DDP calls the hook once per bucket, each paying its own rounds, so what
-  counts is one bucket's bytes. It fills a bucket up to [[pytorch.ddp_bucket_cap_mb]] by
-  default but [[pytorch.ddp_bucket_whole_params]]. So the cap bounds the break-even only
-  where every gradient is smaller than it. For this MLP family (a few large matrices, few
-  vectors), one full default bucket breaks even near {sig2(bucket)} Gbit/s (ring) to
-  {sig2(bucket_log)} Gbit/s (tree), against one [[nvidia.connectx7_rate]] NIC: {side}. A
-  bucket passes that NIC from about
+  counts is one bucket's bytes. Its default cap is [[pytorch.ddp_bucket_cap_mb]], and DDP
+  [[pytorch.ddp_bucket_whole_params]]. For this MLP family (a few large matrices, few
+  vectors), a bucket at the cap breaks even near {sig2(bucket)} Gbit/s (ring) to
+  {sig2(bucket_log)} Gbit/s (tree), one at twice the cap near {sig2(twice)} to
+  {sig2(twice_log)} Gbit/s, against one [[nvidia.connectx7_rate]] NIC: {side}. PowerSGD
+  still pays on one such NIC once a bucket holds more than about
   {sig2(bytes_at_rate(ring, sizes, nic_gbit) / 1e6)} MB (ring) or
   {sig2(bytes_at_rate(tree, sizes, nic_gbit) / 1e6)} MB (tree).
 """)
 
 
-def plain_log_ticks(ax) -> None:
+def plain_log_ticks(ax, xs=None) -> None:
     """Plain numbers (1, 2, 5 per decade) on both log axes of `ax`: '50', not '5x10^1', so a
-    crossing can be read off directly."""
+    crossing can be read off directly; given `xs` (the rates swept), exactly those on x."""
     from matplotlib import ticker
 
     for axis in (ax.xaxis, ax.yaxis):
         axis.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)))
         axis.set_major_formatter(ticker.FormatStrFormatter("%g"))
         axis.set_minor_formatter(ticker.NullFormatter())
+    if xs is not None:
+        ax.xaxis.set_major_locator(ticker.FixedLocator(list(xs)))
+        ax.xaxis.set_minor_locator(ticker.NullLocator())
 
 
 def least_compression_rate(rank: int = 4) -> float:
@@ -250,10 +279,10 @@ def real_cluster_text() -> str:
   all-reduces each bucket while the backward pass still runs: a compressor saves only what
   the backward does not hide (here all of it: one bucket), and its own GPU work competes with
   the backward's kernels.
-- **DDP's buckets** are filled up to [[pytorch.ddp_first_bucket]] (the first) and
-  [[pytorch.ddp_bucket_cap_mb]] (the others) by default; DDP
-  [[pytorch.ddp_bucket_whole_params]]. DDP accepts torch's bf16 hook only
-  from a torch build with [[pytorch.ddp_bf16_hook_check]].
+- **DDP's buckets** are capped by default at [[pytorch.ddp_first_bucket]] for the one reduced
+  first (the last layers' gradients) and [[pytorch.ddp_bucket_cap_mb]] for the others, each
+  holding whole gradients (box above). DDP accepts torch's bf16 hook only with
+  [[pytorch.ddp_bf16_hook_check]], checked when the hook is registered.
 - **PowerSGD's settings.** torch's hook starts after [[pytorch.powersgd_start_iter]] of plain
   all-reduce (the runs above: from step {compression.POWERSGD_START}) and compresses a matrix
   only if its compression rate exceeds [[pytorch.powersgd_min_compression_rate]] (here 1,
