@@ -432,10 +432,12 @@ def test_pause_lines_give_each_milestone_after_the_kill_and_what_it_added():
     assert lines[2].startswith("   0.06  A's worker is told") and "0.05 s compute" in lines[2]
     assert lines[3].startswith("   4.60  A's agent has started a new worker (+4.5 s): ")
     assert lines[4].startswith(" " * 9 + "whose waits") and "at most 2 s after the kill" in lines[4]
-    assert lines[4].endswith("then the last call, 2 s")
-    assert lines[5] == "   5.60  its Python has started and imported torch (+1.0 s)"
-    assert lines[6] == "   6.50  it has imported DCP and FSDP (+0.9 s)"
-    assert lines[7] == "   7.20  it has loaded the checkpoint at world size 1 (+0.7 s)"
+    assert lines[4].endswith("then the last call (2 s),")
+    assert lines[5] == " " * 9 + ("each noticed up to a second late (the agent re-reads the "
+                                  "rendezvous once a second)")
+    assert lines[6] == "   5.60  its Python has started and imported torch (+1.0 s)"
+    assert lines[7] == "   6.50  it has imported DCP and FSDP (+0.9 s)"
+    assert lines[8] == "   7.20  it has loaded the checkpoint at world size 1 (+0.7 s)"
 
 
 def _resharding(rank1_out_rows=0):
@@ -486,14 +488,17 @@ def test_death_text_carries_the_measured_delay_into_the_ledger_template():
     assert "| 3.8 s |" in text and "**8.4 s**" in text  # 8.4 - 4.5625
     assert "**more than 64 s**" in text and "at least 34 s (step 2), or 10 min" in text
     assert "can dominate" not in text
-    facts.render(text)
+    rendered = facts.render(text)  # step 2's sum of waits, from the ledger
+    assert "= 8 waits,\n     8 × 4.3 s ≈ 34 s<sup>" in rendered
 
 
 def test_cost_text_reads_the_405b_state_at_llama_3s_storage_throughput():
     text = facts.render(elastic_lesson.cost_text())
     # 405e9 parameters x 12 bytes = 4.86 TB; at 2 TB/s 2.4 s, at a hundredth of it 4 min
-    assert "4.9 TB for\n  405B" in text and "2 TB/s<sup>" in text
-    assert "takes 2.4 s there, small beside the 64 s floor" in text and "4 min on" in text
+    assert "4.9 TB for 405B" in text and "2 TB/s<sup>" in text
+    assert ("one copy of 405B's state read at that whole rate\n  takes 2.4 s, small beside "
+            "the 64 s floor") in text
+    assert "4 min on" in text
 
 
 def test_small_misses_of_both_signs_are_neither_cancelled_nor_added_up():

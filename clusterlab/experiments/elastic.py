@@ -338,7 +338,8 @@ class ElasticRun:
         return [(e["step"], e["world"], e["loss"]) for e in self._of("step", node="A")]
 
     def plot_timeline(self, ax=None):
-        """Steps completed over time, coloured by world size; the death and checkpoints."""
+        """Steps completed over time, coloured by world size; the death and checkpoints, group
+        0's start-up and the pause's parts as bands."""
         import matplotlib.pyplot as plt
 
         if ax is None:
@@ -350,13 +351,21 @@ class ElasticRun:
                     ax.plot([(e["t"] - self.t0) / 1e9 for e in st], [e["step"] for e in st],
                             marker, color=colour, ms=4 if node == "A" else 7, mfc="none"
                             if node == "B" else colour,
-                            label=f"node {node}, world size {world}")
+                            label=f"node {node}, world size {world}" + (
+                                " (inside B's squares)" if (node, world) == ("A", 2) else ""))
         for e in self._of("checkpoint", node="A"):
             ax.axhline(e["step"], color="grey", lw=0.5, ls=":")
         for e in self._of("kill"):
             ax.axvline((e["t"] - self.t0) / 1e9, color="red", lw=1)
             ax.annotate("node B killed", ((e["t"] - self.t0) / 1e9, e["step"]), color="red",
                         fontsize=8, xytext=(4, -12), textcoords="offset points")
+        steps = self._of("step", node="A")
+        if steps:  # before group 0's first step: its workers import, group and shard
+            end = (min(e["t"] for e in steps) - self.t0) / 1e9
+            ax.axvspan(0, end, color="0.95", zorder=0)
+            ax.text(end / 2, 0.5 * (1 + self.config["steps"]),
+                    "group 0 starts:\nimports, process\ngroup, sharding", ha="center",
+                    va="center", fontsize=8, color="0.3")
         f, cfg = self.failure(), self.config
         if None not in (f["spawned_s"], f["regrouped_s"], f["resumed_s"]):
             kill_s = (self._of("kill")[0]["t"] - self.t0) / 1e9
@@ -371,7 +380,7 @@ class ElasticRun:
                 ax.text(kill_s + (lo + hi) / 2, 0.5 * (1 + self.config["steps"]), text,
                         ha="center", va="center", fontsize=8, color="0.3",
                         rotation=0 if lo == 0 else 90)  # the rendezvous' span is wide
-        ax.set_xlabel("seconds since the first worker started")
+        ax.set_xlabel("seconds since the first worker's code began (after Python and torch)")
         ax.set_ylabel("step completed")
         ax.set_title("torchrun --nnodes 1:2: two agents, one dies (checkpoints dotted)")
         ax.legend(fontsize=8, loc="upper left")

@@ -49,10 +49,8 @@ def restart_line(rounds: list[dict], max_restarts: int) -> str:
 
 
 def explain_groups(run) -> None:
-    """Print the agents' exit codes, the processes left after the job, `group_lines` of its
-    rendezvous rounds and `restart_line`."""
-    print(f"agents' exit codes: A {run.returncodes['A']}, B {run.returncodes['B']} (SIGKILL); "
-          f"processes of the job left afterwards: {len(run.leftover)}")
+    """Print `group_lines` of the job's rendezvous rounds and `restart_line` (the agents' exit
+    codes and the processes left afterwards are `check_run`'s to assert)."""
     for line in group_lines(run.rounds()):
         print(line)
     print(restart_line(run.rounds(), run.config["max_restarts"]))
@@ -62,16 +60,17 @@ def pause_lines(f: dict, cfg: dict) -> list[str]:
     """The pause after node B's death in words: what node A's worker was told, then each
     milestone in seconds after the kill with the time it added: A's worker told; A's agent has
     created the new worker (its restart and the rendezvous without B, whose configured waits
-    are named); that worker's Python has imported torch; it has imported DCP and FSDP; it has
-    loaded the checkpoint at the new world size."""
+    are named, each noticed at a once-a-second poll); that worker's Python has imported torch;
+    it has imported DCP and FSDP; it has loaded the checkpoint at the new world size."""
     keep_alive = cfg["keep_alive_s"] * cfg["keep_alive_attempts"]
     marks = [
         (f["detected_s"], f"A's worker is told, in its next collective (after its "
                           f"{cfg['compute_s']} s compute sleep)"),
         (f["spawned_s"], f"A's agent has started a new worker (+{{:.1f}} s): its restart and "
-                         f"the rendezvous without B,\nwhose waits are B's heartbeats expiring, "
-                         f"at most {keep_alive} s after the kill, then the last call, "
-                         f"{cfg['last_call_s']} s"),
+                         f"the rendezvous without B,\nwhose waits are B's heartbeats expiring "
+                         f"(at most {keep_alive} s after the kill), then the last call "
+                         f"({cfg['last_call_s']} s),\neach noticed up to a second late (the "
+                         f"agent re-reads the rendezvous once a second)"),
         (f["regrouped_s"], "its Python has started and imported torch (+{:.1f} s)"),
         (f["imported_s"], "it has imported DCP and FSDP (+{:.1f} s)"),
         (f["resumed_s"], f"it has loaded the checkpoint at world size {f['world_after']} "
@@ -101,7 +100,8 @@ def check_run(run) -> None:
     rendezvous took at least its last call (its deadline is set once A has joined the new
     round, after its worker failed)."""
     f = run.failure()
-    assert run.returncodes == {"A": 0, "B": -9} and not run.leftover
+    assert run.returncodes == {"A": 0, "B": -9}, f"agents' exit codes {run.returncodes}"
+    assert not run.leftover, f"processes of the job left afterwards: {run.leftover}"
     assert (f["world_before"], f["world_after"], f["resumed_from"]) == (2, 1, 6)
     assert run.rounds()[-1]["restart"] == 1, "the failure cost A's agent one restart"
     assert f["detected_s"] < f["spawned_s"] < f["regrouped_s"] < f["resumed_s"]
@@ -163,6 +163,9 @@ def death_text(f: dict, cfg: dict) -> str:
     from .. import facts
 
     ib_wait = facts.get("nccl.ib_total_wait_default").value  # s, a lower bound
+    tries = 1 + facts.get("nccl.ib_retry_cnt_default").value  # the first try and the retries
+    ack_s = facts.get("nccl.ib_timeout_default_time").value  # s, one ACK timeout at least
+    assert abs(tries * ack_s - ib_wait) < 1, "the total wait is the tries' ACK timeouts"
     nccl_min = facts.get("pytorch.nccl_timeout_default").value  # min
     dead_after = facts.get("pytorch.rdzv_dead_node_after").value  # s
     last_call = facts.get("pytorch.rdzv_last_call_timeout").value  # s
@@ -193,13 +196,13 @@ def death_text(f: dict, cfg: dict) -> str:
      at its next synchronisation with it. Their agents, which poll them every
      `--monitor-interval` ([[pytorch.torchrun_monitor_interval]]), see them healthy.
   2. Its direct peers fail first (which of them, and when, depends on what each had in
-     flight): a sender's network card (NIC) has data for it in flight, a receiver's NIC its
-     notes that a buffer is free (written by RDMA: one NIC writing straight into the other
-     node's memory). After the first try and
-     NCCL_IB_RETRY_CNT = [[nccl.ib_retry_cnt_default]] retries, each waiting an ACK timeout
-     (how long the NIC waits for the acknowledgement) of at least
-     [[nccl.ib_timeout_default_time]] (NCCL_IB_TIMEOUT = [[nccl.ib_timeout_default]]), the NIC reports an error: at least
-     [[nccl.ib_total_wait_default]].
+     flight). A node that was sending to the dead one has data on its network card (NIC)
+     that was never acknowledged. One that was receiving from it has written it "buffer free"
+     notes by RDMA (one NIC writing straight into the other node's memory), unacknowledged
+     too. Either NIC waits for an acknowledgement that never comes, an ACK timeout of at least
+     [[nccl.ib_timeout_default_time]] per try (NCCL_IB_TIMEOUT = [[nccl.ib_timeout_default]]):
+     1 try + [[nccl.ib_retry_cnt_default]] retries (NCCL_IB_RETRY_CNT) = {tries} waits,
+     {tries} × {ack_s} s ≈ [[nccl.ib_total_wait_default]] at least. Then it reports an error.
   3. That worker fails; its agent spends a restart (if one is left) and re-enters the rendezvous.
   4. Every other agent sees a node waiting at its next poll and restarts its hung workers
      (SIGTERM, then SIGKILL after a grace period).
@@ -215,11 +218,9 @@ def death_text(f: dict, cfg: dict) -> str:
 - **The rendezvous host.** With the c10d backend one agent runs the store that holds the
   rendezvous state ([[pytorch.c10d_rendezvous_host]]). Here node A hosted it and node B died;
   had A died, B would have lost the rendezvous with it: whatever `--nnodes` allows, that node
-  is a single point of failure. Two ways keep it off the training nodes: a TCPStore server
-  started on a separate host, with every agent given `--rdzv-conf is_host=0` (each then
-  connects as a client; `_create_tcp_store` in `c10d_rendezvous_backend.py`), itself a single
-  point of failure; or [[pytorch.rdzv_etcd_backend]], in etcd, a single point of failure
-  unless run as a replicated cluster.
+  is a single point of failure. To keep it off the training nodes, host the store on
+  another machine (`--rdzv-conf is_host=0` on every agent) or use
+  [[pytorch.rdzv_etcd_backend]] with a replicated etcd cluster.
 
 **The same pause at the defaults, beside this run's** (on a cluster, the sum of the counted
 parts' lower bounds, the rest left out; an agent re-reads the rendezvous once a second, so
@@ -248,24 +249,25 @@ def cost_text() -> str:
     tb_s = facts.get("meta.llama3_storage_throughput").value  # TB/s, sustained
     floor = (facts.get("nccl.ib_total_wait_default").value
              + facts.get("pytorch.rdzv_last_call_timeout").value)  # s, as in death_text
-    read_s = 405e9 * adam_b / 1e12 / tb_s  # the 405B state read once at that throughput
+    read_s = 405e9 * adam_b / 1e12 / tb_s  # one copy of the 405B state, at the whole fabric's rate
     return f"""
 **What a smaller job costs**
 
 - **Resharding is DCP's** ([[pytorch.dcp_resharding]]). The checkpoint must sit on storage
-  every node reaches (here: one local directory). It holds the weights and Adam's state, at
-  least [[paper.zero_adam_state_bytes]] under mixed precision (the fp32 weights and Adam's two
-  moments; more if it also stores the 16-bit weights): about
-  {70e9 * adam_b / 1e12:.1f} TB for a 70B-parameter model, {405e9 * adam_b / 1e12:.1f} TB for
-  405B. Loading reads at least that size (a multiple of it when each data-parallel replica
-  reads its own copy). Llama 3's storage sustained [[meta.llama3_storage_throughput]]: one read
-  of 405B's state takes {read_s:.1f} s there, small beside the {floor:.0f} s floor, and
-  {read_s * 100 / 60:.0f} min on storage a hundred times slower. This tiny model does not show it.
-- **Uneven shards** ([[pytorch.fsdp2_shard_dim0_chunk]]). A tensor with fewer rows than ranks,
-  as the output layer here, leaves some ranks an empty shard. Parameter memory stays
-  balanced: each rank stores its parameter shard in a buffer of the chunk size (rank 0's shard size), at the
-  cost of zero padding. Adam's moments follow the unpadded shard (rank 1 holds none for the
-  output layer here), as do the checkpoint files: uneven by at most one chunk per tensor.
+  every node reaches (here: one local directory). It holds the weights and Adam's state:
+  [[paper.zero_adam_state_bytes]] with fp32 master weights and Adam's two fp32 moments
+  (ZeRO's mixed precision; more if it also stores the 16-bit weights, less with 16- or 8-bit
+  optimizer states), about {70e9 * adam_b / 1e12:.1f} TB for a 70B-parameter model,
+  {405e9 * adam_b / 1e12:.1f} TB for 405B. Loading reads at least that size (a multiple of it
+  when each data-parallel replica reads its own copy). Llama 3's storage fabric sustained
+  [[meta.llama3_storage_throughput]] in all: one copy of 405B's state read at that whole rate
+  takes {read_s:.1f} s, small beside the {floor:.0f} s floor, and {read_s * 100 / 60:.0f} min on
+  storage a hundred times slower; a job that gets less of the fabric waits longer. This tiny
+  model does not show it.
+- **Uneven shards** (FSDP2's default: [[pytorch.fsdp2_shard_dim0_chunk]]). Tensors with fewer
+  rows than ranks, as the output layer here, leave some ranks an empty shard; FSDP pads the
+  parameter buffer so that parameter memory stays balanced, while Adam's moments and the
+  checkpoint files stay uneven.
 - **A job shrinks by a whole data-parallel replica, if the script makes it.** torchrun hands
   the script every surviving node. With tensor parallelism (each layer's matrices split
   across GPUs) and pipeline parallelism (the layers split into stages; both in
