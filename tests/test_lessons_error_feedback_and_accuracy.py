@@ -1,6 +1,6 @@
 """What notebook 11b prints and asserts beyond tests/test_lessons_parallelism.py: the longer
-top-k runs repeating the budget runs, the paired test-loss gaps, the verdicts, the summary and
-fp16's line under the ring errors."""
+top-k runs repeating the budget runs, the paired test-loss gaps, the verdicts, the tree's
+worked depth and the lines under the ring errors."""
 
 import numpy as np
 import pytest
@@ -69,16 +69,20 @@ def test_accuracy_table_prints_loss_se_c_b_and_a_verdict_per_method(capsys):
     assert "test loss negligible" in verdicts["fp16"]
 
 
-def test_summary_gives_loss_gaps_with_se_next_to_paired_accuracy(capsys):
+def test_verdicts_say_they_cover_test_set_sampling_only_and_count_the_comparisons(capsys):
     res = _res()
-    res["bf16"] = res["fp16"]
     gap = {m: r["test_loss"] - res["none"]["test_loss"] for m, r in res.items()}
-    noef = {"test_loss": res["none"]["test_loss"] + 1.0}
-    l11b.print_summary(res, noef, gap=gap, budget=120)
+    l11b.print_accuracy_table(res, gap=gap, n_test=400)
     out = capsys.readouterr().out
-    assert "120 steps" in out and "without: test loss +1.000" in out
-    assert "PowerSGD rank 1: test loss +0.050 ± " in out and "accuracy -5." in out
-    assert "PowerSGD rank 4:" in out and "fp16 and bf16: test loss within 1e-05" in out
+    assert "test set's sampling only" in out and "seeds was not measured" in out
+    assert "8 comparisons are made (accuracy and test loss of 4 methods)" in out
+    assert "clear" not in out
+
+
+def test_tree_vs_ring_works_out_nccls_depth_estimate():
+    assert l11b.tree_vs_ring(1024, 8) == ("1024 GPUs at 8 per node: 7 + log₂ 128 = 14, "
+                                          "against 1023 for the ring")
+    assert l11b.tree_vs_ring(96, 8).endswith("7 + log₂ 12 = 10, against 95 for the ring")
 
 
 def test_ring_errors_say_what_fp16_keeps(capsys):
@@ -90,3 +94,5 @@ def test_ring_errors_say_what_fp16_keeps(capsys):
     out = capsys.readouterr().out
     assert ("fp16 keeps 3 more significant bits than bf16 (an eps 8x finer); its error after 7 "
             "hops was 8x smaller") in out
+    assert "Correlated ranks" in out and "  p=2: " in out and "  p=8: " in out
+    assert "1/eps = 128 hops and two to four times it after 256 to 512" in out

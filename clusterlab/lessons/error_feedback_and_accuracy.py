@@ -42,7 +42,8 @@ def plot_error_feedback(ef_runs: dict, longer: dict, *, target: float, budget: i
                         ("topk-noef:0.01", longer["topk-noef:0.01"], "--")):
         curve = smooth(r["loss_curve"])
         ax.plot(np.arange(len(curve)) + WINDOW, curve, style, label=LABELS[m])
-    ax.axhline(target, color="grey", ls=":", label=f"fp32 at step {budget}")
+    ax.axhline(target, color="grey", ls=":",
+               label=f"fp32, mean of steps {budget - WINDOW + 1}-{budget}")
     ax.axvline(budget, color="grey", lw=0.8, label=f"fp32's {budget}-step budget")
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (4 ranks, 10-step mean)")
@@ -56,18 +57,20 @@ def plot_error_feedback(ef_runs: dict, longer: dict, *, target: float, budget: i
 def explain_error_feedback(ef_runs: dict, longer: dict, *, target: float,
                            budget: int) -> tuple[int | None, int | None]:
     """The test losses after the budget (fp32, top-k with and without error feedback, and
-    whether both top-k runs sent the same bytes) and the steps each top-k run took to reach
-    fp32's end-of-budget training loss. Asserts that error feedback is what makes top-k work
-    here: a clearly better test loss, the same bytes, and under 1/1.5 of the steps. Returns
-    the two step counts (with, without error feedback)."""
+    the bytes per step both top-k runs sent) and the steps each top-k run took to reach
+    fp32's end-of-budget training loss (its mean over the budget's last WINDOW steps).
+    Asserts that error feedback is what makes top-k work here: a clearly better test loss,
+    the same bytes, and under 1/1.5 of the steps. Returns the two step counts (with, without
+    error feedback)."""
     ef, noef = ef_runs["topk:0.01"], ef_runs["topk-noef:0.01"]
     n_ef, n_noef = (steps_to(longer[m]["loss_curve"], target)
                     for m in ("topk:0.01", "topk-noef:0.01"))
     print(f"After {budget} steps, test loss: fp32 DDP {ef_runs['none']['test_loss']:.3f}, top-k "
-          f"1% with error feedback {ef['test_loss']:.3f}, without {noef['test_loss']:.3f} (the "
-          f"same bytes per step: {ef['sent_bytes'] == noef['sent_bytes']}).")
-    print(f"Steps to reach fp32's training loss at step {budget} ({target:.2f}), within "
-          f"{4 * budget}: top-k with error feedback {n_ef}, without {n_noef}.")
+          f"1% with error feedback {ef['test_loss']:.3f}, without {noef['test_loss']:.3f} (both "
+          f"send {ef['sent_bytes'] / 1e3:.1f} kB/step).")
+    print(f"Steps to reach fp32's end-of-budget training loss ({target:.2f}, its mean over "
+          f"steps {budget - WINDOW + 1}-{budget}), within {4 * budget}: top-k with error "
+          f"feedback {n_ef}, without {n_noef}.")
     assert noef["test_loss"] > ef["test_loss"] + 0.1, "error feedback is what makes top-k work here"
     assert ef["sent_bytes"] == noef["sent_bytes"]
     assert n_ef and n_noef and n_noef > 1.5 * n_ef, (n_ef, n_noef)
@@ -174,8 +177,11 @@ def print_accuracy_table(res: dict, *, gap: dict, n_test: int) -> None:
               f"{(c - b) / math.sqrt(b + c):+.1f} s.e. (the column, from the same samples one "
               f"by one: {accuracy_gap_se(res, m):+.1f})")
     others = [m for m in res if m != "none"]
-    print(f"Against fp32, paired (beyond {CLEAR_SE:g} s.e.: clear; {BORDERLINE_SE:g} to "
-          f"{CLEAR_SE:g}: borderline, as {len(others)} methods are compared):")
+    print(f"Against fp32, paired, in standard errors of the test set's sampling only (the "
+          f"spread between training seeds was not measured):\n  beyond {CLEAR_SE:g} s.e.: "
+          f"higher or lower beyond test-set noise; {BORDERLINE_SE:g} to {CLEAR_SE:g}: "
+          f"borderline, as {2 * len(others)} comparisons are made (accuracy and test loss of "
+          f"{len(others)} methods):")
     for m in others:
         print(f"  {m:>11}: accuracy {verdict(accuracy_z(res, m), 'higher', 'lower'):28s} "
               f"test loss {loss_verdict(res, m)}")
@@ -213,9 +219,10 @@ def ring_sum_error(p: int, dtype, n: int = 2048, seed: int = 0, common: float = 
 
 def explain_ring_errors(errors: dict, ps: list[int]) -> float:
     """The relative error of each dtype's ring sum at each ring size, bf16's after the
-    longest ring against one hop and fp32's, and bf16's with correlated ranks. Asserts that
-    bf16's error grows over 10x with the ring and stays 1000x fp32's. Returns the correlated
-    error."""
+    longest ring against one hop and fp32's, and bf16's with correlated ranks at each ring
+    size, with why a shared part is rounded away (bf16's spacing against one rank's value).
+    Asserts that bf16's error grows over 10x with the ring and stays 1000x fp32's. Returns
+    the correlated error after the longest ring."""
     import torch
 
     for dt, errs in errors.items():
@@ -228,33 +235,30 @@ def explain_ring_errors(errors: dict, ps: list[int]) -> float:
           f"each rank's values to bf16 and one rounded addition: the error is measured against "
           f"the exact sum of the unrounded values); fp32 after {ps[-1] - 1} hops: "
           f"{errors[torch.float32][-1]:.0e}.")
-    corr = ring_sum_error(ps[-1], torch.bfloat16, common=1.0)
-    print(f"Correlated ranks (a shared gradient as large as each rank's noise): bf16 {corr:.1%} "
-          f"after {ps[-1] - 1} hops (the same synthetic draw).")
+    corr = {p: ring_sum_error(p, torch.bfloat16, common=1.0) for p in ps}
+    print("Correlated ranks (a shared gradient as large as each rank's noise), bf16, the same "
+          "synthetic draw:" + "".join(f"  p={p}: {e:.1%}" for p, e in corr.items()))
+    inv = 1 / torch.finfo(torch.bfloat16).eps
+    print(f"Why: near a partial sum S, bf16 numbers are S x eps/2 to S x eps apart, and an added "
+          f"value rounds to whole steps of that spacing (to zero if under half of one). The "
+          f"shared part grows S by about one rank's value per hop, so the spacing reaches that "
+          f"value after about 1/eps = {inv:.0f} hops and two to four times it after "
+          f"{2 * inv:.0f} to {4 * inv:.0f}: from there many added values round to zero and the "
+          f"sum falls behind.")
     fp16, bf16 = torch.finfo(torch.float16), torch.finfo(torch.bfloat16)
     if torch.float16 in errors:
         finer = bf16.eps / fp16.eps
         print(f"fp16 keeps {round(math.log2(finer))} more significant bits than bf16 (an eps "
               f"{finer:.0f}x finer); its error after {ps[-1] - 1} hops was "
               f"{bf[-1] / errors[torch.float16][-1]:.0f}x smaller. Its risk is range (below).")
-    return corr
+    return corr[ps[-1]]
 
 
-def print_summary(res: dict, noef: dict, *, gap: dict, budget: int) -> None:
-    """What compression cost here, in test loss (± paired s.e.) and paired accuracy: top-k
-    with and without error feedback, PowerSGD at each rank, the 16-bit casts."""
-    def cost(m):
-        lg = loss_gap(res, m)
-        z = accuracy_z(res, m)
-        acc = f"{z:+.1f} s.e." if z is not None else "n/a"
-        loss = f"{gap[m]:+.3f} ± {_se(lg[1])}" if lg else f"{gap[m]:+.3f}"
-        return f"test loss {loss}, accuracy {acc}"
+def tree_vs_ring(ranks: int, per_node: int) -> str:
+    """NCCL's estimate of its tree's depth, (ranks per node - 1) + log2(nodes) with log2
+    rounded down as NCCL's log2i does, worked out for `ranks` GPUs at `per_node` per node,
+    against the ranks - 1 roundings of a flat ring."""
+    nodes = ranks // per_node
+    return (f"{ranks} GPUs at {per_node} per node: {per_node - 1} + log₂ {nodes} = "
+            f"{per_node - 1 + int(math.log2(nodes))}, against {ranks - 1} for the ring")
 
-    ref = res["none"]["test_loss"]
-    print(f"Measured here (4 ranks, {budget} steps, one training run each; against fp32, "
-          f"paired):")
-    print(f"  top-k 1% with error feedback: {cost('topk:0.01')}; without: test loss "
-          f"{noef['test_loss'] - ref:+.3f}")
-    for m in [m for m in res if m.startswith("powersgd")]:
-        print(f"  PowerSGD rank {m.partition(':')[2]}: {cost(m)}")
-    print(f"  fp16 and bf16: test loss within {max(abs(gap['fp16']), abs(gap['bf16'])):.0e}")
