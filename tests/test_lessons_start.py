@@ -46,12 +46,15 @@ def loop_run(step, checksums=(7.0, 7.0), loss=(2.3, 2.2)):
     return {"step_median": step, "steps": 12, "checksums": list(checksums), "loss": list(loss)}
 
 
-def test_runs_sentences_and_identity_checks(capsys):
+def test_runs_sentences_and_identity_checks(capsys, monkeypatch):
     runs = (loop_run(0.0164), loop_run(0.0442), loop_run(0.0049, checksums=(7.0,)))
     start.explain_runs(runs, show_details=False, dilation=1)
-    assert capsys.readouterr().out.splitlines() == [
-        "median step (12 steps): one rank alone 4.9 ms, plain Gloo 16.4 ms, impaired 44.2 ms",
+    assert capsys.readouterr().out.splitlines() == [  # the steps come after the prediction
         "plain and impaired runs: losses and weights bit-for-bit identical: True"]
+    monkeypatch.setattr(start.basics, "format_breakdown", lambda runs: "(breakdown)")
+    start.explain_runs(runs, show_details=True, dilation=1)
+    assert ("details: median step (12 steps): one rank alone 4.9 ms, plain Gloo 16.4 ms, "
+            "impaired 44.2 ms") in capsys.readouterr().out
     with pytest.raises(AssertionError, match="never the numbers"):
         start.explain_runs((loop_run(0.0164), loop_run(0.0442, checksums=(7.5, 7.5)), runs[2]),
                            show_details=False, dilation=1)
@@ -64,14 +67,14 @@ def test_runs_sentences_and_identity_checks(capsys):
 def test_all_reduce_sentences_split_the_gap_into_jitter_and_machine(capsys):
     start.explain_all_reduce([64.0, 63.0, 70.0], [62.5, 62.7, 62.9], predicted_ms=62.3,
                              sums=[4.0] * 4)
-    assert "details" not in capsys.readouterr().out  # the split only on request
+    assert "the gap" not in capsys.readouterr().out  # the split only on request
     start.explain_all_reduce([64.0, 63.0, 70.0], [62.5, 62.7, 62.9], predicted_ms=62.3,
                              sums=[4.0] * 4, show_details=True)
     out = capsys.readouterr().out
     assert "every rank got the sum 4 (4 ranks x 1.0)" in out
     assert "measured:   64.0 ms  (median of 3 repeats, slowest rank; range 63.0-70.0)" in out
-    assert ("jitter +0.4 ms (emulator replay, 3 draws; segment headers at most 0.06 ms of it), "
-            "this machine +1.3 ms") in out
+    assert ("the gap, roughly (see Why below): jitter +0.4 ms (emulator replay, 3 draws; "
+            "message headers at most 0.06 ms of it), this machine +1.3 ms") in out
 
 
 def test_all_reduce_checks_the_sum_and_the_floor():
@@ -101,16 +104,16 @@ def test_impaired_step_within_the_jitter_range_is_shown(capsys):
                   efficiency=0.005 / 0.044, dilation=1)
     start.explain_impaired_step(plain, impaired, solo, **kwargs)
     out = capsys.readouterr().out
-    assert "details" not in out  # the range and the gap only on request
-    assert ("all-reduce phase: 39.0 ms (slowest rank, median over steps); the emulator's replay "
-            "of the network alone: 37.5 ms (200 draws), so this machine added about +1.5 ms (a "
-            "difference of medians)") in out
+    assert "details" not in out  # the replay, the range and the gap only on request
     assert "efficiency against one rank alone: 5.0 ms / 44.0 ms = 11% (median steps)\n" in out
     assert ("Shown on this run: the emulated network set most of the all-reduce phase (its "
-            "replay is 96% of it).") in out
+            "replay is 96% of the slowest rank's, median over steps).") in out
     start.explain_impaired_step(plain, impaired, solo, show_details=True, **kwargs)
     out = capsys.readouterr().out
     assert "44.0 ms measured" in out and "42.8 ms predicted = compute 6.0" in out
+    assert ("details: all-reduce phase 39.0 ms (slowest rank, median over steps); the emulator's "
+            "replay of the network alone: 37.5 ms (200 draws), so this machine added about "
+            "+1.5 ms (a difference of medians)") in out
     assert ("the network allows 36.8-48.8 ms (the plain run's compute, every delay at an "
             "extreme: a loose sanity bound); all-reduce phases above its top, 42.8 ms: 0 of "
             "4") in out
@@ -145,7 +148,6 @@ def test_all_reduce_phase_far_above_the_replay_is_not_shown_when_compute_was_slo
     assert ("efficiency against one rank alone: 5.0 ms / 90.0 ms = 6% (median steps; times "
             "divided by K = 3, so the compute is that of a CPU 3 times faster than this "
             "one)") in out
-    assert "so this machine added about +42.5 ms" in out
     assert "Not shown on this run: the emulated network set most of the all-reduce phase" in out
     assert "a run above 1.3x the closed form: 6 ms against 4 ms" in out
 
@@ -167,18 +169,18 @@ def test_impaired_step_must_be_slower_than_plain_gloo():
                                     efficiency=0.005 / 0.044, dilation=1)
 
 
-def test_real_cluster_text_computes_both_crossovers_and_renders():
+def test_real_cluster_text_computes_the_crossover_and_renders():
     text = start.real_cluster_text(alpha=2e-3, rate_Bps=125e6, alpha_nccl=14e-6, nic_Bps=50e9,
-                                   bucket=25 * 2**20, first_bucket=2**20)
+                                   first_bucket=2**20)
     facts.render(text)  # every [[fact]] is in the ledger
     text = " ".join(text.split())
     assert "2 ms × 125 MB/s = 250 KB here" in text
     assert "n* ≈ 0.7 MB" in text
-    assert "has chunks below n* from p = 2" in text  # 1 MiB / 2 = 0.52 MB
-    assert "beyond about 37 nodes" in text
+    assert "is latency-bound from 2 nodes" in text  # 1 MiB / 2 = 0.52 MB
+    assert "the transport ([[rdma.kernel_bypass]] for the transfer itself)" in text
     text = start.real_cluster_text(alpha=2e-3, rate_Bps=125e6, alpha_nccl=14e-6, nic_Bps=50e9,
-                                   bucket=25 * 2**20, first_bucket=1.5e6)
-    assert "from p = 3" in " ".join(text.split())  # 1.5 MB / 2 is above 0.7 MB, / 3 below
+                                   first_bucket=1.5e6)
+    assert "from 3 nodes" in " ".join(text.split())  # 1.5 MB / 2 is above 0.7 MB, / 3 below
 
 
 def doctor_inputs(*, native_p99, tail, floor=500.0, capped=False):
@@ -216,7 +218,14 @@ def test_doctor_sentences_and_warning_at_the_edge(capsys):
     assert "late tail is 98% of the dilated delay" in out
     info, dil = doctor_inputs(native_p99=3940.0, tail=3370.0)
     start.explain_doctor(info, dil, delay_us=2000.0, dilation=2)
-    assert "3.94 ms, is just below the delay x K" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "3.94 ms, is just below the delay x K" in out
+    assert "jitter" not in out  # only when told the jitter
+    start.explain_doctor(info, dil, delay_us=2000.0, dilation=2, jitter_us=500.0)
+    assert ("the late tail in reported time, 1.69 ms, is above the ±0.5 ms jitter: K makes the "
+            "delay faithful, not a single message's jitter that small") in capsys.readouterr().out
+    start.explain_doctor(info, dil, delay_us=2000.0, dilation=4, jitter_us=1000.0)
+    assert "late tail in reported time" not in capsys.readouterr().out  # 0.84 ms: within it
 
 
 def test_doctor_checks_k_against_its_criterion():

@@ -77,9 +77,10 @@ def plot_all_reduce(times_ms, *, predicted_ms: float) -> None:
 def explain_all_reduce(slowest_ms, replay_ms, *, predicted_ms: float, sums,
                        show_details: bool = False) -> None:
     """The first measurement in three lines: the sum every rank got and the measured median
-    (slowest rank per repeat) against the α-β prediction; with `show_details`, the gap split
-    roughly into jitter (the emulator's replay; the segment headers it adds are at most
-    `HEADER_BYTES / SEGMENT_BYTES` of the prediction) and this machine. Checks that every rank
+    (slowest rank per repeat) against the α-β prediction; with `show_details`, a fourth: this
+    run's gap split roughly into jitter (the emulator's replay over the model; the message
+    headers it adds are at most `HEADER_BYTES / SEGMENT_BYTES` of the prediction) and this
+    machine (the measurement over the replay). Checks that every rank
     got the number of ranks and that the median is not far below the model (jitter can shave
     only 6 x 0.5 ms off it)."""
     slowest_ms, replay_ms = np.asarray(slowest_ms), np.asarray(replay_ms)
@@ -91,8 +92,8 @@ def explain_all_reduce(slowest_ms, replay_ms, *, predicted_ms: float, sums,
           f"slowest rank; range {slowest_ms.min():.1f}-{slowest_ms.max():.1f})")
     print(f"predicted: {predicted_ms:5.1f} ms  (α-β model)")
     if show_details:
-        print(f"details (see Why below): the gap, roughly: jitter {jitter_part:+.1f} ms "
-              f"(emulator replay, {len(replay_ms)} draws; segment headers at most "
+        print(f"the gap, roughly (see Why below): jitter {jitter_part:+.1f} ms "
+              f"(emulator replay, {len(replay_ms)} draws; message headers at most "
               f"{headers_ms:.2f} ms of it), this machine {machine:+.1f} ms")
     assert list(sums) == [float(len(sums))] * len(sums)
     assert np.median(slowest_ms) >= 0.8 * predicted_ms, \
@@ -109,16 +110,16 @@ def compute_median(run) -> float:
 def explain_impaired_step(plain, impaired, solo, *, replay, compute: float, model_ar: float,
                           spread: float, efficiency: float, dilation: int,
                           show_details: bool = False) -> None:
-    """The impaired step's teaching numbers: measured against compute + the α-β all-reduce;
-    the all-reduce phase (slowest rank, median over steps) against the emulator's `replay` of
-    the network alone (seconds), the rest being this machine; and the efficiency against one
-    rank alone with its division (`efficiency` = one rank's median step ÷ the impaired one).
-    Concludes that the emulated network set most of the all-reduce phase (not shown on a busy
-    machine). With `show_details`: the gap to the prediction split into compute and
-    all-reduce, the range the network allows (every delay at an extreme: a loose sanity bound)
-    with how many all-reduce phases went above it, and which single steps (slowest rank) exceed
-    that ceiling and whether their all-reduce phase or their compute did. Checks that the
-    network slowed the step at least by the model's all-reduce."""
+    """The impaired step's teaching numbers: measured against compute + the α-β all-reduce,
+    and the efficiency against one rank alone with its division (`efficiency` = one rank's
+    median step ÷ the impaired one). Concludes that the emulated network (its `replay`,
+    seconds) set most of the slowest rank's all-reduce phase (median over steps; not shown on
+    a busy machine). With `show_details`: that phase against the replay, the rest being this
+    machine; the gap to the prediction split into compute and all-reduce; the range the
+    network allows (every delay at an extreme: a loose sanity bound) with how many all-reduce
+    phases went above it; and which single steps (slowest rank) exceed that ceiling and whether
+    their all-reduce phase or their compute did. Checks that the network slowed the step at
+    least by the model's all-reduce."""
     K = dilation
     step = impaired["step_median"]
     own = compute_median(impaired)
@@ -127,9 +128,6 @@ def explain_impaired_step(plain, impaired, solo, *, replay, compute: float, mode
     print(f"impaired step: {step * 1e3:.1f} ms measured (median, {impaired['steps']} steps x 2 "
           f"ranks); {(compute + model_ar) * 1e3:.1f} ms predicted = compute {compute * 1e3:.1f} "
           f"(the plain run's median) + α-β all-reduce {model_ar * 1e3:.1f}")
-    print(f"all-reduce phase: {ar * 1e3:.1f} ms (slowest rank, median over steps); the "
-          f"emulator's replay of the network alone: {net_ar * 1e3:.1f} ms ({len(replay)} draws), "
-          f"so this machine added about {(ar - net_ar) * 1e3:+.1f} ms (a difference of medians)")
     print(f"efficiency against one rank alone: {solo['step_median'] * 1e3:.1f} ms / "
           f"{step * 1e3:.1f} ms = {efficiency:.0%} (median steps"
           + (f"; times divided by K = {K}, so the compute is that of a CPU {K} times faster "
@@ -139,9 +137,13 @@ def explain_impaired_step(plain, impaired, solo, *, replay, compute: float, mode
     # prints why this run cannot show it
     conclude(net_ar >= 0.5 * ar,
              f"the emulated network set most of the all-reduce phase (its replay is "
-             f"{net_ar / ar:.0%} of it)",
+             f"{net_ar / ar:.0%} of the slowest rank's, median over steps)",
              busy=beyond_closed_form([(own, compute)]))
     if show_details:
+        print(f"details: all-reduce phase {ar * 1e3:.1f} ms (slowest rank, median over steps); "
+              f"the emulator's replay of the network alone: {net_ar * 1e3:.1f} ms "
+              f"({len(replay)} draws), so this machine added about {(ar - net_ar) * 1e3:+.1f} ms "
+              "(a difference of medians)")
         _impaired_step_details(impaired, compute=compute, model_ar=model_ar, spread=spread,
                                own=own)
     assert np.isclose(efficiency, solo["step_median"] / step), \
@@ -183,18 +185,20 @@ def _impaired_step_details(impaired, *, compute: float, model_ar: float, spread:
 
 
 def explain_runs(runs, *, show_details: bool, dilation: int) -> None:
-    """The three runs of the loop (`basics.compare`: plain, impaired, one rank alone): their
-    median steps and whether the plain and impaired runs computed bit-for-bit the same
-    losses and weights; with `show_details`, the mean time per phase and the parameter
-    checksums. Checks that the replicas stayed identical and that the network changed the
-    time, never the numbers."""
+    """The three runs of the loop (`basics.compare`: plain, impaired, one rank alone): whether
+    the plain and impaired runs computed bit-for-bit the same losses and weights; with
+    `show_details`, their median steps, the mean time per phase and the parameter checksums
+    (the steps are printed later, after the prediction, by `explain_impaired_step`). Checks
+    that the replicas stayed identical and that the network changed the time, never the
+    numbers."""
     plain, impaired, solo = runs
     same = plain["checksums"] == impaired["checksums"] and plain["loss"] == impaired["loss"]
-    print(f"median step ({impaired['steps']} steps): one rank alone "
-          f"{solo['step_median'] * 1e3:.1f} ms, plain Gloo {plain['step_median'] * 1e3:.1f} ms, "
-          f"impaired {impaired['step_median'] * 1e3:.1f} ms")
     print(f"plain and impaired runs: losses and weights bit-for-bit identical: {same}")
     if show_details:
+        print(f"details: median step ({impaired['steps']} steps): one rank alone "
+              f"{solo['step_median'] * 1e3:.1f} ms, plain Gloo "
+              f"{plain['step_median'] * 1e3:.1f} ms, impaired "
+              f"{impaired['step_median'] * 1e3:.1f} ms")
         print()
         print(f"details: MEAN time per phase (the line above gives medians; a few slow steps "
               f"pull a mean up), dilation K = {dilation}, emulated-cluster time")
@@ -208,12 +212,11 @@ def explain_runs(runs, *, show_details: bool, dilation: int) -> None:
 
 
 def real_cluster_text(*, alpha: float, rate_Bps: float, alpha_nccl: float, nic_Bps: float,
-                      bucket: float, first_bucket: float) -> str:
+                      first_bucket: float) -> str:
     """The "On a real GPU cluster" bullets as a `facts.show` template, with this notebook's
     n* = α × bandwidth (`alpha` s, `rate_Bps`) set against NCCL's (`alpha_nccl` s per ring
-    step, a ConnectX-7's `nic_Bps`), and the ring sizes beyond which DDP's `first_bucket` and
-    default `bucket` (bytes), cut into chunks of bucket ÷ p, fall below NCCL's n* (one GPU
-    per node)."""
+    step, a ConnectX-7's `nic_Bps`), and the ring size from which DDP's `first_bucket`
+    (bytes), cut into p chunks in the α-β model, falls below NCCL's n* (one GPU per node)."""
     n_star_here, n_star_nccl = alpha * rate_Bps, alpha_nccl * nic_Bps
     p_first = max(2, int(first_bucket // n_star_nccl) + 1)  # smallest ring with chunks below n*
     return f'''
@@ -224,16 +227,14 @@ def real_cluster_text(*, alpha: float, rate_Bps: float, alpha_nccl: float, nic_B
 - **Latency.** n* = α × bandwidth, the message size whose latency and bandwidth terms are equal
   (notebook 01), is {alpha * 1e3:g} ms × {rate_Bps / 1e6:g} MB/s = {n_star_here / 1e3:.0f} KB here.
   NCCL's tuner models about [[nccl.tuner_net_ring_step_latency_simple]] per ring step across the
-  network, so at [[nvidia.connectx7_rate_bytes]] n* ≈ {n_star_nccl / 1e6:.1f} MB. A ring sends
-  chunks of bucket ÷ p: DDP's first bucket ([[pytorch.ddp_first_bucket]]) has chunks below n*
-  from p = {p_first}, its default [[pytorch.ddp_bucket_cap_mb]] beyond about
-  {bucket / n_star_nccl:.0f} nodes (one GPU per node; hierarchy and channels move it: notebooks
-  02b, 02c). There α weighs more: one reason NCCL also has trees.
+  network, so at [[nvidia.connectx7_rate_bytes]] n* ≈ {n_star_nccl / 1e6:.1f} MB: in the α-β model
+  DDP's small first bucket ([[pytorch.ddp_first_bucket]]) is latency-bound from {p_first} nodes
+  (notebooks 02b, 03).
 - **Transport.** NCCL over InfiniBand or RoCE uses RDMA, remote direct memory access: the NIC runs
-  the transport ([[rdma.kernel_bypass]]), without the system calls and socket copies of Gloo over
-  TCP. The loopback all-reduce measured here also carries this machine's scheduling on shared
-  cores, which no transport removes. DDP also reduces buckets during the backward pass and
-  divides before the sum (notebook 03).
+  the transport ([[rdma.kernel_bypass]] for the transfer itself), without the system calls and
+  socket copies of Gloo over TCP. The loopback all-reduce measured here also carries this
+  machine's scheduling on shared cores, which no transport removes. DDP also reduces buckets
+  during the backward pass and divides before the sum (notebook 03).
 '''
 
 
@@ -283,12 +284,13 @@ def native_tail_case(info: dict, dil: dict, *, delay_us: float, dilation: int) -
     return "busy"
 
 
-def explain_doctor(info: dict, dil: dict, *, delay_us: float, dilation: int) -> None:
+def explain_doctor(info: dict, dil: dict, *, delay_us: float, dilation: int,
+                   jitter_us: float | None = None) -> None:
     """How K was chosen, in sentences: the floor x margin and the late tail against the
     delay, then what plain Gloo's p99 says (`native_tail_case`; "just below" within 10% of the
-    delay x K), and a warning when the late
-    tail is above 0.8 of the dilated delay. Checks that K meets the doctor's criterion unless
-    capped."""
+    delay x K), a warning when the late tail is above 0.8 of the dilated delay, and, given
+    the emulated `jitter_us`, a note when the late tail in reported time (÷ K) is above it.
+    Checks that K meets the doctor's criterion unless capped."""
     K = dilation
     native = info["native_one_way_us"]
     floor_us, tail_us = dil["floor_us"], dil["tail_us"]
@@ -321,5 +323,10 @@ def explain_doctor(info: dict, dil: dict, *, delay_us: float, dilation: int) -> 
         print(f"this machine's late tail is {edge:.0%} of the dilated delay: the experiments ran "
               "at the edge of the doctor's criterion, so a busier moment during a run could push "
               "single messages past it")
+    if jitter_us is not None and tail_us / K > jitter_us:
+        print(f"the late tail in reported time, {tail_us / K / 1e3:.2f} ms, is above the "
+              f"±{jitter_us / 1e3:g} ms jitter: K makes the delay faithful, not a single "
+              "message's jitter that small; the all-reduces above end at the emulator's replay "
+              "unless Gloo finishes later (the printed 'this machine')")
     assert K >= 1 and (dil["capped"]
                        or delay_us * K >= max(doctor.FLOOR_MARGIN * floor_us, tail_us) - 1e-6)
