@@ -131,13 +131,18 @@ def explain_young(*, checkpoint_s: float, mtbf_s: float, restart_s: float) -> No
 def schedule_line(schedule: list[int], *, first: dict, failure: dict, mtbf_steps: int,
                   tau: float, interval: int, predicted: float) -> str:
     """The second job's plan in words: its failure steps, its MTBF in seconds of work and
-    whether that is shorter or longer than one restart, Young's interval in ms and steps and
-    as a share of the MTBF, and the estimated time."""
+    whether that is shorter or longer than one restart (when shorter: outside Young's regime,
+    so the interval hardly matters), Young's interval in ms and steps and as a share of the
+    MTBF, and the estimated time."""
     mtbf_run = mtbf_steps * first["step_s"]
+    short = mtbf_run < failure["restart_s"]
     return (f"failures at steps {schedule} (at most 2 drawn); MTBF {mtbf_steps} steps = "
             f"{mtbf_run:.2f} s of work, "
-            f"{'shorter' if mtbf_run < failure['restart_s'] else 'longer'} than one restart "
-            f"({failure['restart_s']:.2f} s); Young's interval {tau * 1e3:.0f} ms = {interval} "
+            f"{'shorter' if short else 'longer'} than one restart "
+            f"({failure['restart_s']:.2f} s)"
+            + (": outside Young's regime (it needs the interval and the restart far below the "
+               "MTBF), so the interval hardly matters here" if short else "")
+            + f"; Young's interval {tau * 1e3:.0f} ms = {interval} "
             f"steps, {tau / mtbf_run:.0%} of the MTBF; "
             f"estimated time {predicted:.1f} s")
 
@@ -151,16 +156,19 @@ def explain_schedule(schedule: list[int], *, first: dict, failure: dict, mtbf_st
 
 
 def explain_goodput(job2, *, first: dict, ideal: float, schedule: list[int]) -> None:
-    """Print the second job's goodput against the bare step rate and the share of its wall
-    time that was useful work; assert it ended cleanly with every scheduled failure, and that
-    its restarts outweigh what the interval controls (checkpoints and redone steps) 3 to 1."""
+    """Print the second job's goodput against the bare step rate and the share of its time
+    that was useful work: of its training time (from the first worker's first event, after its
+    torch import) and of torchrun's whole run (with its start-up, that import and the exit);
+    assert it ended cleanly with every scheduled failure, and that its restarts outweigh what
+    the interval controls (checkpoints and redone steps) 3 to 1."""
     s2 = job2.summary()
     restarts = sum(x["restart_s"] for x in job2.failures())
     interval_part = s2["checkpoints"] * s2["checkpoint_s"] + sum(x["redo_s"]
                                                                  for x in job2.failures())
     print(f"goodput {s2['goodput_steps_per_s']:.1f} steps/s against a bare step rate (1 / step "
           f"time) of {1 / first['step_s']:.1f}: "
-          f"{ideal / s2['train_s']:.0%} of the wall time was useful work")
+          f"useful work was {ideal / s2['train_s']:.0%} of its training time (from the first "
+          f"worker's first event), {ideal / s2['wall_s']:.0%} of torchrun's whole run")
     assert job2.returncode == 0 and not job2.leftover and s2["failures"] == len(schedule)
     assert restarts > 3 * interval_part, "restarts, not the interval, dominate this toy job"
 
@@ -181,7 +189,8 @@ def time_parts(job2, *, steps: int) -> tuple[dict, float]:
 
 
 def plot_parts(parts: dict) -> None:
-    """Draw the second job's wall time as one stacked bar of its parts."""
+    """Draw the second job's training time as one stacked bar of its parts (summed, not in
+    time order)."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 2.2))
@@ -193,7 +202,7 @@ def plot_parts(parts: dict) -> None:
     ax.set_yticks([])
     ax.set_xlabel("seconds of the second job")
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-    ax.set_title("Where the second job's wall time went")
+    ax.set_title("Where the second job's training time went (parts summed, not in time order)")
     plt.tight_layout()
     plt.show()
 
@@ -266,10 +275,11 @@ def restart_miss_lines(*, failure: dict, job2, predicted: float) -> list[str]:
                          for x in job2.failures())]
     if r2:
         gap = failure["restart_s"] - sum(r2) / len(r2)
-        than = ("every restart of the second job" if all(failure["restart_s"] > r for r in r2)
-                or all(failure["restart_s"] < r for r in r2) else "the second job's mean")
-        lines.append(f"the first job's restart was {abs(gap):.2f} s "
-                     f"{'slower' if gap > 0 else 'faster'} than {than}; over {len(r2)} "
+        word = "slower" if gap > 0 else "faster"
+        each = (f" (and {word} than each)" if all(failure["restart_s"] > r for r in r2)
+                or all(failure["restart_s"] < r for r in r2) else "")
+        lines.append(f"the first job's restart was {abs(gap):.2f} s {word} than the second "
+                     f"job's mean{each}; over {len(r2)} "
                      f"restarts that makes the restarts row's {-gap * len(r2):+.2f} s, against "
                      f"the total's {s2['train_s'] - predicted:+.2f} s miss")
     return lines
@@ -326,8 +336,9 @@ def plot_stalls(traces: dict, stall: dict) -> None:
 
 def stall_table_lines(stall: dict) -> list[str]:
     """The two save modes side by side (ms, medians: the saving step's block, the copy (async
-    only), the write, the loss per save, saves), every save's loss, and the noise floor of the
-    run without saves."""
+    only), the write, the loss per save, saves), every save's loss (and, when a synchronous
+    save lost over twice the median, how many times), and the noise floor of the run without
+    saves."""
     sy, asy = stall["sync"], stall["async"]
     floor = sy["noise_max_s"]  # the largest window excess of the run without saves
     lines = [f"{'mode':6s}{'saving step blocked':>20s}{'copy':>6s}{'write':>7s}"
@@ -339,6 +350,10 @@ def stall_table_lines(stall: dict) -> list[str]:
     lines.append("lost per save, each (ms): " + "; ".join(
         f"{name} " + ", ".join(f"{x * 1e3:.0f}" for x in r["lost_s"])
         for name, r in (("sync", sy), ("async", asy))))
+    worst = max(sy["lost_s"])
+    if worst > 2 * sy["lost_per_save_s"]:
+        lines.append(f"sync: its slowest save lost {worst / sy['lost_per_save_s']:.1f}x the "
+                     f"median (not investigated here)")
     lines.append(f"without saves the same windows were off by {round(sy['noise_s'] * 1e3)} ms "
                  f"(median), {floor * 1e3:.0f} ms at most: the noise floor")
     return lines
@@ -443,8 +458,9 @@ def survivor_saw(errors: list[str]) -> str:
 
 def real_cluster_text(errors: list[str]) -> str:
     """The `facts.show` template of "On a real GPU cluster": who notices a death and what
-    restarts the job (with what this run's survivor saw), then timeouts, restarts, Young's
-    regime at Llama 3's scale, asynchronous checkpoints and beyond."""
+    restarts the job in three sentences (with what this run's survivor saw), then timeouts,
+    restarts, Young's regime at Llama 3's scale, asynchronous checkpoints and beyond; the
+    case-by-case table and the edge cases in a note for experts."""
     from .. import facts
 
     days = facts.get("meta.llama3_snapshot_days").value
@@ -453,39 +469,21 @@ def real_cluster_text(errors: list[str]) -> str:
     seen = survivor_saw(errors)
     return f"""
 **Who notices a death, and what restarts the job** (torchrun of torch 2.13; on this run:
-{seen}). An agent that wants a new group joins the rendezvous' *wait list*; the other agents
-then see a node waiting. ProcessGroupNCCL's *watchdog* is a thread that ends the process
-when a collective is still running after the process group's timeout
-([[pytorch.nccl_timeout_default]] by default); under the default
-TORCH_NCCL_ASYNC_ERROR_HANDLING = [[pytorch.nccl_async_error_handling|value]] it does so without
-aborting the NCCL communicator. Terms: SHM, shared memory; ncclRemoteError, NCCL's error code
-for a failed peer.
-
-| case | who notices | what torchrun does |
-|---|---|---|
-| 1. a killed process, peers on TCP (Gloo; NCCL over sockets: "[[nccl.socket_peer_closed]]") | its peers in their current or next collective (the kernel closes its sockets); its own agent within [[pytorch.torchrun_monitor_interval]] | starts a new group; the job resumes after the restart |
-| 2. a crashed process (OOM kill, segfault) under NCCL inside a node ([[nccl.intranode_transports]]), restarts left | its own agent at its next poll; its peers get no error | [[pytorch.torchrun_crash_path]]; the job resumes after the restart |
-| 3. a dead node (its agent dies with it) | the peers that send to it, once the NIC's retries run out (*case 2 over InfiniBand or RoCE*, below); the others alone would wait for the watchdog's timeout | the first failing survivor's agent re-enters the rendezvous; the others restart their workers at their next poll. The new round starts once the dead node's *keep-alive* (the heartbeat each agent writes to the rendezvous store) has lapsed, [[pytorch.rdzv_dead_node_after]], and with `--nnodes MIN:MAX` short of MAX after a *last call* for late joiners, [[pytorch.rdzv_last_call_timeout]] ([12b](12b_elastic_resharding.ipynb)); with a fixed `--nnodes`, only once a replacement joins |
-
-Edge cases:
-
-- **No restarts left.** With torchrun's default --max-restarts of
-  [[pytorch.torchrun_max_restarts_default|value]], in case 2 the agent stops its node's workers
-  and exits, and the job fails. Every other agent stops too once its workers fail: at once
-  over sockets; over InfiniBand or RoCE, a sender after the NIC's retries, a worker that only
-  receives at the watchdog's timeout; or, if the exited agent hosted the rendezvous store, at
-  its next poll of the store.
-- **Case 2 over InfiniBand or RoCE.** A peer that sends to the dead process also gets
-  [[nccl.remote_error]] after the NIC's retries (at least [[nccl.ib_total_wait_default]] at
-  NCCL's default NCCL_IB_TIMEOUT and NCCL_IB_RETRY_CNT; sooner on some RoCE NICs: see the
-  note for experts); a peer that only receives may get none. torchrun does as in case 2.
+{seen}). Over TCP (Gloo; NCCL over sockets: "[[nccl.socket_peer_closed]]") a killed
+process's peers get an error in their current or next collective: its kernel closes its
+sockets. Under NCCL inside a node they get none, but the dead process's own agent notices it
+at its next poll. When a whole node dies, its agent dies with it: the survivors that send to
+it get an error once the NIC's retries run out (at least [[nccl.ib_total_wait_default]] on
+InfiniBand), the others would wait for the process group's timeout
+([[pytorch.nccl_timeout_default]] for NCCL). With restarts left,
+[[pytorch.torchrun_restarts_all]] (case by case in the note for experts below).
 
 What else differs:
 
 - **Timeouts and hung ranks.** Set the timeout above the longest gap between two collectives;
   naming the missing rank and the flight recorder are in
   [08b](08b_mismatched_collectives_and_hangs.ipynb).
-- **Restarts.** As here, [[pytorch.torchrun_restarts_all]]; on a cluster add finding a healthy
+- **Restarts.** On a cluster add finding a healthy
   node and reading the checkpoint: mixed-precision Adam's state alone
   (fp32 weights, two moments) is [[paper.zero_adam_state_bytes]],
   about {70e9 * adam_b / 1e12:.1f} TB for a 70B-parameter model; with the bf16 weights (2 bytes
@@ -505,8 +503,36 @@ What else differs:
   [[paper.silent_data_corruption_2021]], found in Meta's CPU fleet. Nodes are screened before
   and between jobs: [[nvidia.dcgm_health]].
 
-<details><summary>For experts: RoCE retries, and a dead node that hosted the store</summary>
+<details><summary>For experts: who notices a death, case by case; edge cases; RoCE retries;
+a dead node that hosted the store</summary>
 
+An agent that wants a new group joins the rendezvous' *wait list*; the other agents
+then see a node waiting. ProcessGroupNCCL's *watchdog* is a thread that ends the process
+when a collective is still running after the process group's timeout; under the default
+TORCH_NCCL_ASYNC_ERROR_HANDLING = [[pytorch.nccl_async_error_handling|value]] it does so without
+aborting the NCCL communicator. Terms: SHM, shared memory; ncclRemoteError, NCCL's error code
+for a failed peer.
+
+| case | who notices | what torchrun does |
+|---|---|---|
+| 1. a killed process, peers on TCP (Gloo; NCCL over sockets) | its peers in their current or next collective (the kernel closes its sockets); its own agent within [[pytorch.torchrun_monitor_interval]] ([[pytorch.torchrun_monitor_interval_before_2024]] before 2024) | starts a new group; the job resumes after the restart |
+| 2. a crashed process (OOM kill, segfault) under NCCL inside a node ([[nccl.intranode_transports]]), restarts left | its own agent at its next poll; its peers get no error | [[pytorch.torchrun_crash_path]]; the job resumes after the restart |
+| 3. a dead node (its agent dies with it) | over InfiniBand or RoCE, the peers that send to it, once the NIC's retries run out (*case 2 over InfiniBand or RoCE*, below), the others alone at the watchdog's timeout; over TCP (Gloo, NCCL sockets), every peer at the process group's timeout (a dead node closes no sockets; a sender's TCP retransmissions may give up first) | the first failing survivor's agent re-enters the rendezvous; the others restart their workers at their next poll. The new round starts once the dead node's *keep-alive* (the heartbeat each agent writes to the rendezvous store) has lapsed, [[pytorch.rdzv_dead_node_after]], and with `--nnodes MIN:MAX` short of MAX after a *last call* for late joiners, [[pytorch.rdzv_last_call_timeout]] ([12b](12b_elastic_resharding.ipynb)); with a fixed `--nnodes`, only once a replacement joins |
+
+- **No restarts left.** With torchrun's default --max-restarts of
+  [[pytorch.torchrun_max_restarts_default|value]], in case 2 the agent stops its node's workers
+  and exits, and the job fails. Every other agent stops too once its workers fail: at once
+  over sockets; over InfiniBand or RoCE, a sender after the NIC's retries, a worker that only
+  receives at the watchdog's timeout; or, if the exited agent hosted the rendezvous store, at
+  its next poll of the store.
+- **Case 2 over InfiniBand or RoCE.** A peer that sends to the dead process also gets
+  [[nccl.remote_error]] after the NIC's retries (at least [[nccl.ib_total_wait_default]] at
+  NCCL's default NCCL_IB_TIMEOUT and NCCL_IB_RETRY_CNT; sooner on some RoCE NICs, below); a
+  peer that only receives may get none. torchrun does as in case 2.
+- **A rank stuck in I/O.** By default no agent sees a hung worker; with the opt-in
+  [[pytorch.torchelastic_uninterruptible_timeout]] set, an agent whose worker sleeps that many
+  seconds in the kernel's uninterruptible state (D-state) stops its workers and exits, without
+  a restart.
 - **RoCE.** ConnectX NICs with adaptive retransmission may give up sooner, as each retry's
   wait adapts, [[nvidia.roce_adp_timeout_cap]] (a QP, queue pair, is one RDMA connection;
   its ACK timeout is how long the NIC waits for an acknowledgement before it resends).
@@ -523,7 +549,8 @@ def measured_here(*, failure: dict, job2, traces: dict, stall: dict, hung: list[
                   predicted: float) -> str:
     """The notebook's measurements in one sentence: the restarts' range, a hung peer's
     overshoot, the synchronous saves' block against the asynchronous one and the verdict on
-    their loss, and the second job's useful share of its time against the estimate."""
+    their loss, and the second job's useful share of its training time (and of torchrun's
+    whole run) against the estimate."""
     sy, asy = stall["sync"], stall["async"]
     s2 = job2.summary()
     restarts_s = [x["restart_s"] for x in [failure] + job2.failures()]
@@ -538,7 +565,8 @@ def measured_here(*, failure: dict, job2, traces: dict, stall: dict, hung: list[
             f"{max(blocked) * 1e3:.0f} ms when synchronous ({sy['saves']} saves), "
             f"{asy['blocked_s'] * 1e3:.0f} ms (median) when asynchronous, "
             f"and {loss_verdict} (medians); with {s2['failures']} injected failures "
-            f"the job did useful work {ideal / s2['train_s']:.0%} of its time, "
+            f"the job did useful work {ideal / s2['train_s']:.0%} of its training time "
+            f"({ideal / s2['wall_s']:.0%} of torchrun's whole run), "
             f"{s2['train_s'] / predicted - 1:+.0%} off the estimate built from the first "
             f"job's medians and its one start-up and one restart (one run, not a "
             f"validation).")
