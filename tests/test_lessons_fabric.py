@@ -109,7 +109,10 @@ def test_explain_ps_vs_ring_splits_the_rings_closed_form(capsys):
     sw.explain_ps_vs_ring(ps_ring(1.1887, 0.2384), delay=1e-3, repeats=3)
     out = capsys.readouterr().out
     assert "8 nodes on one leaf, 1 MiB | measured (best of 3) | closed form" in out
-    assert "(14 rounds x w) and 14.0 ms the delay" in out
+    # the ring's three shares: 14 x (2w + w + 1 ms), and the server over the wire share ~ p
+    assert ("14 rounds x (2w on the wire + w store and forward at the port + the delay) = "
+            "146.9 ms + 73.5 ms + 14.0 ms = 234.4 ms.") in out
+    assert "the parameter server's closed form is 8.1x the ring's wire share" in out
     assert "took 5.0x the ring's time (closed form 5.1x)." in out  # +2%: no appendix pointer
     assert out.count("Shown on this run: the parameter server took over twice") == 1
 
@@ -139,7 +142,7 @@ def test_per_message_cost_and_the_appendix(capsys, replays):
     assert "arrived at 27.3, 48.3, 216.9, 238.3 ms." in out
     assert "all at one instant: 27.2, 48.2, 222.0, 243.0 ms, 7 segments dropped" in out
     assert "1 us after the one before: 27.2, 48.2, 216.7, 237.7 ms, 6 dropped." in out
-    assert "the third sender's segment 3 meets a backlog of exactly the buffer's 6 packets" in out
+    assert "the third sender's segment 3 meets a backlog of exactly 6 segment times" in out
     assert "one resend (w = 5.2 ms) fewer" in out
     assert "fit the replay with 6 drops (each within 0.6 ms)" in out
     # a run that met the tie fits the other replay; one far from both fits neither
@@ -149,6 +152,13 @@ def test_per_message_cost_and_the_appendix(capsys, replays):
                         stagger_s=1e-6, rate=RATE)
     out = capsys.readouterr().out
     assert "fit the replay with 7 drops" in out and "fit neither replay within w/2" in out
+    # no cause is named that the run did not record
+    assert "2 of its messages arrived after the RTO, against 2 in both replays" in out
+    assert "the run records neither, so it cannot say which" in out
+    assert "started further apart" not in out
+    sw.explain_appendix(ps, ring, drop_row(4, [0.0273, 0.2169, 0.2379, 0.2380]), *replays,
+                        stagger_s=1e-6, rate=RATE)
+    assert "3 of its messages arrived after the RTO, against 2" in capsys.readouterr().out
 
 
 def test_explain_drops_names_the_senders_that_wait_for_the_rto(capsys, replays):
@@ -161,8 +171,15 @@ def test_explain_drops_names_the_senders_that_wait_for_the_rto(capsys, replays):
     assert "No loss has 3 segments behind it, so no duplicate ACKs repair one: both wait " \
            "for the RTO (200.0 ms)." in out
     assert "The third sender's segment 4 got in after its losses" in out
-    assert "This run: 2 of the 4 messages arrived after the RTO." in out
+    assert "This run: 2 of the 4 messages arrived after the RTO, as in the replay." in out
     assert "Goodput fell 2.5x from two senders to four." in out
+    assert "drops differ" not in out and "can save a segment" not in out
+    # a run with one more late sender: said, with no cause the run could not see
+    drops[2] = drop_row(4, [0.0273, 0.2169, 0.2379, 0.2380])
+    sw.explain_drops(drops, replays[0], nbytes=256 * KiB)
+    out = capsys.readouterr().out
+    assert "This run: 3 of the 4 messages arrived after the RTO, against 2 in the replay." in out
+    assert "The run's drops differ from this replay's." in out and "records neither" in out
     assert "RTO clock" not in out
     assert out.count("Shown on this run: two senders finished within the RTO") == 1
 
@@ -185,8 +202,9 @@ def test_explain_fast_incast_prints_the_models_fall(capsys):
     assert "two senders take 0.5 ms," in out
     assert "four take 200.4 ms (2 wait for the RTO): 208x less goodput." in out
     # the timer rounded up to whole jiffies: 2.04 ms -> 3 ms at HZ = 1000, 4 ms at HZ = 250
-    assert "2 SRTT + 2 ms, rounded up to whole timer ticks (HZ = 1000 or 250)" in out
-    assert "about 3.4 ms to 4.4 ms for four, 3.6x to 4.6x less goodput" in out
+    assert "Linux instead: about 3.4 ms to 4.4 ms for four, 3.6x to 4.6x less goodput" in out
+    assert "after 2 SRTT + 2 ms in place of the RTO" in out
+    assert "whole ticks of 1 ms or 4 ms" in out
     assert "congestion window" in out and "lower bound" not in out
     assert len(out.strip().splitlines()) == 3
 

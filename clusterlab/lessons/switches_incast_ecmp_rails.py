@@ -73,7 +73,8 @@ def explain_incast(inc: Sequence[dict]) -> None:
 
 def explain_ps_vs_ring(pr: Sequence[dict], *, delay: float, repeats: int) -> None:
     """Print the parameter server against the ring (`pr`: `ex.ps_vs_ring` rows), the ring's
-    closed form split into store and forward and delay (`delay`: one hop's, in s), check the
+    closed form split into wire, store and forward and delay (`delay`: one hop's, in s) and
+    the server's closed form over the ring's wire share (the ideal ratio p), check the
     closed forms, and state whether the server took over twice the ring's time."""
     ps, ring = pr
     nodes = ring["nodes"]
@@ -82,9 +83,14 @@ def explain_ps_vs_ring(pr: Sequence[dict], *, delay: float, repeats: int) -> Non
     for name, r in (("parameter server", ps), ("ring", ring)):
         print(f"{name:>25} | {ms(r['best']):>20} | {ms(r['model'])}")
     rounds = 2 * (nodes - 1)
-    print(f"Of the ring's closed form, {ms(ring['model'] - ring['crossbar'])} is the port's "
-          f"store and forward ({rounds} rounds x w) and {ms(rounds * delay)} the delay "
-          f"({rounds} rounds x delay).")
+    chunk = segment_count(ring["nbytes"] // nodes)  # segments per round's chunk
+    wire = ring["crossbar"] - rounds * delay  # the NICs alone, less the delay
+    print(f"The ring's closed form, {rounds} rounds x ({chunk}w on the wire + w store and "
+          f"forward at the port + the delay) = {ms(wire)} + "
+          f"{ms(ring['model'] - ring['crossbar'])} + {ms(rounds * delay)} = "
+          f"{ms(ring['model'])}.")
+    print(f"The ideal ratio p = {nodes} counts the wire alone: the parameter server's closed "
+          f"form is {ps['model'] / wire:.1f}x the ring's wire share.")
     gap = "; the gap: appendix" if per_message_cost_visible(ps, ring) else ""
     print(f"The parameter server took {ps['best'] / ring['best']:.1f}x the ring's time "
           f"(closed form {ps['model'] / ring['model']:.1f}x{gap}).")
@@ -145,9 +151,10 @@ def explain_drops(drops: Sequence[dict], tie: dict, *, nbytes: int) -> None:
     """Print the incast into a small buffer (`drops`: `ex.incast` rows for 1, 2 and 4 senders
     of `nbytes`; `tie`: `ex.incast_replay` of four, all sent at one instant): the table, which
     senders the replay drops and which of them wait for the RTO or are repaired by duplicate
-    ACKs, how many of the run's messages arrived after the RTO; check the closed form's
-    timeouts and time against the replay, and state whether two senders kept clear of the
-    RTO with over 1.5x the goodput of four."""
+    ACKs, how many of the run's messages arrived after the RTO against the replay's (no
+    cause named: the run records neither its send times nor the port's booking order);
+    check the closed form's timeouts and time against the replay, and state whether two
+    senders kept clear of the RTO with over 1.5x the goodput of four."""
     print("senders | measured | closed form | goodput")
     for r in drops:
         print(f"{r['senders']:>7} | {ms(r['best']):>8} | {ms(r['model'].time_s):>11} | "
@@ -172,10 +179,14 @@ def explain_drops(drops: Sequence[dict], tie: dict, *, nbytes: int) -> None:
             print(f"The {nth(s)} sender's segment {', '.join(map(str, kept))} got in after its "
                   f"losses: by then the port had forwarded enough of the queue to have room.")
     late = sum(t >= fm.RTO_MIN_S for t in best_arrivals(four))
-    print(f"This run: {late} of the {four['senders']} messages arrived after the RTO.")
+    late_tie = sum(t >= fm.RTO_MIN_S for t in tie["done"])
+    same = "as in the replay" if late == late_tie else f"against {late_tie} in the replay"
+    print(f"This run: {late} of the {four['senders']} messages arrived after the RTO, {same}.")
+    if late != late_tie or not never_early([four]):
+        print("The run's drops differ from this replay's. Which segments a port drops depends "
+              "on when each message reaches it (microseconds matter: appendix) and on the "
+              "order the emulator books the messages; the run records neither.")
     print(f"Goodput fell {two['goodput'] / four['goodput']:.1f}x from two senders to four.")
-    print("(The closed form and the replay send at one instant; a run's sends are microseconds "
-          "apart, which can save a segment: appendix.)")
     assert len(waits) > 0 and four["model"].timeouts == len(waits)
     assert abs(tie["time_s"] - four["model"].time_s) < 1e-6  # the closed form is this replay
     assert two["model"].timeouts == 0
@@ -252,7 +263,8 @@ drops others.
   probe leaves the RTO, at least [[linux.tcp_rto_min]] unless lowered per route
   ([[linux.route_rto_min]]) or with [[linux.tcp_rto_min_us]] (Linux 6.11 and later).
 - A real port interleaves the flows' packets, so an overflow hits many flows at once and can
-  stall them all on timeouts (**TCP incast collapse**). The fix Vasudevan et al. measured:
+  stall them all on timeouts (**TCP incast collapse**). The fix Vasudevan et al. measured,
+  before Linux had tail loss probes ([[linux.tlp_since_3_10]]):
   [[paper.vasudevan_incast_2009]].
 """
 
@@ -286,7 +298,8 @@ def explain_fast_incast(fast: dict, *, delay_s: float, nbytes: int) -> None:
     """Print the drop incast at a datacentre port (`fast`: sender count -> `fm.incast` for 2
     and 4 senders, `delay_s` one way) in this emulator's closed form, then the Linux estimate
     with the tail loss probe's timer instead of the RTO (the fixed term from the ledger),
-    rounded up to whole jiffies as Linux arms it (linux.tlp_timer_jiffies), at each HZ."""
+    rounded up to whole jiffies as Linux arms it (linux.tlp_timer_jiffies), at each HZ: the
+    estimate first, the timer ticks last."""
     print(f"10 Gbit/s, 10 us of delay, this model: two senders take {ms(fast[2].time_s)},")
     print(f"four take {ms(fast[4].time_s)} ({fast[4].timeouts} wait for the RTO): "
           f"{fast[2].goodput / fast[4].goodput:.0f}x less goodput.")
@@ -296,12 +309,12 @@ def explain_fast_incast(fast: dict, *, delay_s: float, nbytes: int) -> None:
     pto, linux4 = linux_tlp_estimate(fast[4].time_s, rtt_s=rtt, tlp_min_s=tlp_min.value * 1e-3)
     rounded = {hz: math.ceil(pto * hz - 1e-9) / hz for hz in HZ}  # whole jiffies, rounded up
     late = [linux4 - pto + t for t in rounded.values()]
-    print(f"Linux instead: a tail loss probe after 2 SRTT + {tlp_min.text}, rounded up to whole "
-          f"timer ticks (HZ = {' or '.join(map(str, HZ))}): about "
-          f"{' to '.join(ms(t) for t in late)} for four, "
+    print(f"Linux instead: about {' to '.join(ms(t) for t in late)} for four, "
           f"{' to '.join(f'{fast[2].goodput / (4 * nbytes / t):.1f}x' for t in late)} less "
-          f"goodput (SRTT taken unloaded, the probe not lost, and still ignoring the "
-          f"congestion window after the loss).")
+          f"goodput, with a tail loss probe after 2 SRTT + {tlp_min.text} in place of the RTO "
+          f"(SRTT taken unloaded, the probe not lost, the congestion window after the loss "
+          f"still ignored; the range: the timer fires on whole ticks of "
+          f"{' or '.join(f'{1e3 / hz:g} ms' for hz in HZ)}).")
     assert fast[2].goodput > 10 * fast[4].goodput
 
 
@@ -340,10 +353,10 @@ def explain_appendix(ps: dict, ring: dict, four: dict, tie: dict, skew: dict, *,
     for s, (a, b) in enumerate(zip(tie["lost"], skew["lost"]), 1):
         if saved := sorted(set(a) - set(b)):
             print(f"At one instant the {nth(s)} sender's segment "
-                  f"{', '.join(map(str, saved))} meets a backlog of exactly the buffer's "
-                  f"{limit} packets, and the port drops a packet that finds {limit} or more (a "
-                  f"tie is full); {stagger_s * 1e6:g} us later it gets in: one resend "
-                  f"(w = {ms(w)}) fewer.")
+                  f"{', '.join(map(str, saved))} meets a backlog of exactly {limit} segment "
+                  f"times, and the port drops a packet that finds {limit} or more times its "
+                  f"own work queued (a tie is full); {stagger_s * 1e6:g} us later it gets in: "
+                  f"one resend (w = {ms(w)}) fewer.")
     fit = {n: max(abs(x - y) for x, y in zip(run, sorted(r["done"])))
            for n, r in ((n_tie, tie), (n_skew, skew))}
     n = min(fit, key=fit.get)
@@ -352,8 +365,14 @@ def explain_appendix(ps: dict, ring: dict, four: dict, tie: dict, skew: dict, *,
               f"which one a run meets depends on the microseconds between its sends and the "
               f"order its processes reach the port.")
     else:
-        print(f"This run's arrivals fit neither replay within w/2 ({ms(w / 2)}): its senders "
-              f"started further apart.")
+        late = sum(t >= fm.RTO_MIN_S for t in run)
+        late_r = sorted({sum(t >= fm.RTO_MIN_S for t in r["done"]) for r in (tie, skew)})
+        both = "both replays" if len(late_r) == 1 else "the replays"
+        print(f"This run's arrivals fit neither replay within w/2 ({ms(w / 2)}): {late} of its "
+              f"messages arrived after the RTO, against {' or '.join(map(str, late_r))} in "
+              f"{both}. Which segments a run loses depends on the microseconds between its "
+              f"sends and on the order its processes reach the port; the run records neither, "
+              f"so it cannot say which.")
     assert n_skew == n_tie - 1 and abs(tie["time_s"] - four["model"].time_s) < 1e-6
 
 
@@ -362,12 +381,12 @@ def explain_appendix(ps: dict, ring: dict, four: dict, tie: dict, skew: dict, *,
 REAL_CLUSTER = """
 - **TCP incast concerns NCCL only over sockets.** Over InfiniBand or RoCE NCCL uses RDMA
   ([[rdma.kernel_bypass]]) and the NIC retransmits. Under the InfiniBand spec's RC rules, as
-  in Linux's soft-RoCE: [[linux.rxe_nak_seq_retry]] (go-back-N), about a round trip after the
-  loss ([[paper.mittal_irn_2018]]). A loss no NAK reports (a lost tail, last ACK, NAK or resend)
+  in Linux's soft-RoCE: [[linux.rxe_nak_seq_retry]], about a round trip after the loss:
+  [[paper.mittal_irn_2018]]. A loss no NAK reports (a lost tail, last ACK, NAK or resend)
   waits the QP's ACK timeout, [[nccl.ib_timeout_formula]]: nominally
   [[nccl.ib_timeout_default_time]] at the default NCCL_IB_TIMEOUT = [[nccl.ib_timeout_default]].
-  ConnectX RoCE NICs can instead retransmit selectively ([[nvidia.roce_selective_repeat]]) on
-  adaptive timers ([[nvidia.roce_adaptive_retransmission]]). Without RDMA, NCCL falls back to
+  ConnectX RoCE NICs can instead use [[nvidia.roce_selective_repeat]] on
+  [[nvidia.roce_adaptive_retransmission]]. Without RDMA, NCCL falls back to
   [[nccl.ib_disable_ip_sockets]], TCP as in Gloo, and the incast above applies. RDMA does
   not make incast drops irrelevant: on a lossy fabric (RoCE without PFC, below) they happen
   and cost go-back-N or the QP's ACK timeout.
