@@ -118,10 +118,10 @@ def test_the_tables_name_their_statistics(capsys):
             "all-to-all": 2.25}
     ob.print_closed_forms(closed, real, cases=[(c,) for c in real], mtu=1500)
     out = capsys.readouterr().out
-    assert "real network (1500 B frames) | this emulator (64 KiB segments" in out
+    assert "1500 B frames (as real packets) | 64 KiB segments (this emulator" in out
     rounds = [{"peak": p, "best": m, "median": m, "times": [m, m, m], "model": m}
               for p, m in ((1, 0.0587), (2, 0.1007), (3, 0.1427))]
     ob.explain_ecmp_rounds(rounds)
     out = capsys.readouterr().out
     assert "fastest of the class (each pairing run 3x)" in out
-    assert "each pairing's fastest of 3 runs typically on its closed form" in out
+    assert "each class's fastest run sat +0.0% to +0.0% from its closed form" in out

@@ -92,8 +92,8 @@ def print_closed_forms(closed: dict, real: dict, *, cases: Sequence[tuple], mtu:
     frames), and check that only the farthest-first tree and the all-to-all slow with real
     frames."""
     print(f"closed form, {NBYTES // KiB} KiB per node: time at o = 4 / time at o = 1")
-    print(f"  {'':<23} {f'real network ({mtu} B frames)':>31} | this emulator "
-          f"({SEGMENT_BYTES // KiB} KiB segments; what the runs check)")
+    print(f"  {'':<23} {f'{mtu} B frames (as real packets)':>31} | {SEGMENT_BYTES // KiB} KiB "
+          f"segments (this emulator; what the runs check)")
     for c, *_ in cases:
         print(f"  {c:<23} {real[c]:>30.2f}x | {closed[c, 4] / closed[c, 1]:.2f}x")
     assert real["ring"] < 1.05 and real["tree, neighbours first"] < 1.05
@@ -182,8 +182,11 @@ def explain_oversubscribed(over: Sequence[dict], med: dict[str, float], closed: 
     for a, c in CASE.items():
         print(f"  {c:<23} {ms(median[a, 1.0]):>9} -> {ms(median[a, 4.0]):>9}"
               f"  {med[a]:.2f}x | {closed[c, 4] / closed[c, 1]:.2f}x")
+    extra, per_hop, crossings = store_and_forward(closed, rate=ex.rate_bps(ex.NIC))
     print(f"With real {mtu} B frames the closed form gives the ring {real['ring']:.2f}x: its "
-          f"extra time is\nthe store and forward of large segments.")
+          f"extra time is\nthe store and forward of large segments: {crossings} leaf crossings x "
+          f"2 hops x {ms(per_hop)} = +{ms(extra)}\n(a segment's extra time at the slower "
+          f"uplink; appendix).")
     if med["tree"] < 2:
         far = closed["tree, farthest first", 4] / closed["tree, farthest first", 1]
         print(f"The farthest-first tree stays under 2x: the closed form already gives "
@@ -285,6 +288,7 @@ def explain_nccl_trees(*, far: float, setups: Sequence[tuple[int, int]] = NCCL_T
         rates = f"{t['capacity']:g} NIC rate" + ("s" if t["capacity"] != 1 else "")
         print(f"  {nodes:>5}  {per_leaf:>8} | {t['nic']:>9.1f} B | {t['uplinks']:>5.1f} B over "
               f"{rates:<19} | {t['slowdown']:.2f}x")
+    print(f"  {o} costs = (uplink bytes / uplink NIC rates) / busiest NIC's bytes, at least 1")
     print(f"This course's farthest-first tree, 8 nodes in leaves of 4: {far:.2f}x (closed form, "
           f"real frames).")
 
@@ -429,9 +433,10 @@ def explain_ecmp_rounds(rounds: Sequence[dict]) -> None:
           f"and forward of a {SEGMENT_BYTES // KiB} KiB segment at every hop, which do not grow.")
     assert lucky == 1 and worst >= 2
     assert min(ratios) > 0.98  # an exact closed form for one round: never early
+    off = [fastest[p] / model_of[p] - 1 for p in by_peak]
     conclude(collisions_as_predicted(check, exact, ratios),
-             f"the colliding pairings took the closed form's ratio within 10%, each "
-             f"pairing's fastest of {repeats} runs typically on its closed form",
+             f"the colliding pairings took the closed form's ratio within 10%; each class's "
+             f"fastest run sat {min(off):+.1%} to {max(off):+.1%} from its closed form",
              busy=ex.slowed(rounds))
 
 
