@@ -349,13 +349,12 @@ def test_hierarchy_order_only_past_the_staggered_start():
                 row("hierarchical_rail", LARGE, 0.230, 0.198, median=0.232, spread=spread))
 
     sentence = hb.hierarchy_order(*pair(0.240, 0.001))  # 10 ms and 8 ms apart, 1 ms stagger
-    assert sentence.startswith("Leader-based / rails: 1.04 by the best runs, 1.03 by the medians")
-    assert sentence.endswith("the rails won by more than the ranks' staggered start (1.0 ms),\n"
-                             "by the best and by the median.")
+    assert sentence == ("Rails beat leader-based at 4 MiB by 10.0 ms (medians: 8.0 ms), more "
+                        "than the ranks' staggered start (1.0 ms).")
     assert "the medians differ by less than the ranks' staggered start (5.0 ms)" in (
         hb.hierarchy_order(*pair(0.234, 0.005)))  # medians 2 ms apart
     assert hb.hierarchy_order(*pair(0.228, 0.001)).endswith(
-        "the best and the median disagree, so this run does not order them.")
+        "name different winners,\nso this run does not order them.")
 
 
 def hier_rows(hl_large=0.190, small_hier=0.020):
@@ -374,7 +373,7 @@ def test_explain_hierarchy_verdict_and_the_4_kib_order(verdicts, capsys):
     hb.explain_hierarchy(hier_rows(), alpha=ALPHA, beta=BETA)
     assert verdicts[-1][0] is True
     out = capsys.readouterr().out
-    assert "Leader-based / rails: 1.01 by the best runs" in out
+    assert "Rails beat leader-based at 4 MiB by 2.0 ms" in out
     assert "Both hierarchies beat the flat ring by more than the staggered start (1.0 ms)" in out
     hb.explain_hierarchy(hier_rows(hl_large=0.300, small_hier=0.030), alpha=ALPHA, beta=BETA)
     assert verdicts[-1][0] is False  # the leader-based scheme was slower than the flat ring
@@ -404,7 +403,8 @@ def test_explain_replay_splits_each_gap_by_the_entry_spread(capsys):
     assert "\n4 KiB  9.0 (1.0)      9.0 (1.0)      6.0 (1.0)      5.0 (1.0)\n" in out
     assert "minus the spread, 2.1 ms to 14.0 ms here, is this machine's cost." in out
     assert "- Rails at 4 MiB: replay 173.0 ms, closed form 178.0 ms minus one alpha" in out
-    assert out.rstrip().endswith("Its best run, 15.0 ms, beat both of theirs.")
+    assert out.rstrip().endswith("Its best run, 15.0 ms, beat both of theirs by more than the "
+                                 "staggered start.")
 
 
 def layout_rows(one_node_ring=0.040):
@@ -432,6 +432,7 @@ def test_explain_layouts_four_verdicts(verdicts, capsys):
     assert [v[0] for v in verdicts] == [True, True, True, True]
     out = capsys.readouterr().out
     assert "2 x 2: recursive doubling took 1.81x the faster hierarchical scheme" in out
+    assert "(340.0 ms on 2 x 2, against 351.4 ms on 4 x 1).\n" in out
     assert out.count("✓") == 4 and "Shown on this run: ✓ ring 1 x 4 < 4 x 1" in out
     assert "4.0x its closed form" in out and "only the direction shows" in out
     four, one_node, slow = layout_rows(one_node_ring=0.014)  # under 1.5x: the ratio shows
@@ -458,7 +459,9 @@ def test_explain_busbw_verdicts(verdicts, capsys):
     r8 = row("ring", LARGE, 0.3743, 0.3639, p=8, config="8x1")
     hb.explain_busbw(r4, r8, bw=[r4, r8], link=link)
     assert [v[0] for v in verdicts] == [True, True]
-    assert capsys.readouterr().out.startswith("Ring, 4 -> 8 ranks at 4 MiB: algbw changed by -23%")
+    out = capsys.readouterr().out
+    assert out.startswith("Ring, 4 -> 8 ranks at 4 MiB: algbw changed by -23%, busbw by -11%, "
+                          "from 88% to 79% of the link")
     r8_fast = row("ring", LARGE, 0.2000, 0.3639, p=8, config="8x1")
     hb.explain_busbw(r4, r8_fast, bw=[r4], link=link)
     assert [v[0] for v in verdicts[2:]] == [False, False]
@@ -470,7 +473,8 @@ def test_shared_nic_busbw_above_the_link(verdicts, capsys):
     hr = row("hierarchical_rail", LARGE, 0.188, 0.178, config="2x2")
     hb.explain_shared_nic_busbw(hl, hr, link=link)
     assert verdicts[-1][0] is True
-    assert "busbw counts bytes, not which link carried them" in capsys.readouterr().out
+    assert ("The factor assumes 1.5 n crossed each rank's link;\neach NIC carried only 1.0 n, so "
+            "by bytes busbw can reach 150% of the link.") in capsys.readouterr().out
     slow = row("hierarchical", LARGE, 0.400, 0.180, config="2x2")
     hb.explain_shared_nic_busbw(slow, hr, link=link)
     assert verdicts[-1][0] is False and verdicts[-1][2] is not None
