@@ -94,7 +94,8 @@ def test_gamma_here_times_an_add_and_sets_a_gpu_beside_it(capsys):
     assert "x beta at 100 Gbit/s (0.080 ns per byte): " in out
     assert any(k in out for k in ("the same order as beta", "well below beta", "above beta"))
     text = facts.render(template)
-    assert "3.35 TB/s<sup>[1]</sup>" in text and "gamma = 3 / bandwidth = 0.0009 ns" in text
+    assert "3.35 TB/s<sup>[1]</sup>" in text and "gamma is 1.1% of beta" in text
+    assert "data in cache: a lower bound" in out
     assert "1.1% of beta at 100 Gbit/s" in text
 
 
@@ -116,18 +117,31 @@ def test_cost_table_has_one_line_per_algorithm(capsys):
 # --- 02: each algorithm's run -----------------------------------------------------------------
 
 def test_check_names_the_sizes_paid_beyond_the_busy_factor(capsys):
-    rows = [row("ring", SMALL, 0.0140, 0.0100), row("ring", LARGE, 0.2010, 0.2000)]
+    rows = [row("ring", SMALL, 0.0150, 0.0100), row("ring", LARGE, 0.2008, 0.2000)]
     ar.check(rows)
     out = capsys.readouterr().out
-    assert "best/model 1.00 to 1.40" in out and "4 KiB +4.0, 4 MiB +1.0 ms" in out
-    assert out.splitlines()[-1].startswith("At 4 KiB that extra is over 30% of a closed form")
+    assert "best/model 1.00 to 1.50" in out and "4 KiB +5.0 (1.0), 4 MiB +0.8 (1.0) ms" in out
+    assert "1 of 2 extras within the staggered start" in out and "beyond it, 4.0 ms per" in out
+    assert out.splitlines()[-1].startswith("At 4 KiB that cost is over 30% of a closed form")
     ar.check([row("ring", SMALL, 0.0120, 0.0100)])
-    assert "that extra is over" not in capsys.readouterr().out
+    assert "busy" not in capsys.readouterr().out
 
 
-def test_check_gives_a_range_when_a_size_has_several_rows(capsys):
+def test_check_puts_an_extra_within_the_staggered_start_down_to_it(capsys):
+    # 40 % over the closed form, but all of it is the ranks' staggered start: not busy
+    ar.check([row("parameter_server", SMALL, 0.0150, 0.0107, spread=0.0050),
+              row("ring", LARGE, 0.2868, 0.2819, spread=0.0050)])
+    out = capsys.readouterr().out
+    assert "4 KiB +4.3 (5.0), 4 MiB +4.9 (5.0) ms" in out
+    assert "Every extra is within the staggered start" in out and "busy" not in out
+    assert ar.beyond_stagger([row("ring", SMALL, 0.0150, 0.0107, spread=0.0050)]) is None
+    assert ar.beyond_stagger([row("ring", SMALL, 0.0150, 0.0107)]).startswith(
+        "a run over 1.3x the closed form beyond the staggered start: 15.0 ms")
+
+
+def test_check_lists_every_row_of_a_size(capsys):
     ar.check([row("ring", SMALL, 0.011, 0.010), row("tree", SMALL, 0.013, 0.010)])
-    assert "4 KiB +1.0 to +3.0 ms" in capsys.readouterr().out
+    assert "4 KiB +1.0 (1.0) / +3.0 (1.0) ms" in capsys.readouterr().out
 
 
 def test_explain_ring_asserts_the_latencies(capsys):
@@ -243,7 +257,7 @@ def test_rank_algorithms_finds_the_leaders_and_the_busy_sizes(capsys):
     assert f"parameter server {ps['model'] * 1e3:.1f}" in lines[4] and "textbook" not in lines[4]
     lead, busy_at = ar.rank_algorithms(flat_rows(busy_small=True))
     assert busy_at == ["4 KiB"]
-    assert capsys.readouterr().out.startswith("At 4 KiB the extra per call")
+    assert capsys.readouterr().out.startswith("At 4 KiB the extra per call beyond the staggered")
 
 
 def test_nccl_ring_latency_is_most_of_a_bucket_at_1024_gpus(capsys):
@@ -292,7 +306,7 @@ def test_plot_regimes_relabels_the_parameter_server():
 def wide_rows(rd_small=0.0204, rab_large=0.334):
     return [row("ring", SMALL, 0.0769, 0.0703, config="8x1", p=8),
             row("ring", LARGE, 0.3743, 0.3639, config="8x1", p=8),
-            row("recursive_doubling", SMALL, rd_small, 0.0155, config="8x1", p=8),
+            row("recursive_doubling", SMALL, rd_small, 0.0155, config="8x1", p=8, spread=0.0),
             row("recursive_doubling", LARGE, 0.5300, 0.5188, config="8x1", p=8),
             row("rabenseifner", SMALL, 0.0354, 0.0303, config="8x1", p=8),
             row("rabenseifner", LARGE, rab_large, 0.3239, config="8x1", p=8)]
@@ -305,7 +319,7 @@ def test_eight_ranks_verdicts_and_busy_evidence(verdicts, capsys):
     assert verdicts[0][2] == busy[SMALL]
     out = capsys.readouterr().out
     assert "4 KiB, ring / recursive doubling: closed forms 4.54 (14 rounds against 3)" in out
-    assert "measured 3.77 (busy: extra per call over 30%)." in out
+    assert "measured 3.77 (busy: extra beyond the staggered start over 30%)." in out
     assert "(3 nβ against Rabenseifner's 1.75 nβ), measured 1.59." in out
     assert out.rstrip().endswith("measured 1.59.")
     ar.explain_eight_ranks(wide_rows(rd_small=0.080, rab_large=0.60))

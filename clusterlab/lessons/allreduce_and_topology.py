@@ -16,7 +16,8 @@ import numpy as np
 
 from clusterlab import facts, models
 from clusterlab.experiments import allreduce_and_topology as ex
-from clusterlab.experiments.common import BUSY_FACTOR, beyond_closed_form, conclude
+from clusterlab.experiments.common import BUSY_FACTOR, conclude
+from clusterlab.lessons.hierarchy_busbw_and_nccl import stagger_order
 from clusterlab.lessons.show import ms
 from clusterlab.wire import HEADER_BYTES, SEGMENT_BYTES
 
@@ -30,15 +31,11 @@ COST_TABLE_ROWS = [("ring", "ring"), ("recursive doubling", "recursive_doubling"
 # The ledger template of "On a real GPU cluster" (rendered with `facts.show`): NCCL's share of
 # the latencies, what NCCL runs, and parameter servers at scale.
 NCCL_AT_SCALE = """
-On 8-GPU nodes NCCL's tuner (the cost model with which NCCL picks an algorithm and a
-protocol per call; its step latencies are model constants, not measurements) charges a
-network step ([[nccl.tuner_net_ring_step_latency_simple]] with Simple, its protocol for large
-messages; a bit above the 10 µs here) only to [[nccl.tuner_ring_inter_steps]]; each other
-step stays inside a node and costs at least an NVLink step
-([[nccl.tuner_nvlink_ring_step_latency_simple]]). By those lower bounds (printed above) a ring
-over a thousand GPUs still spends most of a bucket's time on latency, and the share grows
-with the nodes (DDP's default first bucket is smaller, [[pytorch.ddp_first_bucket]], so its
-share is larger).
+The step latencies above are constants of NCCL's tuner (its cost model for picking an
+algorithm per call), not measurements: at least [[nccl.tuner_net_ring_step_latency_simple]]
+per network step, [[nccl.tuner_ring_inter_steps]], and at least
+[[nccl.tuner_nvlink_ring_step_latency_simple]] per NVLink step. DDP's first bucket is smaller,
+[[pytorch.ddp_first_bucket]], so its share is larger.
 
 **So NCCL adds a tree**, the [[nccl.double_binary_tree]] (since NCCL [[nccl.tree_since]],
 after the [[paper.sanders_two_tree]]): two pipelined binary trees over the nodes, each
@@ -167,10 +164,10 @@ def nccl_ring_latency(nbytes: int, beta: float, *, gpus: int = 1024) -> float:
 
     print(f"By NCCL's tuner constants, {gpus} GPUs in {nodes} nodes of {per_node}: of the ring's "
           f"2 x {gpus - 1} = {steps} steps,\n2 x {nodes - 1} = {inter} cross the network "
-          f"({net * 1e6:g} us each with Simple, NCCL's protocol for large messages) and\nthe "
-          f"other {steps - inter} stay inside a node (at least {nvlink * 1e6:g} us each over "
-          f"NVLink): at least {ms(lat)} of latency\nagainst at most {ms(wire)} of bytes through "
-          f"one GPU's {8 / beta / 1e9:.0f} Gbit/s NIC (the link above): at least "
+          f"(at least {net * 1e6:g} us each with Simple, NCCL's protocol for large messages)"
+          f" and\nthe other {steps - inter} stay inside a node (at least {nvlink * 1e6:g} us each "
+          f"over NVLink): at least {ms(lat)} of latency\nagainst at most {ms(wire)} of bytes "
+          f"through one GPU's {8 / beta / 1e9:.0f} Gbit/s NIC (the link above): at least "
           f"{at_least(share)}\nof the ring's time is latency. With the {dgx} Gb/s NIC per GPU of "
           f"a DGX H100 the bytes take {ms(wire_dgx)}\n(headers left out) and the share is at "
           f"least {at_least(lat / (lat + wire_dgx))}.")
@@ -202,7 +199,9 @@ def print_cost_table() -> None:
 def gamma_here(beta: float, beta_dc: float, *, nbytes: int = LARGE, repeats: int = 20) -> str:
     """Time one float32 add of `nbytes` into a buffer on this CPU (NumPy, one thread, as a
     CPU reduction runs; best of `repeats`) and print gamma, the time per byte added, against
-    this emulator's `beta` and against `beta_dc` (100 Gbit/s). Returns the ledger template
+    this emulator's `beta` and against `beta_dc` (100 Gbit/s). The same two arrays are added
+    every time, so they sit in the CPU's cache: the gamma printed is a lower bound (Gloo adds
+    freshly received segments). Returns the ledger template
     (for `facts.show`) that sets an H100's add beside them: an add reads two bytes and writes
     one per byte added, so at the datasheet memory bandwidth gamma = 3 / bandwidth."""
     import time
@@ -218,38 +217,70 @@ def gamma_here(beta: float, beta_dc: float, *, nbytes: int = LARGE, repeats: int
     r = gamma / beta_dc
     kind = ("the same order as" if 0.25 <= r <= 4 else "well below" if r < 0.25 else "above")
     print(f"gamma on this CPU: one add of {ex.human_bytes(nbytes)} of float32 took "
-          f"{ms(best, digits=3)} (best of {repeats}), gamma = {gamma * 1e9:.3f} ns per byte: "
+          f"{ms(best, digits=3)} (best of {repeats}, data in cache: a lower bound), gamma = "
+          f"{gamma * 1e9:.3f} ns per byte: "
           f"{gamma / beta:.2%} of this emulator's beta ({beta * 1e9:.2f} ns), so the closed "
           "forms leave it out;\n"
-          f"{r:.2f}x beta at 100 Gbit/s ({beta_dc * 1e9:.3f} ns per byte): {kind} beta there.")
+          f"{r:.2f}x beta at 100 Gbit/s ({beta_dc * 1e9:.3f} ns per byte): {kind} beta there"
+          + (" or above." if kind != "above" else "."))
     hbm = facts.get("nvidia.h100_memory_bandwidth")
     g_gpu = 3 / (hbm.value * 1e12)
-    return (f"An H100 reads two bytes and writes one per byte it adds: if the add runs at its "
-            f"memory bandwidth, [[nvidia.h100_memory_bandwidth]], gamma = 3 / bandwidth = "
-            f"{g_gpu * 1e9:.4f} ns per byte, {g_gpu / beta_dc:.1%} of beta at 100 Gbit/s.")
+    return (f"On an H100 ([[nvidia.h100_memory_bandwidth]]; 3 bytes moved per byte added) "
+            f"gamma is {g_gpu / beta_dc:.1%} of beta at 100 Gbit/s.")
 
 
 # --- each algorithm's run -------------------------------------------------------------------
 
+def beyond_stagger(rows: Sequence[dict], *, factor: float = BUSY_FACTOR) -> str | None:
+    """The evidence, as a short phrase for `conclude(busy=...)`, that this machine was busy: the
+    rows whose best run, less the ranks' staggered start after the barrier (`best_spread`: a
+    run is timed from the first rank's entry, and the closed form starts every rank together),
+    still exceeds `factor` times its closed form; None if there is none."""
+    slow = [f"{ms(r['measured'])} (staggered start {ms(r.get('best_spread', 0.0))}) against "
+            f"{ms(r['model'])}" for r in rows
+            if r["measured"] - r.get("best_spread", 0.0) > factor * r["model"]]
+    if not slow:
+        return None
+    return (f"{'runs' if len(slow) > 1 else 'a run'} over {factor:g}x the closed form beyond "
+            "the staggered start: " + "; ".join(slow))
+
+
 def check(rows: Sequence[dict]) -> None:
-    """Print the best times against their closed forms: best/model, what each call paid beyond
-    its closed form per size, and the sizes where that extra is over BUSY_FACTOR - 1 of a
-    closed form."""
+    """Print the best times against their closed forms: best/model, and per size what each call
+    paid beyond its closed form beside how far apart the ranks entered that best run
+    (`best_spread`, the staggered start the emulated barrier leaves; 02b's `stagger_order`
+    judges each extra against it). Then, from those numbers: the extras within the staggered
+    start, the rest beyond it (this machine's), and the sizes where that rest is over
+    BUSY_FACTOR - 1 of a closed form (busy there, `beyond_stagger`)."""
     ratio = [r["measured"] / r["model"] for r in rows]
-    extra = {}  # per size: best minus closed form, ms
+    extra = {}  # per size: (best minus closed form, staggered start), ms
     by_size = sorted(rows, key=lambda r: r["nbytes"])
+    within, rest = 0, []  # extras within the staggered start; what the others pay beyond it
     for r in by_size:
+        spread = r.get("best_spread", 0.0)
         extra.setdefault(ex.human_bytes(r["nbytes"]), []).append(
-            (r["measured"] - r["model"]) * 1e3)
+            f"{(r['measured'] - r['model']) * 1e3:+.1f} ({spread * 1e3:.1f})")
+        closed_form = {"measured": r["model"], "median": r["model"]}  # starts all together
+        if stagger_order(r, closed_form)[0] > 0:  # beyond the stagger, by best and median
+            rest.append(r["measured"] - r["model"] - spread)
+        else:
+            within += 1
     far = list(dict.fromkeys(ex.human_bytes(r["nbytes"]) for r in by_size
-                             if r["measured"] > BUSY_FACTOR * r["model"]))
+                             if beyond_stagger([r])))
     print(f"Consistency check: best/model {min(ratio):.2f} to {max(ratio):.2f}; best minus closed "
-          "form, per call: "
-          + ", ".join(f"{size} {min(e):+.1f}" + (f" to {max(e):+.1f}" if len(e) > 1 else "")
-                      for size, e in extra.items())
+          "form per call (in parentheses: the staggered start, how far apart the ranks entered "
+          "that run): " + ", ".join(f"{size} " + " / ".join(e) for size, e in extra.items())
           + " ms.")
+    if not rest:
+        print("Every extra is within the staggered start after the barrier (a run is timed from "
+              "the first rank's entry).")
+    else:
+        print(f"{within} of {len(rows)} extras within the staggered start after the barrier; "
+              "beyond it, " + (ms(max(rest)) if ms(min(rest)) == ms(max(rest))
+                                  else f"{ms(min(rest))} to {ms(max(rest))}")
+              + " per call: this machine's cost.")
     if far:
-        print(f"At {', '.join(far)} that extra is over {BUSY_FACTOR - 1:.0%} of a closed form: "
+        print(f"At {', '.join(far)} that cost is over {BUSY_FACTOR - 1:.0%} of a closed form: "
               "busy there.")
 
 
@@ -320,7 +351,7 @@ def explain_crossover(near: Sequence[dict], *, x_over: float) -> None:
         rd_lo["measured"] < ring_lo["measured"] and ring_hi["measured"] < rd_hi["measured"],
         f"recursive doubling was faster at {ex.human_bytes(lo)} and the ring at "
         f"{ex.human_bytes(hi)}, on either side of the computed {x_over / 2**20:.2f} MiB",
-        busy=beyond_closed_form((r["measured"], r["model"]) for r in near))
+        busy=beyond_stagger(near))
     if shown:
         print(f"{ex.human_bytes(lo)}: recursive doubling {ms(rd_lo['measured'])}, ring "
               f"{ms(ring_lo['measured'])}; {ex.human_bytes(hi)}: ring {ms(ring_hi['measured'])}, "
@@ -401,16 +432,15 @@ def rank_algorithms(flat: Sequence[dict]) -> tuple[dict[int, list[str]], list[st
     a line naming the sizes where some run paid over BUSY_FACTOR - 1 beyond its closed form.
     Asserts that no run was early. Returns (per size: the fastest algorithm and those tied
     with it, by `ex.leaders`; the sizes, as labels, where some run exceeded its closed form by
-    over 30%: there this machine's cost can reorder close results)."""
+    over 30% beyond its staggered start, `beyond_stagger`: there this machine's cost can reorder
+    close results)."""
     for r in flat:
         assert r["measured"] >= 0.98 * r["model"]  # the emulated network never delivers early
     lead = {}  # per size: the fastest and those tied with it (ex.leaders: within its own noise)
-    busy_at = [ex.human_bytes(n) for n in ex.SIZES
-               if beyond_closed_form((r["measured"], r["model"])
-                                     for r in ex.select(flat, nbytes=n))]
+    busy_at = [ex.human_bytes(n) for n in ex.SIZES if beyond_stagger(ex.select(flat, nbytes=n))]
     if busy_at:
-        print(f"At {', '.join(busy_at)} the extra per call (check lines above) is over "
-              f"{BUSY_FACTOR - 1:.0%} of some closed forms: busy there.")
+        print(f"At {', '.join(busy_at)} the extra per call beyond the staggered start (check lines "
+              f"above) is over {BUSY_FACTOR - 1:.0%} of some closed forms: busy there.")
     for n in ex.SIZES:
         ranked = sorted(ex.select(flat, nbytes=n), key=lambda r: r["measured"])
         lead[n] = [r["algorithm"] for r in ex.leaders(ranked)]
@@ -463,8 +493,8 @@ def explain_leaders(flat: Sequence[dict], lead: dict[int, list[str]]) -> None:
 def explain_eight_ranks(wide: Sequence[dict]) -> dict[int, str | None]:
     """On 8 ranks: conclude that recursive doubling beat the ring at 4 KiB and Rabenseifner beat
     recursive doubling at 4 MiB, and print each ratio beside its closed form. Asserts that no
-    run was early. Returns, per size, the busy evidence (`beyond_closed_form`: runs whose
-    extra per call is over BUSY_FACTOR - 1 of their closed form) or None."""
+    run was early. Returns, per size, the busy evidence (`beyond_stagger`: runs whose extra
+    per call beyond the staggered start is over BUSY_FACTOR - 1 of their closed form) or None."""
     print(f"(8 rank processes on this machine's {os.cpu_count()} cores; each ratio below is "
           "printed beside its closed form)")
     w = {(r["algorithm"], r["nbytes"]): r for r in wide}
@@ -472,9 +502,8 @@ def explain_eight_ranks(wide: Sequence[dict]) -> dict[int, str | None]:
     rd4, ring4 = w["recursive_doubling", SMALL], w["ring", SMALL]
     for r in wide:
         assert r["measured"] >= 0.98 * r["model"]
-    # per size: rows whose extra per call is over 30 % of their closed form
-    busy = {n: beyond_closed_form((r["measured"], r["model"]) for r in wide if r["nbytes"] == n)
-            for n in (SMALL, LARGE)}
+    # per size: rows whose extra beyond the staggered start is over 30 % of their closed form
+    busy = {n: beyond_stagger([r for r in wide if r["nbytes"] == n]) for n in (SMALL, LARGE)}
     conclude(rd4["measured"] < ring4["measured"],
              "on 8 ranks recursive doubling beat the ring at 4 KiB", busy=busy[SMALL])
     conclude(rab8["measured"] < rd8["measured"],
@@ -489,7 +518,8 @@ def explain_eight_ranks(wide: Sequence[dict]) -> dict[int, str | None]:
               f"{ex.LABELS[fast['algorithm']]}: closed forms "
               f"{slow['model'] / fast['model']:.2f} ({why[n]}), "
               f"measured {slow['measured'] / fast['measured']:.2f}"
-              + (f" (busy: extra per call over {BUSY_FACTOR - 1:.0%})" if busy[n] else "")
+              + (f" (busy: extra beyond the staggered start over {BUSY_FACTOR - 1:.0%})"
+                 if busy[n] else "")
               + ".")
     return busy
 
