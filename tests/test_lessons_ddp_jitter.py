@@ -124,7 +124,7 @@ def test_bucket_verdicts_compare_medians_with_the_fastest_and_order_ranges():
     ([0.09, 0.10], "Its step was also the shortest, its range clear of every other."),
     ([0.10, 0.115], "But the step ranges overlap, so these steps cannot say whether the step "
                     "gained."),
-    ([0.125, 0.14], "But another variant's step was shorter in every step measured."),
+    ([0.125, 0.14], "But 25 MiB fused's slowest step (115.0 ms) beat its fastest (125.0 ms)."),
 ])
 def test_explain_buckets_says_only_what_the_step_ranges_support(verdicts, capsys, steps, tail):
     grid = make_grid(small_bw_steps=steps)
@@ -167,7 +167,7 @@ def test_explain_idle_says_who_set_the_wait_and_passes_the_evidence(verdicts, ca
     assert "2(p-1) x 20 ms = 280.0 ms" in out and ": the network set the wait." in out
     assert "(-1 points)" in out
     holds, claim, busy = verdicts[-1]
-    assert holds and busy is None and "11.0 times this machine's own" in claim
+    assert holds and busy is None and "11.0 times plain Gloo's (this machine's own)" in claim
     idle[-1] = idle_row(8, 0.82, 0.82, 0.140, 0.2817)
     ddp_lesson.explain_idle(idle, delay_s=20e-3, compute_s=0.048)
     out = capsys.readouterr().out

@@ -53,8 +53,8 @@ def explain_floor(plain, netem, *, predicted: float) -> None:
     print(f"Predicted for one ring all-reduce: {2 * (p - 1)} rounds x 5 ms = {ms(predicted)}.")
     assert netem.replicas_identical and plain.replicas_identical
     assert np.isclose(netem.ranks[0]["checksum"], plain.ranks[0]["checksum"], rtol=1e-6)
-    print(f"All {p} replicas ended with identical parameters, with the same parameter checksum "
-          f"(their sum) as plain Gloo's run.")
+    print(f"All {p} replicas ended with identical parameters, their checksum (the parameters' "
+          f"sum) equal to plain Gloo's run's to 6 significant digits.")
     expected, lag = max(a["wait_s"], predicted), netem.issue_lag()
     print(f"\nDetails: step {ms(a['step_s'])} on plain Gloo, {ms(b['step_s'])} on the 5 ms "
           f"network; backward {ms(a['backward_s'])} and {ms(b['backward_s'])}; "
@@ -119,29 +119,31 @@ def explain_overlap(small, small_runs: list, checks: dict, *, baseline=None) -> 
     print(f"Ideal host (the nominal {ms(nominal['backward'])} backward, the alpha-beta model): "
           f"at most {ms(ideal['hidden'])} of {ms(ideal['busy'])} could hide "
           f"({ideal_share:.0%}).")
-    print(f"This run: hidden share = 1 - wait / stream busy = 1 - {ms(s['wait_s'])} / "
-          f"{ms(s['comm_busy_s'])} = {share:.0%}.")
+    why = ""
     if s["backward_s"] > 1.1 * nominal["backward"]:
-        why = (f"Backward took {ms(s['backward_s'])}, not {ms(nominal['backward'])}")
-        if baseline is not None:
-            base = baseline.summary()["backward_s"]
-            why += (f": {ms(base)} with no bucket in flight (the one-bucket run of the first "
-                    f"section: the sleeps run long, the real layers and autograd add time)")
-            if s["backward_s"] > base + 1e-3:
-                why += (f", {ms(s['backward_s'] - base)} more here while buckets were in flight "
-                        f"(the hook, Gloo's threads and the emulator compete with the layers "
-                        f"for this host's cores and Python's GIL, which runs one Python thread "
-                        f"at a time)")
         slow = nominal_overlap(small.world_size, small.bucket_sizes, cfg["nic"],
                                backward_s=s["backward_s"])
-        print(why + f". A longer backward leaves more time to hide under: the same model with "
-              f"this {ms(s['backward_s'])} backward hides {slow['hidden'] / slow['busy']:.0%}.")
+        print(f"Backward took {ms(s['backward_s'])}, not {ms(nominal['backward'])}, which leaves "
+              f"more time to hide under: the same model with this {ms(s['backward_s'])} backward "
+              f"hides {slow['hidden'] / slow['busy']:.0%}.")
+        if baseline is not None:
+            base = baseline.summary()["backward_s"]
+            why = (f" Backward {ms(base)} in the one-bucket run of the first section (no bucket "
+                   f"in flight: the sleeps run long, the real layers and autograd add time)")
+            if s["backward_s"] > base + 1e-3:
+                why += (f", {ms(s['backward_s'] - base)} more here, with buckets in flight "
+                        f"(likely the hook, Gloo's threads and the emulator competing with the "
+                        f"layers for this host's cores and Python's GIL; these runs do not "
+                        f"separate the causes)")
+            why += "."
     else:
         print(f"Backward took {ms(s['backward_s'])}, close to its nominal "
               f"{ms(nominal['backward'])}.")
+    print(f"This run: hidden share = 1 - wait / stream busy = 1 - {ms(s['wait_s'])} / "
+          f"{ms(s['comm_busy_s'])} = {share:.0%}.")
     print(f"\nDetails: {len(small_runs)} runs hid {', '.join(f'{h:.0%}' for h in per_run)}; their "
           f"{len(per_step)} single steps {per_step.min():.0%}-{per_step.max():.0%}. Forward "
-          f"{ms(s['forward_s'])} (nominal {ms(nominal['forward'])}).")
+          f"{ms(s['forward_s'])} (nominal {ms(nominal['forward'])}).{why}")
     # Checks of the timeline itself (not the lesson): the run is consistent.
     assert checks["phase_sum_error"] < 1e-6
     assert checks["latency_slack"] >= 0
@@ -243,7 +245,7 @@ def plot_buckets(grid: dict, networks: dict) -> None:
         exposed = [r["wait_s"] * 1e3 for r in rows.values()]
         ax.bar(names, exposed, color=ddp.PHASE_COLORS["wait"], label="exposed (accelerator waits)")
         ax.bar(names, hidden, bottom=exposed, color=ddp.PHASE_COLORS["comm"], alpha=0.6,
-               label="hidden under backward")
+               label="rest of the stream's busy time")
         ax.plot(names, [r["step_s"] * 1e3 for r in rows.values()], "k_", ms=28, mew=2.5,
                 label="step time (median)")
         ax.plot(names, [ddp.predicted_comm(4, r["run"].bucket_sizes, networks[label]) * 1e3
@@ -320,20 +322,29 @@ def explain_buckets(grid: dict, networks: dict, *,
     # Said only as far as the step ranges order them.
     clear, beaten = v["clear"], v["beaten"]
     if exposed_least:
+        others = {k: step_range(r) for k, r in bw.items() if k != (0.25, "overlap")}
+        (cap, mode), (_, best_hi, _) = min(others.items(), key=lambda kv: kv[1][1])
         print("Its step was also the shortest, its range clear of every other." if clear
-              else "But another variant's step was shorter in every step measured." if beaten
+              else f"But {cap:g} MiB {mode}'s slowest step ({ms(best_hi)}) beat its fastest "
+                   f"({ms(step_range(small_bw)[0])})." if beaten
               else "But the step ranges overlap, so these steps cannot say whether the step "
                    "gained.")
     bwd = bw[(0.25, "deferred")]["backward_s"]
     ideal = nominal_overlap(4, small_bw["run"].bucket_sizes, networks["bandwidth-bound"],
                             backward_s=backward_s)
     hidden = max(0.0, small_bw["comm_busy_s"] - small_bw["wait_s"])
+    busy, model = small_bw["comm_busy_s"], ideal["busy"]
     print(f"Host cost: on the bandwidth-bound network backward took {ms(small_bw['backward_s'])} "
-          f"with overlap against {ms(bwd)} deferred" + (
+          f"with overlap against {ms(bwd)} deferred (same buckets, none in flight during "
+          f"backward)" + (
               ": buckets in flight stretch this host's backward (as in the per-rank timeline)"
               if small_bw["backward_s"] > 1.1 * bwd else "")
-          + f"; the run hid {ms(hidden)}, an ideal host ({ms(backward_s)} backward) "
-          f"{ms(ideal['hidden'])}. Judge by the step.")
+          + f". Its stream was busy {ms(busy)} against the model's {ms(model)} of communication"
+          + (f": {ms(busy - model)} of it buckets in flight beyond the model (waiting for a peer "
+             f"or for this host; this run cannot tell which), so its {ms(hidden)} \"hidden\" is "
+             f"not all communication" if busy > 1.2 * model else f"; the run hid {ms(hidden)}")
+          + f". An ideal host ({ms(backward_s)} backward) hides {ms(ideal['hidden'])}. "
+          f"Judge by the step.")
     print(f"\nDetails: medians and ranges of {n_steps} steps per variant; exposed = the "
           f"accelerator's wait, hidden = the rest of the stream's busy time.")
     print("\n".join(details))
@@ -417,8 +428,11 @@ def explain_idle(idle: list, *, delay_s: float, compute_s: float) -> None:
     assert all(f > 0 for f in fractions)
     conclude(fractions[-1] > fractions[0] and network_set,
              f"the idle share grew from {first['ranks']} to {last['ranks']} ranks, and at "
-             f"{last['ranks']} ranks the network's wait was {1 / max(host_share, 1e-9):.1f} times "
-             f"this machine's own, so the network, not this host, set it",
+             f"{last['ranks']} ranks the wait ({ms(last['wait_s'])}) was "
+             + ("close to" if last["wait_s"] < 1.1 * closed[last["ranks"]] else "above")
+             + f" the network's closed form ({ms(closed[last['ranks']])}), "
+             f"{1 / max(host_share, 1e-9):.1f} times plain Gloo's (this machine's own), so the "
+             f"network, not this host, set it",
              busy=(f"plain Gloo alone waited {ms(last['native_wait_s'])}, {host_share:.0%} of "
                    f"the network's {ms(closed[last['ranks']])}" if not network_set else None))
     assert last["wait_s"] > 0.9 * closed[last["ranks"]]   # never faster than the network
@@ -472,21 +486,27 @@ def real_cluster_notes() -> str:
   with NCCL) but can move the bytes more slowly; how much depends on the protocol, the
   message size and the NICs per GPU, so compare step times.
 
-**Optional deep dive: NCCL's α, as its tuner models it.** NCCL's tuner models a ring step across the network with a hardware
-latency (`hwLatencies`) of [[nccl.tuner_net_ring_step_latency_ll]] for LL to
-[[nccl.tuner_net_ring_step_latency_simple]] for Simple (protocols, i.e. how a receiver learns that data has
-landed: LL pairs each data word with a flag, trading bandwidth for latency), on top of a base latency per call
-(`baseLatencies`) and each graph's network latency, and with one GPU per node takes its
-tree's values instead: model constants, not a measured α. Against the bandwidth-bound
-networks above, Simple's step constant is {200e-6 / step_s[1]:.0f} to {0.5e-3 / step_s[1]:.0f} times
-smaller, but the bandwidth is {nic_bytes_s / (1e9 / 8):.0f} to {nic_bytes_s / (500e6 / 8):.0f} times larger. With one [[nvidia.connectx7_rate_bytes]]
-NIC per GPU (a line rate; NCCL moves somewhat less, which lowers n\\* a little), Simple's
-n\\* = α/β = α × bandwidth is about {n_star_real / 1e3:.0f} kB from the step constant alone (every call, so
-every bucket, also pays the base latency, which favours fewer buckets), larger than
-the {n_star_here[0] / 1e3:g} to {n_star_here[1] / 1e3:g} kB of the bandwidth-bound networks above
-(200 µs at 500 Mbit/s, 0.5 ms at 1 Gbit/s). A ring's crossover p·n\\* grows with p: at 64 nodes, one GPU each, it is at least
-{64 * n_star_real / 1e6:.0f} MB (the step constant alone), more than a 25 MiB bucket. So on a fast fabric a bucket turns
-latency-bound as the cluster grows. Only [[nccl.tuner_ring_inter_steps]] cross the
-network in the tuner's model (count nodes, not GPUs), and at many nodes its model favours the
-tree for small and medium messages ([[nccl.tuner_tree_log_latency]]). See also [[paper.li_pytorch_ddp_2020]].
+**NCCL's α on a fast fabric.** With one [[nvidia.connectx7_rate_bytes]] NIC per GPU and the
+step latency NCCL's tuner models for its Simple protocol,
+[[nccl.tuner_net_ring_step_latency_simple]], n\\* = α/β is about {n_star_real / 1e3:.0f} kB; a
+ring's p·n\\* at 64 nodes, one GPU each, is at least {64 * n_star_real / 1e6:.0f} MB, more than a
+25 MiB bucket. So on a fast fabric a bucket turns latency-bound as the cluster grows.
+
+<details><summary>Optional deep dive: NCCL's α, as its tuner models it</summary>
+
+The tuner's hardware latency (`hwLatencies`) per ring step across the network is
+[[nccl.tuner_net_ring_step_latency_ll]] for LL (protocols, i.e. how a receiver learns that
+data has landed: LL pairs each data word with a flag, trading bandwidth for latency), the
+value above for Simple, on top of a base latency per call (`baseLatencies`) and each graph's
+network latency; with one GPU per node it takes its tree's values instead: model constants,
+not a measured α. Against the bandwidth-bound networks above, Simple's step constant is
+{200e-6 / step_s[1]:.0f} to {0.5e-3 / step_s[1]:.0f} times smaller, but the bandwidth is
+{nic_bytes_s / (1e9 / 8):.0f} to {nic_bytes_s / (500e6 / 8):.0f} times larger, so n\\* is larger
+than their {n_star_here[0] / 1e3:g} to {n_star_here[1] / 1e3:g} kB (NCCL moves somewhat less
+than the line rate, which lowers n\\* a little; every call, so every bucket, also pays the base
+latency, which favours fewer buckets). Only [[nccl.tuner_ring_inter_steps]] cross the network
+in the tuner's model (count nodes, not GPUs), and at many nodes its model favours the tree for
+small and medium messages ([[nccl.tuner_tree_log_latency]]). See also
+[[paper.li_pytorch_ddp_2020]].
+</details>
 """  # noqa: E501
