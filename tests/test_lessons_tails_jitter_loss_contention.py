@@ -55,3 +55,28 @@ def test_noise_appendix_says_why_the_plan_was_missed(capsys, capped, says):
     info = dict(dilated(busy="noise p99 0.9 ms"), capped=capped)
     tails.explain_noise_appendix(runs, jitter_parts(runs), info)
     assert says in capsys.readouterr().out
+
+
+def test_a_margin_within_the_runs_noise_is_not_resolved(capsys):
+    # r15 review: uniform's machine share 0.84 ms against a network tail of 0.97 ms
+    step64 = {name: {"measured": m, "network": net, "model": net, "median": 4.0, "n": 200,
+                     "network_p99": net, "model_p99": net, "margin_ci": ci}
+              for name, m, net, ci in (("uniform", 5.81, 4.97, (-0.4, 0.5)),
+                                       ("normal", 6.95, 6.67, (2.1, 2.6)),
+                                       ("pareto", 7.72, 7.63, (3.2, 3.8)))}
+    parts = {name: {"beyond_network": 0} for name in tails.DISTRIBUTIONS}
+    quote = tails.explain_slowest_of_64(step64, parts, busy=None)
+    assert quote == {"uniform": False, "normal": True, "pareto": True}
+    out = capsys.readouterr().out
+    assert ("Shown on this run: for normal and pareto the network's tail (network alone - the "
+            "4 ms delay) moved the slowest of 64 more than this machine did.\n") in out
+    assert ("Not resolved on this run for uniform: the network's tail minus this machine's "
+            "share is -0.40 to +0.50 ms (95% bootstrap over the pings), which includes 0: quote "
+            "the network's numbers\n") in out
+
+
+def test_tail_margin_ci_brackets_the_margin_of_a_clean_run():
+    rng = np.random.default_rng(0)
+    network = 4.0 + rng.uniform(-1.0, 1.0, 200)
+    lo, hi = tails.tail_margin_ci({"one_way_ms": network + 0.05, "emulated_ms": network})
+    assert 0.5 < lo < hi < 1.0
