@@ -431,18 +431,23 @@ def test_unsettled_names_runs_below_the_start_that_rose_above_it_late():
     assert ss.unsettled({"a": stalled, "b": settled, "c": diverged}) == ["a"]
 
 
-def test_plain_pair_says_neither_number_is_a_verdict_only_for_opposite_outcomes():
-    def run(mean_tau, step_back, final):
-        return {"tau": np.array([mean_tau]), "step_back": step_back, "initial_loss": 1.0,
-                "final_loss": final}
+def test_plain_pair_says_neither_number_predicts_only_for_different_outcomes():
+    def run(taus, step_back, final, late_max):
+        return {"tau": np.array(taus), "step_back": step_back, "initial_loss": 1.0, "lr": 0.7,
+                "final_loss": final, "loss_after": np.array([0.5, 0.5, late_max, final])}
 
-    fix = {"plain (4 equal)": run(3.0, 0.53, 1e5), "plain, slow worker": run(2.9, 0.51, 4e-3)}
+    fix = {"plain (4 equal)": run([3, 3, 3, 3], 0.53, 1e5, 1e5),
+           "plain, slow worker": run([2, 2, 2, 5.6], 0.51, 4e-3, 7.0)}   # mean 2.9, oscillating
+    assert ss.outcome(fix["plain, slow worker"]) == "oscillating"
+    assert ss.common_tau(fix["plain, slow worker"]) == 2
     assert ss.plain_pair(fix) == (
-        "The two plain runs: mean τ 3.0 and 2.9, step back 53% and 51%, diverged and ended "
-        "below the start: same mean τ and step-back share, opposite outcomes. Neither number "
-        "is a verdict.")
+        "The two plain runs: mean τ 3.0 and 2.9, step back 53% and 51%: similar, yet the first "
+        "diverged (final loss 1.0e+05) and the second oscillated without converging (next "
+        "line). Neither number predicts the outcome. Their most common τ: 3 (fixed-delay limit "
+        "0.445) and 2 (0.618), against a = 0.7: the second run sat closer to its limit, probably "
+        "why it did not blow up.")
     fix["plain, slow worker"]["final_loss"] = 1e3   # both diverged: no lesson to draw
-    assert ss.plain_pair(fix).endswith("diverged and diverged.")
+    assert ss.plain_pair(fix).endswith("diverged (final loss 1.0e+03).")
 
 
 def test_separating_tau_finds_a_whole_tau_limit_between_two_step_sizes():

@@ -122,7 +122,6 @@ def explain_straggler_growth(runs: list, sim: dict) -> None:
     closed form."""
     ring = emulated_ring(runs)
     off = max(abs(r["mean_slowest_s"] - r["model_s"]) / r["model_s"] for r in runs)
-    conclude(off < 0.15, "consistency check: the slowest seeded sleep is within 15% of c + m·H_N")
     first, last = runs[0], runs[-1]
     grew, predicted = last["mean_step_s"] - first["mean_step_s"], last["model_s"] - first["model_s"]
     after = [r["mean_step_s"] - r["mean_slowest_s"] for r in (first, last)]
@@ -132,8 +131,17 @@ def explain_straggler_growth(runs: list, sim: dict) -> None:
     grew4, pred4 = mid["mean_step_s"] - first["mean_step_s"], mid["model_s"] - first["model_s"]
     band4 = growth_band(first, mid)
     excess, tail = grew - predicted, after[1] - after[0]
-    print(f"(The largest gap between a slowest sleep and c + m·H_N was {off:.0%}, "
-          f"{len(first['step_s'])} steps per N.)")
+    host = not followed and excess > 0 and tail > 0.5 * excess
+    print("In short: the compute part (the slowest seeded sleep) "
+          + (f"stayed within {off:.0%} of" if off < 0.15 else f"was up to {off:.0%} away from")
+          + f" c + m·H_N at every N ({len(first['step_s'])} steps per N)"
+          + (f"; the excess at N = {last['nodes']} came after it, mostly this host's all-reduce "
+             f"({1e3 * last['comm_s']:.1f} ms alone)." if host else
+             f"; the whole step followed it from N = {first['nodes']} to {last['nodes']}."
+             if followed else
+             f"; the whole step did not follow it from N = {first['nodes']} to {last['nodes']} "
+             "(below)."))
+    conclude(off < 0.15, "consistency check: the slowest seeded sleep is within 15% of c + m·H_N")
     print("N = 2 to 4: " + growth_verdict(grew4, pred4, band4, weak_if_wider=True)
           + f" (grew {1e3 * grew4:.1f} ms ± {1e3 * band4:.1f}, 3 standard errors; predicted "
           f"{1e3 * pred4:.1f} ms).")
@@ -145,7 +153,7 @@ def explain_straggler_growth(runs: list, sim: dict) -> None:
              f"ring (2(N−1) rounds) by {1e3 * (ring[last['nodes']] - ring[first['nodes']]):.1f} ms"
              + (": most of the excess came after the slowest sleep (this host's all-reduce), "
                 "not from the compute."
-                if excess > 0 and tail > 0.5 * excess else ".")))
+                if host else ".")))
     assert np.allclose(sim["mean_step_s"], sim["model_s"], rtol=0.05)
 
 
@@ -224,12 +232,11 @@ def explain_backups(bk: list) -> None:
     for r in bk:
         print(backup_line(r, base))
     above = [1e3 * (r["mean_step_s"] - r["sample_s"]) for r in bk]
-    print(f"({len(base['step_s'])} steps per b, the same compute draws at every b. A step's ± is "
-          "the standard deviation over steps; a saving's ± is one standard error of it (paired "
-          f"step by step). Each step is {min(above):.1f} to {max(above):.1f} ms above this "
-          "sample's (N−b)-th draw: point-to-point messages to one aggregator, threads and "
-          "Python, less than the previous section's all-reduce; with b > 0 the aggregator also "
-          "receives b unused replies per step.)")
+    # A step's ± is the standard deviation over steps; a saving's ± is one standard error of it
+    # (paired step by step: every b draws the same compute times).
+    print(f"Each step is {min(above):.1f} to {max(above):.1f} ms above this sample's (N−b)-th "
+          f"draw: messaging overhead at the aggregator ({len(base['step_s'])} steps per b, the "
+          "same compute draws at every b).")
     # b = 0 waits for all; b > 0 cuts some short
     assert base["cancelled"] == 0 and bk[-1]["cancelled"] > 0
     conclude(backups_shortened(bk), f"every b > 0 shortened the step, and b = {bk[-1]['backups']} "
@@ -269,7 +276,7 @@ def plot_staleness(ps: dict) -> None:
     for t in taus[n_tau > 0]:
         ax2.text(t, n_tau[t], str(n_tau[t]), ha="center", va="bottom", fontsize=7)
     ax2b = ax2.twinx()
-    ax2b.plot(taus[enough], frac[enough], "ro", label="fraction that raised the loss")
+    ax2b.plot(taus[enough], frac[enough], "ro", label="fraction that raised the loss (one run)")
     ax2b.set_ylim(0, 1)
     ax2b.legend(fontsize=8, loc="upper right")
     ax2.set_xlabel("staleness τ (4 workers)")
@@ -415,19 +422,43 @@ def unsettled(fix: dict) -> list:
             if r["final_loss"] < r["initial_loss"] < last_third_max(r)]
 
 
+def outcome(r: dict) -> str:
+    """How a run ended: diverged (above its initial loss), oscillating (below it at the end
+    but above it somewhere in its last third) or below the start."""
+    if r["final_loss"] > r["initial_loss"]:
+        return "diverged"
+    return "oscillating" if last_third_max(r) > r["initial_loss"] else "below the start"
+
+
+def common_tau(r: dict) -> int:
+    """A run's most common staleness τ."""
+    return int(np.argmax(tau_counts(r)))
+
+
 def plain_pair(fix: dict) -> str:
-    """The two plain runs side by side: mean τ, step-back share and outcome; when their mean τ
-    and step-back shares are close but one diverged and the other did not, says that neither
-    number is a verdict."""
+    """The two plain runs side by side: mean τ, step-back share and how each ended; when their
+    mean τ and step-back shares are similar but they ended differently, says that neither
+    number predicts the outcome and compares each run's most common τ with its fixed-delay
+    limit."""
     a, b = fix["plain (4 equal)"], fix["plain, slow worker"]
-    up = [r["final_loss"] > r["initial_loss"] for r in (a, b)]
+    ends = [outcome(r) for r in (a, b)]
+    words = {"diverged": "diverged (final loss {:.1e})", "below the start": "ended below the start",
+             "oscillating": "oscillated without converging (next line)"}
+    told = [words[e].format(r["final_loss"]) for e, r in zip(ends, (a, b))]
     close = (abs(a["tau"].mean() - b["tau"].mean()) < 0.3
              and abs(a["step_back"] - b["step_back"]) < 0.1)
-    return (f"The two plain runs: mean τ {a['tau'].mean():.1f} and {b['tau'].mean():.1f}, step "
-            f"back {a['step_back']:.0%} and {b['step_back']:.0%}, "
-            + " and ".join("diverged" if u else "ended below the start" for u in up)
-            + (": same mean τ and step-back share, opposite outcomes. Neither number is a "
-               "verdict." if close and up[0] != up[1] else "."))
+    line = (f"The two plain runs: mean τ {a['tau'].mean():.1f} and {b['tau'].mean():.1f}, step "
+            f"back {a['step_back']:.0%} and {b['step_back']:.0%}")
+    if not (close and ends[0] != ends[1]):
+        return line + "; " + " and ".join(told) + "."
+    ta, tb = common_tau(a), common_tau(b)
+    la, lb = models.delayed_gd_stable_step(ta), models.delayed_gd_stable_step(tb)
+    line += (f": similar, yet the first {told[0]} and the second {told[1]}. Neither number "
+             f"predicts the outcome. Their most common τ: {ta} (fixed-delay limit {la:.3f}) and "
+             f"{tb} ({lb:.3f}), against a = {a['lr']}")
+    if ends[0] == "diverged" and lb > la:
+        line += ": the second run sat closer to its limit, probably why it did not blow up"
+    return line + "."
 
 
 def explain_fixes(fix: dict) -> None:
