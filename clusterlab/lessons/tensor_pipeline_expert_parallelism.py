@@ -120,7 +120,8 @@ def plot_pipeline(pipe: list[dict], *, nics=("delay 100us",)) -> None:
                 ax.text((a + b) / 2, -0.8, f"end of B(0) to end of B({p}): F({p}) to stage "
                         f"{p - 1} and back, ≥ {p}(f+b) + {2 * (p - 1)} hops",
                         ha="center", va="bottom", fontsize=8)
-    axes[-1][0].set_xlabel("ms since the step began (blue: forward, green: backward)")
+    axes[-1][0].set_xlabel("ms since the step began (blue: forward, green: backward; "
+                           "numbers: micro-batch)")
     axes[-1][-1].set_xlabel("ms since the step began (idle: bubble + network waits)")
     plt.tight_layout()
     plt.show()
@@ -210,7 +211,9 @@ def explain_pipeline(pipe: list[dict], *, calm: str, rough: str,
     sim_bub = runs[(calm, "gpipe")]["simulated_bubble"]
     details.append(
         f"PP: replay bubble {sim_bub:.0%}; the measured bubble's excess is this machine's cost "
-        f"between operations (not separated here). Growth from {calm} to {rough}:\n"
+        f"between operations (not separated here; on the rough network part of it hides behind "
+        f"the waits, so a measured growth can fall below the replay's). "
+        f"Growth from {calm} to {rough}:\n"
         + "\n".join(f"  {s:5s} measured median {ms(g[s])} (range {ms(v['measured'].min())} to "
                     f"{ms(v['measured'].max())}, {kept} steps), {where(s, v)}: "
                     f"{ms(v['replay'].min())} to {ms(v['replay'].max())} "
@@ -301,9 +304,16 @@ def explain_moe(moe: list[dict], *, details: list[str]) -> bool:
     print(f"The hot rank computed {hot['hot_tokens']} tokens instead of {bal['hot_tokens']}, "
           f"and every rank waited for it.")
     ingress = hot["predicted_combine_s"]
+    # Its time on the wire, without the one-way delay: the combine and the dispatch closed
+    # forms differ only in bytes, which gives the seconds per byte.
+    pred = hot["predicted"]
+    per_byte = (ingress - hot["predicted_dispatch_s"]) / (
+        pred["received_hot"] - max(pred["sent_hot"], pred["sent_other"]))
+    wire = pred["received_hot"] * per_byte
+    receives = f"{ms(ingress)} ({ms(wire)} on the wire + {ms(ingress - wire)} delay)"
     real = incast_step_s(hot)
     print(f"Behind a real switch its receiving link would also slow the dispatch (incast): it "
-          f"receives for {ms(ingress)}, not the {ms(hot['predicted_dispatch_s'])} charged to "
+          f"receives for {receives}, not the {ms(hot['predicted_dispatch_s'])} charged to "
           f"the dispatch, so by the closed form at least {real / bal['predicted_step_s']:.1f}x "
           f"the balanced layer, not {hot['predicted_step_s'] / bal['predicted_step_s']:.1f}x "
           f"(an ideal switch; a shallow buffer's drops and retransmissions would add more).")
@@ -312,7 +322,7 @@ def explain_moe(moe: list[dict], *, details: list[str]) -> bool:
         f"MoE: {len(busy)} of {len(moe)} layers took over 25% more than the closed form. "
         f"Incast, left out: the dispatch is charged at its busiest sender "
         f"({ms(hot['predicted_dispatch_s'])}); through the hot rank's one receiving link "
-        f"{kb(hot['predicted']['received_hot'])} take {ms(ingress)}. An ideal switch (fair "
+        f"{kb(hot['predicted']['received_hot'])} take {receives}. An ideal switch (fair "
         f"share, no loss) would add about {ms(real - hot['predicted_step_s'])}.")
     return shown
 
@@ -418,8 +428,9 @@ peers: with the DeepSeek-V3 sizes above, about {peer(32) / 1e6:.1f} MB per peer 
 {nic / 1e9:.0f} GB/s: a cause
 only where each message's fixed cost is not small against that (fewer tokens per GPU).
 Node-limited routing with forwarding
-inside the node (DeepEP) keeps the messages larger, but each GPU still keeps RDMA connections
-(queue pairs, InfiniBand's connection objects) to its counterpart on every other node:
+inside the node (DeepEP) keeps the messages larger, but with its normal (training)
+kernels each GPU still keeps RDMA connections (queue pairs, InfiniBand's connection
+objects) to its counterpart on every other node:
 {rdma(256)} instead of {rdma(32)}.
 (2) **The slowest of more.** The layer waits for the last of N(N−1) messages and the
 busiest of N experts, a maximum that grows with N ([notebook 04](04_jitter_and_scale.ipynb)).
