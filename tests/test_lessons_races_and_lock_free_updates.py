@@ -130,8 +130,12 @@ def test_explain_lost_updates_reads_the_ranges_and_the_parallelism(capsys):
     races.explain_lost_updates(_rep(par_wb=(1.9, 3.5), par_in=(1.2, 1.9)), _runs_lost(),
                                problem=_Problem(), cores=4)
     out = capsys.readouterr().out
-    assert ": too few at once to test the in-place race on this run." in out
+    assert ": too few at once to test the in-place race here (the cost runs below" in out
     assert "write-back workers at once" not in out
+    races.explain_lost_updates(_rep(par_wb=(0.89, 0.91)), _runs_lost(), problem=_Problem(),
+                               cores=2)
+    out = capsys.readouterr().out
+    assert "Fewer than one write-back worker ran at a time" in out and "is -" not in out
 
 
 def test_time_slice_here_follows_the_ledger_formula(monkeypatch):
@@ -172,7 +176,7 @@ def test_explain_mixed_reads(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert ("write-backs computed 3,806 of 12,000 updates (31.7%) from a read the stamps "
             "flagged; lock 0.") in out
-    assert "retried 2,439 of 12,000 reads (20%; 6,595 retries in all)" in out
+    assert "retried 2,439 of 12,000 reads (6,595 retries between them)" in out
     assert "computed only from reads its check passed (complete " in out
     assert not shown  # under 100 retries per retried read
     races.explain_mixed_reads(_mixed_runs(retries=50000, retried=400))
@@ -253,7 +257,7 @@ def _cost(p_in2=1.97, grow=True):
 
 def test_costs_measurable_needs_1_3_cores_for_two_in_place_workers(capsys):
     assert races.costs_measurable(_cost(p_in2=1.97))
-    assert ("Shown on this run: the costs below are valid: 2 in-place workers ran 1.97 at "
+    assert ("Shown on this run: the costs below are measurable: 2 in-place workers ran 1.97 at "
             "once on 2 cores (1.3 needed).") in capsys.readouterr().out
     assert not races.costs_measurable(_cost(p_in2=1.1))
     out = capsys.readouterr().out
@@ -287,12 +291,18 @@ def test_explain_cost(capsys):
     assert ("2 workers against 1, by the ranges of the 3 runs: in place: ranges overlap; lock: "
             "lower") in out and "rests on one run each" in out
     assert "largest factor" not in out
-    assert ("in place ran 1.00 -> 1.90 workers at once at 15 -> 28 µs of CPU per update "
-            "(1.9x)") in out
+    assert "workers at once at" not in out and "ufunc.at" not in out  # in place not slower
+    assert ("In place, its workers overlapping (1.97 and 1.90 at once with 2 and 4): it lost at "
+            "most 0% and 0% of the counter increments (3 runs each).") in out
     assert "two cores writing the same 32 coordinates" in out and "handing it" in out
     assert "4 workers on 2 cores (more workers than cores): in place" in out
     assert "spread by up to 20% with 1 worker, another run can reorder" in out
     assert ("'>': every run below every run of the mode before)" in out) == ("≈" not in out)
+    slow = _cost()
+    slow["rate"]["inplace"] = [v / 4 for v in slow["rate"]["inplace"]]
+    races.explain_cost(slow, problem=_Problem())
+    assert ("With 1 worker, in place ran 1.8x fewer updates/s than write-back: numpy's ufunc.at"
+            ) in capsys.readouterr().out
     races.explain_cost(_cost(grow=False), problem=_Problem())
     out = capsys.readouterr().out
     assert "Possible causes" not in out and "37,170." in out and ", as each" not in out
@@ -311,11 +321,15 @@ def test_explain_allreduce(capsys):
     races.explain_allreduce(_allreduce_runs())
     out = capsys.readouterr().out
     assert ("12,000 examples in 47 updates (4 ranks × 64 examples each), 0.29 s: 160 "
-            "updates/s, 40,754 examples/s; 0 lost") in out
+            "updates/s, 40,754 examples/s, 6.2 ms per step; 0 lost") in out
     races.explain_allreduce(_allreduce_runs(), _cost())
-    assert ("40,754 examples/s, against 68,000 surviving updates/s for 4 in-place workers above "
-            "(one example each; the all-reduce also waits on the network, 4 ranks on 2 cores)"
-            ) in capsys.readouterr().out
+    assert "6.2 ms per step" in capsys.readouterr().out  # no nic given: no floor
+    runs = _allreduce_runs()
+    runs["dense", "allreduce"]["nic"] = "delay 100us"
+    races.explain_allreduce(runs, _cost())
+    assert ("6.2 ms per step against about 0.6 ms the network delay alone needs (a ring: "
+            "2 × (4 − 1) sends in turn × 100 µs); the rest, not split up here, is 4 ranks "
+            "sharing 2 cores") in capsys.readouterr().out
     assert ("Final loss 6.6e-05, against 1.1e-07 for the write-back run on the same examples: "
             "that does not rank the two, since it took 47 large steps") in out
     races.explain_allreduce(_allreduce_runs(final=1e-8))

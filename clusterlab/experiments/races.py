@@ -439,7 +439,7 @@ def sync_allreduce(
         "examples_per_s": total / elapsed, "steps_per_s": -(-updates // batch) / elapsed,
         "curve_updates": np.array(out[0]["curve_u"]), "curve_loss": np.array(out[0]["curve_l"]),
         "initial_loss": float(out[0]["curve_l"][0]), "final_loss": loss(problem, out[0]["x"]),
-        "replicas_agree": replicas_agree,
+        "replicas_agree": replicas_agree, "nic": nic if cluster is None else None,
     }
 
 

@@ -157,10 +157,11 @@ def plot_lost_updates(rep: dict, runs: dict) -> None:
         ax.text(k, m_ / 2 if m_ > 10 else m_ + 1, f"{m_:.2g}%", ha="center", fontsize=8,
                 color="white" if m_ > 10 else "black")
     ax.hlines([50, 75], [-0.4, 0.6], [0.4, 1.4], colors="k", linestyles="--",
-              label="(W − 1)/W, all at once")
+              label="(W − 1)/W: all at once, or paused in turn")
+    p4 = np.median([r["parallelism"] for r in rep["writeback", 4]])
     ax.set_ylabel("counter increments lost (%)")
     ax.set_title(f"Dense problem: median, min-max of {len(rep['writeback', 2])} runs "
-                 "(lock, seqlock: 1 run)")
+                 f"(lock, seqlock: 1 run); this run: {p4:.2f} of 4 write-back workers at once")
     ax.legend(fontsize=8)
     plt.show()
 
@@ -205,9 +206,15 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
     print(f"Workers at once on {cores} cores: write-back "
           f"{par['writeback', 2]:.2f} and {par['writeback', 4]:.2f}, in place "
           f"{par['inplace', 2]:.2f} and {par['inplace', 4]:.2f}"
-          + ("." if par_in > 1.3 else ": too few at once to test the in-place race on this run."))
+          + ("." if par_in > 1.3 else ": too few at once to test the in-place race here (the "
+                                       "cost runs below count it with overlapping workers)."))
     p4 = par["writeback", 4]
-    if p4 < 3:  # (W - 1)/W with W the workers really at once, not the 4 started
+    if p4 < 1:
+        print("Fewer than one write-back worker ran at a time, so these losses cannot come from "
+              "workers running together; they fit workers the scheduler paused between read and "
+              "write-back (not measured apart here): paused in turn, each resumed worker erases "
+              "the others' slices, about (W - 1)/W again, for a different reason.")
+    elif p4 < 3:  # (W - 1)/W with W the workers really at once, not the 4 started
         at_once = (p4 - 1) / p4
         net = ("below" if max(lost["writeback", 4]) < at_once else
                "above" if min(lost["writeback", 4]) > at_once else "on both sides of")
@@ -219,7 +226,9 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
     slice_ms, hz = time_slice_here()
     here = "" if slice_ms is None else (
         f"; on this machine's {os.cpu_count()} CPUs {slice_ms:.1f} ms, rounded up to a "
-        "scheduler tick" + ("" if hz is None else f" (every {1000 / hz:.0f} ms here: HZ = {hz})"))
+        "scheduler tick" + ("" if hz is None else
+                            f": {1000 / hz * np.ceil(slice_ms * hz / 1000):.0f} ms here "
+                            f"(HZ = {hz}), the stretch a paused worker can erase"))
     facts.show("A worker waiting for a core waits out the others' **time slices**, on Linux "
                f"by default [[linux.eevdf_base_slice]]{here}.")
     assert all(r["lost"] > 0 for r in rep["writeback", 4])
@@ -246,13 +255,13 @@ def explain_mixed_reads(runs: dict) -> None:
 
     x86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
     print(f"The seqlock retried {sq['retried_reads']:,} of {sq['updates']:,} reads "
-          f"({sq['retried_reads'] / sq['updates']:.0%}; {sq['retries']:,} retries in all) and "
+          f"({sq['retries']:,} retries between them) and "
           "computed only from reads its check passed ("
           + ("complete on x86 with serialised writers" if x86 else
              "complete only with the memory barriers the appendix names")
           + ": appendix).")
     if sq["retries"] > 100 * max(sq["retried_reads"], 1):
-        facts.show("So many retries per read mean a writer was paused mid-write (descheduled) "
+        facts.show("So many retries per read suggest a writer was paused mid-write (descheduled) "
                    "while readers spun on its half-written stamps; that is why Linux rules: "
                    "[[linux.seqlock_writer_not_preempted]].")
     assert lk["mixed_reads"] == 0
@@ -264,27 +273,24 @@ def explain_mixed_reads(runs: dict) -> None:
 # --- Sparse and dense problems ------------------------------------------------------------------
 
 def plot_convergence(runs: dict) -> None:
-    """Loss / initial loss against updates done (dense write-back, in place and lock; sparse
-    write-back and lock), beside the fraction the write-backs lost on each problem."""
+    """Loss / initial loss against updates done (dense write-back, in place (marked: it lies
+    under the lock's curve) and lock; sparse write-back and lock)."""
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
-    label = {"writeback": "write-back, no lock", "inplace": "in place, no lock", "lock": "lock"}
+    fig, ax1 = plt.subplots(figsize=(6, 3.2))
+    label = {"writeback": "write-back, no lock", "inplace": "in place, no lock (o)",
+             "lock": "lock"}
     for name, mode, ls in (("dense", "writeback", "-"), ("dense", "inplace", "-."),
                            ("dense", "lock", "--"), ("sparse", "writeback", "-"),
                            ("sparse", "lock", "--")):
         r = runs[name, mode]
         ax1.semilogy(r["curve_updates"], r["curve_loss"] / r["initial_loss"], ls,
+                     marker="o" if mode == "inplace" else None, markevery=4, markersize=4,
                      label=f"{name}, {label[mode]}")
     ax1.set_xlabel("updates done")
     ax1.set_ylabel("loss / initial loss")
     ax1.legend(fontsize=8)
     ax1.set_title("Convergence")
-    ax2.bar(["dense", "sparse"],
-            [100 * runs[n, "writeback"]["lost_fraction"] for n in ("dense", "sparse")])
-    ax2.set_yscale("log")
-    ax2.set_ylabel("lost by write-backs (%)")
-    ax2.set_title("Conflicts")
     plt.tight_layout()
     plt.show()
 
@@ -360,7 +366,7 @@ def costs_measurable(cost: dict) -> bool:
     says. States the verdict (`conclude`) and returns it."""
     i2 = cost["workers"].index(2)
     p_in2 = cost["parallelism"]["inplace"][i2]
-    return conclude(p_in2 > 1.3, f"the costs below are valid: 2 in-place workers ran "
+    return conclude(p_in2 > 1.3, f"the costs below are measurable: 2 in-place workers ran "
                     f"{p_in2:.2f} at once on {cost['cores']} cores (1.3 needed)",
                     busy=f"the 2 in-place workers ran only {p_in2:.2f} at once"
                     if p_in2 <= 1.3 else None)
@@ -421,10 +427,11 @@ def ranking(surv: dict, modes, i: int) -> str:
 
 
 def explain_cost(cost: dict, *, problem) -> None:
-    """From 1 to 2 workers, the surviving rates of in place and the lock, and why, from the
-    median runs (workers at once and CPU per update: the takeaway first); hedged possible
-    causes of extra CPU per update; how far the runs' ranges support the 1 -> 2 change; and
-    the ranking of the modes with 4 workers."""
+    """From 1 to 2 workers, the surviving rates of in place and the lock (with the CPU per
+    update of the median runs when it grew); what ufunc.at costs against plain stores (1
+    worker); hedged possible causes of extra CPU per update; how far the runs' ranges support
+    the 1 -> 2 change; what in place lost with overlapping workers; and the ranking of the
+    modes with 4 workers."""
     ws, modes, surv = cost["workers"], cost["modes"], surviving_rates(cost)
     i1, i2, i4 = ws.index(1), ws.index(2), ws.index(4)
     spread = max((v.max() - v.min()) / np.median(v) for v in (surv[m][0] for m in modes))
@@ -438,14 +445,10 @@ def explain_cost(cost: dict, *, problem) -> None:
           f"{cost['repeats']} runs): "
           + ", ".join(f"{NAME[m]} {med[m][0]:,.0f} -> {med[m][1]:,.0f}" for m in pair)
           + (f", as {' and '.join(cpu_why)}." if cpu_why else "."))
-    print("  The median runs (updates/s = workers at once / CPU s per update): "
-          + "; ".join(f"{NAME[m]} ran {mr[m][i1][1]:.2f} -> {mr[m][i2][1]:.2f} workers at once "
-                      f"at {mr[m][i1][2]:.0f} -> {mr[m][i2][2]:.0f} µs of CPU per update "
-                      f"({mr[m][i2][2] / mr[m][i1][2]:.1f}x)" for m in pair)
-          + "."
-          + (" The lock's workers at once above 1 is CPU spent outside the held lock (the loop's "
-             "own bookkeeping, acquiring and handing over the lock)."
-             if mr["lock"][i2][1] > 1 else ""))
+    slow = np.median(cost["rate"]["writeback"][i1]) / np.median(cost["rate"]["inplace"][i1])
+    if slow > 1.2:  # one worker: nothing races, only the write differs
+        print(f"  With 1 worker, in place ran {slow:.1f}x fewer updates/s than write-back: "
+              "numpy's ufunc.at costs more than a plain store.")
     why = {"inplace": f"in place, two cores writing the same {problem.dim} coordinates (their "
                       "cache lines move between the cores) or cores sharing hardware",
            "lock": "the lock, handing it and the coordinates from process to process (waking "
@@ -459,28 +462,35 @@ def explain_cost(cost: dict, *, problem) -> None:
           + (" (a gap between the nearest runs rests on one run each)"
              if any(versus_one(surv[m][i2], surv[m][i1]) != "ranges overlap" for m in pair)
              else "") + ".")
+    lf, pin = cost["lost_fraction"]["inplace"], cost["parallelism"]["inplace"]
+    print(f"  In place, its workers overlapping ({pin[i2]:.2f} and {pin[i4]:.2f} at once with 2 "
+          f"and 4): it lost at most {100 * max(lf[i2]):.2g}% and {100 * max(lf[i4]):.2g}% of the "
+          f"counter increments ({cost['repeats']} runs each).")
     order = ranking(surv, modes, i4)
     print(f"4 workers on {cost['cores']} cores"
-          f"{' (more workers than cores)' if cost['cores'] < 4 else ''}: {order} ('>': every "
-          f"run below every run of the mode before"
-          + (", '≈': ranges overlap" if "≈" in order else "")
-          + f"). With {cost['repeats']} runs a mode, and one mode's own runs spread by up to "
+          f"{' (more workers than cores)' if cost['cores'] < 4 else ''}: {order}"
+          f". With {cost['repeats']} runs a mode, and one mode's own runs spread by up to "
           f"{spread:.0%} with 1 worker, another run can reorder the modes.")
 
 
 def explain_allreduce(runs: dict, cost: dict | None = None) -> None:
-    """The synchronous all-reduce's updates, examples per second (beside the in-place rate with
-    as many workers in `cost`, one example an update) and replicas, and its final loss beside
+    """The synchronous all-reduce's updates, examples per second, ms per step beside the ring's
+    network-delay floor (cores from `cost`), replicas, and its final loss beside
     the write-back run's on the same examples; asserts that the lock, the seqlock and the
     all-reduce lost nothing, that both saw the same examples, and that the replicas agree."""
     ar_run, hw = runs["dense", "allreduce"], runs["dense", "writeback"]
     w = ar_run["workers"]
-    versus = ""
-    if cost is not None and w in cost["workers"]:
-        inpl = float(np.median(surviving_rates(cost)["inplace"][cost["workers"].index(w)]))
-        versus = (f", against {inpl:,.0f} surviving updates/s for {w} in-place workers above "
-                  f"(one example each; the all-reduce also waits on the network, {w} ranks on "
-                  f"{cost['cores']} cores)")
+    import re
+
+    delay = re.search(r"delay (\d+(?:\.\d+)?)us", ar_run.get("nic") or "")
+    step_ms = 1e3 * ar_run["elapsed_s"] / ar_run["steps"]
+    versus = f", {step_ms:.1f} ms per step"
+    if delay:  # a ring all-reduce sends 2 (W - 1) times in turn, each delayed once
+        versus += (f" against about {2 * (w - 1) * float(delay[1]) / 1e3:.1f} ms the network "
+                   f"delay alone needs (a ring: 2 × ({w} − 1) sends in turn × {delay[1]} µs); "
+                   f"the rest, not split up here, is {w} ranks sharing "
+                   f"{cost['cores'] if cost else os.cpu_count()} cores, the user-space network "
+                   "emulator and the gradient compute")
     print(f"Synchronous all-reduce ({w} ranks, emulated network): "
           f"{ar_run['examples']:,} examples in {ar_run['steps']} updates ({w} ranks × 64 "
           "examples each), "
@@ -509,7 +519,8 @@ GPU_RACES = """
   [[pytorch.non_blocking_d2h]]: a loss or metric logged from `x` can be incomplete or garbage.
   Synchronise first (`torch.cuda.synchronize()`, or `synchronize()` on an event recorded
   after the copy).
-- **Side streams.** The caching allocator tracks only the stream a tensor was allocated on.
+- **Side streams.** The caching allocator (PyTorch's reuse of freed GPU memory) tracks
+  only the stream a tensor was allocated on.
   A copy or overlap you run on a side stream must [[pytorch.record_stream]] or sync with an
   event before the tensor is freed, or its memory goes to the next allocation while that
   work still reads it.
@@ -519,12 +530,9 @@ GPU_RACES = """
   the stream current at the call and stops at the first operator that races, listing its
   conflicts. It does not see kernels
   launched outside PyTorch's operators, nor the stream NCCL really runs a collective on.
-- **Asynchronous checkpoints.** DCP's async_save writes [[pytorch.dcp_async_save_staging]]
-  from another thread. By default it makes that copy before it returns; given an
-  `async_stager=DefaultStager(...)` argument built from [[pytorch.dcp_async_staging_option]],
-  it copies in the background too, and the weights
-  may change only once the returned `staging_completion` future is done, or the checkpoint
-  mixes two steps.
+- **Asynchronous checkpoints.** Distributed Checkpoint's (DCP) `async_save` writes
+  [[pytorch.dcp_async_save_staging]] from another thread: don't step until that copy is
+  done (notebook 12), or the checkpoint mixes two steps.
 - **Lock-free on purpose**: Hogwild! ([[paper.hogwild_niu2011]]); PyTorch's Hogwild example,
   which steps in place ([[pytorch.mnist_hogwild]]). Dense GPU training uses synchronous
   collectives (all-reduce; reduce-scatter and all-gather when parameters are sharded).
