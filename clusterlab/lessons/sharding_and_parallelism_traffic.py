@@ -301,9 +301,8 @@ def show_at_real_scale(psi: float, *, units: int) -> dict:
     """The "At real scale" box: where, by NCCL's tuner constants (from the ledger), FSDP's latency
     rounds catch up with its bytes for a `psi`-parameter bf16 model in `units` units, with one
     GPU per node and with HGX H100 nodes (Intel or Arm hosts; AMD hosts, whose tuner charges
-    an NVLink step more, in the derivation), DDP's ring rounds in default buckets against
-    FSDP's and DDP's tree steps at 512 ranks, and the derivation. Returns the two Intel-host
-    crossings ({"one": ranks, "node": ranks})."""
+    an NVLink step more, and DDP's ring rounds in default buckets, in the derivation).
+    Returns the two Intel-host crossings ({"one": ranks, "node": ranks})."""
     c = real_scale_constants()
     a_net, a_nv = c["a_net"], c["a_nv"]  # s per ring step, between nodes and over NVLink
     node, node_nics = c["node"], c["node_nics"]  # GPUs and NICs per node, one NIC per GPU
@@ -332,16 +331,13 @@ def show_at_real_scale(psi: float, *, units: int) -> dict:
     assert 2 * buckets > 3 * units  # at this size DDP pays more rounds than FSDP, in rings
     # why the 8-NIC crossing comes sooner: bytes 8x cheaper, a ring step on average only
     step_gain = a_net / ((a_net + (node - 1) * a_nv) / node)
-    # NCCL's tree for DDP's all-reduces: 2 (log2(nodes) + GPUs per node - 1) steps each
-    tree_n = 512  # ranks, in nodes of `node`
-    tree_steps = 2 * buckets * ((tree_n // node).bit_length() - 1 + node - 1)
-    ring_steps = 3 * units * (tree_n - 1)
-    assert tree_steps < ring_steps
     facts.show(f"""
 **At real scale.** A model, not a measurement: latency from NCCL's tuner (the cost model NCCL
 picks algorithms with), bandwidth at the NICs' line rate; every collective a ring, nothing
-overlapped, a {psi / 1e9:.0f}B-parameter bf16 model in {units} units at every N. FSDP's
-latency rounds (one per ring step) then overtake its bytes
+overlapped, a {psi / 1e9:.0f}B-parameter bf16 model in {units} units at every N. Below the
+crossing, FSDP's communication is set by its bytes and stays flat as ranks are added; past it,
+every added rank makes every collective slower. FSDP's latency rounds (one per ring step)
+overtake its bytes
 
 - **with one GPU (one NIC) per node:** at about **{cross['one']} ranks**;
 - **with nodes of [[nvidia.hgx_h100_gpus]] and [[nvidia.dgx_h100_compute_nics]]:** at about
@@ -351,14 +347,7 @@ latency rounds (one per ring step) then overtake its bytes
 
 Past the crossing, fewer, larger units help, at the cost of a larger gathered working set
 (printed after the memory table above); whether the *step* waits depends on the compute that
-prefetching hides the rounds behind (next section). DDP pays rounds too: in buckets of
-[[pytorch.ddp_bucket_cap_mb]] (its default) this model's bf16 gradients fill about {buckets},
-whose all-reduces take 2 · {buckets} · (N−1) ring steps, {2 * buckets / (3 * units):.0f}×
-FSDP's 3 · {units} · (N−1), if all are rings. But NCCL may give DDP's all-reduces a tree,
-with [[nccl.tuner_tree_log_latency]] and 2({node} − 1) inside the nodes, while FSDP's
-all-gathers and reduce-scatters have none (*On a real GPU cluster*): at {tree_n} ranks,
-{2 * buckets} · ({(tree_n // node).bit_length() - 1} + {node - 1}) = {tree_steps} tree steps
-against FSDP's 3 · {units} · {tree_n - 1} = {ring_steps}.
+prefetching hides the rounds behind (next section).
 
 <details><summary>The derivation</summary>
 
@@ -395,13 +384,18 @@ These are the tuner's *model* constants, not measured latencies. The tuner also 
 [[nccl.tuner_base_latency]]: {3 * units} calls add {3 * units * base * 1e-3:.1f} ms per step
 whatever N, left out above; it barely moves the crossings.
 
-Two cases it leaves out. On AMD x86 hosts the tuner raises every step inside a node of a
-multi-node ring to a network overhead set by the CPU vendor, [[nccl.tuner_ring_intra_step_amd]]
-(on Intel and Arm hosts it stays below the NVLink step): the 8-GPU crossing comes at about
-{cross_amd} ranks. With one GPU per node PAT (*On a real GPU cluster*) is on, and this model
-would likely run its all-gathers with it, whose modelled latency grows more slowly; its
-reduce-scatters, a third of its collectives, stay rings: FSDP2 uses
-[[pytorch.fsdp2_reduce_scatter_avg]], and [[nccl.pat_skips_avg_reduce_scatter]].
+The crossing model holds the unit fixed as N grows, so each rank's chunk of a ring step
+shrinks (to about {psi * 2 / units / cross['one'] / 1e6:.1f} MB at {cross['one']} ranks); the
+tuner still picks the protocol by a call's total size. On AMD x86 hosts the tuner raises
+every step inside a node of a multi-node ring to [[nccl.tuner_ring_intra_step_amd]] (on Intel
+and Arm hosts it stays below the NVLink step): the 8-GPU crossing comes at about {cross_amd}
+ranks.
+
+DDP pays rounds too: in buckets of [[pytorch.ddp_bucket_cap_mb]] (its default) this model's
+bf16 gradients fill about {buckets}, whose all-reduces take 2 · {buckets} · (N−1) ring steps,
+{2 * buckets / (3 * units):.0f}× FSDP's 3 · {units} · (N−1), if all are rings. Its escape is
+the tree NCCL may give all-reduces (*On a real GPU cluster*); all-gathers and reduce-scatters
+have none.
 </details>
 """)
     return cross
@@ -459,16 +453,27 @@ def explain_prefetch(pre: dict) -> bool:
                                               pre["predicted_prefetch_s"])]))
 
 
-def show_microbatches_and_layout(psi: float, *, nodes: int) -> None:
+def show_microbatches_and_layout(psi: float, *, nodes: int, units: int = 32) -> None:
     """The "Micro-batches and layout" box: gradient accumulation (other frameworks in the
     details), the NVLink/NIC bandwidth
     ratio of an H100 (ledger), HSDP's bytes per rank for the `psi`-parameter bf16 model on
-    `nodes` nodes, and FSDP's bytes per parameter with mixed precision."""
+    `nodes` nodes against plain FSDP's per NIC, the tuner latency of both in `units` units,
+    and FSDP's bytes per parameter with mixed precision."""
     fsdp_mixed = 2 * 2 + 4  # bytes per parameter: two bf16 all-gathers + an fp32 reduce-scatter
     vs_ddp_bf16, vs_ddp_fp32 = fsdp_mixed / (2 * 2), fsdp_mixed / (2 * 4)  # DDP bf16 / fp32
     node = facts.get("nvidia.hgx_h100_gpus").value  # GPUs per node: HSDP's shard group
     nvlink_vs_nic = (facts.get("nvidia.h100_nvlink_bw_per_direction").value
                      / facts.get("nvidia.connectx7_rate_bytes").value)  # both per direction
+    c = real_scale_constants()
+    n = nodes * node  # plain FSDP over every GPU: a node's ring bytes leave through its NICs
+    fsdp_nic = 3 * (n - 1) / n * psi * 2 / c["node_nics"]  # bytes per NIC per step
+    hsdp_nic = 2 * (nodes - 1) / nodes * psi * 2 / node  # a rank's shard all-reduce, its NIC
+    assert hsdp_nic < fsdp_nic < 2 * hsdp_nic  # fewer bytes, but nowhere near the 9x
+    # tuner latency per step, all rings: plain FSDP's 3 collectives per unit over n ranks,
+    # against HSDP's in-node gathers and scatters plus one all-reduce per unit across nodes
+    fsdp_lat = ring_rounds_s(n, node, units=units, a_net=c["a_net"], a_nv=c["a_nv"])
+    hsdp_lat = (3 * units * (node - 1) * c["a_nv"] + units * 2 * (nodes - 1) * c["a_net"])
+    assert hsdp_lat < fsdp_lat
     facts.show(f"""
 **Micro-batches and layout**
 
@@ -479,14 +484,19 @@ def show_microbatches_and_layout(psi: float, *, nodes: int) -> None:
   (with `reshard_after_forward=False`), at the memory of unsharded gradients and parameters.
 - **Two bandwidths.** One H100 SXM sends over NVLink at [[nvidia.h100_nvlink_bw_per_direction]]
   per direction (the often quoted [[nvidia.h100_nvlink_bw|value]] GB/s counts both), through
-  its NIC at [[nvidia.connectx7_rate_bytes]]: {nvlink_vs_nic:.0f}× less. Hence hybrid
-  sharding: shard inside a node, replicate across nodes. FSDP2 takes a mesh of nodes × GPUs
-  for it: [[pytorch.fsdp2_hsdp]]. Sharded over the {node} GPUs of a node, a rank sends
+  its NIC at [[nvidia.connectx7_rate_bytes]]: {nvlink_vs_nic:.0f}× less. Hybrid sharding
+  keeps the parameter gathers on NVLink: shard inside a node, replicate across nodes.
+  FSDP2 takes a mesh of nodes × GPUs for it: [[pytorch.fsdp2_hsdp]].
+  Sharded over the {node} GPUs of a node, a rank sends
   3 × {node - 1}/{node} · Ψb over NVLink and all-reduces only its 1/{node} shard of the
   gradients across M nodes, 2(M−1)/M · Ψb/{node} through its NIC. For the
   {psi / 1e9:.0f}B-parameter model in bf16 on {nodes} nodes, each rank sends
   {3 * (node - 1) / node * psi * 2 / 1e9:.1f} GB per step over NVLink and
-  {2 * (nodes - 1) / nodes * psi * 2 / node / 1e9:.1f} GB through its NIC.
+  {hsdp_nic / 1e9:.1f} GB through its NIC; plain FSDP over all {n} GPUs sends
+  {fsdp_nic / 1e9:.1f} GB through each NIC (a node's ring bytes spread over its
+  {c['node_nics']} NICs, as in *At real scale*), only {fsdp_nic / hsdp_nic:.1f}× more. The larger
+  gain is fewer network rounds: by the tuner's constants, all rings,
+  {hsdp_lat * 1e3:.0f} ms of latency per step against {fsdp_lat * 1e3:.0f} ms.
 
 <details><summary>Details: other frameworks, precision and Megatron's memory</summary>
 
