@@ -390,11 +390,19 @@ def test_breakeven_says_where_the_ranks_differ_and_by_what_margin(capsys):
     st = FakeStats(verdicts, rates=rates, crossing=(25, 130, False), band=0.0059)
     gains = {("powersgd:1", 130): 0.0005, ("powersgd:4", 130): -0.0060}
     st.gain = lambda m, q: gains.get((m, q), 0.1 if q == 25 else -0.1)
+    st._step = {("powersgd:4", 130): 0.056}  # its dot 6 ms above its dashed line (0.05)
+    st.table = {(m, q): {"predicted_step_s": 0.05} for m in ("none", *methods) for q in rates}
     assert l11.explain_breakeven(st, methods) is True
     out = capsys.readouterr().out
-    assert "At 130 Mbit/s the verdicts differ: gains +0.5 ms vs -6.0 ms, equal bands (5.9 ms); " \
-           "the nearest call clears its band by 0.1 ms" in out
+    assert "At 130 Mbit/s the verdicts differ. powersgd:1: gain +0.5 ms, predicted +0.0 ms, " \
+           "its dot 0.0 ms below its dashed line; powersgd:4: gain -6.0 ms, predicted +0.0 ms, " \
+           "its dot 6.0 ms above its dashed line." in out
+    assert "The model predicts 'cannot tell' for both: the difference rests on powersgd:4's " \
+           "one point off its line" in out and "both cross between 25 and 130 Mbit/s." in out
     assert "Shown on this run: powersgd:1 and powersgd:4 paid at the low rates" in out
+    st.table["powersgd:4", 130] = {"predicted_step_s": 0.06}  # the model: powersgd:4 loses
+    l11.explain_differing(st, methods, 130)
+    assert "The model predicts different verdicts here too" in capsys.readouterr().out
 
 
 def test_breakeven_not_shown_when_the_fastest_link_is_inside_the_band(capsys):
@@ -447,7 +455,8 @@ def test_breakeven_box_gives_ring_and_tree_as_a_pair(monkeypatch):
     assert "one at twice the cap near 330 to 3400 Gbit/s" in text
     assert "cap plus one gradient" in text
     assert "10.5x cheaper at p = 64, which raises each break-even 10.5x" in text
-    assert "the latency model decides the side" in text
+    assert "the ring's estimates fall below it and the tree's rise above it, so which " \
+           "latency model is right decides whether PowerSGD pays" in text
     assert "because of the compute compression adds" in text and "[[" not in text
 
 

@@ -53,16 +53,14 @@ def explain_sweep(st, methods) -> bool:
     `methods` starts with the baseline "none". Returns whether it was shown."""
     slow, fast = st.slow, st.fast
     print(f"{'':20}| {f'at {slow} Mbit/s':27}| at {fast} Mbit/s")
-    print(f"{'method':>11}{'band':>8} | {'step':>6}  {'fp32 step / it':18} | {'step':>6}"
+    print(f"{'method':>11}{'band':>8} | {'step':>6}  {'fp32 ÷ method':18} | {'step':>6}"
           f"{'gain':>10}  verdict")
     for m in methods:
         base = m == "none"
         print(f"{m:>11}{'-' if base else ms1(st.band(m)):>8} | {ms(st.step(m, slow)):>6}  "
               f"{'-' if base else ratio_range(st, m, slow):18} | {ms(st.step(m, fast)):>6}"
               + ("" if base else f"{st.gain(m, fast) * 1e3:+7.1f} ms  {st.verdict(m, fast)}"))
-    print("(gain: fp32's step minus the method's, a verdict only beyond the band; the ratio's "
-          "range: the method's step plus or minus its band, one run per rate; each step: per "
-          "measured step the slowest rank's time, then the fastest of those)")
+    print("(gain = fp32 step − method step; verdict only if |gain| > band)")
     unclear = [m for m in methods[1:] if st.verdict(m, slow) == "cannot tell"]
     claim = f"every compressed method beat fp32 DDP at {slow} Mbit/s"
     return conclude(all(st.verdict(m, slow) == "faster" for m in methods[1:]), claim,
@@ -100,8 +98,8 @@ def explain_breakeven(st, methods, *, ranks: int = 4, delay_s: float = 2e-3) -> 
     """For the PowerSGD ranks in `methods`: the time each saved against fp32 per rate with
     its verdict (`print_gains`), its predicted and measured break-even in one line, and one
     conclusion (each paid at the low rates and lost at the high ones up to the fastest,
-    crossing within its predicted interval). Then the rates where the ranks' verdicts differ,
-    with how far the nearest call cleared its band, and whether the extra rounds or all else
+    crossing within its predicted interval). Then the rates where the ranks' verdicts differ
+    (`explain_differing`), and whether the extra rounds or all else
     PowerSGD rank 1 adds decide its cost. Returns whether the conclusion was shown."""
     print_gains(st, methods)
     predicted = {m: st.breakeven_mbit(m, ranks, delay_s) for m in methods}
@@ -122,15 +120,7 @@ def explain_breakeven(st, methods, *, ranks: int = 4, delay_s: float = 2e-3) -> 
                      "check: t_extra is fitted on this same sweep)", busy=busy)
     for q in st.rates:
         if len({WORD[st.verdict(m, q)] for m in methods}) > 1:
-            called = [abs(st.gain(m, q)) - st.band(m) for m in methods
-                      if st.verdict(m, q) != "cannot tell"]
-            bands = [st.band(m) for m in methods]
-            print(f"At {q} Mbit/s the verdicts differ: gains "
-                  + " vs ".join(f"{st.gain(m, q) * 1e3:+.1f} ms" for m in methods)
-                  + (f", equal bands ({bands[0] * 1e3:.1f} ms)" if max(bands) - min(bands) < 5e-5
-                     else ", bands " + " vs ".join(f"{b * 1e3:.1f} ms" for b in bands))
-                  + f"; the nearest call clears its band by {min(called) * 1e3:.1f} ms, and "
-                  "the different measured crossings rest on that margin.")
+            explain_differing(st, methods, q)
     delays_s = {m: compression.comm_seconds(compression.predicted_calls(m, ranks), ranks,
                                             delay_s, 0)
                 for m in ("none", "powersgd:1")}
@@ -142,6 +132,42 @@ def explain_breakeven(st, methods, *, ranks: int = 4, delay_s: float = 2e-3) -> 
           + ("here, the rounds decide." if extra + band < rounds
              else "this run cannot tell which of the two decides."))
     return shown
+
+
+def predicted_gain(st, m: str, q) -> float:
+    """fp32's predicted step minus `m`'s at `q` (s): the dashed lines' gap."""
+    return st.table["none", q]["predicted_step_s"] - st.table[m, q]["predicted_step_s"]
+
+
+def predicted_verdict(st, m: str, q) -> str:
+    """What the closed form (with its fitted compute) predicts for `m` against fp32 at `q`:
+    "faster", "slower", or "cannot tell" when the predicted gain is inside the noise band."""
+    g = predicted_gain(st, m, q)
+    return "cannot tell" if abs(g) <= st.band(m) else "faster" if g > 0 else "slower"
+
+
+def explain_differing(st, methods, q) -> None:
+    """At rate `q`, where the measured verdicts of `methods` differ: each method's measured
+    and predicted gain and how far its dot sits from its dashed line; then whether the model
+    predicts different verdicts too, or the difference rests on one point off its line (one
+    run per rate), which this run cannot tell from a different crossing."""
+    off = {m: st.step(m, q) - st.table[m, q]["predicted_step_s"] for m in methods}
+    print(f"At {q} Mbit/s the verdicts differ. " + "; ".join(
+        f"{m}: gain {st.gain(m, q) * 1e3:+.1f} ms, predicted "
+        f"{predicted_gain(st, m, q) * 1e3:+.1f} ms, its dot {abs(off[m]) * 1e3:.1f} ms "
+        f"{'above' if off[m] > 0 else 'below'} its dashed line" for m in methods) + ".")
+    if len({WORD[predicted_verdict(st, m, q)] for m in methods}) > 1:
+        print("The model predicts different verdicts here too: the ranks cross at different "
+              "rates.")
+        return
+    worst = max(methods, key=lambda m: abs(off[m]))
+    crossings = [st.crossing(m) for m in methods]
+    span = ([min(a for a, _, _ in crossings), max(b for _, b, _ in crossings)]
+            if all(a is not None for a, _, _ in crossings) else None)
+    print(f"The model predicts '{WORD[predicted_verdict(st, methods[0], q)]}' for both: the "
+          f"difference rests on {worst}'s one point off its line (one run per rate), so this "
+          "run cannot tell whether the ranks cross at different rates"
+          + (f"; both cross between {span[0]} and {span[1]} Mbit/s." if span else "."))
 
 
 def breakeven_by_size(hiddens, *, ranks: int, latency_s: float) -> dict:
@@ -217,8 +243,10 @@ def show_breakeven_at_scale(scan: dict, *, n_params: int) -> None:
             if twice_log < nic_gbit else
             "above it either way: at these bucket sizes the rounds alone do not rule PowerSGD "
             "out" if bucket > nic_gbit else
-            "the latency model decides the side, so with free compute the rounds alone do not "
-            "rule PowerSGD out")
+            "the ring's estimates fall below it and the tree's rise above it, so which latency "
+            "model is right decides whether PowerSGD pays" if bucket_log > nic_gbit else
+            "the lower estimates fall below it and the higher above it, so the latency model "
+            "and the bucket's size decide whether PowerSGD pays")
     facts.show(f"""
 Agarwal et al. compared gradient compression with optimised data-parallel training on GPU
 clusters and found that, because of the compute compression adds,
@@ -292,7 +320,7 @@ def real_cluster_text() -> str:
   go in a custom reduce-scatter or all-gather (`set_custom_all_gather`);
   `set_all_reduce_hook` runs after the reduction (reduce dtype:
   [11b](11b_error_feedback_and_accuracy.ipynb)). FSDP1 has [[pytorch.fsdp1_comm_hook]].
-- **FP8 on the wire** where bytes dominate: DeepSeek-V3's expert all-to-all sends
+- **FP8 on the wire** where bytes dominate: DeepEP, DeepSeek's all-to-all library, sends
   [[deepep.fp8_dispatch]].
 - **Slow links: change the algorithm, not the bits.** DiLoCo: [[diloco.paper]].
 """
