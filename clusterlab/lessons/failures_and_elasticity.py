@@ -68,11 +68,11 @@ def plot_restart(job) -> None:
 
 def waste_curve(*, checkpoint_s: float, mtbf_s: float, restart_s: float, points: int = 60):
     """(intervals in s, expected waste at each): the first-order waste over intervals from
-    2 minutes to 5 hours (inside the formula's cap of 100% for the notebook's C and M), for
-    the figure and the check that Young's interval is its minimum."""
+    2 minutes to M/2 (beyond that tau is not far below M and the first-order model stops
+    holding), for the figure and the check that Young's interval is its minimum."""
     import numpy as np
 
-    taus = np.geomspace(120.0, 5 * 3600.0, points)
+    taus = np.geomspace(120.0, mtbf_s / 2, points)
     return taus, [models.checkpoint_waste(t, checkpoint_s, mtbf_s, restart_s) for t in taus]
 
 
@@ -132,8 +132,8 @@ def schedule_line(schedule: list[int], *, first: dict, failure: dict, mtbf_steps
                   tau: float, interval: int, predicted: float) -> str:
     """The second job's plan in words: its failure steps, its MTBF in seconds of work and
     whether that is shorter or longer than one restart (when shorter: outside Young's regime,
-    so the interval hardly matters), Young's interval in ms and steps and as a share of the
-    MTBF, and the estimated time."""
+    so the interval hardly matters), Young's interval in ms and steps, and the estimated
+    time."""
     mtbf_run = mtbf_steps * first["step_s"]
     short = mtbf_run < failure["restart_s"]
     return (f"failures at steps {schedule} (at most 2 drawn); MTBF {mtbf_steps} steps = "
@@ -142,8 +142,7 @@ def schedule_line(schedule: list[int], *, first: dict, failure: dict, mtbf_steps
             f"({failure['restart_s']:.2f} s)"
             + (": outside Young's regime (it needs the interval and the restart far below the "
                "MTBF), so the interval hardly matters here" if short else "")
-            + f"; Young's interval {tau * 1e3:.0f} ms = {interval} "
-            f"steps, {tau / mtbf_run:.0%} of the MTBF; "
+            + f"; Young's interval {tau * 1e3:.0f} ms = {interval} steps; "
             f"estimated time {predicted:.1f} s")
 
 
@@ -167,8 +166,10 @@ def explain_goodput(job2, *, first: dict, ideal: float, schedule: list[int]) -> 
                                                                  for x in job2.failures())
     print(f"goodput {s2['goodput_steps_per_s']:.1f} steps/s against a bare step rate (1 / step "
           f"time) of {1 / first['step_s']:.1f}: "
-          f"useful work was {ideal / s2['train_s']:.0%} of its training time (from the first "
-          f"worker's first event), {ideal / s2['wall_s']:.0%} of torchrun's whole run")
+          f"{s2['goodput_steps_per_s']:.1f} / {1 / first['step_s']:.1f} = "
+          f"{s2['goodput_steps_per_s'] * first['step_s']:.0%} useful work, of its training "
+          f"time (from the first worker's first event), {ideal / s2['wall_s']:.0%} of "
+          f"torchrun's whole run")
     assert job2.returncode == 0 and not job2.leftover and s2["failures"] == len(schedule)
     assert restarts > 3 * interval_part, "restarts, not the interval, dominate this toy job"
 
@@ -197,7 +198,8 @@ def plot_parts(parts: dict) -> None:
     left = 0.0
     for i, (name, v) in enumerate(parts.items()):
         ax.barh(0, v, left=left, color=f"C{i}" if name != "unaccounted" else "lightgrey",
-                label=f"{name} {v:.2f} s")
+                label=f"{name} {v:.2f} s" + (" (count x median)" if name in ("steps",
+                                                                          "checkpoints") else ""))
         left += v
     ax.set_yticks([])
     ax.set_xlabel("seconds of the second job")
@@ -227,11 +229,15 @@ def estimate_lines(rows: list[tuple[str, float, float]], *, predicted: float,
     then by how much the total missed, the row that missed most, whether misses of opposite
     sign cancelled (the smaller sign's sum over 50 ms and over a quarter of the larger's) or
     mostly added up, and whether the total held within 10%."""
-    lines = [f"{'part (s)':14s}{'estimate':>10s}{'measured':>10s}{'difference':>12s}"]
+    lines = [f"{'part (s)':14s}{'estimate':>10s}{'second job':>12s}{'difference':>12s}"]
     for name, est, got in rows:
-        lines.append(f"{name:14s}{est:10.2f}{got:10.2f}{got - est:+12.2f}")
+        mark = "*" if name in ("steps", "checkpoints") else ""
+        lines.append(f"{name + mark:14s}{est:10.2f}{got:12.2f}{got - est:+12.2f}")
     miss = train_s - predicted
-    lines.append(f"{'total':14s}{predicted:10.2f}{train_s:10.2f}{miss:+12.2f}")
+    lines.append(f"{'total':14s}{predicted:10.2f}{train_s:12.2f}{miss:+12.2f}")
+    if any(name in ("steps", "checkpoints") for name, _, _ in rows):
+        lines.append("* count x median in both columns, not a measured sum: the steps' spread "
+                     "around their median falls in unaccounted")
     diffs = {name: got - est for name, est, got in rows}
     worst = max(diffs, key=lambda k: abs(diffs[k]))
     over = sum(d for d in diffs.values() if d > 0)  # measured above the estimate
@@ -471,7 +477,8 @@ def real_cluster_text(errors: list[str]) -> str:
 **Who notices a death, and what restarts the job** (torchrun of torch 2.13; on this run:
 {seen}). Over TCP (Gloo; NCCL over sockets: "[[nccl.socket_peer_closed]]") a killed
 process's peers get an error in their current or next collective: its kernel closes its
-sockets. Under NCCL inside a node they get none, but the dead process's own agent notices it
+sockets. Under NCCL inside a node they get none (they exchange data through GPU
+memory, not sockets, so no kernel tells them), but the dead process's own agent notices it
 at its next poll. When a whole node dies, its agent dies with it: the survivors that send to
 it get an error once the NIC's retries run out (at least [[nccl.ib_total_wait_default]] on
 InfiniBand), the others would wait for the process group's timeout
@@ -515,9 +522,9 @@ for a failed peer.
 
 | case | who notices | what torchrun does |
 |---|---|---|
-| 1. a killed process, peers on TCP (Gloo; NCCL over sockets) | its peers in their current or next collective (the kernel closes its sockets); its own agent within [[pytorch.torchrun_monitor_interval]] ([[pytorch.torchrun_monitor_interval_before_2024]] before 2024) | starts a new group; the job resumes after the restart |
+| 1. a killed process, peers on TCP (Gloo; NCCL over sockets) | its peers in their current or next collective (the kernel closes its sockets); its own agent within [[pytorch.torchrun_monitor_interval]] ([[pytorch.torchrun_monitor_interval_before_124692]] in releases before pytorch#124692, April 2024) | starts a new group; the job resumes after the restart |
 | 2. a crashed process (OOM kill, segfault) under NCCL inside a node ([[nccl.intranode_transports]]), restarts left | its own agent at its next poll; its peers get no error | [[pytorch.torchrun_crash_path]]; the job resumes after the restart |
-| 3. a dead node (its agent dies with it) | over InfiniBand or RoCE, the peers that send to it, once the NIC's retries run out (*case 2 over InfiniBand or RoCE*, below), the others alone at the watchdog's timeout; over TCP (Gloo, NCCL sockets), every peer at the process group's timeout (a dead node closes no sockets; a sender's TCP retransmissions may give up first) | the first failing survivor's agent re-enters the rendezvous; the others restart their workers at their next poll. The new round starts once the dead node's *keep-alive* (the heartbeat each agent writes to the rendezvous store) has lapsed, [[pytorch.rdzv_dead_node_after]], and with `--nnodes MIN:MAX` short of MAX after a *last call* for late joiners, [[pytorch.rdzv_last_call_timeout]] ([12b](12b_elastic_resharding.ipynb)); with a fixed `--nnodes`, only once a replacement joins |
+| 3. a dead node (its agent dies with it) | over InfiniBand or RoCE, the peers that send to it, once the NIC's retries run out (*a crashed process whose peers are on other nodes*, below), the others alone at the watchdog's timeout; over TCP (Gloo, NCCL sockets), every peer at the process group's timeout (a dead node closes no sockets; a sender's TCP retransmissions may give up first) | the first failing survivor's agent re-enters the rendezvous; the others restart their workers at their next poll. The new round starts once the dead node's *keep-alive* (the heartbeat each agent writes to the rendezvous store) has lapsed, [[pytorch.rdzv_dead_node_after]], and with `--nnodes MIN:MAX` short of MAX after a *last call* for late joiners, [[pytorch.rdzv_last_call_timeout]] ([12b](12b_elastic_resharding.ipynb)); with a fixed `--nnodes`, only once a replacement joins |
 
 - **No restarts left.** With torchrun's default --max-restarts of
   [[pytorch.torchrun_max_restarts_default|value]], in case 2 the agent stops its node's workers
@@ -525,7 +532,7 @@ for a failed peer.
   over sockets; over InfiniBand or RoCE, a sender after the NIC's retries, a worker that only
   receives at the watchdog's timeout; or, if the exited agent hosted the rendezvous store, at
   its next poll of the store.
-- **Case 2 over InfiniBand or RoCE.** A peer that sends to the dead process also gets
+- **A crashed process whose peers are on other nodes (IB/RoCE).** A peer that sends to the dead process also gets
   [[nccl.remote_error]] after the NIC's retries (at least [[nccl.ib_total_wait_default]] at
   NCCL's default NCCL_IB_TIMEOUT and NCCL_IB_RETRY_CNT; sooner on some RoCE NICs, below); a
   peer that only receives may get none. torchrun does as in case 2.
