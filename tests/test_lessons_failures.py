@@ -493,7 +493,7 @@ def test_death_text_carries_the_measured_delay_into_the_ledger_template():
     # the table: the defaults' total from the ledger beside this run's measured parts
     assert "| 62 ms |" in text and "| 4.5 s (configured: at most 2 s, then 2 s) |" in text
     assert "| 0 s (its 15 s without heartbeats have passed) + 30 s |" in text
-    assert "| 3.8 s |" in text and "**8.4 s**" in text  # 8.4 - 4.5625
+    assert "| 3.8 s (incl. this demo's check) |" in text and "**8.4 s**" in text  # 8.4 - 4.5625
     assert "**more than 64 s**" in text and "at least 34 s (step 2), or 10 min" in text
     assert "can dominate" not in text
     rendered = facts.render(text)  # step 2's sum of waits, from the ledger

@@ -352,7 +352,8 @@ class ElasticRun:
                             marker, color=colour, ms=4 if node == "A" else 7, mfc="none"
                             if node == "B" else colour,
                             label=f"node {node}, world size {world}" + (
-                                " (inside B's squares)" if (node, world) == ("A", 2) else ""))
+                                " (steps with B: dots in its squares)" if (node, world) == ("A", 2)
+                                else ""))
         for e in self._of("checkpoint", node="A"):
             ax.axhline(e["step"], color="grey", lw=0.5, ls=":")
         for e in self._of("kill"):

@@ -165,6 +165,8 @@ def death_text(f: dict, cfg: dict) -> str:
     ib_wait = facts.get("nccl.ib_total_wait_default").value  # s, a lower bound
     tries = 1 + facts.get("nccl.ib_retry_cnt_default").value  # the first try and the retries
     ack_s = facts.get("nccl.ib_timeout_default_time").value  # s, one ACK timeout at least
+    exp = facts.get("nccl.ib_timeout_default").value  # NCCL_IB_TIMEOUT, an exponent
+    assert abs(4.096e-6 * 2**exp - ack_s) < 0.05, "the ACK timeout is 4.096 µs × 2^exponent"
     assert abs(tries * ack_s - ib_wait) < 1, "the total wait is the tries' ACK timeouts"
     nccl_min = facts.get("pytorch.nccl_timeout_default").value  # min
     dead_after = facts.get("pytorch.rdzv_dead_node_after").value  # s
@@ -197,10 +199,11 @@ def death_text(f: dict, cfg: dict) -> str:
      `--monitor-interval` ([[pytorch.torchrun_monitor_interval]]), see them healthy.
   2. Its direct peers fail first (which of them, and when, depends on what each had in
      flight). A node that was sending to the dead one has data on its network card (NIC)
-     that was never acknowledged. One that was receiving from it has written it "buffer free"
-     notes by RDMA (one NIC writing straight into the other node's memory), unacknowledged
-     too. Either NIC waits for an acknowledgement that never comes, an ACK timeout of at least
-     [[nccl.ib_timeout_default_time]] per try (NCCL_IB_TIMEOUT = [[nccl.ib_timeout_default]]):
+     that was never acknowledged. A receiver that had just told the dead node "you may send"
+     by an RDMA write (one NIC writing straight into the other's memory) also waits for its
+     acknowledgement. Either NIC waits, per try, an ACK timeout of at least
+     [[nccl.ib_timeout_formula]], with NCCL_IB_TIMEOUT = [[nccl.ib_timeout_default]]:
+     4.096 µs × 2^{exp} ≈ [[nccl.ib_timeout_default_time]];
      1 try + [[nccl.ib_retry_cnt_default]] retries (NCCL_IB_RETRY_CNT) = {tries} waits,
      {tries} × {ack_s} s ≈ [[nccl.ib_total_wait_default]] at least. Then it reports an error.
   3. That worker fails; its agent spends a restart (if one is left) and re-enters the rendezvous.
@@ -219,7 +222,8 @@ def death_text(f: dict, cfg: dict) -> str:
   rendezvous state ([[pytorch.c10d_rendezvous_host]]). Here node A hosted it and node B died;
   had A died, B would have lost the rendezvous with it: whatever `--nnodes` allows, that node
   is a single point of failure. To keep it off the training nodes, host the store on
-  another machine (`--rdzv-conf is_host=0` on every agent) or use
+  another machine (`--rdzv-conf is_host=0` on every agent, and there a small process of
+  your own holding `TCPStore(is_master=True)`: with `is_host=0` no agent starts one) or use
   [[pytorch.rdzv_etcd_backend]] with a replicated etcd cluster.
 
 **The same pause at the defaults, beside this run's** (on a cluster, the sum of the counted
@@ -230,7 +234,7 @@ each wait may end up to a second late):
 |---|---|---|
 | noticing the death | at least {ib_wait:.0f} s (step 2), or {nccl_min:.0f} min (the watchdog) | {f['detected_s'] * 1e3:.0f} ms |
 | agent and rendezvous: dropping the dead node, then the last call | 0 s (its {dead_after:.0f} s without heartbeats have passed) + {last_call:.0f} s | {rdzv:.1f} s (configured: at most {keep_alive} s, then {cfg['last_call_s']} s) |
-| new workers, communicator, checkpoint load | not counted: grows with the job and the checkpoint | {start:.1f} s |
+| new workers, communicator, checkpoint load | not counted: grows with the job and the checkpoint | {start:.1f} s (incl. this demo's check) |
 | **total** | **more than {ib_wait + last_call:.0f} s** | **{f['resumed_s']:.1f} s** |
 
 What carries over is the sequence of parts. On a cluster at the defaults, the detection and
@@ -256,10 +260,10 @@ def cost_text() -> str:
 - **Resharding is DCP's** ([[pytorch.dcp_resharding]]). The checkpoint must sit on storage
   every node reaches (here: one local directory). It holds the weights and Adam's state:
   [[paper.zero_adam_state_bytes]] with fp32 master weights and Adam's two fp32 moments
-  (ZeRO's mixed precision; more if it also stores the 16-bit weights, less with 16- or 8-bit
-  optimizer states), about {70e9 * adam_b / 1e12:.1f} TB for a 70B-parameter model,
+  (the usual mixed precision, computing in 16 bits; more if it also stores the 16-bit weights,
+  less with 16- or 8-bit optimizer states), about {70e9 * adam_b / 1e12:.1f} TB for a 70B-parameter model,
   {405e9 * adam_b / 1e12:.1f} TB for 405B. Loading reads at least that size (a multiple of it
-  when each data-parallel replica reads its own copy). Llama 3's storage fabric sustained
+  when each data-parallel replica reads its own copy). Llama 3's storage fabric can sustain
   [[meta.llama3_storage_throughput]] in all: one copy of 405B's state read at that whole rate
   takes {read_s:.1f} s, small beside the {floor:.0f} s floor, and {read_s * 100 / 60:.0f} min on
   storage a hundred times slower; a job that gets less of the fabric waits longer. This tiny
