@@ -24,12 +24,15 @@ def incast_row(n: int, best: float, *, nbytes: int = MiB, limit: int | None = No
             "times": [best], "goodput": n * nbytes / best}
 
 
-def drop_row(n: int, arrivals: list[float]) -> dict:
-    """A drop-incast row (256 KiB, limit 6) whose one repetition's messages arrived at
-    `arrivals` (s after the start)."""
-    row = incast_row(n, max(arrivals), nbytes=256 * KiB, limit=6)
+def drop_row(n: int, delivered: list[float], waited: list[float] | None = None) -> dict:
+    """A drop-incast row (256 KiB, limit 6) whose one repetition's messages were delivered at
+    `delivered` (s after the start, the senders' stamps) and whose in-order waits returned at
+    `waited` (default: each no earlier than the one before)."""
+    waited = waited or list(np.maximum.accumulate(delivered))
+    row = incast_row(n, max(waited), nbytes=256 * KiB, limit=6)
     row["limit"] = 6
-    row["arrivals"] = {(i, 0): [t] for i, t in enumerate(arrivals, 1)}
+    row["delivered"] = {(i, 0): [t] for i, t in enumerate(delivered, 1)}
+    row["arrivals"] = {(i, 0): [t] for i, t in enumerate(waited, 1)}
     return row
 
 
@@ -139,12 +142,13 @@ def test_per_message_cost_and_the_appendix(capsys, replays):
     sw.explain_appendix(ps_far, ring_far, four, *replays, stagger_s=1e-6, rate=RATE)
     out = capsys.readouterr().out
     assert "the ring's 14 rounds sit above their closed form" in out
-    assert "arrived at 27.3, 48.3, 216.9, 238.3 ms." in out
+    assert "its messages were delivered at 27.3, 48.3, 216.9, 238.3 ms (the emulated " \
+           "delivery times the senders stamped)." in out
     assert "all at one instant: 27.2, 48.2, 222.0, 243.0 ms, 7 segments dropped" in out
     assert "1 us after the one before: 27.2, 48.2, 216.7, 237.7 ms, 6 dropped." in out
     assert "the third sender's segment 3 meets a backlog of exactly 6 segment times" in out
     assert "one resend (w = 5.2 ms) fewer" in out
-    assert "fit the replay with 6 drops (each within 0.6 ms)" in out
+    assert "These fit the replay with 6 drops (each within 0.6 ms)." in out
     # a run that met the tie fits the other replay; one far from both fits neither
     sw.explain_appendix(ps, ring, drop_row(4, [0.0273, 0.0483, 0.2221, 0.2431]), *replays,
                         stagger_s=1e-6, rate=RATE)
@@ -152,13 +156,34 @@ def test_per_message_cost_and_the_appendix(capsys, replays):
                         stagger_s=1e-6, rate=RATE)
     out = capsys.readouterr().out
     assert "fit the replay with 7 drops" in out and "fit neither replay within w/2" in out
-    # no cause is named that the run did not record
-    assert "2 of its messages arrived after the RTO, against 2 in both replays" in out
-    assert "the run records neither, so it cannot say which" in out
-    assert "started further apart" not in out
+    assert "2 of them came after the RTO, against 2 in both replays" in out
+    assert "the run does not record its send times" in out
+    assert "records neither" not in out and "order its processes reach" not in out
     sw.explain_appendix(ps, ring, drop_row(4, [0.0273, 0.2169, 0.2379, 0.2380]), *replays,
                         stagger_s=1e-6, rate=RATE)
-    assert "3 of its messages arrived after the RTO, against 2" in capsys.readouterr().out
+    assert "3 of them came after the RTO, against 2" in capsys.readouterr().out
+    # the deliveries, not the in-order waits: a message served first but waited on second
+    # still counts at its own delivery (waits returned at 48.4, 48.4, 237.1, 237.2 ms)
+    four = drop_row(4, [0.0484, 0.0272, 0.2371, 0.2167], [0.0484, 0.0484, 0.2371, 0.2372])
+    sw.explain_appendix(ps, ring, four, *replays, stagger_s=1e-6, rate=RATE)
+    out = capsys.readouterr().out
+    assert "delivered at 27.2, 48.4, 216.7, 237.1 ms" in out
+    assert "These fit the replay with 6 drops" in out
+
+
+def test_round_times_keeps_the_stamped_deliveries_apart_from_the_waits():
+    # rank 0 waited on (1, 0) then (2, 0); (2, 0) was delivered first but waited on second
+    start = 10**9
+    per_rank = [[(start, {(1, 0): start + 48_000_000, (2, 0): start + 48_100_000},
+                  {(1, 0): start + 48_000_000, (2, 0): start + 27_000_000})], [(0, {}, {})],
+                [(0, {}, {})]]
+    row, = ex._round_times(per_rank, [[(1, 0), (2, 0)]], 1)
+    assert row["arrivals"][(2, 0)] == [pytest.approx(0.0481)]
+    assert row["delivered"][(2, 0)] == [pytest.approx(0.027)]
+    assert row["best"] == pytest.approx(0.0481)  # the times still end at the last wait
+    # without stamps (the other fabric runs), no `delivered`
+    row, = ex._round_times([[(start, {(1, 0): start + 1000})], [(0, {})]], [[(1, 0)]], 1)
+    assert "delivered" not in row
 
 
 def test_explain_drops_names_the_senders_that_wait_for_the_rto(capsys, replays):
@@ -171,16 +196,12 @@ def test_explain_drops_names_the_senders_that_wait_for_the_rto(capsys, replays):
     assert "No loss has 3 segments behind it, so no duplicate ACKs repair one: both wait " \
            "for the RTO (200.0 ms)." in out
     assert "The third sender's segment 4 got in after its losses" in out
-    assert "This run: 2 of the 4 messages arrived after the RTO, as in the replay." in out
-    assert "Goodput fell 2.5x from two senders to four." in out
-    assert "drops differ" not in out and "can save a segment" not in out
-    # a run with one more late sender: said, with no cause the run could not see
-    drops[2] = drop_row(4, [0.0273, 0.2169, 0.2379, 0.2380])
-    sw.explain_drops(drops, replays[0], nbytes=256 * KiB)
-    out = capsys.readouterr().out
-    assert "This run: 3 of the 4 messages arrived after the RTO, against 2 in the replay." in out
-    assert "The run's drops differ from this replay's." in out and "records neither" in out
-    assert "RTO clock" not in out
+    assert "Goodput fell 2.5x from two senders to four (best runs)." in out
+    # the best run beside the range of all runs
+    assert "      4 | 238.8 ms | 238.8 ms to 238.8 ms |    243.0 ms |" in out
+    # the run against the replay is the appendix's (from the deliveries), not here
+    assert "This run" not in out and "drops differ" not in out and "arrived" not in out
+    assert "can save a segment" not in out and "RTO clock" not in out
     assert out.count("Shown on this run: two senders finished within the RTO") == 1
 
 
@@ -204,7 +225,8 @@ def test_explain_fast_incast_prints_the_models_fall(capsys):
     # the timer rounded up to whole jiffies: 2.04 ms -> 3 ms at HZ = 1000, 4 ms at HZ = 250
     assert "Linux instead: about 3.4 ms to 4.4 ms for four, 3.6x to 4.6x less goodput" in out
     assert "after 2 SRTT + 2 ms in place of the RTO" in out
-    assert "whole ticks of 1 ms or 4 ms" in out
+    assert "whole kernel ticks, HZ = 1000 or 250: 1 ms or 4 ms" in out
+    assert "SRTT: the smoothed round-trip time" in out
     assert "congestion window" in out and "lower bound" not in out
     assert len(out.strip().splitlines()) == 3
 

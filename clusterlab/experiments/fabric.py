@@ -82,10 +82,14 @@ def _common_start(margin_s: float) -> int:
     return int(mine[0]) + int(margin_s * 1e9)
 
 
-def _rounds_body(rounds, nbytes: int, repeats: int, margin_s: float):
+def _rounds_body(rounds, nbytes: int, repeats: int, margin_s: float, stamps: bool = False):
     """On every rank: each round is a list of (src, dst) messages of `nbytes`, all sent at
     one agreed instant; a receiver notes when each of its messages is in. Returns, per round
-    and repetition, (start ns, {(src, dst): arrival ns}) as this rank saw it."""
+    and repetition, (start ns, {(src, dst): arrival ns}) as this rank saw it. A receiver waits
+    on its messages in sender order, so an arrival is when that wait returned: never before
+    the message's delivery, but also not before the previous wait's return. With `stamps`,
+    a third item: {(src, dst): delivery ns}, the emulated delivery time the sender stamped
+    in the message's header (the backend's `hold_ns`), whatever order they are waited on."""
     import time
 
     import torch
@@ -110,31 +114,44 @@ def _rounds_body(rounds, nbytes: int, repeats: int, margin_s: float):
             works = [dist.irecv(b, s) for b, (s, _) in zip(bufs, incoming)]
             clock.sleep_until(start)
             sends = [dist.isend(payload, d) for s, d in messages if s == me]
-            got = {}
+            got, delivered = {}, {}
             for pair, work in zip(incoming, works):
                 work.wait()
                 got[pair] = time.monotonic_ns()
+                if stamps:  # an unimpaired link sends no header: its wait is its delivery
+                    delivered[pair] = getattr(work, "hold_ns", 0) or got[pair]
             for work in sends:
                 work.wait()
-            out.append((start, got))
+            out.append((start, got, delivered) if stamps else (start, got))
     return out
 
 
 def _round_times(per_rank, rounds, repeats: int, dilation: float = 1.0) -> list[dict]:
     """Per round: the times (s) from the agreed start to its last arrival, per repetition,
-    and each message's arrival (s after the start) in every repetition."""
+    and each message's arrival (s after the start) in every repetition; with delivery stamps
+    (`_rounds_body(stamps=True)`), also `delivered`: each message's emulated delivery time (s
+    after the start) in every repetition."""
     rows = []
     for r, messages in enumerate(rounds):
         times, arrivals = [], {pair: [] for pair in messages}
+        delivered = {pair: [] for pair in messages}
+        stamped = all(len(rank_out[r * repeats]) > 2 for rank_out in per_rank)
         for k in range(repeats):
-            got = {}
+            got, stamp = {}, {}
             start = per_rank[0][r * repeats + k][0]
             for rank_out in per_rank:
                 got.update(rank_out[r * repeats + k][1])
+                if stamped:
+                    stamp.update(rank_out[r * repeats + k][2])
             for pair in messages:
                 arrivals[pair].append((got[pair] - start) / 1e9 / dilation)
+                if stamped:
+                    delivered[pair].append((stamp[pair] - start) / 1e9 / dilation)
             times.append(max(arrivals[pair][-1] for pair in messages))
-        rows.append({"messages": list(messages), "arrivals": arrivals, **_stats(times)})
+        row = {"messages": list(messages), "arrivals": arrivals, **_stats(times)}
+        if stamped:
+            row["delivered"] = delivered
+        rows.append(row)
     return rows
 
 
@@ -256,6 +273,8 @@ def incast(counts: Sequence[int] = (1, 2, 4, 7), *, nbytes: int = MiB, nic: str 
     ports have a buffer of `limit` packets, for every N in `counts`.
 
     Row per N: times (agreed start to the last arrival, every repetition), best, median,
+    delivered (each message's emulated delivery time, s after the start, every repetition;
+    `arrivals` are when rank 0's in-order waits returned, an upper bound on them),
     queue (best - the best of a lone sender: the last message's wait behind the others; 0
     for N = 1 or when N = 1 is not measured), goodput (N nbytes / best) and `model`, the
     `fabric_models.incast` prediction.
@@ -267,7 +286,7 @@ def incast(counts: Sequence[int] = (1, 2, 4, 7), *, nbytes: int = MiB, nic: str 
     rounds = [[(i, 0) for i in range(1, n + 1)] for n in counts]
     with _cluster(nodes=nodes, nic=nic, fabric=incast_fabric(nodes, limit=limit, nic=nic),
                  seed=seed, timeout=timeout) as cl:
-        per_rank = cl.run(_rounds_body, rounds, nbytes, repeats, START_MARGIN_S)
+        per_rank = cl.run(_rounds_body, rounds, nbytes, repeats, START_MARGIN_S, True)
     spec = as_netem(nic)
     rows = []
     for n, row in zip(counts, _round_times(per_rank, rounds, repeats)):
