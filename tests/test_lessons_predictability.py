@@ -257,8 +257,13 @@ def test_grid_note_names_a_rise_past_the_estimate_and_stays_short_without_one():
     assert "past it the steps even rise (11.0 → 11.5 at batch 4096)" in note
     assert "From batch 256 to 4096 the rate grid" in note
     crit["steps"] = {256: 30.0, 512: 16.0, 1024: 12.0, 2048: 11.0, 4096: 10.0}
-    assert tt.grid_note(crit) == (" Treat 1024 as approximate (a lower true S_min would move "
-                                  "it right).")
+    # B(S/S_min - 1) below the estimate: 256 x 2 = 512 and 512 x 0.6 = 307, two-sided
+    assert tt.grid_note(crit) == (" Treat 1024 as approximate: in McCandlish's model the smaller "
+                                  "batches' steps imply B_crit = B(S/S_min − 1) ≈ 310 to 510, "
+                                  "and a lower true S_min would raise these and the estimate.")
+    assert tt.implied_crit(crit["steps"], 256) is None   # nothing below the estimate
+    assert tt.grid_note({**crit, "b_crit": 256}).startswith(
+        " Treat 256 as approximate (a lower true S_min would move it right)")
 
 
 def test_nccl_sentence_says_whether_every_seed_reached_the_critical_batch():
@@ -306,8 +311,22 @@ def test_accumulation_decides_shorter_or_longer_by_the_steps_cut_against_the_ste
     per_seed = {128: np.array([20.0, 20.0]), 512: np.array([10.0, 18.0])}
     assert tt.seed_wins(a, [4], per_seed) == {4: (1, 2)}
     text = tt.accumulation_sentence(a, b_crit=128, per_seed=per_seed)
-    assert ("it paid at 4 nodes by the means but for only 1 of 2 seeds: not shown on this run, "
-            "though the rule predicts it there (the exchange was at least 89% of the step") in text
+    assert ("it paid at 4 nodes by the means but for only 1 of 2 seeds: not shown on this run "
+            "(the exchange was at least 89% of the step") in text
+    assert "rule predicts" not in text
+    # the model's cut at batch 128 -> 512, (1 + Bc/128)/(1 + Bc/512), against the growth x1.33:
+    # B_crit implied below 128: 32 x (100/12.5 - 1) = 224, 64 x 3.8 = 243; with the estimate,
+    # 128 to 243: x1.60 and x1.93, both wins
+    assert ("(the exchange was at least 89% of the step, so the step grew only ×1.33). With "
+            "B_crit anywhere in 130 to 240, McCandlish's model predicts a win there.") in text
+    # a B_crit range across the break-even: the model cannot tell
+    steps2 = {32: 13.5, 64: 12.5, 128: 11.0, 256: 10.5, 512: 10.0}
+    b = tt.accumulation(step_times, with_acc, steps2, acc=acc, per_rank=per_rank, compute_s=c)
+    # B_crit 11 (32 x 0.35) to 128: x1.06 to x1.60 against x1.33
+    assert tt.model_says(b, [4], 128) == (" Whether McCandlish's model predicts a win there "
+                                          "depends on B_crit, which this run pins only to about "
+                                          "11 to 130.")
+    assert tt.batch_range(801, 2219) == "800 to 2200" and tt.batch_range(128, 131) == "130"
 
 
 def test_explain_accumulation_prints_the_table_and_checks_one_rank_gains_nothing(said, capsys):

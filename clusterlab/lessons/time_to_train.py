@@ -29,6 +29,22 @@ def settled(s: dict, batches: list) -> int:
     return min(b for b in batches if all(s[c] <= 2 * s[batches[-1]] for c in batches if c >= b))
 
 
+def implied_crit(steps: dict, b_crit: int) -> tuple | None:
+    """The critical batch that McCandlish's S(B) = S_min(1 + B_crit/B) implies at each batch
+    below the estimate `b_crit`, B(S(B)/S_min − 1) (S_min: the largest batch's steps), as
+    (lowest, highest); None when no batch lies below the estimate."""
+    s_min = steps[max(steps)]
+    v = [b * (steps[b] / s_min - 1) for b in steps if b < b_crit]
+    return (min(v), max(v)) if v else None
+
+
+def batch_range(lo: float, hi: float) -> str:
+    """A range of critical batches to two significant figures: (801, 2219) -> '800 to 2200',
+    (128, 131) -> '130'."""
+    lo_, hi_ = (f"{float(f'{x:.2g}'):.0f}" for x in (lo, hi))
+    return lo_ if lo_ == hi_ else f"{lo_} to {hi_}"
+
+
 def least_rising(ring_t: dict, nodes: list) -> tuple[list, int]:
     """The node counts from the least time to train on, and at how many of their doublings the
     time rose."""
@@ -163,8 +179,9 @@ def best_nodes_sentence(crit: dict) -> str:
 
 
 def grid_note(crit: dict) -> str:
-    """Why the critical batch estimate is approximate: a lower true S_min would move it right,
-    and, when they happened, the tuned rate's rise into it, a fall into it steeper than
+    """Why the critical batch estimate is approximate: the range of B_crit the smaller batches
+    imply in McCandlish's model (`implied_crit`; a lower true S_min would raise it and the
+    estimate), and, when they happened, the tuned rate's rise into it, a fall into it steeper than
     McCandlish's model allows for that doubling of the batch ((1 + B_crit/B)/(1 + B_crit/2B) at
     B = B_crit/2, i.e. ×1.5), and steps that rise past it (the model's never do): then the rate
     grid, not the batch alone, shapes the steps over those batches."""
@@ -187,10 +204,14 @@ def grid_note(crit: dict) -> str:
         a, b = rises[0]
         parts.append(f"past it the steps even rise ({steps[a]:.1f} → {steps[b]:.1f} at batch {b}), "
                      "which the model's steps never do")
-    text = f" Treat {b_crit} as approximate (a lower true S_min would move it right)"
+    rng = implied_crit(steps, b_crit)
+    text = f" Treat {b_crit} as approximate" + (
+        f": in McCandlish's model the smaller batches' steps imply B_crit = B(S/S_min − 1) ≈ "
+        f"{batch_range(*rng)}, and a lower true S_min would raise these and "
+        "the estimate" if rng else " (a lower true S_min would move it right)")
     if not parts:
         return text + "."
-    text += ": " + "; ".join(parts) + "."
+    text += ("; " if rng else ": ") + "; ".join(parts) + "."
     if lr_of.get(prev) != lr_of[b_crit] or rises:
         lo = min(b for b in batches if b <= prev and lr_of[b] == lr_of[prev]) if prev in lr_of \
             else b_crit
@@ -333,10 +354,29 @@ def worked_row(a: dict) -> str:
             f"is {a['verdict'][n]} (table).")
 
 
+def model_says(a: dict, ns: list, b_crit: int) -> str:
+    """Whether McCandlish's model, S(B)/S(kB) = (1 + B_crit/B)/(1 + B_crit/kB), cuts the steps
+    by more than the step grew at the node counts `ns`, for every B_crit from the lowest to the
+    highest this run allows (`implied_crit` and the estimate `b_crit`)."""
+    acc, per_rank, steps = a["acc"], a["per_rank"], a["steps"]
+    rng = implied_crit(steps, b_crit) or (b_crit, b_crit)
+    lo, hi = min(rng[0], b_crit), max(rng[1], b_crit)
+    wins = {(1 + bc / (n * per_rank)) / (1 + bc / (acc * n * per_rank)) > a["grew"][n]
+            for n in ns for bc in (lo, hi)}   # the model's cut grows with B_crit: ends suffice
+    where = f"B_crit anywhere in {batch_range(lo, hi)}"
+    if wins == {True}:
+        return f" With {where}, McCandlish's model predicts a win there."
+    if wins == {False}:
+        return f" With {where}, McCandlish's model predicts none there."
+    return (" Whether McCandlish's model predicts a win there depends on B_crit, which this run "
+            f"pins only to about {batch_range(lo, hi)}.")
+
+
 def accumulation_sentence(a: dict, *, b_crit: int, per_seed: dict | None = None) -> str:
     """Where accumulation raised samples per second and where it lengthened the mean time to
     train, the rule worked on one node count (`worked_row`), at how many node counts the seeds
-    split, any win at or past the critical batch (per seed first, when given), and the
+    split, any win at or past the critical batch (per seed first, when given, and then whether
+    McCandlish's model predicts it: `model_says`), and the
     accumulating curve's best against the ring's at the same global batch and the ring's
     best."""
     acc, per_rank = a["acc"], a["per_rank"]
@@ -353,7 +393,7 @@ def accumulation_sentence(a: dict, *, b_crit: int, per_seed: dict | None = None)
         past = (f" Past the critical batch estimate ({b_crit}) it paid at "
                 f"{' and '.join(map(str, won_past))} nodes by the means but for only "
                 + " and ".join(f"{k} of {m}" for k, m in wins.values())
-                + f" seeds: not shown on this run, though the rule predicts it there ({why}).")
+                + f" seeds: not shown on this run ({why})." + model_says(a, won_past, b_crit))
     elif won_past:
         past = (f" Past the critical batch estimate ({b_crit}) it still paid at "
                 f"{' and '.join(map(str, won_past))} nodes"
