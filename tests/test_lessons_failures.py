@@ -57,7 +57,8 @@ def test_legend_gives_the_bound_and_the_start_up_and_teardown_beyond_it(capsys):
     assert [line.split(":")[0].strip() for line in lines] == [
         "outcome", "ranks", "after", "what it says"]
     assert "at its bound (1.6 s;" in lines[0]
-    assert "bound plus 0.4 s of clusterlab's start-up and teardown" in " ".join(lines[2].split())
+    assert ("bound plus about 0.4 s: clusterlab collecting the stuck ranks' stacks, and its "
+            "start-up and teardown") in " ".join(lines[2].split())
     assert all(len(row) <= 96 for line in lines for row in line.splitlines())
     no_timeout = _mismatches(op={"error": "RankDied"}, smaller={"error": "RankDied"})
     assert "bound plus" not in hangs_lesson.legend_lines(no_timeout, plain_timeout_s=2)[2]

@@ -28,13 +28,14 @@ def legend_lines(mism: dict, *, plain_timeout_s: float) -> list[str]:
     """What the outcomes table's words mean, one entry per column (wrapped at 96 characters,
     indented): the three outcomes, the ranks column, and `after`, with the seconds a
     `ClusterTimeout` run on plain Gloo took beyond its bound `plain_timeout_s` (clusterlab's
-    start-up and teardown; the mean over those rows, left out when there is none)."""
+    pause to collect the stuck ranks' stacks, `Cluster._timeout_error`, then its start-up and
+    teardown; the mean over those rows, left out when there is none)."""
     over = [m["wall_s"] - plain_timeout_s for m in mism.values()
             if m["error"] == "ClusterTimeout" and m["debug"] is None]
     after = "seconds from starting the processes until the run ended"
     if over:  # a no-break space keeps a number with its unit when wrapped
-        after += (f": a ClusterTimeout's bound plus {sum(over) / len(over):.1f}\u00a0s of "
-                  "clusterlab's start-up and teardown")
+        after += (f": a ClusterTimeout's bound plus about {sum(over) / len(over):.1f}\u00a0s: "
+                  "clusterlab collecting the stuck ranks' stacks, and its start-up and teardown")
     entries = [
         ("outcome", f"ClusterTimeout, clusterlab stopped a run still busy at its bound "
                     f"({plain_timeout_s:g}\u00a0s; the process group's own, longer timeout never "
@@ -192,8 +193,7 @@ def hang_checklist() -> str:
         "exceeds it, the watchdog tears down its own process (the launcher then ends the job), "
         "and each rank first tries to write its flight-recorder dump (best effort: PyTorch "
         "waits for it only a bounded time). Ranks whose own collective timed out dump at once; "
-        "the others dump when the first of them posts a flag in the job's store, which every "
-        "rank polls.\n"
+        "the others dump when [[pytorch.fr_dump_store_signal]].\n"
         "2. **Keep the dumps.** They are written on each rank's own host, by default to "
         "[[pytorch.fr_dump_location]] (`$XDG_CACHE_HOME` replaces `~/.cache` when set): a "
         "container whose home is discarded loses them. Set "
