@@ -79,7 +79,7 @@ def plot_predictability(pred: dict, *, calm_nic: str, rough_nic: str) -> None:
     axes[1].set_ylabel("step time, ms")
     axes[1].set_title("simulated (constant delay: p99 lies on p50)", fontsize=9)
     axes[1].legend(fontsize=7)
-    fig.suptitle("Same mean delay per message. Simulated: the heavy tail moves p99 more than the "
+    fig.suptitle("Same mean delay per message. Simulated: the jitter moves p99 more than the "
                  f"median\n(p90 from {calm['steps']} real steps; p99 only from {rows[0]['steps']} "
                  "simulated)")
     fig.tight_layout()
@@ -95,7 +95,7 @@ def predictability_sentence(pred: dict, *, calm_nic: str, rough_nic: str) -> str
     big, n_real = max(sim_r), rough["steps"]
     real_more = moved_more(calm["ci"], rough["ci"], "p90", "p50")
     return (
-        f"**Measured on 4 ranks ({n_real} steps per network): the heavy tail moved the median step "
+        f"**Measured on 4 ranks ({n_real} steps per network): the jitter moved the median step "
         f"from {ms(q(calm, 'p50'))} to {ms(q(rough, 'p50'))} and the p90 from {ms(q(calm, 'p90'))} "
         f"to {ms(q(rough, 'p90'))}.** "
         + ("The p90 moved more, even at the ends of the 95 % intervals (appendix)."
@@ -125,7 +125,7 @@ def explain_predictability(pred: dict, *, calm_nic: str, rough_nic: str) -> None
     say(predictability_sentence(pred, calm_nic=calm_nic, rough_nic=rough_nic))
     p50c, p50r = calm["ci"]["p50"], rough["ci"]["p50"]
     conclude(p50r[1] > p50c[2],
-             "at the same mean delay, the tail moved the median step (intervals apart)")
+             "at the same mean delay, the jitter moved the median step (intervals apart)")
     assert sim_more      # the simulator's 400 steps resolve it
     # the slowest path, not the mean, sets the step
     assert q(sim_r[big], "p50") > q(sim_c[big], "p50")
@@ -357,9 +357,11 @@ def hierarchy_sentence(mit: dict, one: dict, factor: dict, *, fast_in: str) -> s
         f"saves about (p − 1)·t_intra / t_net of the network's time: {est[slow_in]:.3f} at "
         f"`{slow_in}` (replayed: {one[slow_in, 'ring'] / one[slow_in, 'hierarchical'] - 1:.3f}),"
         f" {est[fast_in]:.4f} at `{fast_in}`, but {est['nccl']:.1f} or more with NCCL's tuner "
-        "latencies for an NVLink step and a network step (appendix 3): by NCCL's own model of "
-        "NVLink and InfiniBand, a hierarchy would save most of a large ring's latency on a "
-        "latency-bound all-reduce. For large messages bytes decide instead, and a leader "
+        "constants for an NVLink step and a generic network step (appendix 3): by these "
+        "constants, a hierarchy would save most of a large flat ring's latency on a "
+        "latency-bound all-reduce. NCCL's Tree is already such a hierarchy (a chain inside each "
+        "node, a tree across nodes), and at latency-bound sizes its tuner may pick it over the "
+        "ring. For large messages bytes decide instead, and a leader "
         "hierarchy sends a node's bytes through one NIC, so it can lose (*On a real GPU "
         "cluster*).")
 
@@ -528,8 +530,9 @@ REAL_CLUSTER = f"""
   independent per-message jitter does not produce. Over TCP (Gloo's transport) a lost packet
   usually costs a few round trips ([[linux.tcp_recovery_default]]), a retransmission *timeout*
   at least [[linux.tcp_rto_min]]; over InfiniBand, NCCL at its defaults gives up on an
-  unresponsive peer only after at least about [[nccl.ib_total_wait_default]]. In Llama 3's
-  pre-training, [[meta.llama3_stragglers]], and the run saw [[meta.llama3_diurnal_throughput]].
+  unreachable peer NIC or link only after at least about [[nccl.ib_total_wait_default]].
+  In Llama 3's pre-training, [[meta.llama3_stragglers]], and the run saw
+  [[meta.llama3_diurnal_throughput]].
   Time each rank and compare ranks (Megatron-LM's [[megatron.straggler_detector]] reports the
   slowest and fastest rank per logging interval) rather than averaging over them.
 - **A leader-based hierarchy funnels a node's inter-node bytes through one NIC.** A DGX H100 has
