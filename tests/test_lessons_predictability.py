@@ -356,7 +356,10 @@ def test_explain_slow_rank_reads_the_medians(capsys):
     out = capsys.readouterr().out
     assert "Shown on this run: one slow rank slowed the median step" in out
     assert "Median step: 105 ms with 4 equal ranks, 200 ms with one slow rank (4 steps each)" in out
-    assert "added 95 ms" in out and "about 48% of each step" in out
+    assert "added 95 ms, about its whole extra c" in out and "about 48% of each step" in out
+    ss.explain_slow_rank(even, {"step_s": np.array([0.22, 0.22])}, c_ms=100)   # 115 ms: over c
+    out = capsys.readouterr().out
+    assert "added 115 ms, more than its extra c = 100 ms (tolerance ±5 ms)" in out
 
 
 def test_growth_verdict_weak_when_the_band_is_wider_than_the_prediction():
@@ -463,8 +466,14 @@ def test_plain_pair_says_neither_number_predicts_only_for_different_outcomes():
         "The two plain runs: mean τ 3.0 and 2.9, step back 53% and 51%: similar, yet the first "
         "diverged (final loss 1.0e+05) and the second oscillated without converging (next "
         "line). Neither number predicts the outcome. Their most common τ: 3 (fixed-delay limit "
-        "0.445) and 2 (0.618), against a = 0.7: the second run sat closer to its limit, probably "
-        "why it did not blow up.")
+        "0.445) and 2 (0.618), against a = 0.7: above both limits, so a fixed-delay rule calls "
+        "both unstable; yet the second did not blow up within its 4 updates. One run each does "
+        "not show why.")
+    fix["plain (4 equal)"]["lr"] = fix["plain, slow worker"]["lr"] = 0.5   # between the limits
+    assert ss.plain_pair(fix).endswith(
+        "against a = 0.5: a fixed-delay rule at each most common τ matches both outcomes (one run "
+        "each).")
+    fix["plain (4 equal)"]["lr"] = fix["plain, slow worker"]["lr"] = 0.7
     fix["plain, slow worker"]["final_loss"] = 1e3   # both diverged: no lesson to draw
     assert ss.plain_pair(fix).endswith("diverged (final loss 1.0e+03).")
 
