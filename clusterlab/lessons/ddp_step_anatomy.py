@@ -489,7 +489,7 @@ def real_cluster_notes() -> str:
 **NCCL's α on a fast fabric.** With one [[nvidia.connectx7_rate_bytes]] NIC per GPU and the
 step latency NCCL's tuner models for its Simple protocol,
 [[nccl.tuner_net_ring_step_latency_simple]], n\\* = α/β is about {n_star_real / 1e3:.0f} kB; a
-ring's p·n\\* at 64 nodes, one GPU each, is at least {64 * n_star_real / 1e6:.0f} MB, more than a
+ring's p·n\\* at 64 nodes, one GPU each, is about {64 * n_star_real / 1e6:.0f} MB, more than a
 25 MiB bucket. So on a fast fabric a bucket turns latency-bound as the cluster grows.
 
 <details><summary>Optional deep dive: NCCL's α, as its tuner models it</summary>
