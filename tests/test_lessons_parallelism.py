@@ -400,9 +400,55 @@ def test_breakeven_says_where_the_ranks_differ_and_by_what_margin(capsys):
     assert "The model predicts 'cannot tell' for both: the difference rests on powersgd:4's " \
            "one point off its line" in out and "both cross between 25 and 130 Mbit/s." in out
     assert "Shown on this run: powersgd:1 and powersgd:4 paid at the low rates" in out
+    st.table["powersgd:1", 130] = {"predicted_step_s": 0.049}  # the model: +1 ms, inside
     st.table["powersgd:4", 130] = {"predicted_step_s": 0.06}  # the model: powersgd:4 loses
     l11.explain_differing(st, methods, 130)
-    assert "The model predicts different verdicts here too" in capsys.readouterr().out
+    assert "The model predicts different verdicts here too (powersgd:1 cannot tell, " \
+           "powersgd:4 loses): its break-evens fall on either side of 130 Mbit/s, so the " \
+           "ranks cross at different rates." in capsys.readouterr().out
+
+
+def test_differing_verdicts_on_the_same_side_of_break_even_are_the_bands(capsys):
+    """The r16 case: at 100 Mbit/s both ranks are predicted to pay (+6.7, +6.0 ms); only
+    powersgd:1's wider band makes it 'cannot tell'. Not 'the ranks cross at different rates'."""
+    methods = ("powersgd:1", "powersgd:4")
+    verdicts = {("powersgd:1", 100): "cannot tell", ("powersgd:4", 100): "faster"}
+    st = FakeStats(verdicts, rates=(100,))
+    bands = {"powersgd:1": 0.00674, "powersgd:4": 0.0037}
+    st.band = bands.get
+    gains = {"powersgd:1": 0.0063, "powersgd:4": 0.0052}
+    st.gain = lambda m, q: gains[m]
+    st.table = {("none", 100): {"predicted_step_s": 0.05},
+                ("powersgd:1", 100): {"predicted_step_s": 0.05 - 0.00666},
+                ("powersgd:4", 100): {"predicted_step_s": 0.044}}
+    st._step = {("powersgd:1", 100): 0.0434, ("powersgd:4", 100): 0.0439}
+    l11.explain_differing(st, methods, 100)
+    out = capsys.readouterr().out
+    assert "At 100 Mbit/s the verdicts differ. powersgd:1: gain +6.3 ms, predicted +6.7 ms" in out
+    assert "different verdicts here too" not in out and "different rates" not in out
+    assert "The model predicts that both pay: neither has reached its break-even (+6.7 ms, " \
+           "+6.0 ms). powersgd:1 reads 'cannot tell' only because its noise band is wider " \
+           "(powersgd:1 6.7 ms, powersgd:4 3.7 ms): the verdicts differ by the bands, not by " \
+           "where the ranks cross." in out
+    # Equal bands, powersgd:4 nearer its break-even: its gain, not its band, is the reason.
+    bands["powersgd:1"] = bands["powersgd:4"] = 0.0064
+    verdicts["powersgd:1", 100], verdicts["powersgd:4", 100] = "faster", "cannot tell"
+    l11.explain_differing(st, methods, 100)
+    out = capsys.readouterr().out
+    assert "powersgd:4 reads 'cannot tell' because its predicted gain is inside its noise " \
+           "band (powersgd:1 6.4 ms, powersgd:4 6.4 ms): the verdicts differ by how near " \
+           "each is to its break-even, not by which side it is on." in out
+    # Both predicted to lose, and the measured verdicts differ otherwise than predicted.
+    for m, t in (("powersgd:1", 0.0567), ("powersgd:4", 0.0560)):
+        st.table[m, 100] = {"predicted_step_s": t}
+    verdicts["powersgd:1", 100], verdicts["powersgd:4", 100] = "cannot tell", "slower"
+    st._step = {("powersgd:1", 100): 0.050, ("powersgd:4", 100): 0.0562}
+    l11.explain_differing(st, methods, 100)
+    out = capsys.readouterr().out
+    assert "both lose: both are past their break-evens (-6.7 ms, -6.0 ms). powersgd:4 reads " \
+           "'cannot tell' because its predicted gain" in out
+    assert "; the measured verdicts differ otherwise, by powersgd:1's one point off its " \
+           "line (one run per rate)." in out
 
 
 def test_breakeven_not_shown_when_the_fastest_link_is_inside_the_band(capsys):

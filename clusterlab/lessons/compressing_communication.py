@@ -148,23 +148,53 @@ def predicted_verdict(st, m: str, q) -> str:
 
 def explain_differing(st, methods, q) -> None:
     """At rate `q`, where the measured verdicts of `methods` differ: each method's measured
-    and predicted gain and how far its dot sits from its dashed line; then whether the model
-    predicts different verdicts too, or the difference rests on one point off its line (one
-    run per rate), which this run cannot tell from a different crossing."""
+    and predicted gain and how far its dot sits from its dashed line; then what the model
+    says. Predicted gains of opposite signs put the methods on either side of their
+    break-evens: the ranks cross at different rates. Gains of one sign with different
+    predicted verdicts put them on the same side: the verdicts differ by how each gain
+    compares with its own noise band. The same predicted verdict for all: the difference
+    rests on one point off its line (one run per rate), which this run cannot tell from a
+    different crossing."""
     off = {m: st.step(m, q) - st.table[m, q]["predicted_step_s"] for m in methods}
+    gain = {m: predicted_gain(st, m, q) for m in methods}
+    verdict = {m: predicted_verdict(st, m, q) for m in methods}
     print(f"At {q} Mbit/s the verdicts differ. " + "; ".join(
         f"{m}: gain {st.gain(m, q) * 1e3:+.1f} ms, predicted "
-        f"{predicted_gain(st, m, q) * 1e3:+.1f} ms, its dot {abs(off[m]) * 1e3:.1f} ms "
+        f"{gain[m] * 1e3:+.1f} ms, its dot {abs(off[m]) * 1e3:.1f} ms "
         f"{'above' if off[m] > 0 else 'below'} its dashed line" for m in methods) + ".")
-    if len({WORD[predicted_verdict(st, m, q)] for m in methods}) > 1:
-        print("The model predicts different verdicts here too: the ranks cross at different "
-              "rates.")
-        return
     worst = max(methods, key=lambda m: abs(off[m]))
+    if len({WORD[v] for v in verdict.values()}) > 1:
+        signs = {int(np.sign(g)) for g in gain.values()}
+        if len(signs) > 1:
+            print("The model predicts different verdicts here too ("
+                  + ", ".join(f"{m} {WORD[verdict[m]]}" for m in methods)
+                  + f"): its break-evens fall on either side of {q} Mbit/s, so the ranks "
+                  "cross at different rates.")
+            return
+        inside = [m for m in methods if verdict[m] == "cannot tell"]
+        outside = [m for m in methods if m not in inside]
+        side = {1: "pay: neither has reached its break-even",
+                -1: "lose: both are past their break-evens",
+                0: "break even"}[signs.pop()]
+        by_band = min(abs(gain[m]) for m in inside) >= max(abs(gain[m]) for m in outside)
+        why, by = (("only because its noise band is wider", "by the bands, not by where the "
+                    "ranks cross") if by_band else
+                   ("because its predicted gain is inside its noise band", "by how near each "
+                    "is to its break-even, not by which side it is on"))
+        print(f"The model predicts that both {side} ("
+              + ", ".join(f"{gain[m] * 1e3:+.1f} ms" for m in methods) + "). "
+              + f"{' and '.join(inside)} {'reads' if len(inside) == 1 else 'read'} "
+              f"'cannot tell' {why} ("
+              + ", ".join(f"{m} {st.band(m) * 1e3:.1f} ms" for m in methods) + ")"
+              + (f": the verdicts differ {by}."
+                 if all(st.verdict(m, q) == verdict[m] for m in methods) else
+                 f"; the measured verdicts differ otherwise, by {worst}'s one point off its "
+                 "line (one run per rate)."))
+        return
     crossings = [st.crossing(m) for m in methods]
     span = ([min(a for a, _, _ in crossings), max(b for _, b, _ in crossings)]
             if all(a is not None for a, _, _ in crossings) else None)
-    print(f"The model predicts '{WORD[predicted_verdict(st, methods[0], q)]}' for both: the "
+    print(f"The model predicts '{WORD[verdict[methods[0]]]}' for both: the "
           f"difference rests on {worst}'s one point off its line (one run per rate), so this "
           "run cannot tell whether the ranks cross at different rates"
           + (f"; both cross between {span[0]} and {span[1]} Mbit/s." if span else "."))
