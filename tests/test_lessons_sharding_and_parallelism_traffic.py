@@ -40,6 +40,12 @@ def test_real_scale_names_amd_hosts_and_ddp_buckets(shown):
     assert "tree steps" not in text and text.index("fill about 534") > text.index("The derivation")
     assert "about 0.7 MB at 625 ranks" in text
     assert "[[" not in text
+    # r16: the latency term grows below the crossing too; one GPU per node is rings forced, as
+    # NCCL's default allows PAT there (tuning.cc, ncclPatEnable)
+    assert "the latency term grows with every added rank either way" in text
+    assert "stays flat as ranks are added" not in text
+    assert "per node, rings forced (Ring only, set with NCCL_ALGO" in text
+    assert "NCCL allows PAT in this layout" in text
 
 
 def test_amd_crossing_follows_from_the_ledger():
@@ -129,8 +135,11 @@ def test_layout_names_hsdp_once(shown):
     text = " ".join(shown[0].split())
     assert "shard inside a node, replicate across nodes" in text
     assert text.count("HSDP") == 1
-    # r15: HSDP cuts the NIC bytes only 1.6x against plain FSDP's (8 NICs per node); its larger
-    # gain is fewer network rounds
+    # r15: HSDP cuts the NIC bytes only 1.6x against plain FSDP's (8 NICs per node)
     assert ("3.3 GB through its NIC; plain FSDP over all 128 GPUs sends 5.2 GB through each NIC"
             in text)
     assert "only 1.6× more" in text and "16 ms of latency per step against 57 ms" in text
+    # r16: both savings in ms at one NIC's 50 GB/s: 39 ms of bytes, 41 ms of latency
+    assert "that saves 39 ms of NIC time per step" in text
+    assert "41 ms saved: a gain about as large as the bytes'" in text
+    assert "The larger gain" not in text

@@ -6,6 +6,7 @@ computed from their results, the consistency asserts and the measured conclusion
 
 from __future__ import annotations
 
+import math
 import textwrap
 
 from .. import facts
@@ -271,7 +272,7 @@ def plot_at_real_scale(psi: float, *, units: int, cross: dict) -> None:
     import numpy as np
 
     c = real_scale_constants()
-    layouts = {"one": (1, 1, "#4C72B0", "one GPU (one NIC) per node"),
+    layouts = {"one": (1, 1, "#4C72B0", "one GPU per node, rings forced"),
                "node": (c["node"], c["node_nics"], "#DD8452",
                         f"nodes of {c['node']} GPUs, {c['node_nics']} NICs")}
     top = 4 * max(cross.values())
@@ -335,11 +336,14 @@ def show_at_real_scale(psi: float, *, units: int) -> dict:
 **At real scale.** A model, not a measurement: latency from NCCL's tuner (the cost model NCCL
 picks algorithms with), bandwidth at the NICs' line rate; every collective a ring, nothing
 overlapped, a {psi / 1e9:.0f}B-parameter bf16 model in {units} units at every N. Below the
-crossing, FSDP's communication is set by its bytes and stays flat as ranks are added; past it,
-every added rank makes every collective slower. FSDP's latency rounds (one per ring step)
+crossing the bytes term dominates and stays flat; the latency term grows with every added rank
+either way, and past the crossing it dominates. FSDP's latency rounds (one per ring step)
 overtake its bytes
 
-- **with one GPU (one NIC) per node:** at about **{cross['one']} ranks**;
+- **with one GPU (one NIC) per node, rings forced (Ring only, set with [[nccl.algo_env]]):**
+  at about **{cross['one']} ranks**. Unforced, NCCL allows PAT in this layout
+  ([[nccl.pat_one_gpu_per_node]]), and its tuner may give it the all-gathers, charging
+  [[nccl.tuner_pat_latency]] instead of a ring step per rank;
 - **with nodes of [[nvidia.hgx_h100_gpus]] and [[nvidia.dgx_h100_compute_nics]]:** at about
   **{cross['node']} ranks** (Intel or Arm hosts), {cross['one'] / cross['node']:.1f}× fewer:
   the {node_nics} NICs cut the bytes term {node_nics}×, but the average ring step only
@@ -474,6 +478,14 @@ def show_microbatches_and_layout(psi: float, *, nodes: int, units: int = 32) -> 
     fsdp_lat = ring_rounds_s(n, node, units=units, a_net=c["a_net"], a_nv=c["a_nv"])
     hsdp_lat = (3 * units * (node - 1) * c["a_nv"] + units * 2 * (nodes - 1) * c["a_net"])
     assert hsdp_lat < fsdp_lat
+    # both savings in ms: the NIC bytes HSDP saves at one NIC's line rate, and the latency
+    bytes_saved_s = (fsdp_nic - hsdp_nic) / c["nic_bw"]
+    lat_saved_s = fsdp_lat - hsdp_lat
+    ratio = lat_saved_s / bytes_saved_s
+    as_large = ("about as large as" if 0.8 < ratio < 1.25
+                else "larger than" if ratio > 1 else "smaller than")
+    # a tree all-reduce across the nodes: 2 log2(nodes) network steps instead of 2 (nodes - 1)
+    assert 2 * math.log2(nodes) < 2 * (nodes - 1)
     facts.show(f"""
 **Micro-batches and layout**
 
@@ -494,9 +506,12 @@ def show_microbatches_and_layout(psi: float, *, nodes: int, units: int = 32) -> 
   {3 * (node - 1) / node * psi * 2 / 1e9:.1f} GB per step over NVLink and
   {hsdp_nic / 1e9:.1f} GB through its NIC; plain FSDP over all {n} GPUs sends
   {fsdp_nic / 1e9:.1f} GB through each NIC (a node's ring bytes spread over its
-  {c['node_nics']} NICs, as in *At real scale*), only {fsdp_nic / hsdp_nic:.1f}× more. The larger
-  gain is fewer network rounds: by the tuner's constants, all rings,
-  {hsdp_lat * 1e3:.0f} ms of latency per step against {fsdp_lat * 1e3:.0f} ms.
+  {c['node_nics']} NICs, as in *At real scale*), only {fsdp_nic / hsdp_nic:.1f}× more: at
+  [[nvidia.connectx7_rate_bytes]] that saves {bytes_saved_s * 1e3:.0f} ms of NIC time per step.
+  It also saves network rounds: by the tuner's constants, all rings,
+  {hsdp_lat * 1e3:.0f} ms of latency per step against {fsdp_lat * 1e3:.0f} ms,
+  {lat_saved_s * 1e3:.0f} ms saved: a gain {as_large} the bytes', larger still if NCCL runs
+  the all-reduce across the nodes as a tree.
 
 <details><summary>Details: other frameworks, precision and Megatron's memory</summary>
 
