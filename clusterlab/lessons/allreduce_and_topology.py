@@ -34,7 +34,9 @@ NCCL_AT_SCALE = """
 The step latencies above are constants of NCCL's tuner (its cost model for picking an
 algorithm per call), not measurements: at least [[nccl.tuner_net_ring_step_latency_simple]]
 per network step, [[nccl.tuner_ring_inter_steps]], and at least
-[[nccl.tuner_nvlink_ring_step_latency_simple]] per NVLink step. DDP's first bucket is smaller,
+[[nccl.tuner_nvlink_ring_step_latency_simple]] per NVLink step with Simple;
+[[nccl.tuner_net_ring_step_latency_ll128]] and [[nccl.tuner_nvlink_ring_step_latency_ll128]] with
+LL128, whose lines are [[nccl.proto_ll128_efficiency]] data. DDP's first bucket is smaller,
 [[pytorch.ddp_first_bucket]], so its share is larger.
 
 **So NCCL adds a tree**, the [[nccl.double_binary_tree]] (since NCCL [[nccl.tree_since]],
@@ -148,13 +150,19 @@ def nccl_ring_latency(nbytes: int, beta: float, *, gpus: int = 1024) -> float:
     bytes through one GPU's link of `beta` (the most a GPU's NIC can carry; NCCL's channels
     spread it over the node's NICs, which only raises the share), and the share with the
     NIC per GPU of the DGX H100 nodes these node sizes describe. The shares are lower bounds,
-    so they are printed rounded down. Returns the share at `beta`."""
+    so they are printed rounded down, and hold only for Simple; then the same with LL128's
+    constants and its bytes' data share (about, not at least: LL128 may not reach the NIC's
+    rate). Returns the Simple share at `beta`."""
     per_node = facts.get("nvidia.hgx_h100_gpus").value
     net = facts.get("nccl.tuner_net_ring_step_latency_simple").value * 1e-6
     nvlink = facts.get("nccl.tuner_nvlink_ring_step_latency_simple").value * 1e-6
+    net128 = facts.get("nccl.tuner_net_ring_step_latency_ll128").value * 1e-6
+    nvlink128 = facts.get("nccl.tuner_nvlink_ring_step_latency_ll128").value * 1e-6
+    eff = facts.get("nccl.proto_ll128_efficiency").value  # % of an LL128 line that is data
     nodes, steps = gpus // per_node, 2 * (gpus - 1)
     inter = 2 * (nodes - 1)
     lat = inter * net + (steps - inter) * nvlink
+    lat128 = inter * net128 + (steps - inter) * nvlink128
     wire = models.allreduce_time("ring", gpus, nbytes, 0.0, beta)
     share = lat / (lat + wire)
     dgx = facts.get("nvidia.connectx7_rate").value  # Gb/s, one NIC per GPU in a DGX H100
@@ -168,9 +176,13 @@ def nccl_ring_latency(nbytes: int, beta: float, *, gpus: int = 1024) -> float:
           f" and\nthe other {steps - inter} stay inside a node (at least {nvlink * 1e6:g} us each "
           f"over NVLink): at least {ms(lat)} of latency\nagainst at most {ms(wire)} of bytes "
           f"through one GPU's {8 / beta / 1e9:.0f} Gbit/s NIC (the link above): at least "
-          f"{at_least(share)}\nof the ring's time is latency. With the {dgx} Gb/s NIC per GPU of "
-          f"a DGX H100 the bytes take {ms(wire_dgx)}\n(headers left out) and the share is at "
-          f"least {at_least(lat / (lat + wire_dgx))}.")
+          f"{at_least(share)}\nof the ring's time is latency if NCCL runs Simple. With the "
+          f"{dgx} Gb/s NIC per GPU of a DGX H100\nthe bytes take {ms(wire_dgx)} (headers left out) "
+          f"and the share is at least {at_least(lat / (lat + wire_dgx))}. If NCCL runs LL128\n"
+          f"instead (at least {net128 * 1e6:g} us per network step, {nvlink128 * 1e6:g} us per "
+          f"NVLink step; {eff:g}% of its bytes are data):\nat least {ms(lat128)} of latency, about "
+          f"{lat128 / (lat128 + wire / eff * 100):.0%} of the time at {8 / beta / 1e9:.0f} Gbit/s "
+          f"and {lat128 / (lat128 + wire_dgx / eff * 100):.0%} at {dgx} Gb/s.")
     return share
 
 
@@ -419,17 +431,30 @@ def explain_parameter_server(ps: Sequence[dict], *, p: int, alpha: float, beta: 
 
 def chain(rows: Sequence[dict], key: str) -> str:
     """The rows in their order as one line: 'a 14.9 < b 15.1 ms', with '≈' where two round to
-    the same 0.1 ms."""
+    the same 0.1 ms and, for measured rows (key "measured", with a "median"), where the slower
+    one's best is inside the faster one's own noise by the rule of `ex.leaders` (at most the
+    faster's median plus its best-to-median spread): an order these repetitions cannot
+    resolve is not printed as one."""
     parts = [(r.get("label") or ex.LABELS[r["algorithm"]], f"{r[key] * 1e3:.1f}") for r in rows]
+
+    def tied(a: dict, b: dict) -> bool:  # b, the slower, within a's noise
+        return key == "measured" and "median" in a and (
+            b["measured"] <= a["median"] + (a["median"] - a["measured"]))
+
     return " ".join([f"{parts[0][0]} {parts[0][1]}"] + [
-        f"{'≈' if v == prev else '<'} {name} {v}"
-        for (_, prev), (name, v) in zip(parts, parts[1:])]) + " ms"
+        f"{'≈' if v == prev or tied(a, b) else '<'} {name} {v}"
+        for (_, prev), (name, v), a, b in zip(parts, parts[1:], rows, rows[1:])]) + " ms"
 
 
-def rank_algorithms(flat: Sequence[dict]) -> tuple[dict[int, list[str]], list[str]]:
+def rank_algorithms(flat: Sequence[dict], *, p: int | None = None, alpha: float | None = None,
+                    beta: float | None = None) -> tuple[dict[int, list[str]], list[str]]:
     """Per size, print the closed forms' order (the parameter server's is this egress-only
-    emulator's, the one its runs are checked against) and the measured order (`chain`), after
-    a line naming the sizes where some run paid over BUSY_FACTOR - 1 beyond its closed form.
+    emulator's, the one its runs are checked against) and the measured order (`chain`: '≈'
+    where a gap is inside the runs' own noise), after a line naming the sizes where some run
+    paid over BUSY_FACTOR - 1 beyond its closed form; given `p`, `alpha` and `beta`, a last
+    line with the parameter server's place at its textbook cost,
+    `models.parameter_server(p - 1, ...)` (a switch port in front of the server queues the
+    pushes too), among the closed forms of the others.
     Asserts that no run was early. Returns (per size: the fastest algorithm and those tied
     with it, by `ex.leaders`; the sizes, as labels, where some run exceeded its closed form by
     over 30% beyond its staggered start, `beyond_stagger`: there this machine's cost can reorder
@@ -447,7 +472,23 @@ def rank_algorithms(flat: Sequence[dict]) -> tuple[dict[int, list[str]], list[st
         by_model = sorted(ranked, key=lambda r: r["model"])
         print(f"{ex.human_bytes(n):>7} closed form: " + chain(by_model, "model"))
         print(f"{'':>7}    measured: " + chain(ranked, "measured"))
+    if p is not None and alpha is not None and beta is not None:
+        places = []
+        for n in ex.SIZES:
+            rows = ex.select(flat, nbytes=n)
+            textbook = models.parameter_server(p - 1, n, alpha, beta)
+            others = [r["model"] for r in rows if r["algorithm"] != "parameter_server"]
+            place = 1 + sum(m < textbook for m in others)
+            places.append(f"{'last' if place == len(rows) else _ordinal(place)} at "
+                          f"{ex.human_bytes(n)} ({ms(textbook)})")
+        print("At its textbook cost (a switch port queues the pushes too) the parameter server's "
+              "closed form would place " + ", ".join(places) + f" of {len(rows)}.")
     return lead, busy_at
+
+
+def _ordinal(k: int) -> str:
+    suffix = {1: "st", 2: "nd", 3: "rd"}.get(k, "th")
+    return f"{k}{suffix}"
 
 
 def plot_regimes(flat: Sequence[dict], *, p: int, alpha: float, beta: float):
