@@ -324,14 +324,19 @@ def explain_jitter(jit: dict, parts: dict, dilated: dict) -> None:
     """Per distribution the measured median and p99 against the network's own p99 (from
     `links.tail_split`), then in one line how far this machine moved these p99s at most
     (measured - network) and, when `dilated` (`links.jitter_dilated`'s result) says the
-    machine was busy, that it was (the appendix has the details)."""
+    machine was busy, that its noise missed the plan (its largest p99 against the planned
+    one; the appendix has the details) and may move other statistics more."""
     for name in DISTRIBUTIONS:
         r, t = jit[name], parts[name]
         print(f"{name:>8}: median {r['percentiles']['p50']:.2f} ms, p99 {t['measured']:.2f} ms "
               f"(network alone {t['network']:.2f} ms; n = {t['n']})")
     moved = max(parts[name]["machine_extra"] for name in DISTRIBUTIONS)
     print(f"This machine moved these p99s by at most {moved:.2f} ms"
-          + ("" if dilated["busy"] is None else ", busy during the runs") + " (appendix).")
+          + (" (appendix)." if dilated["busy"] is None else
+             f", but its noise missed the plan during the runs (noise p99 up to "
+             f"{dilated['noise_p99_dilated_ms']:.2f} ms against {dilated['target_ms']:.2f} ms "
+             "planned; appendix): it may move other statistics more, such as the slowest of 64 "
+             "below."))
 
 
 def explain_noise_appendix(jit: dict, parts: dict, dilated: dict, *, delay_ms: float = 4.0) -> None:
