@@ -210,10 +210,12 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
                                        "cost runs below count it with overlapping workers)."))
     p4 = par["writeback", 4]
     if p4 < 1:
-        print("Fewer than one write-back worker ran at a time, so these losses cannot come from "
-              "workers running together; they fit workers the scheduler paused between read and "
-              "write-back (not measured apart here): paused in turn, each resumed worker erases "
-              "the others' slices, about (W - 1)/W again, for a different reason.")
+        print("Fewer than one write-back worker ran at a time on average. An average cannot "
+              "tell how often two ran together (at the staggered start and finish, say, or "
+              "while other load let up), so these runs cannot tell how much of the loss that "
+              "caused; the losses fit workers the scheduler paused between read and write-back "
+              "(not measured apart here): paused in turn, each resumed worker erases the "
+              "others' slices, about (W - 1)/W again, for a different reason.")
     elif p4 < 3:  # (W - 1)/W with W the workers really at once, not the 4 started
         at_once = (p4 - 1) / p4
         net = ("below" if max(lost["writeback", 4]) < at_once else
@@ -328,7 +330,8 @@ def hit_chance(problem) -> float:
 def explain_convergence(runs: dict, *, problem, sparse) -> None:
     """The lost fractions and final-loss ratios (without / with a lock) on the dense and
     sparse problems, the chance that an overlapping update touches a given coordinate of the
-    `sparse` problem and the overlap per window that the sparse loss implies, whether the
+    `sparse` problem and the updates its write-backs found landed on their first coordinate
+    between read and write (age_mean, measured), whether the
     dense write-back run ended where as many locked updates as survived would take it, and
     the verdict that it was still converging over its last third; asserts the conflicts' gap,
     that the sparse problem trained, and the loss ratios."""
@@ -339,8 +342,11 @@ def explain_convergence(runs: dict, *, problem, sparse) -> None:
     print(f"Lost without a lock: dense {d['lost_fraction']:.1%}, sparse {s['lost_fraction']:.2%}.")
     print(f"  On the sparse problem an update touches a given coordinate of another with chance "
           f"{hit:.1e} ({sparse.nnz}/{sparse.dim} = {sparse.nnz / sparse.dim:.1e} for random "
-          f"examples; here {sparse.examples:,} examples are drawn again and again): as if "
-          f"{s['lost_fraction'] / hit:.1f} other updates landed in each read-to-write window.")
+          f"examples; here {sparse.examples:,} examples are drawn again and again).\n"
+          f"  Measured (age_mean): {100 * s['age_mean']:.2f} updates per 100 write-backs landed "
+          "on the write-back's first coordinate between its read and its write, beside "
+          f"{s['lost_fraction']:.2%} of increments lost (the counter it reads is itself "
+          "written back).")
     print(f"Final loss without / with a lock (one run each): sparse {ratio['sparse']:.2f}x, "
           f"dense {ratio['dense']:.1e}x.")
     survived, lo, hi = survivor_prediction(d, dl, nnz=problem.nnz)
@@ -428,8 +434,9 @@ def ranking(surv: dict, modes, i: int) -> str:
 
 def explain_cost(cost: dict, *, problem) -> None:
     """From 1 to 2 workers, the surviving rates of in place and the lock (with the CPU per
-    update of the median runs when it grew); what ufunc.at costs against plain stores (1
-    worker); hedged possible causes of extra CPU per update; how far the runs' ranges support
+    update of the median runs when it grew); how much slower in place ran than write-back
+    with 1 worker (ufunc.at against plain stores is a guess: not timed apart); hedged
+    possible causes of extra CPU per update; how far the runs' ranges support
     the 1 -> 2 change; what in place lost with overlapping workers; and the ranking of the
     modes with 4 workers."""
     ws, modes, surv = cost["workers"], cost["modes"], surviving_rates(cost)
@@ -445,10 +452,13 @@ def explain_cost(cost: dict, *, problem) -> None:
           f"{cost['repeats']} runs): "
           + ", ".join(f"{NAME[m]} {med[m][0]:,.0f} -> {med[m][1]:,.0f}" for m in pair)
           + (f", as {' and '.join(cpu_why)}." if cpu_why else "."))
-    slow = np.median(cost["rate"]["writeback"][i1]) / np.median(cost["rate"]["inplace"][i1])
-    if slow > 1.2:  # one worker: nothing races, only the write differs
-        print(f"  With 1 worker, in place ran {slow:.1f}x fewer updates/s than write-back: "
-              "numpy's ufunc.at costs more than a plain store.")
+    wb1, in1 = cost["rate"]["writeback"][i1], cost["rate"]["inplace"][i1]
+    slow = np.median(wb1) / np.median(in1)
+    if slow > 1.2:  # one worker: nothing races; the two differ in how they write
+        apart = "apart" if in1.max() < wb1.min() else "overlapping"
+        print(f"  With 1 worker, in place ran {slow:.1f}x fewer updates/s than write-back "
+              f"(medians; ranges of the {cost['repeats']} runs {apart}), perhaps because "
+              "numpy's ufunc.at is slower than a plain store: not timed on its own here.")
     why = {"inplace": f"in place, two cores writing the same {problem.dim} coordinates (their "
                       "cache lines move between the cores) or cores sharing hardware",
            "lock": "the lock, handing it and the coordinates from process to process (waking "
