@@ -73,8 +73,15 @@ def test_all_reduce_sentences_split_the_gap_into_jitter_and_machine(capsys):
     out = capsys.readouterr().out
     assert "every rank got the sum 4 (4 ranks x 1.0)" in out
     assert "measured:   64.0 ms  (median of 3 repeats, slowest rank; range 63.0-70.0)" in out
+    # both parts (+0.4, +1.3 ms) inside the repeats' 7 ms range: no split printed
+    assert ("the gap, +1.7 ms, is jitter plus this machine (see Why below); this run cannot "
+            "split it: both parts are smaller than the range of its repeats, 7.0 ms") in out
+    assert "jitter +0.4" not in out
+    start.explain_all_reduce([64.0, 63.9, 64.1], [62.5, 62.7, 62.9], predicted_ms=62.3,
+                             sums=[4.0] * 4, show_details=True)
     assert ("the gap, roughly (see Why below): jitter +0.4 ms (emulator replay, 3 draws; "
-            "message headers at most 0.06 ms of it), this machine +1.3 ms") in out
+            "message headers at most 0.06 ms of it), this machine +1.3 ms (range of the "
+            "repeats 0.2 ms)") in capsys.readouterr().out
 
 
 def test_all_reduce_checks_the_sum_and_the_floor():
@@ -106,8 +113,9 @@ def test_impaired_step_within_the_jitter_range_is_shown(capsys):
     out = capsys.readouterr().out
     assert "details" not in out  # the replay, the range and the gap only on request
     assert "efficiency against one rank alone: 5.0 ms / 44.0 ms = 11% (median steps)\n" in out
-    assert ("Shown on this run: the emulated network set most of the all-reduce phase (its "
-            "replay is 96% of the slowest rank's, median over steps).") in out
+    assert ("Shown on this run: the emulated network set most of the all-reduce phase "
+            "(medians: its replay is 96% of the slowest rank's phase; that phase ranged "
+            "39.0-39.0 ms over the 4 steps).") in out
     start.explain_impaired_step(plain, impaired, solo, show_details=True, **kwargs)
     out = capsys.readouterr().out
     assert "44.0 ms measured" in out and "42.8 ms predicted = compute 6.0" in out
@@ -170,17 +178,28 @@ def test_impaired_step_must_be_slower_than_plain_gloo():
 
 
 def test_real_cluster_text_computes_the_crossover_and_renders():
+    low = dict(alpha_ll128=8.5e-6, alpha_ll=5e-6)
     text = start.real_cluster_text(alpha=2e-3, rate_Bps=125e6, alpha_nccl=14e-6, nic_Bps=50e9,
-                                   first_bucket=2**20)
+                                   first_bucket=2**20, **low)
     facts.render(text)  # every [[fact]] is in the ledger
     text = " ".join(text.split())
     assert "2 ms × 125 MB/s = 250 KB here" in text
-    assert "n* ≈ 0.7 MB" in text
+    assert "With its Simple protocol" in text and "n* ≈ 0.7 MB" in text
     assert "is latency-bound from 2 nodes" in text  # 1 MiB / 2 = 0.52 MB
+    # LL128 and LL: n* 0.425 and 0.25 MB; 1 MiB / 3 = 0.35 MB, / 4 = 0.26 MB, / 5 = 0.21 MB
+    assert "n* ≈ 0.42 and 0.25 MB" in text
+    assert "latency-bound only from 3 and 5 nodes, counting their α alone" in text
     assert "the transport ([[rdma.kernel_bypass]] for the transfer itself)" in text
     text = start.real_cluster_text(alpha=2e-3, rate_Bps=125e6, alpha_nccl=14e-6, nic_Bps=50e9,
-                                   first_bucket=1.5e6)
+                                   first_bucket=1.5e6, **low)
     assert "from 3 nodes" in " ".join(text.split())  # 1.5 MB / 2 is above 0.7 MB, / 3 below
+
+
+def test_real_cluster_text_low_latency_constants_are_the_ledgers():
+    """With one GPU per node NCCL's tuner charges the tree's network step (tuning.cc)."""
+    assert facts.get("nccl.tuner_net_tree_step_latency_ll128").value == 8.5
+    assert facts.get("nccl.tuner_net_tree_step_latency_ll").value == 5.0
+    assert facts.get("nccl.tuner_net_ring_step_latency_simple").value == 14
 
 
 def doctor_inputs(*, native_p99, tail, floor=500.0, capped=False):

@@ -80,7 +80,8 @@ def explain_all_reduce(slowest_ms, replay_ms, *, predicted_ms: float, sums,
     (slowest rank per repeat) against the α-β prediction; with `show_details`, a fourth: this
     run's gap split roughly into jitter (the emulator's replay over the model; the message
     headers it adds are at most `HEADER_BYTES / SEGMENT_BYTES` of the prediction) and this
-    machine (the measurement over the replay). Checks that every rank
+    machine (the measurement over the replay), or, when both parts are smaller than the
+    range of the repeats, that this run cannot split the gap. Checks that every rank
     got the number of ranks and that the median is not far below the model (jitter can shave
     only 6 x 0.5 ms off it)."""
     slowest_ms, replay_ms = np.asarray(slowest_ms), np.asarray(replay_ms)
@@ -91,10 +92,16 @@ def explain_all_reduce(slowest_ms, replay_ms, *, predicted_ms: float, sums,
     print(f"measured:  {np.median(slowest_ms):5.1f} ms  (median of {len(slowest_ms)} repeats, "
           f"slowest rank; range {slowest_ms.min():.1f}-{slowest_ms.max():.1f})")
     print(f"predicted: {predicted_ms:5.1f} ms  (α-β model)")
-    if show_details:
+    spread = slowest_ms.max() - slowest_ms.min()  # the repeats' range
+    if show_details and max(abs(jitter_part), abs(machine)) < spread:
+        print(f"the gap, {np.median(slowest_ms) - predicted_ms:+.1f} ms, is jitter plus this "
+              f"machine (see Why below); this run cannot split it: both parts are smaller "
+              f"than the range of its repeats, {spread:.1f} ms")
+    elif show_details:
         print(f"the gap, roughly (see Why below): jitter {jitter_part:+.1f} ms "
               f"(emulator replay, {len(replay_ms)} draws; message headers at most "
-              f"{headers_ms:.2f} ms of it), this machine {machine:+.1f} ms")
+              f"{headers_ms:.2f} ms of it), this machine {machine:+.1f} ms (range of the "
+              f"repeats {spread:.1f} ms)")
     assert list(sums) == [float(len(sums))] * len(sums)
     assert np.median(slowest_ms) >= 0.8 * predicted_ms, \
         "jitter can shave only 6 x 0.5 ms off the model"
@@ -113,12 +120,13 @@ def explain_impaired_step(plain, impaired, solo, *, replay, compute: float, mode
     """The impaired step's teaching numbers: measured against compute + the α-β all-reduce,
     and the efficiency against one rank alone with its division (`efficiency` = one rank's
     median step ÷ the impaired one). Concludes that the emulated network (its `replay`,
-    seconds) set most of the slowest rank's all-reduce phase (median over steps; not shown on
-    a busy machine). With `show_details`: that phase against the replay, the rest being this
-    machine; the gap to the prediction split into compute and all-reduce; the range the
-    network allows (every delay at an extreme: a loose sanity bound) with how many all-reduce
-    phases went above it; and which single steps (slowest rank) exceed that ceiling and whether
-    their all-reduce phase or their compute did. Checks that the network slowed the step at
+    seconds) set most of the slowest rank's all-reduce phase, median against median (not
+    shown on a busy machine), with that phase's range over the steps. With `show_details`:
+    that phase against the replay, the rest being this machine; the gap to the prediction
+    split into compute and all-reduce; the range the network allows (every delay at an
+    extreme: a loose sanity bound) with how many all-reduce phases went above it; and which
+    single steps (slowest rank) exceed that ceiling and whether their all-reduce phase or
+    their compute did. Checks that the network slowed the step at
     least by the model's all-reduce."""
     K = dilation
     step = impaired["step_median"]
@@ -135,9 +143,12 @@ def explain_impaired_step(plain, impaired, solo, *, replay, compute: float, mode
     # conclude(): a claim that fails raises on a quiet machine; on a busy one (this run's
     # compute far above the plain run's, from beyond_closed_form, or a high load average) it
     # prints why this run cannot show it
+    ar_steps = impaired["phases"]["all_reduce"].max(axis=0)  # slowest rank, per step
     conclude(net_ar >= 0.5 * ar,
-             f"the emulated network set most of the all-reduce phase (its replay is "
-             f"{net_ar / ar:.0%} of the slowest rank's, median over steps)",
+             f"the emulated network set most of the all-reduce phase (medians: its replay is "
+             f"{net_ar / ar:.0%} of the slowest rank's phase; that phase ranged "
+             f"{ar_steps.min() * 1e3:.1f}-{ar_steps.max() * 1e3:.1f} ms over the "
+             f"{len(ar_steps)} steps)",
              busy=beyond_closed_form([(own, compute)]))
     if show_details:
         print(f"details: all-reduce phase {ar * 1e3:.1f} ms (slowest rank, median over steps); "
@@ -212,13 +223,20 @@ def explain_runs(runs, *, show_details: bool, dilation: int) -> None:
 
 
 def real_cluster_text(*, alpha: float, rate_Bps: float, alpha_nccl: float, nic_Bps: float,
-                      first_bucket: float) -> str:
+                      first_bucket: float, alpha_ll128: float, alpha_ll: float) -> str:
     """The "On a real GPU cluster" bullets as a `facts.show` template, with this notebook's
-    n* = α × bandwidth (`alpha` s, `rate_Bps`) set against NCCL's (`alpha_nccl` s per ring
-    step, a ConnectX-7's `nic_Bps`), and the ring size from which DDP's `first_bucket`
-    (bytes), cut into p chunks in the α-β model, falls below NCCL's n* (one GPU per node)."""
+    n* = α × bandwidth (`alpha` s, `rate_Bps`) set against NCCL's with its Simple protocol
+    (`alpha_nccl` s per network step, a ConnectX-7's `nic_Bps`), and the ring size from which
+    DDP's `first_bucket` (bytes), cut into p chunks in the α-β model, falls below it (one GPU
+    per node). Then the same with the low-latency protocols' network step (`alpha_ll128`,
+    `alpha_ll` s: with one GPU per node NCCL's tuner charges the tree's, tuning.cc), which
+    the tuner may pick instead: a smaller n*, so more nodes before the bucket is
+    latency-bound (α only; their lower bandwidth would lower n* further)."""
     n_star_here, n_star_nccl = alpha * rate_Bps, alpha_nccl * nic_Bps
-    p_first = max(2, int(first_bucket // n_star_nccl) + 1)  # smallest ring with chunks below n*
+    n_star_128, n_star_ll = alpha_ll128 * nic_Bps, alpha_ll * nic_Bps
+
+    def p_first(n_star: float) -> int:  # smallest ring whose chunks of the bucket are below n*
+        return max(2, int(first_bucket // n_star) + 1)
     return f'''
 - **Bandwidth.** A DGX H100 node has [[nvidia.dgx_h100_compute_nics]] for the compute fabric, one
   per GPU, at [[nvidia.connectx7_rate]] each: the 1.6 MB gradient crosses one in tens of µs, not
@@ -226,10 +244,17 @@ def real_cluster_text(*, alpha: float, rate_Bps: float, alpha_nccl: float, nic_B
   ([[nvidia.h100_nvlink_bw_per_direction]] per direction).
 - **Latency.** n* = α × bandwidth, the message size whose latency and bandwidth terms are equal
   (notebook 01), is {alpha * 1e3:g} ms × {rate_Bps / 1e6:g} MB/s = {n_star_here / 1e3:.0f} KB here.
-  NCCL's tuner models about [[nccl.tuner_net_ring_step_latency_simple]] per ring step across the
-  network, so at [[nvidia.connectx7_rate_bytes]] n* ≈ {n_star_nccl / 1e6:.1f} MB: in the α-β model
-  DDP's small first bucket ([[pytorch.ddp_first_bucket]]) is latency-bound from {p_first} nodes
-  (notebooks 02b, 03).
+  With its Simple protocol NCCL's tuner models about [[nccl.tuner_net_ring_step_latency_simple]]
+  per ring step across the network, so at [[nvidia.connectx7_rate_bytes]]
+  n* ≈ {n_star_nccl / 1e6:.1f} MB: in the α-β model DDP's small first bucket
+  ([[pytorch.ddp_first_bucket]]) is latency-bound from {p_first(n_star_nccl)} nodes (one GPU
+  per node). The tuner, [[nccl.tuner_model]], picks the protocol per call, and its low-latency
+  ones charge less per network step (with one GPU per node
+  [[nccl.tuner_net_tree_step_latency_ll128]] for LL128, [[nccl.tuner_net_tree_step_latency_ll]]
+  for LL): n* ≈ {n_star_128 / 1e6:.2f} and
+  {n_star_ll / 1e6:.2f} MB, so with them the bucket is latency-bound only from
+  {p_first(n_star_128)} and {p_first(n_star_ll)} nodes, counting their α alone (their lower
+  bandwidth moves this further out; notebooks 02b, 03).
 - **Transport.** NCCL over InfiniBand or RoCE uses RDMA, remote direct memory access: the NIC runs
   the transport ([[rdma.kernel_bypass]] for the transfer itself), without the system calls and
   socket copies of Gloo over TCP. The loopback all-reduce measured here also carries this
