@@ -96,14 +96,17 @@ def explain_pause(f: dict, cfg: dict) -> None:
 def check_run(run) -> None:
     """Assert what the text says of the run: agent A ended cleanly and B was SIGKILLed, no
     process left; the job went from world size 2 to 1 resuming from the step-6 checkpoint; A's
-    worker failing cost its agent one restart; the milestones come in order, and the
+    worker failing cost its agent at least one restart, within its budget (one CI run spent
+    two; the run prints the count); the milestones come in order, and the
     rendezvous took at least its last call (its deadline is set once A has joined the new
     round, after its worker failed)."""
     f = run.failure()
     assert run.returncodes == {"A": 0, "B": -9}, f"agents' exit codes {run.returncodes}"
     assert not run.leftover, f"processes of the job left afterwards: {run.leftover}"
     assert (f["world_before"], f["world_after"], f["resumed_from"]) == (2, 1, 6)
-    assert run.rounds()[-1]["restart"] == 1, "the failure cost A's agent one restart"
+    spent = run.rounds()[-1]["restart"]
+    assert 1 <= spent <= run.config["max_restarts"], (
+        f"the failure cost A's agent {spent} restarts: at least one, within its budget")
     assert f["detected_s"] < f["spawned_s"] < f["regrouped_s"] < f["resumed_s"]
     assert f["spawned_s"] - f["detected_s"] >= run.config["last_call_s"] - 0.01, (
         "the rendezvous waited its last call")
