@@ -153,10 +153,10 @@ def test_network_share_needs_the_host_under_40_percent_of_the_network():
     assert share == pytest.approx(0.4286, abs=1e-4) and not network_set
 
 
-def idle_row(ranks, idle, sim, native, wait, step=0.34):
+def idle_row(ranks, idle, sim, native, wait, step=0.34, *, forward=0.02, backward=0.037):
     return {"ranks": ranks, "idle_fraction": idle, "sim_idle_fraction": sim,
-            "native_wait_s": native, "wait_s": wait, "step_s": step, "forward_s": 0.02,
-            "backward_s": 0.037,
+            "native_wait_s": native, "wait_s": wait, "step_s": step, "forward_s": forward,
+            "backward_s": backward,
             "run": SimpleNamespace(param_bytes=2_115_624, phases=lambda: {"step": [[0.3] * 6]})}
 
 

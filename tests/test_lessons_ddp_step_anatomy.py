@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from test_lessons_ddp_jitter import idle_row as jitter_idle_row
 
 from clusterlab.lessons import ddp_step_anatomy as lesson
 
@@ -92,10 +93,7 @@ def test_explain_buckets_puts_the_ideal_host_beside_the_run(verdicts, capsys, hi
 
 
 def idle_row(ranks, idle, sim, native, wait):
-    return {"ranks": ranks, "idle_fraction": idle, "sim_idle_fraction": sim,
-            "native_wait_s": native, "wait_s": wait, "step_s": 0.344, "forward_s": 0.021,
-            "backward_s": 0.039,
-            "run": SimpleNamespace(param_bytes=2_115_624, phases=lambda: {"step": [[0.3] * 6]})}
+    return jitter_idle_row(ranks, idle, sim, native, wait, 0.344, forward=0.021, backward=0.039)
 
 
 def test_explain_idle_compares_the_shares_as_printed(verdicts, capsys):

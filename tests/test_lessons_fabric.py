@@ -297,8 +297,9 @@ def test_explain_ports_follows_a_message_across_the_spine(capsys):
             "node 5's port") in out
 
 
-def oversubscribed_rows(medians: dict) -> list[dict]:
-    """`ex.oversubscribed` rows with made-up medians and the real closed forms."""
+def oversubscribed_rows(medians: dict, *, spread=(1.0, 1.0, 1.0)) -> list[dict]:
+    """`ex.oversubscribed` rows with made-up medians and the real closed forms; each row's
+    three runs are its median times `spread`."""
     rows = []
     for o in (1.0, 4.0):
         t = Topology.build(8, 1, ex.NIC, fabric=ex.leaf_spine(o))
@@ -308,7 +309,7 @@ def oversubscribed_rows(medians: dict) -> list[dict]:
                                        ranks=order)[0]
             m = medians.get((a, o), model)
             rows.append({"oversubscription": o, "algorithm": a, "model": model, "median": m,
-                         "best": m, "times": [m, m, m]})
+                         "best": m, "times": [f * m for f in spread]})
     return rows
 
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import matplotlib
 import pytest
+from test_lessons_fabric import oversubscribed_rows as fabric_rows
 
-from clusterlab import fabric_models as fm
 from clusterlab.experiments import fabric as ex
 from clusterlab.lessons import oversubscription_ecmp_rails as ob
-from clusterlab.topology import Topology
 
 KiB = ex.KiB
 
@@ -65,16 +64,7 @@ def test_explain_nccl_trees_prints_each_setup_against_the_farthest_first_tree(ca
 
 def oversubscribed_rows() -> list[dict]:
     """`ex.oversubscribed` rows on their closed forms, with a spread of runs."""
-    rows = []
-    for o in (1.0, 4.0):
-        t = Topology.build(8, 1, ex.NIC, fabric=ex.leaf_spine(o))
-        for a in ("ring", "tree", "tree_neighbours_first"):
-            order = ex.neighbours_first_order(8) if a == "tree_neighbours_first" else None
-            m = fm.bottleneck_time(t, "ring" if a == "ring" else "tree", 512 * KiB,
-                                   ranks=order)[0]
-            rows.append({"oversubscription": o, "algorithm": a, "model": m, "median": m,
-                         "best": m, "times": [m, 1.01 * m, 1.02 * m]})
-    return rows
+    return fabric_rows({}, spread=(1.0, 1.01, 1.02))
 
 
 def test_plot_oversubscribed_puts_each_algorithms_o1_and_o4_side_by_side():
