@@ -267,13 +267,13 @@ class TopK:
                                f"{bucket.buffer().numel()}")
         return out
 
-    def residual(self, bucket):
+    def residual(self, bucket, parts=None):
         """What this rank has not sent yet of `bucket`'s entries, in the layout of its
-        buffer now (zeros for a parameter not seen yet)."""
+        buffer now (zeros for a parameter not seen yet); `parts`: `slices(bucket)`, if known."""
         import torch
 
         flat = torch.zeros_like(bucket.buffer())
-        for p, s in self.slices(bucket):
+        for p, s in parts if parts is not None else self.slices(bucket):
             if p in self.residuals:
                 flat[s] = self.residuals[p]
         return flat
@@ -285,13 +285,14 @@ class TopK:
         n = buffer.numel()
         k = max(1, min(n, int(self.fraction * n)))
         acc = buffer.clone()
+        parts = self.slices(bucket) if self.error_feedback else None
         if self.error_feedback:
-            acc += self.residual(bucket)
+            acc += self.residual(bucket, parts)
         idx = acc.abs().topk(k, sorted=False).indices
         payload = torch.cat([acc[idx], idx.to(torch.int32).view(torch.float32)])
         if self.error_feedback:
             acc[idx] = 0.0
-            for p, s in self.slices(bucket):  # not sent: next step's head start
+            for p, s in parts:  # not sent: next step's head start
                 self.residuals[p] = acc[s]
         world = _world()
         gathered = [torch.empty_like(payload) for _ in range(world)]
@@ -372,9 +373,10 @@ def _train(cfg: dict) -> dict:
         losses.append(loss.item())
         calls.append(list(meter.calls))
     with torch.no_grad():
-        test_loss = float(torch.nn.functional.cross_entropy(model(x_test), y_test))
-        sample_loss = torch.nn.functional.cross_entropy(model(x_test), y_test, reduction="none")
-        correct = model(x_test).argmax(1) == y_test  # per test sample, for paired comparisons
+        logits = model(x_test)  # one forward pass for every test statistic
+        test_loss = float(torch.nn.functional.cross_entropy(logits, y_test))
+        sample_loss = torch.nn.functional.cross_entropy(logits, y_test, reduction="none")
+        correct = logits.argmax(1) == y_test  # per test sample, for paired comparisons
         accuracy = float(correct.float().mean())
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return {"rank": rank, "step_s": steps, "loss": losses, "calls": calls,
