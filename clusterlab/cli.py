@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("paths", nargs="+", metavar="PATH", help="lab notebooks, or folders of them")
     g.add_argument("--json", metavar="PATH", help="also write the rows here (for a gradebook)")
     g.add_argument("--timeout", type=float, default=None,
-                   help="seconds each notebook may take in all (default 300)")
+                   help="seconds all of a notebook's cells may take, counted from its first cell; "
+                        "the kernel's start has its own 60 s limit (default 300)")
     g.add_argument("--seed", type=int, default=None,
                    help="seed of the hidden checks' draws (default: fixed)")
     g.add_argument("--jobs", type=int, default=1,
