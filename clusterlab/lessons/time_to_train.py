@@ -146,7 +146,8 @@ def best_node_counts(ttt: dict, step_times: dict, *, nodes: list, per_rank: int)
 def best_nodes_sentence(crit: dict) -> str:
     """Each seed's best node count for the ring and the tree (flagging an optimum at the edge of
     the range), how much longer 1024 nodes take, why (step growth against the steps' fall),
-    and where the steps reach the critical batch."""
+    and where the steps reach the critical batch; the estimate's arithmetic and caveats
+    (`grid_note`) go in a <details> fold."""
     best, t_of, seed_best = crit["best"], crit["t_of"], crit["seed_best"]
     steps, step_times, per_rank = crit["steps"], crit["step_times"], crit["per_rank"]
     nodes, batches, b_crit, n_crit = crit["nodes"], crit["batches"], crit["b_crit"], crit["n_crit"]
@@ -166,7 +167,10 @@ def best_nodes_sentence(crit: dict) -> str:
         f"only ×{steps[nb_ * per_rank] / steps[2 * nb_ * per_rank]:.2f}"
         + (f", both batches at the same tuned rate ({lr_of[nb_ * per_rank]:g}): a rate between "
            "grid values might cut the steps more, so this fall is partly the grid's"
-           if same_lr else "") + f".\n\nCritical batch estimate: S_min ≈ {s_big:.1f} steps (the "
+           if same_lr else "") + f".\n\nThe steps flatten from batch {b_crit} ({n_crit} nodes) on: "
+        "that is the critical batch estimate (dotted line).\n\n"
+        "<details><summary>How the critical batch was estimated, and how sure it is</summary>"
+        f"\n\nCritical batch estimate: S_min ≈ {s_big:.1f} steps (the "
         f"largest batch's), so 2 S_min = {2 * s_big:.1f}; from batch {b_crit} on ({n_crit} nodes"
         + (f", {'past' if n_crit > nb_ else 'below'} the ring's best" if n_crit != nb_ else
            ", the ring's best")
@@ -175,7 +179,7 @@ def best_nodes_sentence(crit: dict) -> str:
            f"all, while the ring's step grew "
            f"×{step_times['ring'][max(nodes)] / step_times['ring'][n_crit]:.1f}."
            if b_crit < batches[-1] else "This range of batches is too short to see past it.")
-        + grid_note(crit))
+        + grid_note(crit) + "\n\n</details>")
 
 
 def grid_note(crit: dict) -> str:
@@ -280,8 +284,8 @@ def explain_best_nodes(crit: dict, *, compute_s: float) -> None:
     flatten, and a learning-rate plateau that was found."""
     best, t_of, seed_best = crit["best"], crit["t_of"], crit["seed_best"]
     steps, per_rank, plateau = crit["steps"], crit["per_rank"], crit["plateau"]
-    ring_table(crit)
     say(best_nodes_sentence(crit))
+    ring_table(crit)
     dc = nccl_best_nodes(crit, compute_s=compute_s)
     say(nccl_sentence(dc, crit))
     assert dc["best"] > best["ring"]["nodes"]
@@ -378,7 +382,7 @@ def accumulation_sentence(a: dict, *, b_crit: int, per_seed: dict | None = None)
     split, any win at or past the critical batch (per seed first, when given, and then whether
     McCandlish's model predicts it: `model_says`), and the
     accumulating curve's best against the ring's at the same global batch and the ring's
-    best."""
+    best. The lead sentence and the worked rule come first, the rest in a <details> fold."""
     acc, per_rank = a["acc"], a["per_rank"]
     sps_gain, grew, share, verdict = a["sps_gain"], a["grew"], a["share"], a["verdict"]
     raised = [n for n, g in sps_gain.items() if g > 1.01]
@@ -417,9 +421,12 @@ def accumulation_sentence(a: dict, *, b_crit: int, per_seed: dict | None = None)
         "counts**"
         + (": more samples per second is not a shorter training. " if slower else ". ")
         + worked_row(a)
+        + ("\n\n<details><summary>How sure is this? Seed noise, past the critical batch, the "
+           "accumulating curve's best</summary>\n\n" if split or past or green else "")
         + (f" The seeds split at {len(split)} of the {len(every)} node counts (table: seeds "
            "shorter): there the mean's verdict is within seed noise." if split else "")
-        + past + green)
+        + past + green
+        + ("\n\n</details>" if split or past or green else ""))
 
 
 def explain_accumulation(a: dict, *, b_crit: int, per_seed: dict | None = None) -> None:
