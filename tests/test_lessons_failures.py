@@ -517,3 +517,11 @@ def test_small_misses_of_both_signs_are_neither_cancelled_nor_added_up():
                           train_s=2.01)[-2]
     assert line.endswith("(+0.04 s)"), line
     assert "added up" not in line and "offset" not in line
+
+
+def test_reshard_line_leads_with_what_the_load_showed():
+    line = elastic_lesson.reshard_line(_resharding(), 6e-8)
+    assert line.startswith("What this shows: at world size 1 the job loaded the checkpoint "
+                           "written by 2 ranks")
+    assert "equal to those saved, bit for bit" in line and "within 6e-08" in line
+    assert "NOT equal" in elastic_lesson.reshard_line({**_resharding(), "identical": False}, 0.1)

@@ -93,6 +93,16 @@ def explain_pause(f: dict, cfg: dict) -> None:
         print(line)
 
 
+def shrink_line(run) -> str:
+    """The run's point in one line, from its failure record: after which step node B died,
+    the world sizes before and after, the checkpoint the job resumed from and when, in seconds
+    after the kill."""
+    f = run.failure()
+    return (f"What this shows: node B died after step {f['step']}, and the job went on at "
+            f"world size {f['world_after']} (was {f['world_before']}) from the "
+            f"step-{f['resumed_from']} checkpoint, {f['resumed_s']:.1f} s after the kill.")
+
+
 def check_run(run) -> None:
     """Assert what the text says of the run: agent A ended cleanly and B was SIGKILLed, no
     process left; the job went from world size 2 to 1 resuming from the step-6 checkpoint; A's
@@ -148,6 +158,17 @@ def rerun_line(losses: list[tuple], step: int) -> str:
                                                          for w, loss in twice)
 
 
+def reshard_line(rs: dict, err: float) -> str:
+    """The resharding's point in one line: what the new world size loaded from the old one's
+    checkpoint, whether it equals what was saved bit for bit, and the final parameters'
+    largest difference from one plain process that never lost a node."""
+    same = rs["identical"] and rs["moments_identical"]
+    return (f"What this shows: at world size {rs['loaded_world']} the job loaded the "
+            f"checkpoint written by {rs['saved_world']} ranks, parameters and Adam's moments "
+            f"{'equal' if same else 'NOT equal'} to those saved, bit for bit; it ended within "
+            f"{err:.0e} of a run without the failure.")
+
+
 def check_resharding(rs: dict, err: float) -> None:
     """Assert the resharding: the loaded parameters and moments equal the saved ones, the end
     matches a plain process within 1e-5, the first layer's rows split in two, and the output
@@ -182,6 +203,28 @@ def death_text(f: dict, cfg: dict) -> str:
     # (ncclIbPostFifo in NCCL v2.30's src/transport/net_ib/p2p.cc).
     return f"""
 **How a death reaches the job**
+
+The pause has the same parts on a cluster, with longer waits: at the defaults, noticing the
+death and the last call alone take more than {ib_wait + last_call:.0f} s; this run's whole pause
+took {f['resumed_s']:.1f} s. The table sets the parts side by side; the fold below it goes
+through them step by step.
+
+**The same pause at the defaults, beside this run's** (on a cluster, the sum of the counted
+parts' lower bounds, the rest left out; an agent re-reads the rendezvous once a second, so
+each wait may end up to a second late):
+
+| part of the pause | NCCL over InfiniBand, torch's defaults | this run (Gloo, a killed process; one run) |
+|---|---|---|
+| noticing the death | at least {ib_wait:.0f} s (step 2), or {nccl_min:.0f} min (the watchdog) | {f['detected_s'] * 1e3:.0f} ms |
+| agent and rendezvous: dropping the dead node, then the last call | 0 s (its {dead_after:.0f} s without heartbeats have passed) + {last_call:.0f} s | {rdzv:.1f} s (configured: at most {keep_alive} s, then {cfg['last_call_s']} s) |
+| new workers, communicator, checkpoint load | not counted: grows with the job and the checkpoint | {start:.1f} s (incl. this demo's check) |
+| **total** | **more than {ib_wait + last_call:.0f} s** | **{f['resumed_s']:.1f} s** |
+
+What carries over is the sequence of parts. On a cluster at the defaults, the detection and
+the last call set a floor of {ib_wait + last_call:.0f} s; starting the new workers and loading
+the checkpoint come on top (how long a load takes: next box).
+
+<details><summary>Step by step: the mechanism, how a death is noticed, the six steps under NCCL, the rendezvous host</summary>
 
 - **The same mechanism.** What ran here is an elastic torchrun, [[pytorch.torchrun_elastic]],
   and any change of membership stops every worker: [[pytorch.torchrun_restarts_all]]. In the
@@ -229,20 +272,7 @@ def death_text(f: dict, cfg: dict) -> str:
   your own holding `TCPStore(is_master=True)`: with `is_host=0` no agent starts one) or use
   [[pytorch.rdzv_etcd_backend]] with a replicated etcd cluster.
 
-**The same pause at the defaults, beside this run's** (on a cluster, the sum of the counted
-parts' lower bounds, the rest left out; an agent re-reads the rendezvous once a second, so
-each wait may end up to a second late):
-
-| part of the pause | NCCL over InfiniBand, torch's defaults | this run (Gloo, a killed process; one run) |
-|---|---|---|
-| noticing the death | at least {ib_wait:.0f} s (step 2), or {nccl_min:.0f} min (the watchdog) | {f['detected_s'] * 1e3:.0f} ms |
-| agent and rendezvous: dropping the dead node, then the last call | 0 s (its {dead_after:.0f} s without heartbeats have passed) + {last_call:.0f} s | {rdzv:.1f} s (configured: at most {keep_alive} s, then {cfg['last_call_s']} s) |
-| new workers, communicator, checkpoint load | not counted: grows with the job and the checkpoint | {start:.1f} s (incl. this demo's check) |
-| **total** | **more than {ib_wait + last_call:.0f} s** | **{f['resumed_s']:.1f} s** |
-
-What carries over is the sequence of parts. On a cluster at the defaults, the detection and
-the last call set a floor of {ib_wait + last_call:.0f} s; starting the new workers and loading
-the checkpoint come on top (how long a load takes: next box).
+</details>
 """  # noqa: E501 (Markdown table rows and prose shown verbatim)
 
 
