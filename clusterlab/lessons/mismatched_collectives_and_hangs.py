@@ -51,9 +51,41 @@ def legend_lines(mism: dict, *, plain_timeout_s: float) -> list[str]:
             for name, text in entries]
 
 
+def outcome_words(m: dict) -> str:
+    """One plain-Gloo mismatch run in a few words, from its outcome: a hang (of the ranks still
+    waiting, and what a rank that returned holds), a rank that died, or an error."""
+    if m["error"] == "RankDied":
+        return f"rank {m['ranks'][0]} crashed"
+    if m["error"] == "RankError":
+        return "an error"
+    if m["error"] != "ClusterTimeout":
+        return str(m["error"])
+    wrong = [r for r, held in m.get("returned", {}).items()
+             if "sum" in m and held != [m["sum"]] * len(held)]
+    if wrong:
+        return (f"rank {m['ranks'][0]} hung while rank {wrong[0]} returned a wrong result "
+                "without an error")
+    return "a hang" + (" of both ranks" if len(m["ranks"]) == 2 else "")
+
+
+def lead_outcomes(mism: dict) -> str:
+    """The one-line message of the six runs: what each mismatch did on plain Gloo, and whether
+    `DETAIL` turned every one into a named error."""
+    plain = "; ".join(f"{case}: {outcome_words(m)}" for (case, debug), m in mism.items()
+                      if debug is None)
+    named = all(m["error"] == "RankError" and "Detected mismatch between collectives"
+                in m.get("message", "") for (_, debug), m in mism.items() if debug)
+    return (f"In short: on plain Gloo, {plain}. With DETAIL, "
+            + ("every case became an error that names each rank's collective."
+               if named else "not every case became a named error."))
+
+
 def print_outcomes(mism: dict, *, plain_timeout_s: float | None = None) -> None:
     """Print the table of the six mismatch runs, `mism[case, debug]`, one row per run; with
-    `plain_timeout_s` (the bound of the plain-Gloo runs), its key below it."""
+    `plain_timeout_s` (the bound of the plain-Gloo runs), a one-line summary first
+    (`lead_outcomes`) and the table's key below it."""
+    if plain_timeout_s is not None:
+        print(lead_outcomes(mism))
     print(HEADER)
     for m in mism.values():
         print(outcome_row(m))
@@ -125,8 +157,24 @@ def swap_lines(swap: dict) -> list[str]:
     return lines
 
 
+def lead_swap(swap: dict) -> str:
+    """The one-line message of the swapped-order runs: whether any run hung or raised, and
+    whether every sum was wrong and the ranks disagreed."""
+    raised = [debug or "OFF" for debug, r in swap.items() if r["error"] is not None]
+    all_wrong = all(r["wrong"] == [["layer_a", "layer_b"]] * len(r["wrong"])
+                    for r in swap.values())
+    agree = any(r["ranks_agree"] for r in swap.values())
+    return ("In short: "
+            + ("no hang and no error, with or without DETAIL" if not raised
+               else f"an error with TORCH_DISTRIBUTED_DEBUG={', '.join(raised)}")
+            + ("; yet every sum is wrong" if all_wrong else "")
+            + ("; the ranks disagree." if not agree else "."))
+
+
 def explain_swap(swap: dict) -> None:
-    """Print `swap_lines(swap)`: what every rank holds after the swapped all-reduces."""
+    """Print a one-line summary (`lead_swap`), then `swap_lines(swap)`: what every rank holds
+    after the swapped all-reduces."""
+    print(lead_swap(swap))
     for line in swap_lines(swap):
         print(line)
 
@@ -160,7 +208,12 @@ def skip_lines(skip: dict) -> list[str]:
 def explain_skip(skip: dict, *, wait_s: float) -> None:
     """Print `skip_lines(skip)` and assert what the text says: on plain Gloo ranks 0 and 1
     each raise a timeout of their own that names nobody, `DETAIL` names rank 2, and rank 0
-    waited about the group's timeout `wait_s` either way."""
+    waited about the group's timeout `wait_s` either way. A one-line summary comes first."""
+    plain, detail = skip[None]["named_ranks"], skip["DETAIL"]["named_ranks"]
+    print("In short: on plain Gloo the timeouts name "
+          + (f"rank(s) {plain}" if plain else "nobody")
+          + "; with DETAIL rank 0's error names "
+          + (f"the missing rank {', '.join(map(str, detail))}." if detail else "nobody."))
     for line in skip_lines(skip):
         print(line)
     assert all("Timed out" in m for m in skip[None]["messages"][:2]), "ranks 0, 1 time out"
