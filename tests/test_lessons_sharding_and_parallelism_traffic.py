@@ -95,7 +95,8 @@ def test_step_time_header_lines_up_with_the_rows(capsys):
              row("delay 10ms", 0.028, 0.101, 0.022, 0.099),
              row("delay 1ms rate 50mbit", 0.042, 0.068, 0.036, 0.066)]
     l10.explain_step_times(sweep)
-    header, ddp = capsys.readouterr().out.splitlines()[:2]
+    verdict, header, ddp = capsys.readouterr().out.splitlines()[:3]
+    assert verdict.startswith("Shown on this run:")  # the verdict first, then the table
     for label in ("delay 1ms -> 10ms", "50 Mbit/s cap adds"):
         assert label in header
     # each label ends where its column's "]" does
@@ -138,7 +139,7 @@ def test_layout_names_hsdp_once(shown):
     # r15: HSDP cuts the NIC bytes only 1.6x against plain FSDP's (8 NICs per node)
     assert ("3.3 GB through its NIC; plain FSDP over all 128 GPUs sends 5.2 GB through each NIC"
             in text)
-    assert "only 1.6× more" in text and "16 ms of latency per step against 57 ms" in text
+    assert "only 1.6× more" in text and "16 ms per step against 57 ms" in text
     # r16: both savings in ms at one NIC's 50 GB/s: 39 ms of bytes, 41 ms of latency
     assert "that saves 39 ms of NIC time per step" in text
     assert "41 ms saved: a gain about as large as the bytes'" in text

@@ -177,8 +177,9 @@ def report_misses(sweep: list[dict], lo: dict, kinds=KINDS, name=NAMES) -> None:
 def explain_step_times(sweep: list[dict]) -> bool:
     """The table of how much each step grew from `delay 1ms` to `delay 10ms` and with
     `rate 50mbit` against the closed-form differences, FSDP2's growth over DDP's, the points
-    far off their prediction, and the conclusion (FSDP2 grew over twice as much as DDP, every
-    growth within 20% of its closed form, the farthest printed). Asserts the network's floor.
+    far off their prediction, and, printed first, the conclusion (FSDP2 grew over twice as much
+    as DDP, every growth within 20% of its closed form, the farthest printed). Asserts the
+    network's floor.
     Returns whether the conclusion was shown."""
     by_nic = {r["nic"]: r for r in sweep}
     lo, hi = by_nic["delay 1ms"], by_nic["delay 10ms"]
@@ -199,6 +200,10 @@ def explain_step_times(sweep: list[dict]) -> bool:
     rounds = {k: grow[k] / step for k in kinds}
     counted = {k: round(pred[k] / step) for k in kinds}  # delay only: comm = rounds x delay
     mids = [r for r in sweep if r is not lo and r is not hi and r is not slow]
+    # the verdict first, the table and the details under it
+    shown = conclude(grow["fsdp"] > 2 * grow["ddp"] and close,
+                     "FSDP2's step grew over twice as much as DDP's, and every growth came "
+                     f"within 20% of its closed form (the farthest {off:.0%} off)")
     print(f"{'':8s}{'delay 1ms -> 10ms':>23s}{'50 Mbit/s cap adds':>23s}   "
           "[closed-form difference]")
     for k in kinds:
@@ -225,9 +230,7 @@ def explain_step_times(sweep: list[dict]) -> bool:
                 + ". Not explained by this run: each NIC is one run, and a growth subtracts one "
                 "run's fastest step from another's.")
     report_misses(sweep, lo, kinds, name)  # prose only: points far off their prediction
-    return conclude(grow["fsdp"] > 2 * grow["ddp"] and close,
-                    "FSDP2's step grew over twice as much as DDP's, and every growth came "
-                    f"within 20% of its closed form (the farthest {off:.0%} off)")
+    return shown
 
 
 def ring_rounds_s(n: int, gpus_per_node: int, *, units: int, a_net: float,
@@ -333,20 +336,23 @@ def show_at_real_scale(psi: float, *, units: int) -> dict:
     # why the 8-NIC crossing comes sooner: bytes 8x cheaper, a ring step on average only
     step_gain = a_net / ((a_net + (node - 1) * a_nv) / node)
     facts.show(f"""
-**At real scale.** A model, not a measurement: latency from NCCL's tuner (the cost model NCCL
-picks algorithms with), bandwidth at the NICs' line rate; every collective a ring, nothing
+**At real scale.** As ranks are added, FSDP's latency rounds catch up with its bytes, and past
+a crossing they dominate: at about {cross['one']} ranks with one GPU per node (rings forced),
+at about {cross['node']} with nodes of {node} GPUs (the crossings marked in the figure).
+
+This is a model, not a measurement: latency from NCCL's tuner (the cost model NCCL picks
+algorithms with), bandwidth at the NICs' line rate, every collective a ring, nothing
 overlapped, a {psi / 1e9:.0f}B-parameter bf16 model in {units} units at every N. Below the
 crossing the bytes term dominates and stays flat; the latency term grows with every added rank
-either way, and past the crossing it dominates. FSDP's latency rounds (one per ring step)
-overtake its bytes
+either way. The two layouts:
 
-- **with one GPU (one NIC) per node, rings forced (Ring only, set with [[nccl.algo_env]]):**
-  at about **{cross['one']} ranks**. Unforced, NCCL allows PAT in this layout
-  ([[nccl.pat_one_gpu_per_node]]), and its tuner may give it the all-gathers, charging
-  [[nccl.tuner_pat_latency]] instead of a ring step per rank;
-- **with nodes of [[nvidia.hgx_h100_gpus]] and [[nvidia.dgx_h100_compute_nics]]:** at about
-  **{cross['node']} ranks** (Intel or Arm hosts), {cross['one'] / cross['node']:.1f}× fewer:
-  the {node_nics} NICs cut the bytes term {node_nics}×, but the average ring step only
+- **One GPU (one NIC) per node, rings forced (Ring only, set with [[nccl.algo_env]]):**
+  the crossing comes at about **{cross['one']} ranks**. Unforced, NCCL allows PAT in this
+  layout ([[nccl.pat_one_gpu_per_node]]), and its tuner may give it the all-gathers, charging
+  [[nccl.tuner_pat_latency]] instead of a ring step per rank.
+- **Nodes of [[nvidia.hgx_h100_gpus]] and [[nvidia.dgx_h100_compute_nics]]:** at about
+  **{cross['node']} ranks** (Intel or Arm hosts), {cross['one'] / cross['node']:.1f}× fewer.
+  The {node_nics} NICs cut the bytes term {node_nics}×, but the average ring step only
   {step_gain:.1f}×, as {node - 1} of every {node} steps stay inside the node, over NVLink.
 
 Past the crossing, fewer, larger units help, at the cost of a larger gathered working set
@@ -425,8 +431,8 @@ def plot_prefetch(pre: dict) -> None:
 
 def explain_prefetch(pre: dict) -> bool:
     """What prefetching saved against the closed form, what both forwards took beyond their
-    closed forms (per layer), and the conclusion (saved within 25% of the closed form; the
-    machine counts as busy when a forward exceeds its closed form by 30%). Asserts the
+    closed forms (per layer), and, printed first, the conclusion (saved within 25% of the closed
+    form; the machine counts as busy when a forward exceeds its closed form by 30%). Asserts the
     network's floor. Returns whether the conclusion was shown."""
     saving, saving_pred = (pre["forward_s"] - pre["forward_prefetch_s"],
                            pre["predicted_s"] - pre["predicted_prefetch_s"])
@@ -434,6 +440,14 @@ def explain_prefetch(pre: dict) -> bool:
     excess_pre = pre["forward_prefetch_s"] - pre["predicted_prefetch_s"]
     low, high = (ms(e / pre["depth"]) for e in sorted((excess_wait, excess_pre)))
     per_layer = f"about {low}" if low == high else f"between {low} and {high}"
+    assert pre["forward_s"] > 0.9 * pre["predicted_s"]  # the network's floor, no prefetching
+    # the verdict first, what the run measured under it
+    shown = conclude(abs(saving - saving_pred) < 0.25 * saving_pred,
+                     "prefetching saved within 25% of what the closed form says",
+                     # evidence that this machine, not the network, set the forwards
+                     busy=beyond_closed_form([(pre["forward_s"], pre["predicted_s"]),
+                                              (pre["forward_prefetch_s"],
+                                               pre["predicted_prefetch_s"])]))
     say(f"The forward took **{ms(pre['forward_s'])}** with each layer waiting for its "
         f"all-gather (closed form {ms(pre['predicted_s'])}) and "
         f"**{ms(pre['forward_prefetch_s'])}** with the "
@@ -448,13 +462,7 @@ def explain_prefetch(pre: dict) -> bool:
            if excess_pre - excess_wait > 0.1 * saving_pred else "")
         + ". The compute here is a sleep, which competes for nothing: on a GPU, NCCL's kernels "
         "take SMs and memory bandwidth from the GEMMs they overlap (self-check 3).")
-    assert pre["forward_s"] > 0.9 * pre["predicted_s"]  # the network's floor, no prefetching
-    return conclude(abs(saving - saving_pred) < 0.25 * saving_pred,
-                    "prefetching saved within 25% of what the closed form says",
-                    # evidence that this machine, not the network, set the forwards
-                    busy=beyond_closed_form([(pre["forward_s"], pre["predicted_s"]),
-                                             (pre["forward_prefetch_s"],
-                                              pre["predicted_prefetch_s"])]))
+    return shown
 
 
 def show_microbatches_and_layout(psi: float, *, nodes: int, units: int = 32) -> None:
@@ -496,20 +504,22 @@ def show_microbatches_and_layout(psi: float, *, nodes: int, units: int = 32) -> 
   (with `reshard_after_forward=False`), at the memory of unsharded gradients and parameters.
 - **Two bandwidths.** One H100 SXM sends over NVLink at [[nvidia.h100_nvlink_bw_per_direction]]
   per direction (the often quoted [[nvidia.h100_nvlink_bw|value]] GB/s counts both), through
-  its NIC at [[nvidia.connectx7_rate_bytes]]: {nvlink_vs_nic:.0f}× less. Hybrid sharding
-  keeps the parameter gathers on NVLink: shard inside a node, replicate across nodes.
-  FSDP2 takes a mesh of nodes × GPUs for it: [[pytorch.fsdp2_hsdp]].
+  its NIC at [[nvidia.connectx7_rate_bytes]]: {nvlink_vs_nic:.0f}× less.
+- **Hybrid sharding: shard inside a node, replicate across nodes.** The parameter gathers stay
+  on NVLink, which saves in two ways: fewer bytes through the NICs and fewer latency rounds.
+  For the {psi / 1e9:.0f}B-parameter model in bf16 on {nodes} nodes, by the tuner's constants
+  (all rings): {bytes_saved_s * 1e3:.0f} ms of NIC time and {lat_saved_s * 1e3:.0f} ms of
+  latency per step. FSDP2 takes a mesh of nodes × GPUs for it: [[pytorch.fsdp2_hsdp]].
   Sharded over the {node} GPUs of a node, a rank sends
   3 × {node - 1}/{node} · Ψb over NVLink and all-reduces only its 1/{node} shard of the
-  gradients across M nodes, 2(M−1)/M · Ψb/{node} through its NIC. For the
-  {psi / 1e9:.0f}B-parameter model in bf16 on {nodes} nodes, each rank sends
+  gradients across M nodes, 2(M−1)/M · Ψb/{node} through its NIC. Here each rank sends
   {3 * (node - 1) / node * psi * 2 / 1e9:.1f} GB per step over NVLink and
   {hsdp_nic / 1e9:.1f} GB through its NIC; plain FSDP over all {n} GPUs sends
   {fsdp_nic / 1e9:.1f} GB through each NIC (a node's ring bytes spread over its
   {c['node_nics']} NICs, as in *At real scale*), only {fsdp_nic / hsdp_nic:.1f}× more: at
   [[nvidia.connectx7_rate_bytes]] that saves {bytes_saved_s * 1e3:.0f} ms of NIC time per step.
-  It also saves network rounds: by the tuner's constants, all rings,
-  {hsdp_lat * 1e3:.0f} ms of latency per step against {fsdp_lat * 1e3:.0f} ms,
+  The latency rounds:
+  {hsdp_lat * 1e3:.0f} ms per step against {fsdp_lat * 1e3:.0f} ms,
   {lat_saved_s * 1e3:.0f} ms saved: a gain {as_large} the bytes', larger still if NCCL runs
   the all-reduce across the nodes as a tree.
 
