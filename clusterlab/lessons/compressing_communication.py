@@ -52,6 +52,10 @@ def explain_sweep(st, methods) -> bool:
     fp32 at the slowest rate; a verdict inside the noise band is the evidence of a busy run).
     `methods` starts with the baseline "none". Returns whether it was shown."""
     slow, fast = st.slow, st.fast
+    unclear = [m for m in methods[1:] if st.verdict(m, slow) == "cannot tell"]
+    claim = f"every compressed method beat fp32 DDP at {slow} Mbit/s"
+    shown = conclude(all(st.verdict(m, slow) == "faster" for m in methods[1:]), claim,
+                     busy="; ".join(inside_band(st, m, [slow]) for m in unclear) or None)
     print(f"{'':20}| {f'at {slow} Mbit/s':27}| at {fast} Mbit/s")
     print(f"{'method':>11}{'band':>8} | {'step':>6}  {'fp32 ÷ method':18} | {'step':>6}"
           f"{'gain':>10}  verdict")
@@ -61,10 +65,7 @@ def explain_sweep(st, methods) -> bool:
               f"{'-' if base else ratio_range(st, m, slow):18} | {ms(st.step(m, fast)):>6}"
               + ("" if base else f"{st.gain(m, fast) * 1e3:+7.1f} ms  {st.verdict(m, fast)}"))
     print("(gain = fp32 step − method step; verdict only if |gain| > band)")
-    unclear = [m for m in methods[1:] if st.verdict(m, slow) == "cannot tell"]
-    claim = f"every compressed method beat fp32 DDP at {slow} Mbit/s"
-    return conclude(all(st.verdict(m, slow) == "faster" for m in methods[1:]), claim,
-                    busy="; ".join(inside_band(st, m, [slow]) for m in unclear) or None)
+    return shown
 
 
 def calls_text(method: str, calls) -> str:
@@ -95,14 +96,21 @@ def breakeven_evidence(st, m: str, lo: float, hi: float) -> tuple[bool, str | No
 
 
 def explain_breakeven(st, methods, *, ranks: int = 4, delay_s: float = 2e-3) -> bool:
-    """For the PowerSGD ranks in `methods`: the time each saved against fp32 per rate with
-    its verdict (`print_gains`), its predicted and measured break-even in one line, and one
-    conclusion (each paid at the low rates and lost at the high ones up to the fastest,
-    crossing within its predicted interval). Then the rates where the ranks' verdicts differ
-    (`explain_differing`), and whether the extra rounds or all else
-    PowerSGD rank 1 adds decide its cost. Returns whether the conclusion was shown."""
-    print_gains(st, methods)
+    """For the PowerSGD ranks in `methods`, first one conclusion (each paid at the low rates
+    and lost at the high ones up to the fastest, crossing within its predicted interval); then
+    the time each saved against fp32 per rate with its verdict (`print_gains`), its predicted
+    and measured break-even in one line, the rates where the ranks' verdicts differ
+    (`explain_differing`), and whether the extra rounds or all else PowerSGD rank 1 adds
+    decide its cost. Returns whether the conclusion was shown."""
     predicted = {m: st.breakeven_mbit(m, ranks, delay_s) for m in methods}
+    evidence = [breakeven_evidence(st, m, predicted[m][0], predicted[m][2]) for m in methods]
+    holds = all(h for h, _ in evidence)
+    busy = (None if holds or any(not h and e is None for h, e in evidence)
+            else "; ".join(e for h, e in evidence if not h))
+    shown = conclude(holds, f"{' and '.join(methods)} paid at the low rates and lost at the high "
+                     "ones up to the fastest, each crossing where predicted (a consistency "
+                     "check: t_extra is fitted on this same sweep)", busy=busy)
+    print_gains(st, methods)
     parts = []
     for m in methods:
         lo, mid, hi = predicted[m]
@@ -111,13 +119,6 @@ def explain_breakeven(st, methods, *, ranks: int = 4, delay_s: float = 2e-3) -> 
                      + (f", measured between {a} and {b} Mbit/s" if a else
                         ", no measured crossing"))
     print("Break-even, predicted (± noise band) and measured: " + "; ".join(parts) + ".")
-    evidence = [breakeven_evidence(st, m, predicted[m][0], predicted[m][2]) for m in methods]
-    holds = all(h for h, _ in evidence)
-    busy = (None if holds or any(not h and e is None for h, e in evidence)
-            else "; ".join(e for h, e in evidence if not h))
-    shown = conclude(holds, f"{' and '.join(methods)} paid at the low rates and lost at the high "
-                     "ones up to the fastest, each crossing where predicted (a consistency "
-                     "check: t_extra is fitted on this same sweep)", busy=busy)
     for q in st.rates:
         if len({WORD[st.verdict(m, q)] for m in methods}) > 1:
             explain_differing(st, methods, q)
@@ -278,31 +279,38 @@ def show_breakeven_at_scale(scan: dict, *, n_params: int) -> None:
             "the lower estimates fall below it and the higher above it, so the latency model "
             "and the bucket's size decide whether PowerSGD pays")
     facts.show(f"""
-Agarwal et al. compared gradient compression with optimised data-parallel training on GPU
-clusters and found that, because of the compute compression adds,
-[[paper.agarwal_compression_utility_2022]]. How much of the exchange the backward already hides
-matters too (*On a real GPU cluster*). This model prices only rounds and bytes: leaving out
-compute and overlap makes its break-even rates too high, and the latency it charges per round
-moves them either way (first bullet).
+**In short:** on 64 ranks at an assumed 10 us per message, with free compute, a bucket at the
+cap breaks even near {sig2(bucket)} Gbit/s (ring) to {sig2(bucket_log)} Gbit/s (tree), against one
+[[nvidia.connectx7_rate]] NIC: {side}. The cap is DDP's default bucket size,
+[[pytorch.ddp_bucket_cap_mb]]; the ring and the tree are two ways of charging latency (below).
+
+These are estimates, not runs. The model prices only rounds and bytes: leaving out compute
+and overlap makes its break-even rates too high, and the latency it charges per round moves
+them either way. Agarwal et al. compared gradient compression with optimised data-parallel
+training on GPU clusters and found that, because of the compute compression adds,
+[[paper.agarwal_compression_utility_2022]]. How much of the exchange the backward already
+hides matters too (*On a real GPU cluster*).
+
+<details><summary>How the estimate is built: latency model, model size, buckets</summary>
 
 - **Latency model.** A flat ring charges 2(p-1) delays per all-reduce, one per ring step, each
   as if it crossed a NIC (in a real node most steps cross NVLink): too much. An idealised
   tree's 2 lg p (NCCL has had all-reduce trees since [[nccl.tree_since]]) makes the extra
   rounds {bucket_log / bucket:.1f}x cheaper at p = 64, which raises each break-even
-  {bucket_log / bucket:.1f}x; the estimates below give both.
-- **Model size.** On 64 ranks at an assumed 10 us per message, with free compute, this
-  {model_kb:.0f} kB model's PowerSGD rank 1 pays below about {sig2(ring[0])} Gbit/s (ring)
-  to {sig2(tree[0])} Gbit/s (tree). The break-even grows in proportion to the bytes in one exchange
-  ({sig2(ratio)}x higher for {sig2(sizes[-1] / sizes[0])}x the bytes).
+  {bucket_log / bucket:.1f}x; the estimates give both.
+- **Model size.** On 64 ranks, this {model_kb:.0f} kB model's PowerSGD rank 1 pays below about
+  {sig2(ring[0])} Gbit/s (ring) to {sig2(tree[0])} Gbit/s (tree). The break-even grows in
+  proportion to the bytes in one exchange ({sig2(ratio)}x higher for
+  {sig2(sizes[-1] / sizes[0])}x the bytes).
 - **Per bucket.** DDP calls the hook once per bucket, each paying its own rounds, so what
-  counts is one bucket's bytes. Its default cap is [[pytorch.ddp_bucket_cap_mb]], and DDP
-  [[pytorch.ddp_bucket_whole_params]]. For this MLP family (a few large matrices, few
-  vectors), a bucket at the cap breaks even near {sig2(bucket)} Gbit/s (ring) to
-  {sig2(bucket_log)} Gbit/s (tree), one at twice the cap near {sig2(twice)} to
-  {sig2(twice_log)} Gbit/s, against one [[nvidia.connectx7_rate]] NIC: {side}. PowerSGD
-  still pays on one such NIC once a bucket holds more than about
+  counts is one bucket's bytes. DDP [[pytorch.ddp_bucket_whole_params]]. Of the buckets this
+  MLP family fills (a few large matrices, few vectors), one at the cap breaks even as above,
+  one at twice the cap near {sig2(twice)} to {sig2(twice_log)} Gbit/s. PowerSGD still pays on
+  one such NIC once a bucket holds more than about
   {sig2(bytes_at_rate(ring, sizes, nic_gbit) / 1e6)} MB (ring) or
   {sig2(bytes_at_rate(tree, sizes, nic_gbit) / 1e6)} MB (tree).
+
+</details>
 """)
 
 
