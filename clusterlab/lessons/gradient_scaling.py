@@ -35,17 +35,19 @@ def explain_fix(fix: dict, opt_pt: dict, *, steps: int, mom: float) -> None:
     minimum) and what moves it here; asserts the
     "tens of percent" (`mom`: the mean of means' error on the first batches), the fixes to
     rounding, and that the mean of means converged to its own minimiser."""
-    fix_table(fix, steps=steps)
     shift, mom_end = opt_pt["shift"], fix["param_error"]["mean_of_means"][-1]
+    print(f"In short: dividing by the global count makes the gradient exact (error "
+          f"{fix['rel_error']['global_count']:.0e}, against "
+          f"{fix['rel_error']['mean_of_means']:.0%} for the mean of means), and the mean of "
+          f"means trains to a different point, {shift:.4f} from the full-batch one.")
+    fix_table(fix, steps=steps)
     own = distance_to_own_minimiser(fix["params"], opt_pt)  # asserted below, not printed
     floor, excess = opt_pt["min_loss"], opt_pt["excess_loss"]
     print(f"The mean of means converges, but to another point: after {steps} steps it sits at "
           f"its own minimiser, {shift:.4f} from the full-batch one ({shift / opt_pt['scale']:.1%} "
           f"of the largest parameter). There the full-data loss is {floor * (1 + excess):.4f} "
           f"instead of {floor:.4f}, a floor set by the data's noise (+{excess:.0%}).")
-    print(f"Dividing by the global count takes the gradient's error from "
-          f"{fix['rel_error']['mean_of_means']:.0%} to {fix['rel_error']['global_count']:.0e}, "
-          "for one all-reduce of a single number per step.")
+    print("The fix costs one all-reduce of a single number per step.")
     print("The shift is zero with equal counts, or when the full-batch optimum also minimises "
           "every shard's own loss. Here one linear model made every shard's data, so only "
           f"sampling noise in {min(fix['batch_sizes'])} to {max(fix['batch_sizes'])} samples "
@@ -65,6 +67,11 @@ def explain_adam(adam_sm: dict, adam_fix: dict, opt_pt: dict, *, final: dict,
     mean of means ends after `steps` Adam steps; asserts that sum and mean give the same
     curves and that Adam converges to the mean of means' minimiser."""
     shift = opt_pt["shift"]
+    gap = max(float(np.max(np.abs(s_ - m_) / m_))
+              for s_, m_ in zip(adam_sm["loss"]["sum"], adam_sm["loss"]["mean"]))
+    print(f"In short: under Adam, sum and mean losses train alike (loss curves within {gap:.0e}, "
+          "relative), but the mean of means still ends at its own minimiser, not the "
+          "full-batch one.")
     for i, w in enumerate(adam_sm["world_sizes"]):
         s_, m_ = adam_sm["loss"]["sum"][i], adam_sm["loss"]["mean"][i]
         print(f"Adam, W={w}: the summed loss's gradient is "
