@@ -40,14 +40,18 @@ def plot_step_phases(runs: dict) -> None:
 
 
 def explain_floor(plain, netem, *, predicted: float) -> None:
-    """Print the wait per step on plain Gloo (this host's floor) and on the emulated network
-    against `predicted` (one ring all-reduce), check that every replica ended identical to
-    plain Gloo's (same hash on every rank, the same parameter sum as plain Gloo's), print the
-    details line (wait against the bound max(floor, network), issue lag) and
-    conclude that the network made the wait and the step longer."""
+    """Conclude first that the network made the wait and the step longer, then print the wait
+    per step on plain Gloo (this host's floor) and on the emulated network against `predicted`
+    (one ring all-reduce), check that every replica ended identical to plain Gloo's (same hash
+    on every rank, the same parameter sum as plain Gloo's), and print the details line (wait
+    against the bound max(floor, network), issue lag)."""
     p = netem.world_size
     a, b = plain.summary(), netem.summary()
     n_steps = netem.phases()["step"].shape[1]
+    assert b["wait_s"] > 0.9 * predicted   # one bucket: nothing overlapped
+    # the one-line message first, then the numbers behind it
+    conclude(b["wait_s"] > a["wait_s"] and b["step_s"] > a["step_s"],
+             "the 5 ms network made the wait and the step longer than plain Gloo")
     print(f"Wait per step (median of {n_steps}): plain Gloo {ms(a['wait_s'])} (this host's floor), "
           f"5 ms network {ms(b['wait_s'])}.")
     print(f"Predicted for one ring all-reduce: {2 * (p - 1)} rounds x 5 ms = {ms(predicted)}.")
@@ -61,9 +65,6 @@ def explain_floor(plain, netem, *, predicted: float) -> None:
           f"wait {ms(b['wait_s'])} against max(floor, network) = max({ms(a['wait_s'])}, "
           f"{ms(predicted)}) = {ms(expected)} expected; ranks issued the bucket "
           f"on average {ms(lag)} before the last rank did.")
-    assert b["wait_s"] > 0.9 * predicted   # one bucket: nothing overlapped
-    conclude(b["wait_s"] > a["wait_s"] and b["step_s"] > a["step_s"],
-             "the 5 ms network made the wait and the step longer than plain Gloo")
 
 
 # --- Per-rank timeline ------------------------------------------------------------------------
@@ -206,28 +207,28 @@ def sweep_effects(sweep: dict) -> dict:
 
 
 def explain_sweep(sweep: dict, *, bandwidth_over_latency: float) -> None:
-    """Print the sweep's table (model against measured), what the delay and the rate each
-    added against the model, how many networks the model fits, conclude which knob moved the
-    communication more, and say whether the bucket (its bandwidth term
-    `bandwidth_over_latency` times its latency term) is bandwidth-bound."""
+    """Conclude first which knob moved the communication more and say whether the bucket (its
+    bandwidth term `bandwidth_over_latency` times its latency term) is bandwidth-bound; then
+    print what the delay and the rate each added against the model, how many networks the
+    model fits, and the sweep's table (model against measured)."""
     d, r = sweep["delay"], sweep["rate"]
     e = sweep_effects(sweep)
     by_delay, by_rate, points, close = e["by_delay"], e["by_rate"], e["points"], e["close"]
-    print("Details:\nnetwork (delay, rate)   model ms  measured ms  measured/model")
-    for (dl, rt), x in sorted(points.items()):
-        print(f"{dl:5g} ms {rt:5g} Mbit/s  {x['predicted_comm_s'] * 1e3:8.1f}  "
-              f"{x['comm_busy_s'] * 1e3:11.1f}  {x['comm_busy_s'] / x['predicted_comm_s']:14.2f}")
+    swept = conclude(by_rate > by_delay > 0, "the rate cut moved the communication time more "
+                     "than the delay, and both moved it")
+    print(f"The bucket's bandwidth term is {bandwidth_over_latency:.1f}x its latency term: "
+          f"bandwidth-bound" + ("; the sweep agrees, as it must: the emulator implements this "
+                                 "model." if swept else "."))
     print(f"\nDelay {d[0]['delay_ms']:g} -> {d[-1]['delay_ms']:g} ms added {ms(by_delay)} per step "
           f"(model {ms(d[-1]['predicted_comm_s'] - d[0]['predicted_comm_s'])}); rate "
           f"{r[-1]['rate_mbit']:g} -> {r[0]['rate_mbit']:g} Mbit/s added {ms(by_rate)} (model "
           f"{ms(r[0]['predicted_comm_s'] - r[-1]['predicted_comm_s'])}).")
     print(f"{len(close)} of {len(points)} networks within 15 % of the alpha-beta model the "
           f"emulator implements (a consistency check).")
-    swept = conclude(by_rate > by_delay > 0, "the rate cut moved the communication time more "
-                     "than the delay, and both moved it")
-    print(f"The bucket's bandwidth term is {bandwidth_over_latency:.1f}x its latency term: "
-          f"bandwidth-bound" + ("; the sweep agrees, as it must: the emulator implements this "
-                                 "model." if swept else "."))
+    print("\nDetails:\nnetwork (delay, rate)   model ms  measured ms  measured/model")
+    for (dl, rt), x in sorted(points.items()):
+        print(f"{dl:5g} ms {rt:5g} Mbit/s  {x['predicted_comm_s'] * 1e3:8.1f}  "
+              f"{x['comm_busy_s'] * 1e3:11.1f}  {x['comm_busy_s'] / x['predicted_comm_s']:14.2f}")
     assert all(x["comm_busy_s"] > 0.9 * x["predicted_comm_s"]
                for x in points.values())  # never faster
 
@@ -391,9 +392,10 @@ def network_share(native_wait_s: float, network_s: float) -> tuple[float, bool]:
 
 
 def explain_idle(idle: list, *, delay_s: float, compute_s: float) -> None:
-    """Print the idle share at the fewest and the most ranks, whether the network (not this
-    host's floor) set the wait at the most, the compute per step and the simulator's share,
-    and conclude that the idle share grew with the rank count."""
+    """Conclude first that the idle share grew with the rank count (and that the network, not
+    this host's floor, set the wait at the most); then print the idle share at the fewest and
+    the most ranks, the network's closed form against plain Gloo's floor, the compute per step
+    and the simulator's share."""
     DELAY, compute = delay_s, compute_s
     first, last = idle[0], idle[-1]
     closed = {r["ranks"]: models.ring_allreduce(r["ranks"], r["run"].param_bytes, DELAY, 0.0)
@@ -409,6 +411,18 @@ def explain_idle(idle: list, *, delay_s: float, compute_s: float) -> None:
     # read as a point apart
     points = (int(f"{last['idle_fraction'] * 100:.0f}")
               - int(f"{last['sim_idle_fraction'] * 100:.0f}"))
+    # the one-line message first, then the numbers behind it
+    fractions = [r["idle_fraction"] for r in idle]
+    assert all(f > 0 for f in fractions)
+    conclude(fractions[-1] > fractions[0] and network_set,
+             f"the idle share grew from {first['ranks']} to {last['ranks']} ranks, and at "
+             f"{last['ranks']} ranks the wait ({ms(last['wait_s'])}) was "
+             + ("close to" if last["wait_s"] < 1.1 * closed[last["ranks"]] else "above")
+             + f" the network's closed form ({ms(closed[last['ranks']])}), "
+             f"{1 / max(host_share, 1e-9):.1f} times plain Gloo's (this machine's own), so the "
+             f"network, not this host, set it",
+             busy=(f"plain Gloo alone waited {ms(last['native_wait_s'])}, {host_share:.0%} of "
+                   f"the network's {ms(closed[last['ranks']])}" if not network_set else None))
     print(f"Idle share: {first['idle_fraction']:.0%} at {first['ranks']} ranks, "
           f"{last['idle_fraction']:.0%} at {last['ranks']} ({ms(last['wait_s'])} of "
           f"{ms(last['step_s'])}; medians of {n_steps} steps).")
@@ -424,17 +438,6 @@ def explain_idle(idle: list, *, delay_s: float, compute_s: float) -> None:
           f"the emulator enforces, gives {last['sim_idle_fraction']:.0%} at {last['ranks']} ranks "
           f"({f'{points:+d} points' if points else 'within 1 point'}): a "
           f"consistency check, not a test against a real network.")
-    fractions = [r["idle_fraction"] for r in idle]
-    assert all(f > 0 for f in fractions)
-    conclude(fractions[-1] > fractions[0] and network_set,
-             f"the idle share grew from {first['ranks']} to {last['ranks']} ranks, and at "
-             f"{last['ranks']} ranks the wait ({ms(last['wait_s'])}) was "
-             + ("close to" if last["wait_s"] < 1.1 * closed[last["ranks"]] else "above")
-             + f" the network's closed form ({ms(closed[last['ranks']])}), "
-             f"{1 / max(host_share, 1e-9):.1f} times plain Gloo's (this machine's own), so the "
-             f"network, not this host, set it",
-             busy=(f"plain Gloo alone waited {ms(last['native_wait_s'])}, {host_share:.0%} of "
-                   f"the network's {ms(closed[last['ranks']])}" if not network_set else None))
     assert last["wait_s"] > 0.9 * closed[last["ranks"]]   # never faster than the network
     assert all(r["native_wait_s"] > 0 for r in idle)
 
