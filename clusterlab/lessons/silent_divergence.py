@@ -20,13 +20,16 @@ def explain_changed(changed: dict, healthy: dict, *, steps: int) -> None:
     dev = divergence.loss_deviation(changed, healthy)
     d2 = changed["distance"][:, 2]
     drift = np.max(np.abs(d2 / d2[0] - 1))
+    ev0, ev2 = changed["eval_loss"][-1, 0], changed["eval_loss"][-1, 2]
+    evh = healthy["eval_loss"][-1, 0]
+    off = max(abs(ev0 - evh), abs(ev2 - evh)) / evh
+    print(f"In short: rank 2 stays apart from rank 0 for all {steps} steps (largest weight "
+          f"difference {d2[-1]:.1e}), while rank 0's loss stays within {dev:.2%} of a healthy "
+          "run's: the loss hides it, the replica fingerprints show it.")
     print(f"ranks whose fingerprint differs from rank 0's: {divergence.replicas_agree(changed)}")
     print(f"rank 2's gap to rank 0: {d2[0]:.6e} after step 0, {d2[-1]:.6e} after step "
           f"{steps - 1} (relative change <= {drift:.1e}: rounding only)")
     print(f"rank 0's loss, last 10 steps: {dev:.2%} off the healthy run's (one seeded run)")
-    ev0, ev2 = changed["eval_loss"][-1, 0], changed["eval_loss"][-1, 2]
-    evh = healthy["eval_loss"][-1, 0]
-    off = max(abs(ev0 - evh), abs(ev2 - evh)) / evh
     print(f"loss on a fixed batch of training rows (the same on every rank): rank 0's replica "
           f"{ev0:.5f}, rank 2's {ev2:.5f}, healthy run {evh:.5f} (both within {off:.1%} of it)")
     if off < 0.05:
@@ -49,6 +52,12 @@ def explain_exponent_flip(expo: dict, healthy: dict) -> None:
 
     g, h = expo["grad_norm"][:, 0], healthy["grad_norm"][:, 0]
     was, now = expo["injected"]
+    sat = divergence.hidden_saturation(expo)  # that weight's hidden unit, over the inputs
+    if divergence.replicas_agree(expo) == [] and expo["finite"].all():
+        print(f"In short: one flipped exponent bit left every replica identical and finite, "
+              f"yet hidden unit {sat['unit']} is saturated: its tanh slope is 0 on "
+              f"{sat['zero_grad_share']:.0%} of the training inputs, so its input weights get "
+              "no gradient.")
     print(f"the flipped gradient element: {was:.4f} before, {now:.2e} after")
     print(f"gradient norm after the sync at step 10: {g[10]:.1e}"
           + (" (its float32 sum of squares overflows)" if np.isinf(g[10]) else "")
@@ -65,7 +74,6 @@ def explain_exponent_flip(expo: dict, healthy: dict) -> None:
     where = int(np.argmax(np.abs(expo["params"][0])))  # flat index; 0 is model[0].weight[0, 0]
     print(f"largest |weight| at the end: {big:.1e} (healthy run: {big_h:.2f}), at flat index "
           f"{where}: the flipped element, first layer's weight[0, 0]")
-    sat = divergence.hidden_saturation(expo)  # that weight's hidden unit, over the inputs
     print(f"it feeds hidden unit {sat['unit']}: its tanh input |z| over the {sat['n']} training "
           f"inputs is at least {sat['min_abs_z']:.1e}")
     print(f"share of those inputs where 1 - tanh(z)^2 is exactly 0 in float32: "
@@ -128,6 +136,11 @@ def explain_detection(det: list, *, every: int, world: int) -> None:
     asserts silence on the healthy run, that every fault is named on its rank, labelled by
     the next check step and delivered one step later, and that the weight-change runs (all
     but the first and the last) alert again at every later check."""
+    faulty = [d for d in det if d["scenario"] != "healthy"]
+    named = [d for d in faulty if d["first"] is not None and d["first"]["ranks"] == [d["rank"]]]
+    print(f"In short: no alert on the healthy run; in {len(named)} of the {len(faulty)} faulty "
+          "runs the first alert names the faulty rank, delivered one step after the next check."
+          if det[0]["alerts"] == [] else "In short: the healthy run raised an alert.")
     for d in det:
         print(alert_sentence(d))
     assert det[0]["scenario"] == "healthy" and det[0]["alerts"] == [], "silent on a healthy run"
@@ -176,6 +189,9 @@ def explain_stall(stall: dict, *, steps: int, lr: float, world: int, batch: int)
     alert) while the applied lr and the checksum show them."""
     ok, detached, divided = stall["healthy"], stall["optimizer_detached"], stall["lr_divided"]
     g0 = ok["grad_norm"][0, 0]  # the healthy run's first gradient: same weights, same batch
+    print("In short: the stalled runs barely lower the loss, yet their gradients are finite, "
+          "their replicas agree and the monitor raises no alert; the lr actually applied "
+          "(column 'lr applied') gives both away.")
     print(f"{'':19s} {f'loss, step 0 -> {steps - 1}':>18s} {'grad norm':>9s} {'lr applied':>10s} "
           f"{'steps weights changed':>21s} {'alerts':>6s}")
     for name, run in stall.items():
@@ -200,8 +216,7 @@ def explain_stall(stall: dict, *, steps: int, lr: float, world: int, batch: int)
     assert np.allclose(ok["update_norm"] / ok["grad_norm"], lr, rtol=1e-3)
     assert np.allclose(divided["update_norm"] / divided["grad_norm"], lr / (world * batch),
                        rtol=1e-2)
-    print("the stalled runs: finite gradients, agreeing replicas, no alert; the applied lr flags "
-          "both, a checksum that never moves flags optimizer_detached")
+    print("more cheaply still, a checksum that never moves flags optimizer_detached")
 
 
 def plot_stall(stall: dict, *, lr: float) -> None:
