@@ -391,8 +391,20 @@ def _fastest_step(per_rank: list[dict], key: str = "step_s", skip: int = 1) -> f
     without jitter every step costs the same, and load on this shared machine only ever
     adds time: the fastest step is the best estimate of what the network and the code cost
     (a median would carry whatever else the machine was doing)."""
+    return min(_slowest_rank_steps(per_rank, key, skip))
+
+
+def _slowest_rank_steps(per_rank: list[dict], key: str = "step_s", skip: int = 1) -> list[float]:
     steps = len(per_rank[0]["steps"])
-    return min(max(r["steps"][k][key] for r in per_rank) for k in range(skip, steps))
+    return [max(r["steps"][k][key] for r in per_rank) for k in range(skip, steps)]
+
+
+def _step_spread(per_rank: list[dict], key: str = "step_s", skip: int = 1) -> float:
+    """The median step minus the fastest (slowest rank, after `skip` warm-up steps): how
+    much this run's own steps scatter on a network without jitter, i.e. this machine's
+    noise. A difference between two runs' fastest steps is only trusted to about it."""
+    return float(np.median(_slowest_rank_steps(per_rank, key, skip))) - _fastest_step(
+        per_rank, key, skip)
 
 
 def sharded_traffic(*, ranks: int = 4, width: int = 64, depth: int = 3,
@@ -465,6 +477,7 @@ def step_time_sweep(nics, *, ranks: int = 2, width: int = 128, depth: int = 3,
             params = ddp[0]["params"]
             row.update({
                 "params": params, "ddp_s": _fastest_step(ddp), "fsdp_s": _fastest_step(fsdp),
+                "ddp_spread_s": _step_spread(ddp), "fsdp_spread_s": _step_spread(fsdp),
                 "ddp_comm_s": par.sharded_comm_seconds("ddp", params=params, ranks=ranks,
                                                        alpha=alpha, beta=beta),
                 "fsdp_comm_s": par.sharded_comm_seconds("zero3", params=params, ranks=ranks,
@@ -478,6 +491,7 @@ def step_time_sweep(nics, *, ranks: int = 2, width: int = 128, depth: int = 3,
             row.update({
                 "tp_params": tp_params, "activation_bytes": act,
                 "tp_s": _fastest_step(tp), "tp_dp_s": _fastest_step(dp),
+                "tp_spread_s": _step_spread(tp), "tp_dp_spread_s": _step_spread(dp),
                 # Each block here is one MLP (column- then row-split): one all-reduce
                 # forward (g) and one backward (f); a transformer layer has two such blocks.
                 "tp_comm_s": par.tp_comm_seconds(layers=tp_layers, ranks=ranks,
