@@ -15,6 +15,21 @@ def say(text: str) -> None:
     display({"text/markdown": text, "text/plain": text}, raw=True)
 
 
+def fold(summary: str, text: str, *, pre: bool = False) -> None:
+    """Show computed `text` behind a fold titled `summary` the reader clicks open: detail that
+    would bury a cell's one-line result. Each line is a paragraph (`pre`: kept as preformatted
+    text, for tables). Outside a notebook it prints `text` as it is."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    text = text.rstrip("\n")
+    if not InteractiveShell.initialized():
+        print(text)
+        return
+    body = (f"```text\n{text}\n```" if pre else
+            "\n\n".join(line for line in text.splitlines() if line.strip()))
+    say(f"<details><summary>{summary}</summary>\n\n{body}\n\n</details>")
+
+
 def ms(seconds: float, *, digits: int = 1) -> str:
     """Seconds as milliseconds with `digits` decimals: 0.0123 -> '12.3 ms' ('12 ms' with
     digits=0)."""
