@@ -60,8 +60,9 @@ def pause_lines(f: dict, cfg: dict) -> list[str]:
     """The pause after node B's death in words: what node A's worker was told, then each
     milestone in seconds after the kill with the time it added: A's worker told; A's agent has
     created the new worker (its restart and the rendezvous without B, whose configured waits
-    are named, each noticed at a once-a-second poll); that worker's Python has imported torch;
-    it has imported DCP and FSDP; it has loaded the checkpoint at the new world size."""
+    are named; that each is noticed at a once-a-second poll is the notebook's fold); that
+    worker's Python has imported torch; it has imported DCP and FSDP; it has loaded the
+    checkpoint at the new world size."""
     keep_alive = cfg["keep_alive_s"] * cfg["keep_alive_attempts"]
     marks = [
         (f["detected_s"], f"A's worker is told, in its next collective (after its "
@@ -69,8 +70,7 @@ def pause_lines(f: dict, cfg: dict) -> list[str]:
         (f["spawned_s"], f"A's agent has started a new worker (+{{:.1f}} s): its restart and "
                          f"the rendezvous without B,\nwhose waits are B's heartbeats expiring "
                          f"(at most {keep_alive} s after the kill), then the last call "
-                         f"({cfg['last_call_s']} s),\neach noticed up to a second late (the "
-                         f"agent re-reads the rendezvous once a second)"),
+                         f"({cfg['last_call_s']} s)"),
         (f["regrouped_s"], "its Python has started and imported torch (+{:.1f} s)"),
         (f["imported_s"], "it has imported DCP and FSDP (+{:.1f} s)"),
         (f["resumed_s"], f"it has loaded the checkpoint at world size {f['world_after']} "
@@ -209,9 +209,7 @@ death and the last call alone take more than {ib_wait + last_call:.0f} s; this r
 took {f['resumed_s']:.1f} s. The table sets the parts side by side; the fold below it goes
 through them step by step.
 
-**The same pause at the defaults, beside this run's** (on a cluster, the sum of the counted
-parts' lower bounds, the rest left out; an agent re-reads the rendezvous once a second, so
-each wait may end up to a second late):
+**The same pause at the defaults, beside this run's:**
 
 | part of the pause | NCCL over InfiniBand, torch's defaults | this run (Gloo, a killed process; one run) |
 |---|---|---|
@@ -219,6 +217,9 @@ each wait may end up to a second late):
 | agent and rendezvous: dropping the dead node, then the last call | 0 s (its {dead_after:.0f} s without heartbeats have passed) + {last_call:.0f} s | {rdzv:.1f} s (configured: at most {keep_alive} s, then {cfg['last_call_s']} s) |
 | new workers, communicator, checkpoint load | not counted: grows with the job and the checkpoint | {start:.1f} s (incl. this demo's check) |
 | **total** | **more than {ib_wait + last_call:.0f} s** | **{f['resumed_s']:.1f} s** |
+
+The cluster column adds up the lower bounds of the parts it counts and leaves the rest out.
+An agent re-reads the rendezvous once a second, so each wait may end up to a second late.
 
 What carries over is the sequence of parts. On a cluster at the defaults, the detection and
 the last call set a floor of {ib_wait + last_call:.0f} s; starting the new workers and loading
@@ -239,27 +240,32 @@ the checkpoint come on top (how long a load takes: next box).
   [[pytorch.gloo_timeout_default]] by default ({cfg['collective_timeout_s']:.0f} s in this run).
 - **Under NCCL over InfiniBand, at the defaults** (the cases are tabled in
   [12](12_failures_and_elasticity.ipynb)'s *On a real GPU cluster*):
-  1. The node dies. The survivors' workers hang: an NCCL call returns once the collective is
+  1. **The survivors hang, and look healthy.** An NCCL call returns once the collective is
      queued on the GPU, so the GPU's kernel waits in the collective and the worker's host thread
      at its next synchronisation with it. Their agents, which poll them every
      `--monitor-interval` ([[pytorch.torchrun_monitor_interval]]), see them healthy.
-  2. Its direct peers fail first (which of them, and when, depends on what each had in
-     flight). A node that was sending to the dead one has data on its network card (NIC)
-     that was never acknowledged. A receiver that had just told the dead node "you may send"
-     by an RDMA write (one NIC writing straight into the other's memory) also waits for its
-     acknowledgement. Either NIC waits, per try, an ACK timeout of at least
-     [[nccl.ib_timeout_formula]], with NCCL_IB_TIMEOUT = [[nccl.ib_timeout_default]]:
+  2. **The first peer times out after at least {ib_wait:.0f} s.** Which peer, and when, depends
+     on what each had in flight. A node that was sending to the dead one has data on its
+     network card (NIC) that was never acknowledged: no ACK (the receiver's receipt for the
+     data) came back. A receiver that had just told the dead node "you may send" by an RDMA
+     write (one NIC writing straight into the other's memory) also waits for its ACK.
+     Either NIC waits, per try, an ACK timeout of at least [[nccl.ib_timeout_formula]], with
+     NCCL_IB_TIMEOUT = [[nccl.ib_timeout_default]]:
      4.096 µs × 2^{exp} ≈ [[nccl.ib_timeout_default_time]];
      1 try + [[nccl.ib_retry_cnt_default]] retries (NCCL_IB_RETRY_CNT) = {tries} waits,
-     {tries} × {ack_s} s ≈ [[nccl.ib_total_wait_default]] at least. Then it reports an error.
-  3. That worker fails; its agent spends a restart (if one is left) and re-enters the rendezvous.
-  4. Every other agent sees a node waiting at its next poll and restarts its hung workers
-     (SIGTERM, then SIGKILL after a grace period).
-  5. By then the dead node's heartbeats are overdue (a node is dropped after
-     [[pytorch.rdzv_dead_node_after]] without them at torch's defaults), so it leaves at once;
-     the round, once it has its minimum, waits the last call, [[pytorch.rdzv_last_call_timeout]].
-  6. New workers start (interpreters, CUDA, NCCL's communicator over all ranks) and load the
-     checkpoint.
+     {tries} × {ack_s} s ≈ [[nccl.ib_total_wait_default]]. Then it reports an error. "At least",
+     because the InfiniBand spec lets the NIC wait up to 4× longer than the formula per try, so
+     the total is a floor.
+  3. **That worker fails.** Its agent spends a restart (if one is left) and re-enters the
+     rendezvous.
+  4. **Every other agent restarts its workers.** It sees a node waiting at its next poll and
+     stops its hung workers (SIGTERM, then SIGKILL after a grace period).
+  5. **The round drops the dead node and waits the last call.** By then the dead node's
+     heartbeats are overdue (a node is dropped after [[pytorch.rdzv_dead_node_after]] without
+     them at torch's defaults), so it leaves at once; the round, once it has its minimum,
+     waits the last call, [[pytorch.rdzv_last_call_timeout]].
+  6. **New workers start and load the checkpoint:** interpreters, CUDA, and NCCL's
+     communicator (its set of connections over all ranks of the new group).
 
   If no peer has traffic in flight to the dead node, step 2 is the timeout of
   ProcessGroupNCCL's watchdog (a thread that ends the process when a collective overruns),
@@ -291,26 +297,34 @@ def cost_text() -> str:
 **What a smaller job costs**
 
 - **Resharding is DCP's** ([[pytorch.dcp_resharding]]). The checkpoint must sit on storage
-  every node reaches (here: one local directory). It holds the weights and Adam's state:
-  [[paper.zero_adam_state_bytes]] with fp32 master weights and Adam's two fp32 moments
-  (the usual mixed precision, computing in 16 bits; more if it also stores the 16-bit weights,
-  less with 16- or 8-bit optimizer states), about {70e9 * adam_b / 1e12:.1f} TB for a 70B-parameter model,
-  {405e9 * adam_b / 1e12:.1f} TB for 405B. Loading reads at least that size (a multiple of it
-  when each data-parallel replica reads its own copy). Llama 3's storage fabric can sustain
-  [[meta.llama3_storage_throughput]] in all: one copy of 405B's state read at that whole rate
+  every node reaches (here: one local directory).
+- **Loading a large checkpoint takes seconds on a fast fabric.** It holds the weights and
+  Adam's state, [[paper.zero_adam_state_bytes]]: about {70e9 * adam_b / 1e12:.1f} TB for a
+  70B-parameter model, {405e9 * adam_b / 1e12:.1f} TB for 405B. Llama 3's storage fabric can
+  sustain [[meta.llama3_storage_throughput]] in all: one copy of 405B's state read at that whole rate
   takes {read_s:.1f} s, small beside the {floor:.0f} s floor, and {read_s * 100 / 60:.0f} min on
-  storage a hundred times slower; a job that gets less of the fabric waits longer. This tiny
-  model does not show it.
+  storage a hundred times slower. This tiny model does not show it.
+
+  <details><summary>The caveats</summary>
+
+  The 12 bytes are fp32 master weights and Adam's two fp32 moments, the usual mixed precision
+  computing in 16 bits. A checkpoint that also stores the 16-bit weights is larger; one with
+  16- or 8-bit optimizer states is smaller. Loading reads at least that size, a multiple of
+  it when each data-parallel replica reads its own copy, and a job that gets less of the
+  fabric waits longer.
+  </details>
+
 - **Uneven shards** (FSDP2's default: [[pytorch.fsdp2_shard_dim0_chunk]]). Tensors with fewer
   rows than ranks, as the output layer here, leave some ranks an empty shard; FSDP pads the
   parameter buffer so that parameter memory stays balanced, while Adam's moments and the
   checkpoint files stay uneven.
 - **A job shrinks by a whole data-parallel replica, if the script makes it.** torchrun hands
-  the script every surviving node. With tensor parallelism (each layer's matrices split
-  across GPUs) and pipeline parallelism (the layers split into stages; both in
-  [10b](10b_tensor_pipeline_expert_parallelism.ipynb)) spanning k nodes per replica, and a
-  fixed layout per replica, the other k − 1 survivors of the broken replica sit idle
-  (re-partitioning the pipeline stages, or a spare node in the dead one's place, avoids
-  that); the job then continues on R − 1 of its R replicas, with a larger
-  per-replica batch or gradient accumulation, at about (R − 1)/R of the throughput.
+  the script every surviving node. Say tensor parallelism (each layer's matrices split across
+  GPUs) and pipeline parallelism (the layers split into stages; both in
+  [10b](10b_tensor_pipeline_expert_parallelism.ipynb)) span k nodes per replica, with a fixed
+  layout per replica. Then the other k − 1 survivors of the broken replica sit idle, and the
+  job continues on R − 1 of its R replicas, with a larger per-replica batch or gradient
+  accumulation, at about (R − 1)/R of the throughput.
+  To keep the survivors busy, re-partition the pipeline stages over them, or put a spare node
+  in the dead one's place.
 """  # noqa: E501 (Markdown table rows and prose shown verbatim)
