@@ -7,7 +7,9 @@ it, the measured conclusions, and the break-even figure and box.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import math
 
 import numpy as np
@@ -56,6 +58,9 @@ def explain_sweep(st, methods) -> bool:
     claim = f"every compressed method beat fp32 DDP at {slow} Mbit/s"
     shown = conclude(all(st.verdict(m, slow) == "faster" for m in methods[1:]), claim,
                      busy="; ".join(inside_band(st, m, [slow]) for m in unclear) or None)
+    n = st.rows[0].get("steps_measured") if getattr(st, "rows", None) else None
+    print(f"Step = the fastest of {n} steps, each the slowest rank's." if n else
+          "Step = the fastest step, the slowest rank's.")
     print(f"{'':20}| {f'at {slow} Mbit/s':27}| at {fast} Mbit/s")
     print(f"{'method':>11}{'band':>8} | {'step':>6}  {'fp32 ÷ method':18} | {'step':>6}"
           f"{'gain':>10}  verdict")
@@ -64,7 +69,8 @@ def explain_sweep(st, methods) -> bool:
         print(f"{m:>11}{'-' if base else ms1(st.band(m)):>8} | {ms(st.step(m, slow)):>6}  "
               f"{'-' if base else ratio_range(st, m, slow):18} | {ms(st.step(m, fast)):>6}"
               + ("" if base else f"{st.gain(m, fast) * 1e3:+7.1f} ms  {st.verdict(m, fast)}"))
-    print("(gain = fp32 step − method step; verdict only if |gain| > band)")
+    print("(band = this run's noise band, above; gain = fp32 step − method step; verdict only "
+          "if |gain| > band)")
     return shown
 
 
@@ -119,9 +125,13 @@ def explain_breakeven(st, methods, *, ranks: int = 4, delay_s: float = 2e-3) -> 
                      + (f", measured between {a} and {b} Mbit/s" if a else
                         ", no measured crossing"))
     print("Break-even, predicted (± noise band) and measured: " + "; ".join(parts) + ".")
-    for q in st.rates:
-        if len({WORD[st.verdict(m, q)] for m in methods}) > 1:
-            explain_differing(st, methods, q)
+    differ = [q for q in st.rates if len({WORD[st.verdict(m, q)] for m in methods}) > 1]
+    if differ:
+        with contextlib.redirect_stdout(io.StringIO()) as why:
+            for q in differ:
+                explain_differing(st, methods, q)
+        show.fold(f"Why the two ranks' verdicts differ at {', '.join(map(str, differ))} Mbit/s",
+                  why.getvalue())
     delays_s = {m: compression.comm_seconds(compression.predicted_calls(m, ranks), ranks,
                                             delay_s, 0)
                 for m in ("none", "powersgd:1")}
@@ -231,7 +241,7 @@ def plot_breakeven_by_size(scan: dict) -> None:
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("fp32 gradient bytes of the same MLP, widened (MB)")
-    ax.set_ylabel("break-even rate (Gbit/s)")
+    ax.set_ylabel("break-even rate (Gbit/s)\nestimate, not measured")
     ax.set_title("Break-even grows with the bytes saved (assumed: 64 ranks, 10 us per message, "
                  "free compute)", fontsize=9)
     ax.legend(fontsize=8)
@@ -270,19 +280,28 @@ def show_breakeven_at_scale(scan: dict, *, n_params: int) -> None:
     cap_mib = facts.get("pytorch.ddp_bucket_cap_mb").value
     bucket, bucket_log = at_bucket(ring, sizes, cap_mib), at_bucket(tree, sizes, cap_mib)
     twice, twice_log = at_bucket(ring, sizes, 2 * cap_mib), at_bucket(tree, sizes, 2 * cap_mib)
-    side = ("below it either way: at these bucket sizes the rounds alone rule PowerSGD out"
-            if twice_log < nic_gbit else
-            "above it either way: at these bucket sizes the rounds alone do not rule PowerSGD "
-            "out" if bucket > nic_gbit else
-            "the ring's estimates fall below it and the tree's rise above it, so which latency "
-            "model is right decides whether PowerSGD pays" if bucket_log > nic_gbit else
-            "the lower estimates fall below it and the higher above it, so the latency model "
-            "and the bucket's size decide whether PowerSGD pays")
+    lead = ("PowerSGD rank 1 loses to fp32 on one fast NIC whichever way the all-reduce's "
+            "message delays are counted" if twice_log < nic_gbit else
+            "PowerSGD rank 1 still beats fp32 on one fast NIC whichever way the all-reduce's "
+            "message delays are counted" if bucket > nic_gbit else
+            "whether PowerSGD rank 1 beats fp32 on one fast NIC depends on how many message "
+            "delays an all-reduce pays: counted as a flat ring, no; as a tree, yes"
+            if bucket_log > nic_gbit else
+            "whether PowerSGD rank 1 beats fp32 on one fast NIC depends on how many message "
+            "delays an all-reduce pays and on the bucket's size")
+    side = ("below it either way" if twice_log < nic_gbit else
+            "above it either way" if bucket > nic_gbit else
+            "the ring's estimate falls below it and the tree's rises above it"
+            if bucket_log > nic_gbit else
+            "the lower estimates fall below it and the higher above it")
     facts.show(f"""
-**In short:** on 64 ranks at an assumed 10 us per message, with free compute, a bucket at the
-cap breaks even near {sig2(bucket)} Gbit/s (ring) to {sig2(bucket_log)} Gbit/s (tree), against one
-[[nvidia.connectx7_rate]] NIC: {side}. The cap is DDP's default bucket size,
-[[pytorch.ddp_bucket_cap_mb]]; the ring and the tree are two ways of charging latency (below).
+**In short:** for one full DDP bucket on 64 ranks, {lead}. (Estimates from the formula, not
+runs.)
+
+A *ring* all-reduce waits 2(p-1) message delays in sequence, a *tree* about 2 lg p; the *cap*
+is DDP's default bucket size, [[pytorch.ddp_bucket_cap_mb]]. At an assumed 10 us per message,
+with free compute, a bucket at the cap breaks even near {sig2(bucket)} Gbit/s (ring) to
+{sig2(bucket_log)} Gbit/s (tree), against one [[nvidia.connectx7_rate]] NIC: {side}.
 
 These are estimates, not runs. The model prices only rounds and bytes: leaving out compute
 and overlap makes its break-even rates too high, and the latency it charges per round moves
@@ -343,24 +362,30 @@ def real_cluster_text() -> str:
     return f"""
 - **Only exposed communication can shrink.** DDP's design ([[paper.li_pytorch_ddp_2020]])
   all-reduces each bucket while the backward pass still runs: a compressor saves only what
-  the backward does not hide (here all of it: one bucket), and its own GPU work competes with
-  the backward's kernels.
-- **DDP's buckets** are capped by default at [[pytorch.ddp_first_bucket]] for the one reduced
-  first (the last layers' gradients) and [[pytorch.ddp_bucket_cap_mb]] for the others, each
+  the backward does not hide (here all of it: one bucket), and its own GPU work can compete
+  with the backward's kernels.
+- **DDP's buckets are small by default.** The one reduced first (the last layers' gradients)
+  is capped at [[pytorch.ddp_first_bucket]], the others at [[pytorch.ddp_bucket_cap_mb]], each
   holding whole gradients (box above). DDP accepts torch's bf16 hook only with
-  [[pytorch.ddp_bf16_hook_check]], checked when the hook is registered.
-- **PowerSGD's settings.** torch's hook starts after [[pytorch.powersgd_start_iter]] of plain
-  all-reduce (the runs above: from step {compression.POWERSGD_START}) and compresses a matrix
-  only if its compression rate exceeds [[pytorch.powersgd_min_compression_rate]] (here 1,
-  which changes nothing: this model's least compressible matrix still shrinks
+  [[pytorch.ddp_bf16_hook_check]] (XPU: Intel GPUs; XCCL: their collectives library), checked
+  when the hook is registered.
+- **PowerSGD starts late by default.** torch's hook starts after
+  [[pytorch.powersgd_start_iter]] of plain all-reduce (the runs above: from step
+  {compression.POWERSGD_START}) and compresses a matrix only if its compression rate
+  exceeds [[pytorch.powersgd_min_compression_rate]] (here 1, which changes nothing: this
+  model's least compressible matrix still shrinks
   {min_rate:.1f}x at rank 4).
-- **FSDP.** FSDP2 (`fully_shard`) has [[pytorch.fsdp2_no_comm_hook]]: a compressor could
-  go in a custom reduce-scatter or all-gather (`set_custom_all_gather`);
-  `set_all_reduce_hook` runs after the reduction (reduce dtype:
-  [11b](11b_error_feedback_and_accuracy.ipynb)). FSDP1 has [[pytorch.fsdp1_comm_hook]].
-- **FP8 on the wire** where bytes dominate: DeepEP, DeepSeek's all-to-all library, sends
-  [[deepep.fp8_dispatch]].
-- **Slow links: change the algorithm, not the bits.** DiLoCo: [[diloco.paper]].
+- **FSDP has no DDP-style hook;** compression would go into its own collectives instead.
+  FSDP2 (`fully_shard`, the current sharded data parallelism API) has
+  [[pytorch.fsdp2_no_comm_hook]]. So a compressor goes in a custom reduce-scatter or
+  all-gather; its reduce dtype is in [11b](11b_error_feedback_and_accuracy.ipynb). The older
+  FSDP1 has [[pytorch.fsdp1_comm_hook]].
+- **FP8 on the wire where bytes dominate.** DeepEP, DeepSeek's all-to-all library for
+  mixture-of-experts layers, sends [[deepep.fp8_dispatch]] ("dispatch" sends tokens to their
+  experts, "combine" brings the results back).
+- **Slow links: exchange less often, not fewer bits.** DiLoCo lets each worker train on its
+  own for hundreds of steps, then averages the change and applies it with an outer
+  optimizer: [[diloco.paper]].
 """
 
 
