@@ -237,12 +237,22 @@ def explain_barrier(mb: dict, *, barrier_timeout_s: float, late_s: float) -> Non
 
 
 def hang_checklist() -> str:
-    """The `facts.show` template of "When a job hangs": what to set before a run (or the
-    rerun), what to do while it hangs and after its timeout, and where the evidence sits
-    (flight-recorder dumps, a waiting rank's stack)."""
+    """The `facts.show` template of "When a job hangs": first, visible, where a waiting rank's
+    stack sits; then, folded for reference, what to set before a run (or the rerun) and what
+    to do while it hangs and after its timeout (flight-recorder dumps, py-spy)."""
     return (
+        "- **Where a waiting rank's stack sits.** A collective with `async_op=False` "
+        "[[pytorch.collective_returns_before_cuda_completes]], so the others wait at the next "
+        "host sync (`.item()`, `.cpu()`); [[pytorch.nccl_blocking_wait]] puts the stack in the "
+        "collective itself. A group's first collective creates its communicator "
+        "([[pytorch.nccl_lazy_comm_init]]; [[nccl.comm_init_rank_sync]]), so a hang can sit "
+        "there; with `device_id` in `init_process_group` it moves to the init and `new_group`. "
+        "`torch.distributed.breakpoint(rank=k)`, called on every rank, opens pdb on rank k "
+        "while the others wait: it ends in a barrier, so called from a rank-dependent branch it "
+        "is itself the mismatch above (it also sets every group's timeout to an hour).\n\n"
+        "<details><summary>For reference: when a job hangs, step by step</summary>\n\n"
         "**When a job hangs.** Before a run, or the rerun:\n\n"
-        "1. **Bound it**: an explicit `timeout` (table below). On NCCL, when a collective "
+        "1. **Bound it**: an explicit `timeout` (settings table below). On NCCL, when a collective "
         "exceeds it, the watchdog tears down its own process (the launcher then ends the job), "
         "and each rank first tries to write its flight-recorder dump (best effort: PyTorch "
         "waits for it only a bounded time). Ranks whose own collective timed out dump at once; "
@@ -269,23 +279,15 @@ def hang_checklist() -> str:
         "issued from one loop leaves no trace there: an entry holds op, sizes, dtypes, timing "
         "and the Python stack, nothing that names the tensor (`struct Entry` in torch 2.13's "
         "[FlightRecorder.hpp](https://github.com/pytorch/pytorch/blob/v2.13.0/torch/csrc/"
-        "distributed/c10d/FlightRecorder.hpp)).\n\n"
-        "- **Where a waiting rank's stack sits.** A collective with `async_op=False` "
-        "[[pytorch.collective_returns_before_cuda_completes]], so the others wait at the next "
-        "host sync (`.item()`, `.cpu()`); [[pytorch.nccl_blocking_wait]] puts the stack in the "
-        "collective itself. A group's first collective creates its communicator "
-        "([[pytorch.nccl_lazy_comm_init]]; [[nccl.comm_init_rank_sync]]), so a hang can sit "
-        "there; with `device_id` in `init_process_group` it moves to the init and `new_group`. "
-        "`torch.distributed.breakpoint(rank=k)`, called on every rank, opens pdb on rank k "
-        "while the others wait: it ends in a barrier, so called from a rank-dependent branch it "
-        "is itself the mismatch above (it also sets every group's timeout to an hour).")
+        "distributed/c10d/FlightRecorder.hpp))."
+        "\n\n</details>")
 
 
 def hang_settings() -> str:
     """The `facts.show` template of the table "Settings that decide how a hang ends" (torch
     2.13 defaults from the ledger)."""
     return (
-        "**Settings that decide how a hang ends**\n\n"
+        "<details><summary>For reference: settings that decide how a hang ends</summary>\n\n"
         "| Setting (torch 2.13) | Default | What it does |\n"
         "|---|---|---|\n"
         "| `timeout` of `init_process_group` | NCCL: [[pytorch.nccl_timeout_default]]; Gloo: "
@@ -299,4 +301,4 @@ def hang_settings() -> str:
         "| TORCH_NCCL_DUMP_ON_TIMEOUT | [[pytorch.nccl_dump_on_timeout]] | the dump on a "
         "timeout |\n"
         "| TORCH_NCCL_DESYNC_DEBUG=1 | off (on under `DETAIL`) | it "
-        "[[pytorch.nccl_desync_debug]] |")
+        "[[pytorch.nccl_desync_debug]] |\n\n</details>")
