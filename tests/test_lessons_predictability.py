@@ -236,34 +236,44 @@ def test_best_node_counts_finds_each_curves_optimum_and_the_critical_batch():
     assert crit["b_crit"] == 8 * 32 and crit["n_crit"] == 8
     assert crit["top_from"] == 256 and crit["lr_top"] == 0.4 and len(crit["plateau"]) == 8
     text = tt.best_nodes_sentence(crit)
-    assert "4 for the ring, 1024 for the tree" in text
-    assert "For the tree some seed's best is 1024, the edge of this range" in text
-    assert "the ring's step grew ×2.00 while the steps fell only ×1.75" in text
+    # one bold line first: the ring's best against the critical batch, the tree's by seed
+    assert text.startswith("**The ring's time to train is least at 4 nodes (4 by seed), below "
+                           "the 8 nodes that reach the critical batch; the tree's best is at "
+                           "1024 nodes by seed.**")
+    assert "- Each seed's own best (2 seeds): 4 nodes for the ring, 1024 for the tree." in text
+    assert "- For the tree some seed's best is 1024, the edge of this range" in text
+    assert ("the ring's step grew ×2.00 while the steps fell only ×1.75: a step that grows "
+            "faster than the steps fall stops paying even before the critical batch.") in text
     assert "from batch 256 on (8 nodes, past the ring's best) the mean steps stay below" in text
     assert "Critical batch estimate: S_min ≈ 10.0 steps (the largest batch's), so 2 S_min = 20.0" \
         in text
-    # 21 -> 12 is x1.75 into the estimate, steeper than the model's x1.5, as the rate rose
-    assert ("the fall into it, 21.0 → 12.0 steps (×1.75), is steeper than the model allows "
-            "(×1.5), and the tuned rate rose 0.1 → 0.4 there.") in text
-    assert "From batch 32 to 256 the rate grid" in text and "even rise" not in text
+    # 21 -> 12 is x1.75 into the estimate, steeper than the model's x1.5 there, as the rate rose
+    assert ("- The fall into it, 21.0 → 12.0 steps (×1.75), is steeper than the model allows at "
+            "the estimate (×1.5), and the tuned rate rose 0.1 → 0.4 there.") in text
+    assert "- From batch 32 to 256 the rate grid" in text and "even rise" not in text
+    assert text.index("<details>") < text.index("- Each seed's") < text.index("</details>")
 
 
 def test_grid_note_names_a_rise_past_the_estimate_and_stays_short_without_one():
     rows = [{"batch": b, "lr": 4} for b in (256, 512, 1024, 2048, 4096)]
     crit = {"steps": {256: 30.0, 512: 20.0, 1024: 12.0, 2048: 11.0, 4096: 11.5},
             "b_crit": 1024, "batches": [256, 512, 1024, 2048, 4096], "rows": rows}
-    note = tt.grid_note(crit)   # 20 -> 12 is x1.67 > x1.5; same rate; 11.0 -> 11.5 rises
-    assert "(×1.67), is steeper than the model allows (×1.5);" in note
-    assert "past it the steps even rise (11.0 → 11.5 at batch 4096)" in note
-    assert "From batch 256 to 4096 the rate grid" in note
+    note = tt.grid_points(crit)   # 20 -> 12 is x1.67 > x1.5; same rate; 11.0 -> 11.5 rises
+    assert note[1].endswith("(×1.67), is steeper than the model allows at the estimate (×1.5).")
+    assert note[2].startswith("Past it the steps even rise (11.0 → 11.5 at batch 4096)")
+    assert note[3].startswith("From batch 256 to 4096 the rate grid")
+    # a fall of more than x2 per doubling: steeper than the model allows for any B_crit
+    steep = tt.grid_points({**crit, "steps": {**crit["steps"], 512: 25.0}})
+    assert steep[1] == ("The fall into it, 25.0 → 12.0 steps (×2.08), is steeper than the model "
+                        "allows for any B_crit (at most ×2 per doubling of the batch).")
     crit["steps"] = {256: 30.0, 512: 16.0, 1024: 12.0, 2048: 11.0, 4096: 10.0}
     # B(S/S_min - 1) below the estimate: 256 x 2 = 512 and 512 x 0.6 = 307, two-sided
-    assert tt.grid_note(crit) == (" Treat 1024 as approximate: in McCandlish's model the smaller "
-                                  "batches' steps imply B_crit = B(S/S_min − 1) ≈ 310 to 510, "
-                                  "and a lower true S_min would raise these and the estimate.")
+    assert tt.grid_points(crit) == ["Treat 1024 as approximate: in McCandlish's model the smaller "
+                                    "batches' steps imply B_crit = B(S/S_min − 1) ≈ 310 to 510, "
+                                    "and a lower true S_min would raise these and the estimate."]
     assert tt.implied_crit(crit["steps"], 256) is None   # nothing below the estimate
-    assert tt.grid_note({**crit, "b_crit": 256}).startswith(
-        " Treat 256 as approximate (a lower true S_min would move it right)")
+    assert tt.grid_points({**crit, "b_crit": 256})[0].startswith(
+        "Treat 256 as approximate (a lower true S_min would move it right)")
 
 
 def test_nccl_sentence_says_whether_every_seed_reached_the_critical_batch():
@@ -272,15 +282,17 @@ def test_nccl_sentence_says_whether_every_seed_reached_the_critical_batch():
     step = {n: 0.05 + 2 * (n - 1) * 1.4e-5 for n in (8, 16)}
     dc = {"alpha_s": 1.4e-5, "compute_s": 0.05, "step": step, "best": 16, "seeds": [8, 16]}
     past = tt.nccl_sentence(dc, crit)
-    assert past.startswith("**With NCCL's tuner constant of 14 µs per network step instead of "
-                           "2 ms, step = 50 ms + 2(N−1) × 14 µs")
-    assert "the ring's best moves from 4 nodes to 8 to 16 by seed** (16 by the mean" in past
-    assert "50 ms + 30 × 14 µs = 50 ms, against 0.11 s at 2 ms)" in past
-    assert "Every seed's best is at or past the 8 nodes" in past
+    # the conclusion first, then the step worked at the best by the mean
+    assert past.startswith("**With NCCL's tuner constant per network step (14 µs instead of "
+                           "2 ms), the ring's best moves from 4 nodes to 8 to 16 by seed, every "
+                           "seed's at or past the 8 nodes that reach the critical batch.** The "
+                           "step is then 50 ms + 2(N−1) × 14 µs (16 nodes by the mean")
+    assert "50 ms + 30 × 14 µs = 50 ms, against 0.11 s at 2 ms)." in past
     assert "small growth and seed noise decide the exact count" in past
     assert "not the ring" not in past
     below = tt.nccl_sentence({**dc, "best": 8, "seeds": [4, 8]}, crit)
-    assert below.endswith("; the critical batch is reached at 8 nodes.")
+    assert "by seed; the critical batch is reached at 8 nodes.** The step" in below
+    assert "seed noise" not in below
 
 
 def test_accumulation_decides_shorter_or_longer_by_the_steps_cut_against_the_step_growth():
@@ -317,7 +329,7 @@ def test_accumulation_decides_shorter_or_longer_by_the_steps_cut_against_the_ste
     # the model's cut at batch 128 -> 512, (1 + Bc/128)/(1 + Bc/512), against the growth x1.33:
     # B_crit implied below 128: 32 x (100/12.5 - 1) = 224, 64 x 3.8 = 243; with the estimate,
     # 128 to 243: x1.60 and x1.93, both wins
-    assert ("(the exchange was at least 89% of the step, so the step grew only ×1.33). With "
+    assert ("(the exchange was at least 89% of the step, so the step grew at most ×1.33). With "
             "B_crit anywhere in 130 to 240, McCandlish's model predicts a win there.") in text
     # a B_crit range across the break-even: the model cannot tell
     steps2 = {32: 13.5, 64: 12.5, 128: 11.0, 256: 10.5, 512: 10.0}
@@ -356,10 +368,11 @@ def test_explain_slow_rank_reads_the_medians(capsys):
     out = capsys.readouterr().out
     assert "Shown on this run: one slow rank slowed the median step" in out
     assert "Median step: 105 ms with 4 equal ranks, 200 ms with one slow rank (4 steps each)" in out
-    assert "added 95 ms, about its whole extra c" in out and "about 48% of each step" in out
+    assert "added 95 ms, 95% of its extra c = 100 ms" in out and "about 48% of each step" in out
+    assert "(over 60% of it)" in out and "tolerance" not in out   # one threshold, not two
     ss.explain_slow_rank(even, {"step_s": np.array([0.22, 0.22])}, c_ms=100)   # 115 ms: over c
     out = capsys.readouterr().out
-    assert "added 115 ms, more than its extra c = 100 ms (tolerance ±5 ms)" in out
+    assert "added 115 ms, 115% of its extra c = 100 ms" in out
 
 
 def test_growth_verdict_weak_when_the_band_is_wider_than_the_prediction():
@@ -467,8 +480,9 @@ def test_plain_pair_says_neither_number_predicts_only_for_different_outcomes():
         "diverged (final loss 1.0e+05) and the second oscillated without converging (next "
         "line). Neither number predicts the outcome. Their most common τ: 3 (fixed-delay limit "
         "0.445) and 2 (0.618), against a = 0.7: above both limits, so a fixed-delay rule calls "
-        "both unstable; yet the second did not blow up within its 4 updates. One run each does "
-        "not show why.")
+        "both unstable; yet the second did not blow up within its 4 updates. The delays vary from "
+        "update to update, so a rule for one fixed delay is only a guide; one run each does not "
+        "show why.")
     fix["plain (4 equal)"]["lr"] = fix["plain, slow worker"]["lr"] = 0.5   # between the limits
     assert ss.plain_pair(fix).endswith(
         "against a = 0.5: a fixed-delay rule at each most common τ matches both outcomes (one run "
@@ -503,7 +517,7 @@ def test_explain_ssp_lockstep_states_both_verdicts_when_released_together(capsys
               "SSP s=1, slow worker": {"in_shared": 1.0, "typical": 4}}
     ss.explain_ssp_lockstep(ssp_lr, shared, seeds=(0, 1, 2))
     out = capsys.readouterr().out
-    assert "a = 0.45; 4·a = 1.80; over 3 seeds" in out
+    assert "a = 0.45; 4·a = 1.80; over 3 seeds: mean τ 1.8, max τ 3 of 12 updates" in out
     assert "Shown on this run: SSP released the workers in lockstep" in out
     assert ("Shown on this run: 4·a predicted the outcome in every run at both step sizes "
             "(6 of 6 runs)") in out

@@ -144,10 +144,11 @@ def best_node_counts(ttt: dict, step_times: dict, *, nodes: list, per_rank: int)
 
 
 def best_nodes_sentence(crit: dict) -> str:
-    """Each seed's best node count for the ring and the tree (flagging an optimum at the edge of
-    the range), how much longer 1024 nodes take, why (step growth against the steps' fall),
-    and where the steps reach the critical batch; the estimate's arithmetic and caveats
-    (`grid_note`) go in a <details> fold."""
+    """One bold line first: the ring's best node count (by the mean and by seed) against the
+    nodes that reach the critical batch estimate, and the tree's best by seed. Then why (step
+    growth against the steps' fall, one doubling past the ring's best), how much longer 1024
+    nodes take and where the steps flatten; the caveats (an optimum at the edge of the range,
+    the rate grid, the estimate's arithmetic: `grid_points`) go in a <details> fold as a list."""
     best, t_of, seed_best = crit["best"], crit["t_of"], crit["seed_best"]
     steps, step_times, per_rank = crit["steps"], crit["step_times"], crit["per_rank"]
     nodes, batches, b_crit, n_crit = crit["nodes"], crit["batches"], crit["b_crit"], crit["n_crit"]
@@ -156,73 +157,84 @@ def best_nodes_sentence(crit: dict) -> str:
     nb_ = best["ring"]["nodes"]
     lr_of = {r["batch"]: r["lr"] for r in crit["rows"]}
     same_lr = lr_of[nb_ * per_rank] == lr_of[2 * nb_ * per_rank]
+    where = ("below" if max(seed_best["ring"]) < n_crit else
+             "past" if min(seed_best["ring"]) > n_crit else "around")
+    grew = step_times["ring"][2 * nb_] / step_times["ring"][nb_]
+    fell = steps[nb_ * per_rank] / steps[2 * nb_ * per_rank]
+    bullets = (
+        [f"Each seed's own best ({n_seeds} seeds): {span(seed_best['ring'])} nodes for the ring, "
+         f"{span(seed_best['tree'])} for the tree."]
+        + [f"For the {' and the '.join(edge)} some seed's best is {max(nodes)}, the edge of this "
+           "range: its optimum may lie beyond." for _ in edge[:1]]
+        + ([f"Both {nb_} and {2 * nb_} nodes ran at the same tuned rate "
+            f"({lr_of[nb_ * per_rank]:g}): a rate between grid values might cut the steps more, "
+            "so this small fall is partly the grid's."] if same_lr else [])
+        + [f"Critical batch estimate: S_min ≈ {s_big:.1f} steps (the largest batch's), so "
+           f"2 S_min = {2 * s_big:.1f}; from batch {b_crit} on ({n_crit} nodes"
+           + (f", {'past' if n_crit > nb_ else 'below'} the ring's best" if n_crit != nb_ else
+              ", the ring's best")
+           + f") the mean steps stay below that ({span(seed_crit)} by seed)."
+           + (f" From there to batch {batches[-1]} the steps fell ×{steps[b_crit] / s_big:.1f} "
+              f"in all, while the ring's step grew "
+              f"×{step_times['ring'][max(nodes)] / step_times['ring'][n_crit]:.1f}."
+              if b_crit < batches[-1] else " This range of batches is too short to see past it.")]
+        + grid_points(crit))
     return (
-        f"**Each seed's best node count ({n_seeds} seeds): {span(seed_best['ring'])} for the "
-        f"ring, {span(seed_best['tree'])} for the tree.** "
-        + (f"For the {' and the '.join(edge)} some seed's best is {max(nodes)}, the edge of this "
-           "range: its optimum may lie beyond. " if edge else "")
-        + f"On 1024 nodes the ring takes {t_of['ring'][1024] / best['ring']['time_s']:.0f}× "
-        f"longer than at its best.\n\nWhy: going from {nb_} to {2 * nb_} nodes, the ring's step "
-        f"grew ×{step_times['ring'][2 * nb_] / step_times['ring'][nb_]:.2f} while the steps fell "
-        f"only ×{steps[nb_ * per_rank] / steps[2 * nb_ * per_rank]:.2f}"
-        + (f", both batches at the same tuned rate ({lr_of[nb_ * per_rank]:g}): a rate between "
-           "grid values might cut the steps more, so this fall is partly the grid's"
-           if same_lr else "") + f".\n\nThe steps flatten from batch {b_crit} ({n_crit} nodes) on: "
-        "that is the critical batch estimate (dotted line).\n\n"
-        "<details><summary>How the critical batch was estimated, and how sure it is</summary>"
-        f"\n\nCritical batch estimate: S_min ≈ {s_big:.1f} steps (the "
-        f"largest batch's), so 2 S_min = {2 * s_big:.1f}; from batch {b_crit} on ({n_crit} nodes"
-        + (f", {'past' if n_crit > nb_ else 'below'} the ring's best" if n_crit != nb_ else
-           ", the ring's best")
-        + f") the mean steps stay below that ({span(seed_crit)} by seed). "
-        + (f"From there to batch {batches[-1]} the steps fell ×{steps[b_crit] / s_big:.1f} in "
-           f"all, while the ring's step grew "
-           f"×{step_times['ring'][max(nodes)] / step_times['ring'][n_crit]:.1f}."
-           if b_crit < batches[-1] else "This range of batches is too short to see past it.")
-        + grid_note(crit) + "\n\n</details>")
+        f"**The ring's time to train is least at {nb_} nodes ({span(seed_best['ring'])} by "
+        f"seed), {where} the {n_crit} nodes that reach the critical batch; the tree's best is "
+        f"at {span(seed_best['tree'])} nodes by seed.**"
+        f"\n\nWhy: from {nb_} to {2 * nb_} nodes the ring's step grew ×{grew:.2f} while the "
+        f"steps fell only ×{fell:.2f}"
+        + (": a step that grows faster than the steps fall stops paying even before the "
+           "critical batch." if grew > fell and where == "below" else ".")
+        + f" On 1024 nodes the ring takes {t_of['ring'][1024] / best['ring']['time_s']:.0f}× "
+        f"longer than at its best. The steps flatten from batch {b_crit} ({n_crit} nodes) on: "
+        "that is the critical batch estimate (dotted line)."
+        "\n\n<details><summary>How sure is this? Seeds, the rate grid, the critical batch "
+        "estimate</summary>\n\n" + "\n".join(f"- {b}" for b in bullets) + "\n\n</details>")
 
 
-def grid_note(crit: dict) -> str:
-    """Why the critical batch estimate is approximate: the range of B_crit the smaller batches
-    imply in McCandlish's model (`implied_crit`; a lower true S_min would raise it and the
-    estimate), and, when they happened, the tuned rate's rise into it, a fall into it steeper than
-    McCandlish's model allows for that doubling of the batch ((1 + B_crit/B)/(1 + B_crit/2B) at
-    B = B_crit/2, i.e. ×1.5), and steps that rise past it (the model's never do): then the rate
-    grid, not the batch alone, shapes the steps over those batches."""
+def grid_points(crit: dict) -> list:
+    """Why the critical batch estimate is approximate, one short point each: the range of B_crit
+    the smaller batches imply in McCandlish's model (`implied_crit`; a lower true S_min would
+    raise it and the estimate); when they happened, a fall into it steeper than the model allows
+    (for any B_crit, S(B)/S(2B) = (1 + B_crit/B)/(1 + B_crit/2B) < 2; else against its value at
+    the estimate, B = B_crit/2: ×1.5), the tuned rate's rise into it and steps that rise past it
+    (the model's never do); then the rate grid, not the batch alone, shapes the steps over those
+    batches."""
     steps, b_crit, batches = crit["steps"], crit["b_crit"], crit["batches"]
     lr_of = {r["batch"]: r["lr"] for r in crit["rows"]}
     prev = b_crit // 2
-    parts = []
+    rng = implied_crit(steps, b_crit)
+    out = [f"Treat {b_crit} as approximate" + (
+        f": in McCandlish's model the smaller batches' steps imply B_crit = B(S/S_min − 1) ≈ "
+        f"{batch_range(*rng)}, and a lower true S_min would raise these and the estimate."
+        if rng else " (a lower true S_min would move it right).")]
     if prev in steps:
         fall, allowed = steps[prev] / steps[b_crit], (1 + b_crit / prev) / 2
         rate = (f"the tuned rate rose {lr_of[prev]:g} → {lr_of[b_crit]:g} there"
                 if lr_of[prev] != lr_of[b_crit] else "")
-        if fall > allowed:
-            parts.append(f"the fall into it, {steps[prev]:.1f} → {steps[b_crit]:.1f} steps "
-                         f"(×{fall:.2f}), is steeper than the model allows (×{allowed:.1f})"
-                         + (f", and {rate}" if rate else ""))
+        head = f"The fall into it, {steps[prev]:.1f} → {steps[b_crit]:.1f} steps (×{fall:.2f}), "
+        if fall > 2:
+            out.append(head + "is steeper than the model allows for any B_crit (at most ×2 per "
+                       "doubling of the batch)" + (f", and {rate}." if rate else "."))
+        elif fall > allowed:
+            out.append(head + f"is steeper than the model allows at the estimate (×{allowed:.1f})"
+                       + (f", and {rate}." if rate else "."))
         elif rate:
-            parts.append(rate)
+            out.append(rate[0].upper() + rate[1:] + ".")
     rises = [(a, b) for a, b in zip(batches, batches[1:]) if a >= b_crit and steps[b] > steps[a]]
     if rises:
         a, b = rises[0]
-        parts.append(f"past it the steps even rise ({steps[a]:.1f} → {steps[b]:.1f} at batch {b}), "
-                     "which the model's steps never do")
-    rng = implied_crit(steps, b_crit)
-    text = f" Treat {b_crit} as approximate" + (
-        f": in McCandlish's model the smaller batches' steps imply B_crit = B(S/S_min − 1) ≈ "
-        f"{batch_range(*rng)}, and a lower true S_min would raise these and "
-        "the estimate" if rng else " (a lower true S_min would move it right)")
-    if not parts:
-        return text + "."
-    text += ("; " if rng else ": ") + "; ".join(parts) + "."
-    if lr_of.get(prev) != lr_of[b_crit] or rises:
+        out.append(f"Past it the steps even rise ({steps[a]:.1f} → {steps[b]:.1f} at batch {b}), "
+                   "which the model's steps never do.")
+    if len(out) > 1 and (lr_of.get(prev) != lr_of[b_crit] or rises):
         lo = min(b for b in batches if b <= prev and lr_of[b] == lr_of[prev]) if prev in lr_of \
             else b_crit
         hi = rises[-1][1] if rises else b_crit
-        text += (f" From batch {lo} to {hi} the rate grid (a factor of 2 apart), not the batch "
-                 "alone, shapes the steps.")
-    return text
+        out.append(f"From batch {lo} to {hi} the rate grid (a factor of 2 apart), not the batch "
+                   "alone, shapes the steps.")
+    return out
 
 
 def ring_table(crit: dict) -> None:
@@ -237,6 +249,10 @@ def ring_table(crit: dict) -> None:
         b, t = n * per_rank, crit["step_times"]["ring"][n]
         print(f"{n:>6}   {b:>6}   {lr_of[b]:>3g}   {steps[b]:>6.1f}   {t:>7.3f}   "
               f"{steps[b] * t:>7.2f}")
+    n = crit["best"]["ring"]["nodes"]   # one row worked: the ring's best
+    b, t = n * per_rank, crit["step_times"]["ring"][n]
+    print(f"Read a row, e.g. {n} nodes: {steps[b]:.1f} steps × {t:.3f} s = {steps[b] * t:.2f} s "
+          "to the target.")
 
 
 def nccl_best_nodes(crit: dict, *, compute_s: float) -> dict:
@@ -264,17 +280,17 @@ def nccl_sentence(dc: dict, crit: dict) -> str:
     count). The model's caveats are in the notebook's real-cluster bullet."""
     n_crit, n = crit["n_crit"], dc["best"]
     us, c_ms = dc["alpha_s"] * 1e6, dc["compute_s"] * 1e3
-    return (f"**With NCCL's tuner constant of {us:.0f} µs per network step instead of 2 ms, "
-            f"step = {c_ms:.0f} ms + 2(N−1) × {us:.0f} µs, and the ring's best moves from "
-            f"{crit['best']['ring']['nodes']} nodes to {span(dc['seeds'])} by seed** "
-            f"({n} by the mean: {c_ms:.0f} ms + {2 * (n - 1)} × {us:.0f} µs = "
-            f"{dc['step'][n] * 1e3:.0f} ms, against {crit['step_times']['ring'][n]:.2f} s at "
-            "2 ms)"
-            + (f". Every seed's best is at or past the {n_crit} nodes that reach the critical "
-               "batch: there the steps have flattened, so the step's small growth and seed noise "
-               "decide the exact count."
-               if min(dc["seeds"]) >= n_crit else
-               f"; the critical batch is reached at {n_crit} nodes."))
+    past = min(dc["seeds"]) >= n_crit
+    return (f"**With NCCL's tuner constant per network step ({us:.0f} µs instead of 2 ms), the "
+            f"ring's best moves from {crit['best']['ring']['nodes']} nodes to "
+            f"{span(dc['seeds'])} by seed"
+            + (f", every seed's at or past the {n_crit} nodes that reach the critical batch.** "
+               if past else f"; the critical batch is reached at {n_crit} nodes.** ")
+            + f"The step is then {c_ms:.0f} ms + 2(N−1) × {us:.0f} µs ({n} nodes by the mean: "
+            f"{c_ms:.0f} ms + {2 * (n - 1)} × {us:.0f} µs = {dc['step'][n] * 1e3:.0f} ms, against "
+            f"{crit['step_times']['ring'][n]:.2f} s at 2 ms)."
+            + (" Past the critical batch the steps have flattened, so the step's small growth "
+               "and seed noise decide the exact count." if past else ""))
 
 
 def explain_best_nodes(crit: dict, *, compute_s: float) -> None:
@@ -392,7 +408,7 @@ def accumulation_sentence(a: dict, *, b_crit: int, per_seed: dict | None = None)
     every = seed_wins(a, seeded(a, per_seed), per_seed)
     split = [n for n, (k, m) in every.items() if 0 < k < m]
     why = (f"the exchange was at least {min(share[n] for n in won_past):.0%} of the step, so the "
-           f"step grew only ×{max(grew[n] for n in won_past):.2f}" if won_past else "")
+           f"step grew at most ×{max(grew[n] for n in won_past):.2f}" if won_past else "")
     if wins and not all(k == m for k, m in wins.values()):
         past = (f" Past the critical batch estimate ({b_crit}) it paid at "
                 f"{' and '.join(map(str, won_past))} nodes by the means but for only "
