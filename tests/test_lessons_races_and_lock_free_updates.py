@@ -116,7 +116,7 @@ def test_explain_lost_updates_reads_the_ranges_and_the_parallelism(capsys):
     races.explain_lost_updates(_rep(), _runs_lost(), problem=_Problem(), cores=2)
     out = capsys.readouterr().out
     assert "Write-backs lost 38%-42% with 2 workers and 58%-62% with 4 (3 runs each" in out
-    assert "run above lost 57%, its twin here (same settings, seed 0) 58%: only the" in out
+    assert "run above lost 57%, the same settings and seed rerun here 58%: only the" in out
     assert "In place lost a median of 22 and at worst 28 of 384,000" in out
     assert "(12,000 updates × 32 coordinates) in one run (6 runs)" in out
     assert "far above the median" not in out
@@ -229,7 +229,7 @@ def test_explain_convergence(capsys):
     assert "Lost without a lock: dense 56.8%, sparse 0.14%." in out
     assert ("touches a given coordinate of another with chance 4.4e-01 (2/10 = 2.0e-01 for "
             "random examples; here 4 examples are drawn again and again).") in out
-    assert ("Measured (age_mean): 0.12 updates per 100 write-backs landed on the write-back's "
+    assert ("Measured directly: 0.12 updates per 100 write-backs landed on the write-back's "
             "first coordinate between its read and its write, beside 0.14% of increments "
             "lost") in out and "as if" not in out
     assert "sparse 1.02x, dense 2.0e+07x." in out
@@ -289,9 +289,14 @@ def test_ranking_orders_by_median_and_marks_overlaps():
 def test_explain_cost(capsys):
     races.explain_cost(_cost(), problem=_Problem())
     out = capsys.readouterr().out
-    assert out.startswith("On 2 cores, 1 -> 2 workers (surviving updates/s, medians of 3 "
-                          "runs): in place 68,000 -> 68,000, lock 59,000 -> 37,170, as each lock "
-                          "update's CPU went from 15 to 28 µs.")
+    # one line first: the lock serialises, in place can use a free core, the all-reduce a barrier
+    assert out.startswith("In short (2 cores, medians of 3 runs, 1 -> 2 workers): the lock "
+                          "serialises updates, and its surviving updates/s went ×0.63; in place, "
+                          "free to use a second core, went ×1.00. The synchronous all-reduce "
+                          "pays a barrier per step (last line).")
+    assert ("On 2 cores, 1 -> 2 workers (surviving updates/s, medians of 3 runs): in place "
+            "68,000 -> 68,000, lock 59,000 -> 37,170, as each lock update's CPU went from 15 to "
+            "28 µs.") in out
     assert ("2 workers against 1, by the ranges of the 3 runs: in place: ranges overlap; lock: "
             "lower") in out and "rests on one run each" in out
     assert "largest factor" not in out

@@ -11,6 +11,7 @@ import os
 import numpy as np
 
 from ..experiments.common import conclude
+from .show import fold, say
 
 ASYNC_FIXES = ("wait_then_read", "wait_then_edit", "clone_then_edit")
 MODES = ("writeback", "inplace", "lock", "seqlock")
@@ -189,7 +190,7 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
           f"with 2 workers and {min(lost['writeback', 4]):.0%}-{max(lost['writeback', 4]):.0%} "
           f"with 4 ({n_runs} runs each; all at once, (W - 1)/W is 50% and 75%).\n"
           f"  The dense write-back run above lost {runs['dense', 'writeback']['lost_fraction']:.0%}"
-          f", its twin here (same settings, seed 0) "
+          f", the same settings and seed rerun here "
           f"{rep['writeback', 4][0]['lost_fraction']:.0%}: only the scheduling differs between "
           "them.")
     par_in = min(par["inplace", w] for w in (2, 4))
@@ -227,12 +228,15 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
                  if net == "above" else "."))
     slice_ms, hz = time_slice_here()
     here = "" if slice_ms is None else (
-        f"; on this machine's {os.cpu_count()} CPUs {slice_ms:.1f} ms, rounded up to a "
-        "scheduler tick" + ("" if hz is None else
-                            f": {1000 / hz * np.ceil(slice_ms * hz / 1000):.0f} ms here "
-                            f"(HZ = {hz}), the stretch a paused worker can erase"))
-    facts.show("A worker waiting for a core waits out the others' **time slices**, on Linux "
-               f"by default [[linux.eevdf_base_slice]]{here}.")
+        f"; on this machine's {os.cpu_count()} CPUs {slice_ms:.1f} ms, checked at scheduler "
+        "ticks, so up to about one tick" + ("" if hz is None else
+                                           f": {1000 / hz * np.ceil(slice_ms * hz / 1000):.0f} "
+                                           f"ms here (HZ = {hz})")
+        + " (a wake-up can end a slice sooner), the stretch a paused worker can erase")
+    say("<details><summary>Why a paused worker can erase so much: time slices</summary>\n\n"
+        + facts.render("A worker waiting for a core waits out the others' **time slices**, on "
+                       f"Linux by default [[linux.eevdf_base_slice]]{here}.")
+        + "\n\n</details>")
     assert all(r["lost"] > 0 for r in rep["writeback", 4])
     assert runs["dense", "lock"]["lost"] == 0 and runs["dense", "seqlock"]["lost"] == 0
     for w in (2, 4):  # in place, only the one-element load-to-store window loses increments
@@ -339,11 +343,14 @@ def explain_convergence(runs: dict, *, problem, sparse) -> None:
     ratio = {n: runs[n, "writeback"]["final_loss"] / runs[n, "lock"]["final_loss"]
              for n in ("dense", "sparse")}
     hit = hit_chance(sparse)
-    print(f"Lost without a lock: dense {d['lost_fraction']:.1%}, sparse {s['lost_fraction']:.2%}.")
+    print(f"Lost without a lock: dense {d['lost_fraction']:.1%}, sparse {s['lost_fraction']:.2%}."
+          + ("" if ("sparse", "inplace") not in runs else
+             f" In place (Hogwild!'s adds): dense {runs['dense', 'inplace']['lost_fraction']:.2%}"
+             f", sparse {runs['sparse', 'inplace']['lost_fraction']:.2%}."))
     print(f"  On the sparse problem an update touches a given coordinate of another with chance "
           f"{hit:.1e} ({sparse.nnz}/{sparse.dim} = {sparse.nnz / sparse.dim:.1e} for random "
           f"examples; here {sparse.examples:,} examples are drawn again and again).\n"
-          f"  Measured (age_mean): {100 * s['age_mean']:.2f} updates per 100 write-backs landed "
+          f"  Measured directly: {100 * s['age_mean']:.2f} updates per 100 write-backs landed "
           "on the write-back's first coordinate between its read and its write, beside "
           f"{s['lost_fraction']:.2%} of increments lost (the counter it reads is itself "
           "written back).")
@@ -448,15 +455,24 @@ def explain_cost(cost: dict, *, problem) -> None:
     # updates/s = workers at once / CPU s per update: a fall with CPU per update grown is that
     cpu_why = [f"each {NAME[m]} update's CPU went from {mr[m][i1][2]:.0f} to {mr[m][i2][2]:.0f} "
                f"µs" for m in pair if med[m][1] < med[m][0] and mr[m][i2][2] > 1.3 * mr[m][i1][2]]
-    print(f"On {cost['cores']} cores, 1 -> 2 workers (surviving updates/s, medians of "
-          f"{cost['repeats']} runs): "
-          + ", ".join(f"{NAME[m]} {med[m][0]:,.0f} -> {med[m][1]:,.0f}" for m in pair)
-          + (f", as {' and '.join(cpu_why)}." if cpu_why else "."))
+    in1s = surv["inplace"][i1]
+    in_spread = (in1s.max() - in1s.min()) / np.median(in1s)
+    gain = {m: med[m][1] / med[m][0] for m in pair}
+    print(f"In short ({cost['cores']} cores, medians of {cost['repeats']} runs, 1 -> 2 workers): "
+          f"the lock serialises updates, and its surviving updates/s went ×{gain['lock']:.2f}; "
+          f"in place, free to use a second core, went ×{gain['inplace']:.2f}"
+          + (f" (more than 2 workers can give: its 1-worker runs alone spread by "
+             f"{in_spread:.0%}, so part of that is run-to-run noise)" if gain["inplace"] > 2
+             else "") + ". The synchronous all-reduce pays a barrier per step (last line).")
+    lines = [f"On {cost['cores']} cores, 1 -> 2 workers (surviving updates/s, medians of "
+             f"{cost['repeats']} runs): "
+             + ", ".join(f"{NAME[m]} {med[m][0]:,.0f} -> {med[m][1]:,.0f}" for m in pair)
+             + (f", as {' and '.join(cpu_why)}." if cpu_why else ".")]
     wb1, in1 = cost["rate"]["writeback"][i1], cost["rate"]["inplace"][i1]
     slow = np.median(wb1) / np.median(in1)
     if slow > 1.2:  # one worker: nothing races; the two differ in how they write
         apart = "apart" if in1.max() < wb1.min() else "overlapping"
-        print(f"  With 1 worker, in place ran {slow:.1f}x fewer updates/s than write-back "
+        lines.append(f"With 1 worker, in place ran {slow:.1f}x fewer updates/s than write-back "
               f"(medians; ranges of the {cost['repeats']} runs {apart}), perhaps because "
               "numpy's ufunc.at is slower than a plain store: not timed on its own here.")
     why = {"inplace": f"in place, two cores writing the same {problem.dim} coordinates (their "
@@ -465,22 +481,24 @@ def explain_cost(cost: dict, *, problem) -> None:
                    "the waiting process)"}
     grown = [m for m in pair if mr[m][i2][2] > 1.3 * mr[m][i1][2]]
     if grown:
-        print("  Possible causes of the extra CPU per update, not measured here: "
-              + "; ".join(why[m] for m in grown) + ".")
-    print(f"  2 workers against 1, by the ranges of the {cost['repeats']} runs: "
+        lines.append("Possible causes of the extra CPU per update, not measured here: "
+                     + "; ".join(why[m] for m in grown) + ".")
+    lines.append(f"2 workers against 1, by the ranges of the {cost['repeats']} runs: "
           + "; ".join(f"{NAME[m]}: {versus_one(surv[m][i2], surv[m][i1])}" for m in pair)
           + (" (a gap between the nearest runs rests on one run each)"
              if any(versus_one(surv[m][i2], surv[m][i1]) != "ranges overlap" for m in pair)
              else "") + ".")
     lf, pin = cost["lost_fraction"]["inplace"], cost["parallelism"]["inplace"]
-    print(f"  In place, its workers overlapping ({pin[i2]:.2f} and {pin[i4]:.2f} at once with 2 "
-          f"and 4): it lost at most {100 * max(lf[i2]):.2g}% and {100 * max(lf[i4]):.2g}% of the "
-          f"counter increments ({cost['repeats']} runs each).")
+    lines.append(f"In place, its workers overlapping ({pin[i2]:.2f} and {pin[i4]:.2f} at once "
+          f"with 2 and 4): it lost at most {100 * max(lf[i2]):.2g}% and "
+          f"{100 * max(lf[i4]):.2g}% of the counter increments ({cost['repeats']} runs each).")
     order = ranking(surv, modes, i4)
-    print(f"4 workers on {cost['cores']} cores"
-          f"{' (more workers than cores)' if cost['cores'] < 4 else ''}: {order}"
-          f". With {cost['repeats']} runs a mode, and one mode's own runs spread by up to "
-          f"{spread:.0%} with 1 worker, another run can reorder the modes.")
+    lines.append(f"4 workers on {cost['cores']} cores"
+                 f"{' (more workers than cores)' if cost['cores'] < 4 else ''}: {order}"
+                 f". With {cost['repeats']} runs a mode, and one mode's own runs spread by up "
+                 f"to {spread:.0%} with 1 worker, another run can reorder the modes.")
+    fold("How sure is this? The medians, their ranges, CPU per update, the 4-worker order",
+         "\n".join(lines))
 
 
 def explain_allreduce(runs: dict, cost: dict | None = None) -> None:
@@ -541,9 +559,13 @@ GPU_RACES = """
   conflicts. It does not see kernels
   launched outside PyTorch's operators, nor the stream NCCL really runs a collective on.
 - **Asynchronous checkpoints.** Distributed Checkpoint's (DCP) `async_save` writes
-  [[pytorch.dcp_async_save_staging]] from another thread: don't step until that copy is
-  done (notebook 12), or the checkpoint mixes two steps.
+  [[pytorch.dcp_async_save_staging]] from another thread. By default it returns only after
+  that copy is made (the copy stalls the training loop) and only the write runs in the
+  background. With async staging ([[pytorch.dcp_async_staging_option]]) the copy runs in the
+  background too: wait on its `staging_completion` before the next optimizer step (notebook
+  12), or the checkpoint mixes two steps.
 - **Lock-free on purpose**: Hogwild! ([[paper.hogwild_niu2011]]); PyTorch's Hogwild example,
   which steps in place ([[pytorch.mnist_hogwild]]). Dense GPU training uses synchronous
-  collectives (all-reduce; reduce-scatter and all-gather when parameters are sharded).
+  collectives (all-reduce; reduce-scatter and all-gather when parameters are sharded), as in
+  Llama 3: [[meta.llama3_synchronous]].
 """
