@@ -136,13 +136,17 @@ def test_explain_overlap_puts_the_ideal_bound_first_and_the_stretch_on_a_baselin
     lesson.explain_overlap(run, [run], CHECKS, baseline=baseline)
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0] == ("8 buckets per step; a median of 3 were reduced before backward ended "
-                        "(over 4 ranks x 6 steps).")
-    assert lines[1] == ("Ideal host (the nominal 32.0 ms backward, the alpha-beta model): at "
-                        "most 28.0 ms of 96.0 ms could hide (29%).")
-    assert lines[2] == said
-    assert lines[3] == ("This run: hidden share = 1 - wait / stream busy = 1 - 55.0 ms / "
+    # the one-line result first, then why; the ideal bound and the stretch in the details
+    assert lines[0] == ("Overlap hid 43% of this run's exchange: of 97.0 ms on the stream, "
+                        "42.0 ms ran under backward and 55.0 ms stayed exposed.")
+    assert lines[1] == ("Why: the stream runs one bucket at a time, and a median of 5 of 8 "
+                        "buckets were still unfinished when backward ended (over 4 ranks x 6 "
+                        "steps).")
+    assert lines[3] == ("Details: hidden share = 1 - wait / stream busy = 1 - 55.0 ms / "
                         "97.0 ms = 43%.")
+    assert lines[4] == ("Ideal host (the nominal 32.0 ms backward, the alpha-beta model): at "
+                        "most 28.0 ms of 96.0 ms could hide (29%).")
+    assert lines[5] == said
     if backward_s > 0.04:   # the split, hedged, in the details
         assert ("Backward 36.0 ms in the one-bucket run of the first section (no bucket in "
                 "flight: the sleeps run long, the real layers and autograd add time), 12.5 ms "
@@ -158,3 +162,13 @@ def test_explain_overlap_without_a_baseline_names_only_the_stretch(capsys):
     assert ("Backward took 48.5 ms, not 32.0 ms, which leaves more time to hide "
             "under") in out
     assert "in flight" not in out
+
+
+def test_explain_buckets_prints_the_hosts_floor_beside_the_latency_bound_all_reduce(capsys):
+    networks = {"latency-bound": "delay 2ms", "bandwidth-bound": "delay 200us rate 500mbit"}
+    lesson.explain_buckets(grid(0.029), networks, floor_s=0.0104)
+    out = capsys.readouterr().out
+    assert ("Latency-bound: one all-reduce costs 12.0 ms on the network; this host's own cost, "
+            "plain Gloo's wait in the first section (a separate run, a rough guide), was 10.4 ms, "
+            "about as large") in out
+    assert out.index("Details:") < out.index("Latency-bound: one") < out.index("Host cost")

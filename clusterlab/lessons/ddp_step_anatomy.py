@@ -61,10 +61,11 @@ def explain_floor(plain, netem, *, predicted: float) -> None:
           f"sum) equal to plain Gloo's run's to 6 significant digits.")
     expected, lag = max(a["wait_s"], predicted), netem.issue_lag()
     print(f"\nDetails: step {ms(a['step_s'])} on plain Gloo, {ms(b['step_s'])} on the 5 ms "
-          f"network; backward {ms(a['backward_s'])} and {ms(b['backward_s'])}; "
-          f"wait {ms(b['wait_s'])} against max(floor, network) = max({ms(a['wait_s'])}, "
-          f"{ms(predicted)}) = {ms(expected)} expected; ranks issued the bucket "
-          f"on average {ms(lag)} before the last rank did.")
+          f"network; backward {ms(a['backward_s'])} and {ms(b['backward_s'])}. The emulator "
+          f"ends an all-reduce at the later of this host's floor ({ms(a['wait_s'])}) and the "
+          f"network ({ms(predicted)}), so expect a wait of {ms(expected)}; it was "
+          f"{ms(b['wait_s'])}. It also cannot end before the last rank issues it: the other "
+          f"ranks issued the bucket on average {ms(lag)} earlier.")
 
 
 # --- Per-rank timeline ------------------------------------------------------------------------
@@ -115,8 +116,16 @@ def explain_overlap(small, small_runs: list, checks: dict, *, baseline=None) -> 
                             backward_s=nominal["backward"])
     ideal_share, share = ideal["hidden"] / ideal["busy"], 1 - s["wait_s"] / s["comm_busy_s"]
     ranks, steps = small.phases()["step"].shape
-    print(f"{len(small.bucket_sizes)} buckets per step; a median of {np.median(counts):g} were "
-          f"reduced before backward ended (over {ranks} ranks x {steps} steps).")
+    k = len(small.bucket_sizes)
+    # the one-line result first, then why, then the ideal host and the host's stretch
+    print(f"Overlap hid {share:.0%} of this run's exchange: of {ms(s['comm_busy_s'])} on the "
+          f"stream, {ms(s['comm_busy_s'] - s['wait_s'])} ran under backward and "
+          f"{ms(s['wait_s'])} stayed exposed.")
+    print(f"Why: the stream runs one bucket at a time, and a median of "
+          f"{k - np.median(counts):g} of {k} buckets were still unfinished when backward ended "
+          f"(over {ranks} ranks x {steps} steps).")
+    print(f"\nDetails: hidden share = 1 - wait / stream busy = 1 - {ms(s['wait_s'])} / "
+          f"{ms(s['comm_busy_s'])} = {share:.0%}.")
     print(f"Ideal host (the nominal {ms(nominal['backward'])} backward, the alpha-beta model): "
           f"at most {ms(ideal['hidden'])} of {ms(ideal['busy'])} could hide "
           f"({ideal_share:.0%}).")
@@ -140,9 +149,7 @@ def explain_overlap(small, small_runs: list, checks: dict, *, baseline=None) -> 
     else:
         print(f"Backward took {ms(s['backward_s'])}, close to its nominal "
               f"{ms(nominal['backward'])}.")
-    print(f"This run: hidden share = 1 - wait / stream busy = 1 - {ms(s['wait_s'])} / "
-          f"{ms(s['comm_busy_s'])} = {share:.0%}.")
-    print(f"\nDetails: {len(small_runs)} runs hid {', '.join(f'{h:.0%}' for h in per_run)}; their "
+    print(f"{len(small_runs)} runs hid {', '.join(f'{h:.0%}' for h in per_run)}; their "
           f"{len(per_step)} single steps {per_step.min():.0%}-{per_step.max():.0%}. Forward "
           f"{ms(s['forward_s'])} (nominal {ms(nominal['forward'])}).{why}")
     # Checks of the timeline itself (not the lesson): the run is consistent.
@@ -290,14 +297,15 @@ def bucket_verdicts(grid: dict) -> dict:
 
 
 def explain_buckets(grid: dict, networks: dict, *,
-                    backward_s: float = ddp.DEFAULTS["depth"] * ddp.DEFAULTS["backward_s"]
-                    ) -> None:
+                    backward_s: float = ddp.DEFAULTS["depth"] * ddp.DEFAULTS["backward_s"],
+                    floor_s: float | None = None) -> None:
     """Conclude, on the latency-bound network, that big buckets beat small ones and, on the
     bandwidth-bound one, that small buckets with overlap exposed the least (each verdict with its
     numbers); print how far the step ranges support the second, the host's stretch of backward
     with what the run hid against an ideal host with a backward of nominal `backward_s`
     (`nominal_overlap`), and the table of every variant (step, range, exposed, hidden,
-    backward)."""
+    backward). With `floor_s` (plain Gloo's wait, this host's own cost of the exchange, from
+    a separate run) it also prints that floor beside the latency-bound all-reduce."""
     lat, bw = grid["latency-bound"], grid["bandwidth-bound"]
     n_steps = step_range(lat[(25.0, "overlap")])[2]
     details = [f"{'network':<16}{'variant':<19}{'step':>9}{'step range':>18}{'exposed':>10}"
@@ -330,6 +338,16 @@ def explain_buckets(grid: dict, networks: dict, *,
                    f"({ms(step_range(small_bw)[0])})." if beaten
               else "But the step ranges overlap, so these steps cannot say whether the step "
                    "gained.")
+    print(f"\nDetails: medians and ranges of {n_steps} steps per variant; exposed = the "
+          f"accelerator's wait, hidden = the rest of the stream's busy time.")
+    if floor_s is not None:
+        one = ddp.predicted_comm(4, lat[(25.0, "overlap")]["run"].bucket_sizes,
+                                 networks["latency-bound"])
+        print(f"Latency-bound: one all-reduce costs {ms(one)} on the network; this host's own "
+              f"cost, plain Gloo's wait in the first section (a separate run, a rough guide), "
+              f"was {ms(floor_s)}" + (", about as large: one big bucket's wait measures the "
+                                      "host about as much as the network."
+                                      if floor_s > 0.5 * one else ", well below it."))
     bwd = bw[(0.25, "deferred")]["backward_s"]
     ideal = nominal_overlap(4, small_bw["run"].bucket_sizes, networks["bandwidth-bound"],
                             backward_s=backward_s)
@@ -346,8 +364,6 @@ def explain_buckets(grid: dict, networks: dict, *,
              f"not all communication" if busy > 1.2 * model else f"; the run hid {ms(hidden)}")
           + f". An ideal host ({ms(backward_s)} backward) hides {ms(ideal['hidden'])}. "
           f"Judge by the step.")
-    print(f"\nDetails: medians and ranges of {n_steps} steps per variant; exposed = the "
-          f"accelerator's wait, hidden = the rest of the stream's busy time.")
     print("\n".join(details))
     if not won:   # the weaker claim, said only where the stronger one was not shown
         conclude(lat[(25.0, "overlap")]["step_s"] < lat[(0.25, "overlap")]["step_s"],
@@ -461,26 +477,30 @@ def real_cluster_notes() -> str:
   this notebook becomes idle time on the compute stream (NCCL's kernels keep running), which a
   host timer does not see until the next host sync (`.item()`, logging) absorbs it. The
   communication stream above is first in, first out, like ProcessGroupNCCL's: it runs a
-  group's collectives on [[pytorch.pg_nccl_stream_per_device]] (another group's can overlap),
+  group's collectives on [[pytorch.pg_nccl_stream_per_device]] (another group's can overlap;
+  point-to-point sends and receives can be keyed per peer pair, with streams of their own),
   while a plain Gloo group can run [[pytorch.gloo_threads_default]] collectives at once.
+- **DDP defaults.** Buckets are capped at [[pytorch.ddp_bucket_cap_mb]], the first at
+  [[pytorch.ddp_first_bucket]] (in torch 2.13, passing `bucket_cap_mb`, as here, gives the
+  first the same cap). DDP's docs describe buckets in roughly the
+  [[pytorch.ddp_reverse_parameter_order]]; with the default find_unused_parameters=False, the
+  first iteration runs with one bucket and the buckets are then [[pytorch.ddp_rebuild_once]],
+  in the order backward produced the gradients. Real models are not uniform: a large input
+  embedding is produced last in backward, so the exposed last bucket can be the biggest one.
+
+<details><summary>More: the last bucket, the optimizer, fewer bytes, seeing overlap, its cost</summary>
+
+- **The last bucket and the optimizer.** [[pytorch.ddp_set_last_bucket_cap]] moves the small
+  cap to the last bucket, the one that is always exposed. The optimizer waits for the last
+  bucket unless it updates each parameter as soon as that parameter's gradient is reduced,
+  as DDP's private [[pytorch.ddp_register_fused_optim]] API does.
+- **Fewer bytes.** [[pytorch.ddp_compress_hooks]] halve the bytes, hence the bandwidth term,
+  not the latency term of a small bucket; DDP accepts the bf16 hook only with
+  [[pytorch.ddp_bf16_hook_check]].
 - **How to see overlap on GPUs.** Time steps with CUDA events
   ([[pytorch.cuda_event_timing]]); look at the NCCL kernels next to the backward kernels with
   [[pytorch.profiler]] or [[nvidia.nsight_systems]]: the same Gantt chart as above, per CUDA
   stream.
-- **DDP defaults.** Buckets are capped at [[pytorch.ddp_bucket_cap_mb]], the first at
-  [[pytorch.ddp_first_bucket]] (passing `bucket_cap_mb`, as here, gives it the same cap).
-  DDP's docs describe buckets in roughly the [[pytorch.ddp_reverse_parameter_order]]; with
-  the default find_unused_parameters=False, the first iteration runs with one bucket and
-  the buckets are then [[pytorch.ddp_rebuild_once]], in the order backward produced the
-  gradients.
-  [[pytorch.ddp_set_last_bucket_cap]] moves the small cap to the last bucket, the one that is
-  always exposed. Real models are not uniform: a large input embedding is produced last in
-  backward, so the exposed last bucket can be the biggest one.
-  The optimizer waits for the last bucket unless it runs per parameter inside backward, as
-  DDP's private [[pytorch.ddp_register_fused_optim]] API does.
-- **Fewer bytes.** [[pytorch.ddp_compress_hooks]] halve the bytes, hence the bandwidth term,
-  not the latency term of a small bucket; DDP accepts the bf16 hook only with
-  [[pytorch.ddp_bf16_hook_check]].
 - **Overlap is not free.** NCCL runs its collectives as CUDA blocks (CTAs) on the GPU's SMs
   (streaming multiprocessors, its cores),
   one per channel (a block and its slice of the data), up to [[nccl.max_ctas]].
@@ -488,6 +508,7 @@ def real_cluster_notes() -> str:
   included. Fewer leave more SMs to the backward kernels (which also share memory bandwidth
   with NCCL) but can move the bytes more slowly; how much depends on the protocol, the
   message size and the NICs per GPU, so compare step times.
+</details>
 
 **NCCL's α on a fast fabric.** With one [[nvidia.connectx7_rate_bytes]] NIC per GPU and the
 step latency NCCL's tuner models for its Simple protocol,
@@ -506,7 +527,8 @@ not a measured α. Against the bandwidth-bound networks above, Simple's step con
 {200e-6 / step_s[1]:.0f} to {0.5e-3 / step_s[1]:.0f} times smaller, but the bandwidth is
 {nic_bytes_s / (1e9 / 8):.0f} to {nic_bytes_s / (500e6 / 8):.0f} times larger, so n\\* is larger
 than their {n_star_here[0] / 1e3:g} to {n_star_here[1] / 1e3:g} kB (NCCL moves somewhat less
-than the line rate, which lowers n\\* a little; every call, so every bucket, also pays the base
+than the line rate, e.g. about [[nccl.h100_ring_busbw]] of ring busbw on an H100's 450 GB/s
+NVLink, which lowers n\\* a little; every call, so every bucket, also pays the base
 latency, which favours fewer buckets). Only [[nccl.tuner_ring_inter_steps]] cross the network
 in the tuner's model (count nodes, not GPUs), and at many nodes its model favours the tree for
 small and medium messages ([[nccl.tuner_tree_log_latency]]). See also
