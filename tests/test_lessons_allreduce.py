@@ -119,8 +119,11 @@ def test_cost_table_has_one_line_per_algorithm(capsys):
 def test_check_names_the_sizes_paid_beyond_the_busy_factor(capsys):
     rows = [row("ring", SMALL, 0.0150, 0.0100), row("ring", LARGE, 0.2008, 0.2000)]
     ar.check(rows)
-    out = capsys.readouterr().out
-    assert "best/model 1.00 to 1.50" in out and "4 KiB +5.0 (1.0), 4 MiB +0.8 (1.0) ms" in out
+    first = capsys.readouterr().out.splitlines()[0]  # one line first, the detail folded
+    assert first.startswith("Consistency check: the best runs took 1.00 to 1.50 times")
+    assert first.endswith("busy at 4 KiB (fold below).")
+    out, far = ar.check_detail(rows)
+    assert far == ["4 KiB"] and "4 KiB +5.0 (1.0), 4 MiB +0.8 (1.0) ms" in out
     assert "1 of 2 extras within the staggered start" in out and "beyond it, 4.0 ms per" in out
     assert out.splitlines()[-1].startswith("At 4 KiB that cost is over 30% of a closed form")
     ar.check([row("ring", SMALL, 0.0120, 0.0100)])
@@ -129,9 +132,9 @@ def test_check_names_the_sizes_paid_beyond_the_busy_factor(capsys):
 
 def test_check_puts_an_extra_within_the_staggered_start_down_to_it(capsys):
     # 40 % over the closed form, but all of it is the ranks' staggered start: not busy
-    ar.check([row("parameter_server", SMALL, 0.0150, 0.0107, spread=0.0050),
-              row("ring", LARGE, 0.2868, 0.2819, spread=0.0050)])
-    out = capsys.readouterr().out
+    out, far = ar.check_detail([row("parameter_server", SMALL, 0.0150, 0.0107, spread=0.0050),
+                                row("ring", LARGE, 0.2868, 0.2819, spread=0.0050)])
+    assert far == []
     assert "4 KiB +4.3 (5.0), 4 MiB +4.9 (5.0) ms" in out
     assert "Every extra is within the staggered start" in out and "busy" not in out
     assert ar.beyond_stagger([row("ring", SMALL, 0.0150, 0.0107, spread=0.0050)]) is None
@@ -140,8 +143,8 @@ def test_check_puts_an_extra_within_the_staggered_start_down_to_it(capsys):
 
 
 def test_check_lists_every_row_of_a_size(capsys):
-    ar.check([row("ring", SMALL, 0.011, 0.010), row("tree", SMALL, 0.013, 0.010)])
-    assert "4 KiB +1.0 (1.0) / +3.0 (1.0) ms" in capsys.readouterr().out
+    out, _ = ar.check_detail([row("ring", SMALL, 0.011, 0.010), row("tree", SMALL, 0.013, 0.010)])
+    assert "4 KiB +1.0 (1.0) / +3.0 (1.0) ms" in out
 
 
 def test_explain_ring_asserts_the_latencies(capsys):
@@ -276,7 +279,10 @@ def test_rank_algorithms_finds_the_leaders_and_the_busy_sizes(capsys):
 def test_nccl_ring_latency_is_most_of_a_bucket_at_1024_gpus(capsys):
     share = ar.nccl_ring_latency(25 * 2**20, ex.alpha_beta("delay 10us rate 100gbit")[1])
     assert 0.6 < share < 0.8  # 254 x 14 us + 1792 x 3.4 us against about 4.2 ms of bytes
-    out = capsys.readouterr().out
+    lead = capsys.readouterr().out.splitlines()[0]  # the message first, the arithmetic folded
+    assert lead.startswith("Latency is a large share even of NCCL's ring on 1024 GPUs")
+    assert f"at least {int(100 * share)}% of this 25 MiB" in lead and "about 50% with LL128" in lead
+    _, _, out = ar.nccl_ring_numbers(25 * 2**20, ex.alpha_beta("delay 10us rate 100gbit")[1])
     assert "of the ring's 2 x 1023 = 2046 steps,\n2 x 127 = 254 cross the network" in out
     assert "the other 1792 stay inside a node" in out
     assert f"at least {int(100 * share)}%\nof the ring's time" in out  # a bound, rounded down
@@ -431,7 +437,8 @@ def test_explain_replay_splits_each_gap_by_the_entry_spread(capsys):
     out = capsys.readouterr().out
     assert out.startswith("Flat ring on 2 x 2, measured/model 0.92x at 4 MiB")
     assert "\n4 KiB  9.0 (1.0)      9.0 (1.0)      6.0 (1.0)      5.0 (1.0)\n" in out
-    assert "minus the spread, 2.1 ms to 14.0 ms here, is this machine's cost." in out
+    assert "minus the spread, 2.1 ms to 14.0 ms here, is a cost the replay leaves out" in out
+    assert "this run does not isolate it. The largest, rails at 4 MiB, could as well be" in out
     assert "- Rails at 4 MiB: replay 173.0 ms, closed form 178.0 ms minus one alpha" in out
     assert out.rstrip().endswith("Its best run, 15.0 ms, beat both of theirs by more than the "
                                  "staggered start.")
@@ -532,7 +539,8 @@ def test_gpu_cluster_template_names_this_runs_ratio():
     from clusterlab import facts
 
     text = hb.gpu_cluster_template(intra_over_nic=50)
-    assert "here the\n  intra-node link was 50x the NIC" in text
+    assert "Here the\n  intra-node link was 50x the NIC" in text
+    assert "a hierarchy whose phases run one\n  after another is *slower*: 1.36x" in text
     assert "the network there, set [[nccl.busbw_ring_for_network]]" in text
     assert "(p = 16) a hierarchy whose phases run one after another takes 1.36x" in text
     facts.render(text, one_per_source=True)  # every fact it names is in the ledger
@@ -576,6 +584,29 @@ def test_explain_switch_verdict_fails_when_the_ring_wins(verdicts, capsys):
     inr.explain_switch(switch, ring, link=1 / BETA)
     assert verdicts[-1][0] is False
     assert "above the link" not in capsys.readouterr().out  # 1.5 n / 310 ms is below it
+
+
+def test_shortfall_points_to_the_4_kib_rows(capsys):
+    switch, ring = switch_pair(0.203, 0.206, 0.287, 0.288)  # 1.41x against the closed forms' 1.49x
+    switch.append(row("in_network", SMALL, 0.0165, 0.0103))
+    ring.append(row("ring", SMALL, 0.0327, 0.0302))
+    inr.shortfall(switch, ring)
+    out = capsys.readouterr().out
+    assert out.startswith("The speed-up, 1.41x, fell short of the closed forms' 1.49x.")
+    assert "inferred, not isolated by this run" in out
+    assert "best/model was 1.60 for the switch against 1.08 for the ring: consistent" in out
+    inr.shortfall(*switch_pair(0.180, 0.190, 0.287, 0.288))  # no shortfall: nothing to say
+    assert capsys.readouterr().out == ""
+
+
+def test_nvls_template_leads_with_the_message_and_folds_the_bytes():
+    from clusterlab import facts
+
+    text = facts.render(inr.nvls_template(p=8), sources=False)
+    assert "with NVLS, busbw can exceed the NVLink rate, because nccl-tests'" in text
+    assert "1.75 n" in text and "1.125 n" in text and "1.56x the ring's busbw" in text
+    assert "runs below what the bytes alone predict" in text
+    assert text.index("<details>") > text.index("force the ring to measure the link")
 
 
 def test_switch_pays_from_the_first_p_where_the_ring_is_slower():

@@ -18,7 +18,7 @@ from clusterlab import facts, models
 from clusterlab.experiments import allreduce_and_topology as ex
 from clusterlab.experiments.common import BUSY_FACTOR, conclude
 from clusterlab.lessons.hierarchy_busbw_and_nccl import stagger_order
-from clusterlab.lessons.show import ms
+from clusterlab.lessons.show import ms, say
 from clusterlab.wire import HEADER_BYTES, SEGMENT_BYTES
 
 SMALL, MEDIUM, LARGE = ex.SIZES
@@ -31,7 +31,7 @@ COST_TABLE_ROWS = [("ring", "ring"), ("recursive doubling", "recursive_doubling"
 # The ledger template of "On a real GPU cluster" (rendered with `facts.show`): NCCL's share of
 # the latencies, what NCCL runs, and parameter servers at scale.
 NCCL_AT_SCALE = """
-The step latencies above are constants of NCCL's tuner (its cost model for picking an
+The step latencies in the fold are constants of NCCL's tuner (its cost model for picking an
 algorithm per call), not measurements: at least [[nccl.tuner_net_ring_step_latency_simple]]
 per network step, [[nccl.tuner_ring_inter_steps]], and at least
 [[nccl.tuner_nvlink_ring_step_latency_simple]] per NVLink step with Simple;
@@ -42,9 +42,9 @@ LL128, whose lines are [[nccl.proto_ll128_efficiency]] data. DDP's first bucket 
 **So NCCL adds a tree**, the [[nccl.double_binary_tree]] (since NCCL [[nccl.tree_since]],
 after the [[paper.sanders_two_tree]]): two pipelined binary trees over the nodes, each
 carrying half the data, with a latency logarithmic in the nodes. A node is interior in one
-tree and a leaf in the other, so it sends n/2 + n + n/2 = 2n (up the tree where it is
-interior, down to its two children there, up as a leaf in the other tree): about the ring's
-2((p-1)/p) n, so nearly the ring's bandwidth. No recursive doubling, Rabenseifner or
+tree and a leaf in the other. In the first it sends n/2 up to its parent and n/2 down to
+each of its two children; in the second it sends n/2 up. In all n/2 + n + n/2 = 2n: about
+the ring's 2((p-1)/p) n, so nearly the ring's bandwidth. No recursive doubling, Rabenseifner or
 parameter server. NCCL's other algorithms, how it picks one per call and how to log the
 choice: [02c](02c_in_network_reduction_and_nccl.ipynb).
 
@@ -142,17 +142,17 @@ def header_note() -> str:
             "alpha x bandwidth is that much smaller; less with jumbo frames.)")
 
 
-def nccl_ring_latency(nbytes: int, beta: float, *, gpus: int = 1024) -> float:
-    """Print, by NCCL's tuner constants for the Simple protocol (from the ledger), a lower bound
-    on the latency of a ring all-reduce of `nbytes` over `gpus` GPUs in 8-GPU nodes
-    (2(nodes-1) network steps, the other steps NVLink steps; NCCL's base latency and the
-    topology's extra network latency left out) and its share of the time, against the ring's
-    bytes through one GPU's link of `beta` (the most a GPU's NIC can carry; NCCL's channels
-    spread it over the node's NICs, which only raises the share), and the share with the
-    NIC per GPU of the DGX H100 nodes these node sizes describe. The shares are lower bounds,
-    so they are printed rounded down, and hold only for Simple; then the same with LL128's
-    constants and its bytes' data share (about, not at least: LL128 may not reach the NIC's
-    rate). Returns the Simple share at `beta`."""
+def nccl_ring_numbers(nbytes: int, beta: float, *, gpus: int = 1024) -> tuple[float, str, str]:
+    """By NCCL's tuner constants for the Simple protocol (from the ledger), a lower bound on the
+    latency of a ring all-reduce of `nbytes` over `gpus` GPUs in 8-GPU nodes (2(nodes-1)
+    network steps, the other steps NVLink steps; NCCL's base latency and the topology's extra
+    network latency left out) and its share of the time, against the ring's bytes through one
+    GPU's link of `beta` (the most a GPU's NIC can carry; NCCL's channels spread it over the
+    node's NICs, which only raises the share), and the share with the NIC per GPU of the DGX
+    H100 nodes these node sizes describe. The shares are lower bounds, so they are printed
+    rounded down, and hold only for Simple; then the same with LL128's constants and its
+    bytes' data share (about, not at least: LL128 may not reach the NIC's rate). Returns the
+    Simple share at `beta`, a one-line summary and the worked arithmetic."""
     per_node = facts.get("nvidia.hgx_h100_gpus").value
     net = facts.get("nccl.tuner_net_ring_step_latency_simple").value * 1e-6
     nvlink = facts.get("nccl.tuner_nvlink_ring_step_latency_simple").value * 1e-6
@@ -165,24 +165,43 @@ def nccl_ring_latency(nbytes: int, beta: float, *, gpus: int = 1024) -> float:
     lat128 = inter * net128 + (steps - inter) * nvlink128
     wire = models.allreduce_time("ring", gpus, nbytes, 0.0, beta)
     share = lat / (lat + wire)
+    share128 = lat128 / (lat128 + wire / eff * 100)
     dgx = facts.get("nvidia.connectx7_rate").value  # Gb/s, one NIC per GPU in a DGX H100
     wire_dgx = models.allreduce_time("ring", gpus, nbytes, 0.0, 8 / (dgx * 1e9))
     def at_least(x: float) -> str:  # a lower bound, rounded down
         return f"{math.floor(100 * x)}%"
 
-    print(f"By NCCL's tuner constants, {gpus} GPUs in {nodes} nodes of {per_node}: of the ring's "
-          f"2 x {gpus - 1} = {steps} steps,\n2 x {nodes - 1} = {inter} cross the network "
-          f"(at least {net * 1e6:g} us each with Simple, NCCL's protocol for large messages)"
-          f" and\nthe other {steps - inter} stay inside a node (at least {nvlink * 1e6:g} us each "
-          f"over NVLink): at least {ms(lat)} of latency\nagainst at most {ms(wire)} of bytes "
-          f"through one GPU's {8 / beta / 1e9:.0f} Gbit/s NIC (the link above): at least "
-          f"{at_least(share)}\nof the ring's time is latency if NCCL runs Simple. With the "
-          f"{dgx} Gb/s NIC per GPU of a DGX H100\nthe bytes take {ms(wire_dgx)} (headers left out) "
-          f"and the share is at least {at_least(lat / (lat + wire_dgx))}. If NCCL runs LL128\n"
-          f"instead (at least {net128 * 1e6:g} us per network step, {nvlink128 * 1e6:g} us per "
-          f"NVLink step; {eff:g}% of its bytes are data):\nat least {ms(lat128)} of latency, about "
-          f"{lat128 / (lat128 + wire / eff * 100):.0%} of the time at {8 / beta / 1e9:.0f} Gbit/s "
-          f"and {lat128 / (lat128 + wire_dgx / eff * 100):.0%} at {dgx} Gb/s.")
+    lead = (f"Latency is a large share even of NCCL's ring on {gpus} GPUs: by NCCL's own cost "
+            f"constants, at least {at_least(share)} of this {ex.human_bytes(nbytes)} all-reduce's "
+            "time over the link above is step latency with its Simple protocol, about "
+            f"{share128:.0%} with LL128 (protocols: how NCCL packs data on the wire, 02c). "
+            "Hence the tree below.")
+    detail = (
+        f"By NCCL's tuner constants, {gpus} GPUs in {nodes} nodes of {per_node}: of the ring's "
+        f"2 x {gpus - 1} = {steps} steps,\n2 x {nodes - 1} = {inter} cross the network "
+        f"(at least {net * 1e6:g} us each with Simple, NCCL's protocol for large messages)"
+        f" and\nthe other {steps - inter} stay inside a node (at least {nvlink * 1e6:g} us each "
+        f"over NVLink, the GPU-to-GPU link inside a node): at least {ms(lat)} of latency\n"
+        f"against at most {ms(wire)} of bytes through one GPU's {8 / beta / 1e9:.0f} Gbit/s NIC "
+        f"(the link above; NCCL's channels spread the bytes over the node's {per_node} NICs, "
+        "so they take less and the latency share is larger): at least "
+        f"{at_least(share)}\nof the ring's time is latency if NCCL runs Simple. With the "
+        f"{dgx} Gb/s NIC per GPU of a DGX H100\nthe bytes take {ms(wire_dgx)} (headers left out) "
+        f"and the share is at least {at_least(lat / (lat + wire_dgx))}. If NCCL runs LL128\n"
+        f"instead (at least {net128 * 1e6:g} us per network step, {nvlink128 * 1e6:g} us per "
+        f"NVLink step; {eff:g}% of its bytes are data):\nat least {ms(lat128)} of latency, about "
+        f"{share128:.0%} of the time at {8 / beta / 1e9:.0f} Gbit/s "
+        f"and {lat128 / (lat128 + wire_dgx / eff * 100):.0%} at {dgx} Gb/s.")
+    return share, lead, detail
+
+
+def nccl_ring_latency(nbytes: int, beta: float, *, gpus: int = 1024) -> float:
+    """Print `nccl_ring_numbers`' one-line summary, then fold its arithmetic under it. Returns
+    the Simple share at `beta`."""
+    share, lead, detail = nccl_ring_numbers(nbytes, beta, gpus=gpus)
+    print(lead)
+    say("<details><summary>The arithmetic: network and NVLink steps, Simple and LL128"
+        "</summary>\n\n" + detail + "\n</details>")
     return share
 
 
@@ -257,14 +276,13 @@ def beyond_stagger(rows: Sequence[dict], *, factor: float = BUSY_FACTOR) -> str 
             "the staggered start: " + "; ".join(slow))
 
 
-def check(rows: Sequence[dict]) -> None:
-    """Print the best times against their closed forms: best/model, and per size what each call
-    paid beyond its closed form beside how far apart the ranks entered that best run
-    (`best_spread`, the staggered start the emulated barrier leaves; 02b's `stagger_order`
-    judges each extra against it). Then, from those numbers: the extras within the staggered
-    start, the rest beyond it (this machine's), and the sizes where that rest is over
-    BUSY_FACTOR - 1 of a closed form (busy there, `beyond_stagger`)."""
-    ratio = [r["measured"] / r["model"] for r in rows]
+def check_detail(rows: Sequence[dict]) -> tuple[str, list[str]]:
+    """The consistency check's detail, as text, and the sizes where the run was busy: per size
+    what each call paid beyond its closed form beside how far apart the ranks entered that best
+    run (`best_spread`, the staggered start the emulated barrier leaves; 02b's `stagger_order`
+    judges each extra against it); then the extras within the staggered start, what the rest
+    paid beyond it (which no closed form counts; not isolated by the run), and the sizes where
+    that rest is over BUSY_FACTOR - 1 of a closed form (busy there, `beyond_stagger`)."""
     extra = {}  # per size: (best minus closed form, staggered start), ms
     by_size = sorted(rows, key=lambda r: r["nbytes"])
     within, rest = 0, []  # extras within the staggered start; what the others pay beyond it
@@ -279,21 +297,35 @@ def check(rows: Sequence[dict]) -> None:
             within += 1
     far = list(dict.fromkeys(ex.human_bytes(r["nbytes"]) for r in by_size
                              if beyond_stagger([r])))
-    print(f"Consistency check: best/model {min(ratio):.2f} to {max(ratio):.2f}; best minus closed "
-          "form per call (in parentheses: the staggered start, how far apart the ranks entered "
-          "that run): " + ", ".join(f"{size} " + " / ".join(e) for size, e in extra.items())
-          + " ms.")
+    lines = ["Best minus closed form per call, in ms (in parentheses: the staggered start, how "
+             "far apart the ranks entered that run): "
+             + ", ".join(f"{size} " + " / ".join(e) for size, e in extra.items()) + " ms."]
     if not rest:
-        print("Every extra is within the staggered start after the barrier (a run is timed from "
-              "the first rank's entry).")
+        lines.append("Every extra is within the staggered start after the barrier (a run is "
+                     "timed from the first rank's entry).")
     else:
-        print(f"{within} of {len(rows)} extras within the staggered start after the barrier; "
-              "beyond it, " + (ms(max(rest)) if ms(min(rest)) == ms(max(rest))
-                                  else f"{ms(min(rest))} to {ms(max(rest))}")
-              + " per call: this machine's cost.")
+        lines.append(f"{within} of {len(rows)} extras within the staggered start after the "
+                     "barrier; beyond it, " + (ms(max(rest)) if ms(min(rest)) == ms(max(rest))
+                                               else f"{ms(min(rest))} to {ms(max(rest))}")
+                     + " per call, which no closed form counts: most likely this machine's "
+                     "cost per message (not isolated by this run).")
     if far:
-        print(f"At {', '.join(far)} that cost is over {BUSY_FACTOR - 1:.0%} of a closed form: "
-              "busy there.")
+        lines.append(f"At {', '.join(far)} that cost is over {BUSY_FACTOR - 1:.0%} of a closed "
+                     "form: busy there.")
+    return "\n".join(lines), far
+
+
+def check(rows: Sequence[dict]) -> None:
+    """Print one line, the consistency check (best/model: the emulator against its own closed
+    form, and the sizes where the run was busy), then fold `check_detail`'s text (the extras
+    beside the staggered start) under it."""
+    ratio = [r["measured"] / r["model"] for r in rows]
+    text, far = check_detail(rows)
+    print(f"Consistency check: the best runs took {min(ratio):.2f} to {max(ratio):.2f} times "
+          "the emulator's own formula (best/model)"
+          + (f"; busy at {', '.join(far)} (fold below)." if far else "."))
+    say("<details><summary>The extra time, beside the staggered start</summary>\n\n"
+        + text.replace("\n", "<br>\n") + "\n</details>")
 
 
 def _by_size(rows: Sequence[dict], key: str) -> dict[int, float]:
