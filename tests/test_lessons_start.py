@@ -74,14 +74,15 @@ def test_all_reduce_sentences_split_the_gap_into_jitter_and_machine(capsys):
     assert "every rank got the sum 4 (4 ranks x 1.0)" in out
     assert "measured:   64.0 ms  (median of 3 repeats, slowest rank; range 63.0-70.0)" in out
     # both parts (+0.4, +1.3 ms) inside the repeats' 7 ms range: no split printed
-    assert ("the gap, +1.7 ms, is jitter plus this machine (see Why below); this run cannot "
-            "split it: both parts are smaller than the range of its repeats, 7.0 ms") in out
+    assert ("the gap, +1.7 ms, is jitter plus this machine (fold below: where the gap comes "
+            "from); this run cannot split it: both parts are smaller than the range of its "
+            "repeats, 7.0 ms") in out
     assert "jitter +0.4" not in out
     start.explain_all_reduce([64.0, 63.9, 64.1], [62.5, 62.7, 62.9], predicted_ms=62.3,
                              sums=[4.0] * 4, show_details=True)
-    assert ("the gap, roughly (see Why below): jitter +0.4 ms (emulator replay, 3 draws; "
-            "message headers at most 0.06 ms of it), this machine +1.3 ms (range of the "
-            "repeats 0.2 ms)") in capsys.readouterr().out
+    assert ("the gap, roughly (fold below: where the gap comes from): jitter +0.4 ms "
+            "(emulator replay, 3 draws; message headers at most 0.06 ms of it), this machine "
+            "+1.3 ms (range of the repeats 0.2 ms)") in capsys.readouterr().out
 
 
 def test_all_reduce_checks_the_sum_and_the_floor():
@@ -113,6 +114,9 @@ def test_impaired_step_within_the_jitter_range_is_shown(capsys):
     out = capsys.readouterr().out
     assert "details" not in out  # the replay, the range and the gap only on request
     assert "efficiency against one rank alone: 5.0 ms / 44.0 ms = 11% (median steps)\n" in out
+    # 44.0 - (6.0 + 36.8) = +1.2 ms: jitter 37.5 - 36.8 = +0.7 ms, this machine the rest
+    assert ("measured - predicted = +1.2 ms: jitter +0.7 ms (the emulator's replay of the "
+            "network over the α-β model), this machine +0.5 ms") in out
     assert ("Shown on this run: the emulated network set most of the all-reduce phase "
             "(medians: its replay is 96% of the slowest rank's phase; that phase ranged "
             "39.0-39.0 ms over the 4 steps).") in out
@@ -183,7 +187,7 @@ def test_real_cluster_text_computes_the_crossover_and_renders():
                                    first_bucket=2**20, **low)
     facts.render(text)  # every [[fact]] is in the ledger
     text = " ".join(text.split())
-    assert "2 ms × 125 MB/s = 250 KB here" in text
+    assert "n* ≈ 250 KB here" in text and "here 2 ms × 125 MB/s = 250 KB" in text
     assert "With its Simple protocol" in text and "n* ≈ 0.7 MB" in text
     assert "is latency-bound from 2 nodes" in text  # 1 MiB / 2 = 0.52 MB
     # LL128 and LL: n* 0.425 and 0.25 MB; 1 MiB / 3 = 0.35 MB, / 4 = 0.26 MB, / 5 = 0.21 MB
@@ -356,8 +360,9 @@ def test_excess_sentences(capsys):
     out = capsys.readouterr().out
     assert "ping-pong one-way excess: median 42 µs" in out and "over 200 pings" in out
     assert "native fast path: median 165 µs" in out
-    assert out.rstrip().endswith("consistent with the native transfer hiding inside the emulated "
-                                 "delay")
+    assert out.startswith("verdict (the two medians' 95% intervals, below): the intervals do "
+                          "not overlap: consistent with the native transfer hiding inside the "
+                          "emulated delay\n")  # the verdict first, then the intervals
     link.explain_excess(pp, np.array([]))
     assert "nothing to compare with" in capsys.readouterr().out
 

@@ -95,10 +95,11 @@ def explain_all_reduce(slowest_ms, replay_ms, *, predicted_ms: float, sums,
     spread = slowest_ms.max() - slowest_ms.min()  # the repeats' range
     if show_details and max(abs(jitter_part), abs(machine)) < spread:
         print(f"the gap, {np.median(slowest_ms) - predicted_ms:+.1f} ms, is jitter plus this "
-              f"machine (see Why below); this run cannot split it: both parts are smaller "
-              f"than the range of its repeats, {spread:.1f} ms")
+              f"machine (fold below: where the gap comes from); this run cannot split it: "
+              f"both parts are smaller than the range of its repeats, {spread:.1f} ms")
     elif show_details:
-        print(f"the gap, roughly (see Why below): jitter {jitter_part:+.1f} ms "
+        print(f"the gap, roughly (fold below: where the gap comes from): jitter "
+              f"{jitter_part:+.1f} ms "
               f"(emulator replay, {len(replay_ms)} draws; message headers at most "
               f"{headers_ms:.2f} ms of it), this machine {machine:+.1f} ms (range of the "
               f"repeats {spread:.1f} ms)")
@@ -118,8 +119,9 @@ def explain_impaired_step(plain, impaired, solo, *, replay, compute: float, mode
                           spread: float, efficiency: float, dilation: int,
                           show_details: bool = False) -> None:
     """The impaired step's teaching numbers: measured against compute + the α-β all-reduce,
-    and the efficiency against one rank alone with its division (`efficiency` = one rank's
-    median step ÷ the impaired one). Concludes that the emulated network (its `replay`,
+    the difference split into jitter (the median `replay` over the model) and this machine
+    (the rest), and the efficiency against one rank alone with its division (`efficiency` =
+    one rank's median step ÷ the impaired one). Concludes that the emulated network (its `replay`,
     seconds) set most of the slowest rank's all-reduce phase, median against median (not
     shown on a busy machine), with that phase's range over the steps. With `show_details`:
     that phase against the replay, the rest being this machine; the gap to the prediction
@@ -136,6 +138,10 @@ def explain_impaired_step(plain, impaired, solo, *, replay, compute: float, mode
     print(f"impaired step: {step * 1e3:.1f} ms measured (median, {impaired['steps']} steps x 2 "
           f"ranks); {(compute + model_ar) * 1e3:.1f} ms predicted = compute {compute * 1e3:.1f} "
           f"(the plain run's median) + α-β all-reduce {model_ar * 1e3:.1f}")
+    gap, jitter = step - compute - model_ar, net_ar - model_ar
+    print(f"measured - predicted = {gap * 1e3:+.1f} ms: jitter {jitter * 1e3:+.1f} ms (the "
+          f"emulator's replay of the network over the α-β model), this machine "
+          f"{(gap - jitter) * 1e3:+.1f} ms (the rest; differences of medians)")
     print(f"efficiency against one rank alone: {solo['step_median'] * 1e3:.1f} ms / "
           f"{step * 1e3:.1f} ms = {efficiency:.0%} (median steps"
           + (f"; times divided by K = {K}, so the compute is that of a CPU {K} times faster "
@@ -242,24 +248,30 @@ def real_cluster_text(*, alpha: float, rate_Bps: float, alpha_nccl: float, nic_B
   per GPU, at [[nvidia.connectx7_rate]] each: the 1.6 MB gradient crosses one in tens of µs, not
   this notebook's 12.8 ms. Inside the node GPUs use NVLink
   ([[nvidia.h100_nvlink_bw_per_direction]] per direction).
-- **Latency.** n* = α × bandwidth, the message size whose latency and bandwidth terms are equal
-  (notebook 01), is {alpha * 1e3:g} ms × {rate_Bps / 1e6:g} MB/s = {n_star_here / 1e3:.0f} KB here.
-  With its Simple protocol NCCL's tuner models about [[nccl.tuner_net_ring_step_latency_simple]]
-  per ring step across the network, so at [[nvidia.connectx7_rate_bytes]]
-  n* ≈ {n_star_nccl / 1e6:.1f} MB: in the α-β model DDP's small first bucket
-  ([[pytorch.ddp_first_bucket]]) is latency-bound from {p_first(n_star_nccl)} nodes (one GPU
-  per node). The tuner, [[nccl.tuner_model]], picks the protocol per call, and its low-latency
-  ones charge less per network step (with one GPU per node
-  [[nccl.tuner_net_tree_step_latency_ll128]] for LL128, [[nccl.tuner_net_tree_step_latency_ll]]
-  for LL): n* ≈ {n_star_128 / 1e6:.2f} and
-  {n_star_ll / 1e6:.2f} MB, so with them the bucket is latency-bound only from
-  {p_first(n_star_128)} and {p_first(n_star_ll)} nodes, counting their α alone (their lower
-  bandwidth moves this further out; notebooks 02b, 03).
+- **Latency.** n* ≈ {n_star_here / 1e3:.0f} KB here and ≈ {n_star_nccl / 1e6:.1f} MB on a ConnectX-7
+  with NCCL, so DDP's small first bucket ([[pytorch.ddp_first_bucket]]) is latency-bound
+  from {p_first(n_star_nccl)} nodes (α-β model, one GPU per node). n* = α × bandwidth is the
+  message size whose latency and bandwidth terms are equal (notebook 01): here
+  {alpha * 1e3:g} ms × {rate_Bps / 1e6:g} MB/s = {n_star_here / 1e3:.0f} KB. With its Simple
+  protocol (a *protocol* is NCCL's way of moving data: Simple for bandwidth, LL and LL128 for
+  latency) NCCL's tuner, [[nccl.tuner_model]], models about
+  [[nccl.tuner_net_ring_step_latency_simple]] per ring step across the network; at
+  [[nvidia.connectx7_rate_bytes]] that is n* ≈ {n_star_nccl / 1e6:.1f} MB.
 - **Transport.** NCCL over InfiniBand or RoCE uses RDMA, remote direct memory access: the NIC runs
   the transport ([[rdma.kernel_bypass]] for the transfer itself), without the system calls and
   socket copies of Gloo over TCP. The loopback all-reduce measured here also carries this
   machine's scheduling on shared cores, which no transport removes. DDP also reduces buckets
   during the backward pass and divides before the sum (notebook 03).
+
+<details><summary>NCCL's low-latency protocols: a smaller n*</summary>
+
+The tuner picks the protocol per call. LL128 and LL charge less per network step (with one
+GPU per node [[nccl.tuner_net_tree_step_latency_ll128]] for LL128,
+[[nccl.tuner_net_tree_step_latency_ll]] for LL): n* ≈ {n_star_128 / 1e6:.2f} and
+{n_star_ll / 1e6:.2f} MB, so with them the bucket is latency-bound only from
+{p_first(n_star_128)} and {p_first(n_star_ll)} nodes, counting their α alone (their lower
+bandwidth moves this further out; notebooks 02b, 03).
+</details>
 '''
 
 
