@@ -24,15 +24,22 @@ def test_sweep_reads_the_machine_lateness_off_the_smallest_message(capsys):
                         "latency_share": alpha / (alpha + sizes * beta),
                         "configured_alpha": alpha, "configured_beta": beta,
                         "crossover_bytes": fit.alpha / fit.beta,
-                        "configured_crossover_bytes": alpha / beta})
+                        "configured_crossover_bytes": alpha / beta}, show_details=True)
     out = capsys.readouterr().out
-    assert "the 1 KiB message: +90 µs against the configured α + nβ" in out
+    assert "details: the 1 KiB message: +90 µs against the configured α + nβ" in out
     # the fitted α's excess is the least-squares weights times every size's excess: here only
     # the 1 KiB message is late, so it is 90 µs times that size's weight
     extra = (fit.alpha - alpha) * 1e6
-    assert (f"the fitted α's {extra:+.0f} µs comes from every size's excess (here +0 to +90 µs): "
-            "what all sizes share moves a line's intercept, not its slope") in out
+    assert (f"details: the fitted α's {extra:+.0f} µs comes from every size's excess (here "
+            "+0 to +90 µs): what all sizes share moves a line's intercept, not its slope") in out
     assert "weights" not in out  # the least-squares weights stay in the check, not the text
+    link.explain_sweep({"fit": fit, "sizes": sizes, "best_ms": best_s * 1e3,
+                        "latency_share": alpha / (alpha + sizes * beta),
+                        "configured_alpha": alpha, "configured_beta": beta,
+                        "crossover_bytes": fit.alpha / fit.beta,
+                        "configured_crossover_bytes": alpha / beta})
+    out = capsys.readouterr().out
+    assert out.startswith("fit: α = ") and "details" not in out  # the excess only on request
     x = sizes.astype(float)
     w0 = 1 / len(x) - x.mean() * (x[0] - x.mean()) / np.sum((x - x.mean()) ** 2)
     assert abs(extra - 90 * w0) < 0.01
@@ -51,7 +58,7 @@ def test_a_ring_step_nstar_comes_from_the_ledger():
     ll = facts.get("nccl.tuner_net_ring_step_latency_ll").value * per_us * 0.5
     assert facts.get("nccl.proto_ll_efficiency").value == 50
     text = " ".join(facts.render(link.TRANSPORT_AND_CONGESTION).split())
-    assert f"about {simple:.0f} kB with Simple" in text and f"≈ {ll:.0f} kB" in text
+    assert f"n* ≈ {simple:.0f} kB with Simple" in text and f"≈ {ll:.0f} kB" in text
     ll_us = facts.get("nccl.tuner_net_ring_step_latency_ll").value
     assert f"at most about {ll_us:g} µs × {per_us * 0.5:g} GB/s ≈ {ll:.0f} kB" in text  # shown
     assert f"about {per_us:.0f} kB per µs" in text

@@ -117,18 +117,33 @@ def explain_tcp_after_idle(idle: dict, *, alpha: float, beta: float, first_windo
     assert windows[:-1].sum() < n[w] / 1e3 <= windows.sum(), "the last window completes it"
 
 
+def frame_layout() -> dict:
+    """One Ethernet frame at MTU 1500 B on the wire, in bytes and in order, from the ledger:
+    preamble and SFD, Ethernet header, IPv4 header, TCP header with the timestamps option,
+    the TCP payload left (the MSS Linux advertises, MTU - IPv4 - 20 B of TCP header, minus
+    the 12 B timestamp option), FCS and the inter-frame gap."""
+    def v(key):
+        return facts.get(key).value
+    ip, tcp = v("ipv4.header_bytes"), v("tcp.header_with_timestamps_bytes")
+    return {"preamble+SFD": v("ethernet.preamble_sfd_bytes"),
+            "Ethernet header": v("ethernet.header_bytes"), "IPv4": ip, "TCP": tcp,
+            "payload": v("ethernet.mtu_bytes") - ip - tcp, "FCS": v("ethernet.fcs_bytes"),
+            "gap": v("ethernet.ifg_bytes")}
+
+
 def effective_mbit(sizes, best_ms):
     """Effective bandwidth of each message, in Mbit/s: its bits over its fastest time."""
     return np.asarray(sizes) * 8 / (np.asarray(best_ms) / 1e3) / 1e6
 
 
-def explain_sweep(sweep: dict) -> None:
+def explain_sweep(sweep: dict, *, show_details: bool = False) -> None:
     """The α-β fit against the configured link (how far α lies off, in µs, and the worst
     residual), n* fitted and configured, the effective bandwidth at 1 KiB, 64 KiB and 8 MiB,
-    how late the smallest message was against the configured α + nβ (this machine's excess
-    read directly), and why the fitted α differs: it comes from every size's excess (their
-    range is printed), since what all sizes share moves a line's intercept. Checks that the fitted
-    α's excess is exactly the least-squares weights (summing to 1) times the sizes' excesses,
+    and, with `show_details`, how late the smallest message was against the configured α + nβ
+    (this machine's excess read directly) and why the fitted α differs: it comes from every
+    size's excess (their range is printed), since what all sizes share moves a line's
+    intercept. Checks that the fitted α's excess is exactly the least-squares weights
+    (summing to 1) times the sizes' excesses,
     that the fit recovers α, β and n* within 30% and that small messages are latency-bound,
     large ones bandwidth-bound."""
     fit = sweep["fit"]
@@ -149,11 +164,12 @@ def explain_sweep(sweep: dict) -> None:
     # the intercept of a least-squares line is sum(w * y) with these weights (sum 1, and
     # sum(w * x) = 0), so the fitted α's excess is sum(w * excess) exactly
     weights = 1 / len(x) - x.mean() * (x - x.mean()) / np.sum((x - x.mean()) ** 2)
-    print(f"the {sizes[0] // 1024} KiB message: {excess_us[0]:+.0f} µs against the configured "
-          "α + nβ: what this machine added, read directly")
-    print(f"the fitted α's {extra_us:+.0f} µs comes from every size's excess (here "
-          f"{round(excess_us.min()) + 0:+d} to {round(excess_us.max()) + 0:+d} µs): what all "
-          "sizes share moves a line's intercept, not its slope")
+    if show_details:
+        print(f"details: the {sizes[0] // 1024} KiB message: {excess_us[0]:+.0f} µs against the "
+              "configured α + nβ: what this machine added, read directly")
+        print(f"details: the fitted α's {extra_us:+.0f} µs comes from every size's excess (here "
+              f"{round(excess_us.min()) + 0:+d} to {round(excess_us.max()) + 0:+d} µs): what all "
+              "sizes share moves a line's intercept, not its slope")
     assert abs(np.sum(weights * excess_us) - extra_us) < 0.01, "the intercept is sum(w * excess)"
     assert abs(fit.alpha - sweep["configured_alpha"]) <= 0.3 * sweep["configured_alpha"]
     assert abs(fit.beta - sweep["configured_beta"]) <= 0.3 * sweep["configured_beta"]
@@ -177,20 +193,18 @@ _LL_NSTAR_KB = _LL_US * _LL_GBPS  # µs × GB/s = kB
 TRANSPORT_AND_CONGESTION = f'''
 **Transport and α**
 
+In one line: on one NIC of a DGX H100, n* = α/β is about {_KB_PER_US:.0f} kB per µs of α, so
+about {_SIMPLE_NSTAR_KB:.0f} kB per network ring step with NCCL's Simple protocol and at most
+about {_LL_NSTAR_KB:.0f} kB with LL (sources below).
+
 - **Line rate.** A DGX H100 has [[nvidia.dgx_h100_compute_nics]] for its compute fabric, at
   [[nvidia.connectx7_rate]] each, one per GPU: β per NIC is 1 / [[nvidia.connectx7_rate_bytes]],
-  so n* = α/β is about {_KB_PER_US:.0f} kB per µs of α. (A ring all-reduce, notebook 02,
-  sends 1/p of the buffer per step; NCCL splits that further over its channels, the parallel
-  slices of notebook 02c, and into fixed-size buffers, [[nccl.buffsize_env]].)
-- **NCCL's own α.** NCCL has three protocols (notebook 02c): LL (low latency) and LL128 send a
-  flag with the data, so the receiver needs no separate synchronisation (a lower per-step
-  latency, less bandwidth); Simple moves large chunks at full bandwidth. NCCL's tuner, the cost
-  model that picks one, charges a ring step across the network
-  [[nccl.tuner_net_ring_step_latency_ll]] (LL) to [[nccl.tuner_net_ring_step_latency_simple]]
-  (Simple) on nodes with several GPUs, plus a fixed latency per call: a ring step's n* on one
-  such NIC is about {_SIMPLE_NSTAR_KB:.0f} kB with Simple. LL's lower α comes with at most half
-  the bandwidth ([[nccl.proto_ll_efficiency]] of each LL line is data), so its n* is at most
-  about {_LL_US:g} µs × {_LL_GBPS:g} GB/s ≈ {_LL_NSTAR_KB:.0f} kB.
+  so n* = α/β is about {_KB_PER_US:.0f} kB per µs of α.
+- **NCCL's own α.** NCCL has three *protocols*, its ways of moving data (notebook 02c): Simple
+  for bandwidth, LL (low latency) and LL128 for latency. NCCL's tuner, the cost model that
+  picks one, charges a ring step across the network [[nccl.tuner_net_ring_step_latency_ll]]
+  (LL) to [[nccl.tuner_net_ring_step_latency_simple]] (Simple) on nodes with several GPUs:
+  n* ≈ {_SIMPLE_NSTAR_KB:.0f} kB with Simple, at most ≈ {_LL_NSTAR_KB:.0f} kB with LL (fold below).
 - **α without the kernel.** RDMA skips the kernel's system calls and copies
   ([[rdma.kernel_bypass]]). The round trips measured above cannot show that software cost:
   they are almost all emulated delay.
@@ -199,6 +213,19 @@ TRANSPORT_AND_CONGESTION = f'''
   own IP, UDP and InfiniBand transport headers, and its RDMA path MTU is at most
   [[infiniband.max_mtu_bytes]]: its goodput is not the TCP figure above. InfiniBand has its
   own headers.
+
+<details><summary>How the protocols and the chunking work</summary>
+
+LL and LL128 send a flag with the data, so the receiver needs no separate synchronisation: a
+lower per-step latency, less bandwidth. Simple moves large chunks at full bandwidth. The tuner
+also adds a fixed latency per call. LL's lower α comes with at most half the bandwidth
+([[nccl.proto_ll_efficiency]] of each LL line is data), so its n* is at most about
+{_LL_US:g} µs × {_LL_GBPS:g} GB/s ≈ {_LL_NSTAR_KB:.0f} kB.
+
+A ring all-reduce (notebook 02) sends 1/p of the buffer per step. NCCL splits that further
+over its channels (the parallel slices of notebook 02c) and into fixed-size buffers
+([[nccl.buffsize_env]]).
+</details>
 
 **Congestion and flow control** (the emulator models none of them; notebook 01b): TCP's
 slow start and its window cut after a loss; on RoCE, ConnectX NICs' rate control
@@ -288,18 +315,19 @@ VERDICTS = {
 def explain_excess(pp: dict, fast) -> None:
     """The ping-pong's one-way excess over the emulated delay (median with its 95% interval,
     p99 with its interval, or said to have no upper bound when the sample cannot give one)
-    against the native fast path's median (`fast`, µs), and the verdict of
-    `hiding_verdict`."""
+    against the native fast path's median (`fast`, µs), after the verdict of
+    `hiding_verdict`, which comes first."""
     noise = pp["noise_ms"] * 1e3
     ci = links.quantile_ci(noise, 0.5)  # 95% interval of the median, from order statistics
     native = links.quantile_ci(fast, 0.5) if len(fast) else None
     p99 = links.quantile_ci(noise, 0.99)
     bound = (f"95% interval {p99['lower']:.0f}-{p99['upper']:.0f}" if np.isfinite(p99["upper"])
              else f"one run; {len(noise)} samples cannot bound a p99 from above")
+    print("verdict (the two medians' 95% intervals, below): "
+          + VERDICTS[hiding_verdict(ci, native)])
     print(f"ping-pong one-way excess: median {np.median(noise):.0f} µs (95% interval "
           f"{ci['lower']:.0f}-{ci['upper']:.0f}), p99 {np.percentile(noise, 99):.0f} µs over "
           f"{len(noise)} pings ({bound})")
     if native is not None:
         print(f"native fast path: median {native['estimate']:.0f} µs (95% interval "
               f"{native['lower']:.0f}-{native['upper']:.0f})")
-    print(VERDICTS[hiding_verdict(ci, native)])
