@@ -46,7 +46,8 @@ def explain_fix(fix: dict, opt_pt: dict, *, steps: int, mom: float) -> None:
     print(f"The mean of means converges, but to another point: after {steps} steps it sits at "
           f"its own minimiser, {shift:.4f} from the full-batch one ({shift / opt_pt['scale']:.1%} "
           f"of the largest parameter). There the full-data loss is {floor * (1 + excess):.4f} "
-          f"instead of {floor:.4f}, a floor set by the data's noise (+{excess:.0%}).")
+          f"instead of the optimum's {floor:.4f} (+{excess:.0%}); {floor:.4f} is the floor set "
+          "by the label noise.")
     print("The fix costs one all-reduce of a single number per step.")
     print("The shift is zero with equal counts, or when the full-batch optimum also minimises "
           "every shard's own loss. Here one linear model made every shard's data, so only "
