@@ -45,7 +45,7 @@ def test_real_scale_names_amd_hosts_and_ddp_buckets(shown):
     assert "the latency term grows with every added rank either way" in text
     assert "stays flat as ranks are added" not in text
     assert "per node, rings forced (Ring only, set with NCCL_ALGO" in text
-    assert "NCCL allows PAT in this layout" in text
+    assert "NCCL allows PAT (Parallel Aggregated Trees) in this layout" in text
 
 
 def test_amd_crossing_follows_from_the_ledger():
@@ -77,7 +77,9 @@ def test_traffic_footnotes_the_ddp_rebuild(shown):
     assert l10.explain_traffic(_traffic(), names) == 1.5
     head, footnote = shown[0].split("\n\n")[:2]
     assert "rebuil" not in head and head.startswith("Each rank sent **74880 B**")
-    assert footnote.startswith("\\* Why step 3: step 2 also carries DDP's one-time bucket")
+    # r17: the footnote is a small fold of its own
+    assert footnote.startswith("<details><summary>\\* Why step 3</summary>")
+    assert "Step 2 also carries DDP's one-time bucket rebuild" in shown[0]
     assert "| `reduce_scatter=False` |" not in shown[0]
     assert "about the last 3: 2.91 (N−1)/N · Ψb" in shown[0]
     assert "under about 0.5B parameters stays gathered whole" in shown[0]
@@ -137,10 +139,13 @@ def test_layout_names_hsdp_once(shown):
     assert "shard inside a node, replicate across nodes" in text
     assert text.count("HSDP") == 1
     # r15: HSDP cuts the NIC bytes only 1.6x against plain FSDP's (8 NICs per node)
-    assert ("3.3 GB through its NIC; plain FSDP over all 128 GPUs sends 5.2 GB through each NIC"
-            in text)
-    assert "only 1.6× more" in text and "16 ms per step against 57 ms" in text
+    # r17: the mechanism first, then a table: hybrid against plain FSDP over all 128 GPUs
+    assert text.index("each rank only all-reduces its 1/8 shard") < text.index("| per rank")
+    assert "| per rank and step | hybrid | plain FSDP over all 128 GPUs |" in text
+    assert "| bytes through its NIC | 3.3 GB | 5.2 GB, only 1.6× more |" in text
+    assert "| bytes over NVLink | 36.8 GB | 36.5 GB |" in text
+    assert "| latency rounds | 16 ms | 57 ms |" in text
     # r16: both savings in ms at one NIC's 50 GB/s: 39 ms of bytes, 41 ms of latency
-    assert "that saves 39 ms of NIC time per step" in text
-    assert "41 ms saved: a gain about as large as the bytes'" in text
+    assert ("saves 39 ms of NIC time and 41 ms of latency per step: a gain about as large as "
+            "the bytes'") in text
     assert "The larger gain" not in text

@@ -12,7 +12,7 @@ import textwrap
 from .. import facts
 from ..experiments.common import beyond_closed_form, conclude
 from ..netem import Netem
-from .show import ms
+from .show import fold, ms
 
 NAMES = {"ddp": "DDP", "fsdp": "FSDP2"}
 KINDS = ("ddp", "fsdp")
@@ -83,8 +83,9 @@ def explain_traffic(traffic: dict, names: dict, *, psi: float = 7e9, units: int 
         f"them). FSDP2 sent "
         f"**{t['zero3']['sent'][0]} B** in {t['zero3']['ops']} collectives, **{ratio:.2f}× DDP's "
         f"volume**; without resharding after the forward, {t['fsdp_no_reshard']['sent'][0]} B in "
-        f"{t['fsdp_no_reshard']['ops']}.\n\n\\* Why step 3: step 2 also carries DDP's "
-        f"one-time bucket rebuild ([[pytorch.ddp_rebuild_buckets]]).\n\n<details><summary>"
+        f"{t['fsdp_no_reshard']['ops']}.\n\n<details><summary>\\* Why step 3</summary>\n\nStep 2 "
+        f"also carries DDP's one-time bucket rebuild ([[pytorch.ddp_rebuild_buckets]]), so the "
+        f"count is taken at step 3.\n</details>\n\n<details><summary>"
         f"Details: DeepSpeed's calls</summary>\n\nThe bullets above, and this hand-written "
         f"version, follow the ZeRO paper. DeepSpeed's ZeRO-1/2 group gradients into buckets "
         f"of `reduce_bucket_size` elements and by default issue "
@@ -150,12 +151,14 @@ def report_misses(sweep: list[dict], lo: dict, kinds=KINDS, name=NAMES) -> None:
     prediction. A prediction adds the delay 1ms run's own overhead (compute, Python, FSDP2's
     hooks, measured beyond its closed form) in full; the part of it done while bytes are on
     the wire is hidden, so a point may fall below its prediction by up to that overhead,
-    never below the network's floor (asserted in `explain_step_times`)."""
+    never below the network's floor (asserted in `explain_step_times`). Folded under "How sure
+    is this?" in a notebook (printed as it is elsewhere)."""
+    notes: list[str] = []
     overhead = {k: lo[f"{k}_s"] - lo[f"{k}_comm_s"] for k in kinds}
     under = [(r, k) for r in sweep if r is not lo for k in kinds
              if r[f"{k}_s"] < 0.95 * r[f"{k}_predicted_s"]]
     if under:
-        say("Details: more than 5% below their predictions: "
+        notes.append("Points more than 5% below their predictions: "
             + ", ".join(f"{name[k]} at `{r['nic']}` by {ms(r[f'{k}_predicted_s'] - r[f'{k}_s'])}"
                         for r, k in under)
             + (": within the `delay 1ms` run's overhead ("
@@ -167,11 +170,14 @@ def report_misses(sweep: list[dict], lo: dict, kinds=KINDS, name=NAMES) -> None:
     over = [(r, k) for r in sweep if r is not lo for k in kinds
             if r[f"{k}_s"] > 1.1 * r[f"{k}_predicted_s"]]
     if over:
-        say("Details: over 10% above the prediction: "
+        notes.append("Points over 10% above the prediction: "
             + ", ".join(f"{name[k]} at `{r['nic']}` by {ms(r[f'{k}_s'] - r[f'{k}_predicted_s'])} "
                         f"({r[f'{k}_s'] / r[f'{k}_predicted_s'] - 1:.0%})" for r, k in over)
             + ": cost the closed form does not model (perhaps per-collective hook overhead); "
             "not separated here.")
+    if notes:
+        fold("How sure is this? The points far off their prediction",
+             "\n".join(textwrap.fill(n.replace("`", ""), 96) for n in notes), pre=True)
 
 
 def explain_step_times(sweep: list[dict]) -> bool:
@@ -213,9 +219,10 @@ def explain_step_times(sweep: list[dict]) -> bool:
     # the verdict first, the table and the details under it
     shown = conclude(grow["fsdp"] > 2 * grow["ddp"] and close,
                      "FSDP2's step grew over twice as much as DDP's, and every growth came "
-                     f"within 20% of its closed form (the farthest {off:.0%} off)", busy=busy)
+                     f"within 20% of its closed form (the farthest {off:.0%} off; a consistency "
+                     "check of the emulator)", busy=busy)
     print(f"{'':8s}{'delay 1ms -> 10ms':>23s}{'50 Mbit/s cap adds':>23s}   "
-          "[closed-form difference]")
+          "(measured [closed form])")
     for k in kinds:
         print(f"{name[k]:8s}{ms(grow[k]):>12s} [{ms(pred[k]):>8s}]{ms(wire[k]):>12s} "
               f"[{ms(wire_pred[k]):>8s}]")
@@ -346,30 +353,33 @@ def show_at_real_scale(psi: float, *, units: int) -> dict:
     # why the 8-NIC crossing comes sooner: bytes 8x cheaper, a ring step on average only
     step_gain = a_net / ((a_net + (node - 1) * a_nv) / node)
     facts.show(f"""
-**At real scale.** As ranks are added, FSDP's latency rounds catch up with its bytes, and past
-a crossing they dominate: at about {cross['one']} ranks with one GPU per node (rings forced),
-at about {cross['node']} with nodes of {node} GPUs (the crossings marked in the figure).
+**At real scale.** With enough ranks, FSDP's latency (a fixed delay for every ring step of
+every collective) outgrows the time its bytes take. Nodes with several NICs reach that point
+sooner: their {node_nics} NICs make the bytes {node_nics}× cheaper, but the average ring step only
+{step_gain:.1f}× cheaper. In NCCL's cost model the crossing comes at about {cross['one']} ranks
+with one GPU per node and at about {cross['node']} with nodes of {node} GPUs (marked in the
+figure).
 
 This is a model, not a measurement: latency from NCCL's tuner (the cost model NCCL picks
 algorithms with), bandwidth at the NICs' line rate, every collective a ring, nothing
 overlapped, a {psi / 1e9:.0f}B-parameter bf16 model in {units} units at every N. Below the
 crossing the bytes term dominates and stays flat; the latency term grows with every added rank
-either way. The two layouts:
-
-- **One GPU (one NIC) per node, rings forced (Ring only, set with [[nccl.algo_env]]):**
-  the crossing comes at about **{cross['one']} ranks**. Unforced, NCCL allows PAT in this
-  layout ([[nccl.pat_one_gpu_per_node]]), and its tuner may give it the all-gathers, charging
-  [[nccl.tuner_pat_latency]] instead of a ring step per rank.
-- **Nodes of [[nvidia.hgx_h100_gpus]] and [[nvidia.dgx_h100_compute_nics]]:** at about
-  **{cross['node']} ranks** (Intel or Arm hosts), {cross['one'] / cross['node']:.1f}× fewer.
-  The {node_nics} NICs cut the bytes term {node_nics}×, but the average ring step only
-  {step_gain:.1f}×, as {node - 1} of every {node} steps stay inside the node, over NVLink.
+either way.
 
 Past the crossing, fewer, larger units help, at the cost of a larger gathered working set
 (printed after the memory table above); whether the *step* waits depends on the compute that
 prefetching hides the rounds behind (next section).
 
-<details><summary>The derivation</summary>
+<details><summary>The derivation, and the two layouts in detail</summary>
+
+- **One GPU (one NIC) per node, rings forced (Ring only, set with [[nccl.algo_env]]):**
+  the crossing comes at about **{cross['one']} ranks**. Unforced, NCCL allows PAT (Parallel
+  Aggregated Trees) in this layout ([[nccl.pat_one_gpu_per_node]]), and its tuner may give it
+  the all-gathers, charging [[nccl.tuner_pat_latency]] instead of a ring step per rank.
+- **Nodes of [[nvidia.hgx_h100_gpus]] and [[nvidia.dgx_h100_compute_nics]]:** at about
+  **{cross['node']} ranks** (Intel or Arm hosts), {cross['one'] / cross['node']:.1f}× fewer.
+  The {node_nics} NICs cut the bytes term {node_nics}×, but the average ring step only
+  {step_gain:.1f}×, as {node - 1} of every {node} steps stay inside the node, over NVLink.
 
 NCCL's tuner charges a ring step (one latency round) between nodes at least
 [[nccl.tuner_net_ring_step_latency_simple]] (plus twice the latency a network plugin reports,
@@ -434,7 +444,7 @@ def plot_prefetch(pre: dict) -> None:
     ax.set_yticks([1, 0], ["no overlap: each layer\nwaits for its all-gather",
                          "next all-gather\nprefetched"])
     ax.set_xlabel(f"forward pass (ms), {pre['depth']} layers")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, markerscale=0.3)
     plt.tight_layout()
     plt.show()
 
@@ -453,7 +463,8 @@ def explain_prefetch(pre: dict) -> bool:
     assert pre["forward_s"] > 0.9 * pre["predicted_s"]  # the network's floor, no prefetching
     # the verdict first, what the run measured under it
     shown = conclude(abs(saving - saving_pred) < 0.25 * saving_pred,
-                     "prefetching saved within 25% of what the closed form says",
+                     "prefetching saved within 25% of what the closed form says (a consistency "
+                     "check of the emulator)",
                      # evidence that this machine, not the network, set the forwards
                      busy=beyond_closed_form([(pre["forward_s"], pre["predicted_s"]),
                                               (pre["forward_prefetch_s"],
@@ -489,8 +500,11 @@ def show_microbatches_and_layout(psi: float, *, nodes: int, units: int = 32) -> 
     c = real_scale_constants()
     n = nodes * node  # plain FSDP over every GPU: a node's ring bytes leave through its NICs
     fsdp_nic = 3 * (n - 1) / n * psi * 2 / c["node_nics"]  # bytes per NIC per step
+    fsdp_nvlink = 3 * (n - 1) / n * psi * 2 * (node - 1) / node  # the ring's in-node steps
+    hsdp_nvlink = 3 * (node - 1) / node * psi * 2  # in-node gathers and reduce-scatter
     hsdp_nic = 2 * (nodes - 1) / nodes * psi * 2 / node  # a rank's shard all-reduce, its NIC
     assert hsdp_nic < fsdp_nic < 2 * hsdp_nic  # fewer bytes, but nowhere near the 9x
+    more = f"{fsdp_nic / hsdp_nic:.1f}× more"
     # tuner latency per step, all rings: plain FSDP's 3 collectives per unit over n ranks,
     # against HSDP's in-node gathers and scatters plus one all-reduce per unit across nodes
     fsdp_lat = ring_rounds_s(n, node, units=units, a_net=c["a_net"], a_nv=c["a_nv"])
@@ -515,26 +529,29 @@ def show_microbatches_and_layout(psi: float, *, nodes: int, units: int = 32) -> 
 - **Two bandwidths.** One H100 SXM sends over NVLink at [[nvidia.h100_nvlink_bw_per_direction]]
   per direction (the often quoted [[nvidia.h100_nvlink_bw|value]] GB/s counts both), through
   its NIC at [[nvidia.connectx7_rate_bytes]]: {nvlink_vs_nic:.0f}× less.
-- **Hybrid sharding: shard inside a node, replicate across nodes.** The parameter gathers stay
-  on NVLink, which saves in two ways: fewer bytes through the NICs and fewer latency rounds.
-  For the {psi / 1e9:.0f}B-parameter model in bf16 on {nodes} nodes, by the tuner's constants
-  (all rings): {bytes_saved_s * 1e3:.0f} ms of NIC time and {lat_saved_s * 1e3:.0f} ms of
-  latency per step. FSDP2 takes a mesh of nodes × GPUs for it: [[pytorch.fsdp2_hsdp]].
-  Sharded over the {node} GPUs of a node, a rank sends
-  3 × {node - 1}/{node} · Ψb over NVLink and all-reduces only its 1/{node} shard of the
-  gradients across M nodes, 2(M−1)/M · Ψb/{node} through its NIC. Here each rank sends
-  {3 * (node - 1) / node * psi * 2 / 1e9:.1f} GB per step over NVLink and
-  {hsdp_nic / 1e9:.1f} GB through its NIC; plain FSDP over all {n} GPUs sends
-  {fsdp_nic / 1e9:.1f} GB through each NIC (a node's ring bytes spread over its
-  {c['node_nics']} NICs, as in *At real scale*), only {fsdp_nic / hsdp_nic:.1f}× more: at
-  [[nvidia.connectx7_rate_bytes]] that saves {bytes_saved_s * 1e3:.0f} ms of NIC time per step.
-  The latency rounds:
-  {hsdp_lat * 1e3:.0f} ms per step against {fsdp_lat * 1e3:.0f} ms,
-  {lat_saved_s * 1e3:.0f} ms saved: a gain {as_large} the bytes', larger still if NCCL runs
-  the all-reduce across the nodes as a tree.
+
+**Hybrid sharding: shard inside a node, replicate across nodes.** Parameters are gathered and
+gradients reduce-scattered inside the node, over NVLink; across nodes each rank only
+all-reduces its 1/{node} shard of the gradients. FSDP2 takes a mesh of nodes × GPUs for it:
+[[pytorch.fsdp2_hsdp]]. For the {psi / 1e9:.0f}B-parameter model in bf16 on {nodes} nodes, by
+the ring model and the tuner's constants of *At real scale*:
+
+| per rank and step | hybrid | plain FSDP over all {n} GPUs |
+|---|---|---|
+| bytes over NVLink | {hsdp_nvlink / 1e9:.1f} GB | {fsdp_nvlink / 1e9:.1f} GB |
+| bytes through its NIC | {hsdp_nic / 1e9:.1f} GB | {fsdp_nic / 1e9:.1f} GB, only {more} |
+| latency rounds | {hsdp_lat * 1e3:.0f} ms | {fsdp_lat * 1e3:.0f} ms |
+
+At [[nvidia.connectx7_rate_bytes]] per NIC, hybrid sharding saves {bytes_saved_s * 1e3:.0f} ms
+of NIC time and {lat_saved_s * 1e3:.0f} ms of latency per step: a gain {as_large} the
+bytes', larger still if NCCL runs the all-reduce across the nodes as a tree.
 
 <details><summary>Details: other frameworks, precision and Megatron's memory</summary>
 
+- **The bytes of the table.** Sharded over the {node} GPUs of a node, a rank sends
+  3 × {node - 1}/{node} · Ψb over NVLink and 2(M−1)/M · Ψb/{node} through its NIC, M nodes.
+  Plain FSDP's ring bytes leave a node through its {c['node_nics']} NICs, as in *At real
+  scale*; {node - 1}/{node} of each rank's ring bytes stay on NVLink.
 - **Accumulation elsewhere.** DDP's `no_sync` skips its all-reduce and leaves nothing else to
   send. FSDP1's [[pytorch.fsdp1_no_sync_memory]]. DeepSpeed reduces gradients
   [[deepspeed.zero12_reduce_per_microbatch]].
@@ -547,5 +564,37 @@ def show_microbatches_and_layout(psi: float, *, nodes: int, units: int = 32) -> 
 - **Memory.** Megatron-LM keeps [[megatron.grad_reduce_fp32]]: model state of
   2 + 4 + 12 = 18 B per parameter, not 16.
 
+</details>
+""")
+
+
+def algorithms_and_overlap_text() -> str:
+    """The "Algorithms and overlap" box of "On a real GPU cluster": the two NCCL algorithms a
+    reader needs (Ring, and Tree for all-reduce only), the others folded, and FSDP2's prefetch
+    on GPUs; a template for `facts.show`, whose [[...]] placeholders cite the ledger."""
+    return ("""
+**Algorithms and overlap**
+
+- **Algorithms.** NCCL's tuner picks an algorithm per collective and size
+  ([[nccl.tuner_model]]). You need only two of them. **Ring** is the ring of this notebook.
+  **Tree** ([[nccl.double_binary_tree]]) pays about log2(nodes) network steps each way instead
+  of a round per rank, and serves all-reduce only ([[nccl.tree_allreduce_only]]). So DDP's
+  many buckets can pay [[nccl.tuner_tree_log_latency]], not a round per rank, when NCCL's
+  tuner picks Tree; FSDP's all-gathers and reduce-scatters across multi-GPU nodes run as
+  rings, whose latency grows with N as charged here.
+- **Prefetch.** On GPUs FSDP2 overlaps the next all-gather with the current compute by
+  default, through [[pytorch.fsdp2_implicit_prefetch]]. The all-gather runs on a stream of its
+  own and overlaps only [[pytorch.fsdp_prefetch_cpu_ahead]]: a CPU-bound step loses the
+  overlap. Explicit prefetch (`set_modules_to_forward_prefetch`) issues it earlier, or more
+  units ahead, at the memory of the extra gathered units.
+
+<details><summary>NCCL's other algorithms</summary>
+
+All of them: [[nccl.algorithms]]. CollNet (CollNetDirect, CollNetChain) reduces inside
+InfiniBand switches ([[nvidia.ib_sharp]]); NVLS and NVLSTree inside the NVSwitches
+([[nvidia.nvswitch_sharp]]); PAT, Parallel Aggregated Trees, runs all-gathers and
+reduce-scatters with [[paper.jeaugey_pat_2025]]. All-gather and reduce-scatter can run as
+[[nccl.ag_rs_algorithms]]: beyond Ring, each needs special hardware or one GPU per node (see
+the sources).
 </details>
 """)
