@@ -136,6 +136,17 @@ def without_jitter(nic: str) -> str:
     return str(replace(Netem.parse(nic), jitter_ns=0, delay_correlation=0.0))
 
 
+def hop_growth_s(calm: str, rough: str) -> float:
+    """How much one hop's mean delay grew from `calm` to `rough`, in seconds: the unit the
+    replay's growth from the delay alone is counted in (0 for specs without a delay)."""
+    from ..netem import Netem
+
+    try:
+        return (Netem.parse(rough).delay_ns - Netem.parse(calm).delay_ns) / 1e9
+    except (ValueError, AttributeError):
+        return 0.0
+
+
 def replay_split(pipe: list[dict], calm: str, rough: str) -> dict[str, dict[str, float]]:
     """Two parts of each schedule's replayed growth from `calm` to `rough` (the replay that
     `exp.pipeline_growth` draws: the rough run's operation times on `rough`, minus the calm
@@ -186,7 +197,7 @@ def explain_pipeline(pipe: list[dict], *, calm: str, rough: str,
     # 1F1B paid more only if every one of its steps, even the least-grown, grew more than
     # GPipe's median step: a load spike on this machine slows a few steps, not all of them.
     shown = conclude(grown["gpipe"]["measured"].min() > 0 and grown["1f1b"]["measured"].min()
-                     > g["gpipe"], f"the rough network lengthened both schedules, and even the "
+                     > g["gpipe"], f"1F1B lost more time to the rough network than GPipe: even the "
                      f"least-grown of 1F1B's {kept} steps grew more than GPipe's median step")
     bub = {s: runs[(calm, s)]["bubble"] for s in par.PIPELINE_SCHEDULES}
     print(f"Bubble on the calm network: GPipe {bub['gpipe']:.0%}, 1F1B {bub['1f1b']:.0%} "
@@ -200,10 +211,15 @@ def explain_pipeline(pipe: list[dict], *, calm: str, rough: str,
           f"the delay alone, without its jitter, adds {ms(split['gpipe']['delay'])} (GPipe) "
           f"and {ms(split['1f1b']['delay'])} (1F1B); what the jitter and this run's compute "
           f"drift add: appendix.")
+    hop = hop_growth_s(calm, rough)  # what one hop's delay grew by
+    if hop > 0:
+        print(f"In hops of {ms(hop)} (the delay's growth): GPipe about "
+              f"{split['gpipe']['delay'] / hop:.0f}, 1F1B about {split['1f1b']['delay'] / hop:.0f}"
+              f", fill and drain included.")
 
     def where(s, v):  # the measured median against the replay's range (pipeline_growth)
         lo, hi = v["replay"].min(), v["replay"].max()
-        return ("inside the replay's range" if lo <= g[s] <= hi else
+        return ("inside the replay's range (a consistency check)" if lo <= g[s] <= hi else
                 "below the replay's range: the run does not measure its size" if g[s] < lo
                 else "above the replay's range: load cannot be told from the network")
 
@@ -300,7 +316,8 @@ def explain_moe(moe: list[dict], *, details: list[str]) -> bool:
                            if busy else None))
     print(f"Layer time, fastest of {hot['repeats_kept_of']} repeats: balanced "
           f"{ms(bal['step_s'])}, hot expert at {hot['hot_share']:.2f} {ms(hot['step_s'])} "
-          f"(closed forms {ms(bal['predicted_step_s'])} and {ms(hot['predicted_step_s'])}).")
+          f"(closed forms {ms(bal['predicted_step_s'])} and {ms(hot['predicted_step_s'])}: a "
+          f"consistency check, the emulator against its own model).")
     print(f"The hot rank computed {hot['hot_tokens']} tokens instead of {bal['hot_tokens']}, "
           f"and every rank waited for it.")
     ingress = hot["predicted_combine_s"]
@@ -428,14 +445,12 @@ peers: with the DeepSeek-V3 sizes above, about {peer(32) / 1e6:.1f} MB per peer 
 {nic / 1e9:.0f} GB/s: a cause
 only where each message's fixed cost is not small against that (fewer tokens per GPU).
 Node-limited routing with forwarding
-inside the node (DeepEP) keeps the messages larger, but with its normal (training)
-kernels each GPU still keeps RDMA connections (queue pairs, InfiniBand's connection
-objects) to its counterpart on every other node:
-{rdma(256)} instead of {rdma(32)}.
+inside the node (DeepEP) keeps the messages larger, but each GPU still connects over RDMA
+to its counterpart on every other node: {rdma(256)} peers instead of {rdma(32)}.
 (2) **The slowest of more.** The layer waits for the last of N(N−1) messages and the
 busiest of N experts, a maximum that grows with N ([notebook 04](04_jitter_and_scale.ipynb)).
 (3) **The fabric** (covered in later notebooks). Traffic spreads over more leaves and
-uplinks: ECMP collisions,
+uplinks: ECMP collisions (flows hashed onto the same uplink while others idle),
 oversubscription ([13b](13b_oversubscription_ecmp_rails.ipynb)) and incast
 ([13](13_switches_incast_ecmp_rails.ipynb)).
 </details>
