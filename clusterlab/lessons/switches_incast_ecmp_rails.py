@@ -182,6 +182,10 @@ def explain_drops(drops: Sequence[dict], tie: dict, *, nbytes: int) -> None:
         if kept := kept_after_loss(lost[s - 1], k):
             print(f"The {nth(s)} sender's segment {', '.join(map(str, kept))} got in after its "
                   f"losses: by then the port had forwarded enough of the queue to have room.")
+    if four["best"] < four["model"].time_s:
+        print(f"The best run of four ({ms(four['best'])}) came in under this closed form "
+              f"({ms(four['model'].time_s)}): its senders did not start at one instant; the "
+              f"appendix shows which replay its deliveries match.")
     print(f"Goodput fell {two['goodput'] / four['goodput']:.1f}x from two senders to four "
           f"(best runs).")
     assert len(waits) > 0 and four["model"].timeouts == len(waits)
@@ -243,7 +247,14 @@ def tcp_payload_bytes(mtu: int) -> int:
 
 
 LINUX_RECOVERY = """
-**Real Linux TCP recovers faster.** The emulator's {best} is its own figure. A message is
+**Real Linux TCP recovers faster.** Linux would resend the {rack} sender's losses about a
+round trip after them, and the {tail} sender's after a tail loss probe's timer (about two
+round trips plus [[linux.tcp_timeout_min_us]]); only a lost probe costs the RTO, at least
+[[linux.tcp_rto_min]] by default.
+
+<details><summary>How Linux does it</summary>
+
+The emulator's {best} is its own figure. A message is
 {k} of its {seg_kib} KiB segments; Linux TCP sends it as {frames} frames of {mss} B of payload
 (the [[ethernet.mtu_bytes]] MTU less a [[ipv4.header_bytes]] IPv4 and a
 [[tcp.header_with_timestamps_bytes]] TCP header), so a loss with under {dupthresh} segments
@@ -259,10 +270,12 @@ drops others.
   rest plus [[linux.tcp_timeout_min_us]] (`tcp_rack_mark_lost`).
 - The {tail} sender delivered nothing to SACK. Its tail loss probe fires on its own timer
   ([[linux.tlp_multi_packet]]), and the probe's ACK lets RACK resend the rest. Only a lost
-  probe leaves the RTO, at least [[linux.tcp_rto_min]] unless lowered per route
+  probe leaves the RTO, which by default does not fall below that floor unless lowered per route
   ([[linux.route_rto_min]]) or with [[linux.tcp_rto_min_us]] (Linux 6.11 and later).
 - A real port interleaves the flows' packets, so one overflow can stall many flows on
   timeouts (**TCP incast collapse**): [[paper.vasudevan_incast_2009]].
+
+</details>
 """
 
 
@@ -296,7 +309,7 @@ def explain_fast_incast(fast: dict, *, delay_s: float, nbytes: int) -> None:
     and 4 senders, `delay_s` one way) in this emulator's closed form, then the Linux estimate
     with the tail loss probe's timer instead of the RTO (the fixed term from the ledger),
     rounded up to whole jiffies as Linux arms it (linux.tlp_timer_jiffies), at each HZ: the
-    estimate first, the timer ticks last."""
+    estimate first, its assumptions and the timer ticks on a line of their own."""
     print(f"10 Gbit/s, 10 us of delay, this model: two senders take {ms(fast[2].time_s)},")
     print(f"four take {ms(fast[4].time_s)} ({fast[4].timeouts} wait for the RTO): "
           f"{fast[2].goodput / fast[4].goodput:.0f}x less goodput.")
@@ -308,11 +321,11 @@ def explain_fast_incast(fast: dict, *, delay_s: float, nbytes: int) -> None:
     late = [linux4 - pto + t for t in rounded.values()]
     print(f"Linux instead: about {' to '.join(ms(t) for t in late)} for four, "
           f"{' to '.join(f'{fast[2].goodput / (4 * nbytes / t):.1f}x' for t in late)} less "
-          f"goodput, with a tail loss probe after 2 SRTT + {tlp_min.text} in place of the RTO "
-          f"(SRTT: the smoothed round-trip time, taken unloaded; the probe not lost, the "
-          f"congestion window after the loss still ignored; the range: Linux timers fire on "
+          f"goodput, with a tail loss probe after 2 SRTT + {tlp_min.text} in place of the RTO.")
+    print(f"(SRTT: the smoothed round-trip time, taken unloaded; assumed: the probe not lost, "
+          f"the congestion window after the loss ignored. The range: Linux timers fire on "
           f"whole kernel ticks, HZ = {' or '.join(map(str, HZ))}: "
-          f"{' or '.join(f'{1e3 / hz:g} ms' for hz in HZ)}).")
+          f"{' or '.join(f'{1e3 / hz:g} ms' for hz in HZ)}.)")
     assert fast[2].goodput > 10 * fast[4].goodput
 
 
@@ -351,16 +364,17 @@ def explain_appendix(ps: dict, ring: dict, four: dict, tie: dict, skew: dict, *,
           f"{times(skew['done'])}, {n_skew} dropped.")
     for s, (a, b) in enumerate(zip(tie["lost"], skew["lost"]), 1):
         if saved := sorted(set(a) - set(b)):
-            print(f"At one instant the {nth(s)} sender's segment "
-                  f"{', '.join(map(str, saved))} meets a backlog of exactly {limit} segment "
-                  f"times, and the port drops a packet that finds {limit} or more times its "
-                  f"own work queued (a tie is full); {stagger_s * 1e6:g} us later it gets in: "
-                  f"one resend (w = {ms(w)}) fewer.")
+            print(f"A stagger of {stagger_s * 1e6:g} us saves one drop, one resend (w = "
+                  f"{ms(w)}) fewer: the {nth(s)} sender's segment {', '.join(map(str, saved))}. "
+                  f"At one instant it meets a backlog of exactly {limit} segment times, and "
+                  f"the port drops a packet that finds {limit} or more times its own work "
+                  f"queued (a tie counts as full); {stagger_s * 1e6:g} us later it gets in.")
     fit = {n: max(abs(x - y) for x, y in zip(run, sorted(r["done"])))
            for n, r in ((n_tie, tie), (n_skew, skew))}
     n = min(fit, key=fit.get)
     if fit[n] < w / 2:
-        print(f"These fit the replay with {n} drops (each within {ms(fit[n])}).")
+        print(f"These fit the replay with {n} drops: each delivery within w/2 ({ms(w / 2)}) "
+              f"of it, the largest gap {fit[n] * 1e3:.2f} ms (from the unrounded times).")
     else:
         late = sum(t >= fm.RTO_MIN_S for t in run)
         late_r = sorted({sum(t >= fm.RTO_MIN_S for t in r["done"]) for r in (tie, skew)})
@@ -382,16 +396,21 @@ REAL_CLUSTER = """
   ACK, NAK or resend) waits the QP's ACK timeout, [[nccl.ib_timeout_formula]]: nominally
   [[nccl.ib_timeout_default_time]] at the default NCCL_IB_TIMEOUT = [[nccl.ib_timeout_default]].
   ConnectX RoCE NICs can instead use [[nvidia.roce_selective_repeat]] on
-  [[nvidia.roce_adaptive_retransmission]]. Without RDMA, NCCL falls back to
+  [[nvidia.roce_adaptive_retransmission]]; with those enabled, the wait is no longer the
+  nominal timeout: the timer starts far shorter and grows, its maximum
+  [[nvidia.roce_adp_timeout_cap]]. Without RDMA, NCCL falls back to
   [[nccl.ib_disable_ip_sockets]], TCP as in Gloo, and the incast above applies. RDMA does
   not make incast drops irrelevant: on a lossy fabric (RoCE without PFC, below) they happen
   and cost go-back-N or the QP's ACK timeout.
-- **InfiniBand** uses [[infiniband.credit_flow_control]]: switches do not drop for lack of
-  buffer, only packets held too long ([[infiniband.switch_lifetime_discard]]).
+- **InfiniBand** uses [[infiniband.credit_flow_control]] (a sender transmits only when the
+  next hop has advertised free buffer): switches do not drop for lack of buffer, only packets
+  held too long ([[infiniband.switch_lifetime_discard]]: how long a packet may wait at the
+  head of an output queue, or in the switch, before it is discarded).
 - **RoCE** is usually made lossless with [[ieee.pfc_8021qbb]], which pauses a whole port
-  priority, stalling flows that never touch the full port; [[paper.dcqcn_2015]] slows senders
-  on ECN marks to need fewer pauses. On these fabrics incast is back-pressure, not drops. It
-  can also run lossy ([[nvidia.roce_lossy_mode]]).
+  priority, stalling flows that never touch the full port; [[paper.dcqcn_2015]] (a
+  congestion control for RoCE, built into ConnectX NICs) slows senders on ECN marks to need
+  fewer pauses. On these fabrics incast is back-pressure, not drops. It can also run lossy
+  ([[nvidia.roce_lossy_mode]]).
 - **Not every GPU fabric is lossless:** AWS's EFA sprays packets over many paths and
   retransmits in the NIC ([[aws.efa_srd]]).
 """
