@@ -146,9 +146,11 @@ def test_per_message_cost_and_the_appendix(capsys, replays):
            "delivery times the senders stamped)." in out
     assert "all at one instant: 27.2, 48.2, 222.0, 243.0 ms, 7 segments dropped" in out
     assert "1 us after the one before: 27.2, 48.2, 216.7, 237.7 ms, 6 dropped." in out
-    assert "the third sender's segment 3 meets a backlog of exactly 6 segment times" in out
-    assert "one resend (w = 5.2 ms) fewer" in out
-    assert "These fit the replay with 6 drops (each within 0.6 ms)." in out
+    assert out.count("A stagger of 1 us saves one drop, one resend (w = 5.2 ms) fewer: the "
+                     "third sender's segment 3. At one instant it meets a backlog of exactly "
+                     "6 segment times") == 1
+    assert ("These fit the replay with 6 drops: each delivery within w/2 (2.6 ms) of it, the "
+            "largest gap 0.56 ms (from the unrounded times).") in out
     # a run that met the tie fits the other replay; one far from both fits neither
     sw.explain_appendix(ps, ring, drop_row(4, [0.0273, 0.0483, 0.2221, 0.2431]), *replays,
                         stagger_s=1e-6, rate=RATE)
@@ -202,6 +204,8 @@ def test_explain_drops_names_the_senders_that_wait_for_the_rto(capsys, replays):
     # the run against the replay is the appendix's (from the deliveries), not here
     assert "This run" not in out and "drops differ" not in out and "arrived" not in out
     assert "can save a segment" not in out and "RTO clock" not in out
+    assert ("The best run of four (238.8 ms) came in under this closed form (243.0 ms): its "
+            "senders did not start at one instant; the appendix shows which replay") in out
     assert out.count("Shown on this run: two senders finished within the RTO") == 1
 
 
@@ -228,7 +232,9 @@ def test_explain_fast_incast_prints_the_models_fall(capsys):
     assert "whole kernel ticks, HZ = 1000 or 250: 1 ms or 4 ms" in out
     assert "SRTT: the smoothed round-trip time" in out
     assert "congestion window" in out and "lower bound" not in out
-    assert len(out.strip().splitlines()) == 3
+    lines = out.strip().splitlines()  # the estimate first, its assumptions on their own line
+    assert len(lines) == 4 and lines[2].startswith("Linux instead:")
+    assert lines[3].startswith("(SRTT: the smoothed")
 
 
 def test_linux_recovery_names_the_rack_and_the_tail_sender(monkeypatch):
@@ -340,9 +346,32 @@ def test_explain_oversubscribed_says_why_the_tree_stays_under_2x(capsys, closed)
     ob.explain_oversubscribed(rows, ob.median_ratios(rows), closed, real, mtu=1500, repeats=3)
     out = capsys.readouterr().out
     assert "tree, farthest first     299.6 ms ->  538.0 ms  1.80x | 1.91x" in out
-    assert "The farthest-first tree stays under 2x: the closed form already gives 1.91x" in out
-    assert "Below the closed form" in out
+    # the verdict right under the table; the reasons are the appendix's (tree_gap_lines)
+    lines = out.splitlines()
+    assert lines[4].startswith("Shown on this run: oversubscription slowed the farthest-first")
     assert out.count("Shown on this run: oversubscription slowed the farthest-first tree") == 1
+    assert "In the appendix: the ring's 1.18x is the emulator's large segments" in out
+    assert "the closed form gives 1.00x" in out
+    assert "tree's 1.80x against its closed form's 1.91x" in out
+    assert "Below the closed form" not in out and "probably" not in out
+
+
+def test_tree_gap_lines_put_only_what_the_replays_cover_down_to_service_order(closed):
+    # r17's run: o = 1 median +12.8% and above every replay, o = 4 median -4.4% inside it
+    rows = oversubscribed_rows({("tree", 1.0): 0.3323, ("tree", 4.0): 0.5377})
+    replays = [(r["median"], r["median"]) for r in rows]
+    replays[1], replays[4] = (0.2966, 0.3005), (0.5016, 0.5498)
+    lines = ob.tree_gap_lines(rows, replays)
+    assert lines[0].startswith("farthest-first tree: 1.62x between medians, 1.91x in the closed")
+    assert "o = 1: median 332.3 ms, +12.8% from its closed form 294.6 ms" in lines[1]
+    assert "above every replay, so not the service order" in lines[1]
+    assert "o = 4: median 537.7 ms, -4.4% from its closed form 562.3 ms" in lines[2]
+    assert lines[2].endswith("below the closed form: messages served in turn")
+    assert "the o = 1 median makes 73% and the o = 4 median 27%" in lines[3]
+    # both medians inside their replays: no machine timing named
+    rows = oversubscribed_rows({("tree", 1.0): 0.2990, ("tree", 4.0): 0.5377})
+    lines = ob.tree_gap_lines(rows, replays)
+    assert "inside its replay range" in lines[1] and "machine" not in " ".join(lines)
 
 
 def test_store_and_forward_counts_four_leaf_crossings(closed):
