@@ -56,7 +56,14 @@ def test_accuracy_table_prints_loss_se_c_b_and_a_verdict_per_method(capsys):
     gap = {m: r["test_loss"] - res["none"]["test_loss"] for m, r in res.items()}
     l11b.print_accuracy_table(res, gap=gap, n_test=400)
     out = capsys.readouterr().out
-    assert "c / b" in out.splitlines()[0] and "paired s.e." in out.splitlines()[0]
+    lead, header = out.splitlines()[:2]
+    assert "c / b" in header and "paired s.e." in header
+    # One line first, built from the verdicts below.
+    assert lead == ("In short, test loss against fp32: fp16 changed it negligibly; powersgd:1, "
+                    "topk:0.01 raised it beyond test-set noise; powersgd:4 left it within "
+                    "noise. Accuracy: powersgd:1 lower (-5.4 s.e.), powersgd:4 borderline "
+                    "lower (-2.4 s.e.), the others within noise (one run per method).")
+    assert "c and b are the test samples the two models disagree on" in out
     se = l11b.loss_gap(res, "powersgd:1")[1]
     assert f"(+0.050 ± {se:.3f})" in out and "5 / 40" in out
     verdicts = {line.split(": accuracy")[0].strip(): line for line in out.splitlines()

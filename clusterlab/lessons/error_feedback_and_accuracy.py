@@ -7,9 +7,13 @@ asserts, and the rounding of a long ring's 16-bit sum (arithmetic in this proces
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 
 import numpy as np
+
+from . import show
 
 WINDOW = 10  # steps per running mean of the training loss
 MIN_DISCORDANT = 10  # fewer discordant samples: the normal approximation says nothing
@@ -77,6 +81,11 @@ def explain_error_feedback(ef_runs: dict, longer: dict, *, target: float,
     print(f"Steps to reach fp32's end-of-budget training loss ({target:.2f}, its mean over "
           f"steps {budget - WINDOW + 1}-{budget}), within {4 * budget}: top-k with error "
           f"feedback {n_ef}, without {n_noef}.")
+    last, before = smooth(ef_runs["none"]["loss_curve"])[[-1, -1 - WINDOW]]
+    print(f"fp32's training loss {'was still falling' if last < before else 'had stopped falling'}"
+          f" at the end of the budget: {before:.3f} over steps {budget - 2 * WINDOW + 1}-"
+          f"{budget - WINDOW}, {last:.3f} over steps {budget - WINDOW + 1}-{budget} (10-step "
+          "means).")
     assert noef["test_loss"] > ef["test_loss"] + 0.1, "error feedback is what makes top-k work here"
     assert ef["sent_bytes"] == noef["sent_bytes"]
     assert n_ef and n_noef and n_noef > 1.5 * n_ef, (n_ef, n_noef)
@@ -158,6 +167,7 @@ def print_accuracy_table(res: dict, *, gap: dict, n_test: int) -> None:
     ("n/a" with fewer than MIN_DISCORDANT of those); then the paired difference of the method
     farthest from fp32 worked out from its two counts, (c - b) / sqrt(b + c), and a verdict
     per method on its accuracy and its test loss."""
+    print(summary_line(res))
     print(f"{'method':>11}  kB/step  test loss (vs fp32 ± paired s.e.)  accuracy ± 1 s.e. "
           f"(n={n_test})  paired vs fp32   c / b")
     for m, r in res.items():
@@ -175,6 +185,23 @@ def print_accuracy_table(res: dict, *, gap: dict, n_test: int) -> None:
     if len(counted) < len(res) - 1:
         print(f"n/a: fewer than {MIN_DISCORDANT} samples right under only one of the two, too "
               f"few for a difference in standard errors")
+    others = [m for m in res if m != "none"]
+    print(f"Verdicts against fp32 (paired; 'higher' or 'lower' only beyond {CLEAR_SE:g} s.e. of "
+          "the test set's sampling):")
+    for m in others:
+        print(f"  {m:>11}: accuracy {verdict(accuracy_z(res, m), 'higher', 'lower'):28s} "
+              f"test loss {loss_verdict(res, m)}")
+    with contextlib.redirect_stdout(io.StringIO()) as how:
+        explain_verdicts(res, counted, others)
+    show.fold("How the verdicts are read: c and b, a worked example, the thresholds",
+              how.getvalue())
+
+
+def explain_verdicts(res: dict, counted: list, others: list) -> None:
+    """What c and b are, the paired difference of the method farthest from fp32 worked out
+    from its two counts, (c - b) / sqrt(b + c), and the thresholds of the verdicts."""
+    print("c and b are the test samples the two models disagree on: c right only under the "
+          "method, b right only under fp32.")
     if counted:
         m = max(counted, key=lambda k: abs(accuracy_gap_se(res, k)))
         c, b = only(res, m)
@@ -182,15 +209,34 @@ def print_accuracy_table(res: dict, *, gap: dict, n_test: int) -> None:
               f"(c - b) / sqrt(b + c) = ({c} - {b}) / sqrt({b + c}) = "
               f"{(c - b) / math.sqrt(b + c):+.1f} s.e. (the column, from the same samples one "
               f"by one: {accuracy_gap_se(res, m):+.1f})")
+    print(f"The verdicts are in standard errors of the test set's sampling only (the spread "
+          f"between training seeds was not measured). Beyond {CLEAR_SE:g} s.e.: higher or lower "
+          f"beyond test-set noise; {BORDERLINE_SE:g} to {CLEAR_SE:g}: borderline, as "
+          f"{2 * len(others)} comparisons are made (accuracy and test loss of {len(others)} "
+          f"methods), so one beyond {BORDERLINE_SE:g} could be chance.")
+
+
+def summary_line(res: dict) -> str:
+    """One line built from the verdicts: the methods grouped by what their test loss did
+    against fp32, then whether any accuracy moved beyond test-set noise."""
     others = [m for m in res if m != "none"]
-    print(f"Against fp32, paired, in standard errors of the test set's sampling only (the "
-          f"spread between training seeds was not measured):\n  beyond {CLEAR_SE:g} s.e.: "
-          f"higher or lower beyond test-set noise; {BORDERLINE_SE:g} to {CLEAR_SE:g}: "
-          f"borderline, as {2 * len(others)} comparisons are made (accuracy and test loss of "
-          f"{len(others)} methods):")
+    groups: dict[str, list[str]] = {}
     for m in others:
-        print(f"  {m:>11}: accuracy {verdict(accuracy_z(res, m), 'higher', 'lower'):28s} "
-              f"test loss {loss_verdict(res, m)}")
+        word = loss_verdict(res, m).split(" (")[0]
+        word = {"negligible": "changed it negligibly", "cannot tell": "left it within noise",
+                "not measured": "not measured", "higher": "raised it beyond test-set noise",
+                "lower": "lowered it beyond test-set noise", "borderline higher":
+                "raised it, borderline", "borderline lower": "lowered it, borderline"}[word]
+        groups.setdefault(word, []).append(m)
+    moved = [m for m in others if not verdict(accuracy_z(res, m), "higher", "lower")
+             .startswith("cannot tell")]
+    return ("In short, test loss against fp32: "
+            + "; ".join(f"{', '.join(ms)} {w}" for w, ms in groups.items())
+            + ". Accuracy: " + ("within test-set noise for every method" if not moved else
+                                ", ".join(
+                                    f"{m} {verdict(accuracy_z(res, m), 'higher', 'lower')}"
+                                    for m in moved) + ", the others within noise")
+            + " (one run per method).")
 
 
 def check_accuracy(res: dict, *, gap: dict, n_test: int, budget: int) -> None:
@@ -231,26 +277,27 @@ def explain_ring_errors(errors: dict, ps: list[int]) -> float:
     the correlated error after the longest ring."""
     import torch
 
-    for dt, errs in errors.items():
-        print(f"{str(dt):15s}" + "".join(f"  p={p}: {e:.1e}" for p, e in zip(ps, errs)))
     bf = errors[torch.bfloat16]
     assert bf[-1] > 10 * bf[0] and bf[-1] > 1000 * errors[torch.float32][-1]
+    corr = {p: ring_sum_error(p, torch.bfloat16, common=1.0) for p in ps}
+    print(f"In short: bf16's error grew with the ring, from {bf[0]:.1%} of the sum after one hop "
+          f"to {bf[-1]:.1%} after {ps[-1] - 1}; with a gradient part shared by all ranks, "
+          f"{corr[ps[-1]]:.0%} (synthetic gradients, one draw).")
+    print("Relative error of the ring sum, per dtype and ring size p:")
+    for dt, errs in errors.items():
+        print(f"{str(dt):15s}" + "".join(f"  p={p}: {e:.1e}" for p, e in zip(ps, errs)))
     print(f"bf16 (eps {torch.finfo(torch.bfloat16).eps:.1e}), synthetic Gaussian gradients, one "
           f"draw: an error of {bf[-1]:.1%} of the sum's norm")
     print(f"after {ps[-1] - 1} hops of a flat ring, against {bf[0]:.1%} after one (the cast of "
           f"each rank's values to bf16 and one rounded addition: the error is measured against "
           f"the exact sum of the unrounded values); fp32 after {ps[-1] - 1} hops: "
           f"{errors[torch.float32][-1]:.0e}.")
-    corr = {p: ring_sum_error(p, torch.bfloat16, common=1.0) for p in ps}
     print("Correlated ranks (a shared gradient as large as each rank's noise), bf16, the same "
           "synthetic draw:" + "".join(f"  p={p}: {e:.1%}" for p, e in corr.items()))
     inv = 1 / torch.finfo(torch.bfloat16).eps
-    print(f"Why: near a partial sum S, bf16 numbers are S x eps/2 to S x eps apart, and an added "
-          f"value rounds to whole steps of that spacing (to zero if under half of one). The "
-          f"shared part grows S by about one rank's value per hop, so the spacing reaches that "
-          f"value after about 1/eps = {inv:.0f} hops and two to four times it after "
-          f"{2 * inv:.0f} to {4 * inv:.0f}: from there many added values round to zero and the "
-          f"sum falls behind.")
+    with contextlib.redirect_stdout(io.StringIO()) as why:
+        spacing_argument(inv)
+    show.fold("Why a long bf16 ring rounds a shared part away", why.getvalue())
     fp16, bf16 = torch.finfo(torch.float16), torch.finfo(torch.bfloat16)
     if torch.float16 in errors:
         finer = bf16.eps / fp16.eps
@@ -258,6 +305,21 @@ def explain_ring_errors(errors: dict, ps: list[int]) -> float:
               f"{finer:.0f}x finer); its error after {ps[-1] - 1} hops was "
               f"{bf[-1] / errors[torch.float16][-1]:.0f}x smaller. Its risk is range (below).")
     return corr[ps[-1]]
+
+
+def spacing_argument(inv: float) -> None:
+    """Why a shared part is rounded away: bf16's spacing near a partial sum against one
+    rank's value, with a number example (`inv` = 1/eps)."""
+    print(f"Why: near a partial sum S, bf16 numbers are S x eps/2 to S x eps apart, and an added "
+          f"value rounds to whole steps of that spacing (to zero if under half of one). The "
+          f"shared part grows S by about one rank's value per hop, so the spacing reaches that "
+          f"value after about 1/eps = {inv:.0f} hops and two to four times it after "
+          f"{2 * inv:.0f} to {4 * inv:.0f}: from there many added values round to zero and the "
+          f"sum falls behind.")
+    print(f"For example, with each rank adding 1: after {2 * inv:.0f} hops S = {2 * inv:.0f}, "
+          f"where bf16's numbers are {2 * inv / inv:.0f} apart ({2 * inv:.0f} x eps); adding 1, "
+          f"half a step, rounds to {2 * inv:.0f} again (ties go to the even neighbour), so the "
+          "sum stops growing.")
 
 
 def tree_vs_ring(ranks: int, per_node: int) -> str:
@@ -268,3 +330,40 @@ def tree_vs_ring(ranks: int, per_node: int) -> str:
     return (f"{ranks} GPUs at {per_node} per node: {per_node - 1} + log₂ {nodes} = "
             f"{per_node - 1 + int(math.log2(nodes))}, against {ranks - 1} for the ring")
 
+
+def real_cluster_text(ps: list[int], *, budget: int, powersgd_start: int) -> str:
+    """The "On a real GPU cluster" box, a template for `facts.show`: what NCCL's ring, tree
+    and NVLS round at the longest ring of `ps`; the reduction precision of Megatron-LM,
+    torchtitan and FSDP2 (their flags and sources folded); PowerSGD as published and torch's
+    defaults against these runs (`powersgd_start` plain steps of `budget`)."""
+    import torch
+
+    return f"""
+- **What NCCL runs.** NCCL's bf16 sums are [[nccl.half_sum_rounds_each_add]]: at {ps[-1]} ranks its
+  ring is the flat ring above, its algorithm that rounds most. Its tree (a chain in each node, a
+  binary tree across nodes) rounds a value at least [[nccl.tree_depth_estimate]] times (NCCL's
+  depth estimate; {tree_vs_ring(ps[-1], 8)}), and up to about twice that, as a tree
+  node adds its children's data to its own one at a time, rounding after each
+  ([`reduceCopyPacks`](https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/device/common_kernel.h)).
+  NVLS (NVLink SHARP: the NVSwitch itself adds the GPUs' values) sums them
+  [[nccl.nvls_sum_acc_f32]] and rounds once in a node (across nodes, the NVLS tree's
+  additions round again). NCCL picks one per call by [[nccl.tuner_model]]
+  ([02b](02b_hierarchy_busbw_and_nccl.ipynb), [02c](02c_in_network_reduction_and_nccl.ipynb)).
+- **Reduction precision.** Megatron-LM (under `--bf16`) and torchtitan reduce gradients in
+  fp32 by default, at twice a bf16 reduce's bytes; FSDP2 on its own reduces in bf16 under bf16
+  mixed precision (flags and sources in the fold below). bf16 keeps 8 significant bits, fp16 11 (eps
+  {torch.finfo(torch.float16).eps:.1e}) but a far smaller range: at most [[fp16.max_finite]],
+  against bf16's {torch.finfo(torch.bfloat16).max:.1e}. Larger values become inf in the cast, and
+  as the hook divides by the world size before the sum, small gradients can underflow to zero.
+- **PowerSGD** as published: [[powersgd.paper]]. torch's hook keeps [[pytorch.powersgd_warm_start]]
+  by default, and starts after [[pytorch.powersgd_start_iter]] of plain all-reduce; the runs above
+  compressed after {powersgd_start} plain all-reduce steps of {budget}, essentially
+  without that warm-up.
+
+<details><summary>Reduction precision: the flags and their sources</summary>
+
+Megatron-LM: [[megatron.grad_reduce_fp32]]. torchtitan reduces FSDP's gradients in
+[[torchtitan.reduce_fp32]] by default. FSDP2 on its own reduces in the compute dtype (bf16
+under bf16 mixed precision; [[pytorch.fsdp2_reduce_dtype]]).
+</details>
+"""  # noqa: E501 (Markdown shown verbatim)
