@@ -172,3 +172,6 @@ def test_explain_buckets_prints_the_hosts_floor_beside_the_latency_bound_all_red
             "plain Gloo's wait in the first section (a separate run, a rough guide), was 10.4 ms, "
             "about as large") in out
     assert out.index("Details:") < out.index("Latency-bound: one") < out.index("Host cost")
+    lesson.explain_buckets(grid(0.029), networks, floor_s=0.0285)
+    assert ("was 28.5 ms, larger: one big bucket's wait measures this host more than the "
+            "network.") in capsys.readouterr().out

@@ -345,9 +345,11 @@ def explain_buckets(grid: dict, networks: dict, *,
                                  networks["latency-bound"])
         print(f"Latency-bound: one all-reduce costs {ms(one)} on the network; this host's own "
               f"cost, plain Gloo's wait in the first section (a separate run, a rough guide), "
-              f"was {ms(floor_s)}" + (", about as large: one big bucket's wait measures the "
-                                      "host about as much as the network."
-                                      if floor_s > 0.5 * one else ", well below it."))
+              f"was {ms(floor_s)}" + (
+                  ", larger: one big bucket's wait measures this host more than the network."
+                  if floor_s > 1.5 * one else
+                  ", about as large: one big bucket's wait measures the host about as much as "
+                  "the network." if floor_s > 0.5 * one else ", well below it."))
     bwd = bw[(0.25, "deferred")]["backward_s"]
     ideal = nominal_overlap(4, small_bw["run"].bucket_sizes, networks["bandwidth-bound"],
                             backward_s=backward_s)
