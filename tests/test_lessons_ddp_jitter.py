@@ -204,11 +204,13 @@ def test_message_mean_waits_for_the_last_of_its_segments():
     assert whole > one
 
 
-def test_print_delays_marks_the_clipped_maximum_and_the_single_segment(capsys):
+def test_print_delays_marks_the_clipped_maximum_and_the_single_segment(capsys, said):
     jit_lesson.print_delays(("delay 2ms", "delay 4ms 3ms distribution pareto"))
     lines = capsys.readouterr().out.splitlines()
-    assert "clipped maximum" not in lines[0] and "clipped maximum" in lines[1]
-    single = [line for line in lines if "= the mean per segment" in line]
+    assert "clipped maximum" not in lines[0] and "pinned at the table's clipped maximum" in lines[1]
+    # the per-message table, folded: it uses E[max], taught a section later
+    assert said[-1].startswith("<details>") and said[-1].endswith("</details>")
+    single = [line for line in said[-1].splitlines() if "= the mean per segment" in line]
     assert len(single) == 1 and "from 16 nodes on" in single[0] and "1 segment " in single[0]
 
 
@@ -256,8 +258,9 @@ def test_explain_jitter_growth_names_where_it_falls_below(verdicts, said):
     text = said[-1]
     assert "on 2 and 8 ranks**" in text and "(3 steps each" in text
     assert "Within two standard errors on 2 ranks; below it on 8." in text
-    assert "19.1 ms on 8 ranks, 2.4 ms on 2" in text
-    assert verdicts[-1][:2] == (False, "jitter made the 2-rank step longer end to end")
+    assert "plain Gloo all-reduce took 2.4 ms and 19.1 ms on 2 and 8 ranks." in text
+    assert verdicts[-1][:2] == (False, "jitter made the step longer end to end on 2 and 8 "
+                                       "ranks, each by more than two standard errors")
 
 
 def test_draws_match_within_a_fifth_of_j_plus_3_ms():

@@ -102,7 +102,8 @@ def test_explain_jitter_growth_pairs_the_step_with_its_own_last_arrivals(verdict
                                  native={2: 0.0024, 8: 0.0191})
     # the paired last-arrival sentence is cut (its sign made "hid" false on some runs)
     assert "last arrival minus step growth" not in said[-1]
-    assert said[-1].endswith("so the points are not independent tests.")
+    assert said[-1].endswith("so the points are not independent tests. For scale, this host's own "
+                             "plain Gloo all-reduce took 2.4 ms and 19.1 ms on 2 and 8 ranks.")
 
 
 def test_explain_gap_words_the_all_reduce_after_from_its_sign(verdicts, said):

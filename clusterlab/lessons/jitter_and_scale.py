@@ -43,30 +43,32 @@ def message_mean(nic: str, nbytes: int) -> tuple[int, float]:
 
 def print_delays(nics) -> None:
     """Print, for each of `nics`, one segment's exact delay statistics from the link model's
-    table, then the mean delay of one message on the jittery one (the second) for the ring's
-    chunks at 2, 4, 8 and from 16 nodes on, and for a tree's whole 1 MiB message."""
+    table, then (folded, as Markdown: it uses E[max], taught a section later) the mean delay of
+    one message on the jittery one (the second) for the ring's chunks at 2, 4, 8 and from 16
+    nodes on, and for a tree's whole 1 MiB message."""
     for nic in nics:
         d = jitter_at_scale.delay_stats(nic)   # exact, from the link model's table (one draw)
         clipped = table_clipped(d)
         print(f"{nic:34s} one {SEGMENT_BYTES >> 10} KiB segment: min {d['min_s'] * 1e3:.2f} ms, "
               f"median {d['p50_s'] * 1e3:.2f} ms, "
               f"mean {d['mean_s'] * 1e3:.2f} ms, p99 {d['p99_s'] * 1e3:.1f} ms"
-              + (" (the table's clipped maximum, not a tail quantile)" if clipped else ""))
+              + (", pinned at the table's clipped maximum" if clipped else ""))
     spec = Netem.parse(nics[1])
-    print(f"\nMean delay of one message on '{nics[1]}' "
-          f"(each segment its own draw; the message arrives with its last,\n"
-          f"so the more segments, the later on average; in ms, delay + J × E[max of its k "
-          f"draws],\nE[max] from the table of the next section):")
+    rows = []
     for label, upto, nbytes in ([(f"ring chunk at {n} nodes", "", (1 << 20) // n)
                                  for n in (2, 4, 8)]
                                 + [("ring chunk from 16 nodes on", "≤", (1 << 20) // 16),
                                    ("tree message, any N", "", 1 << 20)]):
         k, mean = message_mean(nics[1], nbytes)
-        print(f"  {label:28s} {upto:>1s}{nbytes >> 10:5d} KiB, {k:2d} "
-              f"segment{'s' if k > 1 else ' '}: {mean * 1e3:5.2f} ms"
-              + ("  = the mean per segment" if k == 1 else
-                 f"  = {spec.delay_ns / 1e6:g} + {spec.jitter_ns / 1e6:g} × "
-                 f"{models.expected_max(k, spec.distribution):.2f}"))
+        rows.append(f"{label:28s} {upto:>1s}{nbytes >> 10:5d} KiB, {k:2d} "
+                    f"segment{'s' if k > 1 else ' '}: {mean * 1e3:5.2f} ms"
+                    + ("  = the mean per segment" if k == 1 else
+                       f"  = {spec.delay_ns / 1e6:g} + {spec.jitter_ns / 1e6:g} × "
+                       f"{models.expected_max(k, spec.distribution):.2f}"))
+    say(f"<details><summary>One message's mean delay on '{nics[1]}' (read after *Order "
+        f"statistics of jitter*)</summary>\n\nEach segment is its own draw and the message "
+        f"arrives with its last, so the more segments, the later on average: delay + J × E[max "
+        f"of its k draws], in ms.\n\n```\n" + "\n".join(rows) + "\n```\n</details>")
 
 
 def plot_collapse(collapse: dict, same_mean: list, mean_nic: str) -> None:
@@ -143,16 +145,19 @@ def explain_collapse(collapse: dict, same_mean: list, mean_nic: str) -> None:
     say(f"**Simulated to 1024 nodes, the flat ring's efficiency falls to "
         f"{sim_calm[1024]['efficiency']:.1%}** without jitter and "
         f"{sim_rough[1024]['efficiency']:.1%} "
-        f"with the Pareto tail. Mean step: {ms(sim_calm[1024]['mean_step_s'], digits=0)} calm, "
+        f"with the Pareto tail (simulator: {sim_steps} steps per point). The tail itself costs "
+        f"{x_tail - 1:.0%} on top of its higher mean.\n\n"
+        f"On the same networks a binomial tree keeps {tree[calm_nic]:.0%} ({tree[rough_nic]:.0%} "
+        f"with the tail): the ring is the worst case, not the law.\n\n"
+        f"<details><summary>How the step splits into the higher mean and the tail</summary>\n\n"
+        f"Mean step at 1024 nodes: {ms(sim_calm[1024]['mean_step_s'], digits=0)} calm, "
         f"{ms(sim_mean[1024]['mean_step_s'], digits=0)} with the tail's mean as a constant delay "
         f"({mean_nic}), {ms(sim_rough[1024]['mean_step_s'], digits=0)} with the tail: "
         f"×{x_mean * x_tail:.2f} = {x_mean:.2f} (the higher mean) × {x_tail:.2f} (the tail "
-        f"itself: each rank's next send waits for its last receive, so one late chunk delays every "
-        f"round after it). The control matches per message here: at "
-        f"1024 nodes a ring chunk is {(1 << 20) // 1024} bytes, {segment_count((1 << 20) // 1024)} "
-        f"segment (simulator: {sim_steps} steps per point).\n\n"
-        f"On the same networks a binomial tree keeps {tree[calm_nic]:.0%} ({tree[rough_nic]:.0%} "
-        f"with the tail): the ring is the worst case, not the law.\n\n"
+        f"itself). The tail costs beyond its mean because each rank's next send waits for its "
+        f"last receive, so one late chunk delays every round after it. The control matches per "
+        f"message here: at 1024 nodes a ring chunk is {(1 << 20) // 1024} bytes, "
+        f"{segment_count((1 << 20) // 1024)} segment.\n</details>\n\n"
         f"<details><summary>Why the tail costs the tree more, and where the ring wins"
         f"</summary>\n\n"
         f"With the tail the tree pays per message, not per segment: each of its {rounds} rounds "
@@ -302,17 +307,19 @@ def explain_jitter_growth(growth: list, *, native: dict) -> None:
         + "."
         + (f" On {and_list(low)} ranks the step grew "
            + and_list(ms(g[n]['predicted_s'] - g[n]['extra_s']) for n in low)
-           + f" less than predicted; the split below gives this run's sampling and host parts "
-           f"(for scale, this host's plain Gloo all-reduce took {ms(native[8])} on 8 "
-           f"ranks, {ms(native[2])} on 2)." if low else "")
+           + " less than predicted; the split below gives this run's sampling and host parts."
+           if low else "")
         + " That test is dominated by the spread of the draws."
         + " Rank r draws the same compute times on every N (one seed per rank), so the points "
-        "are not independent tests.")
+        "are not independent tests. For scale, this host's own plain Gloo all-reduce took "
+        + and_list(ms(native[n]) for n in g) + f" on {and_list(g)} ranks.")
     # exact bookkeeping: extra = arrival extra - calm lateness + (jittery - calm all-reduce after)
     for r in growth:
         assert abs(r["extra_s"] - (r["arrival_extra_s"] - r["calm_lateness_s"]
                                    + r["jittery_after_s"] - r["calm_after_s"])) < 1e-6
-    conclude(g[2]["extra_s"] > 2 * se[2], "jitter made the 2-rank step longer end to end")
+    conclude(all(r["extra_s"] > 2 * se[n] for n, r in g.items()),
+             f"jitter made the step longer end to end on {and_list(g)} ranks, each by more than "
+             f"two standard errors")
 
 
 def sms(s: float) -> str:
@@ -460,7 +467,8 @@ def explain_tail(tail: list, *, native: dict, ring_s: float) -> None:
         f"these runs, and the three points are not independent tests (each alone is a fair test "
         f"of its own 1 − (1 − p)^N).\n\n"
         f"<details><summary>What a step without a hiccup is made of</summary>\n\n"
-        f"Steps without a hiccup on 8 ranks took a median of {ms(np.median(calm8))}, a mean of "
+        f"Steps without a hiccup on 8 ranks ({len(calm8)} of {t8['steps']}) took a median of "
+        f"{ms(np.median(calm8))}, a mean of "
         f"{ms(calm8.mean())}: {ms(to_arrival)} until the last rank reached the all-reduce "
         f"({ms(t8['run'].config['compute_s'])} of compute, the rest this host's lateness in "
         f"starting 8 ranks, which here run back to back, not on a common schedule), then "
@@ -496,11 +504,13 @@ def real_cluster_notes() -> str:
   inter-node latency come on top), so a flat ring over 1024 one-GPU nodes costs about
   2 × 1023 steps = {ring_dc * 1e3:.1f} ms of latency against {2 * 1023 * 2:.0f} ms at this
   notebook's 2 ms: the same collapse, {2e-3 / alpha_dc:.0f} times further to the right.
-- **The ring is not the only choice.** NCCL picks tree or ring per call
-  ([[nccl.tuner_model]]): for latency-bound sizes typically its [[nccl.double_binary_tree]],
-  modelled as [[nccl.tuner_tree_log_latency]]. Even its ring, which spans every GPU, is
-  charged network latency on only [[nccl.tuner_ring_inter_steps]]: a DGX or HGX H100 node
-  holds [[nvidia.hgx_h100_gpus]] on NVLink.
+- **The ring is not the only choice.** NCCL picks an algorithm per call
+  ([[nccl.tuner_model]]; CollNet and NVLS too where the switches can reduce, otherwise,
+  for an inter-node all-reduce, typically tree or ring): for latency-bound sizes typically
+  its [[nccl.double_binary_tree]], modelled as [[nccl.tuner_tree_log_latency]]. Even its
+  ring, which spans every GPU, is charged network latency on only
+  [[nccl.tuner_ring_inter_steps]]: a DGX or HGX H100 node holds [[nvidia.hgx_h100_gpus]] on
+  NVLink.
 - **Real tails are rare and correlated, not independent per segment and per rank as here.**
   1 − (1 − p)^N assumes independent ranks: a cause shared by many ranks at once hits fewer
   steps at the same rate, while events staggered across ranks (each rank's garbage
