@@ -138,7 +138,8 @@ def test_levers_sentence_marks_only_unresolved_levers_and_counts_the_buckets():
     assert "fewer syncs ×1.60, each *resolved*. " in pm.levers_sentence(mit, gains,
                                                                          pm.factor_at_scale(mit))
     assert "overlap ×1.1, bigger buckets ×5.7, fewer syncs ×2.0" in text
-    assert "(8 buckets → 1, where fewer syncs cuts the rounds per sample by 4" in text
+    assert ("fewer rounds: 8 buckets → 1, where fewer syncs cuts the rounds per sample by 4. The "
+            "order follows from these two choices.") in text
 
 
 def test_measured_efficiency_is_compute_over_step_per_sample_like_the_simulator():

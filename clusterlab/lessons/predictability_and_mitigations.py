@@ -238,13 +238,13 @@ def levers_sentence(mit: dict, gains: dict, factor: dict) -> str:
             + ", ".join(f"{k} ×{factor[k]:.1f}" for k in order[1:])
             + " (for fewer syncs, samples per second at a ×" + f"{k_acc} global batch, not time "
             "to train: see 04c)"
-            + f".\n\nBigger buckets lead at scale because they *are* fewer rounds ({n_small} "
-            f"buckets → {n_big}, where fewer syncs cuts the rounds per sample by {k_acc}: the "
-            f"order follows these two choices): at `{mit['config']['nic']}` per hop the exchange "
-            "takes seconds, which overlap cannot hide behind this toy MLP's tens of milliseconds "
-            "of backward. On a real fabric (µs hops) it would take milliseconds, so there the "
-            "ranking also depends on the backward's length, and on the bytes: once the exchange "
-            "is bandwidth-bound, bigger buckets gain nothing.")
+            + f".\n\nBigger buckets lead at scale because they *are* fewer rounds: {n_small} "
+            f"buckets → {n_big}, where fewer syncs cuts the rounds per sample by {k_acc}. The "
+            f"order follows from these two choices. At `{mit['config']['nic']}` per hop the "
+            "exchange takes seconds, which overlap cannot hide behind this toy MLP's tens of "
+            "milliseconds of backward. On a real fabric (µs hops) it would take milliseconds, "
+            "so there the ranking also depends on the backward's length, and on the bytes: "
+            "once the exchange is bandwidth-bound, bigger buckets gain nothing.")
 
 
 def explain_levers(mit: dict, gains: dict, factor: dict) -> None:
@@ -337,24 +337,31 @@ def hierarchy_sentence(mit: dict, one: dict, factor: dict, *, fast_in: str) -> s
     _, flat_net, hier_net = net_hops(ranks // 8, 8)
     per = {a: np.asarray(hier[a]["comm_per_step_s"]) for a in ("ring", "hierarchical")}
     est = latency_ratio_gain(mit, fast_in=fast_in)
+    t_in = jitter_at_scale.delay_stats(slow_in)["configured_s"]
+    t_net = jitter_at_scale.delay_stats(mit["config"]["nic"])["configured_s"]
     return (
-        f"**On {hn} × {hp} the replay takes {ms(hier['ring']['emulated_s'])} flat against "
-        f"{ms(hier['hierarchical']['emulated_s'])} hierarchical** ({ring_lat:.0f} against "
+        f"**Simulated at {ranks} ranks the hierarchy gains ×{factor['hierarchical']:.2f}"
+        + (", little" if factor["hierarchical"] < 1.5 else "")
+        + f": what it saves is the flat ring's hops inside the nodes, {ms(t_in, digits=2)} "
+        f"each against {ms(t_net)} per network hop. The ratio of those latencies decides.**"
+        f"\n\nOn {hn} × {hp} the replay takes {ms(hier['ring']['emulated_s'])} flat against "
+        f"{ms(hier['hierarchical']['emulated_s'])} hierarchical ({ring_lat:.0f} against "
         f"{hier_lat} network latencies of {ms(lat)}); through Gloo and this host, "
         f"{ms(hier['ring']['comm_s'])} and {ms(hier['hierarchical']['comm_s'])} (means of "
         f"{hier['ring']['steps']} steps each, ranging {ms(per['ring'].min())} to "
         f"{ms(per['ring'].max())} and {ms(per['hierarchical'].min())} to "
-        f"{ms(per['hierarchical'].max())}). Simulated at {ranks} ranks the hierarchy gains "
-        f"×{factor['hierarchical']:.2f}: mostly the flat ring's intra-node hops (its longest "
-        f"chain crosses the network {flat_net} times, the hierarchy's {hier_net}).\n\n"
-        f"**With a fast link inside the node (`{fast_in}`, far faster than the network; this "
+        f"{ms(per['hierarchical'].max())}). At {ranks} ranks the flat ring's longest chain "
+        f"crosses the network {flat_net} times, the hierarchy's {hier_net}: nearly the same."
+        "\n\n<details><summary>A faster link inside the node, and NCCL's constants</summary>"
+        f"\n\n**With a fast link inside the node (`{fast_in}`, far faster than the network; this "
         "replay models latency only) the gain nearly vanishes:** "
         f"one all-reduce at {ranks} ranks takes {one[fast_in, 'ring']:.3f} s flat against "
         f"{one[fast_in, 'hierarchical']:.3f} s hierarchical ({one[slow_in, 'ring']:.3f} s against "
         f"{one[slow_in, 'hierarchical']:.3f} s at `{slow_in}`).\n\n**What decides is the "
         "intra-node latency against the network's, not whether the link is fast:** per network "
         "hop the flat ring pays p − 1 hops inside a node (p = 8 ranks per node), so a hierarchy "
-        f"saves about (p − 1)·t_intra / t_net of the network's time: {est[slow_in]:.3f} at "
+        f"saves about (p − 1)·t_intra / t_net times the network latency it keeps: "
+        f"{est[slow_in]:.3f} at "
         f"`{slow_in}` (replayed: {one[slow_in, 'ring'] / one[slow_in, 'hierarchical'] - 1:.3f}),"
         f" {est[fast_in]:.4f} at `{fast_in}`, but {est['nccl']:.1f} or more with NCCL's tuner "
         "constants for an NVLink step and a generic network step (appendix 3): by these "
@@ -363,7 +370,7 @@ def hierarchy_sentence(mit: dict, one: dict, factor: dict, *, fast_in: str) -> s
         "node, a tree across nodes), and at latency-bound sizes its tuner may pick it over the "
         "ring. For large messages bytes decide instead, and a leader "
         "hierarchy sends a node's bytes through one NIC, so it can lose (*On a real GPU "
-        "cluster*).")
+        "cluster*).\n</details>")
 
 
 def latency_ratio_gain(mit: dict, *, fast_in: str) -> dict:
@@ -528,25 +535,28 @@ _NVLS_OVER_RING = (facts.get("nccl.h100_nvls_allreduce_busbw").value
 REAL_CLUSTER = f"""
 - **Real tails also come from rare long events, slow ranks and shared causes**, which
   independent per-message jitter does not produce. Over TCP (Gloo's transport) a lost packet
-  usually costs a few round trips ([[linux.tcp_recovery_default]]), a retransmission *timeout*
-  at least [[linux.tcp_rto_min]]; over InfiniBand, NCCL at its defaults gives up on an
-  unreachable peer NIC or link only after at least about [[nccl.ib_total_wait_default]].
+  is usually detected without a timeout ([[linux.tcp_recovery_default]] loss detection, on
+  by default); a retransmission *timeout* costs at least [[linux.tcp_rto_min]]; over
+  InfiniBand, NCCL at its defaults gives up on an unreachable peer NIC or link only after at
+  least about [[nccl.ib_total_wait_default]].
   In Llama 3's pre-training, [[meta.llama3_stragglers]], and the run saw
   [[meta.llama3_diurnal_throughput]].
   Time each rank and compare ranks (Megatron-LM's [[megatron.straggler_detector]] reports the
   slowest and fastest rank per logging interval) rather than averaging over them.
 - **A leader-based hierarchy funnels a node's inter-node bytes through one NIC.** A DGX H100 has
   [[nvidia.dgx_h100_compute_nics]] for its compute fabric, one per GPU, so on a bandwidth-bound
-  all-reduce that scheme loses. NCCL uses every NIC: its rings run as
-  [[nccl.ring_flows_per_nic]].
+  all-reduce that scheme loses. NCCL uses every NIC: per its maintainer (NCCL 2.x on NVLink
+  nodes with several NICs), its rings run as [[nccl.ring_flows_per_nic]].
 - **In-network reduction cuts bytes as well as rounds.** With [[nvidia.ib_sharp]] in InfiniBand
   switches or [[nvidia.nvswitch_sharp]] (NVLS) in an NVSwitch, [[nvidia.sharp_sends_once]] and
-  receives the sum once, instead of about twice its data each way in a ring (notebook 02c). On 8
-  H100s NCCL's NVLS all-reduce reports [[nccl.h100_nvls_allreduce_busbw]] of bus bandwidth
-  against the ring's [[nccl.h100_ring_busbw]]. nccl-tests computes both as algbw ×
-  [[nccl.busbw_factor_every_algorithm]], so at equal size NVLS is about ×{_NVLS_OVER_RING:.1f}
-  as fast. But its busbw is not traffic on the wire: it exceeds the ring's, the link's
-  effective rate, because each GPU sends its data once.
+  receives the sum once, instead of about twice its data each way in a ring (notebook 02c).
+  **Bus bandwidth** (busbw) is nccl-tests' per-GPU rate normalised to a ring: algbw (message
+  size / time) × [[nccl.busbw_factor_every_algorithm]] (notebook 02b). On 8 H100s NCCL's
+  NVLS all-reduce peaks at about [[nccl.h100_nvls_allreduce_busbw]] of busbw, against the
+  ring's [[nccl.h100_ring_busbw]], both at large sizes:
+  there NVLS is about ×{_NVLS_OVER_RING:.1f} as fast. But its busbw is not traffic on the
+  wire: it exceeds the ring's, the link's effective rate, because each GPU sends its data
+  once.
 - **Fewer syncs** beyond accumulation: local SGD runs [[paper.local_sgd_stich2018]]; DiLoCo
   takes [[paper.diloco]] with an outer optimizer.
 - **Bigger buckets cost overlap.** They save only per-call latency and launch overhead, never
