@@ -33,7 +33,7 @@ def test_the_gap_to_the_model_is_printed_in_the_appendix_not_beside_the_figure(c
     assert "netem's law" not in capsys.readouterr().out
     tails.explain_model_gap(step64)
     assert capsys.readouterr().out == (
-        "the network's draws against netem's law (hollow markers against the line), farthest "
+        "network alone against the model (hollow markers against the line), farthest "
         "for normal: slowest of 64 6.67 vs 6.33 ms; these 200 draws' own p99 is 6.64 vs "
         "netem's configured 6.33 ms\n")
 

@@ -672,7 +672,7 @@ def plot_jitter(results: dict, axes=None):
         ax.hist(np.clip(r["one_way_ms"], lo, hi), bins=bins, density=True, color="#4C72B0",
                 alpha=0.7, label="measured")
         ax.hist(r["configured_ms"], bins=bins, density=True, histtype="step", color="#C44E52",
-                lw=1.5, label="configured (netem)")
+                lw=1.5, label="model (netem's configured)")
         ax.axvline(min(r["percentiles"]["p99"], hi), color="k", ls="--", lw=1,
                    label="measured p99")
         ax.set_title(name + (" (zoomed in)" if lo else ""), fontsize=10)
@@ -763,7 +763,7 @@ def plot_loss(tails: dict, ax=None):
         q = (np.arange(len(r["one_way_ms"])) + 0.5) / len(r["one_way_ms"]) * 100
         if "emulated_ms" in r:
             ax.plot(q, np.sort(r["emulated_ms"]), color=f"C{i}", lw=2,
-                    label=f"loss {p:g}%: the network's draws")
+                    label=f"loss {p:g}%: network alone")
         ax.plot(q, np.sort(r["one_way_ms"]), color="0.55", lw=1, ls=("-", "--", ":")[i % 3],
                 label=f"loss {p:g}%: measured")
     ax.axhline(RTO_MIN_MS, color="k", ls="-.", lw=0.8, label="minimum RTO (200 ms)")

@@ -67,9 +67,9 @@ def plot_slowest_of_p(curves: dict, *, ranks) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.4))
     for name, color in zip(DISTRIBUTIONS, ("C0", "C1", "C2")):
         c = curves[name]
-        ax.plot(ranks, c["mean"], "o", color=color, label=f"{name}: measured pings")
+        ax.plot(ranks, c["mean"], "o", color=color, label=f"{name}: measured")
         ax.plot(ranks, c["paired"], "o", color=color, mfc="none", ms=9,
-                label=f"{name}: network's draws")
+                label=f"{name}: network alone")
         ax.plot(ranks, c["model"], "-", color=color, alpha=0.6, label=f"{name}: model")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("ranks p (resampled from one link's pings, not run)")
@@ -139,7 +139,7 @@ def explain_model_gap(step64: dict, *, delay_ms: float = 4.0) -> None:
     far = max(step64, key=lambda n: abs((step64[n]["network"] - delay_ms)
                                         / (step64[n]["model"] - delay_ms) - 1))
     v = step64[far]
-    print(f"the network's draws against netem's law (hollow markers against the line), "
+    print(f"network alone against the model (hollow markers against the line), "
           f"farthest for {far}: slowest of 64 {v['network']:.2f} vs {v['model']:.2f} ms; these "
           f"{v['n']} draws' own p99 is {v['network_p99']:.2f} vs netem's configured "
           f"{v['model_p99']:.2f} ms")
@@ -150,6 +150,32 @@ def p99_text(r: dict) -> str:
     between the delay and a timeout (`p99_gap`)."""
     return (f"p99 {r['percentiles']['p99']:.2f} ms" if r["p99_gap"] is None else
             "p99 between {:.1f} and {:.0f} ms".format(*r["p99_gap"]))
+
+
+def explain_loss_at_scale(p: int, losses=(0.0001, 0.001, 0.01), *, lead: float = 0.001,
+                          rto_ms: float = links.RTO_MIN_MS) -> None:
+    """A loss rate per message at the scale of one all-reduce: a ring on `p` ranks sends
+    p x 2(p - 1) single-segment messages in the ring this emulator replays, which charges
+    every lost one a timeout. Prints first, in one line, the share of all-reduces that stall
+    at the `lead` loss rate (this emulator), then per loss rate the emulator's share and the
+    lower estimate for Gloo on Linux TCP (reasoned, not measured: a loss among the 2p
+    messages sent last on their connections, each rank's last data message and the last
+    "ready" note to it). Checks that the lower estimate stays below the emulator's."""
+    messages = p * models.ring_allreduce_steps(p)
+    last = 2 * p
+    share = models.tail_at_scale(lead, messages)
+    print(f"at {lead:.1%} loss per message, about 1 all-reduce in {1 / share:.0f} on {p} ranks "
+          f"stalls for >= {rto_ms:.0f} ms (this emulator: a loss among the {messages} messages "
+          "of its ring)")
+    for loss in losses:
+        any_loss, tail_loss = (models.tail_at_scale(loss, messages),
+                               models.tail_at_scale(loss, last))
+        print(f"loss {loss:.2%}: emulator {any_loss:5.1%} of all-reduces stall; Gloo on Linux "
+              f"TCP from about {tail_loss:4.1%}")
+        assert tail_loss < any_loss
+    print(f"(Gloo on Linux TCP, reasoned, not measured: a loss among the {last} messages sent "
+          "last on their connections if each lost message is followed in time, more if not; "
+          "fold above)")
 
 
 def explain_loss(tails: dict) -> None:
@@ -282,23 +308,31 @@ def explain_queueing(load: dict, *, saturated: bool) -> list[str]:
 # "On a real GPU cluster": loss on RDMA and on TCP, contention, jitter under load
 # (a `facts.show` template: [[id]] renders a ledger fact with its source).
 ON_A_REAL_GPU_CLUSTER = '''
-**Loss on RDMA: repaired by the NIC, and mostly avoided.** NCCL over InfiniBand or RoCE
-bypasses the kernel's TCP ([[rdma.kernel_bypass]]); the NIC resends a lost packet itself,
-classically with [[paper.mittal_irn_2018]]: the receiver reports a gap (the NAK) and the
-sender resends everything from the lost packet on (go-back-N).
+**Loss on RDMA: repaired by the NIC, and mostly avoided.**
 
-- **InfiniBand** practically never drops: on each link the sender transmits only when the
-  next hop has granted buffer space (credits, [[infiniband.credit_flow_control]]), leaving
-  bit errors and packets held past a switch's lifetime limit.
-- **RoCE** (RDMA over Ethernet) is usually kept nearly lossless: a switch whose buffer fills
-  pauses one traffic class on the upstream link ([[ieee.pfc_8021qbb]]), at a price at scale
-  ([[paper.guo_rdma_2016]]). Some fabrics run it lossy instead ([[nvidia.roce_lossy_mode]];
-  ECN: switches mark packets as their queues grow, and senders slow down).
-- **What a loss costs.** One that no later packet reveals waits for the ACK timeout of the
-  queue pair (QP, the NIC's connection): nominally [[nccl.ib_timeout_default_time]] at NCCL's
-  default since 2.23 ([[nccl.ib_timeout_formula]]; a quarter of that in 2.14 to 2.22). After
-  [[nccl.ib_retry_cnt_default]] retries, at least [[nccl.ib_total_wait_default]] in all, NCCL
-  raises a network error.
+- **InfiniBand: no drops by design.** On each link the sender transmits only when the next
+  hop has granted buffer space ([[infiniband.credit_flow_control]]).
+- **RoCE (RDMA over Ethernet): kept nearly lossless by PFC, at a cost.** A switch whose buffer
+  fills pauses one traffic class on the upstream link ([[ieee.pfc_8021qbb]]); at scale that
+  brings failures of its own ([[paper.guo_rdma_2016]]).
+- **A lost last packet costs seconds on RDMA, not 200 ms.** A loss that no later packet
+  reveals waits for the NIC connection's ACK timeout: nominally
+  [[nccl.ib_timeout_default_time]] at NCCL's default since 2.23.
+
+<details><summary>How the NIC repairs a loss; lossy RoCE; NCCL's timeout by version</summary>
+
+NCCL over InfiniBand or RoCE bypasses the kernel's TCP ([[rdma.kernel_bypass]]). The NIC
+resends a lost packet itself, classically with [[paper.mittal_irn_2018]]: the receiver
+reports a gap (a NAK, negative acknowledgement) and the sender resends everything from the
+lost packet on. InfiniBand's rare drops are bit errors and packets held past a
+switch's lifetime limit. Some fabrics run RoCE lossy instead ([[nvidia.roce_lossy_mode]];
+ECN: switches mark packets as their queues grow, and senders slow down).
+
+The ACK timeout belongs to the queue pair (QP, the NIC's connection):
+[[nccl.ib_timeout_formula]] (a quarter of the 2.23 default in 2.14 to 2.22). After
+[[nccl.ib_retry_cnt_default]] retries, at least [[nccl.ib_total_wait_default]] in all, NCCL
+raises a network error.
+</details>
 
 **Loss on TCP: the floor is for lone segments.** Where NCCL or Gloo use sockets, a lost
 segment that was alone in flight (like each small message measured here) waits at least
@@ -340,21 +374,21 @@ def explain_jitter(jit: dict, parts: dict, dilated: dict) -> None:
 
 
 def explain_noise_appendix(jit: dict, parts: dict, dilated: dict, *, delay_ms: float = 4.0) -> None:
-    """The appendix on this machine's noise: the K it chose and whether the plan held during
-    the runs (if not, why: K was capped, or the noise rose after the probe); per spec the
+    """The appendix on this machine's noise: first whether the plan held during the runs (if
+    not, why: K was capped, or the noise rose after the probe), then the K it chose; per spec the
     measured p99 against the network's and the noise alone, with the pings beyond any
     network draw; per distribution the p99's 95% interval ("open" when 200 pings cannot
     bound it) and the pings before the delay. Checks that noise only adds,
     that netem's jitter is two-sided and raises the network's p99, and that most pareto
     draws lie below the delay."""
-    print(f"machine noise: p99 {dilated['noise_p99_ms']:.2f} ms over 200 jitter-free pings, so "
-          f"K = {dilated['k']}" + (f" ({dilated['wanted']} wanted, capped)" if dilated["capped"]
-                                  else ""))
     print(f"during the runs: largest noise p99 of any spec (divided by K) "
           f"{dilated['noise_p99_dilated_ms']:.2f} ms, planned {dilated['target_ms']:.2f} ms "
           "(J/2): plan " + ("met" if dilated["busy"] is None else
                             f"missed (K capped at {dilated['k']})" if dilated["capped"] else
                             "missed (the noise rose after the probe had chosen K)"))
+    print(f"machine noise: p99 {dilated['noise_p99_ms']:.2f} ms over 200 jitter-free pings, so "
+          f"K = {dilated['k']}" + (f" ({dilated['wanted']} wanted, capped)" if dilated["capped"]
+                                  else ""))
     for name, t in parts.items():
         print(f"{name:>8}: p99 {t['measured']:.2f} ms, network {t['network']:.2f} ms, noise alone "
               f"{t['noise']:.2f} ms"
@@ -385,18 +419,19 @@ def more_late_pings(tails: dict) -> list[str]:
 
 
 def explain_loss_and_contention_appendix(tails: dict, contention_details: list[str]) -> None:
-    """The appendix on loss and contention: per loss rate the timeouts counted and expected,
-    the loss rate's 95% interval and the pings held up between the two levels; whether loss
-    brought more such pings (`more_late_pings`); then the contention runs' details."""
-    for p_, r in tails.items():
-        n, (lo, hi), (a, b) = len(r["one_way_ms"]), r["loss_ci"], r["late_ms"]
-        print(f"loss {p_}%: {r['emulated_rto']} timeouts (expected {r['expected_rto']:.0f}; rate "
-              f"{lo:.1%} .. {hi:.1%}); {r['late']}/{n} pings between {a:.1f} and {b:.0f} ms")
+    """The appendix on loss and contention: first whether loss brought more pings held up
+    between the two levels than 0% loss did (`more_late_pings`); per loss rate the timeouts
+    counted and expected, the loss rate's 95% interval and those held-up pings; then the
+    contention runs' details."""
     more = more_late_pings(tails)
     print("late pings with loss: " + (f"more at {' and '.join(more)} (95% intervals do not "
                                       "overlap);\n  loss or this machine's load, this run cannot "
                                       "tell which" if more else
                                       "about as many as at 0% loss (95% intervals overlap)"))
+    for p_, r in tails.items():
+        n, (lo, hi), (a, b) = len(r["one_way_ms"]), r["loss_ci"], r["late_ms"]
+        print(f"loss {p_}%: {r['emulated_rto']} timeouts (expected {r['expected_rto']:.0f}; rate "
+              f"{lo:.1%} .. {hi:.1%}); {r['late']}/{n} pings between {a:.1f} and {b:.0f} ms")
     print("contention:")
     for line in contention_details:
         print("  " + line)
