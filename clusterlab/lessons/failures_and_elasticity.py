@@ -29,6 +29,8 @@ def explain_restart(job) -> None:
           f"redone work {f['redo_s']:.2f} s; a step {s['step_s'] * 1e3:.0f} ms (median of "
           f"{len(job.step_seconds())}), a checkpoint {s['checkpoint_s'] * 1e3:.0f} ms (median of "
           f"{s['checkpoints']})")
+    print(f"of the failure's cost (restart + redone work), the restart was "
+          f"{f['restart_s'] / (f['restart_s'] + f['redo_s']):.0%} on this toy job")
 
 
 def check_restart(job) -> None:
@@ -264,7 +266,10 @@ def compare_estimate(rows: list[tuple[str, float, float]], *, predicted: float, 
     defines that time, steps and checkpoints its counts times their medians)."""
     assert abs(sum(r[1] for r in rows) - predicted) < 1e-6
     assert abs(other) < 0.1 * second["train_s"], "the measured parts account for the job's time"
-    for line in estimate_lines(rows, predicted=predicted, train_s=second["train_s"]):
+    lines = estimate_lines(rows, predicted=predicted, train_s=second["train_s"])
+    lead = next(i for i, line in enumerate(lines) if line.startswith("the estimate missed"))
+    print("In short: " + lines[lead].split("; the rows'")[0].split("; misses of")[0] + ".")
+    for line in lines:
         print(line)
 
 
@@ -292,9 +297,11 @@ def restart_miss_lines(*, failure: dict, job2, predicted: float) -> list[str]:
 
 
 def explain_restart_miss(*, failure: dict, job2, predicted: float) -> None:
-    """Print `restart_miss_lines(...)`."""
-    for line in restart_miss_lines(failure=failure, job2=job2, predicted=predicted):
-        print(line)
+    """Show `restart_miss_lines(...)` behind a fold."""
+    from . import show
+
+    show.fold("Restart by restart: how far the one the estimate used sat from the others",
+              "\n".join(restart_miss_lines(failure=failure, job2=job2, predicted=predicted)))
 
 
 def explain_hung(hung: list[dict]) -> tuple[float, int]:
@@ -437,6 +444,12 @@ def explain_stalls(stall: dict, loss_verdict: str) -> None:
     step."""
     sy = stall["sync"]
     floor = sy["noise_max_s"]
+    _ = conclude(stall_holds(stall),
+                 "the saving step waited for the write when the save was synchronous and only "
+                 "for the copy when it was asynchronous, and rank 1's step after a synchronous "
+                 "save grew by at least half of rank 0's write",
+                 busy=f"without saves a window was still off by up to {floor * 1e3:.0f} ms, more "
+                 f"than a typical step" if floor > sy["step_s"] else None)
     print(f"{loss_verdict} on this run; rank 1's step right after a synchronous save took "
           f"{sy['after_s'] * 1e3:.0f} ms (median of {sy['after_n']}) against "
           f"{sy['rank1_step_s'] * 1e3:.0f} ms typical")
@@ -445,12 +458,6 @@ def explain_stalls(stall: dict, loss_verdict: str) -> None:
               f"than its write took ({sy['write_s'] * 1e3:.0f} ms), beyond the noise floor. A "
               f"hypothesis, not measured here: both ranks share this one machine's disk, so the "
               f"write's flush can slow rank 1 too")
-    _ = conclude(stall_holds(stall),
-                 "the saving step waited for the write when the save was synchronous and only "
-                 "for the copy when it was asynchronous, and rank 1's step after a synchronous "
-                 "save grew by at least half of rank 0's write",
-                 busy=f"without saves a window was still off by up to {floor * 1e3:.0f} ms, more "
-                 f"than a typical step" if floor > sy["step_s"] else None)
 
 
 def survivor_saw(errors: list[str]) -> str:
@@ -475,15 +482,20 @@ def real_cluster_text(errors: list[str]) -> str:
     seen = survivor_saw(errors)
     return f"""
 **Who notices a death, and what restarts the job** (torchrun of torch 2.13; on this run:
-{seen}). Over TCP (Gloo; NCCL over sockets: "[[nccl.socket_peer_closed]]") a killed
-process's peers get an error in their current or next collective: its kernel closes its
-sockets. Under NCCL inside a node they get none (they exchange data through GPU
-memory, not sockets, so no kernel tells them), but the dead process's own agent notices it
-at its next poll. When a whole node dies, its agent dies with it: the survivors that send to
-it get an error once the NIC's retries run out (at least [[nccl.ib_total_wait_default]] on
-InfiniBand), the others would wait for the process group's timeout
-([[pytorch.nccl_timeout_default]] for NCCL). With restarts left,
-[[pytorch.torchrun_restarts_all]] (case by case in the note for experts below).
+{seen}). With restarts left, [[pytorch.torchrun_restarts_all]]; what differs is who notices,
+and when:
+
+- *A process dies, its peers talk over TCP* (Gloo; NCCL over sockets:
+  "[[nccl.socket_peer_closed]]"): the peers get an error in their current or next collective,
+  because the kernel closes the dead process's sockets.
+- *A process dies inside an NVLink node* (NCCL): its peers get no error (they exchange data
+  through GPU memory, not sockets, so no kernel tells them); the dead process's own agent
+  notices it at its next poll.
+- *A whole node dies*, and its agent with it: the survivors that send to it get an error once
+  the NIC's retries run out (at least [[nccl.ib_total_wait_default]] on InfiniBand); the
+  others wait for the process group's timeout ([[pytorch.nccl_timeout_default]] for NCCL).
+
+Case by case in the note for experts below.
 
 What else differs:
 
@@ -522,7 +534,7 @@ for a failed peer.
 
 | case | who notices | what torchrun does |
 |---|---|---|
-| 1. a killed process, peers on TCP (Gloo; NCCL over sockets) | its peers in their current or next collective (the kernel closes its sockets); its own agent within [[pytorch.torchrun_monitor_interval]] ([[pytorch.torchrun_monitor_interval_before_124692]] in releases before pytorch#124692, April 2024) | starts a new group; the job resumes after the restart |
+| 1. a killed process, peers on TCP (Gloo; NCCL over sockets) | its peers in their current or next collective (the kernel closes its sockets); its own agent at its next poll (every [[pytorch.torchrun_monitor_interval]]; [[pytorch.torchrun_monitor_interval_before_124692]] in releases before pytorch#124692, April 2024) | starts a new group; the job resumes after the restart |
 | 2. a crashed process (OOM kill, segfault) under NCCL inside a node ([[nccl.intranode_transports]]), restarts left | its own agent at its next poll; its peers get no error | [[pytorch.torchrun_crash_path]]; the job resumes after the restart |
 | 3. a dead node (its agent dies with it) | over InfiniBand or RoCE, the peers that send to it, once the NIC's retries run out (*a crashed process whose peers are on other nodes*, below), the others alone at the watchdog's timeout; over TCP (Gloo, NCCL sockets), every peer at the process group's timeout (a dead node closes no sockets; a sender's TCP retransmissions may give up first) | the first failing survivor's agent re-enters the rendezvous; the others restart their workers at their next poll. The new round starts once the dead node's *keep-alive* (the heartbeat each agent writes to the rendezvous store) has lapsed, [[pytorch.rdzv_dead_node_after]], and with `--nnodes MIN:MAX` short of MAX after a *last call* for late joiners, [[pytorch.rdzv_last_call_timeout]] ([12b](12b_elastic_resharding.ipynb)); with a fixed `--nnodes`, only once a replacement joins |
 
