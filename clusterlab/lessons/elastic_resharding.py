@@ -213,16 +213,16 @@ through them step by step.
 
 | part of the pause | NCCL over InfiniBand, torch's defaults | this run (Gloo, a killed process; one run) |
 |---|---|---|
-| noticing the death | at least {ib_wait:.0f} s (step 2), or {nccl_min:.0f} min (the watchdog) | {f['detected_s'] * 1e3:.0f} ms |
+| noticing the death | about {ib_wait:.0f} s (step 2), or {nccl_min:.0f} min (the watchdog) | {f['detected_s'] * 1e3:.0f} ms |
 | agent and rendezvous: dropping the dead node, then the last call | 0 s (its {dead_after:.0f} s without heartbeats have passed) + {last_call:.0f} s | {rdzv:.1f} s (configured: at most {keep_alive} s, then {cfg['last_call_s']} s) |
 | new workers, communicator, checkpoint load | not counted: grows with the job and the checkpoint | {start:.1f} s (incl. this demo's check) |
 | **total** | **more than {ib_wait + last_call:.0f} s** | **{f['resumed_s']:.1f} s** |
 
-The cluster column adds up the lower bounds of the parts it counts and leaves the rest out.
+The cluster column adds up the parts it counts, at NCCL's and torch's defaults, and leaves the rest out.
 An agent re-reads the rendezvous once a second, so each wait may end up to a second late.
 
 What carries over is the sequence of parts. On a cluster at the defaults, the detection and
-the last call set a floor of {ib_wait + last_call:.0f} s; starting the new workers and loading
+the last call add up to about {ib_wait + last_call:.0f} s; starting the new workers and loading
 the checkpoint come on top (how long a load takes: next box).
 
 <details><summary>Step by step: the mechanism, how a death is noticed, the six steps under NCCL, the rendezvous host</summary>
@@ -244,18 +244,16 @@ the checkpoint come on top (how long a load takes: next box).
      queued on the GPU, so the GPU's kernel waits in the collective and the worker's host thread
      at its next synchronisation with it. Their agents, which poll them every
      `--monitor-interval` ([[pytorch.torchrun_monitor_interval]]), see them healthy.
-  2. **The first peer times out after at least {ib_wait:.0f} s.** Which peer, and when, depends
+  2. **The first peer times out after about {ib_wait:.0f} s.** Which peer, and when, depends
      on what each had in flight. A node that was sending to the dead one has data on its
      network card (NIC) that was never acknowledged: no ACK (the receiver's receipt for the
      data) came back. A receiver that had just told the dead node "you may send" by an RDMA
      write (one NIC writing straight into the other's memory) also waits for its ACK.
-     Either NIC waits, per try, an ACK timeout of at least [[nccl.ib_timeout_formula]], with
+     Either NIC waits, per try, an ACK timeout of [[nccl.ib_timeout_formula]], with
      NCCL_IB_TIMEOUT = [[nccl.ib_timeout_default]]:
      4.096 µs × 2^{exp} ≈ [[nccl.ib_timeout_default_time]];
      1 try + [[nccl.ib_retry_cnt_default]] retries (NCCL_IB_RETRY_CNT) = {tries} waits,
-     {tries} × {ack_s} s ≈ [[nccl.ib_total_wait_default]]. Then it reports an error. "At least",
-     because the InfiniBand spec lets the NIC wait up to 4× longer than the formula per try, so
-     the total is a floor.
+     {tries} × {ack_s} s ≈ [[nccl.ib_total_wait_default]]. Then it reports an error.
   3. **That worker fails.** Its agent spends a restart (if one is left) and re-enters the
      rendezvous.
   4. **Every other agent restarts its workers.** It sees a node waiting at its next poll and
