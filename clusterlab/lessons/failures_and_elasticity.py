@@ -453,9 +453,14 @@ def explain_stalls(stall: dict, loss_verdict: str) -> None:
     print(f"{loss_verdict} on this run; rank 1's step right after a synchronous save took "
           f"{sy['after_s'] * 1e3:.0f} ms (median of {sy['after_n']}) against "
           f"{sy['rank1_step_s'] * 1e3:.0f} ms typical")
-    if sy["lost_per_save_s"] > sy["write_s"] + floor:
-        print(f"the synchronous save cost the job more ({sy['lost_per_save_s'] * 1e3:.0f} ms) "
-              f"than its write took ({sy['write_s'] * 1e3:.0f} ms), beyond the noise floor. A "
+    # Said only when the excess is clear of both the windows' noise and a tenth of the write
+    # (a quiet run can report a noise floor of 0 ms: a sub-millisecond excess is no evidence).
+    excess = sy["lost_per_save_s"] - sy["write_s"]
+    if excess > max(floor, 0.1 * sy["write_s"]):
+        print(f"the synchronous save cost the job {excess * 1e3:.0f} ms more "
+              f"({sy['lost_per_save_s'] * 1e3:.0f} ms) than its write took "
+              f"({sy['write_s'] * 1e3:.0f} ms), beyond the noise floor "
+              f"({floor * 1e3:.0f} ms) and a tenth of the write. A "
               f"hypothesis, not measured here: both ranks share this one machine's disk, so the "
               f"write's flush can slow rank 1 too")
 
