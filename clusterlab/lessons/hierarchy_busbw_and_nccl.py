@@ -163,9 +163,9 @@ def explain_hierarchy(hier: Sequence[dict], *, alpha: float, beta: float) -> Non
     gaps = [r["measured"] - r["replay"] for r in small]
     if max(gaps) - min(gaps) > max(replays) - min(replays):
         print(f"At 4 KiB the replays differ by at most {ms(max(replays) - min(replays))}, but "
-              f"the best runs sat {ms(min(gaps))} to {ms(max(gaps))} above them: a cost the "
-              "model and the replay leave out\ndecides the order there, so the 4 KiB order "
-              "(fold below) is not evidence either way.")
+              f"the best runs sat {ms(min(gaps))} to {ms(max(gaps))} above them:\na cost the "
+              "model and the replay leave out, varying by more than the replays differ, so "
+              "the 4 KiB order\n(fold below) is not evidence either way.")
     else:
         print("At 4 KiB the best runs' extra over their replays differed by less than the "
               "replays do (fold below).")
