@@ -206,8 +206,12 @@ def death_text(f: dict, cfg: dict) -> str:
 
 The pause has the same parts on a cluster, with longer waits: at the defaults, noticing the
 death and the last call alone take more than {ib_wait + last_call:.0f} s; this run's whole pause
-took {f['resumed_s']:.1f} s. The table sets the parts side by side; the fold below it goes
-through them step by step.
+took {f['resumed_s']:.1f} s.
+
+**Who notices first:** a survivor whose network
+card had data in flight to the dead node; the card waits for a receipt that never comes,
+retries {tries - 1} times, and gives up after about {ib_wait:.0f} s ({tries} waits of about
+{ack_s:.1f} s; the arithmetic is step 2 of the fold below the table).
 
 **The same pause at the defaults, beside this run's:**
 
@@ -218,12 +222,12 @@ through them step by step.
 | new workers, communicator, checkpoint load | not counted: grows with the job and the checkpoint | {start:.1f} s (incl. this demo's check) |
 | **total** | **more than {ib_wait + last_call:.0f} s** | **{f['resumed_s']:.1f} s** |
 
-The cluster column adds up the parts it counts, at NCCL's and torch's defaults, and leaves the rest out.
+The cluster column adds up the parts it counts, at NCCL's and torch's defaults, and leaves the rest out
+(how long a load takes: next box).
 An agent re-reads the rendezvous once a second, so each wait may end up to a second late.
-
-What carries over is the sequence of parts. On a cluster at the defaults, the detection and
-the last call add up to about {ib_wait + last_call:.0f} s; starting the new workers and loading
-the checkpoint come on top (how long a load takes: next box).
+The column assumes `--max-restarts` of at least 1. Its default is
+[[pytorch.torchrun_max_restarts_default]]: then the agent of the first survivor whose worker
+fails stops its workers and exits instead of starting a new group, and the job does not resume.
 
 <details><summary>Step by step: the mechanism, how a death is noticed, the six steps under NCCL, the rendezvous host</summary>
 
@@ -244,7 +248,9 @@ the checkpoint come on top (how long a load takes: next box).
      queued on the GPU, so the GPU's kernel waits in the collective and the worker's host thread
      at its next synchronisation with it. Their agents, which poll them every
      `--monitor-interval` ([[pytorch.torchrun_monitor_interval]]), see them healthy.
-  2. **The first peer times out after about {ib_wait:.0f} s.** Which peer, and when, depends
+  2. **The first peer times out after about {ib_wait:.0f} s.** In short: a network card that
+     sent something to the dead node waits for a receipt that never comes, retries
+     {tries - 1} times, then gives up. Which peer, and when, depends
      on what each had in flight. A node that was sending to the dead one has data on its
      network card (NIC) that was never acknowledged: no ACK (the receiver's receipt for the
      data) came back. A receiver that had just told the dead node "you may send" by an RDMA
@@ -296,7 +302,7 @@ def cost_text() -> str:
 
 - **Resharding is DCP's** ([[pytorch.dcp_resharding]]). The checkpoint must sit on storage
   every node reaches (here: one local directory).
-- **Loading a large checkpoint takes seconds on a fast fabric.** It holds the weights and
+- **Loading a large checkpoint can take as little as seconds on a fast fabric.** It holds the weights and
   Adam's state, [[paper.zero_adam_state_bytes]]: about {70e9 * adam_b / 1e12:.1f} TB for a
   70B-parameter model, {405e9 * adam_b / 1e12:.1f} TB for 405B. Llama 3's storage fabric can
   sustain [[meta.llama3_storage_throughput]] in all: one copy of 405B's state read at that whole rate
@@ -312,8 +318,9 @@ def cost_text() -> str:
   fabric waits longer.
   </details>
 
-- **Uneven shards** (FSDP2's default: [[pytorch.fsdp2_shard_dim0_chunk]]). Tensors with fewer
-  rows than ranks, as the output layer here, leave some ranks an empty shard; FSDP pads the
+- **Uneven shards** (FSDP2's default: [[pytorch.fsdp2_shard_dim0_chunk]]). Tensors whose rows
+  torch.chunk cannot spread over every rank leave some ranks an empty shard: fewer rows than
+  ranks, as the output layer here, or e.g. 5 rows over 4 ranks (pieces of 2, 2 and 1 rows); FSDP pads the
   parameter buffer so that parameter memory stays balanced, while Adam's moments and the
   checkpoint files stay uneven.
 - **A job shrinks by a whole data-parallel replica, if the script makes it.** torchrun hands
