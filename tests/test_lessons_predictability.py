@@ -241,18 +241,23 @@ def test_best_node_counts_finds_each_curves_optimum_and_the_critical_batch():
     assert text.startswith("**The ring's time to train is least at 4 nodes (4 by seed), below "
                            "the 8 nodes that reach the critical batch; the tree's best is at "
                            "1024 nodes by seed.**")
-    assert "- Each seed's own best (2 seeds): 4 nodes for the ring, 1024 for the tree." in text
-    assert "- For the tree some seed's best is 1024, the edge of this range" in text
-    assert ("the ring's step grew ×2.00 while the steps fell only ×1.75: a step that grows "
-            "faster than the steps fall stops paying even before the critical batch.") in text
-    assert "from batch 256 on (8 nodes, past the ring's best) the mean steps stay below" in text
-    assert "Critical batch estimate: S_min ≈ 10.0 steps (the largest batch's), so 2 S_min = 20.0" \
-        in text
-    # 21 -> 12 is x1.75 into the estimate, steeper than the model's x1.5 there, as the rate rose
-    assert ("- The fall into it, 21.0 → 12.0 steps (×1.75), is steeper than the model allows at "
-            "the estimate (×1.5), and the tuned rate rose 0.1 → 0.4 there.") in text
-    assert "- From batch 32 to 256 the rate grid" in text and "even rise" not in text
+    assert ("- Each seed's own best (2 seeds): 4 nodes for the ring, 1024 for the tree. For the "
+            "tree some seed's best is 1024, the edge of this range") in text
+    assert ("the ring's step time grew ×2.00 while the steps to target fell only ×1.75: a step "
+            "time that grows faster than the steps to target fall stops paying even before the "
+            "critical batch.") in text
+    # the fold keeps two points; the estimate's arithmetic goes to the appendix
+    assert text.count("\n- ") == 2 and "- The critical batch is approximate: " in text
     assert text.index("<details>") < text.index("- Each seed's") < text.index("</details>")
+    assert "S_min" not in text and "rate grid (a factor" not in text
+    points = "\n".join(tt.estimate_points(crit))
+    assert "from batch 256 on (8 nodes, past the ring's best) the mean steps stay below" in points
+    assert ("Critical batch estimate: S_min ≈ 10.0 steps (the largest batch's), so 2 S_min = 20.0"
+            in points)
+    # 21 -> 12 is x1.75 into the estimate, steeper than the model's x1.5 there, as the rate rose
+    assert ("The fall into it, 21.0 → 12.0 steps (×1.75), is steeper than the model allows at "
+            "the estimate (×1.5), and the tuned rate rose 0.1 → 0.4 there.") in points
+    assert "From batch 32 to 256 the rate grid" in points and "even rise" not in points
 
 
 def test_grid_note_names_a_rise_past_the_estimate_and_stays_short_without_one():
@@ -286,13 +291,15 @@ def test_nccl_sentence_says_whether_every_seed_reached_the_critical_batch():
     # the conclusion first, then the step worked at the best by the mean
     assert past.startswith("**With NCCL's tuner constant per network step (14 µs instead of "
                            "2 ms), the ring's best moves from 4 nodes to 8 to 16 by seed, every "
-                           "seed's at or past the 8 nodes that reach the critical batch.** The "
-                           "step is then 50 ms + 2(N−1) × 14 µs (16 nodes by the mean")
+                           "seed's at or past the 8 nodes that reach the critical batch.** "
+                           "(NCCL, NVIDIA's GPU collective library, picks an algorithm with a "
+                           "cost model, its *tuner*, which charges 14 µs per network step")
+    assert "The step time is then 50 ms + 2(N−1) × 14 µs (16 nodes by the mean" in past
     assert "50 ms + 30 × 14 µs = 50 ms, against 0.11 s at 2 ms)." in past
     assert "small growth and seed noise decide the exact count" in past
     assert "not the ring" not in past
     below = tt.nccl_sentence({**dc, "best": 8, "seeds": [4, 8]}, crit)
-    assert "by seed; the critical batch is reached at 8 nodes.** The step" in below
+    assert "by seed; the critical batch is reached at 8 nodes.** (NCCL" in below
     assert "seed noise" not in below
 
 
@@ -311,9 +318,9 @@ def test_accumulation_decides_shorter_or_longer_by_the_steps_cut_against_the_ste
     text = tt.accumulation_sentence(a, b_crit=128)
     assert "longer at 1 of those 2 node counts**: more samples per second" in text
     # the rule worked on the first multi-node count that got shorter: 4 nodes
-    assert ("The rule on 4 nodes: the step of 450 ms grows to 450 + 150 = 600 ms (×1.33), and "
-            "the 4-fold batch cuts the steps 20.0 → 12.5 (×1.60 > 1.33), so the training is "
-            "shorter (table).") in text
+    assert ("The rule on 4 nodes: the step time of 450 ms grows to 450 + 150 = 600 ms (×1.33), "
+            "and the 4-fold batch cuts the steps to target 20.0 → 12.5 (×1.60 > 1.33), so the "
+            "training is shorter (table).") in text
     assert "it still paid at 4 nodes (by the means)" in text   # 128 is at b_crit
     assert "seeds split" not in text   # no per-seed counts given
     # accumulating on 1 node (batch 128, 20 x 0.2 s) beats 4 nodes without it (20 x 0.45 s) and
@@ -325,12 +332,13 @@ def test_accumulation_decides_shorter_or_longer_by_the_steps_cut_against_the_ste
     assert tt.seed_wins(a, [4], per_seed) == {4: (1, 2)}
     text = tt.accumulation_sentence(a, b_crit=128, per_seed=per_seed)
     assert ("it paid at 4 nodes by the means but for only 1 of 2 seeds: not shown on this run "
-            "(the exchange was at least 89% of the step") in text
+            "(the exchange was at least 89% of the step time") in text
     assert "rule predicts" not in text
     # the model's cut at batch 128 -> 512, (1 + Bc/128)/(1 + Bc/512), against the growth x1.33:
     # B_crit implied below 128: 32 x (100/12.5 - 1) = 224, 64 x 3.8 = 243; with the estimate,
     # 128 to 243: x1.60 and x1.93, both wins
-    assert ("(the exchange was at least 89% of the step, so the step grew at most ×1.33). With "
+    assert ("(the exchange was at least 89% of the step time, so the step time grew at most "
+            "×1.33). With "
             "B_crit anywhere in 130 to 240, McCandlish's model predicts a win there.") in text
     # a B_crit range across the break-even: the model cannot tell
     steps2 = {32: 13.5, 64: 12.5, 128: 11.0, 256: 10.5, 512: 10.0}

@@ -146,52 +146,72 @@ def best_node_counts(ttt: dict, step_times: dict, *, nodes: list, per_rank: int)
 def best_nodes_sentence(crit: dict) -> str:
     """One bold line first: the ring's best node count (by the mean and by seed) against the
     nodes that reach the critical batch estimate, and the tree's best by seed. Then why (step
-    growth against the steps' fall, one doubling past the ring's best), how much longer 1024
-    nodes take and where the steps flatten; the caveats (an optimum at the edge of the range,
-    the rate grid, the estimate's arithmetic: `grid_points`) go in a <details> fold as a list."""
+    time's growth against the fall in steps to target, one doubling past the ring's best), how
+    much longer 1024 nodes take and where the steps flatten. A <details> fold keeps two points:
+    each seed's best (and an optimum at the edge of the range) and how approximate the critical
+    batch is; the estimate's arithmetic and the rate grid (`estimate_points`) go to the
+    appendix."""
     best, t_of, seed_best = crit["best"], crit["t_of"], crit["seed_best"]
     steps, step_times, per_rank = crit["steps"], crit["step_times"], crit["per_rank"]
-    nodes, batches, b_crit, n_crit = crit["nodes"], crit["batches"], crit["b_crit"], crit["n_crit"]
-    n_seeds, s_big, seed_crit = crit["n_seeds"], crit["s_big"], crit["seed_crit"]
+    nodes, b_crit, n_crit, n_seeds = crit["nodes"], crit["b_crit"], crit["n_crit"], crit["n_seeds"]
     edge = [k for k in STYLES if max(seed_best[k]) == max(nodes)]
     nb_ = best["ring"]["nodes"]
-    lr_of = {r["batch"]: r["lr"] for r in crit["rows"]}
-    same_lr = lr_of[nb_ * per_rank] == lr_of[2 * nb_ * per_rank]
     where = ("below" if max(seed_best["ring"]) < n_crit else
              "past" if min(seed_best["ring"]) > n_crit else "around")
     grew = step_times["ring"][2 * nb_] / step_times["ring"][nb_]
     fell = steps[nb_ * per_rank] / steps[2 * nb_ * per_rank]
-    bullets = (
-        [f"Each seed's own best ({n_seeds} seeds): {span(seed_best['ring'])} nodes for the ring, "
-         f"{span(seed_best['tree'])} for the tree."]
-        + [f"For the {' and the '.join(edge)} some seed's best is {max(nodes)}, the edge of this "
-           "range: its optimum may lie beyond." for _ in edge[:1]]
-        + ([f"Both {nb_} and {2 * nb_} nodes ran at the same tuned rate "
+    rng = implied_crit(steps, b_crit)
+    bullets = [
+        f"Each seed's own best ({n_seeds} seeds): {span(seed_best['ring'])} nodes for the ring, "
+        f"{span(seed_best['tree'])} for the tree."
+        + "".join(f" For the {' and the '.join(edge)} some seed's best is {max(nodes)}, the edge "
+                  "of this range: its optimum may lie beyond." for _ in edge[:1]),
+        f"The critical batch is approximate: {batch_range(*rng)} by McCandlish's model from the "
+        f"smaller batches, against the estimate {b_crit}; the arithmetic and the rate grid's "
+        "part are in the appendix." if rng else
+        f"The critical batch estimate {b_crit} is approximate: the arithmetic and the rate "
+        "grid's part are in the appendix."]
+    return (
+        f"**The ring's time to train is least at {nb_} nodes ({span(seed_best['ring'])} by "
+        f"seed), {where} the {n_crit} nodes that reach the critical batch; the tree's best is "
+        f"at {span(seed_best['tree'])} nodes by seed.**"
+        f"\n\nWhy: from {nb_} to {2 * nb_} nodes the ring's step time grew ×{grew:.2f} while "
+        f"the steps to target fell only ×{fell:.2f}"
+        + (": a step time that grows faster than the steps to target fall stops paying even "
+           "before the critical batch." if grew > fell and where == "below" else ".")
+        + f" On 1024 nodes the ring takes {t_of['ring'][1024] / best['ring']['time_s']:.0f}× "
+        f"longer than at its best. The steps flatten from batch {b_crit} ({n_crit} nodes) on: "
+        "that is the critical batch estimate (dotted line)."
+        "\n\n<details><summary>How sure is this? Seeds and the critical batch</summary>\n\n"
+        + "\n".join(f"- {b}" for b in bullets) + "\n\n</details>")
+
+
+def estimate_points(crit: dict) -> list:
+    """The critical batch estimate's arithmetic, for the appendix: the ring's best and the next
+    node count at one tuned rate (a rate between grid values might cut the steps more), S_min and
+    where the mean steps stay below 2 S_min, the steps' fall and the ring's step-time growth past
+    it, then `grid_points`."""
+    steps, step_times, per_rank = crit["steps"], crit["step_times"], crit["per_rank"]
+    nodes, batches, b_crit, n_crit = crit["nodes"], crit["batches"], crit["b_crit"], crit["n_crit"]
+    s_big, seed_crit = crit["s_big"], crit["seed_crit"]
+    nb_ = crit["best"]["ring"]["nodes"]
+    lr_of = {r["batch"]: r["lr"] for r in crit["rows"]}
+    same_lr = lr_of[nb_ * per_rank] == lr_of[2 * nb_ * per_rank]
+    return (
+        ([f"Both {nb_} and {2 * nb_} nodes ran at the same tuned rate "
             f"({lr_of[nb_ * per_rank]:g}): a rate between grid values might cut the steps more, "
-            "so this small fall is partly the grid's."] if same_lr else [])
+            "so the small fall in steps to target between them is partly the grid's."]
+         if same_lr else [])
         + [f"Critical batch estimate: S_min ≈ {s_big:.1f} steps (the largest batch's), so "
            f"2 S_min = {2 * s_big:.1f}; from batch {b_crit} on ({n_crit} nodes"
            + (f", {'past' if n_crit > nb_ else 'below'} the ring's best" if n_crit != nb_ else
               ", the ring's best")
            + f") the mean steps stay below that ({span(seed_crit)} by seed)."
            + (f" From there to batch {batches[-1]} the steps fell ×{steps[b_crit] / s_big:.1f} "
-              f"in all, while the ring's step grew "
+              f"in all, while the ring's step time grew "
               f"×{step_times['ring'][max(nodes)] / step_times['ring'][n_crit]:.1f}."
               if b_crit < batches[-1] else " This range of batches is too short to see past it.")]
         + grid_points(crit))
-    return (
-        f"**The ring's time to train is least at {nb_} nodes ({span(seed_best['ring'])} by "
-        f"seed), {where} the {n_crit} nodes that reach the critical batch; the tree's best is "
-        f"at {span(seed_best['tree'])} nodes by seed.**"
-        f"\n\nWhy: from {nb_} to {2 * nb_} nodes the ring's step grew ×{grew:.2f} while the "
-        f"steps fell only ×{fell:.2f}"
-        + (": a step that grows faster than the steps fall stops paying even before the "
-           "critical batch." if grew > fell and where == "below" else ".")
-        + f" On 1024 nodes the ring takes {t_of['ring'][1024] / best['ring']['time_s']:.0f}× "
-        f"longer than at its best. The steps flatten from batch {b_crit} ({n_crit} nodes) on: "
-        "that is the critical batch estimate (dotted line)."
-        "\n\n<details><summary>How sure is this? Seeds, the rate grid, the critical batch "
-        "estimate</summary>\n\n" + "\n".join(f"- {b}" for b in bullets) + "\n\n</details>")
 
 
 def grid_points(crit: dict) -> list:
@@ -286,7 +306,10 @@ def nccl_sentence(dc: dict, crit: dict) -> str:
             f"{span(dc['seeds'])} by seed"
             + (f", every seed's at or past the {n_crit} nodes that reach the critical batch.** "
                if past else f"; the critical batch is reached at {n_crit} nodes.** ")
-            + f"The step is then {c_ms:.0f} ms + 2(N−1) × {us:.0f} µs ({n} nodes by the mean: "
+            + "(NCCL, NVIDIA's GPU collective library, picks an algorithm with a cost model, its "
+            f"*tuner*, which charges {us:.0f} µs per network step: a model constant, not a "
+            "measurement; see 'On a real GPU cluster'.) "
+            + f"The step time is then {c_ms:.0f} ms + 2(N−1) × {us:.0f} µs ({n} nodes by the mean: "
             f"{c_ms:.0f} ms + {2 * (n - 1)} × {us:.0f} µs = {dc['step'][n] * 1e3:.0f} ms, against "
             f"{crit['step_times']['ring'][n]:.2f} s at 2 ms)."
             + (" Past the critical batch the steps have flattened, so the step's small growth "
@@ -367,9 +390,9 @@ def worked_row(a: dict) -> str:
     n = next((m for m in multi if a["verdict"][m] == "shorter"), multi[0])
     s_b, s_kb = a["steps"][n * per_rank], a["steps"][acc * n * per_rank]
     t, grew, cut = a["t"][n] * 1e3, a["grew"][n], a["cut"][n]
-    return (f"The rule on {n} nodes: the step of {t:.0f} ms grows to {t:.0f} + "
+    return (f"The rule on {n} nodes: the step time of {t:.0f} ms grows to {t:.0f} + "
             f"{(acc - 1) * c * 1e3:.0f} = {a['t_acc'][n] * 1e3:.0f} ms (×{grew:.2f}), and the "
-            f"{acc}-fold batch cuts the steps {s_b:.1f} → {s_kb:.1f} (×{cut:.2f} "
+            f"{acc}-fold batch cuts the steps to target {s_b:.1f} → {s_kb:.1f} (×{cut:.2f} "
             f"{'>' if cut > grew else '<' if cut < grew else '='} {grew:.2f}), so the training "
             f"is {a['verdict'][n]} (table).")
 
@@ -407,8 +430,9 @@ def accumulation_sentence(a: dict, *, b_crit: int, per_seed: dict | None = None)
     wins = seed_wins(a, won_past, per_seed) if per_seed is not None else {}
     every = seed_wins(a, seeded(a, per_seed), per_seed)
     split = [n for n, (k, m) in every.items() if 0 < k < m]
-    why = (f"the exchange was at least {min(share[n] for n in won_past):.0%} of the step, so the "
-           f"step grew at most ×{max(grew[n] for n in won_past):.2f}" if won_past else "")
+    why = (f"the exchange was at least {min(share[n] for n in won_past):.0%} of the step time, "
+           f"so the step time grew at most ×{max(grew[n] for n in won_past):.2f}"
+           if won_past else "")
     if wins and not all(k == m for k, m in wins.values()):
         past = (f" Past the critical batch estimate ({b_crit}) it paid at "
                 f"{' and '.join(map(str, won_past))} nodes by the means but for only "
@@ -455,14 +479,16 @@ def explain_accumulation(a: dict, *, b_crit: int, per_seed: dict | None = None) 
     raised = [n for n, g in a["sps_gain"].items() if g > 1.01]
     wins = seed_wins(a, seeded(a, per_seed), per_seed)
     say(accumulation_sentence(a, b_crit=b_crit, per_seed=per_seed))
-    print(f"nodes   batch B → {acc}B    steps fell ×   step grew ×   exchange share"
+    print(f"nodes   batch B → {acc}B    steps-to-target fell ×   step time grew ×   exchange share"
           + ("   seeds shorter" if wins else "") + "   training (means)")
     for n in sorted(cut):
-        print(f"{n:>5}   {n * per_rank:>6} → {acc * n * per_rank:<6}   {cut[n]:>11.2f}   "
-              f"{grew[n]:>11.2f}   {share[n]:>14.0%}"
+        print(f"{n:>5}   {n * per_rank:>6} → {acc * n * per_rank:<6}   {cut[n]:>21.2f}   "
+              f"{grew[n]:>16.2f}   {share[n]:>14.0%}"
               + (f"   {f'{wins[n][0]} of {wins[n][1]}' if n in wins else '':>13}"
                  if wins else "")
               + f"   {verdict[n]}")
+    if 1 in cut:
+        print("1 node: no exchange to skip, shown for reference.")
     assert 1 in cut and 1 not in raised          # one rank: nothing to save
     # every exchange it skips raises samples/s
     assert sorted(raised) == sorted(n for n in cut if n > 1)
@@ -492,6 +518,9 @@ def appendix(crit: dict) -> None:
               + (f"some seed drew a sample twice at batch {', '.join(map(str, reused))}"
                  if reused else
                  "no seed drew a sample twice"))
+    print("The critical batch estimate, and why it is approximate:")
+    for b in estimate_points(crit):
+        print(f"   - {b}")
     for k in STYLES:
         print(f"   {k}: best N {best[k]['nodes']} by the mean ({best[k]['time_s']:.2f} s), each "
               f"seed's best N {span(seed_best[k])}, {t_of[k][1024]:.2f} s on 1024 nodes")
