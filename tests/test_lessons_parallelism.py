@@ -557,10 +557,14 @@ def _run(loss, sent=1000, curve=None):
 def test_error_feedback_steps_and_asserts(capsys):
     fast = np.r_[np.full(30, 2.0), np.full(100, 0.0)]
     slow = np.r_[np.full(100, 2.0), np.full(100, 0.0)]
-    ef_runs = {"none": _run(0.3), "topk:0.01": _run(0.35), "topk-noef:0.01": _run(0.6)}
+    falling = np.linspace(1.0, 0.0, 120)  # fp32's training loss over the budget
+    ef_runs = {"none": _run(0.3, curve=falling), "topk:0.01": _run(0.35),
+               "topk-noef:0.01": _run(0.6)}
     longer = {"topk:0.01": _run(0.3, curve=fast), "topk-noef:0.01": _run(0.5, curve=slow)}
     assert l11b.explain_error_feedback(ef_runs, longer, target=0.0, budget=120) == (40, 110)
-    assert "top-k with error feedback 40, without 110." in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "top-k with error feedback 40, without 110." in out
+    assert "fp32's training loss was still falling at the end of the budget" in out
     ef_runs["topk-noef:0.01"] = _run(0.4)  # no clear test-loss gap: error feedback not shown
     with pytest.raises(AssertionError, match="error feedback"):
         l11b.explain_error_feedback(ef_runs, longer, target=0.0, budget=120)

@@ -468,7 +468,7 @@ def explain_cost(cost: dict, *, problem) -> None:
              f"{cost['repeats']} runs): "
              + ", ".join(f"{NAME[m]} {med[m][0]:,.0f} -> {med[m][1]:,.0f}" for m in pair)
              + (f", as {' and '.join(cpu_why)}." if cpu_why else ".")]
-    wb1, in1 = cost["rate"]["writeback"][i1], cost["rate"]["inplace"][i1]
+    wb1, in1 = (np.asarray(cost["rate"][m][i1]) for m in ("writeback", "inplace"))
     slow = np.median(wb1) / np.median(in1)
     if slow > 1.2:  # one worker: nothing races; the two differ in how they write
         apart = "apart" if in1.max() < wb1.min() else "overlapping"
