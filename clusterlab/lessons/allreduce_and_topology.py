@@ -34,9 +34,10 @@ NCCL_AT_SCALE = """
 The step latencies in the fold are constants of NCCL's tuner (its cost model for picking an
 algorithm per call), not measurements: at least [[nccl.tuner_net_ring_step_latency_simple]]
 per network step, [[nccl.tuner_ring_inter_steps]], and at least
-[[nccl.tuner_nvlink_ring_step_latency_simple]] per NVLink step with Simple;
-[[nccl.tuner_net_ring_step_latency_ll128]] and [[nccl.tuner_nvlink_ring_step_latency_ll128]] with
-LL128, whose lines are [[nccl.proto_ll128_efficiency]] data. DDP's first bucket is smaller,
+[[nccl.tuner_nvlink_ring_step_latency_simple]] per NVLink step with Simple (the fold's
+LL128 variant: [[nccl.tuner_net_ring_step_latency_ll128]] and
+[[nccl.tuner_nvlink_ring_step_latency_ll128]], lines [[nccl.proto_ll128_efficiency]] data).
+DDP's first bucket is smaller,
 [[pytorch.ddp_first_bucket]], so its share is larger.
 
 **So NCCL adds a tree**, the [[nccl.double_binary_tree]] (since NCCL [[nccl.tree_since]],
@@ -173,9 +174,8 @@ def nccl_ring_numbers(nbytes: int, beta: float, *, gpus: int = 1024) -> tuple[fl
 
     lead = (f"Latency is a large share even of NCCL's ring on {gpus} GPUs: by NCCL's own cost "
             f"constants, at least {at_least(share)} of this {ex.human_bytes(nbytes)} all-reduce's "
-            "time over the link above is step latency with its Simple protocol, about "
-            f"{share128:.0%} with LL128 (protocols: how NCCL packs data on the wire, 02c). "
-            "Hence the tree below.")
+            "time over the link above is step latency (with Simple, its protocol for large "
+            "messages). Hence the tree below.")
     detail = (
         f"By NCCL's tuner constants, {gpus} GPUs in {nodes} nodes of {per_node}: of the ring's "
         f"2 x {gpus - 1} = {steps} steps,\n2 x {nodes - 1} = {inter} cross the network "
@@ -187,7 +187,9 @@ def nccl_ring_numbers(nbytes: int, beta: float, *, gpus: int = 1024) -> tuple[fl
         "so they take less and the latency share is larger): at least "
         f"{at_least(share)}\nof the ring's time is latency if NCCL runs Simple. With the "
         f"{dgx} Gb/s NIC per GPU of a DGX H100\nthe bytes take {ms(wire_dgx)} (headers left out) "
-        f"and the share is at least {at_least(lat / (lat + wire_dgx))}. If NCCL runs LL128\n"
+        f"and the share is at least {at_least(lat / (lat + wire_dgx))}.\n\n"
+        "Optional, after 02c defines NCCL's protocols (LL128 trades some bandwidth for lower "
+        "latency): if NCCL runs LL128\n"
         f"instead (at least {net128 * 1e6:g} us per network step, {nvlink128 * 1e6:g} us per "
         f"NVLink step; {eff:g}% of its bytes are data):\nat least {ms(lat128)} of latency, about "
         f"{share128:.0%} of the time at {8 / beta / 1e9:.0f} Gbit/s "
@@ -200,7 +202,7 @@ def nccl_ring_latency(nbytes: int, beta: float, *, gpus: int = 1024) -> float:
     the Simple share at `beta`."""
     share, lead, detail = nccl_ring_numbers(nbytes, beta, gpus=gpus)
     print(lead)
-    say("<details><summary>The arithmetic: network and NVLink steps, Simple and LL128"
+    say("<details><summary>The arithmetic (optional): network and NVLink steps"
         "</summary>\n\n" + detail + "\n</details>")
     return share
 
@@ -297,21 +299,27 @@ def check_detail(rows: Sequence[dict]) -> tuple[str, list[str]]:
             within += 1
     far = list(dict.fromkeys(ex.human_bytes(r["nbytes"]) for r in by_size
                              if beyond_stagger([r])))
-    lines = ["Best minus closed form per call, in ms (in parentheses: the staggered start, how "
-             "far apart the ranks entered that run): "
+    first = by_size[0]
+    x0, s0 = (first["measured"] - first["model"]) * 1e3, first.get("best_spread", 0.0) * 1e3
+    part = ("all of it can be that" if s0 >= x0 else f"{s0:.1f} of the {x0:.1f} ms is that")
+    lines = ["Why the best runs take longer than their formula: the ranks leave the barrier a "
+             "few ms apart (the staggered start), and a run is timed from the first rank's "
+             f"entry. At {ex.human_bytes(first['nbytes'])} the ranks entered {s0:.1f} ms apart "
+             f"and the extra was {x0:.1f} ms, so {part}.",
+             "Extra per call over the closed form (staggered start), in ms: "
              + ", ".join(f"{size} " + " / ".join(e) for size, e in extra.items()) + " ms."]
     if not rest:
-        lines.append("Every extra is within the staggered start after the barrier (a run is "
-                     "timed from the first rank's entry).")
+        lines.append("Every extra is within the staggered start after the barrier.")
     else:
-        lines.append(f"{within} of {len(rows)} extras within the staggered start after the "
-                     "barrier; beyond it, " + (ms(max(rest)) if ms(min(rest)) == ms(max(rest))
-                                               else f"{ms(min(rest))} to {ms(max(rest))}")
+        lines.append(f"{within} of {len(rows)} extras within the staggered start; the rest "
+                     "exceed it by " + (ms(max(rest)) if ms(min(rest)) == ms(max(rest))
+                                        else f"{ms(min(rest))} to {ms(max(rest))}")
                      + " per call, which no closed form counts: most likely this machine's "
                      "cost per message (not isolated by this run).")
     if far:
-        lines.append(f"At {', '.join(far)} that cost is over {BUSY_FACTOR - 1:.0%} of a closed "
-                     "form: busy there.")
+        lines.append(f"At {', '.join(far)} that left-over cost is over {BUSY_FACTOR - 1:.0%} "
+                     "of a closed form; we call the run *busy* there (this machine's own load "
+                     "can reorder close results).")
     return "\n".join(lines), far
 
 
@@ -409,6 +417,12 @@ def explain_crossover(near: Sequence[dict], *, x_over: float) -> None:
         assert r["measured"] >= 0.98 * r["model"]  # the emulated network never delivers early
 
 
+def _less_more(t: float, ref: float) -> str:
+    """'5.2% less time' or '3.0% more time': t against ref, to one decimal."""
+    d = 1 - t / ref
+    return f"{abs(d):.1%} {'less' if d >= 0 else 'more'} time"
+
+
 def explain_rabenseifner(rab: Sequence[dict], *, ring: Sequence[dict],
                          rd: Sequence[dict]) -> None:
     """Conclude whether Rabenseifner beat the ring at 4 KiB and recursive doubling at 4 MiB
@@ -422,8 +436,9 @@ def explain_rabenseifner(rab: Sequence[dict], *, ring: Sequence[dict],
         print(f"4 KiB: Rabenseifner {t_ring[SMALL] / t_rab[SMALL]:.1f}x faster than the ring "
               f"(closed forms {m_ring[SMALL] / m_rab[SMALL]:.1f}x: 4 rounds, not 6).")
         print(f"4 MiB: {t_rd[LARGE] / t_rab[LARGE]:.2f}x faster than recursive doubling (closed "
-              f"forms {m_rd[LARGE] / m_rab[LARGE]:.2f}x), within "
-              f"{abs(t_rab[LARGE] / t_ring[LARGE] - 1):.0%} of the ring.")
+              f"forms {m_rd[LARGE] / m_rab[LARGE]:.2f}x); against the ring it took "
+              f"{_less_more(t_rab[LARGE], t_ring[LARGE])} (closed forms "
+              f"{_less_more(m_rab[LARGE], m_ring[LARGE])}).")
 
 
 def explain_tree(tree: Sequence[dict], *, ring: Sequence[dict], rd: Sequence[dict]) -> None:
@@ -624,7 +639,8 @@ def print_numbers(flat: Sequence[dict], wide: Sequence[dict], *, lead: dict[int,
               f"{tm(them)} (best of {len(them['times'])})"
               + ("; busy: compare the closed forms" if ex.human_bytes(size) in busy_at else ""))
     print(f"- 8 ranks, 4 MiB: Rabenseifner {tm(rab8)}, recursive doubling {tm(rd8)}, "
-          f"ring {tm(ring8)}" + ("; busy: compare the closed forms" if busy[LARGE] else ""))
+          f"ring {tm(ring8)} (best of {len(rab8['times'])})"
+          + ("; busy: compare the closed forms" if busy[LARGE] else ""))
 
 
 # --- appendix: two emulator paths -----------------------------------------------------------

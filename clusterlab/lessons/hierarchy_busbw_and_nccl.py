@@ -167,8 +167,8 @@ def explain_hierarchy(hier: Sequence[dict], *, alpha: float, beta: float) -> Non
               "model and the replay leave out, varying by more than the replays differ, so "
               "the 4 KiB order\n(fold below) is not evidence either way.")
     else:
-        print("At 4 KiB the best runs' extra over their replays differed by less than the "
-              "replays do (fold below).")
+        print("At 4 KiB this run cannot separate the schemes by more than their replays do: "
+              "the differences are inside the noise (fold below).")
     say("<details><summary>The 4 KiB runs on 2 x 2</summary>\n\n"
         + (f"4 KiB, best of {len(small[0]['times'])}: leader-based {ms(small[0]['measured'])}, "
            f"rails {ms(small[1]['measured'])}, flat ring {ms(small[2]['measured'])}.\n"
@@ -243,7 +243,8 @@ def explain_layouts(*, four: Sequence[dict], one_node: Sequence[dict], hier: Seq
           f"({ms(rd22)} on 2 x 2, against {ms(rd41)} on 4 x 1"
           + (": no better, as predicted)." if rd22 >= 0.98 * rd41 else ").")
           + "\nWhy: its second round pushed 2 x 4 MiB through each NIC.")
-    print(f"Slow intra-node link: leader-based {slow['hierarchical'] / slow['ring']:.2f}x and "
+    print(f"Consistency check, slow intra-node link (the emulator against its own closed "
+          f"forms): leader-based {slow['hierarchical'] / slow['ring']:.2f}x and "
           f"rails {slow['hierarchical_rail'] / slow['ring']:.2f}x the flat ring's time\n(closed "
           f"forms {slow_model['hierarchical'] / slow_model['ring']:.2f}x and "
           f"{slow_model['hierarchical_rail'] / slow_model['ring']:.2f}x).")
@@ -287,12 +288,13 @@ def print_bandwidths(bw: Sequence[dict], *, link: float) -> None:
     """Print the bandwidth table of the best runs: ranks, algorithm, time, algbw, busbw and
     busbw as a share of the link (1/beta); then, for recursive doubling, what its link really
     carried (lg p whole tensors per rank, more than the factor's 2(p-1)/p n)."""
-    print(f"4 MiB, best runs; link 1/beta = {link / 1e6:.1f} MB/s")
-    print(f"{'ranks':>5}  {'algorithm':<20}{'time':>10}{'algbw MB/s':>12}{'busbw MB/s':>12}"
-          f"{'busbw/link':>12}")
+    print(f"4 MiB, best runs (of `runs`); link 1/beta = {link / 1e6:.1f} MB/s")
+    print(f"{'ranks':>5}  {'algorithm':<20}{'runs':>5}{'time':>10}{'algbw MB/s':>12}"
+          f"{'busbw MB/s':>12}{'busbw/link':>12}")
     for r in bw:
         print(f"{r['config'][0]:>5}  {ex.LABELS.get(r['algorithm'], r['algorithm']):<20}"
-              f"{ms(r['measured']):>10}{r['algbw'] / 1e6:>12.1f}{r['busbw'] / 1e6:>12.1f}"
+              f"{len(r['times']):>5}{ms(r['measured']):>10}{r['algbw'] / 1e6:>12.1f}"
+              f"{r['busbw'] / 1e6:>12.1f}"
               f"{r['busbw'] / link:>12.0%}")
     for r in bw:
         if r["algorithm"] == "recursive_doubling":
@@ -332,8 +334,9 @@ def explain_busbw(r4: dict, r8: dict, *, bw: Sequence[dict], link: float) -> Non
     slowed = beyond_closed_form([(r4["measured"], m4), (r8["measured"], m8)])
     conclude(r8["algbw"] < r4["algbw"], "algbw fell from 4 to 8 ranks", busy=slowed)
     conclude(abs(db - dbm) <= BUSBW_TOLERANCE,
-             f"busbw changed as its closed form says (within {BUSBW_TOLERANCE:.0%}): the longer "
-             "ring's latencies, nothing else", busy=slowed)
+             f"busbw fell as the emulator's closed form says, within {BUSBW_TOLERANCE:.0%} "
+             f"(best of {len(r4['times'])} and {len(r8['times'])}; a consistency check of the "
+             "emulator against its own formula)", busy=slowed)
     assert abs(dbm) < abs(dam)
     for r in bw:
         if r["algorithm"] in ("ring", "rabenseifner"):
@@ -386,15 +389,21 @@ def gpu_cluster_template(*, intra_over_nic: float) -> str:
     nic = facts.get("nvidia.connectx7_rate_bytes").value
     nics = facts.get("nvidia.dgx_h100_compute_nics").value
     hier, flat = striped_times(2, nics, nvlink / nic)
+    r = nvlink / nic  # the rails' two phases in units of n beta_NIC, to overlap them
+    overlapped = max(2 * (nics - 1) / nics / r, 2 * (2 - 1) / 2 / nics)
     assert hier > flat and nvlink / nic < 2 * nics  # NVLink is not over p = 2 P times the NIC
     return f"""
-- **A DGX H100 node**: NVLink is only about {nvlink / nic:.0f}x a NIC there, and NCCL
-  already spreads a flat ring over all the node's NICs, so a hierarchy whose phases run one
+- **A DGX H100 node**: here the hierarchy won because a node's processes shared one NIC and
+  the intra-node link was {intra_over_nic:.0f}x the NIC. On a DGX H100 each GPU has its own
+  NIC, NVLink is only about {nvlink / nic:.0f}x a NIC, and NCCL already spreads a flat ring
+  over all the node's NICs, so a hierarchy whose phases run one
   after another is *slower*: {hier / flat:.2f}x the flat ring's time by bytes on 2 nodes
-  (fold below). The node has [[nvidia.dgx_h100_compute_nics]] for the compute fabric, one per
-  GPU, each [[nvidia.connectx7_rate_bytes]]; a GPU's NVLink carries
-  [[nvidia.h100_nvlink_bw_per_direction]] each way. Here the
-  intra-node link was {intra_over_nic:.0f}x the NIC.
+  (fold below). With its phases overlapped, as a pipelined schedule such as NCCL's tree
+  overlaps its own (next bullet), it would take the longer phase alone,
+  {overlapped / flat:.2f}x the flat ring's time by bytes: faster. The node has
+  [[nvidia.dgx_h100_compute_nics]] for the compute fabric, one per GPU, each
+  [[nvidia.connectx7_rate_bytes]]; a GPU's NVLink carries
+  [[nvidia.h100_nvlink_bw_per_direction]] each way.
 - **busbw**: nccl-tests applies [[nccl.busbw_factor_every_algorithm]] (its n is the rank
   count, this notebook's p). The factor is a ring's traffic per link; NCCL's tree and
   in-network algorithms
@@ -419,7 +428,8 @@ node's P NICs, so each NIC carries only 2((p-1)/p) n / P. By bytes alone
 link over the NIC) and save only 2(P-1)/(pP) n per NIC, so they beat the flat ring only
 while r > p: on 2 such nodes
 (p = {2 * nics}) a hierarchy whose phases run one after another takes {hier / flat:.2f}x the
-flat ring's time, and gains only if it overlaps them.
+flat ring's time, and gains only if it overlaps them: max({2 * (nics - 1) / nics / r:.3f},
+{1 / nics:.3f}) = {overlapped:.3f} against the flat ring's {flat:.3f} n beta_NIC.
 </details>
 """
 

@@ -241,7 +241,8 @@ def nvls_template(p: int = 8) -> str:
 <details><summary>Why NVLS's busbw is not higher still: the bytes each way</summary>
 
 On {p} GPUs the ring moves 2(p-1)/p n = {ring:g} n over each GPU's NVLink each way, NVLS
-[[nccl.nvls_allreduce_traffic]] = {nvls:g} n. By bytes alone NVLS would report
+[[nccl.nvls_allreduce_traffic]] = {nvls:g} n: a reduce-scatter (send n, receive n/p) plus an
+all-gather (send n/p, receive n), so n + n/p each way. By bytes alone NVLS would report
 {ring / nvls:.2f}x the ring's busbw; the maintainer's figures give {reported:.2f}x. So NVLS
 likely runs below what the bytes alone predict: its NVLink efficiency may be lower, or the
 NVSwitch's own reduction and multicast throughput may bind; the figures do not tell which.
