@@ -172,6 +172,8 @@ def explain_goodput(job2, *, first: dict, ideal: float, schedule: list[int]) -> 
           f"{s2['goodput_steps_per_s'] * first['step_s']:.0%} useful work, of its training "
           f"time (from the first worker's first event), {ideal / s2['wall_s']:.0%} of "
           f"torchrun's whole run")
+    print("(training time leaves out torchrun's start-up and the workers' first import of "
+          "torch; the whole run includes them)")
     assert job2.returncode == 0 and not job2.leftover and s2["failures"] == len(schedule)
     assert restarts > 3 * interval_part, "restarts, not the interval, dominate this toy job"
 
@@ -266,11 +268,17 @@ def compare_estimate(rows: list[tuple[str, float, float]], *, predicted: float, 
     defines that time, steps and checkpoints its counts times their medians)."""
     assert abs(sum(r[1] for r in rows) - predicted) < 1e-6
     assert abs(other) < 0.1 * second["train_s"], "the measured parts account for the job's time"
+    from . import show
+
     lines = estimate_lines(rows, predicted=predicted, train_s=second["train_s"])
     lead = next(i for i, line in enumerate(lines) if line.startswith("the estimate missed"))
     print("In short: " + lines[lead].split("; the rows'")[0].split("; misses of")[0] + ".")
-    for line in lines:
+    for line in lines[:1] + [line for line in lines[1:]
+                             if line.split("*")[0].split()[:1] in (["steps"], ["restarts"],
+                                                                   ["total"])]:
         print(line)
+    show.fold("Every part of the estimate, and whether the parts' misses cancelled",
+              "\n".join(lines), pre=True)
 
 
 def restart_miss_lines(*, failure: dict, job2, predicted: float) -> list[str]:
@@ -515,6 +523,9 @@ What else differs:
 - **Young's regime fits cluster scale.** [[paper.young_1974]] assumes C ≪ τ ≪ M. Llama 3 405B
   on [[meta.llama3_gpus]] met [[meta.llama3_interruptions]] unexpected interruptions in
   [[meta.llama3_snapshot_days]], one every {days * 24 / count:.1f} hours.
+<details><summary>More: asynchronous checkpoints, recovery without storage, failures that do not
+crash</summary>
+
 - **Asynchronous checkpoints.** `torch.distributed.checkpoint.async_save` makes
   [[pytorch.dcp_async_save_staging]] and writes it from another thread; the training waits for
   that copy unless an `async_stager=DefaultStager(...)` built with
@@ -526,6 +537,7 @@ What else differs:
 - **Not every failure crashes.** Hardware can compute wrong results with no error report:
   [[paper.silent_data_corruption_2021]], found in Meta's CPU fleet. Nodes are screened before
   and between jobs: [[nvidia.dcgm_health]].
+</details>
 
 <details><summary>For experts: who notices a death, case by case; edge cases; RoCE retries;
 a dead node that hosted the store</summary>
