@@ -71,9 +71,9 @@ def grid(small_bw_hidden: float) -> dict:
     # stream busy 74.8 ms against the model's 60.4 ms: more than 1.2 times it
     (0.0518, "Its stream was busy 74.8 ms against the model's 60.4 ms of communication: 14.4 ms "
              "of it buckets in flight beyond the model (waiting for a peer or for this host; this "
-             "run cannot tell which), so its 51.8 ms \"hidden\" is not all communication. "),
+             "run cannot tell which), so its 51.8 ms \"hidden\" is not all communication.\n"),
     (0.0290, "Its stream was busy 52.0 ms against the model's 60.4 ms of communication; the run "
-             "hid 29.0 ms. "),
+             "hid 29.0 ms.\n"),
 ])
 def test_explain_buckets_puts_the_ideal_host_beside_the_run(verdicts, capsys, hidden, said):
     networks = {"latency-bound": "delay 2ms", "bandwidth-bound": "delay 200us rate 500mbit"}
@@ -81,7 +81,7 @@ def test_explain_buckets_puts_the_ideal_host_beside_the_run(verdicts, capsys, hi
     out = capsys.readouterr().out
     assert ("Host cost: on the bandwidth-bound network backward took 59.0 ms with overlap "
             "against 39.0 ms deferred (same buckets, none in flight during backward): buckets in "
-            "flight stretch this host's backward (as in the per-rank timeline). " + said
+            "flight stretch this host's backward (as in the per-rank timeline).\n" + said
             + "An ideal host (32.0 ms backward) hides 28.0 ms. Judge by the step.") in out
     # each verdict carries its numbers, once: no line repeats it
     claims = [claim for _, claim, _ in verdicts]

@@ -382,8 +382,9 @@ class DDPRun:
     def plot_timeline(self, ax=None, steps=(0, 1), title: str | None = None):
         """A Gantt chart: per rank, a compute lane (phases) and a communication lane: each
         bucket's all_reduce in flight (solid, one row) and, below it, how many buckets are
-        queued behind the one in flight (hatched; the stream is FIFO)."""
+        queued behind the one in flight (a step line, its peak written; the stream is FIFO)."""
         import matplotlib.pyplot as plt
+        from matplotlib.lines import Line2D
         from matplotlib.patches import Patch
 
         if ax is None:
@@ -406,7 +407,7 @@ class DDPRun:
                             color=PHASE_COLORS[name], edgecolor="none")
                 # The stream is FIFO: a bucket is on the wire only once the one before it is
                 # done; before that it is queued. In flight (solid, one row: FIFO transfers
-                # never overlap) and queued (hatched, below: how many buckets wait, whose
+                # never overlap) and queued (a step line below: how many buckets wait, whose
                 # intervals do overlap) are drawn apart, so queueing does not read as transfer.
                 prev_done, queued = None, []
                 for b in sorted(rec["buckets"], key=lambda b: b["issue"]):
@@ -422,9 +423,12 @@ class DDPRun:
                     depth = [sum(a <= e < z for a, z in queued) for e in edges]
                     top = max(depth)
                     xs = [self._s(e) * 1e3 for e in edges]
-                    ax.fill_between(xs, base + 0.05, [base + 0.05 + 0.3 * d / top for d in depth],
-                                    step="post", facecolor="none", edgecolor=PHASE_COLORS["comm"],
-                                    hatch="///", linewidth=0.4)
+                    # a step line (0 at the lane's foot, the peak at its top) with the peak
+                    # depth written to its left, so the count can be read off the chart
+                    ax.step(xs, [base + 0.05 + 0.3 * d / top for d in depth], where="post",
+                            color=PHASE_COLORS["comm"], linewidth=1.3)
+                    ax.text(xs[0] - 1, base + 0.2, f"max {top}", fontsize=7, va="center",
+                            ha="right", color="black")
             yticks += [base + 1, base + 0.45]
             ylabels += [f"rank {r['rank']} compute", f"rank {r['rank']} all_reduce"]
         ax.set_yticks(yticks, ylabels)
@@ -432,8 +436,8 @@ class DDPRun:
         names = PHASES + (("local",) if self.config.get("accumulate", 1) > 1 else ())
         handles = [Patch(color=PHASE_COLORS[k], label=k) for k in names]
         handles.append(Patch(color=PHASE_COLORS["comm"], label="bucket all_reduce in flight"))
-        handles.append(Patch(facecolor="none", edgecolor=PHASE_COLORS["comm"], hatch="///",
-                             label="buckets queued (height: how many)"))
+        handles.append(Line2D([], [], color=PHASE_COLORS["comm"], linewidth=1.3,
+                              label="buckets queued (line height; 'max k': its peak)"))
         ax.legend(handles=handles, ncols=len(handles), loc="upper center",
                   bbox_to_anchor=(0.5, -0.25),
                   frameon=False)

@@ -149,16 +149,20 @@ def explain_overlap(small, small_runs: list, checks: dict, *, baseline=None) -> 
     else:
         print(f"Backward took {ms(s['backward_s'])}, close to its nominal "
               f"{ms(nominal['backward'])}.")
-    print(f"{len(small_runs)} runs hid {', '.join(f'{h:.0%}' for h in per_run)}; their "
-          f"{len(per_step)} single steps {per_step.min():.0%}-{per_step.max():.0%}. Forward "
-          f"{ms(s['forward_s'])} (nominal {ms(nominal['forward'])}).{why}")
+    print(f"Repeats: {len(small_runs)} runs hid {', '.join(f'{h:.0%}' for h in per_run)}; "
+          f"their {len(per_step)} single steps {per_step.min():.0%}-{per_step.max():.0%}.")
+    # this host's costs, one per line, apart from the result
+    print(f"\nHost cost (this machine's, not a GPU's):\n- Forward {ms(s['forward_s'])} "
+          f"(nominal {ms(nominal['forward'])}).")
+    if why:
+        print(f"-{why}")
     # Checks of the timeline itself (not the lesson): the run is consistent.
     assert checks["phase_sum_error"] < 1e-6
     assert checks["latency_slack"] >= 0
     assert checks["fifo"]
-    print(f"Checks on {checks['collectives']} collectives passed: phases add up to the step "
-          f"(error {checks['phase_sum_error']:.0e} s), no all-reduce faster than 2(p-1) "
-          f"latencies, buckets completed in issue order.")
+    print(f"\nCheck of the set-up: {checks['collectives']} collectives passed: phases add up "
+          f"to the step (error {checks['phase_sum_error']:.0e} s), no all-reduce faster than "
+          f"2(p-1) latencies, buckets completed in issue order.")
     if checks["gap"] >= 0.1 * s["step_s"]:  # the timeline missed time between steps
         print(f"Note: up to {checks['gap'] * 1e3:.1f} ms passed between two steps on one rank, "
               f"outside every phase: this machine descheduled the rank (it is busy right now).")
@@ -253,7 +257,7 @@ def plot_buckets(grid: dict, networks: dict) -> None:
         exposed = [r["wait_s"] * 1e3 for r in rows.values()]
         ax.bar(names, exposed, color=ddp.PHASE_COLORS["wait"], label="exposed (accelerator waits)")
         ax.bar(names, hidden, bottom=exposed, color=ddp.PHASE_COLORS["comm"], alpha=0.6,
-               label="rest of the stream's busy time")
+               label="hidden (ran under backward)")
         ax.plot(names, [r["step_s"] * 1e3 for r in rows.values()], "k_", ms=28, mew=2.5,
                 label="step time (median)")
         ax.plot(names, [ddp.predicted_comm(4, r["run"].bucket_sizes, networks[label]) * 1e3
@@ -339,7 +343,8 @@ def explain_buckets(grid: dict, networks: dict, *,
               else "But the step ranges overlap, so these steps cannot say whether the step "
                    "gained.")
     print(f"\nDetails: medians and ranges of {n_steps} steps per variant; exposed = the "
-          f"accelerator's wait, hidden = the rest of the stream's busy time.")
+          f"accelerator's wait, hidden = communication that ran under backward (the rest of "
+          f"the stream's busy time).")
     if floor_s is not None:
         one = ddp.predicted_comm(4, lat[(25.0, "overlap")]["run"].bucket_sizes,
                                  networks["latency-bound"])
@@ -360,11 +365,11 @@ def explain_buckets(grid: dict, networks: dict, *,
           f"backward)" + (
               ": buckets in flight stretch this host's backward (as in the per-rank timeline)"
               if small_bw["backward_s"] > 1.1 * bwd else "")
-          + f". Its stream was busy {ms(busy)} against the model's {ms(model)} of communication"
+          + f".\nIts stream was busy {ms(busy)} against the model's {ms(model)} of communication"
           + (f": {ms(busy - model)} of it buckets in flight beyond the model (waiting for a peer "
              f"or for this host; this run cannot tell which), so its {ms(hidden)} \"hidden\" is "
              f"not all communication" if busy > 1.2 * model else f"; the run hid {ms(hidden)}")
-          + f". An ideal host ({ms(backward_s)} backward) hides {ms(ideal['hidden'])}. "
+          + f".\nAn ideal host ({ms(backward_s)} backward) hides {ms(ideal['hidden'])}. "
           f"Judge by the step.")
     print("\n".join(details))
     if not won:   # the weaker claim, said only where the stronger one was not shown
@@ -516,11 +521,14 @@ def real_cluster_notes() -> str:
 step latency NCCL's tuner models for its Simple protocol,
 [[nccl.tuner_net_ring_step_latency_simple]], n\\* = α/β is about {n_star_real / 1e3:.0f} kB; a
 ring's p·n\\* at 64 nodes, one GPU each, is about {64 * n_star_real / 1e6:.0f} MB, more than a
-25 MiB bucket. So on a fast fabric a bucket turns latency-bound as the cluster grows.
+25 MiB bucket. So a flat ring's bucket turns latency-bound as the cluster grows, one reason
+NCCL's tuner moves to its tree at scale (deep dive).
 
 <details><summary>Optional deep dive: NCCL's α, as its tuner models it</summary>
 
-The tuner's hardware latency (`hwLatencies`) per ring step across the network is
+Terms: **busbw** (bus bandwidth, notebook 02b) is a collective's bandwidth scaled to compare
+with a link's rate; a **graph** is the route (ring or tree) NCCL's topology search picked; LL,
+LL128 and Simple are its **protocols**, below. The tuner's hardware latency (`hwLatencies`) per ring step across the network is
 [[nccl.tuner_net_ring_step_latency_ll]] for LL (protocols, i.e. how a receiver learns that
 data has landed: LL pairs each data word with a flag, trading bandwidth for latency), the
 value above for Simple, on top of a base latency per call (`baseLatencies`) and each graph's
