@@ -395,9 +395,10 @@ REAL_CLUSTER = """
   trip after the loss: [[paper.mittal_irn_2018]]. A loss no NAK reports (a lost tail, last
   ACK, NAK or resend) waits the QP's ACK timeout, [[nccl.ib_timeout_formula]]: nominally
   [[nccl.ib_timeout_default_time]] at the default NCCL_IB_TIMEOUT = [[nccl.ib_timeout_default]].
-  ConnectX RoCE NICs can instead use [[nvidia.roce_selective_repeat]] on
-  [[nvidia.roce_adaptive_retransmission]]; with those enabled, the wait is no longer the
-  nominal timeout: the timer starts far shorter and grows, its maximum
+  ConnectX RoCE NICs expose a [[nvidia.roce_selective_repeat]] mode (a control in a NIC
+  register; how it behaves is not described there) and
+  [[nvidia.roce_adaptive_retransmission]]; with adaptive retransmission enabled, the wait is
+  no longer the nominal timeout: the timer starts far shorter and grows, its maximum
   [[nvidia.roce_adp_timeout_cap]]. Without RDMA, NCCL falls back to
   [[nccl.ib_disable_ip_sockets]], TCP as in Gloo, and the incast above applies. RDMA does
   not make incast drops irrelevant: on a lossy fabric (RoCE without PFC, below) they happen
