@@ -23,7 +23,8 @@ def explain_dilation(dil: dict, *, delay_us: float) -> None:
     """The doctor's verdict in a line: K = 1 (this machine emulates the delay faithfully) or
     K > 1 (every experiment runs K times slower, times divided by K; capped when even the
     largest K leaves this machine's noise visible), and a warning when the lateness this
-    machine adds (p99) is above 0.8 of the delay x K."""
+    machine adds (p99, with its sample count when `dil` has "samples") is above 0.8 of the
+    delay x K."""
     K = dil["k"]
     print(f"dilation K = 1: this machine passed the doctor's check for the {delay_us / 1e3:g} ms "
           "delay (appendix: Check your machine)"
@@ -32,7 +33,8 @@ def explain_dilation(dil: dict, *, delay_us: float) -> None:
           + (" (capped: expect this machine's noise to show)" if dil["capped"] else ""))
     edge = dil["tail_us"] / (delay_us * K)
     if edge > 0.8:
-        print(f"warning: this machine is busy; the lateness it adds to messages (p99) is "
+        n = f" over 2 x {dil['samples']} messages" if "samples" in dil else ""
+        print(f"warning: this machine is busy; the lateness it adds to messages (p99{n}) is "
               f"{edge:.0%} of the delay{' x K' if K > 1 else ''}, so single messages below may "
               "arrive late (appendix)")
 
@@ -118,18 +120,18 @@ def compute_median(run) -> float:
 def explain_impaired_step(plain, impaired, solo, *, replay, compute: float, model_ar: float,
                           spread: float, efficiency: float, dilation: int,
                           show_details: bool = False) -> None:
-    """The impaired step's teaching numbers: measured against compute + the α-β all-reduce,
-    the difference split into jitter (the median `replay` over the model) and this machine
-    (the rest), and the efficiency against one rank alone with its division (`efficiency` =
-    one rank's median step ÷ the impaired one). Concludes that the emulated network (its `replay`,
-    seconds) set most of the slowest rank's all-reduce phase, median against median (not
-    shown on a busy machine), with that phase's range over the steps. With `show_details`:
-    that phase against the replay, the rest being this machine; the gap to the prediction
-    split into compute and all-reduce; the range the network allows (every delay at an
-    extreme: a loose sanity bound) with how many all-reduce phases went above it; and which
-    single steps (slowest rank) exceed that ceiling and whether their all-reduce phase or
-    their compute did. Checks that the network slowed the step at
-    least by the model's all-reduce."""
+    """The impaired step's teaching numbers: measured against compute + the α-β
+    all-reduce and their difference, and the efficiency against one rank alone with its
+    division (`efficiency` = one rank's median step ÷ the impaired one). Concludes that the
+    emulated network (its `replay`, seconds) set most of the slowest rank's all-reduce phase,
+    median against median (not shown on a busy machine), with that phase's range over the
+    steps. With `show_details`: that phase against the replay, the rest being this machine;
+    the gap to the prediction split into this run's compute against the plain run's, jitter
+    (the median `replay` over the model) and the rest (called this machine only when it is
+    not negative); the range the network allows (every delay at an extreme: a loose sanity
+    bound) with how many all-reduce phases went above it; and which single steps (slowest
+    rank) exceed that ceiling and whether their all-reduce phase or their compute did.
+    Checks that the network slowed the step at least by the model's all-reduce."""
     K = dilation
     step = impaired["step_median"]
     own = compute_median(impaired)
@@ -138,10 +140,9 @@ def explain_impaired_step(plain, impaired, solo, *, replay, compute: float, mode
     print(f"impaired step: {step * 1e3:.1f} ms measured (median, {impaired['steps']} steps x 2 "
           f"ranks); {(compute + model_ar) * 1e3:.1f} ms predicted = compute {compute * 1e3:.1f} "
           f"(the plain run's median) + α-β all-reduce {model_ar * 1e3:.1f}")
-    gap, jitter = step - compute - model_ar, net_ar - model_ar
-    print(f"measured - predicted = {gap * 1e3:+.1f} ms: jitter {jitter * 1e3:+.1f} ms (the "
-          f"emulator's replay of the network over the α-β model), this machine "
-          f"{(gap - jitter) * 1e3:+.1f} ms (the rest; differences of medians)")
+    gap = step - compute - model_ar
+    print(f"measured - predicted = {gap * 1e3:+.1f} ms"
+          + ("" if show_details else " (how to split it: fold below)"))
     print(f"efficiency against one rank alone: {solo['step_median'] * 1e3:.1f} ms / "
           f"{step * 1e3:.1f} ms = {efficiency:.0%} (median steps"
           + (f"; times divided by K = {K}, so the compute is that of a CPU {K} times faster "
@@ -161,8 +162,8 @@ def explain_impaired_step(plain, impaired, solo, *, replay, compute: float, mode
               f"the emulator's replay of the network alone: {net_ar * 1e3:.1f} ms "
               f"({len(replay)} draws), so this machine added about {(ar - net_ar) * 1e3:+.1f} ms "
               "(a difference of medians)")
-        _impaired_step_details(impaired, compute=compute, model_ar=model_ar, spread=spread,
-                               own=own)
+        _impaired_step_details(impaired, replay=replay, compute=compute, model_ar=model_ar,
+                               spread=spread, own=own)
     assert np.isclose(efficiency, solo["step_median"] / step), \
         "efficiency is one rank's median step over the impaired one"
     assert step > plain["step_median"], "the impaired network must make the step slower"
@@ -172,17 +173,23 @@ def explain_impaired_step(plain, impaired, solo, *, replay, compute: float, mode
     assert impaired["median"]["all_reduce"] > plain["median"]["all_reduce"]
 
 
-def _impaired_step_details(impaired, *, compute: float, model_ar: float, spread: float,
-                           own: float) -> None:
+def _impaired_step_details(impaired, *, replay, compute: float, model_ar: float,
+                           spread: float, own: float) -> None:
     """`explain_impaired_step`'s details: the gap split, the range the network allows with
     the all-reduce phases above it, and the single steps above the ceiling with their cause."""
     step = impaired["step_median"]
     ceiling = compute + model_ar + spread
     ar_steps = impaired["phases"]["all_reduce"].max(axis=0)  # slowest rank, per step
-    print(f"details: the gap, {(step - compute - model_ar) * 1e3:+.1f} ms: this run's compute "
-          f"{(own - compute) * 1e3:+.1f} ms over the plain run's, its all-reduce phase "
-          f"{(impaired['median']['all_reduce'] - model_ar) * 1e3:+.1f} ms over the α-β model "
-          "(medians, so the parts need not add up exactly)")
+    gap, shift = step - compute - model_ar, own - compute
+    jitter = float(np.median(replay)) - model_ar
+    rest = gap - shift - jitter
+    print(f"details: the gap, {gap * 1e3:+.1f} ms = this run's compute {shift * 1e3:+.1f} ms "
+          f"against the plain run's (the prediction used the plain run's; shared cores) + "
+          f"jitter {jitter * 1e3:+.1f} ms (the emulator's replay of the network over the α-β "
+          f"model) + the rest {rest * 1e3:+.1f} ms"
+          + (" (this machine: waits for a core, ranks entering late)" if rest >= 0 else
+             " (negative, so not this machine's cost, which only adds: medians do not add up "
+             "exactly)"))
     print(f"details: the network allows {(compute + model_ar - spread) * 1e3:.1f}-"
           f"{ceiling * 1e3:.1f} ms (the plain run's compute, every delay at an extreme: a loose "
           f"sanity bound); all-reduce phases above its top, {(model_ar + spread) * 1e3:.1f} ms: "
@@ -229,49 +236,35 @@ def explain_runs(runs, *, show_details: bool, dilation: int) -> None:
 
 
 def real_cluster_text(*, alpha: float, rate_Bps: float, alpha_nccl: float, nic_Bps: float,
-                      first_bucket: float, alpha_ll128: float, alpha_ll: float) -> str:
-    """The "On a real GPU cluster" bullets as a `facts.show` template, with this notebook's
-    n* = α × bandwidth (`alpha` s, `rate_Bps`) set against NCCL's with its Simple protocol
-    (`alpha_nccl` s per network step, a ConnectX-7's `nic_Bps`), and the ring size from which
-    DDP's `first_bucket` (bytes), cut into p chunks in the α-β model, falls below it (one GPU
-    per node). Then the same with the low-latency protocols' network step (`alpha_ll128`,
-    `alpha_ll` s: with one GPU per node NCCL's tuner charges the tree's, tuning.cc), which
-    the tuner may pick instead: a smaller n*, so more nodes before the bucket is
-    latency-bound (α only; their lower bandwidth would lower n* further)."""
+                      first_bucket: float) -> str:
+    """The "On a real GPU cluster" bullets as a `facts.show` template: n* defined first, then
+    this notebook's n* = α × bandwidth (`alpha` s, `rate_Bps`) set against NCCL's with its
+    Simple protocol (`alpha_nccl` s per network step, a ConnectX-7's `nic_Bps`), and the ring
+    size from which DDP's `first_bucket` (bytes), cut into p chunks in the α-β model, falls
+    below it (one GPU per node). NCCL's low-latency protocols are notebook 01's."""
     n_star_here, n_star_nccl = alpha * rate_Bps, alpha_nccl * nic_Bps
-    n_star_128, n_star_ll = alpha_ll128 * nic_Bps, alpha_ll * nic_Bps
 
     def p_first(n_star: float) -> int:  # smallest ring whose chunks of the bucket are below n*
         return max(2, int(first_bucket // n_star) + 1)
     return f'''
 - **Bandwidth.** A DGX H100 node has [[nvidia.dgx_h100_compute_nics]] for the compute fabric, one
   per GPU, at [[nvidia.connectx7_rate]] each: the 1.6 MB gradient crosses one in tens of µs, not
-  this notebook's 12.8 ms. Inside the node GPUs use NVLink
+  this notebook's 12.8 ms. Inside the node GPUs use NVLink, NVIDIA's GPU-to-GPU link
   ([[nvidia.h100_nvlink_bw_per_direction]] per direction).
-- **Latency.** n* ≈ {n_star_here / 1e3:.0f} KB here and ≈ {n_star_nccl / 1e6:.1f} MB on a ConnectX-7
-  with NCCL, so DDP's small first bucket ([[pytorch.ddp_first_bucket]]) is latency-bound
-  from {p_first(n_star_nccl)} nodes (α-β model, one GPU per node). n* = α × bandwidth is the
-  message size whose latency and bandwidth terms are equal (notebook 01): here
-  {alpha * 1e3:g} ms × {rate_Bps / 1e6:g} MB/s = {n_star_here / 1e3:.0f} KB. With its Simple
-  protocol (a *protocol* is NCCL's way of moving data: Simple for bandwidth, LL and LL128 for
-  latency) NCCL's tuner, [[nccl.tuner_model]], models about
-  [[nccl.tuner_net_ring_step_latency_simple]] per ring step across the network; at
-  [[nvidia.connectx7_rate_bytes]] that is n* ≈ {n_star_nccl / 1e6:.1f} MB.
-- **Transport.** NCCL over InfiniBand or RoCE uses RDMA, remote direct memory access: the NIC runs
+- **Latency.** n* = α × bandwidth is the message size whose latency and bandwidth terms are
+  equal (notebook 01): here {alpha * 1e3:g} ms × {rate_Bps / 1e6:g} MB/s =
+  {n_star_here / 1e3:.0f} kB. On a ConnectX-7 NIC with NCCL it is ≈ {n_star_nccl / 1e6:.1f} MB:
+  NCCL's tuner, [[nccl.tuner_model]], charges about
+  [[nccl.tuner_net_ring_step_latency_simple]] per ring step across the network (its Simple
+  protocol; notebook 01 has the faster ones), at [[nvidia.connectx7_rate_bytes]]. So DDP's
+  small first bucket ([[pytorch.ddp_first_bucket]]), cut into p chunks, is latency-bound
+  from {p_first(n_star_nccl)} nodes (α-β model, one GPU per node).
+- **Transport.** NCCL over InfiniBand or RoCE (the two fabrics that carry RDMA between nodes)
+  uses RDMA, remote direct memory access: the NIC runs
   the transport ([[rdma.kernel_bypass]] for the transfer itself), without the system calls and
   socket copies of Gloo over TCP. The loopback all-reduce measured here also carries this
   machine's scheduling on shared cores, which no transport removes. DDP also reduces buckets
   during the backward pass and divides before the sum (notebook 03).
-
-<details><summary>NCCL's low-latency protocols: a smaller n*</summary>
-
-The tuner picks the protocol per call. LL128 and LL charge less per network step (with one
-GPU per node [[nccl.tuner_net_tree_step_latency_ll128]] for LL128,
-[[nccl.tuner_net_tree_step_latency_ll]] for LL): n* ≈ {n_star_128 / 1e6:.2f} and
-{n_star_ll / 1e6:.2f} MB, so with them the bucket is latency-bound only from
-{p_first(n_star_128)} and {p_first(n_star_ll)} nodes, counting their α alone (their lower
-bandwidth moves this further out; notebooks 02b, 03).
-</details>
 '''
 
 
@@ -361,9 +354,10 @@ def explain_doctor(info: dict, dil: dict, *, delay_us: float, dilation: int,
               "at the edge of the doctor's criterion, so a busier moment during a run could push "
               "single messages past it")
     if jitter_us is not None and tail_us / K > jitter_us:
-        print(f"the late tail in reported time, {tail_us / K / 1e3:.2f} ms, is above the "
+        print(f"the late tail in reported time, {tail_us / K / 1e3:.2f} ms (p99 over 2 x "
+              f"{dil['samples']} messages, ÷ K), is above the "
               f"±{jitter_us / 1e3:g} ms jitter: K makes the delay faithful, not a single "
               "message's jitter that small; the all-reduces above end at the emulator's replay "
-              "unless Gloo finishes later (the printed 'this machine')")
+              "unless Gloo finishes later (fold under the first measurement)")
     assert K >= 1 and (dil["capped"]
                        or delay_us * K >= max(doctor.FLOOR_MARGIN * floor_us, tail_us) - 1e-6)
