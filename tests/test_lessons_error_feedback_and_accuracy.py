@@ -88,8 +88,8 @@ def test_verdicts_say_they_cover_test_set_sampling_only_and_count_the_comparison
 
 def test_tree_vs_ring_works_out_nccls_depth_estimate():
     assert l11b.tree_vs_ring(1024, 8) == ("1024 GPUs at 8 per node: 7 + log₂ 128 = 14, "
-                                          "against 1023 for the ring")
-    assert l11b.tree_vs_ring(96, 8).endswith("7 + log₂ 12 = 10, against 95 for the ring")
+                                          "against up to 1023 on the ring")
+    assert l11b.tree_vs_ring(96, 8).endswith("7 + log₂ 12 = 10, against up to 95 on the ring")
 
 
 def test_ring_errors_say_what_fp16_keeps(capsys):

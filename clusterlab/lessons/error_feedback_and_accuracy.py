@@ -72,9 +72,18 @@ def explain_error_feedback(ef_runs: dict, longer: dict, *, target: float,
                     for m in ("topk:0.01", "topk-noef:0.01"))
     if (noef["test_loss"] > ef["test_loss"] + 0.1 and ef["sent_bytes"] == noef["sent_bytes"]
             and n_ef and n_noef and n_noef > 1.5 * n_ef):  # the asserts below
-        print(f"In short: for the same bytes, top-k with error feedback reached fp32's loss in "
-              f"{n_ef} steps (without it: {n_noef}) and ended the budget with a clearly lower "
-              "test loss.")
+        print(f"In short: for the same bytes, top-k with error feedback reached fp32's training "
+              f"loss in {n_ef} steps (without it: {n_noef}) and ended the budget with a clearly "
+              "lower test loss.")
+    if n_noef:
+        print(f"So without error feedback top-k did not stall here: it reached fp32's training "
+              f"loss {n_noef / n_ef:.1f}x later ({n_noef} against {n_ef} steps, within "
+              f"{4 * budget})" if n_ef else f"Without error feedback top-k reached fp32's "
+              f"training loss in {n_noef} steps")
+        print("(whether it would level off higher on a much longer run was not run).")
+    else:
+        print(f"Without error feedback top-k did not reach fp32's training loss within "
+              f"{4 * budget} steps.")
     print(f"After {budget} steps, test loss: fp32 DDP {ef_runs['none']['test_loss']:.3f}, top-k "
           f"1% with error feedback {ef['test_loss']:.3f}, without {noef['test_loss']:.3f} (both "
           f"send {ef['sent_bytes'] / 1e3:.1f} kB/step).")
@@ -269,6 +278,13 @@ def ring_sum_error(p: int, dtype, n: int = 2048, seed: int = 0, common: float = 
     return float((acc.double() - exact).norm() / exact.norm())
 
 
+def pct2(x: float) -> str:
+    """A fraction as a percentage to two significant figures: 0.00249 -> '0.25%',
+    0.02 -> '2.0%', 0.337 -> '34%' (the table prints the same values as 2.5e-03 and 3.4e-01)."""
+    v = 100 * x
+    return f"{v:.{max(0, 1 - math.floor(math.log10(v))) if v > 0 else 1}f}%"
+
+
 def explain_ring_errors(errors: dict, ps: list[int]) -> float:
     """The relative error of each dtype's ring sum at each ring size, bf16's after the
     longest ring against one hop and fp32's, and bf16's with correlated ranks at each ring
@@ -280,20 +296,20 @@ def explain_ring_errors(errors: dict, ps: list[int]) -> float:
     bf = errors[torch.bfloat16]
     assert bf[-1] > 10 * bf[0] and bf[-1] > 1000 * errors[torch.float32][-1]
     corr = {p: ring_sum_error(p, torch.bfloat16, common=1.0) for p in ps}
-    print(f"In short: bf16's error grew with the ring, from {bf[0]:.1%} of the sum after one hop "
-          f"to {bf[-1]:.1%} after {ps[-1] - 1}; with a gradient part shared by all ranks, "
-          f"{corr[ps[-1]]:.0%} (synthetic gradients, one draw).")
+    print(f"In short: bf16's error grew with the ring, from {pct2(bf[0])} of the sum after one hop "
+          f"to {pct2(bf[-1])} after {ps[-1] - 1}; with a gradient part shared by all ranks, "
+          f"{pct2(corr[ps[-1]])} (synthetic gradients, one draw).")
     print("Relative error of the ring sum, per dtype and ring size p:")
     for dt, errs in errors.items():
         print(f"{str(dt):15s}" + "".join(f"  p={p}: {e:.1e}" for p, e in zip(ps, errs)))
     print(f"bf16 (eps {torch.finfo(torch.bfloat16).eps:.1e}), synthetic Gaussian gradients, one "
-          f"draw: an error of {bf[-1]:.1%} of the sum's norm")
-    print(f"after {ps[-1] - 1} hops of a flat ring, against {bf[0]:.1%} after one (the cast of "
+          f"draw: an error of {pct2(bf[-1])} of the sum's norm")
+    print(f"after {ps[-1] - 1} hops of a flat ring, against {pct2(bf[0])} after one (the cast of "
           f"each rank's values to bf16 and one rounded addition: the error is measured against "
           f"the exact sum of the unrounded values); fp32 after {ps[-1] - 1} hops: "
           f"{errors[torch.float32][-1]:.0e}.")
     print("Correlated ranks (a shared gradient as large as each rank's noise), bf16, the same "
-          "synthetic draw:" + "".join(f"  p={p}: {e:.1%}" for p, e in corr.items()))
+          "synthetic draw:" + "".join(f"  p={p}: {pct2(e)}" for p, e in corr.items()))
     inv = 1 / torch.finfo(torch.bfloat16).eps
     with contextlib.redirect_stdout(io.StringIO()) as why:
         spacing_argument(inv)
@@ -328,7 +344,7 @@ def tree_vs_ring(ranks: int, per_node: int) -> str:
     against the ranks - 1 roundings of a flat ring."""
     nodes = ranks // per_node
     return (f"{ranks} GPUs at {per_node} per node: {per_node - 1} + log₂ {nodes} = "
-            f"{per_node - 1 + int(math.log2(nodes))}, against {ranks - 1} for the ring")
+            f"{per_node - 1 + int(math.log2(nodes))}, against up to {ranks - 1} on the ring")
 
 
 def real_cluster_text(ps: list[int], *, budget: int, powersgd_start: int) -> str:
@@ -339,10 +355,11 @@ def real_cluster_text(ps: list[int], *, budget: int, powersgd_start: int) -> str
     import torch
 
     return f"""
-- **What NCCL runs.** NCCL's bf16 sums are [[nccl.half_sum_rounds_each_add]]: at {ps[-1]} ranks its
+- **What NCCL runs.** The longer the chain of 16-bit additions, the larger the error: NCCL's
+  ring rounds most, its tree less, NVLS least. In detail: NCCL's bf16 sums are [[nccl.half_sum_rounds_each_add]]: at {ps[-1]} ranks its
   ring is the flat ring above, its algorithm that rounds most. Its tree (a chain in each node, a
-  binary tree across nodes) rounds a value at least [[nccl.tree_depth_estimate]] times (NCCL's
-  depth estimate; {tree_vs_ring(ps[-1], 8)}), and up to about twice that, as a tree
+  binary tree across nodes) rounds the deepest rank's value at least
+  [[nccl.tree_depth_estimate]] times (NCCL's depth estimate, the longest path; {tree_vs_ring(ps[-1], 8)}), and up to about twice that, as a tree
   node adds its children's data to its own one at a time, rounding after each
   ([`reduceCopyPacks`](https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/device/common_kernel.h)).
   NVLS (NVLink SHARP: the NVSwitch itself adds the GPUs' values) sums them
