@@ -46,6 +46,9 @@ def print_topics(bank, *, so_far) -> None:
         print(f"{bank.title(topic, 'en'):45s} {row[0]:6d} {row[1]:7d} {row[2]:4d}  "
               f"{', '.join(notebooks)}{review_mark(topic, notebooks, so_far)}")
     print(f"{'total':45s} {len(bank.questions):>20d}")
+    if so_far is not None:  # what the widgets start with
+        start = sum(1 for q in bank.questions if q.topic in set(so_far))
+        print(f"{'of them in the topics of SO_FAR (the start)':45s} {start:>20d}")
 
 
 def fold_markdown(summary: str, text: str) -> str:
