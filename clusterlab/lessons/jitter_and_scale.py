@@ -41,11 +41,10 @@ def message_mean(nic: str, nbytes: int) -> tuple[int, float]:
     return k, (spec.delay_ns + spec.jitter_ns * models.expected_max(k, spec.distribution)) / 1e9
 
 
-def print_delays(nics) -> None:
+def print_delays(nics, *, messages: bool = True) -> None:
     """Print, for each of `nics`, one segment's exact delay statistics from the link model's
-    table, then (folded, as Markdown: it uses E[max], taught a section later) the mean delay of
-    one message on the jittery one (the second) for the ring's chunks at 2, 4, 8 and from 16
-    nodes on, and for a tree's whole 1 MiB message."""
+    table, then, unless `messages` is False (`print_message_means` alone, where E[max] has been
+    taught), the per-message means of `print_message_means`."""
     for nic in nics:
         d = jitter_at_scale.delay_stats(nic)   # exact, from the link model's table (one draw)
         clipped = table_clipped(d)
@@ -53,6 +52,14 @@ def print_delays(nics) -> None:
               f"median {d['p50_s'] * 1e3:.2f} ms, "
               f"mean {d['mean_s'] * 1e3:.2f} ms, p99 {d['p99_s'] * 1e3:.1f} ms"
               + (", pinned at the table's clipped maximum" if clipped else ""))
+    if messages:
+        print_message_means(nics)
+
+
+def print_message_means(nics) -> None:
+    """Say (folded, as Markdown) the mean delay of one message on the jittery network of
+    `nics` (the second) for the ring's chunks at 2, 4, 8 and from 16 nodes on, and for a tree's
+    whole 1 MiB message: each segment is its own draw, and a message arrives with its last."""
     spec = Netem.parse(nics[1])
     rows = []
     for label, upto, nbytes in ([(f"ring chunk at {n} nodes", "", (1 << 20) // n)
@@ -65,10 +72,10 @@ def print_delays(nics) -> None:
                     + ("  = the mean per segment" if k == 1 else
                        f"  = {spec.delay_ns / 1e6:g} + {spec.jitter_ns / 1e6:g} × "
                        f"{models.expected_max(k, spec.distribution):.2f}"))
-    say(f"<details><summary>One message's mean delay on '{nics[1]}' (read after *Order "
-        f"statistics of jitter*)</summary>\n\nEach segment is its own draw and the message "
-        f"arrives with its last, so the more segments, the later on average: delay + J × E[max "
-        f"of its k draws], in ms.\n\n```\n" + "\n".join(rows) + "\n```\n</details>")
+    say(f"<details><summary>One message's mean delay on '{nics[1]}'</summary>\n\nEach "
+        f"segment is its own draw and the message arrives with its last, so the more segments, "
+        f"the later on average: delay + J × E[max of its k draws], in ms.\n\n```\n"
+        + "\n".join(rows) + "\n```\n</details>")
 
 
 def plot_collapse(collapse: dict, same_mean: list, mean_nic: str) -> None:
@@ -357,7 +364,7 @@ def explain_gap(growth: list, *, jitter_s: float) -> None:
         f"| {sms(r['predicted_s'] - r['arrival_extra_s'])} "
         f"| {sms(r['calm_lateness_s'])} | {sms(r['calm_after_s'] - r['jittery_after_s'])} |\n"
         for n, r in g.items())
-    say("<details><summary>How the gap to the prediction splits</summary>\n\n"
+    say("<details><summary>Optional: why measured and predicted differ by a few ms</summary>\n\n"
         "A scheduled step is (last arrival − start) + (all-reduce after the last arrival), so "
         "prediction − measured splits exactly into: sampling (E[max] against this run's actual "
         "last arrivals, which also hold its ranks' lateness in waking, the check below), the "
@@ -367,14 +374,15 @@ def explain_gap(growth: list, *, jitter_s: float) -> None:
         "| ranks | gap | sampling (+ waking) | host delay without jitter "
         "| all-reduce after, calm − jittery |\n"
         "|---|---|---|---|---|\n" + rows + "\n"
-        f"**Check of the draws**, taken before any communication: the last rank reached the "
-        f"all-reduce {ms(g[2]['arrival_extra_s'])} and {ms(g[8]['arrival_extra_s'])} late per "
-        f"step on 2 and 8 ranks, and this run's drawn maxima were {ms(g[2]['drawn_max_s'])} and "
-        f"{ms(g[8]['drawn_max_s'])}: "
+        f"**Check of the set-up (the draws)**, taken before any communication: the last rank "
+        f"reached the all-reduce {ms(g[2]['arrival_extra_s'])} and "
+        f"{ms(g[8]['arrival_extra_s'])} late per step on 2 and 8 ranks, and this run's drawn "
+        f"maxima were {ms(g[2]['drawn_max_s'])} and {ms(g[8]['drawn_max_s'])}: "
         + ("the sleeps matched the drawn values." if draws_ok else
            "some sleeps woke late, so on this run the set-up itself added time.")
         + " This checks the set-up, not the synchronous step.\n</details>")
-    conclude(draws_ok, "the seeded sleeps reproduced the drawn maxima (a check of the draws)")
+    conclude(draws_ok, "the seeded sleeps reproduced the drawn maxima (a check of the set-up, "
+             "not a second result)")
 
 
 # --- Tail at scale ----------------------------------------------------------------------------
@@ -462,10 +470,11 @@ def explain_tail(tail: list, *, native: dict, ring_s: float) -> None:
            + and_list(f"{t[n]['drawn_share']:.0%}" for n in off)
            + ", and a step counts as slow by its duration, so a host spike also counts."
            if off else "Within two s.d. of the curve at every N.")
-        + f" Rank r draws the same hiccups in the 2-, 4- and 8-rank runs (one seed per rank), so "
-        f"the hiccups of the 2-rank run recur on 4 and 8 ranks: the rise with N is built into "
-        f"these runs, and the three points are not independent tests (each alone is a fair test "
-        f"of its own 1 − (1 − p)^N).\n\n"
+        + f" The same ranks hiccup in all three runs, so read each point against its own curve, "
+        f"not the trend across N. Rank r draws the same hiccups in the 2-, 4- and 8-rank runs "
+        f"(one seed per rank), so the hiccups of the 2-rank run recur on 4 and 8 ranks: the rise "
+        f"with N is built into these runs, and the three points are not independent tests (each "
+        f"alone is a fair test of its own 1 − (1 − p)^N).\n\n"
         f"<details><summary>What a step without a hiccup is made of</summary>\n\n"
         f"Steps without a hiccup on 8 ranks ({len(calm8)} of {t8['steps']}) took a median of "
         f"{ms(np.median(calm8))}, a mean of "
@@ -511,7 +520,8 @@ def real_cluster_notes() -> str:
   ring, which spans every GPU, is charged network latency on only
   [[nccl.tuner_ring_inter_steps]]: a DGX or HGX H100 node holds [[nvidia.hgx_h100_gpus]] on
   NVLink.
-- **Real tails are rare and correlated, not independent per segment and per rank as here.**
+- **Real tails are often rare, long and correlated, not independent per segment and per rank
+  as here.**
   1 − (1 − p)^N assumes independent ranks: a cause shared by many ranks at once hits fewer
   steps at the same rate, while events staggered across ranks (each rank's garbage
   collection on a different step) hit more, up to min(1, N·p). Real events also last long:
