@@ -59,8 +59,37 @@ def explain_sweep(st, methods) -> bool:
     shown = conclude(all(st.verdict(m, slow) == "faster" for m in methods[1:]), claim,
                      busy="; ".join(inside_band(st, m, [slow]) for m in unclear) or None)
     n = st.rows[0].get("steps_measured") if getattr(st, "rows", None) else None
+    best = {q: min(methods, key=lambda m: st.step(m, q)) for q in (slow, fast)}
+    groups = {v: [m for m in methods[1:] if st.verdict(m, fast) == v]
+              for v in ("faster", "slower", "cannot tell")}
+    print(f"The smallest step at {slow} Mbit/s: {best[slow]}; at {fast} Mbit/s: {best[fast]}. "
+          f"At {fast} Mbit/s against fp32: "
+          + "; ".join(f"{v} {', '.join(ms_)}" for v, ms_ in groups.items() if ms_) + ".")
     print(f"Step = the fastest of {n} steps, each the slowest rank's." if n else
           "Step = the fastest step, the slowest rank's.")
+    print(f"{'method':>11} | {f'step at {slow}':>11}  fp32 ÷ method | {f'step at {fast}':>12}"
+          "  verdict")
+    for m in methods:
+        base = m == "none"
+        print(f"{m:>11} | {ms(st.step(m, slow)):>11}  "
+              f"{'-' if base else num_x(st.step('none', slow) / st.step(m, slow)):>13} | "
+              f"{ms(st.step(m, fast)):>12}  {'' if base else st.verdict(m, fast)}".rstrip())
+    with contextlib.redirect_stdout(io.StringIO()) as full:
+        print_sweep_table(st, methods)
+    show.fold("The same with each method's noise band, the range it allows, and the gain",
+              full.getvalue(), pre=True)
+    return shown
+
+
+def num_x(x: float) -> str:
+    """A ratio as '3.4x' (under 10) or '12x'."""
+    return f"{x:.1f}x" if x < 10 else f"{x:.0f}x"
+
+
+def print_sweep_table(st, methods) -> None:
+    """`explain_sweep`'s full table: per method its noise band; on the slowest link its step
+    and fp32's over it with the band's range; on the fastest its step, gain and verdict."""
+    slow, fast = st.slow, st.fast
     print(f"{'':20}| {f'at {slow} Mbit/s':27}| at {fast} Mbit/s")
     print(f"{'method':>11}{'band':>8} | {'step':>6}  {'fp32 ÷ method':18} | {'step':>6}"
           f"{'gain':>10}  verdict")
@@ -71,7 +100,6 @@ def explain_sweep(st, methods) -> bool:
               + ("" if base else f"{st.gain(m, fast) * 1e3:+7.1f} ms  {st.verdict(m, fast)}"))
     print("(band = this run's noise band, above; gain = fp32 step − method step; verdict only "
           "if |gain| > band)")
-    return shown
 
 
 def calls_text(method: str, calls) -> str:
@@ -115,8 +143,8 @@ def explain_breakeven(st, methods, *, ranks: int = 4, delay_s: float = 2e-3) -> 
             else "; ".join(e for h, e in evidence if not h))
     shown = conclude(holds, f"{' and '.join(methods)} paid at the low rates and lost at the high "
                      "ones up to the fastest, each crossing where predicted (a consistency "
-                     "check: t_extra is fitted on this same sweep)", busy=busy)
-    print_gains(st, methods)
+                     "check, not an independent test: t_extra is fitted on this same sweep)",
+                     busy=busy)
     parts = []
     for m in methods:
         lo, mid, hi = predicted[m]
@@ -142,6 +170,10 @@ def explain_breakeven(st, methods, *, ranks: int = 4, delay_s: float = 2e-3) -> 
     print(f"(median over {len(st.rates)} rates, noise band {ms(band)}): "
           + ("here, the rounds decide." if extra + band < rounds
              else "this run cannot tell which of the two decides."))
+    with contextlib.redirect_stdout(io.StringIO()) as gains:
+        print_gains(st, methods)
+    show.fold("Per rate: the time each saved against fp32, and its verdict", gains.getvalue(),
+              pre=True)
     return shown
 
 
@@ -280,6 +312,7 @@ def show_breakeven_at_scale(scan: dict, *, n_params: int) -> None:
     cap_mib = facts.get("pytorch.ddp_bucket_cap_mb").value
     bucket, bucket_log = at_bucket(ring, sizes, cap_mib), at_bucket(tree, sizes, cap_mib)
     twice, twice_log = at_bucket(ring, sizes, 2 * cap_mib), at_bucket(tree, sizes, 2 * cap_mib)
+    tree_depth = f"7 + log₂ 8 = {8 - 1 + int(math.log2(64 // 8))}"  # 64 ranks, 8 per node
     lead = ("PowerSGD rank 1 loses to fp32 on one fast NIC whichever way the all-reduce's "
             "message delays are counted" if twice_log < nic_gbit else
             "PowerSGD rank 1 still beats fp32 on one fast NIC whichever way the all-reduce's "
@@ -298,25 +331,29 @@ def show_breakeven_at_scale(scan: dict, *, n_params: int) -> None:
 **In short:** for one full DDP bucket on 64 ranks, {lead}. (Estimates from the formula, not
 runs.)
 
-A *ring* all-reduce waits 2(p-1) message delays in sequence, a *tree* about 2 lg p; the *cap*
-is DDP's default bucket size, [[pytorch.ddp_bucket_cap_mb]]. At an assumed 10 us per message,
-with free compute, a bucket at the cap breaks even near {sig2(bucket)} Gbit/s (ring) to
-{sig2(bucket_log)} Gbit/s (tree), against one [[nvidia.connectx7_rate]] NIC: {side}.
+A *ring* all-reduce waits 2(p-1) message delays in sequence, an idealised *tree* about
+2 lg p (lg = log₂); the *cap* is DDP's default bucket size, [[pytorch.ddp_bucket_cap_mb]]. At an
+assumed 10 us per message, with free compute, a bucket at the cap breaks even near
+{sig2(bucket)} Gbit/s (ring) to {sig2(bucket_log)} Gbit/s (tree), against one
+[[nvidia.connectx7_rate]] NIC: {side}.
 
-These are estimates, not runs. The model prices only rounds and bytes: leaving out compute
-and overlap makes its break-even rates too high, and the latency it charges per round moves
-them either way. Agarwal et al. compared gradient compression with optimised data-parallel
-training on GPU clusters and found that, because of the compute compression adds,
-[[paper.agarwal_compression_utility_2022]]. How much of the exchange the backward already
-hides matters too (*On a real GPU cluster*).
+<details><summary>How the estimate is built: what it leaves out, latency model, model size,
+buckets</summary>
 
-<details><summary>How the estimate is built: latency model, model size, buckets</summary>
-
+- **What it leaves out.** The model prices only rounds and bytes: leaving out compute and
+  overlap makes its break-even rates too high, and the latency it charges per round moves
+  them either way. Agarwal et al. compared gradient compression with optimised data-parallel
+  training on GPU clusters and found that, because of the compute compression adds,
+  [[paper.agarwal_compression_utility_2022]]. How much of the exchange the backward already
+  hides matters too (*On a real GPU cluster*).
 - **Latency model.** A flat ring charges 2(p-1) delays per all-reduce, one per ring step, each
-  as if it crossed a NIC (in a real node most steps cross NVLink): too much. An idealised
-  tree's 2 lg p (NCCL has had all-reduce trees since [[nccl.tree_since]]) makes the extra
-  rounds {bucket_log / bucket:.1f}x cheaper at p = 64, which raises each break-even
-  {bucket_log / bucket:.1f}x; the estimates give both.
+  as if it crossed a NIC (in a real node most steps cross NVLink): too much. The idealised
+  tree's 2 lg p is a lower bound, not NCCL's structure. NCCL has had all-reduce trees since
+  [[nccl.tree_since]]: a chain inside each node plus a binary tree across nodes,
+  [[nccl.tree_depth_estimate]] deep ({tree_depth} at p = 64 with 8 per node), but the hops
+  inside a node are cheap NVLink ones, so its latency sits nearer the idealised count. That
+  count makes the extra rounds {bucket_log / bucket:.1f}x cheaper at p = 64, which raises
+  each break-even {bucket_log / bucket:.1f}x; the estimates give both.
 - **Model size.** On 64 ranks, this {model_kb:.0f} kB model's PowerSGD rank 1 pays below about
   {sig2(ring[0])} Gbit/s (ring) to {sig2(tree[0])} Gbit/s (tree). The break-even grows in
   proportion to the bytes in one exchange ({sig2(ratio)}x higher for
@@ -354,6 +391,10 @@ def least_compression_rate(rank: int = 4) -> float:
                (s for s in compression.parameter_shapes() if len(s) == 2))
 
 
+DDP_SOURCE_2_13 = ("https://github.com/pytorch/pytorch/blob/v2.13.0/torch/nn/parallel/"
+                   "distributed.py")
+
+
 def real_cluster_text() -> str:
     """The "On a real GPU cluster" box for compression: exposed communication, DDP's buckets,
     PowerSGD's settings (with this model's least compression rate at rank 4), FSDP, FP8 and
@@ -364,9 +405,12 @@ def real_cluster_text() -> str:
   all-reduces each bucket while the backward pass still runs: a compressor saves only what
   the backward does not hide (here all of it: one bucket), and its own GPU work can compete
   with the backward's kernels.
-- **DDP's buckets are small by default.** The one reduced first (the last layers' gradients)
-  is capped at [[pytorch.ddp_first_bucket]], the others at [[pytorch.ddp_bucket_cap_mb]], each
-  holding whole gradients (box above). DDP accepts torch's bf16 hook only with
+- **DDP's buckets are small by default.** From the bucket rebuild after the first step on, the
+  one reduced first (the last layers' gradients) is capped at [[pytorch.ddp_first_bucket]], the
+  others at [[pytorch.ddp_bucket_cap_mb]], each holding whole gradients (box above). The first
+  step puts every gradient in one bucket (with the default `find_unused_parameters=False`:
+  [torch 2.13's `_BucketCapacityConfig.compute_bucket_size_limits`]({DDP_SOURCE_2_13})).
+  DDP accepts torch's bf16 hook only with
   [[pytorch.ddp_bf16_hook_check]] (XPU: Intel GPUs; XCCL: their collectives library), checked
   when the hook is registered.
 - **PowerSGD starts late by default.** torch's hook starts after
@@ -381,8 +425,9 @@ def real_cluster_text() -> str:
   all-gather; its reduce dtype is in [11b](11b_error_feedback_and_accuracy.ipynb). The older
   FSDP1 has [[pytorch.fsdp1_comm_hook]].
 - **FP8 on the wire where bytes dominate.** DeepEP, DeepSeek's all-to-all library for
-  mixture-of-experts layers, sends [[deepep.fp8_dispatch]] ("dispatch" sends tokens to their
-  experts, "combine" brings the results back).
+  mixture-of-experts layers, supports FP8; in the DeepSeek-V3 pretraining setting its README
+  benchmarks, it sends [[deepep.fp8_dispatch]] ("dispatch" sends tokens to their experts,
+  "combine" brings the results back).
 - **Slow links: exchange less often, not fewer bits.** DiLoCo lets each worker train on its
   own for hundreds of steps, then averages the change and applies it with an outer
   optimizer: [[diloco.paper]].
