@@ -18,8 +18,6 @@ def fix_table(fix: dict, *, steps: int) -> None:
     print(f"{'':14s} {'gradient error':>15s} {f'parameters after {steps} steps':>27s}")
     for m in gradient_scaling.METHODS:
         print(f"{m:14s} {fix['rel_error'][m]:15.1e} {fix['param_error'][m][-1]:27.1e}")
-    print("(gradient error: relative to the full-batch gradient; parameters: max distance from "
-          "full-batch descent)")
 
 
 def distance_to_own_minimiser(params: dict, minimisers: dict) -> float:
@@ -43,16 +41,15 @@ def explain_fix(fix: dict, opt_pt: dict, *, steps: int, mom: float) -> None:
     fix_table(fix, steps=steps)
     own = distance_to_own_minimiser(fix["params"], opt_pt)  # asserted below, not printed
     floor, excess = opt_pt["min_loss"], opt_pt["excess_loss"]
+    n = sum(fix["batch_sizes"])
     print(f"The mean of means converges, but to another point: after {steps} steps it sits at "
           f"its own minimiser, {shift:.4f} from the full-batch one ({shift / opt_pt['scale']:.1%} "
           f"of the largest parameter). There the full-data loss is {floor * (1 + excess):.4f} "
-          f"instead of the optimum's {floor:.4f} (+{excess:.0%}); {floor:.4f} is the floor set "
-          "by the label noise.")
-    print("The fix costs one all-reduce of a single number per step.")
-    print("The shift is zero with equal counts, or when the full-batch optimum also minimises "
-          "every shard's own loss. Here one linear model made every shard's data, so only "
-          f"sampling noise in {min(fix['batch_sizes'])} to {max(fix['batch_sizes'])} samples "
-          "moves it; shards from different sources can move it more.")
+          f"instead of the optimum's {floor:.4f} (+{excess:.0%}), the lowest this model reaches "
+          f"on these {n} samples.")
+    print("The fix costs one all-reduce of a single number per step. The shift is zero with "
+          "equal counts; here only sampling noise moves it, shards from different sources can "
+          "move it more.")
     assert 0.1 < mom < 1 and 0.1 < fix["rel_error"]["mean_of_means"] < 1  # "tens of percent"
     assert fix["rel_error"]["global_count"] < 1e-6 and fix["rel_error"]["weighted"] < 1e-6
     assert fix["param_error"]["global_count"][-1] < 1e-10
