@@ -46,6 +46,13 @@ def test_real_scale_names_amd_hosts_and_ddp_buckets(shown):
     assert "stays flat as ranks are added" not in text
     assert "per node, rings forced (Ring only, set with NCCL_ALGO" in text
     assert "NCCL allows PAT (Parallel Aggregated Trees) in this layout" in text
+    # r18: all-gathers and reduce-scatters do have a log-depth algorithm (PAT, NCCL >= 2.23),
+    # on by default only with one GPU per node (tuning.cc, ncclPatEnable)
+    assert "reduce-scatters have none" not in text
+    assert "have PAT's log-depth schedule only with one GPU per node" in text
+    assert "cheaper (at line rate)" in text
+    algos = " ".join(l10.algorithms_and_overlap_text().split())
+    assert "PAT's log-depth schedule for them is on by default only with one GPU per node" in algos
 
 
 def test_amd_crossing_follows_from_the_ledger():
@@ -144,7 +151,7 @@ def test_layout_names_hsdp_once(shown):
     assert "| per rank and step | hybrid | plain FSDP over all 128 GPUs |" in text
     assert "| bytes through its NIC | 3.3 GB | 5.2 GB, only 1.6× more |" in text
     assert "| bytes over NVLink | 36.8 GB | 36.5 GB |" in text
-    assert "| latency rounds | 16 ms | 57 ms |" in text
+    assert "| latency (tuner model, per step) | 16 ms | 57 ms |" in text
     # r16: both savings in ms at one NIC's 50 GB/s: 39 ms of bytes, 41 ms of latency
     assert ("saves 39 ms of NIC time and 41 ms of latency per step: a gain about as large as "
             "the bytes'") in text

@@ -80,13 +80,15 @@ def explain_traffic(traffic: dict, names: dict, *, psi: float = 7e9, units: int 
         f"Each rank sent **{t['ddp']['sent'][0]} B** under DDP, in one all-reduce (one "
         f"bucket)\\*, and the same under ZeRO-1 and ZeRO-2, in {t['zero1']['ops']} collectives "
         f"(a reduce-scatter and an all-gather per tensor, as this hand-written version issues "
-        f"them). FSDP2 sent "
+        f"them; real ZeRO-1/2 groups gradients into large buckets and issues far fewer calls: "
+        f"details below). FSDP2 sent "
         f"**{t['zero3']['sent'][0]} B** in {t['zero3']['ops']} collectives, **{ratio:.2f}× DDP's "
         f"volume**; without resharding after the forward, {t['fsdp_no_reshard']['sent'][0]} B in "
         f"{t['fsdp_no_reshard']['ops']}.\n\n<details><summary>\\* Why step 3</summary>\n\nStep 2 "
         f"also carries DDP's one-time bucket rebuild ([[pytorch.ddp_rebuild_buckets]]), so the "
         f"count is taken at step 3.\n</details>\n\n<details><summary>"
-        f"Details: DeepSpeed's calls</summary>\n\nThe bullets above, and this hand-written "
+        f"For experts (safe to skip): how DeepSpeed's calls differ</summary>\n\n"
+        f"The bullets above, and this hand-written "
         f"version, follow the ZeRO paper. DeepSpeed's ZeRO-1/2 group gradients into buckets "
         f"of `reduce_bucket_size` elements and by default issue "
         f"[[deepspeed.zero12_bucket_allreduce]]. Per step, with the all-gather of the updated "
@@ -237,7 +239,8 @@ def explain_step_times(sweep: list[dict]) -> bool:
             # the same count over the other delays: an extra wait in every step shows there too
             mid = {r["nic"]: (r[f"{k}_s"] - lo[f"{k}_s"]) / (delay[r["nic"]] - delay[lo["nic"]])
                    for r in mids}
-            say(f"{name[k]} grew about {abs(rounds[k] - counted[k]):.1f} round "
+            fold(f"How sure is this? {name[k]}'s growth beyond its counted rounds",
+                 (f"{name[k]} grew about {abs(rounds[k] - counted[k]):.1f} round "
                 f"{'more' if rounds[k] > counted[k] else 'less'} than its {counted[k]}, though "
                 "the backend counts no other collective in its step (the first experiment)"
                 + "".join(f"; from `{lo['nic']}` to `{nic}` it grew {x:.1f} rounds of "
@@ -245,7 +248,7 @@ def explain_step_times(sweep: list[dict]) -> bool:
                 + (", so the excess is no wait that every step pays"
                    if mid and all(abs(x - counted[k]) < 0.5 for x in mid.values()) else "")
                 + ". Not explained by this run: each NIC is one run, and a growth subtracts one "
-                "run's fastest step from another's.")
+                "run's fastest step from another's.").replace("`", ""))
     report_misses(sweep, lo, kinds, name)  # prose only: points far off their prediction
     return shown
 
@@ -355,10 +358,11 @@ def show_at_real_scale(psi: float, *, units: int) -> dict:
     facts.show(f"""
 **At real scale.** With enough ranks, FSDP's latency (a fixed delay for every ring step of
 every collective) outgrows the time its bytes take. Nodes with several NICs reach that point
-sooner: their {node_nics} NICs make the bytes {node_nics}× cheaper, but the average ring step only
-{step_gain:.1f}× cheaper. In NCCL's cost model the crossing comes at about {cross['one']} ranks
-with one GPU per node and at about {cross['node']} with nodes of {node} GPUs (marked in the
-figure).
+sooner: their {node_nics} NICs make the bytes {node_nics}× cheaper (at line rate), but the
+average ring step only {step_gain:.1f}× cheaper. In NCCL's cost model the crossing comes at
+about {cross['one']} ranks with one GPU per node and at about {cross['node']} with nodes of
+{node} GPUs (marked in the figure). In the figure, solid lines are the time lost to per-step
+latency, dashed lines the time for the bytes; where they cross, latency dominates.
 
 This is a model, not a measurement: latency from NCCL's tuner (the cost model NCCL picks
 algorithms with), bandwidth at the NICs' line rate, every collective a ring, nothing
@@ -370,7 +374,7 @@ Past the crossing, fewer, larger units help, at the cost of a larger gathered wo
 (printed after the memory table above); whether the *step* waits depends on the compute that
 prefetching hides the rounds behind (next section).
 
-<details><summary>The derivation, and the two layouts in detail</summary>
+<details><summary>For experts, safe to skip: The derivation and the two layouts</summary>
 
 - **One GPU (one NIC) per node, rings forced (Ring only, set with [[nccl.algo_env]]):**
   the crossing comes at about **{cross['one']} ranks**. Unforced, NCCL allows PAT (Parallel
@@ -424,8 +428,9 @@ ranks.
 DDP pays rounds too: in buckets of [[pytorch.ddp_bucket_cap_mb]] (its default) this model's
 bf16 gradients fill about {buckets}, whose all-reduces take 2 · {buckets} · (N−1) ring steps,
 {2 * buckets / (3 * units):.0f}× FSDP's 3 · {units} · (N−1), if all are rings. Its escape is
-the tree NCCL may give all-reduces (*On a real GPU cluster*); all-gathers and reduce-scatters
-have none.
+the tree NCCL may give all-reduces (*On a real GPU cluster*). All-gathers and reduce-scatters
+have PAT's log-depth schedule only with one GPU per node (above); on multi-GPU nodes they run
+as rings unless NVLink SHARP or InfiniBand SHARP serves them (NVLS, CollNetDirect).
 </details>
 """)
     return cross
@@ -519,7 +524,8 @@ def show_microbatches_and_layout(psi: float, *, nodes: int, units: int = 32) -> 
     # a tree all-reduce across the nodes: 2 log2(nodes) network steps instead of 2 (nodes - 1)
     assert 2 * math.log2(nodes) < 2 * (nodes - 1)
     facts.show(f"""
-**Micro-batches and layout**
+**Micro-batches.** Accumulating gradients over k micro-batches sends k× FSDP's bytes, unless
+the sync is skipped.
 
 - **Gradient accumulation multiplies FSDP's traffic.** By default FSDP reduce-scatters every
   micro-batch's gradients and gathers the parameters again for each: k micro-batches per step
@@ -530,7 +536,8 @@ def show_microbatches_and_layout(psi: float, *, nodes: int, units: int = 32) -> 
   per direction (the often quoted [[nvidia.h100_nvlink_bw|value]] GB/s counts both), through
   its NIC at [[nvidia.connectx7_rate_bytes]]: {nvlink_vs_nic:.0f}× less.
 
-**Hybrid sharding: shard inside a node, replicate across nodes.** Parameters are gathered and
+**Hybrid sharding: shard inside a node, replicate across nodes.** It cuts what crosses the NICs:
+fewer bytes and far fewer network latency steps. Parameters are gathered and
 gradients reduce-scattered inside the node, over NVLink; across nodes each rank only
 all-reduces its 1/{node} shard of the gradients. FSDP2 takes a mesh of nodes × GPUs for it:
 [[pytorch.fsdp2_hsdp]]. For the {psi / 1e9:.0f}B-parameter model in bf16 on {nodes} nodes, by
@@ -540,7 +547,7 @@ the ring model and the tuner's constants of *At real scale*:
 |---|---|---|
 | bytes over NVLink | {hsdp_nvlink / 1e9:.1f} GB | {fsdp_nvlink / 1e9:.1f} GB |
 | bytes through its NIC | {hsdp_nic / 1e9:.1f} GB | {fsdp_nic / 1e9:.1f} GB, only {more} |
-| latency rounds | {hsdp_lat * 1e3:.0f} ms | {fsdp_lat * 1e3:.0f} ms |
+| latency (tuner model, per step) | {hsdp_lat * 1e3:.0f} ms | {fsdp_lat * 1e3:.0f} ms |
 
 At [[nvidia.connectx7_rate_bytes]] per NIC, hybrid sharding saves {bytes_saved_s * 1e3:.0f} ms
 of NIC time and {lat_saved_s * 1e3:.0f} ms of latency per step: a gain {as_large} the
@@ -580,8 +587,10 @@ def algorithms_and_overlap_text() -> str:
   **Tree** ([[nccl.double_binary_tree]]) pays about log2(nodes) network steps each way instead
   of a round per rank, and serves all-reduce only ([[nccl.tree_allreduce_only]]). So DDP's
   many buckets can pay [[nccl.tuner_tree_log_latency]], not a round per rank, when NCCL's
-  tuner picks Tree; FSDP's all-gathers and reduce-scatters across multi-GPU nodes run as
-  rings, whose latency grows with N as charged here.
+  tuner picks Tree. FSDP's all-gathers and reduce-scatters across multi-GPU nodes run as
+  rings, whose latency grows with N as charged here, unless the nodes have NVLink SHARP or
+  InfiniBand SHARP (NVLS, CollNetDirect); PAT's log-depth schedule for them is on by default
+  only with one GPU per node ([[nccl.pat_one_gpu_per_node]]).
 - **Prefetch.** On GPUs FSDP2 overlaps the next all-gather with the current compute by
   default, through [[pytorch.fsdp2_implicit_prefetch]]. The all-gather runs on a stream of its
   own and overlaps only [[pytorch.fsdp_prefetch_cpu_ahead]]: a CPU-bound step loses the
