@@ -205,6 +205,12 @@ def explain_pipeline(pipe: list[dict], *, calm: str, rough: str,
     print(f"On the rough network the step grew by {ms(g['gpipe'])} (GPipe) and "
           f"{ms(g['1f1b'])} (1F1B), medians of {kept} steps"
           + (": 1F1B paid more." if shown else "."))
+    names = {"gpipe": "GPipe", "1f1b": "1F1B"}
+    for s, v in grown.items():  # a median the link model cannot reach: say so here, not only below
+        if g[s] > v["replay"].max():
+            print(f"  {names[s]}'s median is above its replay's range ({ms(v['replay'].min())} to "
+                  f"{ms(v['replay'].max())}, {len(v['replay'])} jitter draws): the link model does "
+                  f"not explain the excess (this machine's load, most likely; appendix).")
     # The replay splits its growth: the delay alone, the jitter and this run's compute drift.
     split = replay_split(pipe, calm, rough)
     print(f"By the replay (the same link model, the same operation times on both networks), "
@@ -213,9 +219,14 @@ def explain_pipeline(pipe: list[dict], *, calm: str, rough: str,
           f"drift add: appendix.")
     hop = hop_growth_s(calm, rough)  # what one hop's delay grew by
     if hop > 0:
-        print(f"In hops of {ms(hop)} (the delay's growth): GPipe about "
-              f"{split['gpipe']['delay'] / hop:.0f}, 1F1B about {split['1f1b']['delay'] / hop:.0f}"
-              f", fill and drain included.")
+        p = len(runs[(calm, "gpipe")]["p2p_sent"])  # stages
+        m = runs[(calm, "gpipe")]["p2p_sent"][0] // pp_act  # micro-batches
+        print(f"In hops of {ms(hop)} (the delay's growth), side by side: predicted GPipe "
+              f"{2 * (p - 1)}, 1F1B {2 * (p - 1) * m // p} plus part of the fill and drain; the "
+              f"replay's delay alone: GPipe about {split['gpipe']['delay'] / hop:.0f}, 1F1B about "
+              f"{split['1f1b']['delay'] / hop:.0f}, fill and drain included; measured (delay, "
+              f"jitter and this machine's load): about {g['gpipe'] / hop:.0f} and "
+              f"{g['1f1b'] / hop:.0f}.")
 
     def where(s, v):  # the measured median against the replay's range (pipeline_growth)
         lo, hi = v["replay"].min(), v["replay"].max()
@@ -356,28 +367,32 @@ def real_cluster_text(*, one_nv: float, hot_share: float, capacity_factor: float
     dropped = par.moe_traffic(tokens_per_rank=96, hidden=256, ranks=4, hot_share=hot_share,
                               capacity_factor=cf)["dropped"]
     return f"""
-* **TP.** Megatron-LM issues [[megatron.tp_allreduces_per_layer]] per layer and micro-batch.
-  With sequence parallelism [[megatron.sequence_parallel]]. Part of this traffic can be
-  hidden behind compute. Megatron-Core: [[megatron.tp_comm_overlap]]. PyTorch:
-  [[pytorch.async_tp]].
-  An H100 SXM sends
+* **TP.** Megatron-LM issues [[megatron.tp_allreduces_per_layer]] per layer and micro-batch,
+  part of it hidden behind compute (fold below). An H100 SXM sends
   [[nvidia.h100_nvlink_bw_per_direction]] over NVLink, [[nvidia.connectx7_rate_bytes]] through
   its NIC, and computes at most [[nvidia.h100_bf16_dense_tflops]] in dense BF16.
 * **PP.** Megatron's bubble is [[megatron.bubble_definition]] of the ideal compute;
   interleaving v model chunks per rank reaches [[megatron.interleaved_bubble]], at v times the
-  messages. Megatron-Core sends [[megatron.pp_scatter_gather]], and overlaps those transfers
-  [[megatron.pp_p2p_overlap]].
+  messages.
 * **MoE.** GShard and the Switch Transformer set [[gshard.capacity_factor]]; at a capacity
   factor of {cf} the hot
   expert above would drop {dropped:.0%} of all tokens. DeepSeek-V3 routes each token to
   [[deepseek_v3.routed_experts_per_token]] (plus one shared expert that needs no dispatch)
   on at most [[deepseek_v3.node_limited_routing]]: a
-  token crosses InfiniBand once per node and NVLink forwards it inside. DeepEP sends
-  [[deepep.fp8_dispatch]], with one fp32 scale per [[deepep.fp8_scale_block]] (hidden
-  [[deepseek_v3.hidden]]).
+  token crosses InfiniBand once per node and NVLink forwards it inside.
+
+<details><summary>More: overlap in Megatron and PyTorch, DeepEP, further reading</summary>
+
+* **TP.** With sequence parallelism [[megatron.sequence_parallel]]. Megatron-Core:
+  [[megatron.tp_comm_overlap]]. PyTorch: [[pytorch.async_tp]].
+* **PP.** Megatron-Core sends [[megatron.pp_scatter_gather]], and overlaps those transfers
+  [[megatron.pp_p2p_overlap]].
+* **MoE.** DeepEP sends [[deepep.fp8_dispatch]], with one fp32 scale per
+  [[deepep.fp8_scale_block]] (hidden [[deepseek_v3.hidden]]).
 * **Further reading.** Context parallelism for long sequences: ring attention
   ([[cp.ring_attention]]) or Ulysses ([[cp.ulysses]]). DeepSeek-V3's pipeline schedule:
   [[deepseek_v3.dualpipe]].
+</details>
 
 <details><summary>NCCL inside the node, and small messages</summary>
 
