@@ -324,6 +324,16 @@ def explain_nccl_trees(*, far: float, setups: Sequence[tuple[int, int]] = NCCL_T
           f"or run.")
     print("  B = the buffer; each tree carries B/2 up and B/2 down each of its edges; one NIC per "
           "node;\n  a leaf's flows spread evenly over its uplinks; the busiest link sets the time")
+    print(f"  Reading the {n_w}-node case: each NIC carries at most {worst['nic']:.1f} B each way; "
+          f"the busiest leaf sends {worst['uplinks']:.1f} B up\n  through uplinks worth "
+          f"{worst['capacity']:g} NIC rate(s), so they need {worst['uplinks']:.1f} / "
+          f"{worst['capacity']:g} / {worst['nic']:.1f} = {worst['slowdown']:.2f} times the "
+          f"NICs' time.")
+    crossing = ["tree " + str(i + 1) + ": " + ", ".join(f"{p}-{c}" for p, c in tree
+                                                          if p // per_w != c // per_w)
+                for i, tree in enumerate(edges)]
+    print(f"  The {total - inside} edges that cross leaves at {n_w} nodes (parent-child; leaf = "
+          f"node // {per_w}):\n    " + "; ".join(crossing))
     print(f"  nodes  per leaf | busiest NIC | busiest leaf's uplinks, each way | {o} costs")
     for nodes, per_leaf in setups:
         t = rows[nodes, per_leaf]
@@ -331,11 +341,6 @@ def explain_nccl_trees(*, far: float, setups: Sequence[tuple[int, int]] = NCCL_T
         print(f"  {nodes:>5}  {per_leaf:>8} | {t['nic']:>9.1f} B | {t['uplinks']:>5.1f} B over "
               f"{rates:<19} | {t['slowdown']:.2f}x")
     print(f"  {o} costs = (uplink bytes / uplink NIC rates) / busiest NIC's bytes, at least 1")
-    print(f"  Reading the {n_w}-node row: each NIC carries at most {worst['nic']:.1f} B each way; "
-          f"the busiest leaf sends {worst['uplinks']:.1f} B up\n  through uplinks worth "
-          f"{worst['capacity']:g} NIC rate(s), so they need {worst['uplinks']:.1f} / "
-          f"{worst['capacity']:g} / {worst['nic']:.1f} = {worst['slowdown']:.2f} times the "
-          f"NICs' time.")
     print(f"This course's farthest-first tree, 8 nodes in leaves of 4: {far:.2f}x (closed form, "
           f"real frames).")
 
@@ -652,3 +657,35 @@ def explain_rail_details(rl: Sequence[dict], rail_rep: Sequence[tuple[float, flo
              if alike else
              f"here {big} gains far more, so that cost alone does not explain it, and this "
              f"run cannot tell what does (not measured)."))
+
+
+# The `facts.show` template of the first "On real fabrics" box: where the rank order comes
+# from, NCCL's double binary tree, and systems that bound traffic without locality.
+RANK_ORDER = """
+**On real fabrics.** The rank order you launch with decides whether NCCL's ring crosses the
+spine once per leaf or many times: sort your hosts by leaf. NCCL keeps its
+[[nccl.ring_node_order]] and sees no leaves or spines. Where the order comes from:
+
+- **torchrun:** [[pytorch.torchrun_node_order]]. Under c10d, name hosts so that they sort by
+  leaf, and pad the numbers: sorted as strings, `node10` comes before `node2` (write `node02`).
+- **Slurm's srun or mpirun:** the node list's order. srun [[slurm.srun_block_distribution]];
+  mpirun follows its hostfile.
+
+<details><summary>Placement by the scheduler</summary>
+
+Slurm's topology/tree ([[slurm.topology_tree]]) best-fits a job onto few leaves
+(`--switches` caps their number); rank order still follows the launcher's. Some schedulers
+also place ranks themselves (Meta's, below).
+</details>
+
+NCCL's tree is a [[nccl.double_binary_tree]] (two binary trees over the same nodes, each
+carrying half the data) over the nodes in rank order, sent
+[[nccl.tree_chunk_pipeline]]. Unlike the farthest-first tree, its lowest edges join
+neighbouring nodes and the levels above ever farther ones (as MPICH's binomial reduce pairs
+[[mpich.binomial_reduce_order]]). Below, what 4:1 costs it, counted on its edges.
+
+Where traffic lacks locality, systems bound it or give it a non-blocking fabric: DeepSeek-V3
+limits its all-to-all by sending each token to experts on at most [[deepseek_v3.node_limited_routing]], and Meta's RoCE
+training fabric is [[meta.roce_ai_zone]]; the same paper's scheduler places a job's ranks by
+a minimum cut across zones, to keep cross-zone traffic low.
+"""  # noqa: E501 (prose shown verbatim)
