@@ -231,9 +231,9 @@ def levers_sentence(mit: dict, gains: dict, factor: dict) -> str:
                         + ("" if gains[k]["resolved"] else f" ({verdict(gains[k])})")
                         for k in order[1:])
             + (", each *resolved*. " if not marked else "; the unmarked ones *resolved*. ")
-            + "*Resolved* means faster in at least 90 % of (new step, old step) comparisons; "
-            "the configurations ran one after another, so a drift in the machine's load could "
-            "still fool it (appendix). "
+            + "*Resolved* means: pick one step from each configuration, and the new one is "
+            "faster in at least 90 % of such pairs; the configurations ran one after another, "
+            "so a drift in the machine's load could still fool it (appendix). "
             + "**Simulated at 1024 ranks:** "
             + ", ".join(f"{k} ×{factor[k]:.1f}" for k in order[1:])
             + " (for fewer syncs, samples per second at a ×" + f"{k_acc} global batch, not time "
@@ -244,7 +244,8 @@ def levers_sentence(mit: dict, gains: dict, factor: dict) -> str:
             "exchange takes seconds, which overlap cannot hide behind this toy MLP's tens of "
             "milliseconds of backward. On a real fabric (µs hops) it would take milliseconds, "
             "so there the ranking also depends on the backward's length, and on the bytes: "
-            "once the exchange is bandwidth-bound, bigger buckets gain nothing.")
+            "once the exchange is bandwidth-bound, bigger buckets gain little and give up "
+            "overlap (notebook 03 measures that trade on a bandwidth-bound network).")
 
 
 def explain_levers(mit: dict, gains: dict, factor: dict) -> None:
@@ -305,7 +306,11 @@ def plot_hierarchy(mit: dict) -> None:
     axes[1].set_yscale("log")
     axes[1].set_xlabel("ranks, 8 per node")
     axes[1].set_ylabel("scaling efficiency, %")
-    axes[1].set_title("simulated", fontsize=9)
+    ranks = max(r["nodes"] for r in sim["hierarchical"])
+    _, flat_net, _ = net_hops(ranks // 8, 8)
+    axes[1].set_title(f"simulated, 8 ranks per node: only {flat_net} of {2 * (ranks - 1)} hops "
+                      f"cross the network\n(not comparable with the levers' figure, where all "
+                      f"do)", fontsize=9)
     axes[1].legend(fontsize=7)
     fig.tight_layout()
     plt.show()
@@ -339,11 +344,16 @@ def hierarchy_sentence(mit: dict, one: dict, factor: dict, *, fast_in: str) -> s
     est = latency_ratio_gain(mit, fast_in=fast_in)
     t_in = jitter_at_scale.delay_stats(slow_in)["configured_s"]
     t_net = jitter_at_scale.delay_stats(mit["config"]["nic"])["configured_s"]
+    nccl_ratio = (facts.get("nccl.tuner_net_ring_step_latency_simple").value
+                  / facts.get("nccl.tuner_nvlink_ring_step_latency_simple").value)
     return (
         f"**Simulated at {ranks} ranks the hierarchy gains ×{factor['hierarchical']:.2f}"
         + (", little" if factor["hierarchical"] < 1.5 else "")
         + f": what it saves is the flat ring's hops inside the nodes, {ms(t_in, digits=2)} "
-        f"each against {ms(t_net)} per network hop. The ratio of those latencies decides.**"
+        f"each against {ms(t_net)} per network hop. The ratio of those latencies decides.** "
+        f"Here a hop inside a node is {t_net / t_in:.0f}× faster than a network hop; in NCCL's "
+        f"cost model only about {nccl_ratio:.0f}× (NVLink against network, Simple), so there a "
+        f"hierarchy, or NCCL's Tree, matters far more (fold below)."
         f"\n\nOn {hn} × {hp} the replay takes {ms(hier['ring']['emulated_s'])} flat against "
         f"{ms(hier['hierarchical']['emulated_s'])} hierarchical ({ring_lat:.0f} against "
         f"{hier_lat} network latencies of {ms(lat)}); through Gloo and this host, "
