@@ -194,8 +194,8 @@ TRANSPORT_AND_CONGESTION = f'''
 **Transport and α**
 
 In one line: on one NIC of a DGX H100, n* = α/β is about {_KB_PER_US:.0f} kB per µs of α, so
-about {_SIMPLE_NSTAR_KB:.0f} kB per network ring step with NCCL's Simple protocol and at most
-about {_LL_NSTAR_KB:.0f} kB with LL (sources below).
+n* ≈ {_SIMPLE_NSTAR_KB:.0f} kB for a network ring step's α with NCCL's Simple protocol and at
+most about {_LL_NSTAR_KB:.0f} kB with LL (both explained below).
 
 - **Line rate.** A DGX H100 has [[nvidia.dgx_h100_compute_nics]] for its compute fabric, at
   [[nvidia.connectx7_rate]] each, one per GPU: β per NIC is 1 / [[nvidia.connectx7_rate_bytes]],
@@ -220,7 +220,9 @@ LL and LL128 send a flag with the data, so the receiver needs no separate synchr
 lower per-step latency, less bandwidth. Simple moves large chunks at full bandwidth. The tuner
 also adds a fixed latency per call. LL's lower α comes with at most half the bandwidth
 ([[nccl.proto_ll_efficiency]] of each LL line is data), so its n* is at most about
-{_LL_US:g} µs × {_LL_GBPS:g} GB/s ≈ {_LL_NSTAR_KB:.0f} kB.
+{_LL_US:g} µs × {_LL_GBPS:g} GB/s ≈ {_LL_NSTAR_KB:.0f} kB. With one GPU per node the tuner
+charges the tree's network step instead ([[nccl.tuner_net_tree_step_latency_ll]] for LL), so
+counting α alone, as notebook 00 does, gives a larger n*.
 
 A ring all-reduce (notebook 02) sends 1/p of the buffer per step. NCCL splits that further
 over its channels (the parallel slices of notebook 02c) and into fixed-size buffers
@@ -267,13 +269,20 @@ def explain_noise_floor(floor: dict):
 
 def plot_excess(pp: dict, floor: dict) -> None:
     """Two cumulative distributions on a log axis, in µs: what the emulator's ping-pong
-    added over its configured delay (measured - emulated), and plain Gloo's native
-    latency."""
+    added over its configured delay (measured - emulated), and plain Gloo's native latency
+    on its fast path (messages under 1 ms, what the verdict compares with), each with its
+    median as a dotted line."""
     fig, ax = plt.subplots(figsize=(6, 3))
-    for data, label in ((pp["noise_ms"], "measured - emulated (delay 4ms)"),
-                        (floor["one_way_ms"], "native latency (nic=None)")):
+    native = floor["one_way_ms"][floor["one_way_ms"] < 1.0]
+    for data, label, color in (
+            (pp["noise_ms"], "measured - emulated (delay 4ms)", "C0"),
+            (native, f"native fast path (nic=None, {len(native)} of "
+                     f"{len(floor['one_way_ms'])} under 1 ms)", "C1")):
+        if not len(data):
+            continue
         d = np.sort(data) * 1e3
-        ax.plot(d, (np.arange(len(d)) + 1) / len(d), label=label)
+        ax.plot(d, (np.arange(len(d)) + 1) / len(d), label=label, color=color)
+        ax.axvline(np.median(d), color=color, ls=":", lw=1)
     ax.set_xscale("log")
     ax.xaxis.set_minor_formatter(NullFormatter())
     lo, hi = ax.get_xlim()
