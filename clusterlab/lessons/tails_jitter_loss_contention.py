@@ -315,9 +315,11 @@ ON_A_REAL_GPU_CLUSTER = '''
 - **RoCE (RDMA over Ethernet): kept nearly lossless by PFC, at a cost.** A switch whose buffer
   fills pauses one traffic class on the upstream link ([[ieee.pfc_8021qbb]]); at scale that
   brings failures of its own ([[paper.guo_rdma_2016]]).
-- **A lost last packet costs seconds on RDMA, not 200 ms.** A loss that no later packet
+- **A lost last packet costs seconds on InfiniBand, not 200 ms.** A loss that no later packet
   reveals waits for the NIC connection's ACK timeout: nominally
-  [[nccl.ib_timeout_default_time]] at NCCL's default since 2.23.
+  [[nccl.ib_timeout_default_time]] at NCCL's default since 2.23. NVIDIA's RoCE NICs with
+  adaptive retransmission enabled may retry far sooner
+  ([NVIDIA: Adaptive Retransmission](https://docs.nvidia.com/networking/display/adaptiveretransmissionparameterscontrol/enablement+and+capabilities)).
 
 <details><summary>How the NIC repairs a loss; lossy RoCE; NCCL's timeout by version</summary>
 
@@ -337,7 +339,8 @@ raises a network error.
 **Loss on TCP: the floor is for lone segments.** Where NCCL or Gloo use sockets, a lost
 segment that was alone in flight (like each small message measured here) waits at least
 [[linux.tcp_rto_min]] by default (lowered per route, or with [[linux.tcp_rto_min_us]] since
-Linux 6.11; [[paper.vasudevan_incast_2009]]). With more segments in flight, as in bulk
+Linux 6.11; [[paper.vasudevan_incast_2009]]; incast: many senders converging on one
+receiver's port at once). With more segments in flight, as in bulk
 transfers, a lost tail is probed after about 2 round trips plus [[linux.tcp_timeout_min_us]];
 only a lost probe then waits for the RTO.
 
