@@ -134,9 +134,9 @@ def explain_straggler_growth(runs: list, sim: dict) -> None:
     band4 = growth_band(first, mid)
     excess, tail = grew - predicted, after[1] - after[0]
     host = not followed and excess > 0 and tail > 0.5 * excess
-    print("In short: the compute part (the slowest seeded sleep) "
+    print("In short: compute (the slowest seeded sleep) "
           + ("followed" if off < 0.15 else "did not follow") + " c + m·H_N"
-          + (f"; the extra at N = {last['nodes']} is this host's all-reduce "
+          + (f"; this host's all-reduce added the rest at N = {last['nodes']} "
              f"({1e3 * last['comm_s']:.1f} ms alone)." if host else
              f"; the whole step followed it from N = {first['nodes']} to {last['nodes']}."
              if followed else
@@ -243,7 +243,7 @@ def explain_backups(bk: list) -> None:
     # b = 0 waits for all; b > 0 cuts some short
     assert base["cancelled"] == 0 and bk[-1]["cancelled"] > 0
     conclude(backups_shortened(bk), f"every b > 0 shortened the step, and b = {bk[-1]['backups']} "
-             "saved at least half of the saving c + m·(H_N − H_b) predicts for it")
+             "saved at least half of the saving m·H_b that c + m·(H_N − H_b) predicts for it")
     print(within_se(bk))
 
 
@@ -486,6 +486,11 @@ def plain_pair(fix: dict) -> str:
             "so a rule for one fixed delay is only a guide; one run each does not show why.")
 
 
+PLAIN_PAIR_TAKEAWAY = ("What to take from it: the stability theory is not wrong, but its limit "
+                       "is for one fixed delay, so with varying delays it is a guide, not a "
+                       "verdict. The next section shows that the delay *pattern* decides.")
+
+
 def explain_fixes(fix: dict) -> None:
     """Prints each fix run's mean and largest τ, step-back share, final loss and largest loss
     over its last third, with what those columns mean (and the updates each max is over), folds
@@ -503,7 +508,8 @@ def explain_fixes(fix: dict) -> None:
     print(f"max τ: the largest of each run's {n_txt} updates; step back: the share of them that "
           "raised the loss; max, last third: the largest loss over the last third of its updates "
           "(a run that ends low but rose there has not converged).")
-    fold("The two plain runs: why did only one diverge? (left open)", plain_pair(fix))
+    fold("The two plain runs: why did only one diverge?",
+         plain_pair(fix) + "\n\n" + PLAIN_PAIR_TAKEAWAY)
     for name in unsettled(fix):
         print(f"{name}: ended below the start ({fix[name]['initial_loss']:.2f}) but rose to "
               f"{last_third_max(fix[name]):.1e} in its last third: not converged, only low when "
@@ -631,8 +637,8 @@ def explain_ssp_lockstep(ssp_lr: dict, shared: dict, *, seeds) -> None:
 # --- on a real GPU cluster --------------------------------------------------------------------
 
 REAL_CLUSTER = """
-- **Published large-model pre-training is synchronous**, for example Llama 3's
-  ([[meta.llama3_synchronous]]), pipeline schedules with a flush (every micro-batch finishes
+- **Large-model pre-training as published is synchronous** (for example Llama 3's:
+  [[meta.llama3_synchronous]]), pipeline schedules with a flush (every micro-batch finishes
   before the weights update: 1F1B, Megatron's interleaved one) included; where delay is
   accepted on purpose, and where synchronisation is only infrequent, see the last two items.
 - **Persistent stragglers** cost their whole slowdown every step, as in the first experiment,
