@@ -651,11 +651,14 @@ def test_topic_table_counts_every_question_once(capsys):
     rehearsal.print_topics(bank, so_far=TOPICS_TO_08B)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["topic", "choice", "numeric", "open", "review", "in"]
-    assert len(lines) == len(bank.topics()) + 2
-    assert lines[-1].split() == ["total", str(len(bank.questions))]
-    counted = sum(int(n) for line in lines[1:-1]
+    assert len(lines) == len(bank.topics()) + 3  # header, topics, total, the SO_FAR count
+    assert lines[-2].split() == ["total", str(len(bank.questions))]
+    counted = sum(int(n) for line in lines[1:-2]
                   for n in line[45:].split()[:3])
     assert counted == len(bank.questions)
+    so_far = sum(1 for q in bank.questions if q.topic in TOPICS_TO_08B)
+    assert lines[-1].startswith("of them in the topics of SO_FAR") and \
+        lines[-1].split()[-1] == str(so_far)
 
 
 def test_fold_keeps_the_text_behind_a_details_block():
