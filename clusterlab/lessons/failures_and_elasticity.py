@@ -505,7 +505,7 @@ and when:
   through GPU memory, not sockets, so no kernel tells them); the dead process's own agent
   notices it at its next poll.
 - *A whole node dies*, and its agent with it: the survivors that send to it get an error once
-  the NIC's retries run out (at least [[nccl.ib_total_wait_default]] on InfiniBand); the
+  the NIC's retries run out (about [[nccl.ib_total_wait_default]] on InfiniBand); the
   others wait for the process group's timeout ([[pytorch.nccl_timeout_default]] for NCCL).
 
 Case by case in the note for experts below.
@@ -562,7 +562,7 @@ for a failed peer.
   receives at the watchdog's timeout; or, if the exited agent hosted the rendezvous store, at
   its next poll of the store.
 - **A crashed process whose peers are on other nodes (IB/RoCE).** A peer that sends to the dead process also gets
-  [[nccl.remote_error]] after the NIC's retries (at least [[nccl.ib_total_wait_default]] at
+  [[nccl.remote_error]] after the NIC's retries (about [[nccl.ib_total_wait_default]] at
   NCCL's default NCCL_IB_TIMEOUT and NCCL_IB_RETRY_CNT; sooner on some RoCE NICs, below); a
   peer that only receives may get none. torchrun does as in case 2.
 - **A rank stuck in I/O.** By default no agent sees a hung worker; with the opt-in

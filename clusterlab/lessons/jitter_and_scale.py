@@ -526,7 +526,7 @@ def real_cluster_notes() -> str:
   steps at the same rate, while events staggered across ranks (each rank's garbage
   collection on a different step) hit more, up to min(1, N·p). Real events also last long:
   Linux's TCP retransmission timeout floor is [[linux.tcp_rto_min]]; an unresponsive
-  InfiniBand peer is retried for at least about [[nccl.ib_total_wait_default]] before NCCL
+  InfiniBand peer is retried for about [[nccl.ib_total_wait_default]] before NCCL
   reports an error, at the defaults of NCCL 2.23 and later (NCCL_IB_TIMEOUT =
   [[nccl.ib_timeout_default]]; 2.14 to 2.22 used 18, a quarter of that wait). GPUs slow
   their clocks for [[nvidia.nvml_clock_event_reasons]]: the power cap and thermal slowdowns

@@ -547,8 +547,8 @@ REAL_CLUSTER = f"""
   independent per-message jitter does not produce. Over TCP (Gloo's transport) a lost packet
   is usually detected without a timeout ([[linux.tcp_recovery_default]] loss detection, on
   by default); a retransmission *timeout* costs at least [[linux.tcp_rto_min]]; over
-  InfiniBand, NCCL at its defaults gives up on an unreachable peer NIC or link only after at
-  least about [[nccl.ib_total_wait_default]].
+  InfiniBand, NCCL at its defaults gives up on an unreachable peer NIC or link only after
+  about [[nccl.ib_total_wait_default]].
   In Llama 3's pre-training, [[meta.llama3_stragglers]], and the run saw
   [[meta.llama3_diurnal_throughput]].
   Time each rank and compare ranks (Megatron-LM's [[megatron.straggler_detector]] reports the

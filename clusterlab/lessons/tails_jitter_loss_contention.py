@@ -332,7 +332,7 @@ ECN: switches mark packets as their queues grow, and senders slow down).
 
 The ACK timeout belongs to the queue pair (QP, the NIC's connection):
 [[nccl.ib_timeout_formula]] (a quarter of the 2.23 default in 2.14 to 2.22). After
-[[nccl.ib_retry_cnt_default]] retries, at least [[nccl.ib_total_wait_default]] in all, NCCL
+[[nccl.ib_retry_cnt_default]] retries, about [[nccl.ib_total_wait_default]] in all, NCCL
 raises a network error.
 </details>
 
