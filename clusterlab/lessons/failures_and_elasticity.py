@@ -544,9 +544,11 @@ a dead node that hosted the store</summary>
 
 An agent that wants a new group joins the rendezvous' *wait list*; the other agents
 then see a node waiting. ProcessGroupNCCL's *watchdog* is a thread that ends the process
-when a collective is still running after the process group's timeout; under the default
-TORCH_NCCL_ASYNC_ERROR_HANDLING = [[pytorch.nccl_async_error_handling|value]] it does so without
-aborting the NCCL communicator. Terms: SHM, shared memory; ncclRemoteError, NCCL's error code
+when a collective is still running after the process group's timeout; under ProcessGroupNCCL's
+default TORCH_NCCL_ASYNC_ERROR_HANDLING = [[pytorch.nccl_async_error_handling|value]] it does so
+without aborting the NCCL communicator, but torchrun starts its workers with
+[[pytorch.torchrun_async_error_handling|value]] when the variable is unset
+([[pytorch.torchrun_async_error_handling]]), which aborts it first. Terms: SHM, shared memory; ncclRemoteError, NCCL's error code
 for a failed peer.
 
 | case | who notices | what torchrun does |
