@@ -403,8 +403,8 @@ def _step_spread(per_rank: list[dict], key: str = "step_s", skip: int = 1) -> fl
     """The median step minus the fastest (slowest rank, after `skip` warm-up steps): how
     much this run's own steps scatter on a network without jitter, i.e. this machine's
     noise. A difference between two runs' fastest steps is only trusted to about it."""
-    return float(np.median(_slowest_rank_steps(per_rank, key, skip))) - _fastest_step(
-        per_rank, key, skip)
+    steps = _slowest_rank_steps(per_rank, key, skip)
+    return float(np.median(steps)) - min(steps)
 
 
 def sharded_traffic(*, ranks: int = 4, width: int = 64, depth: int = 3,

@@ -16,6 +16,8 @@ from clusterlab.quiz.i18n import t
 from clusterlab.quiz.render import to_text
 from clusterlab.quiz.widget import seed_question_text
 
+from . import show
+
 _SCRATCH: list[tempfile.TemporaryDirectory] = []  # kept alive for the kernel's lifetime
 
 
@@ -54,8 +56,7 @@ def print_topics(bank, *, so_far) -> None:
 def fold_markdown(summary: str, text: str) -> str:
     """Markdown that shows `summary` and keeps `text`, as preformatted text, behind a fold
     the reader clicks open."""
-    return (f"<details><summary>{summary} (click to open)</summary>\n\n"
-            f"```text\n{text}\n```\n\n</details>")
+    return show.details(f"{summary} (click to open)", f"```text\n{text}\n```")
 
 
 def fold(summary: str, text: str) -> None:

@@ -27,7 +27,12 @@ def fold(summary: str, text: str, *, pre: bool = False) -> None:
         return
     body = (f"```text\n{text}\n```" if pre else
             "\n\n".join(line for line in text.splitlines() if line.strip()))
-    say(f"<details><summary>{summary}</summary>\n\n{body}\n\n</details>")
+    say(details(summary, body))
+
+
+def details(summary: str, body: str) -> str:
+    """Markdown that shows `summary` and keeps `body` behind a fold the reader clicks open."""
+    return f"<details><summary>{summary}</summary>\n\n{body}\n\n</details>"
 
 
 def ms(seconds: float, *, digits: int = 1) -> str:
