@@ -115,11 +115,14 @@ def get(fact_id: str) -> Fact:
     return facts[fact_id]
 
 
-def render(template: str, *, sources: bool = True, one_per_source: bool = False) -> str:
+def render(template: str, *, sources: bool = True, one_per_source: bool = False,
+           fold_sources: bool = False) -> str:
     """Markdown: each `[[id]]` replaced by its value and a numbered citation, sources listed.
 
     one_per_source=True numbers sources, not facts: facts read from the same page share one
     number and one line (its title without the per-fact detail, every version it holds for).
+    fold_sources=True keeps the list behind a fold titled "Sources (N)" that the reader clicks
+    open: a long list would otherwise bury the few sentences it backs.
     """
     cited: list[Fact] = []
     numbers: dict[str, int] = {}

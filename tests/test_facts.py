@@ -88,6 +88,15 @@ def test_render_one_per_source_gives_facts_from_one_page_one_number():
     assert a.holds_for in text and b.holds_for in text
 
 
+def test_render_fold_sources_keeps_the_list_behind_a_fold():
+    a, b = list(facts.ledger().values())[:2]
+    text = facts.render(f"[[{a.id}]] and [[{b.id}]].", fold_sources=True)
+    body, folded = text.split("<details>", 1)
+    assert "<sup>[1]</sup>" in body and a.source not in body
+    assert folded.startswith("<summary>Sources (2)</summary>") and a.source in folded
+    assert folded.rstrip().endswith("</details>")
+
+
 def test_a_bad_entry_is_refused_with_its_name(tmp_path, monkeypatch):
     (tmp_path / "x.toml").write_text('[a.b]\nvalue = 1\nsays = "x y z"\nholds_for = "v 1"\n'
                                       'source = "http://insecure"\nsource_title = "a b"\n')
