@@ -155,14 +155,19 @@ def render(template: str, *, sources: bool = True, one_per_source: bool = False,
         title = titles[0] if len(titles) == 1 else titles[0].split(" (")[0]
         holds = "; ".join(dict.fromkeys(f.holds_for for f in group))
         lines.append(f"{i}. [{title}]({group[0].source}) — holds for {holds}")
-    return body.rstrip() + "\n\n<small>\n\n**Sources**\n\n" + "\n".join(lines) + "\n\n</small>\n"
+    listed = "\n".join(lines)
+    if fold_sources:
+        return (body.rstrip() + f"\n\n<details><summary>Sources ({len(lines)})</summary>\n\n"
+                f"<small>\n\n{listed}\n\n</small>\n\n</details>\n")
+    return body.rstrip() + "\n\n<small>\n\n**Sources**\n\n" + listed + "\n\n</small>\n"
 
 
-def show(template: str, *, one_per_source: bool = False) -> None:
+def show(template: str, *, one_per_source: bool = False, fold_sources: bool = False) -> None:
     """Display `render(template)` as Markdown in a notebook."""
     from IPython.display import Markdown, display
 
-    display(Markdown(render(template, one_per_source=one_per_source)))
+    display(Markdown(render(template, one_per_source=one_per_source,
+                            fold_sources=fold_sources)))
 
 
 def placeholders(text: str) -> list[str]:
