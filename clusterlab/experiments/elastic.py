@@ -248,6 +248,7 @@ class ElasticRun:
     resumed: dict = field(default_factory=dict)  # worker pid -> full parameters loaded
     saved_moments: dict = field(default_factory=dict)  # checkpoint step -> Adam's moments saved
     resumed_moments: dict = field(default_factory=dict)  # worker pid -> Adam's moments loaded
+    saved_keys: dict = field(default_factory=dict)  # checkpoint step -> its DCP metadata's keys
     final: object = None
     reference: object = None
 
@@ -338,17 +339,23 @@ class ElasticRun:
         return [(e["step"], e["world"], e["loss"]) for e in self._of("step", node="A")]
 
     def plot_timeline(self, ax=None):
-        """Steps completed over time, coloured by world size; the death and checkpoints, group
-        0's start-up and the pause's parts as bands."""
+        """Steps completed over time, in seconds after node B's kill (so the pause's bands
+        start at 0 and end at the milestones the notebook prints), coloured by world size; the
+        kill and checkpoints, group 0's start-up and the pause's parts as bands."""
         import matplotlib.pyplot as plt
 
         if ax is None:
             _, ax = plt.subplots(figsize=(10, 3))
+        (kill,) = self._of("kill")
+
+        def x(t: int) -> float:  # seconds after the kill
+            return (t - kill["t"]) / 1e9
+
         for node, marker in (("A", "o"), ("B", "s")):
             for world, colour in ((2, "C0"), (1, "C1")):
                 st = [e for e in self._of("step", node=node) if e["world"] == world]
                 if st:
-                    ax.plot([(e["t"] - self.t0) / 1e9 for e in st], [e["step"] for e in st],
+                    ax.plot([x(e["t"]) for e in st], [e["step"] for e in st],
                             marker, color=colour, ms=4 if node == "A" else 7, mfc="none"
                             if node == "B" else colour,
                             label=f"node {node}, world size {world}" + (
@@ -356,20 +363,19 @@ class ElasticRun:
                                 else ""))
         for e in self._of("checkpoint", node="A"):
             ax.axhline(e["step"], color="grey", lw=0.5, ls=":")
-        for e in self._of("kill"):
-            ax.axvline((e["t"] - self.t0) / 1e9, color="red", lw=1)
-            ax.annotate("node B killed", ((e["t"] - self.t0) / 1e9, e["step"]), color="red",
-                        fontsize=8, xytext=(4, -12), textcoords="offset points")
+        ax.axvline(0, color="red", lw=1)
+        top = self.config["steps"]
+        # the label sits at the top, right of the line: clear of the legend and the bands' text
+        ax.text(0.1, top, "node B killed", color="red", fontsize=8, ha="left", va="top")
+        mid = 0.5 * (1 + top)
         steps = self._of("step", node="A")
         if steps:  # before group 0's first step: its workers import, group and shard
-            end = (min(e["t"] for e in steps) - self.t0) / 1e9
-            ax.axvspan(0, end, color="0.95", zorder=0)
-            ax.text(end / 2, 0.5 * (1 + self.config["steps"]),
-                    "group 0 starts:\nimports, process\ngroup, sharding", ha="center",
-                    va="center", fontsize=8, color="0.3")
+            lo, hi = x(self.t0), x(min(e["t"] for e in steps))
+            ax.axvspan(lo, hi, color="0.95", zorder=0)
+            ax.text((lo + hi) / 2, mid, "group 0 starts:\nimports, process\ngroup, sharding",
+                    ha="center", va="center", fontsize=8, color="0.3")
         f, cfg = self.failure(), self.config
         if None not in (f["spawned_s"], f["regrouped_s"], f["resumed_s"]):
-            kill_s = (self._of("kill")[0]["t"] - self.t0) / 1e9
             waits = (f"(B's heartbeats expire\n≤ "
                      f"{cfg['keep_alive_s'] * cfg['keep_alive_attempts']} s after the kill,\n"
                      f"then the last call, {cfg['last_call_s']} s)")
@@ -377,11 +383,10 @@ class ElasticRun:
                     (0.0, f["spawned_s"], "0.82", f"detect, agent, rendezvous\n{waits}"),
                     (f["spawned_s"], f["regrouped_s"], "0.89", "new Python\n+ torch"),
                     (f["regrouped_s"], f["resumed_s"], "0.95", "worker code:\nimports, load")):
-                ax.axvspan(kill_s + lo, kill_s + hi, color=colour, zorder=0)
-                ax.text(kill_s + (lo + hi) / 2, 0.5 * (1 + self.config["steps"]), text,
-                        ha="center", va="center", fontsize=8, color="0.3",
-                        rotation=0 if lo == 0 else 90)  # the rendezvous' span is wide
-        ax.set_xlabel("seconds since the first worker's code began (after Python and torch)")
+                ax.axvspan(lo, hi, color=colour, zorder=0)
+                ax.text((lo + hi) / 2, mid, text, ha="center", va="center", fontsize=8,
+                        color="0.3", rotation=0 if lo == 0 else 90)  # the rendezvous' is wide
+        ax.set_xlabel("seconds after node B was killed")
         ax.set_ylabel("step completed")
         ax.set_title("torchrun --nnodes 1:2: two agents, one dies (checkpoints dotted)")
         ax.legend(fontsize=8, loc="upper left")
@@ -468,6 +473,12 @@ def elastic_job(**options) -> ElasticRun:
                 saved[int(p.parent.name.split("-")[1])] = torch.load(p)
             for p in Path(work).glob(f"resume-{name}-*.pt"):
                 resumed[int(p.stem.rsplit("-", 1)[1])] = torch.load(p)
+        # what each checkpoint holds, read back from its DCP metadata before `work` goes
+        from torch.distributed.checkpoint import FileSystemReader
+
+        for meta in Path(work).glob("ckpt-*/.metadata"):
+            run.saved_keys[int(meta.parent.name.split("-")[1])] = sorted(
+                FileSystemReader(meta.parent).read_metadata().state_dict_metadata)
         run.final = torch.load(Path(work, "final.pt"))
         run.reference = reference_params(cfg)
         return run

@@ -88,7 +88,9 @@ def pause_lines(f: dict, cfg: dict) -> list[str]:
 
 
 def explain_pause(f: dict, cfg: dict) -> None:
-    """Print `pause_lines(f, cfg)`: how the pause after the death splits."""
+    """Print `pause_lines(f, cfg)`: how the pause after the death splits, after a blank line
+    that sets it apart from the groups above it (the pause is what the learner predicted)."""
+    print()
     for line in pause_lines(f, cfg):
         print(line)
 
@@ -179,16 +181,96 @@ def check_resharding(rs: dict, err: float) -> None:
     assert [s["2.weight"][0] for s in per_rank] == [1, 0], "one row: all on rank 0, none on rank 1"
 
 
+def checkpoint_lines(keys: list[str], step: int) -> list[str]:
+    """What one checkpoint of the run holds, from its DCP metadata's keys (`keys`, flattened
+    as "model.0.weight", "optim.state.0.weight.exp_avg", "optim.param_groups.0.lr"): the
+    top-level keys with the parameters and Adam's per-parameter entries and settings under
+    them, then what it does not hold and why this demo needs none of it."""
+    top: dict[str, list[str]] = {}
+    for k in keys:
+        head, _, rest = k.partition(".")
+        top.setdefault(head, []).append(rest)
+    assert set(top) == {"model", "optim"}, f"top-level keys {sorted(top)}"
+    state = [r.split(".")[-1] for r in top["optim"] if r.startswith("state.")]
+    params = top["model"]
+    settings = sorted({r.split(".")[-1] for r in top["optim"] if r.startswith("param_groups.")}
+                      - {"params"})
+    kinds = list(dict.fromkeys(state))
+    assert len(state) == len(kinds) * len(params), "Adam keeps each entry per parameter"
+    assert "lr" in settings
+    return [f"this run's step-{step} checkpoint, read from its DCP metadata: "
+            f"{len(top)} top-level keys",
+            f"  model: {', '.join(params)}",
+            f"  optim: {', '.join(kinds)} for each of those {len(params)} parameters, and "
+            f"Adam's {len(settings)} settings (lr among them)",
+            "not in it: a learning-rate schedule, the data position, random-number states. "
+            "This demo needs none:",
+            "  a constant learning rate, and each batch is a function of the step (the "
+            f"directory's name, ckpt-{step:04d}, gives the step)"]
+
+
+def explain_checkpoint(run, step: int) -> None:
+    """Print `checkpoint_lines` for the run's checkpoint of `step` (the one the smaller
+    group loaded)."""
+    for line in checkpoint_lines(run.saved_keys[step], step):
+        print(line)
+
+
+def sampler_positions(n: int, *, examples: int, batch: int, skip: int) -> list[int]:
+    """The positions in `DistributedSampler`'s shuffled order (seed 0, epoch 0) of the
+    examples that `n` ranks train on after each skips its first `skip` batches of `batch`,
+    for one more batch each: what a per-rank batch count resumes with. The order is the one
+    `num_replicas=1` gives, the same for every n (it depends on the seed and epoch alone)."""
+    from torch.utils.data import DistributedSampler
+
+    data = range(examples)
+    order = list(DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=0))
+    where = {example: i for i, example in enumerate(order)}
+    out = []
+    for r in range(n):
+        mine = list(DistributedSampler(data, num_replicas=n, rank=r, shuffle=True, seed=0))
+        out += [where[e] for e in mine[skip * batch:(skip + 1) * batch]]
+    return sorted(out)
+
+
+def sampler_lines(*, before: int, after: int, batch: int, examples: int = 24) -> list[str]:
+    """One step at `before` ranks, then a resume at `after` ranks that skips one batch per
+    rank (as a per-rank batch count does): which positions of the sampler's order the first
+    step used, which the resumed step trains, and which it skips or repeats; then what
+    counting global examples gives."""
+    done = sampler_positions(before, examples=examples, batch=batch, skip=0)
+    assert done == list(range(before * batch)), "one batch per rank covers the first n × B"
+    now = sampler_positions(after, examples=examples, batch=batch, skip=1)
+    repeated = sorted(set(now) & set(done))
+    first_new = before * batch
+    skipped = [i for i in range(first_new, min(now)) if i not in now]
+    span = lambda xs: f"{xs[0]}-{xs[-1]}" if len(xs) > 1 else str(xs[0])  # noqa: E731
+    return [f"{before} ranks, batch {batch} each: step 1 trains positions {span(done)} of the "
+            f"sampler's shuffled order",
+            f"{after} ranks, resumed by skipping 1 batch per rank: step 2 trains positions "
+            f"{', '.join(map(str, now))}",
+            f"  repeated: {', '.join(map(str, repeated)) or 'none'}; skipped: "
+            f"{', '.join(map(str, skipped)) or 'none'}",
+            f"resumed by counting global examples ({first_new} used): step 2 starts at "
+            f"position {first_new}; nothing repeated or skipped"]
+
+
+def explain_sampler(*, before: int, after: int, batch: int) -> None:
+    """Print `sampler_lines`: a per-rank batch count against a global example count."""
+    for line in sampler_lines(before=before, after=after, batch=batch):
+        print(line)
+
+
 def death_text(f: dict, cfg: dict) -> str:
-    """The `facts.show` template of "How a death reaches the job": the same mechanism, how
-    this run's survivor heard of the death (its measured delay and compute sleep), the steps
-    under NCCL over InfiniBand at the defaults, a table of the pause at the defaults (from the
-    ledger) beside this run's parts, and the rendezvous host."""
+    """The `facts.show` template of "How a death reaches the job": the pause at the defaults
+    (from the ledger) beside this run's parts in a table, the `--max-restarts` default, and in a
+    fold the steps under NCCL over InfiniBand, how this run's survivor heard of the death (its
+    measured delay and compute sleep), and the rendezvous host."""
     from .. import facts
 
-    ib_wait = facts.get("nccl.ib_total_wait_default").value  # s, a lower bound
+    ib_wait = facts.get("nccl.ib_total_wait_default").value  # s, nominal
     tries = 1 + facts.get("nccl.ib_retry_cnt_default").value  # the first try and the retries
-    ack_s = facts.get("nccl.ib_timeout_default_time").value  # s, one ACK timeout at least
+    ack_s = facts.get("nccl.ib_timeout_default_time").value  # s, one ACK timeout, nominal
     exp = facts.get("nccl.ib_timeout_default").value  # NCCL_IB_TIMEOUT, an exponent
     assert abs(4.096e-6 * 2**exp - ack_s) < 0.05, "the ACK timeout is 4.096 µs × 2^exponent"
     assert abs(tries * ack_s - ib_wait) < 1, "the total wait is the tries' ACK timeouts"
@@ -199,81 +281,67 @@ def death_text(f: dict, cfg: dict) -> str:
     keep_alive = cfg["keep_alive_s"] * cfg["keep_alive_attempts"]
     rdzv = f["spawned_s"] - f["detected_s"]  # this run: A's agent and the rendezvous
     start = f["resumed_s"] - f["spawned_s"]  # this run: the new worker, up to the loaded state
-    # Step 2's receiver: each receive it posts is announced to the sender by an RDMA write
-    # (ncclIbPostFifo in NCCL v2.30's src/transport/net_ib/p2p.cc).
+    # Step 2: a sender's unacknowledged data, or a receiver's "you may send" (an RDMA write,
+    # ncclIbPostFifo in NCCL v2.30's src/transport/net_ib/p2p.cc), waits for an ACK.
     return f"""
 **How a death reaches the job**
 
-The pause has the same parts on a cluster, with longer waits: at the defaults, noticing the
-death and the last call alone take more than {ib_wait + last_call:.0f} s; this run's whole pause
+On a cluster the pause has the same parts, with longer waits: at the defaults, noticing the
+death and the last call alone take more than {ib_wait + last_call:.0f} s. This run's whole pause
 took {f['resumed_s']:.1f} s.
-
-**Who notices first:** a survivor whose network
-card had data in flight to the dead node; the card waits for a receipt that never comes,
-retries {tries - 1} times, and gives up after about {ib_wait:.0f} s ({tries} waits of about
-{ack_s:.1f} s; the arithmetic is step 2 of the fold below the table).
-
-**The same pause at the defaults, beside this run's:**
 
 | part of the pause | NCCL over InfiniBand, torch's defaults | this run (Gloo, a killed process; one run) |
 |---|---|---|
-| noticing the death | about {ib_wait:.0f} s (step 2), or {nccl_min:.0f} min (the watchdog) | {f['detected_s'] * 1e3:.0f} ms |
+| noticing the death | about {ib_wait:.0f} s, nominal (step 2 below), or {nccl_min:.0f} min (the watchdog) | {f['detected_s'] * 1e3:.0f} ms |
 | agent and rendezvous: dropping the dead node, then the last call | 0 s (its {dead_after:.0f} s without heartbeats have passed) + {last_call:.0f} s | {rdzv:.1f} s (configured: at most {keep_alive} s, then {cfg['last_call_s']} s) |
 | new workers, communicator, checkpoint load | not counted: grows with the job and the checkpoint | {start:.1f} s (incl. this demo's check) |
 | **total** | **more than {ib_wait + last_call:.0f} s** | **{f['resumed_s']:.1f} s** |
 
-The cluster column adds up the parts it counts, at NCCL's and torch's defaults, and leaves the rest out
-(how long a load takes: next box).
-An agent re-reads the rendezvous once a second, so each wait may end up to a second late.
-The column assumes `--max-restarts` of at least 1. Its default is
+All of this assumes `--max-restarts` of at least 1. Its default is
 [[pytorch.torchrun_max_restarts_default]]: then the agent of the first survivor whose worker
-fails stops its workers and exits instead of starting a new group, and the job does not resume.
+fails stops its workers and exits, and the job does not resume.
 
-<details><summary>Step by step: the mechanism, how a death is noticed, the six steps under NCCL, the rendezvous host</summary>
+<details><summary>Step by step: the six steps under NCCL, why this run heard in {f['detected_s'] * 1e3:.0f} ms, the rendezvous host</summary>
 
-- **The same mechanism.** What ran here is an elastic torchrun, [[pytorch.torchrun_elastic]],
-  and any change of membership stops every worker: [[pytorch.torchrun_restarts_all]]. In the
-  agent's code ("[[pytorch.agent_restart_budget]]") `--max-restarts` counts failures only:
-  an agent whose own worker fails spends one; an agent that restarts because another node
-  joined or is waiting spends none. torchrun's own docs
-  say its elastic example "[[pytorch.torchrun_docs_max_restarts]]": trust the code.
-- **Noticing the death differs.** Here the survivor heard of it
-  {f['detected_s'] * 1e3:.0f} ms after the kill: the kernel closed the killed process's TCP connections at once, and A's worker found
-  them closed in its next collective, after its compute sleep of {cfg['compute_s']} s. A powered-off
-  node closes nothing: under Gloo its peers fail at the latest at the process group's timeout,
-  [[pytorch.gloo_timeout_default]] by default ({cfg['collective_timeout_s']:.0f} s in this run).
 - **Under NCCL over InfiniBand, at the defaults** (the cases are tabled in
   [12](12_failures_and_elasticity.ipynb)'s *On a real GPU cluster*):
   1. **The survivors hang, and look healthy.** An NCCL call returns once the collective is
      queued on the GPU, so the GPU's kernel waits in the collective and the worker's host thread
      at its next synchronisation with it. Their agents, which poll them every
      `--monitor-interval` ([[pytorch.torchrun_monitor_interval]]), see them healthy.
-  2. **The first peer times out after about {ib_wait:.0f} s.** In short: a network card that
-     sent something to the dead node waits for a receipt that never comes, retries
-     {tries - 1} times, then gives up. Which peer, and when, depends
-     on what each had in flight. A node that was sending to the dead one has data on its
-     network card (NIC) that was never acknowledged: no ACK (the receiver's receipt for the
-     data) came back. A receiver that had just told the dead node "you may send" by an RDMA
-     write (one NIC writing straight into the other's memory) also waits for its ACK.
-     Either NIC waits, per try, an ACK timeout of [[nccl.ib_timeout_formula]], with
-     NCCL_IB_TIMEOUT = [[nccl.ib_timeout_default]]:
-     4.096 µs × 2^{exp} ≈ [[nccl.ib_timeout_default_time]];
-     1 try + [[nccl.ib_retry_cnt_default]] retries (NCCL_IB_RETRY_CNT) = {tries} waits,
-     {tries} × {ack_s} s ≈ [[nccl.ib_total_wait_default]]. Then it reports an error.
+  2. **The first peer times out after about {ib_wait:.0f} s.** A NIC with data in flight to the
+     dead node gets no receipt (ACK); it retries [[nccl.ib_retry_cnt_default]] times
+     (NCCL_IB_RETRY_CNT), waiting [[nccl.ib_timeout_formula]] each time, with
+     NCCL_IB_TIMEOUT = [[nccl.ib_timeout_default]]: {tries} × {ack_s} s ≈ [[nccl.ib_total_wait_default]].
+     That is the nominal value; RoCE NICs with adaptive retransmission time their retries
+     differently (their timer's maximum is [[nvidia.roce_adp_timeout_cap]]). The mechanism is in
+     [13](13_switches_incast_ecmp_rails.ipynb). Then the NIC reports an error.
   3. **That worker fails.** Its agent spends a restart (if one is left) and re-enters the
      rendezvous.
   4. **Every other agent restarts its workers.** It sees a node waiting at its next poll and
-     stops its hung workers (SIGTERM, then SIGKILL after a grace period).
+     stops its hung workers: SIGTERM, then SIGKILL after up to [[pytorch.agent_stop_grace]].
   5. **The round drops the dead node and waits the last call.** By then the dead node's
      heartbeats are overdue (a node is dropped after [[pytorch.rdzv_dead_node_after]] without
      them at torch's defaults), so it leaves at once; the round, once it has its minimum,
-     waits the last call, [[pytorch.rdzv_last_call_timeout]].
+     waits the last call, [[pytorch.rdzv_last_call_timeout]]. An agent re-reads the rendezvous
+     once a second, so each wait may end up to a second late.
   6. **New workers start and load the checkpoint:** interpreters, CUDA, and NCCL's
      communicator (its set of connections over all ranks of the new group).
 
   If no peer has traffic in flight to the dead node, step 2 is the timeout of
   ProcessGroupNCCL's watchdog (a thread that ends the process when a collective overruns),
   [[pytorch.nccl_timeout_default]] by default.
+- **The same mechanism as this run.** What ran here is an elastic torchrun,
+  [[pytorch.torchrun_elastic]], and any change of membership stops every worker:
+  [[pytorch.torchrun_restarts_all]]. In the agent's code ("[[pytorch.agent_restart_budget]]")
+  `--max-restarts` counts failures only: an agent whose own worker fails spends one; an agent
+  that restarts because another node joined or is waiting spends none. torchrun's own docs
+  say its elastic example "[[pytorch.torchrun_docs_max_restarts]]": trust the code.
+- **Noticing the death differs.** Here the survivor heard of it
+  {f['detected_s'] * 1e3:.0f} ms after the kill: the kernel closed the killed process's TCP connections at once, and A's worker found
+  them closed in its next collective, after its compute sleep of {cfg['compute_s']} s. A powered-off
+  node closes nothing: under Gloo its peers fail at the latest at the process group's timeout,
+  [[pytorch.gloo_timeout_default]] by default ({cfg['collective_timeout_s']:.0f} s in this run).
 - **The rendezvous host.** With the c10d backend one agent runs the store that holds the
   rendezvous state ([[pytorch.c10d_rendezvous_host]]). Here node A hosted it and node B died;
   had A died, B would have lost the rendezvous with it: whatever `--nnodes` allows, that node
@@ -287,9 +355,10 @@ fails stops its workers and exits instead of starting a new group, and the job d
 
 
 def cost_text() -> str:
-    """The `facts.show` template of "What a smaller job costs": resharding and the
-    checkpoint's size (Adam's state for 70B and 405B parameters), uneven shards, and shrinking
-    by a whole data-parallel replica."""
+    """The `facts.show` template of "What a smaller job costs": resharding, a lower bound on
+    loading the checkpoint (Adam's state for 70B and 405B parameters read once at Llama 3's
+    whole storage rate), uneven shards, and shrinking by a whole data-parallel replica (a
+    table of R replicas of k nodes, one node dead)."""
     from .. import facts
 
     adam_b = facts.get("paper.zero_adam_state_bytes").value  # optimizer state per parameter
@@ -302,12 +371,13 @@ def cost_text() -> str:
 
 - **Resharding is DCP's** ([[pytorch.dcp_resharding]]). The checkpoint must sit on storage
   every node reaches (here: one local directory).
-- **Loading a large checkpoint can take as little as seconds on a fast fabric.** It holds the weights and
-  Adam's state, [[paper.zero_adam_state_bytes]]: about {70e9 * adam_b / 1e12:.1f} TB for a
-  70B-parameter model, {405e9 * adam_b / 1e12:.1f} TB for 405B. Llama 3's storage fabric can
-  sustain [[meta.llama3_storage_throughput]] in all: one copy of 405B's state read at that whole rate
-  takes {read_s:.1f} s, small beside the {floor:.0f} s floor, and {read_s * 100 / 60:.0f} min on
-  storage a hundred times slower. This tiny model does not show it.
+- **Loading reads the whole state at least once.** Weights and Adam's state take
+  [[paper.zero_adam_state_bytes]]: about {70e9 * adam_b / 1e12:.1f} TB for a 70B-parameter model,
+  {405e9 * adam_b / 1e12:.1f} TB for 405B. Even at Llama 3's whole storage rate, a sustained
+  [[meta.llama3_storage_throughput]], reading 405B's state once takes no less than {read_s:.1f} s
+  (small beside the {floor:.0f} s floor), and {read_s * 100 / 60:.0f} min on storage a hundred
+  times slower. A real load adds metadata, planning, deserialising and copies to the GPUs.
+  This tiny model does not show it.
 
   <details><summary>The caveats</summary>
 
@@ -315,21 +385,23 @@ def cost_text() -> str:
   computing in 16 bits. A checkpoint that also stores the 16-bit weights is larger; one with
   16- or 8-bit optimizer states is smaller. Loading reads at least that size, a multiple of
   it when each data-parallel replica reads its own copy, and a job that gets less of the
-  fabric waits longer.
+  fabric, or whose nodes' NICs are slower than their share of it, waits longer.
   </details>
 
-- **Uneven shards** (FSDP2's default: [[pytorch.fsdp2_shard_dim0_chunk]]). Tensors whose rows
-  torch.chunk cannot spread over every rank leave some ranks an empty shard: fewer rows than
-  ranks, as the output layer here, or e.g. 5 rows over 4 ranks (pieces of 2, 2 and 1 rows); FSDP pads the
-  parameter buffer so that parameter memory stays balanced, while Adam's moments and the
-  checkpoint files stay uneven.
+- **Uneven shards:** a tensor with fewer rows than ranks leaves some ranks an empty shard, as
+  the output layer above ([[pytorch.fsdp2_shard_dim0_chunk]]); FSDP pads the parameter buffer,
+  but Adam's moments and the checkpoint files stay uneven.
 - **A job shrinks by a whole data-parallel replica, if the script makes it.** torchrun hands
-  the script every surviving node. Say tensor parallelism (each layer's matrices split across
-  GPUs) and pipeline parallelism (the layers split into stages; both in
-  [10b](10b_tensor_pipeline_expert_parallelism.ipynb)) span k nodes per replica, with a fixed
-  layout per replica. Then the other k − 1 survivors of the broken replica sit idle, and the
-  job continues on R − 1 of its R replicas, with a larger per-replica batch or gradient
-  accumulation, at about (R − 1)/R of the throughput.
-  To keep the survivors busy, re-partition the pipeline stages over them, or put a spare node
-  in the dead one's place.
+  the script every surviving node. Say each of R replicas spans k nodes, with tensor and
+  pipeline parallelism ([10b](10b_tensor_pipeline_expert_parallelism.ipynb)) in a fixed
+  layout per replica, and one node dies:
+
+  | | replicas training | nodes training | nodes idle |
+  |---|---|---|---|
+  | before | R | R × k | 0 |
+  | after | R − 1 | (R − 1) × k | k − 1 (the dead node's replica) |
+
+  The job runs at about (R − 1)/R of the throughput, with a larger per-replica batch or
+  gradient accumulation. To keep the survivors busy, re-partition the pipeline stages over
+  them, or put a spare node in the dead one's place.
 """  # noqa: E501 (Markdown table rows and prose shown verbatim)
