@@ -236,20 +236,27 @@ def test_best_node_counts_finds_each_curves_optimum_and_the_critical_batch():
     # 21 > 2 x 10 at batch 128; 12 <= 20 from batch 256 on
     assert crit["b_crit"] == 8 * 32 and crit["n_crit"] == 8
     assert crit["top_from"] == 256 and crit["lr_top"] == 0.4 and len(crit["plateau"]) == 8
+    # B_crit implied below the estimate 256: 32 x 7 = 224 ... 128 x 1.1 = 141; with 256
+    assert crit["crit_range"] == (pytest.approx(140.8), 256)
+    assert tt.crit_text(crit) == "B_crit ≈ 140 to 260, 4 to 8 nodes; estimate 256"
     text = tt.best_nodes_sentence(crit)
-    # one bold line first: the ring's best against the critical batch, the tree's by seed
+    # one bold line first: the ring's best against the critical batch's range, the tree's
     assert text.startswith("**The ring's time to train is least at 4 nodes (4 by seed), below "
-                           "the 8 nodes that reach the critical batch; the tree's best is at "
-                           "1024 nodes by seed.**")
-    assert ("- Each seed's own best (2 seeds): 4 nodes for the ring, 1024 for the tree. For the "
-            "tree some seed's best is 1024, the edge of this range") in text
+                           "the critical batch (B_crit ≈ 140 to 260, 4 to 8 nodes; estimate "
+                           "256); the tree's best is at 1024 nodes by seed.**")
+    assert ("For the tree some seed's best is 1024, the edge of the range simulated: its optimum "
+            "may lie beyond.") in text
     assert ("the ring's step time grew ×2.00 while the steps to target fell only ×1.75: a step "
             "time that grows faster than the steps to target fall stops paying even before the "
             "critical batch.") in text
-    # the fold keeps two points; the estimate's arithmetic goes to the appendix
-    assert text.count("\n- ") == 2 and "- The critical batch is approximate: " in text
-    assert text.index("<details>") < text.index("- Each seed's") < text.index("</details>")
+    # no fold: the estimate's arithmetic goes to the appendix
+    assert "<details>" not in text and text.endswith("Why the critical batch is only a range: "
+                                                     "appendix.")
     assert "S_min" not in text and "rate grid (a factor" not in text
+    inside = {**crit, "crit_range": (100, 600)}   # the ring's best, batch 128, lies inside it
+    assert "(4 by seed), at or past the critical batch" in tt.best_nodes_sentence(inside)
+    assert "stops paying even before" not in tt.best_nodes_sentence(inside)
+    assert tt.placed([256, 512], crit) == "at or past" and tt.placed([512], crit) == "past"
     points = "\n".join(tt.estimate_points(crit))
     assert "from batch 256 on (8 nodes, past the ring's best) the mean steps stay below" in points
     assert ("Critical batch estimate: S_min ≈ 10.0 steps (the largest batch's), so 2 S_min = 20.0"
@@ -283,24 +290,29 @@ def test_grid_note_names_a_rise_past_the_estimate_and_stays_short_without_one():
 
 
 def test_nccl_sentence_says_whether_every_seed_reached_the_critical_batch():
-    crit = {"n_crit": 8, "best": {"ring": {"nodes": 4}},
-            "step_times": {"ring": {8: 0.078, 16: 0.11}}}
+    crit = {"crit_range": (200, 260), "b_crit": 256, "per_rank": 32,
+            "best": {"ring": {"nodes": 4}}, "step_times": {"ring": {8: 0.078, 16: 0.11}}}
     step = {n: 0.05 + 2 * (n - 1) * 1.4e-5 for n in (8, 16)}
     dc = {"alpha_s": 1.4e-5, "compute_s": 0.05, "step": step, "best": 16, "seeds": [8, 16]}
     past = tt.nccl_sentence(dc, crit)
     # the conclusion first, then the step worked at the best by the mean
-    assert past.startswith("**With NCCL's tuner constant per network step (14 µs instead of "
-                           "2 ms), the ring's best moves from 4 nodes to 8 to 16 by seed, every "
-                           "seed's at or past the 8 nodes that reach the critical batch.** "
-                           "(NCCL, NVIDIA's GPU collective library, picks an algorithm with a "
-                           "cost model, its *tuner*, which charges 14 µs per network step")
-    assert "The step time is then 50 ms + 2(N−1) × 14 µs (16 nodes by the mean" in past
-    assert "50 ms + 30 × 14 µs = 50 ms, against 0.11 s at 2 ms)." in past
+    assert past.startswith("**At 14 µs per network step instead of 2 ms, the ring's best moves "
+                           "from 4 nodes to 8 to 16 by seed: every seed's best is at or past the "
+                           "critical batch (B_crit ≈ 200 to 260, 6 to 8 nodes; estimate "
+                           "256).** The step is then 50 ms + 2(N−1) × 14 µs: 16 nodes (the best "
+                           "by the mean) take 50 ms + 30 × 14 µs = 50 ms per step, against "
+                           "0.11 s at 2 ms.")
     assert "small growth and seed noise decide the exact count" in past
-    assert "not the ring" not in past
     below = tt.nccl_sentence({**dc, "best": 8, "seeds": [4, 8]}, crit)
-    assert "by seed; the critical batch is reached at 8 nodes.** (NCCL" in below
+    assert "by seed: every seed's best is around the critical batch" in below
     assert "seed noise" not in below
+
+
+def test_nccl_step_times_charge_the_ledger_constant_per_ring_step():
+    from clusterlab import facts
+    us = facts.get("nccl.tuner_net_ring_step_latency_simple").value
+    step = tt.nccl_step_times([1, 4], compute_s=0.05)
+    assert step[1] == pytest.approx(0.05) and step[4] == pytest.approx(0.05 + 6 * us * 1e-6)
 
 
 def test_accumulation_decides_shorter_or_longer_by_the_steps_cut_against_the_step_growth():
@@ -322,6 +334,7 @@ def test_accumulation_decides_shorter_or_longer_by_the_steps_cut_against_the_ste
             "and the 4-fold batch cuts the steps to target 20.0 → 12.5 (×1.60 > 1.33), so the "
             "training is shorter (table).") in text
     assert "it still paid at 4 nodes (by the means)" in text   # 128 is at b_crit
+    assert "for all" not in text   # no per-seed counts: no every-seed headline
     assert "seeds split" not in text   # no per-seed counts given
     # accumulating on 1 node (batch 128, 20 x 0.2 s) beats 4 nodes without it (20 x 0.45 s) and
     # the ring's best (1 node, 100 x 0.05 s)
@@ -331,8 +344,11 @@ def test_accumulation_decides_shorter_or_longer_by_the_steps_cut_against_the_ste
     per_seed = {128: np.array([20.0, 20.0]), 512: np.array([10.0, 18.0])}
     assert tt.seed_wins(a, [4], per_seed) == {4: (1, 2)}
     text = tt.accumulation_sentence(a, b_crit=128, per_seed=per_seed)
-    assert ("it paid at 4 nodes by the means but for only 1 of 2 seeds: not shown on this run "
-            "(the exchange was at least 89% of the step time") in text
+    assert ("At and past the critical batch estimate (batch 128, 4 nodes) it paid at 4 nodes by "
+            "the means but for only 1 of 2 seeds: not shown on this run (the exchange was at "
+            "least 89% of the step time") in text
+    # the accumulating curve's best is a visible line, outside the fold
+    assert text.index("The accumulating ring's best") < text.index("<details>")
     assert "rule predicts" not in text
     # the model's cut at batch 128 -> 512, (1 + Bc/128)/(1 + Bc/512), against the growth x1.33:
     # B_crit implied below 128: 32 x (100/12.5 - 1) = 224, 64 x 3.8 = 243; with the estimate,

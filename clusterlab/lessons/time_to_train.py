@@ -45,6 +45,40 @@ def batch_range(lo: float, hi: float) -> str:
     return lo_ if lo_ == hi_ else f"{lo_} to {hi_}"
 
 
+def crit_range(steps: dict, b_crit: int) -> tuple[int, int]:
+    """The critical batch as a range of batches: what McCandlish's model implies at the smaller
+    batches (`implied_crit`) together with the estimate `b_crit` (the estimate alone when no
+    batch lies below it)."""
+    rng = implied_crit(steps, b_crit) or (b_crit, b_crit)
+    return min(rng[0], b_crit), max(rng[1], b_crit)
+
+
+def crit_text(crit: dict) -> str:
+    """The critical batch as the verdicts state it: its range in batches and in nodes, and the
+    estimate: 'B_crit ≈ 800 to 2200, 25 to 69 nodes; estimate 2048'."""
+    lo, hi = crit["crit_range"]
+    per_rank = crit["per_rank"]
+    nodes = batch_range(lo / per_rank, hi / per_rank)
+    return (f"B_crit ≈ {batch_range(lo, hi)}, {nodes} node{'s' if nodes != '1' else ''}; "
+            f"estimate {crit['b_crit']}")
+
+
+def placed(batches: list, crit: dict) -> str:
+    """Where the global batches `batches` (one curve's best, by seed) lie against the critical
+    batch's range: 'below', 'past', 'at or past' (none below it) or 'around' it."""
+    lo, hi = crit["crit_range"]
+    return ("below" if max(batches) < lo else "past" if min(batches) > hi else
+            "at or past" if min(batches) >= lo else "around")
+
+
+def nccl_step_times(nodes: list, *, compute_s: float) -> dict:
+    """The ring's step time per node count with NCCL's tuner constant per network step instead
+    of the emulated 2 ms: compute plus 2(N − 1) such steps of a 1 MiB all-reduce, no bandwidth
+    term (what the figure's NCCL curve and `nccl_best_nodes` use)."""
+    alpha = facts.get("nccl.tuner_net_ring_step_latency_simple").value * 1e-6
+    return {n: compute_s + models.ring_allreduce(n, 1 << 20, alpha, 0.0) for n in nodes}
+
+
 def least_rising(ring_t: dict, nodes: list) -> tuple[list, int]:
     """The node counts from the least time to train on, and at how many of their doublings the
     time rose."""
@@ -53,24 +87,31 @@ def least_rising(ring_t: dict, nodes: list) -> tuple[list, int]:
     return past, ups
 
 
-def plot_time_to_train(ttt: dict, acc_curve: list, *, nodes: list, acc: int) -> None:
+def plot_time_to_train(ttt: dict, acc_curve: list, *, nodes: list, acc: int,
+                       compute_s: float) -> None:
     """The figure: the measured steps to the target against the global batch (range of the
     seeds, each point's tuned rate) and the time to train against the nodes for the ring, the
-    tree and the ring with accumulation (each curve's least time marked); a dotted line at the
-    critical batch estimate (`settled`) on both panels (on the right, the nodes at which the
-    ring and the tree reach it: accumulation reaches it on fewer); its title says where the
-    ring's time is least."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [0.9, 1.2]})
+    tree, the ring with accumulation and the ring with NCCL's tuner constant per network step
+    (`nccl_step_times`), each curve's least time marked; on both panels the critical batch's
+    range (`crit_range`, shaded) and its estimate (`settled`, dotted; on the right, the nodes
+    at which the curves without accumulation reach it: accumulation reaches it on fewer); the
+    title says where the ring's time is least."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), gridspec_kw={"width_ratios": [0.9, 1.2]})
     rows = ttt["steps"]["rows"]
     per_rank = ttt["per_rank_batch"]
-    b_crit = settled({r["batch"]: r["steps"] for r in rows}, sorted(r["batch"] for r in rows))
-    for ax, x, at, y in ((axes[0], b_crit, f"critical batch\nestimate: batch {b_crit}", 1),
-                         (axes[1], b_crit // per_rank, "critical batch estimate\n(ring, tree): "
-                          f"{b_crit // per_rank} nodes", 0)):
+    steps = {r["batch"]: r["steps"] for r in rows}
+    b_crit = settled(steps, sorted(steps))
+    lo, hi = crit_range(steps, b_crit)
+    for ax, x, at, y in ((axes[0], b_crit, f"critical batch\n≈ {batch_range(lo, hi)}\n"
+                          f"(estimate {b_crit})", 1),
+                         (axes[1], b_crit // per_rank, "critical batch\n(without accumulation):"
+                          f"\n≈ {batch_range(lo / per_rank, hi / per_rank)} nodes", 0)):
+        scale = 1 if ax is axes[0] else per_rank
+        ax.axvspan(lo / scale, hi / scale, color="grey", alpha=0.12, lw=0)
         ax.axvline(x, ls=":", color="grey")
         ax.annotate(at, (x, y), xycoords=("data", "axes fraction"),
                     fontsize=7, color="grey", textcoords="offset points",
-                    xytext=(3, -20) if y else (-3, 4), ha="left" if y else "right")
+                    xytext=(3, -34) if y else (-3, 4), ha="left" if y else "right")
     axes[0].errorbar([r["batch"] for r in rows], [r["steps"] for r in rows],
                      yerr=[[r["steps"] - min(r["per_seed"]) for r in rows],
                            [max(r["per_seed"]) - r["steps"] for r in rows]],
@@ -88,6 +129,11 @@ def plot_time_to_train(ttt: dict, acc_curve: list, *, nodes: list, acc: int) -> 
               for label, (style, color) in STYLES.items()]
     curves.append((f"ring, accumulate {acc}: global batch {acc}·N·b (below)",
                    acc_curve, ":", "#55A868"))
+    nccl_step = nccl_step_times(nodes, compute_s=compute_s)
+    us = facts.get("nccl.tuner_net_ring_step_latency_simple").value
+    curves.append((f"ring at NCCL's tuner constant, {us:g} µs per step (below)",
+                   [{"nodes": n, "time_s": steps[n * per_rank] * nccl_step[n]} for n in nodes],
+                   "-.", "#DD8452"))
     for label, c, style, color in curves:
         axes[1].plot([r["nodes"] for r in c], [r["time_s"] for r in c], style, color=color,
                      lw=2 if style == ":" else 1.5, label=label)
@@ -99,7 +145,7 @@ def plot_time_to_train(ttt: dict, acc_curve: list, *, nodes: list, acc: int) -> 
     axes[1].set_ylabel("time to the target loss, s")
     axes[1].set_title("steps × simulated step time (mean of the seeds; circle: least)",
                       fontsize=9)
-    axes[1].legend(fontsize=8, loc="upper center")
+    axes[1].legend(fontsize=7.5, loc="upper center")
     ring_t = {r["nodes"]: r["time_s"] for r in ttt["curves"]["ring"]}
     past, ups = least_rising(ring_t, nodes)
     fig.suptitle(f"The ring's time to train is least at {past[0]} nodes (on a rate grid a "
@@ -140,50 +186,37 @@ def best_node_counts(ttt: dict, step_times: dict, *, nodes: list, per_rank: int)
             "plateau": [r for r in rows if r["batch"] >= top_from],
             "n_seeds": n_seeds, "per_seed": per_seed, "batches": batches,
             "b_crit": b_crit, "seed_crit": seed_crit, "n_crit": b_crit // per_rank,
-            "seed_best": seed_best, "pool": ttt["steps"].get("task", {}).get("pool")}
+            "seed_best": seed_best, "pool": ttt["steps"].get("task", {}).get("pool"),
+            "crit_range": crit_range(steps, b_crit)}
 
 
 def best_nodes_sentence(crit: dict) -> str:
     """One bold line first: the ring's best node count (by the mean and by seed) against the
-    nodes that reach the critical batch estimate, and the tree's best by seed. Then why (step
-    time's growth against the fall in steps to target, one doubling past the ring's best), how
-    much longer 1024 nodes take and where the steps flatten. A <details> fold keeps two points:
-    each seed's best (and an optimum at the edge of the range) and how approximate the critical
-    batch is; the estimate's arithmetic and the rate grid (`estimate_points`) go to the
-    appendix."""
+    critical batch's range (`crit_text`), and the tree's best by seed. Then why (step time's
+    growth against the fall in steps to target, one doubling past the ring's best), how much
+    longer 1024 nodes take, an optimum at the edge of the range, and where the estimate's
+    arithmetic is (the appendix: `estimate_points`)."""
     best, t_of, seed_best = crit["best"], crit["t_of"], crit["seed_best"]
     steps, step_times, per_rank = crit["steps"], crit["step_times"], crit["per_rank"]
-    nodes, b_crit, n_crit, n_seeds = crit["nodes"], crit["b_crit"], crit["n_crit"], crit["n_seeds"]
+    nodes = crit["nodes"]
     edge = [k for k in STYLES if max(seed_best[k]) == max(nodes)]
     nb_ = best["ring"]["nodes"]
-    where = ("below" if max(seed_best["ring"]) < n_crit else
-             "past" if min(seed_best["ring"]) > n_crit else "around")
+    where = placed([n * per_rank for n in seed_best["ring"]], crit)
     grew = step_times["ring"][2 * nb_] / step_times["ring"][nb_]
     fell = steps[nb_ * per_rank] / steps[2 * nb_ * per_rank]
-    rng = implied_crit(steps, b_crit)
-    bullets = [
-        f"Each seed's own best ({n_seeds} seeds): {span(seed_best['ring'])} nodes for the ring, "
-        f"{span(seed_best['tree'])} for the tree."
-        + "".join(f" For the {' and the '.join(edge)} some seed's best is {max(nodes)}, the edge "
-                  "of this range: its optimum may lie beyond." for _ in edge[:1]),
-        f"The critical batch is approximate: {batch_range(*rng)} by McCandlish's model from the "
-        f"smaller batches, against the estimate {b_crit}; the arithmetic and the rate grid's "
-        "part are in the appendix." if rng else
-        f"The critical batch estimate {b_crit} is approximate: the arithmetic and the rate "
-        "grid's part are in the appendix."]
     return (
         f"**The ring's time to train is least at {nb_} nodes ({span(seed_best['ring'])} by "
-        f"seed), {where} the {n_crit} nodes that reach the critical batch; the tree's best is "
-        f"at {span(seed_best['tree'])} nodes by seed.**"
+        f"seed), {where} the critical batch ({crit_text(crit)}); the tree's best is at "
+        f"{span(seed_best['tree'])} nodes by seed.**"
         f"\n\nWhy: from {nb_} to {2 * nb_} nodes the ring's step time grew ×{grew:.2f} while "
         f"the steps to target fell only ×{fell:.2f}"
         + (": a step time that grows faster than the steps to target fall stops paying even "
            "before the critical batch." if grew > fell and where == "below" else ".")
-        + f" On 1024 nodes the ring takes {t_of['ring'][1024] / best['ring']['time_s']:.0f}× "
-        f"longer than at its best. The steps flatten from batch {b_crit} ({n_crit} nodes) on: "
-        "that is the critical batch estimate (dotted line)."
-        "\n\n<details><summary>How sure is this? Seeds and the critical batch</summary>\n\n"
-        + "\n".join(f"- {b}" for b in bullets) + "\n\n</details>")
+        + f" On {max(nodes)} nodes the ring takes "
+        f"{t_of['ring'][max(nodes)] / best['ring']['time_s']:.0f}× longer than at its best."
+        + "".join(f" For the {' and the '.join(edge)} some seed's best is {max(nodes)}, the edge "
+                  "of the range simulated: its optimum may lie beyond." for _ in edge[:1])
+        + " Why the critical batch is only a range: appendix.")
 
 
 def estimate_points(crit: dict) -> list:
@@ -277,13 +310,13 @@ def ring_table(crit: dict) -> None:
 
 def nccl_best_nodes(crit: dict, *, compute_s: float) -> dict:
     """The ring's time to train with NCCL's tuner constant per network step instead of the
-    emulated 2 ms (a latency-only model, 2(N − 1) such steps): the constant `alpha_s`, the
-    compute `compute_s`, the step per node count `step`, the best node count by the mean `best`
-    and each seed's best `seeds`."""
+    emulated 2 ms (`nccl_step_times`): the constant `alpha_s`, the compute `compute_s`, the
+    step per node count `step`, the best node count by the mean `best` and each seed's best
+    `seeds`."""
     steps, per_seed, per_rank, nodes = (crit["steps"], crit["per_seed"], crit["per_rank"],
                                         crit["nodes"])
     alpha_dc = facts.get("nccl.tuner_net_ring_step_latency_simple").value * 1e-6
-    step = {n: compute_s + models.ring_allreduce(n, 1 << 20, alpha_dc, 0.0) for n in nodes}
+    step = nccl_step_times(nodes, compute_s=compute_s)
     dc = {n: steps[n * per_rank] * step[n] for n in nodes}
     best_dc = min(dc, key=dc.get)
     seed_dc = sorted({nodes[i] for i in np.argmin([per_seed[n * per_rank] * dc[n]
@@ -294,40 +327,35 @@ def nccl_best_nodes(crit: dict, *, compute_s: float) -> dict:
 
 def nccl_sentence(dc: dict, crit: dict) -> str:
     """Each seed's best node count for the ring with NCCL's tuner constant (`nccl_best_nodes`),
-    against the emulated ring's best by the mean, with the step worked at the new best by the
-    mean, and whether every seed's best is at or past the nodes that reach the critical batch
-    (where the steps have flattened, so the step's small growth and seed noise pick the exact
-    count). The model's caveats are in the notebook's real-cluster bullet."""
-    n_crit, n = crit["n_crit"], dc["best"]
+    against the emulated ring's best by the mean and the critical batch's range, with the step
+    worked at the new best by the mean; where every seed's best is at or past the range, the
+    steps have flattened, so the step's small growth and seed noise pick the exact count. The
+    model's caveats are in the notebook's real-cluster bullet."""
+    n, per_rank = dc["best"], crit["per_rank"]
     us, c_ms = dc["alpha_s"] * 1e6, dc["compute_s"] * 1e3
-    past = min(dc["seeds"]) >= n_crit
-    return (f"**With NCCL's tuner constant per network step ({us:.0f} µs instead of 2 ms), the "
-            f"ring's best moves from {crit['best']['ring']['nodes']} nodes to "
-            f"{span(dc['seeds'])} by seed"
-            + (f", every seed's at or past the {n_crit} nodes that reach the critical batch.** "
-               if past else f"; the critical batch is reached at {n_crit} nodes.** ")
-            + "(NCCL, NVIDIA's GPU collective library, picks an algorithm with a cost model, its "
-            f"*tuner*, which charges {us:.0f} µs per network step: a model constant, not a "
-            "measurement; see 'On a real GPU cluster'.) "
-            + f"The step time is then {c_ms:.0f} ms + 2(N−1) × {us:.0f} µs ({n} nodes by the mean: "
-            f"{c_ms:.0f} ms + {2 * (n - 1)} × {us:.0f} µs = {dc['step'][n] * 1e3:.0f} ms, against "
-            f"{crit['step_times']['ring'][n]:.2f} s at 2 ms)."
+    where = placed([m * per_rank for m in dc["seeds"]], crit)
+    return (f"**At {us:.0f} µs per network step instead of 2 ms, the ring's best moves from "
+            f"{crit['best']['ring']['nodes']} nodes to {span(dc['seeds'])} by seed: "
+            + ("every seed's best is " if len(dc["seeds"]) > 1 else "")
+            + f"{where} the critical batch ({crit_text(crit)}).** "
+            f"The step is then {c_ms:.0f} ms + 2(N−1) × {us:.0f} µs: {n} nodes (the best by the "
+            f"mean) take {c_ms:.0f} ms + {2 * (n - 1)} × {us:.0f} µs = "
+            f"{dc['step'][n] * 1e3:.0f} ms per step, against {crit['step_times']['ring'][n]:.2f} s "
+            "at 2 ms."
             + (" Past the critical batch the steps have flattened, so the step's small growth "
-               "and seed noise decide the exact count." if past else ""))
+               "and seed noise decide the exact count." if where in ("past", "at or past")
+               else ""))
 
 
-def explain_best_nodes(crit: dict, *, compute_s: float) -> None:
-    """Says where the time to train is least and why (`best_nodes_sentence`), what NCCL's tuner
-    constant would change (`nccl_sentence`), and checks the shape the section teaches: an
-    interior optimum for the ring, the tree's further right and lower, steps that fall then
-    flatten, and a learning-rate plateau that was found."""
+def explain_best_nodes(crit: dict) -> None:
+    """Says where the time to train is least and why (`best_nodes_sentence`), prints the ring's
+    table, and checks the shape the section teaches: an interior optimum for the ring, the
+    tree's further right and lower, steps that fall then flatten, and a learning-rate plateau
+    that was found."""
     best, t_of, seed_best = crit["best"], crit["t_of"], crit["seed_best"]
     steps, per_rank, plateau = crit["steps"], crit["per_rank"], crit["plateau"]
     say(best_nodes_sentence(crit))
     ring_table(crit)
-    dc = nccl_best_nodes(crit, compute_s=compute_s)
-    say(nccl_sentence(dc, crit))
-    assert dc["best"] > best["ring"]["nodes"]
     for k in ("ring",):   # an interior optimum for the ring
         assert best[k]["nodes"] not in (1, 1024) and not {1, 1024} & set(seed_best[k]), k
     assert min(seed_best["tree"]) > max(seed_best["ring"])  # further right
@@ -336,6 +364,15 @@ def explain_best_nodes(crit: dict, *, compute_s: float) -> None:
     assert crit["s_big"] < steps[16 * per_rank] < 0.5 * crit["s1"]   # steps fall, then flatten
     # the rate plateau is found
     assert len(plateau) >= 2 and all(r["lr_above"] is None for r in plateau)
+
+
+def explain_nccl(crit: dict, *, compute_s: float) -> dict:
+    """Says where the ring's best lies at NCCL's tuner constant per network step
+    (`nccl_sentence`), checks that it moved to more nodes, and returns `nccl_best_nodes`."""
+    dc = nccl_best_nodes(crit, compute_s=compute_s)
+    say(nccl_sentence(dc, crit))
+    assert dc["best"] > crit["best"]["ring"]["nodes"]
+    return dc
 
 
 def accumulation(step_times: dict, with_acc: dict, steps: dict, *, acc: int, per_rank: int,
@@ -380,14 +417,15 @@ def seed_wins(a: dict, ns: list, per_seed: dict) -> dict:
     return out
 
 
-def worked_row(a: dict) -> str:
-    """The rule applied to one node count, the first multi-node one where accumulation
-    shortened the mean time to train (else the first multi-node one)."""
+def worked_row(a: dict, n: int | None = None) -> str:
+    """The rule applied to one node count: `n`, else the first multi-node one where
+    accumulation shortened the mean time to train (else the first multi-node one)."""
     acc, per_rank, c = a["acc"], a["per_rank"], a["compute_s"]
-    multi = [n for n in sorted(a["cut"]) if n > 1]
+    multi = [m for m in sorted(a["cut"]) if m > 1]
     if not multi:
         return ""
-    n = next((m for m in multi if a["verdict"][m] == "shorter"), multi[0])
+    if n is None:
+        n = next((m for m in multi if a["verdict"][m] == "shorter"), multi[0])
     s_b, s_kb = a["steps"][n * per_rank], a["steps"][acc * n * per_rank]
     t, grew, cut = a["t"][n] * 1e3, a["grew"][n], a["cut"][n]
     return (f"The rule on {n} nodes: the step time of {t:.0f} ms grows to {t:.0f} + "
@@ -415,32 +453,42 @@ def model_says(a: dict, ns: list, b_crit: int) -> str:
             f"pins only to about {batch_range(lo, hi)}.")
 
 
+def every_seed_longer(a: dict, per_seed: dict | None) -> list:
+    """The multi-node counts where accumulation raised samples per second yet lengthened the
+    training for every seed (0 of them shorter): the rows beyond seed noise."""
+    every = seed_wins(a, seeded(a, per_seed), per_seed) if per_seed is not None else {}
+    return [n for n, (k, _) in every.items()
+            if n > 1 and k == 0 and a["sps_gain"][n] > 1.01 and a["verdict"][n] == "longer"]
+
+
 def accumulation_sentence(a: dict, *, b_crit: int, per_seed: dict | None = None) -> str:
-    """Where accumulation raised samples per second and where it lengthened the mean time to
-    train, the rule worked on one node count (`worked_row`), at how many node counts the seeds
-    split, any win at or past the critical batch (per seed first, when given, and then whether
-    McCandlish's model predicts it: `model_says`), and the
-    accumulating curve's best against the ring's at the same global batch and the ring's
-    best. The lead sentence and the worked rule come first, the rest in a <details> fold."""
+    """What accumulation did, led by the rows beyond seed noise: where it raised samples per
+    second yet lengthened the training for every seed (`every_seed_longer`; without such rows,
+    at how many node counts the mean time to train was longer), the rule worked on one such
+    node count (`worked_row`), and, visible, the accumulating curve's best against the ring's
+    at the same global batch and the ring's best. A <details> fold keeps the means' count, at
+    how many node counts the seeds split, and any win at or past the critical batch estimate
+    (per seed first, when given, and then whether McCandlish's model predicts it:
+    `model_says`)."""
     acc, per_rank = a["acc"], a["per_rank"]
     sps_gain, grew, share, verdict = a["sps_gain"], a["grew"], a["share"], a["verdict"]
     raised = [n for n, g in sps_gain.items() if g > 1.01]
     slower = [n for n in raised if verdict[n] == "longer"]
     won_past = [n for n in raised if verdict[n] == "shorter" and n * per_rank >= b_crit]
     wins = seed_wins(a, won_past, per_seed) if per_seed is not None else {}
-    every = seed_wins(a, seeded(a, per_seed), per_seed)
+    every = seed_wins(a, seeded(a, per_seed), per_seed) if per_seed is not None else {}
     split = [n for n, (k, m) in every.items() if 0 < k < m]
+    robust = every_seed_longer(a, per_seed)
     why = (f"the exchange was at least {min(share[n] for n in won_past):.0%} of the step time, "
            f"so the step time grew at most ×{max(grew[n] for n in won_past):.2f}"
            if won_past else "")
+    at = f"At and past the critical batch estimate (batch {b_crit}, {b_crit // per_rank} nodes)"
     if wins and not all(k == m for k, m in wins.values()):
-        past = (f" Past the critical batch estimate ({b_crit}) it paid at "
-                f"{' and '.join(map(str, won_past))} nodes by the means but for only "
-                + " and ".join(f"{k} of {m}" for k, m in wins.values())
+        past = (f" {at} it paid at {' and '.join(map(str, won_past))} nodes by the means but "
+                "for only " + " and ".join(f"{k} of {m}" for k, m in wins.values())
                 + f" seeds: not shown on this run ({why})." + model_says(a, won_past, b_crit))
     elif won_past:
-        past = (f" Past the critical batch estimate ({b_crit}) it still paid at "
-                f"{' and '.join(map(str, won_past))} nodes"
+        past = (f" {at} it still paid at {' and '.join(map(str, won_past))} nodes"
                 + (" for every seed" if wins else " (by the means)") + f": {why}.")
     else:
         past = ""
@@ -449,24 +497,32 @@ def accumulation_sentence(a: dict, *, b_crit: int, per_seed: dict | None = None)
     n_ring = min(a["ring_time"], key=a["ring_time"].get)
     green = ""
     if n_acc in t_kn and time[n_acc] < t_kn[n_acc]:
-        green = (f" The accumulating ring's best, {n_acc} nodes ({time[n_acc]:.2f} s), reaches "
+        green = (f"The accumulating ring's best, {n_acc} nodes ({time[n_acc]:.2f} s), reaches "
                  f"batch {acc * n_acc * per_rank} faster than {acc * n_acc} nodes without it "
                  f"({t_kn[n_acc]:.2f} s), "
                  + ("but not faster than" if a["ring_time"][n_ring] < time[n_acc] else "and beats")
                  + f" the ring's best ({a['ring_time'][n_ring]:.2f} s on {n_ring} nodes).")
-    return (
-        f"**Accumulating {acc} micro-batches raised samples per second on every multi-node ring "
-        f"(×{min(sps_gain[n] for n in raised):.2f} to ×{max(sps_gain[n] for n in raised):.2f}), "
-        f"yet the mean time to train was longer at {len(slower)} of those {len(raised)} node "
-        "counts**"
-        + (": more samples per second is not a shorter training. " if slower else ". ")
-        + worked_row(a)
-        + ("\n\n<details><summary>How sure is this? Seed noise, past the critical batch, the "
-           "accumulating curve's best</summary>\n\n" if split or past or green else "")
-        + (f" The seeds split at {len(split)} of the {len(every)} node counts (table: seeds "
-           "shorter): there the mean's verdict is within seed noise." if split else "")
-        + past + green
-        + ("\n\n</details>" if split or past or green else ""))
+    lo, hi = min(sps_gain[n] for n in raised), max(sps_gain[n] for n in raised)
+    gains = f"raised samples per second on every multi-node ring (×{lo:.2f} to ×{hi:.2f})"
+    n_seeds = len(next(iter(per_seed.values()))) if per_seed else 0
+    if robust:
+        head = (f"**Accumulating {acc} micro-batches {gains}, yet at "
+                f"{' and '.join(map(str, robust))} nodes it lengthened the training for all "
+                f"{n_seeds} seeds**: more samples per second is not a shorter training. ")
+        means = (f" By the means the training was longer at {len(slower)} of the {len(raised)} "
+                 "multi-node counts." if slower else "")
+    else:
+        head = (f"**Accumulating {acc} micro-batches {gains}, yet the mean time to train was "
+                f"longer at {len(slower)} of those {len(raised)} node counts**"
+                + (": more samples per second is not a shorter training. " if slower else ". "))
+        means = ""
+    splits = (f" The seeds split at {len(split)} of the {len(every)} node counts (table: seeds "
+              "shorter): there the mean's verdict is within seed noise." if split else "")
+    fold = means + splits + past
+    return (head + worked_row(a, robust[0] if robust else None)
+            + (f"\n\n{green}" if green else "")
+            + ("\n\n<details><summary>How sure is this? Seed noise, and at or past the critical "
+               f"batch</summary>\n\n{fold.strip()}\n\n</details>" if fold else ""))
 
 
 def explain_accumulation(a: dict, *, b_crit: int, per_seed: dict | None = None) -> None:
@@ -494,13 +550,50 @@ def explain_accumulation(a: dict, *, b_crit: int, per_seed: dict | None = None) 
     assert sorted(raised) == sorted(n for n in cut if n > 1)
 
 
+def recap(crit: dict, dc: dict, a: dict, *, per_seed: dict | None = None) -> None:
+    """'What this run showed', one line per idea: where the emulated ring's best lay against
+    the critical batch (and why, when below it), where the tree's and the NCCL-constant ring's
+    did, and where accumulation lengthened the training for every seed, with the exchange's
+    share of the step there."""
+    per_rank, seed_best = crit["per_rank"], crit["seed_best"]
+    nb_ = crit["best"]["ring"]["nodes"]
+    ring_at = placed([n * per_rank for n in seed_best["ring"]], crit)
+    tree_at = placed([n * per_rank for n in seed_best["tree"]], crit)
+    nccl_at = placed([n * per_rank for n in dc["seeds"]], crit)
+    grew = crit["step_times"]["ring"][2 * nb_] / crit["step_times"]["ring"][nb_]
+    fell = crit["steps"][nb_ * per_rank] / crit["steps"][2 * nb_ * per_rank]
+    lines = [f"The emulated ring's best ({nb_} nodes) lay {ring_at} the critical batch"
+             + (": its step time grew faster than the steps to target fell."
+                if ring_at == "below" and grew > fell else ".")]
+    tree = f"the tree's best ({span(seed_best['tree'])} nodes by seed)"
+    nccl = f"the ring's at NCCL's tuner constant ({span(dc['seeds'])})"
+    lines.append(f"{tree[0].upper()}{tree[1:]} and {nccl} lay {tree_at} it."
+                 if tree_at == nccl_at else
+                 f"{tree[0].upper()}{tree[1:]} lay {tree_at} it, {nccl} {nccl_at} it.")
+    robust = every_seed_longer(a, per_seed)
+    if robust:
+        shares = " and ".join(f"{a['share'][n]:.0%}" for n in robust)
+        lines.append(f"Accumulation raised samples per second, yet lengthened the training for "
+                     f"every seed at {' and '.join(map(str, robust))} nodes, where the exchange "
+                     f"was only {shares} of the step.")
+    else:
+        slower = [n for n, v in a["verdict"].items() if n > 1 and v == "longer"]
+        lines.append(f"Accumulation raised samples per second; by the means it lengthened the "
+                     f"training at {len(slower)} node counts.")
+    say("**What this run showed.**\n\n" + "\n".join(f"- {line}" for line in lines))
+
+
 def appendix(crit: dict) -> None:
-    """Prints the steps to the target at each global batch with the tuned rate, where the rate
-    plateaus, how much of the shared sample pool the seeds read at the largest batch (and any
+    """Prints the critical batch's range in one plain sentence first, then the steps to the
+    target at each global batch with the tuned rate, where the rate plateaus, how much of the
+    shared sample pool the seeds read at the largest batch (and any
     batch where a seed drew a sample twice), and each curve's best node count by the mean and
     by seed."""
     rows, plateau = crit["rows"], crit["plateau"]
     best, t_of, seed_best = crit["best"], crit["t_of"], crit["seed_best"]
+    lo, hi = crit["crit_range"]
+    print(f"The toy's critical batch is fuzzy: anywhere from {batch_range(lo, hi)} "
+          f"(estimate {crit['b_crit']}); why, below the table.\n")
     print(f"Steps to the target, mean of {crit['n_seeds']} seeds, and the tuned rate:")
     print("    batch   steps   lr")
     for r in rows:
