@@ -340,7 +340,8 @@ def report(info: dict) -> str:
         f"machine: {info['cores']} cores ({info['usable_cores']} usable here), "
         f"{info['memory_gb']} GB, {info['platform']}",
         f"start method: {info['start_method']}   Gloo available: {info['gloo']}",
-        f"timer overshoot: p50 {t['p50']:.0f} us, p99 {t['p99']:.0f} us",
+        f"timer overshoot: p50 {t['p50']:.0f} us, p99 {t['p99']:.0f} us"
+        + (f" over {t['samples']} sleeps" if "samples" in t else ""),
     ]
     if "native_one_way_us" in info:
         lat = info["native_one_way_us"]

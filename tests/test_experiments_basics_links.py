@@ -146,7 +146,7 @@ def test_a_one_rank_baseline_is_the_reference_of_efficiency():
                                  sizes=(32, 64, 10), batch=16, solo=True)
     assert (plain["nodes"], solo["nodes"]) == (2, 1)
     assert solo["rounds"] == 0 and solo["predicted_all_reduce"] == 0
-    assert basics.label(solo) == "1 rank, no exchange"
+    assert basics.label(solo) == "one rank alone"
     assert basics.efficiency(solo, plain) == pytest.approx(
         solo["step_median"] / plain["step_median"])
     with pytest.raises(ValueError):

@@ -112,18 +112,22 @@ def test_impaired_step_within_the_jitter_range_is_shown(capsys):
     kwargs = dict(replay=np.full(200, 0.0375), compute=0.006, model_ar=0.0368, spread=0.006,
                   efficiency=0.005 / 0.044, dilation=1)
     start.explain_impaired_step(plain, impaired, solo, **kwargs)
-    out = capsys.readouterr().out
-    assert "details" not in out  # the replay, the range and the gap only on request
-    assert "efficiency against one rank alone: 5.0 ms / 44.0 ms = 11% (median steps)\n" in out
+    main, fold = capsys.readouterr().out.split("median, ms", 1)  # the fold prints last here
+    assert main.splitlines() == [  # three lines on the main path
+        "measured:   44.0 ms per step (median, 4 steps x 2 ranks)",
+        "predicted:  42.8 ms = compute 6.0 (the plain run's median) + α-β all-reduce 36.8",
+        "efficiency: 11% = one rank alone's 5.0 ms / 44.0 ms (median steps)"]
+    assert "impaired             6.0        39.0   44.0" in fold  # each run's medians
     # 44.0 - (6.0 + 36.8) = +1.2 ms; the split only in the details
-    assert "measured - predicted = +1.2 ms (how to split it: fold below)\n" in out
-    assert "jitter" not in out
-    assert ("Shown on this run: the emulated network set most of the all-reduce phase "
-            "(medians: its replay is 96% of the slowest rank's phase; that phase ranged "
-            "39.0-39.0 ms over the 4 steps).") in out
+    assert "measured - predicted = +1.2 ms (show_details=True splits it)" in fold
+    assert "jitter" not in fold and "details:" not in fold
+    # holds by construction on a quiet machine: a check of the emulator, not a finding
+    assert ("Consistency check of the emulator, which holds each all_reduce until its replay "
+            "(its own timing of the ring) ends: the emulated network set most of the "
+            "all-reduce phase (medians: its replay is 96% of the slowest rank's phase; that "
+            "phase ranged 39.0-39.0 ms over the 4 steps).") in fold
     start.explain_impaired_step(plain, impaired, solo, show_details=True, **kwargs)
     out = capsys.readouterr().out
-    assert "44.0 ms measured" in out and "42.8 ms predicted = compute 6.0" in out
     # this run's compute 6.0 (the plain run's) + 0; jitter 37.5 - 36.8 = +0.7; the rest +0.5
     assert ("details: the gap, +1.2 ms = this run's compute +0.0 ms against the plain run's "
             "(the prediction used the plain run's; shared cores) + jitter +0.7 ms (the "
@@ -160,12 +164,13 @@ def test_all_reduce_phase_far_above_the_replay_is_not_shown_when_compute_was_slo
     start.explain_impaired_step(plain, impaired, solo, replay=np.full(200, 0.0375),
                                 compute=0.004, model_ar=0.0368, spread=0.006,
                                 efficiency=0.005 / 0.090, dilation=3)
-    out = capsys.readouterr().out
-    assert ("efficiency against one rank alone: 5.0 ms / 90.0 ms = 6% (median steps; times "
+    main = capsys.readouterr().out.split("median, ms", 1)[0]
+    assert ("efficiency: 6% = one rank alone's 5.0 ms / 90.0 ms (median steps; times "
             "divided by K = 3, so the compute is that of a CPU 3 times faster than this "
-            "one)") in out
-    assert "Not shown on this run: the emulated network set most of the all-reduce phase" in out
-    assert "a run above 1.3x the closed form: 6 ms against 4 ms" in out
+            "one)") in main
+    # a busy machine's "Not shown" stays on the main path, where the reader is
+    assert "Not shown on this run: the emulated network set most of the all-reduce phase" in main
+    assert "a run above 1.3x the closed form: 6 ms against 4 ms" in main
 
 
 def test_impaired_step_checks_the_efficiency_is_the_ratio_of_median_steps():
@@ -189,12 +194,18 @@ def test_real_cluster_text_computes_the_crossover_and_renders():
     text = start.real_cluster_text(alpha=2e-3, rate_Bps=125e6, alpha_nccl=14e-6, nic_Bps=50e9,
                                    first_bucket=2**20)
     facts.render(text)  # every [[fact]] is in the ledger
-    text = " ".join(text.split())
+    main, fold = text.split("<details>")
+    assert "n*" not in main  # the crossover needs notebook 01: behind the fold
+    fold = " ".join(fold.split())
     # n* is defined before it is used, in kB (1000 B)
-    assert text.index("n* = α × bandwidth is the message size") < text.index("≈ 0.7 MB")
-    assert "here 2 ms × 125 MB/s = 250 kB" in text and "KB" not in text
-    assert "with NCCL it is ≈ 0.7 MB" in text and "(its Simple protocol" in text
-    assert "is latency-bound from 2 nodes" in text  # 1 MiB / 2 = 0.52 MB
+    assert fold.index("n* = α × bandwidth is the message size") < fold.index("≈ 0.7 MB")
+    assert "here 2 ms × 125 MB/s = 250 kB" in fold and "KB" not in fold
+    # a cost model's heuristic, said so, with the lower-α protocols it also weighs
+    assert "that cost model implies n* ≈ 0.7 MB" in fold
+    assert "in NCCL's cost model and if it ran ring/Simple" in fold
+    assert "would be latency-bound from 2 nodes" in fold  # 1 MiB / 2 = 0.52 MB
+    assert "[[nccl.tuner_net_tree_step_latency_ll128]]" in fold
+    text = " ".join(text.split())
     assert "the transport ([[rdma.kernel_bypass]] for the transfer itself)" in text
     text = start.real_cluster_text(alpha=2e-3, rate_Bps=125e6, alpha_nccl=14e-6, nic_Bps=50e9,
                                    first_bucket=1.5e6)
@@ -230,14 +241,16 @@ def test_doctor_sentences_and_warning_at_the_edge(capsys):
     info, dil = doctor_inputs(native_p99=3650.0, tail=300.0)
     start.explain_doctor(info, dil, delay_us=2000.0, dilation=1)
     out = capsys.readouterr().out
-    assert ("floor 0.5 ms x 2 = 1 ms and late tail 0.30 ms (p99 over 2 x 300 messages) against "
-            "the 2 ms delay: K = 1, so the experiments above ran at 2 ms\n") in out
+    assert out.startswith("K = 1: the 2 ms delay covers this machine's floor 0.5 ms x 2 = 1 ms "
+                          "and its late tail 0.30 ms (p99 over 2 x 300 messages), so the "
+                          "experiments above ran at 2 ms\n")  # the verdict first
     assert ("(about its 4 slowest of 2 x 200 messages), lies above the delay: shown for scale, "
             "it is not the criterion (the late tail through the emulator, 0.30 ms, is)") in out
     assert "at the edge" not in out
     info, dil = doctor_inputs(native_p99=3650.0, tail=5900.0)
     start.explain_doctor(info, dil, delay_us=2000.0, dilation=3)
     out = capsys.readouterr().out
+    assert out.startswith("K = 3: the 2 ms delay does not cover both this machine's floor")
     assert "ran at 6 ms and reported times divided by 3" in out
     assert "below the delay x K" in out
     assert "late tail is 98% of the dilated delay" in out
@@ -264,6 +277,10 @@ def test_doctor_checks_k_against_its_criterion():
 
 def test_start_figures_draw():
     start.plot_all_reduce(np.full((4, 7), 64.0), predicted_ms=62.3)
+    runs = [run(0.002, 0.010, 0.016), run(0.002, 0.039, 0.044), run(0.0015, 0, 0.005)]
+    for r, (nodes, nic) in zip(runs, ((2, None), (2, "delay 2ms"), (1, None))):
+        r.update(nodes=nodes, nic=nic)
+    start.plot_impaired(runs)
     info, dil = doctor_inputs(native_p99=3650.0, tail=300.0)
     start.plot_doctor(info, dil, delay_us=2000.0, dilation=2)
 
@@ -347,27 +364,19 @@ def test_noise_floor_returns_the_fast_path(capsys):
     assert "1 outlier of 5 took 1 ms or more (1.2 ms); load average" in out
 
 
-@pytest.mark.parametrize("excess, native, verdict", [
-    ({"lower": 40, "upper": 44}, {"lower": 160, "upper": 170}, "hidden"),
-    ({"lower": 200, "upper": 220}, {"lower": 160, "upper": 170}, "above"),
-    ({"lower": 150, "upper": 165}, {"lower": 160, "upper": 170}, "overlap"),
-    ({"lower": 40, "upper": 44}, None, "no native"),
-])
-def test_hiding_verdict(excess, native, verdict):
-    assert link.hiding_verdict(excess, native) == verdict
-
-
 def test_excess_sentences(capsys):
     pp = {"noise_ms": np.linspace(0.040, 0.044, 200)}
-    link.explain_excess(pp, np.linspace(160.0, 170.0, 200))
+    link.explain_excess(pp, np.linspace(160.0, 170.0, 200), delay_ms=4.0)
     out = capsys.readouterr().out
-    assert "ping-pong one-way excess: median 42 µs" in out and "over 200 pings" in out
-    assert "native fast path: median 165 µs" in out
-    assert out.startswith("verdict (the two medians' 95% intervals, below): the intervals do "
-                          "not overlap: consistent with the native transfer hiding inside the "
-                          "emulated delay\n")  # the verdict first, then the intervals
+    # the takeaway first: the excess and its share of the delay
+    assert out.startswith("the emulator and this machine add a median 42 µs per message (95% "
+                          "interval ")
+    assert "200 pings): 1.1% of the 4 ms delay\n" in out  # 42 µs of 4 ms
+    assert "its p99: 44 µs over 200 pings" in out
+    assert ("for scale, plain Gloo's fast path (another path, its transfer included): median "
+            "165 µs") in out
     link.explain_excess(pp, np.array([]))
-    assert "nothing to compare with" in capsys.readouterr().out
+    assert "plain Gloo" not in capsys.readouterr().out  # no native message under 1 ms
 
 
 def test_link_notes_render_from_the_ledger():
@@ -379,12 +388,12 @@ def test_tcp_after_idle_is_worked_through_window_by_window(capsys):
     alpha, beta = 2e-3, (1 + 66 / 65536) / 125e6
     idle = links.tcp_after_idle(sizes, alpha, beta, 1448, 10)
     link.explain_tcp_after_idle(idle, alpha=alpha, beta=beta, first_window=14480)
-    assert capsys.readouterr().out == (
-        "TCP from the initial window (new connection, or idle for many RTOs; a rough sketch, "
-        "not measured): 128 KiB (131 kB). The window starts at 14.5 kB "
-        "and doubles every round trip: 14.5, 29.0, 57.9 kB, 101 kB sent in 3 round trips; the "
-        "rest goes in round trip 4\nso 3 round trips more than the emulator's one burst, 4 ms "
-        "each: 15.0 ms instead of 3.0 ms\n")
+    assert capsys.readouterr().out == (  # one line; the windows behind a fold
+        "slowed most (a rough sketch, not measured): 128 KiB takes 15.0 ms from TCP's initial "
+        "window instead of 3.0 ms: 3 round trips more\n"
+        "The window starts at 14.5 kB and doubles every round trip: 14.5, 29.0, 57.9 kB, 101 "
+        "kB sent in 3 round trips; the rest of the 131 kB goes in round trip 4. So 3 round "
+        "trips more than the emulator's one burst, 4 ms each.\n")
     link.plot_tcp_after_idle(idle, alpha=alpha, beta=beta)
 
 
@@ -430,19 +439,25 @@ def step64_of(measured):
 
 def test_slowest_of_64_shown_when_the_network_sets_every_tail(capsys):
     parts = {name: {"beyond_network": 0} for name in tails.DISTRIBUTIONS}
-    quote = tails.explain_slowest_of_64(step64_of([5.0, 5.1, 5.2]), parts, busy=None)
+    quote, details = tails.explain_slowest_of_64(step64_of([5.0, 5.1, 5.2]), parts, busy=None)
     assert quote == {name: True for name in tails.DISTRIBUTIONS}
     out = capsys.readouterr().out
-    assert ("  normal: slowest of 64 5.10 ms = network alone 4.97 + this machine +0.13 (model "
-            "4.97); median ping 4.00 ms") in out
-    assert ("Shown on this run: for every distribution the network's tail (network alone - the "
-            "4 ms delay) moved the slowest of 64 more than this machine did.\n") in out
+    # the main path: the network's draws against the model, one line each
+    assert ("  normal: slowest of 64 4.97 ms (network alone; model 4.97), median ping 4.00 "
+            "ms\n") in out
+    assert "this machine" not in out and "Shown" not in out
+    # the split and the verdict: the appendix's
+    assert ("  normal: slowest of 64 measured 5.10 ms = network alone 4.97 + this machine "
+            "+0.13") in details
+    assert details[-1] == ("Shown on this run: for every distribution the network's tail "
+                           "(network alone - the 4 ms delay) moved the slowest of 64 more than "
+                           "this machine did.")
 
 
 def test_slowest_of_64_names_the_distributions_this_machine_moved(capsys):
     parts = {name: {"beyond_network": 3 if name == "pareto" else 0}
              for name in tails.DISTRIBUTIONS}
-    quote = tails.explain_slowest_of_64(step64_of([5.0, 5.1, 7.0]), parts, busy=None)
+    quote, _ = tails.explain_slowest_of_64(step64_of([5.0, 5.1, 7.0]), parts, busy=None)
     assert quote == {"uniform": True, "normal": True, "pareto": False}
     out = capsys.readouterr().out
     assert ("Not shown on this run: for every distribution the network's tail (network alone "
@@ -573,7 +588,12 @@ def test_jitter_sentences_say_when_the_machine_was_busy(capsys):
     parts["normal"]["machine_extra"] = 0.24
     tails.explain_jitter(runs, parts, dilated())
     out = capsys.readouterr().out
-    assert out.endswith("\nThis machine moved these p99s by at most 0.24 ms (appendix).\n")
+    assert out.endswith("\nThis machine moved every measured p99 by at most 0.24 ms "
+                        "(appendix).\n")
+    median = np.median(runs["normal"]["emulated_ms"])
+    network = parts["normal"]["network"]
+    assert (f"  normal: median {median:.2f} ms, p99 {network:.2f} ms (network alone, n = 200); "
+            "model p99 6.33 ms\n") in out
     tails.explain_jitter(runs, parts, dilated(busy="noise p99 0.9 ms"))
     out = capsys.readouterr().out
     assert out.endswith("by at most 0.24 ms, but its noise missed the plan during the runs "
@@ -624,7 +644,23 @@ def test_loss_and_contention_appendix(capsys):
 
 
 def test_tails_notes_render_from_the_ledger():
-    facts.render(tails.ON_A_REAL_GPU_CLUSTER)
+    text = facts.render(tails.ON_A_REAL_GPU_CLUSTER)
+    main, fold = text.split("<details>", 1)
+    assert main.count("- **") == 4  # four one-line points; the rest behind the fold
+    assert "NCCL_IB_TIMEOUT" not in main and "head-of-queue" in fold  # IB's drops are sourced
+    facts.render(tails.LOSS_RECOVERY)
+
+
+def test_loss_at_scale_folds_the_reasoned_gloo_estimate(capsys):
+    tails.explain_loss_at_scale(8, losses=(0.001,))
+    out = capsys.readouterr().out
+    main, fold = out.split("A lower estimate", 1)
+    assert main.splitlines() == [
+        "at 0.1% loss per message, about 1 all-reduce in 9 on 8 ranks stalls for >= 200 ms "
+        "(this emulator: a loss among the 112 messages of its ring)",
+        "loss 0.10%: 10.6% of all-reduces stall"]
+    assert "loss 0.10%: from about 1.6% of all-reduces (emulator 10.6%)" in fold
+    assert "reasoned, not measured" in fold and "pytorch/gloo" in fold  # its source
 
 
 def test_tails_figures_draw():

@@ -322,9 +322,10 @@ def efficiency(solo: dict, result: dict) -> float:
 
 
 def label(result: dict) -> str:
+    """A run's name in figures, as the notebook's text names it."""
     if result["nodes"] == 1:
-        return "1 rank, no exchange"
-    return "no impairment (plain Gloo)" if result["nic"] is None else f"nic: {result['nic']}"
+        return "one rank alone"
+    return "plain Gloo" if result["nic"] is None else f"impaired: {result['nic']}"
 
 
 def format_breakdown(results: dict | list[dict]) -> str:
@@ -362,7 +363,8 @@ def plot_breakdown(results: list[dict], ax=None):
                        label=name if not positions else None)
                 bottom += value
             positions.append(x)
-            kind = "1 rank" if r["nodes"] == 1 else ("plain" if r["nic"] is None else "impaired")
+            kind = ("one rank\nalone" if r["nodes"] == 1 else
+                    "plain" if r["nic"] is None else "impaired")
             labels.append(kind + ("" if r["nodes"] == 1 else f"\nrank {rank}"))
             x += 1
         x += 0.5

@@ -14,6 +14,7 @@ from matplotlib.ticker import NullFormatter
 from clusterlab import facts
 from clusterlab.experiments import links
 from clusterlab.experiments.common import load_per_core
+from clusterlab.lessons import show
 
 
 def plot_ping_pong(pp: dict, *, delay_ms: float, top: float = 9.5) -> None:
@@ -98,21 +99,24 @@ def plot_tcp_after_idle(idle: dict, *, alpha: float, beta: float) -> None:
 
 
 def explain_tcp_after_idle(idle: dict, *, alpha: float, beta: float, first_window: float) -> None:
-    """The size the sketch slows most, worked through: the congestion windows it sends, one
-    per round trip, doubling from the initial window (`first_window` bytes), how many more
-    round trips that is than the emulator's one burst, and the time with and without them.
-    Checks that the smallest size needs no extra round trip and the largest does."""
+    """The size the sketch slows most, in one line (its time with and without the extra round
+    trips), worked through behind a fold: the congestion windows it sends, one per round trip,
+    doubling from the initial window (`first_window` bytes), and how many more round trips
+    that is than the emulator's one burst. Checks that the smallest size needs no extra round
+    trip and the largest does."""
     n, extra = idle["sizes"], idle["extra_rounds"]
     w = int(np.argmax(idle["seconds"] / (alpha + n * beta)))
     windows = first_window * 2.0 ** np.arange(int(extra[w]) + 1) / 1e3
     k = int(extra[w])
-    print(f"TCP from the initial window (new connection, or idle for many RTOs; a rough sketch, "
-          f"not measured): {n[w] / 1024:.0f} KiB ({n[w] / 1e3:.0f} kB). The window starts "
-          f"at {windows[0]:.1f} kB and doubles every round trip: "
-          f"{', '.join(f'{x:.1f}' for x in windows[:-1])} kB, {windows[:-1].sum():.0f} kB sent "
-          f"in {k} round trips; the rest goes in round trip {k + 1}")
-    print(f"so {k} round trips more than the emulator's one burst, {2 * alpha * 1e3:g} ms each: "
-          f"{idle['seconds'][w] * 1e3:.1f} ms instead of {(alpha + n[w] * beta) * 1e3:.1f} ms")
+    print(f"slowed most (a rough sketch, not measured): {n[w] / 1024:.0f} KiB takes "
+          f"{idle['seconds'][w] * 1e3:.1f} ms from TCP's initial window instead of "
+          f"{(alpha + n[w] * beta) * 1e3:.1f} ms: {k} round trips more")
+    show.fold("Window by window",
+              f"The window starts at {windows[0]:.1f} kB and doubles every round trip: "
+              f"{', '.join(f'{x:.1f}' for x in windows[:-1])} kB, {windows[:-1].sum():.0f} kB "
+              f"sent in {k} round trips; the rest of the {n[w] / 1e3:.0f} kB goes in round trip "
+              f"{k + 1}. So {k} round trips more than the emulator's one burst, "
+              f"{2 * alpha * 1e3:g} ms each.")
     assert extra[0] == 0 and extra[-1] > 0
     assert windows[:-1].sum() < n[w] / 1e3 <= windows.sum(), "the last window completes it"
 
@@ -153,7 +157,8 @@ def explain_sweep(sweep: dict, *, show_details: bool = False) -> None:
     resid = np.max(np.abs(sweep["best_ms"] / ((fit.alpha + sizes * fit.beta) * 1e3) - 1))
     print(f"fit: α = {fit.alpha * 1e3:.3f} ms (configured {sweep['configured_alpha'] * 1e3:.1f}, "
           f"{extra_us:+.0f} µs), β = {fit.beta * 1e9:.3f} ns/byte (configured "
-          f"{sweep['configured_beta'] * 1e9:.3f}), worst residual {resid:.1%}")
+          f"{sweep['configured_beta'] * 1e9:.3f}); worst residual {resid:.1%} (the largest "
+          "|fastest time / fitted line - 1| over the sizes)")
     print(f"n* = {sweep['crossover_bytes'] / 1e3:.0f} kB (configured "
           f"{sweep['configured_crossover_bytes'] / 1e3:.0f}); effective bandwidth {eff[0]:.1f} "
           f"Mbit/s at {sizes[0] // 1024} KiB, {eff[6]:.0f} at {sizes[6] // 1024} KiB, "
@@ -177,11 +182,13 @@ def explain_sweep(sweep: dict, *, show_details: bool = False) -> None:
     assert share[0] > 0.5 > share[-1], "small messages latency-bound, large ones bandwidth-bound"
 
 
-# "On a real GPU cluster": the transport, NCCL's α, framing, congestion and flow control
-# (a `facts.show` template: [[id]] renders a ledger fact with its source). n* per µs of α on
-# one ConnectX-7 port, and a network ring step's n* for NCCL's Simple constant and, at most,
-# for LL's (its lower α comes with at most half the bandwidth: half of each LL line is flags,
-# and NCCL's tuner caps ring LL at half the bus bandwidth, tuning.cc in v2.30.7-1).
+# "On a real GPU cluster": the line rate, NCCL's α in its cost model, and RDMA, with NCCL's
+# protocols, chunking, RoCE framing and congestion control behind a fold for notebook 02c (a
+# `facts.show` template: [[id]] renders a ledger fact with its source). n* per µs of α on one
+# ConnectX-7 port, and the n* that NCCL's cost model implies for a network ring round with
+# Simple and, at most, with LL (its lower α comes with at most half the bandwidth: half of
+# each LL line is flags, and NCCL's tuner caps ring LL at half the bus bandwidth, tuning.cc
+# in v2.30.7-1). These are a model's constants, not measured latencies.
 assert facts.get("nvidia.connectx7_rate_bytes").unit == "GB/s"
 assert facts.get("nccl.proto_ll_efficiency").unit == "%"
 _KB_PER_US = facts.get("nvidia.connectx7_rate_bytes").value * 1e9 * 1e-6 / 1e3
@@ -193,46 +200,46 @@ _LL_NSTAR_KB = _LL_US * _LL_GBPS  # µs × GB/s = kB
 TRANSPORT_AND_CONGESTION = f'''
 **Transport and α**
 
-In one line: on one NIC of a DGX H100, n* = α/β is about {_KB_PER_US:.0f} kB per µs of α, so
-n* ≈ {_SIMPLE_NSTAR_KB:.0f} kB for a network ring step's α with NCCL's Simple protocol and at
-most about {_LL_NSTAR_KB:.0f} kB with LL (both explained below).
-
-- **Line rate.** A DGX H100 has [[nvidia.dgx_h100_compute_nics]] for its compute fabric, at
-  [[nvidia.connectx7_rate]] each, one per GPU: β per NIC is 1 / [[nvidia.connectx7_rate_bytes]],
-  so n* = α/β is about {_KB_PER_US:.0f} kB per µs of α.
-- **NCCL's own α.** NCCL has three *protocols*, its ways of moving data (notebook 02c): Simple
-  for bandwidth, LL (low latency) and LL128 for latency. NCCL's tuner, the cost model that
-  picks one, charges a ring step across the network [[nccl.tuner_net_ring_step_latency_ll]]
-  (LL) to [[nccl.tuner_net_ring_step_latency_simple]] (Simple) on nodes with several GPUs:
-  n* ≈ {_SIMPLE_NSTAR_KB:.0f} kB with Simple, at most ≈ {_LL_NSTAR_KB:.0f} kB with LL (fold below).
+- **Line rate.** A DGX H100 has [[nvidia.dgx_h100_compute_nics]] for its compute fabric, one per
+  GPU, at [[nvidia.connectx7_rate]] each: β per NIC is 1 / [[nvidia.connectx7_rate_bytes]], so
+  n* = α/β is about {_KB_PER_US:.0f} kB per µs of α.
+- **NCCL's α, in its cost model.** NCCL's tuner, the cost model that picks an algorithm and a
+  *protocol* (NCCL's way of moving data: LL for low latency, Simple for bandwidth), charges a
+  ring round across the network [[nccl.tuner_net_ring_step_latency_ll]] with LL to
+  [[nccl.tuner_net_ring_step_latency_simple]] with Simple. That model implies n* from at most
+  ≈ {_LL_NSTAR_KB:.0f} kB with LL to ≈ {_SIMPLE_NSTAR_KB:.0f} kB with Simple, so a bucket split p
+  ways should be well above that. These are the model's constants, not measured latencies.
 - **α without the kernel.** RDMA skips the kernel's system calls and copies
   ([[rdma.kernel_bypass]]). The round trips measured above cannot show that software cost:
   they are almost all emulated delay.
-- **Framing.** RoCE runs on Ethernet and pays the same per-frame preamble, FCS and gap
-  ([[ethernet.preamble_sfd_bytes]], [[ethernet.fcs_bytes]], [[ethernet.ifg_bytes]]), plus its
-  own IP, UDP and InfiniBand transport headers, and its RDMA path MTU is at most
-  [[infiniband.max_mtu_bytes]]: its goodput is not the TCP figure above. InfiniBand has its
-  own headers.
 
-<details><summary>How the protocols and the chunking work</summary>
+<details><summary>For later (notebook 02c): NCCL's protocols and chunking, RoCE framing,
+congestion and flow control</summary>
 
-LL and LL128 send a flag with the data, so the receiver needs no separate synchronisation: a
-lower per-step latency, less bandwidth. Simple moves large chunks at full bandwidth. The tuner
-also adds a fixed latency per call. LL's lower α comes with at most half the bandwidth
+**Protocols.** LL and LL128 send a flag with the data, so the receiver needs no separate
+synchronisation: a lower per-round latency. LL pays for it with at most half the bandwidth
 ([[nccl.proto_ll_efficiency]] of each LL line is data), so its n* is at most about
-{_LL_US:g} µs × {_LL_GBPS:g} GB/s ≈ {_LL_NSTAR_KB:.0f} kB. With one GPU per node the tuner
-charges the tree's network step instead ([[nccl.tuner_net_tree_step_latency_ll]] for LL), so
-counting α alone, as notebook 00 does, gives a larger n*.
+{_LL_US:g} µs × {_LL_GBPS:g} GB/s ≈ {_LL_NSTAR_KB:.0f} kB. LL128 keeps low latency at nearly
+full bandwidth ([[nccl.proto_ll128_efficiency]] of each LL128 line is data). Simple moves large
+chunks at full bandwidth. The tuner also adds a fixed latency per call, and to each network
+round the latency the network plugin reports ([[nccl.tuner_net_latency_inter]]). With one GPU
+per node it charges the tree's network round instead ([[nccl.tuner_net_tree_step_latency_ll]]
+for LL), so counting α alone, as notebook 00 does, gives a larger n*.
 
-A ring all-reduce (notebook 02) sends 1/p of the buffer per step. NCCL splits that further
-over its channels (the parallel slices of notebook 02c) and into fixed-size buffers
-([[nccl.buffsize_env]]).
-</details>
+**Chunking.** A ring all-reduce (notebook 02) sends 1/p of the buffer per round. NCCL splits
+that further over its channels (the parallel slices of notebook 02c) and into fixed-size
+buffers ([[nccl.buffsize_env]]).
 
-**Congestion and flow control** (the emulator models none of them; notebook 01b): TCP's
-slow start and its window cut after a loss; on RoCE, ConnectX NICs' rate control
+**Framing.** RoCE runs on Ethernet and pays the same per-frame preamble, FCS and gap
+([[ethernet.preamble_sfd_bytes]], [[ethernet.fcs_bytes]], [[ethernet.ifg_bytes]]), plus its own
+IP, UDP and InfiniBand transport headers, and its RDMA path MTU is at most
+[[infiniband.max_mtu_bytes]]: its goodput is not the TCP figure above.
+
+**Congestion and flow control** (the emulator models none of them; notebook 01b): TCP's slow
+start and its window cut after a loss; on RoCE, ConnectX NICs' rate control
 [[paper.dcqcn_2015]], usually on a fabric kept lossless by [[ieee.pfc_8021qbb]]; on
 InfiniBand, [[infiniband.credit_flow_control]].
+</details>
 '''
 
 
@@ -270,13 +277,13 @@ def explain_noise_floor(floor: dict):
 def plot_excess(pp: dict, floor: dict) -> None:
     """Two cumulative distributions on a log axis, in µs: what the emulator's ping-pong
     added over its configured delay (measured - emulated), and plain Gloo's native latency
-    on its fast path (messages under 1 ms, what the verdict compares with), each with its
-    median as a dotted line."""
+    on its fast path (messages under 1 ms, for scale), each with its median as a dotted
+    line."""
     fig, ax = plt.subplots(figsize=(6, 3))
     native = floor["one_way_ms"][floor["one_way_ms"] < 1.0]
     for data, label, color in (
-            (pp["noise_ms"], "measured - emulated (delay 4ms)", "C0"),
-            (native, f"native fast path (nic=None, {len(native)} of "
+            (pp["noise_ms"], "emulated ping-pong: measured - configured delay", "C0"),
+            (native, f"plain Gloo, fast path (nic=None, {len(native)} of "
                      f"{len(floor['one_way_ms'])} under 1 ms)", "C1")):
         if not len(data):
             continue
@@ -290,53 +297,31 @@ def plot_excess(pp: dict, floor: dict) -> None:
     ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
     ax.set_xlabel("µs")
     ax.set_ylabel("fraction of messages")
-    ax.set_title("what the machine adds", fontsize=10)
+    ax.set_title("what a message costs beyond the configured delay", fontsize=10)
     ax.legend(fontsize=8)
     plt.tight_layout()
     plt.show()
 
 
-def hiding_verdict(excess: dict, native: dict | None) -> str:
-    """Whether the native transfer hides inside the emulated delay, from two medians' 95%
-    intervals (`links.quantile_ci`): "hidden" (the excess lies entirely below the native
-    cost), "above" (entirely above it), "overlap", or "no native" when no native message
-    took under 1 ms."""
-    if native is None:
-        return "no native"
-    if excess["upper"] < native["lower"]:
-        return "hidden"
-    if excess["lower"] > native["upper"]:
-        return "above"
-    return "overlap"
-
-
-VERDICTS = {
-    "no native": "no native message took under 1 ms: nothing to compare with",
-    "hidden": "the intervals do not overlap: consistent with the native transfer hiding inside "
-              "the emulated delay",
-    "above": "the excess lies above the native cost: this run cannot show the native transfer "
-             "hiding inside it",
-    "overlap": "the intervals overlap: this run cannot show the native transfer hiding inside "
-               "the emulated delay",
-}
-
-
-def explain_excess(pp: dict, fast) -> None:
-    """The ping-pong's one-way excess over the emulated delay (median with its 95% interval,
-    p99 with its interval, or said to have no upper bound when the sample cannot give one)
-    against the native fast path's median (`fast`, µs), after the verdict of
-    `hiding_verdict`, which comes first."""
+def explain_excess(pp: dict, fast, *, delay_ms: float = 4.0) -> None:
+    """The takeaway first: how late the emulator's ping-pong arrived after its configured
+    delay (the median excess with its 95% interval and its share of `delay_ms`), then that
+    excess's p99 (with its interval, or said to have no upper bound when the sample cannot
+    give one), then plain Gloo's native fast path (`fast`, µs) for scale: a different path
+    (its own transfer included), not the same cost."""
     noise = pp["noise_ms"] * 1e3
     ci = links.quantile_ci(noise, 0.5)  # 95% interval of the median, from order statistics
-    native = links.quantile_ci(fast, 0.5) if len(fast) else None
     p99 = links.quantile_ci(noise, 0.99)
     bound = (f"95% interval {p99['lower']:.0f}-{p99['upper']:.0f}" if np.isfinite(p99["upper"])
              else f"one run; {len(noise)} samples cannot bound a p99 from above")
-    print("verdict (the two medians' 95% intervals, below): "
-          + VERDICTS[hiding_verdict(ci, native)])
-    print(f"ping-pong one-way excess: median {np.median(noise):.0f} µs (95% interval "
-          f"{ci['lower']:.0f}-{ci['upper']:.0f}), p99 {np.percentile(noise, 99):.0f} µs over "
-          f"{len(noise)} pings ({bound})")
-    if native is not None:
-        print(f"native fast path: median {native['estimate']:.0f} µs (95% interval "
-              f"{native['lower']:.0f}-{native['upper']:.0f})")
+    median = float(np.median(noise))
+    share = median / 1e3 / delay_ms
+    print(f"the emulator and this machine add a median {median:.0f} µs per message (95% "
+          f"interval {ci['lower']:.0f}-{ci['upper']:.0f}, {len(noise)} pings): {share:.1%} of "
+          f"the {delay_ms:g} ms delay")
+    print(f"its p99: {np.percentile(noise, 99):.0f} µs over {len(noise)} pings ({bound})")
+    if len(fast):
+        native = links.quantile_ci(fast, 0.5)
+        print(f"for scale, plain Gloo's fast path (another path, its transfer included): median "
+              f"{native['estimate']:.0f} µs (95% interval {native['lower']:.0f}-"
+              f"{native['upper']:.0f})")

@@ -15,9 +15,10 @@ import io
 import matplotlib.pyplot as plt
 import numpy as np
 
-from clusterlab import models
+from clusterlab import facts, models
 from clusterlab.experiments import links
 from clusterlab.experiments.common import conclude
+from clusterlab.lessons import show
 
 DISTRIBUTIONS = ("uniform", "normal", "pareto")
 
@@ -62,18 +63,18 @@ def tail_margin_ci(r: dict, *, p: int = 64, delay_ms: float = 4.0, boots: int = 
 
 
 def plot_slowest_of_p(curves: dict, *, ranks) -> None:
-    """The figure of the slowest of p: per distribution, the resample of the measured pings
-    (dots), of the network's draws (rings) and the model (line)."""
+    """The figure of the slowest of p: per distribution, the resample of the network's own
+    draws (rings) and the model (line). The resample of the measured pings, which adds this
+    machine's noise, is in the appendix's numbers, not here."""
     fig, ax = plt.subplots(figsize=(7, 3.4))
     for name, color in zip(DISTRIBUTIONS, ("C0", "C1", "C2")):
         c = curves[name]
-        ax.plot(ranks, c["mean"], "o", color=color, label=f"{name}: measured")
         ax.plot(ranks, c["paired"], "o", color=color, mfc="none", ms=9,
                 label=f"{name}: network alone")
         ax.plot(ranks, c["model"], "-", color=color, alpha=0.6, label=f"{name}: model")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("ranks p (resampled from one link's pings, not run)")
-    ax.set_ylabel("expected slowest one-way delay (ms)")
+    ax.set_ylabel("slowest one-way delay (ms),\nmean of 2000 resamples")
     ax.set_title(f"The slowest of p, resampled from {curves['pareto']['n']} pings per "
                  "distribution", fontsize=10)
     ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.22))
@@ -87,26 +88,29 @@ def noise_dominated(step64: dict, *, delay_ms: float = 4.0) -> list[str]:
 
 
 def explain_slowest_of_64(step64: dict, parts: dict, *, busy: str | None,
-                          delay_ms: float = 4.0) -> dict:
-    """Checks the figure's claims and prints its numbers: per distribution the slowest of 64
-    measured, as the network's plus what this machine added, the model's and the median
-    ping (the network's gap to the model is `explain_model_gap`, in the appendix). Concludes
-    that for every distribution the network's tail moved it more than this machine's noise
-    did (`noise_dominated`); `busy` is the run's evidence of a busy machine (or pings later
-    than any network draw, from `parts`, counts as such). A distribution where the network's
-    tail wins on the point estimates but the run's bootstrap interval of the margin
-    (`margin_ci`, when given) reaches 0 is left out of that claim and printed as not resolved
-    on this run. Returns, per distribution, whether the network's tail clearly moved it most
-    (the numbers to quote)."""
+                          delay_ms: float = 4.0) -> tuple[dict, list[str]]:
+    """Prints the figure's numbers, one line per distribution: the slowest of 64 of the
+    network's own draws against the model's, and the median ping. Checks the figure's claims
+    and keeps for the appendix (the returned lines) the measured slowest of 64 as the
+    network's plus what this machine added, and the verdict that for every distribution the
+    network's tail moved it more than this machine's noise did (`noise_dominated`); `busy` is
+    the run's evidence of a busy machine (or pings later than any network draw, from `parts`,
+    counts as such). A verdict not shown, and a distribution where the network's tail wins on
+    the point estimates but the run's bootstrap interval of the margin (`margin_ci`, when
+    given) reaches 0 ("not resolved"), are printed here, where the reader is. Returns, per
+    distribution, whether the network's tail clearly moved it most (the numbers to quote), and
+    the appendix's lines."""
+    details = []
     for name, v in step64.items():
         assert v["measured"] >= v["network"] - 1e-9, \
             "the same resample of delays that noise only lengthened"
         assert abs(v["network"] / v["model"] - 1) < 0.1, \
             "the network's own draws follow netem's law"
         assert v["measured"] > v["median"]
-        print(f"{name:>8}: slowest of 64 {v['measured']:.2f} ms = network alone "
-              f"{v['network']:.2f} + this machine {v['measured'] - v['network']:+.2f} (model "
-              f"{v['model']:.2f}); median ping {v['median']:.2f} ms")
+        print(f"{name:>8}: slowest of 64 {v['network']:.2f} ms (network alone; model "
+              f"{v['model']:.2f}), median ping {v['median']:.2f} ms")
+        details.append(f"{name:>8}: slowest of 64 measured {v['measured']:.2f} ms = network alone "
+                       f"{v['network']:.2f} + this machine {v['measured'] - v['network']:+.2f}")
     # The network's tail, not this machine's noise, must move the slowest of 64 most, per
     # distribution.
     dominated = noise_dominated(step64, delay_ms=delay_ms)
@@ -115,27 +119,31 @@ def explain_slowest_of_64(step64: dict, parts: dict, *, busy: str | None,
     late = sum(parts[n]["beyond_network"] for n in step64)
     rest = [n for n in step64 if n not in unresolved]
     if rest:
-        conclude(not dominated,
+        _verdict(not dominated,
                  ("for every distribution" if not unresolved else f"for {' and '.join(rest)}")
                  + " the network's tail (network alone - the "
                  f"{delay_ms:g} ms delay) moved the slowest of 64 more than this machine did"
                  + (" (this machine moved it more for "
-                    f"{', '.join(dominated)})" if dominated else ""),
+                    f"{', '.join(dominated)})" if dominated else ""), details,
                  busy=busy or (f"{late} pings later than any network draw" if late else None))
     for n in unresolved:
         lo, hi = step64[n]["margin_ci"]
         print(f"Not resolved on this run for {n}: the network's tail minus this machine's "
               f"share is {lo:+.2f} to {hi:+.2f} ms (95% bootstrap over the pings), which "
               "includes 0: quote the network's numbers")
-    return {n: n not in dominated and n not in unresolved for n in step64}
+    return {n: n not in dominated and n not in unresolved for n in step64}, details
 
 
-def explain_model_gap(step64: dict, *, delay_ms: float = 4.0) -> None:
-    """For the appendix: the distribution whose network-alone slowest of 64 (the figure's
-    hollow markers) lies farthest from the model's (its line), that gap beside the gap
-    between its draws' own p99 and netem's configured p99 (the other distributions' gaps
-    are in `explain_slowest_of_64`'s lines): a slowest of 64 resampled from a few hundred
-    draws stands or falls with their own largest few."""
+def explain_model_gap(step64: dict, *, delay_ms: float = 4.0, details=()) -> None:
+    """For the appendix: first `details`, the lines `explain_slowest_of_64` kept (the
+    measured slowest of 64 split into the network's and this machine's, and its verdict);
+    then the distribution whose network-alone slowest of 64 (the figure's hollow markers)
+    lies farthest from the model's (its line), that gap beside the gap between its draws' own
+    p99 and netem's configured p99 (the other distributions' gaps are in
+    `explain_slowest_of_64`'s lines): a slowest of 64 resampled from a few hundred draws
+    stands or falls with their own largest few."""
+    for line in details:
+        print(line)
     far = max(step64, key=lambda n: abs((step64[n]["network"] - delay_ms)
                                         / (step64[n]["model"] - delay_ms) - 1))
     v = step64[far]
@@ -152,30 +160,45 @@ def p99_text(r: dict) -> str:
             "p99 between {:.1f} and {:.0f} ms".format(*r["p99_gap"]))
 
 
+GLOO_TCP_REASONING = (
+    "Each neighbour pair shares one TCP connection, and a lost message is cheap if the next "
+    "one follows it on that connection before a timer fires. Gloo sends data only once the "
+    "receiver has sent a \"ready to receive\" note: a send waits until "
+    "[[gloo.tcp_send_waits_for_recv_ready]]. If every lost message is followed in time, only "
+    "the final data message and the final note on each of the p connections are lone: about "
+    "2p. If the receiver sends its next note only after the lost data arrives, every data "
+    "message can be lone. The source shows the note, not when Gloo's ring posts its next "
+    "receive: reasoned, not measured.")
+
+
 def explain_loss_at_scale(p: int, losses=(0.0001, 0.001, 0.01), *, lead: float = 0.001,
                           rto_ms: float = links.RTO_MIN_MS) -> None:
     """A loss rate per message at the scale of one all-reduce: a ring on `p` ranks sends
     p x 2(p - 1) single-segment messages in the ring this emulator replays, which charges
     every lost one a timeout. Prints first, in one line, the share of all-reduces that stall
-    at the `lead` loss rate (this emulator), then per loss rate the emulator's share and the
-    lower estimate for Gloo on Linux TCP (reasoned, not measured: a loss among the 2p
-    messages sent last on their connections, each rank's last data message and the last
-    "ready" note to it). Checks that the lower estimate stays below the emulator's."""
+    at the `lead` loss rate (this emulator), then per loss rate the emulator's share. Behind a
+    fold: the lower estimate for Gloo on Linux TCP (reasoned, not measured: a loss among the
+    2p messages sent last on their connections, each rank's last data message and the last
+    "ready" note to it), why, and its source. Checks that the lower estimate stays below the
+    emulator's."""
     messages = p * models.ring_allreduce_steps(p)
     last = 2 * p
     share = models.tail_at_scale(lead, messages)
     print(f"at {lead:.1%} loss per message, about 1 all-reduce in {1 / share:.0f} on {p} ranks "
           f"stalls for >= {rto_ms:.0f} ms (this emulator: a loss among the {messages} messages "
           "of its ring)")
+    gloo = []
     for loss in losses:
         any_loss, tail_loss = (models.tail_at_scale(loss, messages),
                                models.tail_at_scale(loss, last))
-        print(f"loss {loss:.2%}: emulator {any_loss:5.1%} of all-reduces stall; Gloo on Linux "
-              f"TCP from about {tail_loss:4.1%}")
+        print(f"loss {loss:.2%}: {any_loss:5.1%} of all-reduces stall")
+        gloo.append(f"loss {loss:.2%}: from about {tail_loss:.1%} of all-reduces (emulator "
+                    f"{any_loss:.1%})")
         assert tail_loss < any_loss
-    print(f"(Gloo on Linux TCP, reasoned, not measured: a loss among the {last} messages sent "
-          "last on their connections if each lost message is followed in time, more if not; "
-          "fold above)")
+    show.fold("Gloo on Linux TCP stalls less often (reasoned, not measured)",
+              f"A lower estimate: a loss among the {last} messages sent last on their "
+              "connections, if each lost message is followed in time (more if not).\n"
+              + "\n".join(gloo) + "\n" + facts.render(GLOO_TCP_REASONING))
 
 
 def explain_loss(tails: dict) -> None:
@@ -221,13 +244,13 @@ def plot_contention(cont: dict, load: dict) -> None:
     plt.show()
 
 
-def _verdict(holds: bool, claim: str, details: list[str]) -> bool:
-    """`conclude`, with its "Shown on this run" line kept in `details` for the appendix; a
-    "Not shown on this run" line is printed where it was reached (a failure on a quiet
-    machine raises, as always)."""
+def _verdict(holds: bool, claim: str, details: list[str], *, busy: str | None = None) -> bool:
+    """`conclude` (with the caller's evidence of a busy machine, `busy`), its "Shown on this
+    run" line kept in `details` for the appendix; a "Not shown on this run" line is printed
+    where it was reached (a failure on a quiet machine raises, as always)."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        shown = conclude(holds, claim)
+        shown = conclude(holds, claim, busy=busy)
     (details.append if shown else print)(out.getvalue().strip())
     return shown
 
@@ -305,70 +328,95 @@ def explain_queueing(load: dict, *, saturated: bool) -> list[str]:
     return details
 
 
-# "On a real GPU cluster": loss on RDMA and on TCP, contention, jitter under load
-# (a `facts.show` template: [[id]] renders a ledger fact with its source).
+# Linux's loss recovery, behind a fold under the loss figure (a `facts.show` template).
+LOSS_RECOVERY = """
+SRTT is TCP's smoothed round-trip time; with SACK the receiver reports which later segments
+arrived. Loss detection: [[linux.tcp_recovery_default]]. **RACK** counts a segment lost once
+one sent later is acknowledged: [[linux.rack_mark_lost]]. **TLP** (tail loss probe) resends
+the last segment early to provoke an acknowledgement; **PTO** (probe timeout) is how long it
+waits: [[linux.tlp_single_packet]]. Datacentres lower the RTO floor per destination
+([[linux.route_rto_min]]).
+"""
+
+
+def show_loss_recovery() -> None:
+    """Linux's loss recovery, with its sources, behind a fold (`LOSS_RECOVERY`)."""
+    show.fold("Linux's loss recovery (RACK, TLP), with sources", facts.render(LOSS_RECOVERY))
+
+
+# "On a real GPU cluster": four one-line points on the main path (loss on InfiniBand and on
+# RoCE, the cost of a lost last packet, one NIC per GPU); how the NIC repairs a loss, NCCL's
+# timeout by version, loss on TCP, fabric contention and jitter under load behind the fold (a
+# `facts.show` template: [[id]] renders a ledger fact with its source).
 ON_A_REAL_GPU_CLUSTER = '''
-**Loss on RDMA: repaired by the NIC, and mostly avoided.**
+- **InfiniBand does not drop for lack of buffer.** On each link the sender transmits only when
+  the next hop has granted buffer space ([[infiniband.credit_flow_control]]).
+- **RoCE (RDMA over Ethernet) is kept nearly lossless by PFC, at a cost.** A switch whose
+  ingress queue for one traffic class passes a threshold pauses that class on the upstream
+  link ([[ieee.pfc_8021qbb]]); at scale that brings failures of its own
+  ([[paper.guo_rdma_2016]]).
+- **A lost last packet on InfiniBand costs seconds, not 200 ms.** It waits for the NIC
+  connection's ACK timeout: nominally [[nccl.ib_timeout_default_time]] at NCCL's default since
+  2.23.
+- **One NIC per GPU removes most host-side sharing.** A DGX H100's compute fabric has
+  [[nvidia.dgx_h100_compute_nics]] (one per GPU) at [[nvidia.connectx7_rate]]; the sharing
+  measured here appears where GPUs outnumber NICs, or send through a NIC that is not their own.
 
-- **InfiniBand: no drops by design.** On each link the sender transmits only when the next
-  hop has granted buffer space ([[infiniband.credit_flow_control]]).
-- **RoCE (RDMA over Ethernet): kept nearly lossless by PFC, at a cost.** A switch whose buffer
-  fills pauses one traffic class on the upstream link ([[ieee.pfc_8021qbb]]); at scale that
-  brings failures of its own ([[paper.guo_rdma_2016]]).
-- **A lost last packet costs seconds on InfiniBand, not 200 ms.** A loss that no later packet
-  reveals waits for the NIC connection's ACK timeout: nominally
-  [[nccl.ib_timeout_default_time]] at NCCL's default since 2.23. NVIDIA's RoCE NICs with
-  adaptive retransmission enabled may retry far sooner
-  ([NVIDIA: Adaptive Retransmission](https://docs.nvidia.com/networking/display/adaptiveretransmissionparameterscontrol/enablement+and+capabilities)).
+<details><summary>How the NIC repairs a loss; NCCL's timeout by version; loss on TCP; contention
+in the fabric; jitter under load</summary>
 
-<details><summary>How the NIC repairs a loss; lossy RoCE; NCCL's timeout by version</summary>
+**How the NIC repairs a loss.** NCCL over InfiniBand or RoCE bypasses the kernel's TCP
+([[rdma.kernel_bypass]]). The NIC resends a lost packet itself, classically with
+[[paper.mittal_irn_2018]]: the receiver reports a gap (a NAK, negative acknowledgement) and
+the sender resends everything from the lost packet on. Credits stop drops for lack of buffer,
+not every drop: a switch still discards a packet held too long
+([[infiniband.switch_lifetime_discard]]). Some fabrics run RoCE lossy instead
+([[nvidia.roce_lossy_mode]]; ECN: switches mark packets as their queues grow, and senders slow
+down). NVIDIA's RoCE NICs with adaptive retransmission enabled may retry far sooner than the
+ACK timeout
+([NVIDIA: Adaptive Retransmission](https://docs.nvidia.com/networking/display/adaptiveretransmissionparameterscontrol/enablement+and+capabilities)).
 
-NCCL over InfiniBand or RoCE bypasses the kernel's TCP ([[rdma.kernel_bypass]]). The NIC
-resends a lost packet itself, classically with [[paper.mittal_irn_2018]]: the receiver
-reports a gap (a NAK, negative acknowledgement) and the sender resends everything from the
-lost packet on. InfiniBand's rare drops are bit errors and packets held past a
-switch's lifetime limit. Some fabrics run RoCE lossy instead ([[nvidia.roce_lossy_mode]];
-ECN: switches mark packets as their queues grow, and senders slow down).
-
-The ACK timeout belongs to the queue pair (QP, the NIC's connection):
-[[nccl.ib_timeout_formula]] (a quarter of the 2.23 default in 2.14 to 2.22). After
-[[nccl.ib_retry_cnt_default]] retries, about [[nccl.ib_total_wait_default]] in all, NCCL
-raises a network error.
-</details>
+**NCCL's timeout by version.** The ACK timeout belongs to the queue pair (QP, the NIC's
+connection): [[nccl.ib_timeout_formula]] (a quarter of the 2.23 default in 2.14 to 2.22).
+After [[nccl.ib_retry_cnt_default]] retries, about [[nccl.ib_total_wait_default]] in all,
+NCCL raises a network error.
 
 **Loss on TCP: the floor is for lone segments.** Where NCCL or Gloo use sockets, a lost
 segment that was alone in flight (like each small message measured here) waits at least
 [[linux.tcp_rto_min]] by default (lowered per route, or with [[linux.tcp_rto_min_us]] since
 Linux 6.11; [[paper.vasudevan_incast_2009]]; incast: many senders converging on one
-receiver's port at once). With more segments in flight, as in bulk
-transfers, a lost tail is probed after about 2 round trips plus [[linux.tcp_timeout_min_us]];
-only a lost probe then waits for the RTO.
+receiver's port at once). With more segments in flight, as in bulk transfers, a lost tail is
+probed after about 2 round trips plus [[linux.tcp_timeout_min_us]]; only a lost probe then
+waits for the RTO.
 
-**Contention: one NIC per GPU removes most of the host-side share of it** (PCIe-switch
-uplinks and transfers staged through CPU memory can still share). A DGX H100's compute fabric has
-[[nvidia.dgx_h100_compute_nics]] (one per GPU) at [[nvidia.connectx7_rate]]; the sharing
-measured here appears where GPUs outnumber NICs, or send through a NIC that is not their own.
-Contention inside the fabric (switch queues, incast, flows colliding on one path) remains
-(notebooks 13 and 13b).
+**Contention in the fabric remains** with one NIC per GPU: switch queues, incast, flows
+colliding on one path (notebooks 13 and 13b). Inside a host, PCIe-switch uplinks and
+transfers staged through CPU memory can still share.
 
-**Jitter: measure under load, over long runs.** Real tails come from shared resources
-(switch queues, background work, power limits) and come in bursts a short benchmark misses
-(Dean & Barroso, [The Tail at Scale](https://doi.org/10.1145/2408776.2408794), CACM 2013).
+**Jitter: measure under load, over long runs.** Real tails come from shared resources (switch
+queues, background work, power limits) and come in bursts a short benchmark misses (Dean &
+Barroso, [The Tail at Scale](https://doi.org/10.1145/2408776.2408794), CACM 2013).
+</details>
 '''
 
 
-def explain_jitter(jit: dict, parts: dict, dilated: dict) -> None:
-    """Per distribution the measured median and p99 against the network's own p99 (from
-    `links.tail_split`), then in one line how far this machine moved these p99s at most
-    (measured - network) and, when `dilated` (`links.jitter_dilated`'s result) says the
-    machine was busy, that its noise missed the plan (its largest p99 against the planned
-    one; the appendix has the details) and may move other statistics more."""
+def explain_jitter(jit: dict, parts: dict, dilated: dict, *, delay_ms: float = 4.0,
+                   jitter_ms: float = 1.0) -> None:
+    """Per distribution the network's own median and p99 (its seeded draws for the pings,
+    from `links.tail_split`, with the sample count) against the model's p99 (netem's
+    configured distribution); then in one line how far this machine moved the measured p99s
+    at most (measured - network; the measured values are the appendix's) and, when `dilated`
+    (`links.jitter_dilated`'s result) says the machine was busy, that its noise missed the
+    plan (its largest p99 against the planned one) and may move other statistics more."""
     for name in DISTRIBUTIONS:
-        r, t = jit[name], parts[name]
-        print(f"{name:>8}: median {r['percentiles']['p50']:.2f} ms, p99 {t['measured']:.2f} ms "
-              f"(network alone {t['network']:.2f} ms; n = {t['n']})")
+        t = parts[name]
+        spec = f"delay {delay_ms:g}ms {jitter_ms:g}ms" + (
+            "" if name == "uniform" else f" distribution {name}")
+        print(f"{name:>8}: median {np.median(jit[name]['emulated_ms']):.2f} ms, p99 "
+              f"{t['network']:.2f} ms (network alone, n = {t['n']}); model p99 "
+              f"{links.configured_quantile(spec, 0.99):.2f} ms")
     moved = max(parts[name]["machine_extra"] for name in DISTRIBUTIONS)
-    print(f"This machine moved these p99s by at most {moved:.2f} ms"
+    print(f"This machine moved every measured p99 by at most {moved:.2f} ms"
           + (" (appendix)." if dilated["busy"] is None else
              f", but its noise missed the plan during the runs (noise p99 up to "
              f"{dilated['noise_p99_dilated_ms']:.2f} ms against {dilated['target_ms']:.2f} ms "
@@ -384,7 +432,8 @@ def explain_noise_appendix(jit: dict, parts: dict, dilated: dict, *, delay_ms: f
     bound it) and the pings before the delay. Checks that noise only adds,
     that netem's jitter is two-sided and raises the network's p99, and that most pareto
     draws lie below the delay."""
-    print(f"during the runs: largest noise p99 of any spec (divided by K) "
+    n = min(t["n"] for t in parts.values())
+    print(f"during the runs: largest noise p99 of any spec (divided by K; {n} pings each) "
           f"{dilated['noise_p99_dilated_ms']:.2f} ms, planned {dilated['target_ms']:.2f} ms "
           "(J/2): plan " + ("met" if dilated["busy"] is None else
                             f"missed (K capped at {dilated['k']})" if dilated["capped"] else
