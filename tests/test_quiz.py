@@ -640,6 +640,20 @@ def test_numeric_draws_are_reproducible_with_a_seed(bank):
 # ---- answer parsing and grading ---------------------------------------------------------------
 
 
+def test_parse_answer_refuses_a_comma_that_could_be_thousands():
+    # 09 r20: "1,000" was read as 1.0; an English thousand must not be graded as that
+    for text in ("1,000", "12,500", "-2,000 ms"):
+        with pytest.raises(AnswerFormatError) as err:
+            parse_answer(text, "ms", lang="en")
+        assert err.value.reason == "ambiguous"
+        assert err.value.message_key == "ambiguous_comma"
+    en = {"lang": "en"}
+    assert parse_answer("0,125", **en) == 0.125 and parse_answer("1,25", **en) == 1.25
+    assert parse_answer("1000", **en) == 1000 and parse_answer("1,0005", **en) == 1.0005
+    # in Russian it is the decimal comma the course prints (fmt(1.593, "ru") == "1,593")
+    assert parse_answer("1,593", lang="ru") == 1.593 and fmt(1.593, "ru") == "1,593"
+
+
 def test_parse_answer_accepts_commas_units_and_rejects_garbage():
     assert parse_answer("12,5") == 12.5
     assert parse_answer(" 12.5 ") == 12.5

@@ -348,8 +348,9 @@ class Bank:
         return inst
 
     @staticmethod
-    def grade(inst: Instance, response: object) -> Grade:
-        """Grade `response` to `inst`; None or an empty answer is a skip.
+    def grade(inst: Instance, response: object, *, lang: str | None = None) -> Grade:
+        """Grade `response` to `inst`; None or an empty answer is a skip. `lang` is the
+        session's language, which decides how an ambiguous "1,000" reads (`parse_answer`).
 
         choice: an iterable of display positions; numeric: a string (or number) in the
         question's unit, a known unit of the same kind may be appended; open: an iterable of
@@ -375,7 +376,7 @@ class Bank:
                 if not text.strip():
                     return Grade("skipped", 0.0)
                 unit = q.raw["unit"]
-                value = parse_answer(text, unit["en"], (unit["ru"],))
+                value = parse_answer(text, unit["en"], (unit["ru"],), lang=lang)
             ok = within(value, inst.answer, q.raw["tolerance"])  # type: ignore[arg-type]
             return Grade("correct" if ok else "wrong", 1.0 if ok else 0.0, value=value)
         ticked = frozenset(int(i) for i in response)  # type: ignore[union-attr]

@@ -245,7 +245,7 @@ def _ask(session: Session, term: Terminal) -> Result:
                 _late_note(session, term)
                 return session.answer(line)
             except AnswerFormatError as exc:
-                key = "bad_unit" if exc.reason == "unit" else "not_a_number"
+                key = exc.message_key
                 term.say(t(key, lg, text=repr(exc.text), unit=unit_in(unit, lg) or "—"))
     # open: answer first (out loud or one line), then the model answer and self-grading
     term.ask(t("cli_open_prompt", lg))

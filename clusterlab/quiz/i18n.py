@@ -92,6 +92,12 @@ STRINGS: dict[str, dict[str, str]] = {
         "en": "Could not read a number from {text}. Try again, e.g. 12.5 or 12,5.",
         "ru": "Не получилось прочитать число из {text}. Попробуйте ещё раз, например 12,5.",
     },
+    "ambiguous_comma": {
+        "en": "{text} can be read two ways (a thousands comma or a decimal comma): write it "
+              "without the comma, or with a decimal point.",
+        "ru": "{text} можно прочитать двояко (запятая между тысячами или десятичная): напишите "
+              "число без запятой или с десятичной точкой.",
+    },
     "bad_unit": {
         "en": "The unit in {text} does not fit: answer in {unit} (or a number alone).",
         "ru": "Единица в {text} не подходит: ответьте в {unit} или просто числом.",

@@ -35,6 +35,10 @@ for _dim, _table in (("time", _TIME), ("rate", _RATE), ("ratio", _RATIO)):
 
 _NUMBER = re.compile(r"^([+-]?(?:\d+(?:[.,]\d*)?|[.,]\d+)(?:[eE][+-]?\d+)?)\s*(.*?)\s*$")
 _SPACES_IN_NUMBER = re.compile(r"(?<=\d)[ \u00a0\u202f\u2009](?=\d{3}(?!\d))")
+# "1,000": a thousands separator (English) or a decimal comma (Russian 1,000 = 1.0)? Refused
+# in an English session, so a learner's thousand is never graded as 1.0; in Russian it is the
+# decimal comma `fmt` itself prints ("1,593"). "0,125" is a decimal comma in either language.
+_AMBIGUOUS_COMMA = re.compile(r"^[+-]?[1-9]\d{0,2},\d{3}$")
 
 
 class AnswerFormatError(ValueError):
@@ -42,8 +46,14 @@ class AnswerFormatError(ValueError):
 
     def __init__(self, reason: str, text: str):
         super().__init__(f"{reason}: {text!r}")
-        self.reason = reason  # "empty", "not_a_number" or "unit"
+        self.reason = reason  # "empty", "not_a_number", "ambiguous" or "unit"
         self.text = text
+
+    @property
+    def message_key(self) -> str:
+        """The i18n key of the notice that tells the learner what to type instead."""
+        return {"unit": "bad_unit", "ambiguous": "ambiguous_comma"}.get(self.reason,
+                                                                          "not_a_number")
 
 
 def unit_info(unit: str) -> tuple[str, float] | None:
@@ -51,12 +61,14 @@ def unit_info(unit: str) -> tuple[str, float] | None:
     return UNITS.get(unit.strip())
 
 
-def parse_answer(text: str, unit: str = "", alt_units: tuple[str, ...] = ()) -> float:
+def parse_answer(text: str, unit: str = "", alt_units: tuple[str, ...] = (), *,
+                 lang: str | None = None) -> float:
     """The number in `text`, expressed in `unit` (the unit the question states).
 
     `alt_units` are other spellings of the same unit (the question's unit in the other
     language). Raises AnswerFormatError if `text` is empty, not a number, or carries a unit
-    that is not of the same kind as `unit`.
+    that is not of the same kind as `unit`; with `lang="en"` also for a lone comma before
+    three digits ("1,000": a thousand or 1.0?).
     """
     raw = text
     s = text.strip().replace("\u2212", "-").replace("\u2013", "-")
@@ -67,6 +79,8 @@ def parse_answer(text: str, unit: str = "", alt_units: tuple[str, ...] = ()) -> 
     if not m:
         raise AnswerFormatError("not_a_number", raw)
     number, suffix = m.group(1), m.group(2)
+    if lang == "en" and _AMBIGUOUS_COMMA.match(number):
+        raise AnswerFormatError("ambiguous", raw)
     if "," in number:
         # one comma and no point: a decimal comma (Russian); otherwise grouping commas
         number = (

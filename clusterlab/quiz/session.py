@@ -224,7 +224,7 @@ class Session:
             late = not self.reveal()
         if late:
             return self._finish(Grade("timeout", 0.0), response)
-        grade = self.bank.grade(inst, response)
+        grade = self.bank.grade(inst, response, lang=self.lang)
         return self._finish(grade, response)
 
     def skip(self) -> Result:

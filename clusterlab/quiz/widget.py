@@ -396,7 +396,7 @@ class QuizWidget:
                 result = s.answer(response)
             except AnswerFormatError as exc:
                 unit = s.current.unit(lg)
-                key = "bad_unit" if exc.reason == "unit" else "not_a_number"
+                key = exc.message_key
                 self._notice(t(key, lg, text=repr(exc.text), unit=unit_in(unit, lg) or "—"))
                 return
             self._after_answer(result)
@@ -638,7 +638,7 @@ def static_sample(
             response = inst.correct_positions()
         else:
             response = set(range(len(inst.checklist(lang))))
-        result = Result(inst, bank.grade(inst, response))
+        result = Result(inst, bank.grade(inst, response, lang=lang))
         # An open answer's longer version stays folded here, as in the widget.
         blocks = [b for b in feedback_blocks(result, lang, bank) if b[0] != "more"]
         out.append(to_text(blocks))
