@@ -71,9 +71,12 @@ def grid(small_bw_hidden: float) -> dict:
     # stream busy 74.8 ms against the model's 60.4 ms: more than 1.2 times it
     (0.0518, "Its stream was busy 74.8 ms against the model's 60.4 ms of communication: 14.4 ms "
              "of it buckets in flight beyond the model (waiting for a peer or for this host; this "
-             "run cannot tell which), so its 51.8 ms \"hidden\" is not all communication.\n"),
-    (0.0290, "Its stream was busy 52.0 ms against the model's 60.4 ms of communication; the run "
-             "hid 29.0 ms.\n"),
+             "run cannot tell which), so its 51.8 ms \"hidden\" is not all communication. An "
+             "ideal host (32.0 ms backward) hides 28.0 ms. Judge by the step."),
+    # hid more than the ideal host, with a stretched backward: said to be the stretch's doing
+    (0.0290, "Its stream was busy 52.0 ms against the model's 60.4 ms of communication; it hid "
+             "29.0 ms, an ideal host (32.0 ms backward) 28.0 ms: more here only because the "
+             "stretched backward left more time under it. Judge by the step."),
 ])
 def test_explain_buckets_puts_the_ideal_host_beside_the_run(verdicts, capsys, hidden, said):
     networks = {"latency-bound": "delay 2ms", "bandwidth-bound": "delay 200us rate 500mbit"}
@@ -81,8 +84,9 @@ def test_explain_buckets_puts_the_ideal_host_beside_the_run(verdicts, capsys, hi
     out = capsys.readouterr().out
     assert ("Host cost: on the bandwidth-bound network backward took 59.0 ms with overlap "
             "against 39.0 ms deferred (same buckets, none in flight during backward): buckets in "
-            "flight stretch this host's backward (as in the per-rank timeline).\n" + said
-            + "An ideal host (32.0 ms backward) hides 28.0 ms. Judge by the step.") in out
+            "flight stretch this host's backward (as in the per-rank timeline).\n" + said) in out
+    # the table stays in sight, before the fold of this host's costs
+    assert out.index("bandwidth-bound 0.25 MiB overlap") < out.index("Host cost")
     # each verdict carries its numbers, once: no line repeats it
     claims = [claim for _, claim, _ in verdicts]
     assert claims[0] == ("latency-bound, big buckets win: the median 25 MiB step (at most "
@@ -107,6 +111,18 @@ def test_explain_idle_compares_the_shares_as_printed(verdicts, capsys):
     assert holds and ("the wait (281.6 ms) was close to the network's closed form (280.0 ms), "
                       "9.5 times plain Gloo's (this machine's own), so the network, not this "
                       "host, set it") in claim
+
+
+def test_explain_idle_prints_what_four_times_the_ranks_bought(verdicts, capsys):
+    # samples per second go as ranks / step: (8 / 346 ms) / (2 / 96 ms) = 1.11; the closed
+    # form with the nominal 48 ms compute: (8 / 328 ms) / (2 / 88 ms) = 1.07
+    idle = [jitter_idle_row(2, 0.42, 0.42, 0.01, 0.040, 0.096, forward=0.021, backward=0.039),
+            jitter_idle_row(8, 0.82, 0.82, 0.04, 0.283, 0.346, forward=0.021, backward=0.039)]
+    lesson.explain_idle(idle, delay_s=20e-3, compute_s=0.048)
+    out = capsys.readouterr().out
+    assert ("Throughput (ranks / step time): x1.11 from 2 to 8 ranks, for x4 the hardware "
+            "(predicted x1.07 with the nominal compute).") in out
+    assert "lifts the measured gain above the predicted one" in out
 
 
 def overlap_run(backward_s, wait_s=0.055):
@@ -136,17 +152,19 @@ def test_explain_overlap_puts_the_ideal_bound_first_and_the_stretch_on_a_baselin
     lesson.explain_overlap(run, [run], CHECKS, baseline=baseline)
     out = capsys.readouterr().out
     lines = out.splitlines()
-    # the one-line result first, then why; the ideal bound and the stretch in the details
-    assert lines[0] == ("Overlap hid 43% of this run's exchange: of 97.0 ms on the stream, "
-                        "42.0 ms ran under backward and 55.0 ms stayed exposed.")
-    assert lines[1] == ("Why: the stream runs one bucket at a time, and a median of 5 of 8 "
+    # the exposed wait and why first, then the share against the ideal host; the rest in the
+    # details
+    assert lines[0] == ("55.0 ms of the exchange stayed exposed per step: a median of 5 of 8 "
                         "buckets were still unfinished when backward ended (over 4 ranks x 6 "
-                        "steps).")
-    assert lines[3] == ("Details: hidden share = 1 - wait / stream busy = 1 - 55.0 ms / "
-                        "97.0 ms = 43%.")
-    assert lines[4] == ("Ideal host (the nominal 32.0 ms backward, the alpha-beta model): at "
-                        "most 28.0 ms of 96.0 ms could hide (29%).")
-    assert lines[5] == said
+                        "steps), because the stream runs one bucket at a time.")
+    head = ("Overlap hid 43% of the 97.0 ms on the stream; an ideal host (the nominal 32.0 ms "
+            "backward, the alpha-beta model) hides at most 29%")
+    assert lines[1] == head + (". This host hid more only because its backward ran 16.5 ms "
+                               "long (48.5 ms), which left the queue more time under it."
+                               if backward_s > 0.04 else ".")
+    assert lines[2] == ("Hidden share = 1 - wait / stream busy = 1 - 55.0 ms / 97.0 ms = 43%; "
+                        "the ideal host hides 28.0 ms of 96.0 ms.")
+    assert lines[3] == said
     if backward_s > 0.04:   # the split, hedged, in the details
         assert ("Backward 36.0 ms in the one-bucket run of the first section (no bucket in "
                 "flight: the sleeps run long, the real layers and autograd add time), 12.5 ms "
@@ -171,7 +189,20 @@ def test_explain_buckets_prints_the_hosts_floor_beside_the_latency_bound_all_red
     assert ("Latency-bound: one all-reduce costs 12.0 ms on the network; this host's own cost, "
             "plain Gloo's wait in the first section (a separate run, a rough guide), was 10.4 ms, "
             "about as large") in out
-    assert out.index("Details:") < out.index("Latency-bound: one") < out.index("Host cost")
+    assert out.index("Medians and ranges") < out.index("Latency-bound: one") < out.index(
+        "Host cost")
     lesson.explain_buckets(grid(0.029), networks, floor_s=0.0285)
     assert ("was 28.5 ms, larger: one big bucket's wait measures this host more than the "
             "network.") in capsys.readouterr().out
+
+
+def test_toy_timeline_queues_what_the_stream_cannot_take_and_waits_for_the_rest(capsys,
+                                                                               monkeypatch):
+    import matplotlib.pyplot as plt
+
+    monkeypatch.setattr(plt, "show", lambda: plt.close("all"))
+    # ready at 4, 8, 12 ms; 6 ms each, first in, first out: done at 10, 16, 22 ms, backward
+    # ends at 12 ms, so 10 ms wait and 18 - 10 = 8 ms hidden
+    lesson.plot_toy_timeline()
+    assert capsys.readouterr().out == ("Toy: stream busy 18 ms, of which 8 ms ran under backward "
+                                       "(hidden) and 10 ms after it (the wait).\n")
