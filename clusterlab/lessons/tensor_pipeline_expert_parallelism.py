@@ -8,11 +8,11 @@ notebook's appendix prints.
 
 from __future__ import annotations
 
-from .. import facts
+from .. import facts, models
 from .. import parallelism as par
 from ..experiments import parallelism as exp
 from ..experiments.common import conclude
-from .show import ms
+from .show import fold, ms
 
 NAME = {"gpipe": "GPipe", "1f1b": "1F1B"}  # the schedules as the text names them
 
@@ -79,6 +79,107 @@ def explain_tp(sweep: list[dict], *, details: list[str]) -> bool:
         f"{dp_grow / dp_pred:.0%} "
         f"of its closed form (two rounds, one difference of two fastest steps).")
     return shown
+
+
+def tp_at_production_size(*, hidden: int, seq: int, layers: int, t: int,
+                          dtype_bytes: int = 2) -> dict:
+    """TP "At production size": a dense model of `layers` layers of width `hidden`, one
+    `seq`-token sequence per micro-batch, tensor-parallel over `t` H100s. Prints the verdict
+    (its all-reduces over NICs against the compute floor), then their time per micro-batch at
+    line rate over NVLink and over NICs against that floor; the arithmetic in a fold. Returns
+    what the later sections reuse: the activation's bytes, a NIC's bytes/s, one all-reduce's
+    seconds over NVLink, the compute floor per micro-batch (s) and `t`."""
+    act = seq * hidden * dtype_bytes  # one micro-batch's activation at a layer boundary, bytes
+    count = par.tp_allreduces(layers)["total"]
+    per_mb = par.tp_traffic(layers=layers, ranks=t, activation_bytes=act)
+    nvlink = facts.get("nvidia.h100_nvlink_bw_per_direction").value * 1e9  # bytes/s, one way
+    nic = facts.get("nvidia.connectx7_rate_bytes").value * 1e9
+    one_nv, one_nic = (models.ring_allreduce(t, act, 0.0, 1 / bw) for bw in (nvlink, nic))
+    params = 12 * hidden**2 * layers  # per layer 4h² attention + 8h² MLP weights
+    # Yardstick: 6 FLOP per parameter and token (forward + backward), split over t GPUs, at the
+    # H100's dense BF16 peak: a floor, real training reaches a fraction of the peak.
+    compute = 6 * params * seq / t / (facts.get("nvidia.h100_bf16_dense_tflops").value * 1e12)
+    assert count * one_nic > compute > count * one_nv
+    print(f"Over NICs TP's all-reduces alone would take {count * one_nic / compute:.1f}x the "
+          f"compute floor: tensor parallelism stays inside the NVLink domain.")
+    print(f"Per micro-batch, {count} all-reduces of {act / 2**20:.0f} MiB at line rate:")
+    rows = {f"  over NVLink ({nvlink / 1e9:.0f} GB/s)": count * one_nv,
+            f"  over NICs, the {t} GPUs on {t} nodes ({nic / 1e9:.0f} GB/s each)": count * one_nic,
+            "  compute, at least": compute}
+    for label, seconds in rows.items():
+        print(f"{label:50s}{seconds * 1e3:5.0f} ms")
+    fold("How these are computed",
+         f"{layers} layers × {count // layers} all-reduces of {act / 2**20:.0f} MiB (one "
+         f"{seq}-token sequence × hidden {hidden} in bf16); a ring sends 2(t−1)/t = "
+         f"{2 * (t - 1) / t:.2f} of each per GPU, {per_mb / 2**30:.0f} GiB in all.\n"
+         f"Compute: a {params / 1e9:.0f}B-parameter model (12 h² weights per layer), 6 FLOP per "
+         f"parameter and token, split over {t} GPUs, at the H100's dense BF16 peak. Attention's "
+         f"own FLOPs (PaLM, appendix B), {12 * layers * hidden * seq / (6 * params):.0%} more, "
+         f"are left out, so the ratios are a little high.")
+    return {"act": act, "nic": nic, "one_nv": one_nv, "compute": compute, "t": t}
+
+
+def pp_wait_at_production_size(tp: dict, *, stages: int) -> None:
+    """PP "At production size": 1F1B's round-trip wait per micro-batch, 2(p-1)/p hops of one
+    activation through a NIC at line rate, against the compute floor per stage, for the TP
+    model of `tp_at_production_size` (its return value) cut into `stages` stages; with
+    sequence parallelism each TP rank sends 1/t of the activation. Folded: the numbers, and
+    why bytes rather than a hop's fixed latency."""
+    p, t, act, nic = stages, tp["t"], tp["act"], tp["nic"]
+    hops = 2 * (p - 1) / p
+    wait = hops * act / nic  # 1F1B's wait per micro-batch: 2(p-1)/p hops at line rate
+    work = tp["compute"] / p  # the compute floor, per stage and micro-batch
+    facts.show(f"""
+For {p} stages of the TP model above, 1F1B's round trip costs about {wait / work:.0%} of the
+compute ({wait / t / work:.0%} with sequence parallelism), by a model that counts only the
+round trip, at the NIC's line rate and peak compute: what a schedule pays whose transfers
+otherwise overlap compute. Megatron-Core overlaps them [[megatron.pp_p2p_overlap]], so in
+its plain 1F1B each transfer can add to it.
+
+<details><summary>The numbers, and why bytes, not latency</summary>
+
+A hop's fixed latency is microseconds on a real fabric (NCCL's tuner models one network step
+of a ring at [[nccl.tuner_net_ring_step_latency_simple]]), so what 1F1B waits for is mostly
+the time to push one activation through the link.
+
+| per micro-batch | plain | with sequence parallelism |
+|---|---|---|
+| one {act / 2**20:.0f} MiB activation through one {nic / 1e9:.0f} GB/s NIC (a hop) \
+| {act / nic * 1e3:.2f} ms | {act / t / nic * 1e3:.2f} ms |
+| 1F1B's wait, {hops:.2f} hops (p = {p}) | {wait * 1e3:.2f} ms | {wait / t * 1e3:.2f} ms |
+| compute per stage, at least | {work * 1e3:.2f} ms | {work * 1e3:.2f} ms |
+
+A slower network raises the share; slower compute lowers it: at 40% of peak it is
+{0.4 * wait / work:.0%}.
+</details>
+""")
+
+
+def moe_at_production_size(*, seq: int, nic: float) -> dict:
+    """MoE "At production size": what DeepSeek-V3's node-limited routing lets cross
+    InfiniBand per GPU and layer (FP8 dispatch of one `seq`-token sequence per GPU) against
+    top-k reaching k nodes, through a `nic`-bytes/s NIC; the sizes in a fold. Returns the
+    top-k dispatch's bytes per GPU and layer ({"dispatch": bytes})."""
+    k = facts.get("deepseek_v3.routed_experts_per_token").value
+    width = facts.get("deepseek_v3.hidden").value
+    block = facts.get("deepep.fp8_scale_block").value
+    fp8 = 1 + 4 / block  # bytes per value: FP8 plus a 4-byte fp32 scale per block of values
+    dispatch = seq * k * width * fp8  # top-k, one sequence per GPU
+    nodes = facts.get("deepseek_v3.node_limited_routing").value
+    dispatch_ib = seq * nodes * width * fp8  # at most one copy per node crosses the NIC
+    h800 = facts.get("deepseek_v3.h800_nvlink_bw").value * 1e9
+    print(f"Node-limited routing cuts what crosses InfiniBand to {nodes}/{k}: at most "
+          f"{dispatch_ib / 1e6:.0f} MB per GPU and layer through the NIC "
+          f"({dispatch_ib / nic * 1e3:.1f} ms at {nic / 1e9:.0f} GB/s), against up to "
+          f"{dispatch / 1e6:.0f} MB ({dispatch / nic * 1e3:.1f} ms) if top-{k} reached {k} nodes.")
+    fold("The sizes, and why NVLink forwards",
+         f"Top-{k}, hidden {width}, FP8 with one fp32 scale per {block} values ({fp8:.2f} bytes "
+         f"per value), one {seq}-token sequence per GPU; the BF16 combine sends back "
+         f"{2 / fp8:.1f}x the dispatch.\n"
+         f"The cap is a ceiling: one of those nodes may be the sender's own.\n"
+         f"DeepSeek's H800s have {h800 / 1e9:.0f} GB/s of NVLink, {h800 / nic:.1f}x the NIC, so "
+         f"NVLink forwards each token inside the node.")
+    return {"dispatch": dispatch}
 
 
 def plot_pipeline(pipe: list[dict], *, nics=("delay 100us",)) -> None:
@@ -174,11 +275,12 @@ def replay_split(pipe: list[dict], calm: str, rough: str) -> dict[str, dict[str,
 
 def explain_pipeline(pipe: list[dict], *, calm: str, rough: str,
                      details: list[str]) -> bool:
-    """The bubbles on the `calm` network and each schedule's growth on the `rough` one
-    (medians of its steps), and the conclusion (even the least-grown of 1F1B's steps grew more
-    than GPipe's median step); then, by the replay, the growth the delay alone causes. The
-    appendix gets each median against its replay's range and the replay's mean split into the
-    delay alone, the jitter and this run's compute drift (`replay_split`). Asserts the stage
+    """The conclusion (even the least-grown of 1F1B's steps grew more than GPipe's median
+    step), each schedule's growth on the `rough` network (medians of its steps), a table of
+    that growth in hops (predicted, replayed with the delay alone, measured) and the bubbles
+    on the `calm` one. The appendix gets the replay's growth in ms, each median against its
+    replay's range and the replay's mean split into the delay alone, the jitter and this
+    run's compute drift (`replay_split`). Asserts the stage
     boundaries' bytes, the bubble formula as a floor and each step against its replay.
     Returns whether the conclusion was shown."""
     import numpy as np
@@ -199,9 +301,6 @@ def explain_pipeline(pipe: list[dict], *, calm: str, rough: str,
     shown = conclude(grown["gpipe"]["measured"].min() > 0 and grown["1f1b"]["measured"].min()
                      > g["gpipe"], f"1F1B lost more time to the rough network than GPipe: even the "
                      f"least-grown of 1F1B's {kept} steps grew more than GPipe's median step")
-    bub = {s: runs[(calm, s)]["bubble"] for s in par.PIPELINE_SCHEDULES}
-    print(f"Bubble on the calm network: GPipe {bub['gpipe']:.0%}, 1F1B {bub['1f1b']:.0%} "
-          f"(formula {pipe[0]['bubble_formula']:.0%}).")
     print(f"On the rough network the step grew by {ms(g['gpipe'])} (GPipe) and "
           f"{ms(g['1f1b'])} (1F1B), medians of {kept} steps"
           + (": 1F1B paid more." if shown else "."))
@@ -213,20 +312,20 @@ def explain_pipeline(pipe: list[dict], *, calm: str, rough: str,
                   f"not explain the excess (this machine's load, most likely; appendix).")
     # The replay splits its growth: the delay alone, the jitter and this run's compute drift.
     split = replay_split(pipe, calm, rough)
-    print(f"By the replay (the same link model, the same operation times on both networks), "
-          f"the delay alone, without its jitter, adds {ms(split['gpipe']['delay'])} (GPipe) "
-          f"and {ms(split['1f1b']['delay'])} (1F1B); what the jitter and this run's compute "
-          f"drift add: appendix.")
     hop = hop_growth_s(calm, rough)  # what one hop's delay grew by
-    if hop > 0:
+    if hop > 0:  # the growth in hops: predicted, replayed (delay alone) and measured
         p = len(runs[(calm, "gpipe")]["p2p_sent"])  # stages
         m = runs[(calm, "gpipe")]["p2p_sent"][0] // pp_act  # micro-batches
-        print(f"In hops of {ms(hop)} (the delay's growth), side by side: predicted GPipe "
-              f"{2 * (p - 1)}, 1F1B {2 * (p - 1) * m // p} plus part of the fill and drain; the "
-              f"replay's delay alone: GPipe about {split['gpipe']['delay'] / hop:.0f}, 1F1B about "
-              f"{split['1f1b']['delay'] / hop:.0f}, fill and drain included; measured (delay, "
-              f"jitter and this machine's load): about {g['gpipe'] / hop:.0f} and "
-              f"{g['1f1b'] / hop:.0f}.")
+        predicted = {"gpipe": f"{2 * (p - 1)}",
+                     "1f1b": f"{2 * (p - 1) * m // p} + fill/drain"}
+        print(f"{'hops of ' + ms(hop):16s}{'predicted':>18s}{'replay, delay alone':>22s}"
+              f"{'measured':>10s}")
+        for s in par.PIPELINE_SCHEDULES:
+            print(f"{names[s]:16s}{predicted[s]:>18s}{split[s]['delay'] / hop:>22.0f}"
+                  f"{g[s] / hop:>10.0f}")
+    bub = {s: runs[(calm, s)]["bubble"] for s in par.PIPELINE_SCHEDULES}
+    print(f"Bubble on the calm network: GPipe {bub['gpipe']:.0%}, 1F1B {bub['1f1b']:.0%} "
+          f"(formula {pipe[0]['bubble_formula']:.0%}).")
 
     def where(s, v):  # the measured median against the replay's range (pipeline_growth)
         lo, hi = v["replay"].min(), v["replay"].max()
@@ -237,7 +336,12 @@ def explain_pipeline(pipe: list[dict], *, calm: str, rough: str,
     # The rest only writes the appendix's secondary numbers.
     sim_bub = runs[(calm, "gpipe")]["simulated_bubble"]
     details.append(
-        f"PP: replay bubble {sim_bub:.0%}; the measured bubble's excess is this machine's cost "
+        f"PP: by the replay (the same link model, the same operation times on both networks) "
+        f"the delay alone, without its jitter, adds {ms(split['gpipe']['delay'])} (GPipe) and "
+        f"{ms(split['1f1b']['delay'])} (1F1B); the measured growth also holds the jitter and "
+        f"this machine's load. The prediction counts 1F1B's steady state, 2(p−1)/p hops per "
+        f"micro-batch; the replay adds the fill and drain.\n"
+        f"Replay bubble {sim_bub:.0%}; the measured bubble's excess is this machine's cost "
         f"between operations (not separated here; on the rough network part of it hides behind "
         f"the waits, so a measured growth can fall below the replay's). "
         f"Growth from {calm} to {rough}:\n"
@@ -325,7 +429,7 @@ def explain_moe(moe: list[dict], *, details: list[str]) -> bool:
                      + ("" if holds else "; expected over 1.5x"),
                      busy=(f"{len(busy)} of {len(moe)} layers over 25% above the closed form"
                            if busy else None))
-    print(f"Layer time, fastest of {hot['repeats_kept_of']} repeats: balanced "
+    print(f"Layer time, fastest of {hot['repeats_kept_of']} repeats after a warm-up: balanced "
           f"{ms(bal['step_s'])}, hot expert at {hot['hot_share']:.2f} {ms(hot['step_s'])} "
           f"(closed forms {ms(bal['predicted_step_s'])} and {ms(hot['predicted_step_s'])}: a "
           f"consistency check, the emulator against its own model).")
@@ -374,7 +478,8 @@ def real_cluster_text(*, one_nv: float, hot_share: float, capacity_factor: float
 * **PP.** Megatron's bubble is [[megatron.bubble_definition]] of the ideal compute;
   interleaving v model chunks per rank reaches [[megatron.interleaved_bubble]], at v times the
   messages.
-* **MoE.** GShard and the Switch Transformer set [[gshard.capacity_factor]]; at a capacity
+* **MoE.** The Switch Transformer sets [[gshard.capacity_factor]] (GShard similarly caps each
+  expert's load); at a capacity
   factor of {cf} the hot
   expert above would drop {dropped:.0%} of all tokens. DeepSeek-V3 routes each token to
   [[deepseek_v3.routed_experts_per_token]] (plus one shared expert that needs no dispatch)
