@@ -365,8 +365,8 @@ class ElasticRun:
             ax.axhline(e["step"], color="grey", lw=0.5, ls=":")
         ax.axvline(0, color="red", lw=1)
         top = self.config["steps"]
-        # the label sits at the top, right of the line: clear of the legend and the bands' text
-        ax.text(0.1, top, "node B killed", color="red", fontsize=8, ha="left", va="top")
+        # the label sits low, right of the line: clear of the legend and the bands' text
+        ax.text(0.1, 1, "node B killed", color="red", fontsize=8, ha="left", va="center")
         mid = 0.5 * (1 + top)
         steps = self._of("step", node="A")
         if steps:  # before group 0's first step: its workers import, group and shard
