@@ -15,17 +15,19 @@ def say(text: str) -> None:
     display({"text/markdown": text, "text/plain": text}, raw=True)
 
 
-def fold(summary: str, text: str, *, pre: bool = False) -> None:
+def fold(summary: str, text: str, *, pre: bool = False, markdown: bool = False) -> None:
     """Show computed `text` behind a fold titled `summary` the reader clicks open: detail that
     would bury a cell's one-line result. Each line is a paragraph (`pre`: kept as preformatted
-    text, for tables). Outside a notebook it prints `text` as it is."""
+    text, for tables; `markdown`: text that is Markdown already, such as `facts.render`'s
+    wrapped prose with its Sources list, kept as it is). Outside a notebook it prints `text`
+    as it is."""
     from IPython.core.interactiveshell import InteractiveShell
 
     text = text.rstrip("\n")
     if not InteractiveShell.initialized():
         print(text)
         return
-    body = (f"```text\n{text}\n```" if pre else
+    body = (f"```text\n{text}\n```" if pre else text if markdown else
             "\n\n".join(line for line in text.splitlines() if line.strip()))
     say(details(summary, body))
 
