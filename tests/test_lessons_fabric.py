@@ -222,32 +222,37 @@ def test_tcp_payload_and_the_linux_estimate():
 def test_explain_fast_incast_prints_the_models_fall(capsys):
     fast = {n: fm.incast(n, 256 * KiB, rate_bps=10e9, delay_s=10e-6, buffer_packets=6)
             for n in (2, 4)}
-    sw.explain_fast_incast(fast, delay_s=10e-6, nbytes=256 * KiB)
+    sw.explain_fast_incast(fast)
     out = capsys.readouterr().out
     assert "two senders take 0.5 ms," in out
     assert "four take 200.4 ms (2 wait for the RTO): 208x less goodput." in out
+    assert len(out.strip().splitlines()) == 2 and "Linux" not in out  # Linux's: in the fold
+    lines = sw.linux_estimate_lines(fast, delay_s=10e-6, nbytes=256 * KiB)
     # the timer rounded up to whole jiffies: 2.04 ms -> 3 ms at HZ = 1000, 4 ms at HZ = 250
-    assert "Linux instead: about 3.4 ms to 4.4 ms for four, 3.6x to 4.6x less goodput" in out
-    assert "after 2 SRTT + 2 ms in place of the RTO" in out
-    assert "whole kernel ticks, HZ = 1000 or 250: 1 ms or 4 ms" in out
-    assert "SRTT: the smoothed round-trip time" in out
-    assert "congestion window" in out and "lower bound" not in out
-    lines = out.strip().splitlines()  # the estimate first, its assumptions on their own line
-    assert len(lines) == 4 and lines[2].startswith("Linux instead:")
-    assert lines[3].startswith("(SRTT: the smoothed")
+    assert lines[0].startswith("Linux would take about 3.4 ms to 4.4 ms for four senders, "
+                               "3.6x to 4.6x less goodput than two")
+    assert lines[0].endswith("after 2 SRTT + 2 ms in place of the RTO.")
+    assert "whole kernel ticks, HZ = 1000 or 250: 1 ms or 4 ms" in lines[1]
+    assert lines[1].startswith("(SRTT: the smoothed round-trip time, taken unloaded, though "
+                               "queueing during the incast lengthens it")
+    assert "congestion window" in lines[1] and "lower bound" not in lines[1]
 
 
-def test_linux_recovery_names_the_rack_and_the_tail_sender(monkeypatch):
+def test_linux_recovery_is_one_fold_naming_the_rack_and_the_tail_sender(monkeypatch):
     shown = []
     monkeypatch.setattr(facts, "show", lambda text, **_: shown.append(text))
-    sw.show_linux_recovery({"best": 0.2388}, [[], [], [1, 2, 3], [1, 2, 3, 4]],
+    fast = {n: fm.incast(n, 256 * KiB, rate_bps=10e9, delay_s=10e-6, buffer_packets=6)
+            for n in (2, 4)}
+    sw.show_linux_recovery([[], [], [1, 2, 3], [1, 2, 3, 4]], fast=fast, delay_s=10e-6,
                            nbytes=256 * KiB, mtu=1500)
     text = " ".join(shown[0].split())
-    assert "The emulator's 238.8 ms is its own figure. A message is 4 of its 64 KiB" in text
+    assert text.startswith("<details><summary>How Linux TCP finds a loss sooner")
+    assert text.endswith("</details>")  # all of it behind the fold
+    assert "The emulator's time is its own figure. A message is 4 of its 64 KiB" in text
     assert "sends it as 182 frames of 1448 B of payload" in text
-    assert "The third sender's segment 4 got through" in text and "segments 1, 2, 3 about" in text
-    assert "The fourth sender delivered nothing to SACK" in text
-    assert "These are the replay's losses (all sends at one instant)" in text
+    assert "the third sender's segment 4 got through" in text and "segments 1, 2, 3 about" in text
+    assert "the fourth sender delivered nothing to SACK" in text
+    assert "**At 10 Gbit/s, an estimate, not a measurement:** Linux would take about" in text
 
 
 def test_plot_drops_marks_each_senders_repair():
@@ -465,11 +470,14 @@ def rail_rows(aligned: float, naive: float) -> list[dict]:
 
 def test_explain_rails_and_its_details(capsys):
     model = {"aligned": 0.0983, "naive": 0.3817}
-    ob.explain_rails(rail_rows(0.1006, 0.3611), model, repeats=3)
-    ob.explain_rail_details(rail_rows(0.1006, 0.3611), [(0.0983, 0.0983), (0.3598, 0.3598)],
-                            model)
+    rep = [(0.0983, 0.0983), (0.3598, 0.3598)]
+    ob.explain_rails(rail_rows(0.1006, 0.3611), model, rail_rep=rep, repeats=3)
+    ob.explain_rail_details(rail_rows(0.1006, 0.3611), rep, model)
     out = capsys.readouterr().out
-    assert "Naive took 3.59x (closed form 3.88x)." in out
+    # the replay's ratio beside the measured one: the runs' own overhead is not in the ratio
+    assert ("Naive took 3.59x; the replay (the emulator's schedule without processes) 3.66x, "
+            "the closed form 3.88x.") in out
+    assert "The medians sit +2% (aligned) and +0% (naive) from their replays, about alike" in out
     assert "Naive, 2 inter-node flows shared each downlink of the spine." in out
     assert out.count("Shown on this run: the naive layout took over twice") == 1
     assert "replay 98.3 ms (the same in every order tried)" in out
@@ -477,7 +485,8 @@ def test_explain_rails_and_its_details(capsys):
 
 
 def test_explain_rails_not_shown_when_busy(capsys):
-    ob.explain_rails(rail_rows(0.2, 0.39), {"aligned": 0.0983, "naive": 0.3817}, repeats=3)
+    ob.explain_rails(rail_rows(0.2, 0.39), {"aligned": 0.0983, "naive": 0.3817},
+                     rail_rep=[(0.0983, 0.0983), (0.3598, 0.3598)], repeats=3)
     assert "Not shown on this run: the naive layout" in capsys.readouterr().out
 
 
@@ -507,3 +516,17 @@ def test_describe_step_prints_the_simulated_buckets(capsys):
     ob.describe_step()
     out = capsys.readouterr().out
     assert out.startswith("step: 25 MiB of gradients in buckets of 1 + 24 MiB")
+
+
+def test_show_takeaways_give_one_number_per_idea_with_its_sample_count(monkeypatch):
+    said = []
+    monkeypatch.setattr(ob, "say", said.append)
+    med = {"ring": 1.15, "tree": 1.71, "tree_neighbours_first": 1.05}
+    rounds = [{"peak": p, "best": m, "median": m, "times": [m, m, m], "model": m}
+              for p, m in ((1, 0.0587), (2, 0.1007), (3, 0.1427))]
+    ob.show_takeaways(med, rounds, rail_rows(0.1039, 0.3641), real_ring=1.01)
+    (text,) = said
+    assert "farthest-first\n  tree took 1.71x" in text and "ring 1.15x" in text
+    assert "(medians of 1 runs; 1.01x with real frames, closed form)" in text
+    assert "3 flows on one uplink\n  took 2.43x the spread round" in text
+    assert "the naive layout took\n  3.50x the rail-aligned one" in text

@@ -53,10 +53,15 @@ def test_tree_loads_count_the_edges_that_cross_leaves():
 
 
 def test_explain_nccl_trees_prints_each_setup_against_the_farthest_first_tree(capsys):
-    ob.explain_nccl_trees(far=1.98)
+    line, rest = ob.nccl_tree_lines(far=1.98)
+    assert line.startswith("In one line: at 4:1 NCCL's double binary tree loses at most 1.50x")
+    assert "because 20 of its 30 edges stay inside a leaf (at 16 nodes, the figure)" in line
+    assert "arithmetic on ncclGetDtree's edges" not in line  # the arithmetic sits in a fold
+    ob.explain_nccl_trees(far=1.98)  # outside a notebook the fold prints its text as it is
     out = capsys.readouterr().out
+    assert out.startswith(line)
     assert "arithmetic on ncclGetDtree's edges, not modelled or run" in out
-    assert "     16         4 |       2.0 B |   3.0 B over 1 NIC rate" in out
+    assert "   16         4 |       2.0 B |   3.0 B over 1 NIC rate" in out
     assert out.count("| 1.50x") == 2 and out.count("| 1.00x") == 2
     assert "3.0 B over 2 NIC rates" in out
     assert "farthest-first tree, 8 nodes in leaves of 4: 1.98x (closed form, real frames)" in out
@@ -108,10 +113,26 @@ def test_the_tables_name_their_statistics(capsys):
             "all-to-all": 2.25}
     ob.print_closed_forms(closed, real, cases=[(c,) for c in real], mtu=1500)
     out = capsys.readouterr().out
-    assert "1500 B frames (as real packets) | 64 KiB segments (this emulator" in out
+    assert "64 KiB segments (this emulator; what the runs check)" in out
+    assert ("With real 1500 B frames the ring's 1.00x becomes 1.01x (every case: the "
+            "appendix)") in out
     rounds = [{"peak": p, "best": m, "median": m, "times": [m, m, m], "model": m}
               for p, m in ((1, 0.0587), (2, 0.1007), (3, 0.1427))]
     ob.explain_ecmp_rounds(rounds)
     out = capsys.readouterr().out
     assert "fastest of the class (each pairing run 3x)" in out
     assert "each class's fastest run sat +0.0% to +0.0% from its closed form" in out
+
+
+def test_plot_nccl_tree_draws_both_trees_and_marks_the_edges_across_leaves():
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ax = ob.plot_nccl_tree(16, nodes_per_leaf=4)
+    arcs = [a for a in ax.patches if type(a).__name__ == "Arc"]
+    assert len(arcs) == 30  # 15 edges per tree
+    red = [a for a in arcs if a.get_linewidth() == 2]
+    assert len(red) == 10  # the edges that cross leaves, as explain_nccl_trees counts them
+    assert "20 of 30 edges inside a leaf, 10 across" in ax.get_title()
+    plt.close("all")
+

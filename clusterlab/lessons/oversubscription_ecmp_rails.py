@@ -20,7 +20,7 @@ from clusterlab import facts
 from clusterlab.experiments import fabric as ex
 from clusterlab.experiments.common import conclude
 from clusterlab.fabric import Fabric
-from clusterlab.lessons.show import ms
+from clusterlab.lessons.show import fold, ms, say
 from clusterlab.topology import Topology
 from clusterlab.wire import HEADER_BYTES, SEGMENT_BYTES
 
@@ -89,15 +89,16 @@ def closed_form(o: float, algorithm: str, order: Sequence[int] | None, *,
 
 
 def print_closed_forms(closed: dict, real: dict, *, cases: Sequence[tuple], mtu: int) -> None:
-    """Print the closed form's slowdown from o = 1 to o = 4 per case (`closed`: (case, o) ->
-    time with the emulator's segments; `real`: case -> the ratio with real `mtu`-byte
-    frames), and check that only the farthest-first tree and the all-to-all slow with real
-    frames."""
-    print(f"closed form, {NBYTES // KiB} KiB per node: time at o = 4 / time at o = 1")
-    print(f"  {'':<23} {f'{mtu} B frames (as real packets)':>31} | {SEGMENT_BYTES // KiB} KiB "
-          f"segments (this emulator; what the runs check)")
+    """Print the closed form's slowdown from o = 1 to o = 4 per case with the emulator's
+    segments, what the runs check (`closed`: (case, o) -> time), then one line on the ring
+    with real `mtu`-byte frames (`real`: case -> that ratio; the other cases': the appendix),
+    and check that only the farthest-first tree and the all-to-all slow with real frames."""
+    print(f"closed form, {NBYTES // KiB} KiB per node, {SEGMENT_BYTES // KiB} KiB segments "
+          f"(this emulator; what the runs check): time at o = 4 / time at o = 1")
     for c, *_ in cases:
-        print(f"  {c:<23} {real[c]:>30.2f}x | {closed[c, 4] / closed[c, 1]:.2f}x")
+        print(f"  {c:<23} {closed[c, 4] / closed[c, 1]:.2f}x")
+    print(f"With real {mtu} B frames the ring's {closed['ring', 4] / closed['ring', 1]:.2f}x "
+          f"becomes {real['ring']:.2f}x (every case: the appendix).")
     assert real["ring"] < 1.05 and real["tree, neighbours first"] < 1.05
     assert real["tree, farthest first"] > 1.5 and real["all-to-all"] > 1.5
 
@@ -304,11 +305,13 @@ def nccl_tree_loads(nodes: int, nodes_per_leaf: int, *,
 NCCL_TREE_SETUPS = ((8, 4), (16, 4), (32, 4), (64, 8))  # (nodes, nodes per leaf)
 
 
-def explain_nccl_trees(*, far: float, setups: Sequence[tuple[int, int]] = NCCL_TREE_SETUPS,
-                       oversubscription: float = 4) -> None:
-    """Print what oversubscription costs NCCL's double binary tree in `setups` (arithmetic
-    on the edges of `nccl_dtree`, `nccl_tree_loads`), against this course's farthest-first
-    tree (`far`: its closed-form o = 4 / o = 1 with real frames, 8 nodes in leaves of 4)."""
+def nccl_tree_lines(*, far: float, setups: Sequence[tuple[int, int]] = NCCL_TREE_SETUPS,
+                    oversubscription: float = 4) -> tuple[str, list[str]]:
+    """What oversubscription costs NCCL's double binary tree in `setups` (arithmetic on the
+    edges of `nccl_dtree`, `nccl_tree_loads`), against this course's farthest-first tree
+    (`far`: its closed-form o = 4 / o = 1 with real frames, 8 nodes in leaves of 4): the
+    result in one line, then the assumptions, the worst case's reading, its crossing edges
+    and a table of the setups."""
     o = f"{oversubscription:g}:1"
     rows = {(n, per): nccl_tree_loads(n, per, oversubscription=oversubscription)
             for n, per in setups}
@@ -316,33 +319,88 @@ def explain_nccl_trees(*, far: float, setups: Sequence[tuple[int, int]] = NCCL_T
     edges = nccl_dtree_edges(n_w)
     inside = sum(p // per_w == c // per_w for tree in edges for p, c in tree)
     total = sum(map(len, edges))
-    print(f"In one line: at {o} NCCL's double binary tree loses at most "
-          f"{worst['slowdown']:.2f}x in these setups, against {far:.2f}x for this course's "
-          f"farthest-first tree,\nbecause most of its edges stay inside a leaf ({inside} of "
-          f"{total} at {n_w} nodes).")
-    print(f"NCCL's double binary tree at {o}: arithmetic on ncclGetDtree's edges, not modelled "
-          f"or run.")
-    print("  B = the buffer; each tree carries B/2 up and B/2 down each of its edges; one NIC per "
-          "node;\n  a leaf's flows spread evenly over its uplinks; the busiest link sets the time")
-    print(f"  Reading the {n_w}-node case: each NIC carries at most {worst['nic']:.1f} B each way; "
-          f"the busiest leaf sends {worst['uplinks']:.1f} B up\n  through uplinks worth "
-          f"{worst['capacity']:g} NIC rate(s), so they need {worst['uplinks']:.1f} / "
-          f"{worst['capacity']:g} / {worst['nic']:.1f} = {worst['slowdown']:.2f} times the "
-          f"NICs' time.")
+    line = (f"In one line: at {o} NCCL's double binary tree loses at most "
+            f"{worst['slowdown']:.2f}x in these setups, against {far:.2f}x for this course's "
+            f"farthest-first tree,\nbecause {inside} of its {total} edges stay inside a leaf "
+            f"(at {n_w} nodes, the figure).")
     crossing = ["tree " + str(i + 1) + ": " + ", ".join(f"{p}-{c}" for p, c in tree
                                                           if p // per_w != c // per_w)
                 for i, tree in enumerate(edges)]
-    print(f"  The {total - inside} edges that cross leaves at {n_w} nodes (parent-child; leaf = "
-          f"node // {per_w}):\n    " + "; ".join(crossing))
-    print(f"  nodes  per leaf | busiest NIC | busiest leaf's uplinks, each way | {o} costs")
+    rest = [f"NCCL's double binary tree at {o}: arithmetic on ncclGetDtree's edges, not "
+            f"modelled or run.",
+            "B = the buffer; each tree carries B/2 up and B/2 down each of its edges; one NIC "
+            "per node;",
+            "a leaf's flows spread evenly over its uplinks; the busiest link sets the time.",
+            f"Reading the {n_w}-node case: each NIC carries at most {worst['nic']:.1f} B each "
+            f"way; the busiest leaf sends {worst['uplinks']:.1f} B up",
+            f"through uplinks worth {worst['capacity']:g} NIC rate(s), so they need "
+            f"{worst['uplinks']:.1f} / {worst['capacity']:g} / {worst['nic']:.1f} = "
+            f"{worst['slowdown']:.2f} times the NICs' time.",
+            f"The {total - inside} edges that cross leaves at {n_w} nodes (parent-child; leaf = "
+            f"node // {per_w}):",
+            "  " + "; ".join(crossing),
+            "",
+            f"nodes  per leaf | busiest NIC | busiest leaf's uplinks, each way | {o} costs"]
     for nodes, per_leaf in setups:
         t = rows[nodes, per_leaf]
         rates = f"{t['capacity']:g} NIC rate" + ("s" if t["capacity"] != 1 else "")
-        print(f"  {nodes:>5}  {per_leaf:>8} | {t['nic']:>9.1f} B | {t['uplinks']:>5.1f} B over "
-              f"{rates:<19} | {t['slowdown']:.2f}x")
-    print(f"  {o} costs = (uplink bytes / uplink NIC rates) / busiest NIC's bytes, at least 1")
-    print(f"This course's farthest-first tree, 8 nodes in leaves of 4: {far:.2f}x (closed form, "
-          f"real frames).")
+        rest.append(f"{nodes:>5}  {per_leaf:>8} | {t['nic']:>9.1f} B | {t['uplinks']:>5.1f} B "
+                    f"over {rates:<19} | {t['slowdown']:.2f}x")
+    rest += [f"{o} costs = (uplink bytes / uplink NIC rates) / busiest NIC's bytes, at least 1",
+             f"This course's farthest-first tree, 8 nodes in leaves of 4: {far:.2f}x (closed "
+             f"form, real frames)."]
+    return line, rest
+
+
+def explain_nccl_trees(*, far: float, setups: Sequence[tuple[int, int]] = NCCL_TREE_SETUPS,
+                       oversubscription: float = 4) -> None:
+    """Print `nccl_tree_lines`' one line, and show the rest behind a fold (its assumptions,
+    edges and table are reference for the expert, not the main path)."""
+    line, rest = nccl_tree_lines(far=far, setups=setups, oversubscription=oversubscription)
+    print(line)
+    fold("How the 1.50x is counted: the assumptions, the crossing edges, four setups",
+         "\n".join(rest), pre=True)
+
+
+def plot_nccl_tree(nodes: int = 16, *, nodes_per_leaf: int = 4, ax=None):
+    """NCCL's double binary tree (`nccl_dtree_edges`) on `nodes` nodes in rank order, leaves
+    of `nodes_per_leaf` shaded: tree 1's edges as arcs above the row of nodes, tree 2's below,
+    an edge that crosses leaves red and thick, one inside a leaf grey. Short arcs are the
+    lowest levels: they join neighbours, inside a leaf."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Arc
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 3.2))
+    edges = nccl_dtree_edges(nodes)
+    for leaf in range(nodes // nodes_per_leaf):
+        lo = leaf * nodes_per_leaf - 0.45
+        ax.axvspan(lo, lo + nodes_per_leaf - 0.1, color="0.93" if leaf % 2 else "0.86",
+                   zorder=0)
+        ax.text(lo + nodes_per_leaf / 2 - 0.05, -4.3, f"leaf {leaf}", ha="center", fontsize=8,
+                color="0.3")
+    crossing = 0
+    for sign, tree in ((1, edges[0]), (-1, edges[1])):
+        for p, c in tree:
+            across = p // nodes_per_leaf != c // nodes_per_leaf
+            crossing += across
+            width = abs(p - c)
+            ax.add_patch(Arc(((p + c) / 2, 0), width, width * 0.9, theta1=0 if sign > 0 else 180,
+                             theta2=180 if sign > 0 else 360, lw=2 if across else 1,
+                             color="tab:red" if across else "0.45"))
+    ax.plot(range(nodes), [0] * nodes, "o", color="k", ms=5, zorder=3)
+    for n in range(nodes):
+        ax.text(n, 0.35, str(n), ha="center", fontsize=7)
+    ax.text(-0.6, 3.2, "tree 1", fontsize=8, color="0.3")
+    ax.text(-0.6, -3.5, "tree 2", fontsize=8, color="0.3")
+    total = sum(map(len, edges))
+    ax.set(xlim=(-0.8, nodes - 0.2), ylim=(-4.6, 4.2), yticks=[], xticks=[],
+           title=f"NCCL's double binary tree on {nodes} nodes in rank order: "
+                 f"{total - crossing} of {total} edges inside a leaf, {crossing} across (red)")
+    ax.grid(False)
+    for side in ("left", "right", "top", "bottom"):
+        ax.spines[side].set_visible(False)
+    return ax
 
 
 def describe_step() -> None:
@@ -505,25 +563,50 @@ def explain_ecmp_rounds(rounds: Sequence[dict]) -> None:
              busy=ex.slowed(rounds))
 
 
-def explain_rails(rl: Sequence[dict], rail_model: dict, *, repeats: int) -> None:
+def explain_rails(rl: Sequence[dict], rail_model: dict, *,
+                  rail_rep: Sequence[tuple[float, float]], repeats: int) -> None:
     """Print the two layouts' medians (`rl`: `ex.rails` rows, aligned then naive) and their
-    ratio against the closed form (`rail_model`: layout -> closed-form time), what the naive
-    layout's spine carried, and whether naive took over twice the aligned time."""
+    ratio beside the replay's (`rail_rep`: each layout's replay range, messages served in
+    turn) and the closed form's (`rail_model`: layout -> closed-form time, equal sharing),
+    what the naive layout's spine carried, and whether naive took over twice the aligned
+    time."""
     aligned, naive = rl
+    (a_lo, _), (n_lo, _) = rail_rep
     print(f"Medians of {repeats} runs: rail-aligned {ms(aligned['median'])}, naive "
           f"{ms(naive['median'])}.")
-    print(f"Naive took {naive['median'] / aligned['median']:.2f}x (closed form "
-          f"{rail_model['naive'] / rail_model['aligned']:.2f}x).")
+    print(f"Naive took {naive['median'] / aligned['median']:.2f}x; the replay (the emulator's "
+          f"schedule without processes) {n_lo / a_lo:.2f}x, the closed form "
+          f"{rail_model['naive'] / rail_model['aligned']:.2f}x.")
     print(f"Naive, {naive['crowd']} inter-node flows shared each {naive['bottleneck']} of the "
           f"spine.")
-    over = {r["layout"]: r["median"] / r["model"] - 1 for r in rl}
+    over = {r["layout"]: r["median"] / lo - 1 for r, (lo, _) in zip(rl, rail_rep)}
     effect = ("which shrinks the ratio" if over["aligned"] > over["naive"] + 0.05 else
               "which grows the ratio" if over["naive"] > over["aligned"] + 0.05 else
               "about alike")
     print(f"The medians sit {over['aligned']:+.0%} (aligned) and {over['naive']:+.0%} (naive) "
-          f"from their closed forms (appendix), {effect}.")
+          f"from their replays, {effect} (appendix).")
     conclude(naive["median"] > 2 * aligned["median"],
              "the naive layout took over twice the rail-aligned one", busy=ex.slowed(rl))
+
+
+def show_takeaways(med: dict[str, float], rounds: Sequence[dict], rl: Sequence[dict], *,
+                   real_ring: float) -> None:
+    """The key takeaways, one per idea, each with the number this run printed for it (`med`:
+    `median_ratios`; `rounds`: `ex.ecmp_rounds` rows; `rl`: `ex.rails` rows; `real_ring`: the
+    ring's closed-form o = 4 / o = 1 with real frames)."""
+    _, _, fastest = ecmp_classes(rounds)
+    lucky, worst = min(fastest), max(fastest)
+    spread = fastest[worst] / fastest[lucky]
+    aligned, naive = rl
+    n = len(naive["times"])  # the runs behind each median
+    say(f"""- **Oversubscription hurts traffic without locality:** at 4:1 the farthest-first
+  tree took {med['tree']:.2f}x its non-blocking time, the leaf-ordered ring {med['ring']:.2f}x
+  (medians of {n} runs; {real_ring:.2f}x with real frames, closed form).
+- **A round waits for the busiest uplink ECMP's hash gives it:** {worst} flows on one uplink
+  took {spread:.2f}x the spread round (the fastest run of each class).
+- **Rails keep a hierarchical all-reduce off the spine:** the naive layout took
+  {naive['median'] / aligned['median']:.2f}x the rail-aligned one at a 4:1 spine (medians of
+  {n} runs).""")
 
 
 def store_and_forward(closed: dict, *, rate: float) -> tuple[float, float, int]:
@@ -597,7 +680,8 @@ def explain_oversubscription_details(over: Sequence[dict],
     """Appendix: print every run against its replay range and closed form; how many of the
     farthest-first tree's runs at o = 4 fall in its replay range; how far each median sits
     from its fastest replay (or that the neighbours-first tree at 4:1 stands out); and the
-    closed form's ratios with emulator segments, real frames and InfiniBand's largest MTU
+    closed form's ratios with emulator segments, real `mtu`-byte frames and InfiniBand's
+    largest MTU
     (`closed`, `real`, `cases` as in `print_closed_forms`, `orders`: the service orders
     replayed)."""
     for r, (lo, hi) in zip(over, replays):
@@ -627,6 +711,8 @@ def explain_oversubscription_details(over: Sequence[dict],
               for c, a, r in cases}
     print("closed form o = 4 / o = 1 with emulator segments: "
           + ", ".join(f"{c} {closed[c, 4] / closed[c, 1]:.2f}x" for c, *_ in cases))
+    print(f"with {mtu} B frames (as real packets): "
+          + ", ".join(f"{real[c]:.2f}x" for c, *_ in cases))
     print(f"with {big} B frames: " + ", ".join(f"{bigger[c]:.2f}x" for c, *_ in cases)
           + f", within {max(abs(bigger[c] - real[c]) for c, *_ in cases):.2f} of {mtu} B frames")
 
@@ -659,33 +745,65 @@ def explain_rail_details(rl: Sequence[dict], rail_rep: Sequence[tuple[float, flo
              f"run cannot tell what does (not measured)."))
 
 
-# The `facts.show` template of the first "On real fabrics" box: where the rank order comes
-# from, NCCL's double binary tree, and systems that bound traffic without locality.
+# The `facts.show` template beside the NCCL tree's figure: what NCCL's tree is, and why its
+# lowest edges stay inside a leaf.
+NCCL_TREE = """
+**NCCL's own tree** is a [[nccl.double_binary_tree]] (two binary trees, each carrying half
+the data) over the nodes in rank order, sent [[nccl.tree_chunk_pipeline]]. Its lowest edges
+join neighbouring nodes, the levels above ever farther ones (as MPICH's binomial reduce pairs
+[[mpich.binomial_reduce_order]]).
+"""
+
+# The `facts.show` templates of "On a real GPU cluster": where the rank order comes from and
+# what bounds traffic without locality; NCCL's channels and where ECMP collisions come from;
+# rails in NVIDIA's reference architecture and in NCCL.
 RANK_ORDER = """
-**On real fabrics.** The rank order you launch with decides whether NCCL's ring crosses the
-spine once per leaf or many times: sort your hosts by leaf. NCCL keeps its
-[[nccl.ring_node_order]] and sees no leaves or spines. Where the order comes from:
+**Rank order and locality.** NCCL keeps its [[nccl.ring_node_order]] and sees no leaves or
+spines (rails it can see: below), so sort your hosts by leaf. The order comes from:
 
 - **torchrun:** [[pytorch.torchrun_node_order]]. Under c10d, name hosts so that they sort by
   leaf, and pad the numbers: sorted as strings, `node10` comes before `node2` (write `node02`).
 - **Slurm's srun or mpirun:** the node list's order. srun [[slurm.srun_block_distribution]];
   mpirun follows its hostfile.
 
-<details><summary>Placement by the scheduler</summary>
+<details><summary>Placement by the scheduler, and systems that bound traffic without locality</summary>
 
 Slurm's topology/tree ([[slurm.topology_tree]]) best-fits a job onto few leaves
-(`--switches` caps their number); rank order still follows the launcher's. Some schedulers
-also place ranks themselves (Meta's, below).
-</details>
-
-NCCL's tree is a [[nccl.double_binary_tree]] (two binary trees over the same nodes, each
-carrying half the data) over the nodes in rank order, sent
-[[nccl.tree_chunk_pipeline]]. Unlike the farthest-first tree, its lowest edges join
-neighbouring nodes and the levels above ever farther ones (as MPICH's binomial reduce pairs
-[[mpich.binomial_reduce_order]]). Below, what 4:1 costs it, counted on its edges.
+(`--switches` caps their number); rank order still follows the launcher's.
 
 Where traffic lacks locality, systems bound it or give it a non-blocking fabric: DeepSeek-V3
 limits its all-to-all by sending each token to experts on at most [[deepseek_v3.node_limited_routing]], and Meta's RoCE
 training fabric is [[meta.roce_ai_zone]]; the same paper's scheduler places a job's ranks by
 a minimum cut across zones, to keep cross-zone traffic low.
+</details>
 """  # noqa: E501 (prose shown verbatim)
+
+ECMP_BOX = """
+**Flows and collisions.** NCCL splits a collective over **channels** (at most
+[[nccl.max_ctas]]), each opening one queue pair per NIC: one flow to ECMP. Routed Ethernet and
+RoCE fabrics hash each flow; InfiniBand switches forward by destination along
+[[infiniband.sm_lft_routing]], so there collisions follow placement rather than a random hash.
+
+<details><summary>Channels and queue pairs; InfiniBand's hashing and adaptive routing; more entropy on RoCE</summary>
+
+A channel is a parallel copy of NCCL's ring, moving its own slice of the bytes, and its
+connection opens one queue pair (a QP, as in [13](13_switches_incast_ecmp_rails.ipynb)) per
+NIC, more if [[nccl.ib_qps_per_connection]] is raised. A ring ordered by leaf thus puts about
+one flow per channel on a leaf's uplinks, together one NIC's worth with one NIC per node, and
+a hash can stack several on one uplink.
+
+Upstream OpenSM, the fabric's controller (subnet manager), gives each destination address
+one route by default, hence placement (NVIDIA's switches can also hash: [[nvidia.ib_hbf]]);
+[[nvidia.ib_ar_sm]], which NVIDIA's bring-up procedure turns on, picks a port by load. On
+RoCE, more flows per connection give ECMP more entropy (Meta's enhanced ECMP,
+[[meta.roce_qp_entropy]]); spraying spreads one flow's packets over many paths
+([[aws.efa_srd]]).
+</details>
+"""  # noqa: E501 (the fold's one-line summary)
+
+RAILS_BOX = """
+**Rails.** NVIDIA's reference architecture has [[nvidia.rail_optimized_ra]], so its spine is
+not oversubscribed. [[nccl.cross_nic]] decides whether NCCL keeps a ring or tree on one rail:
+by [[nccl.rail_id]], else the same NIC on every node. With [[nccl.pxn]], NCCL reaches another
+rail over NVLink.
+"""

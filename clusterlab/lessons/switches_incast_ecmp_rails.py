@@ -247,51 +247,55 @@ def tcp_payload_bytes(mtu: int) -> int:
 
 
 LINUX_RECOVERY = """
-**Real Linux TCP recovers faster.** Linux would resend the {rack} sender's losses about a
-round trip after them, and the {tail} sender's after a tail loss probe's timer (about two
-round trips plus [[linux.tcp_timeout_min_us]]); only a lost probe costs the RTO, at least
-[[linux.tcp_rto_min]] by default.
+<details><summary>How Linux TCP finds a loss sooner: SACK, RACK and the tail loss probe, on this incast and at 10 Gbit/s</summary>
 
-<details><summary>How Linux does it</summary>
+- With **SACK** (selective ACK) the receiver also lists the blocks that arrived after a gap.
+- A loss with later segments behind it: **RACK** (recent ACK) resends it about a round trip
+  later. RACK's rule: [[linux.rack_mark_lost]]. If that settling delay has not yet passed, its
+  timer waits the rest plus [[linux.tcp_timeout_min_us]] (`tcp_rack_mark_lost`).
+- A lost tail, with nothing behind it: a **TLP** (tail loss probe) sends one segment (new data
+  if any is queued, else the last one again) on its own timer, [[linux.tlp_multi_packet]]; with
+  one segment out the timer is about the RTO. The probe's ACK lets RACK resend the rest.
+- Only if the probe is lost too, or TLP does not apply (no SACK, or already in recovery), does
+  the sender wait for the RTO, by default at least [[linux.tcp_rto_min]], far above a
+  datacentre round trip. A route's rto_min ([[linux.route_rto_min]]) or
+  [[linux.tcp_rto_min_us]] (Linux 6.11 and later) can lower it.
 
-The emulator's {best} is its own figure. A message is
-{k} of its {seg_kib} KiB segments; Linux TCP sends it as {frames} frames of {mss} B of payload
-(the [[ethernet.mtu_bytes]] MTU less a [[ipv4.header_bytes]] IPv4 and a
+**This incast on Linux.** The emulator's time is its own figure. A message is {k} of its
+{seg_kib} KiB segments; Linux TCP sends it as {frames} frames of {mss} B of payload (the
+[[ethernet.mtu_bytes]] MTU less a [[ipv4.header_bytes]] IPv4 and a
 [[tcp.header_with_timestamps_bytes]] TCP header), so a loss with under {dupthresh} segments
-after it is far likelier here.
+after it is far likelier in the emulator. Mapped onto Linux, to show the mechanism, not to
+predict which packets a real port drops (one that interleaves the flows drops others): the
+{rack} sender's segment {k} got through, so its SACK lets RACK resend segments {rack_lost}
+about a round trip after the loss; the {tail} sender delivered nothing to SACK, so its tail
+loss probe fires, and the probe's ACK lets RACK resend the rest.
 
-These are the replay's losses (all sends at one instant), mapped onto Linux to show the
-mechanism, not to predict which packets a real port drops: one that interleaves the flows
-drops others.
+**At 10 Gbit/s, an estimate, not a measurement:** {estimate}
 
-- The {rack} sender's segment {k} got through. Its SACK lets RACK resend segments
-  {rack_lost} about a round trip after the loss. RACK's rule:
-  [[linux.rack_mark_lost]]. If that settling delay has not yet passed, its timer waits the
-  rest plus [[linux.tcp_timeout_min_us]] (`tcp_rack_mark_lost`).
-- The {tail} sender delivered nothing to SACK. Its tail loss probe fires on its own timer
-  ([[linux.tlp_multi_packet]]), and the probe's ACK lets RACK resend the rest. Only a lost
-  probe leaves the RTO, which by default does not fall below that floor unless lowered per route
-  ([[linux.route_rto_min]]) or with [[linux.tcp_rto_min_us]] (Linux 6.11 and later).
-- A real port interleaves the flows' packets, so one overflow can stall many flows on
-  timeouts (**TCP incast collapse**): [[paper.vasudevan_incast_2009]].
+A real port interleaves the flows' packets, so one overflow can stall many flows on timeouts
+(**TCP incast collapse**): [[paper.vasudevan_incast_2009]].
 
 </details>
-"""
+"""  # noqa: E501 (the fold's one-line summary)
 
 
-def show_linux_recovery(four: dict, lost: Sequence[Sequence[int]], *, nbytes: int,
-                        mtu: int) -> None:
-    """Show (Markdown, sourced from the ledger) how Linux TCP would repair the replay's losses
-    (`four`: the four-sender row of the drop incast, `lost`: `ex.incast_replay`'s): the sender
-    whose last segment got through by RACK, the one that lost its whole tail by a probe."""
+def show_linux_recovery(lost: Sequence[Sequence[int]], *, fast: dict, delay_s: float,
+                        nbytes: int, mtu: int) -> None:
+    """Show (Markdown, sourced from the ledger) one fold on how Linux TCP finds losses sooner
+    than this emulator: SACK, RACK and the tail loss probe; how it would repair the replay's
+    losses (`lost`: `ex.incast_replay`'s): the sender whose last segment got through by RACK,
+    the one that lost its whole tail by a probe; and `linux_estimate_lines` for the incast at
+    a datacentre port (`fast`, `delay_s` as there)."""
     k = segment_count(nbytes)
     mss = tcp_payload_bytes(mtu)  # TCP payload per frame
     rack = rack_senders(lost, k)  # a later one arrived
     tail = tail_senders(lost, k)  # nothing arrived
     facts.show(LINUX_RECOVERY.format(
-        best=ms(four["best"]), k=k, seg_kib=SEGMENT_BYTES // KiB,
-        frames=math.ceil(nbytes / mss), mss=mss, dupthresh=DUPTHRESH, rack=nth(rack[0]),
-        rack_lost=", ".join(map(str, lost[rack[0] - 1])), tail=nth(tail[0])))
+        k=k, seg_kib=SEGMENT_BYTES // KiB, frames=math.ceil(nbytes / mss), mss=mss,
+        dupthresh=DUPTHRESH, rack=nth(rack[0]), rack_lost=", ".join(map(str, lost[rack[0] - 1])),
+        tail=nth(tail[0]),
+        estimate=" ".join(linux_estimate_lines(fast, delay_s=delay_s, nbytes=nbytes))))
 
 
 def linux_tlp_estimate(model_s: float, *, rtt_s: float,
@@ -304,29 +308,36 @@ def linux_tlp_estimate(model_s: float, *, rtt_s: float,
     return pto, model_s - max(fm.RTO_MIN_S, 2 * rtt_s) + pto
 
 
-def explain_fast_incast(fast: dict, *, delay_s: float, nbytes: int) -> None:
-    """Print the drop incast at a datacentre port (`fast`: sender count -> `fm.incast` for 2
-    and 4 senders, `delay_s` one way) in this emulator's closed form, then the Linux estimate
-    with the tail loss probe's timer instead of the RTO (the fixed term from the ledger),
-    rounded up to whole jiffies as Linux arms it (linux.tlp_timer_jiffies), at each HZ: the
-    estimate first, its assumptions and the timer ticks on a line of their own."""
+def explain_fast_incast(fast: dict) -> None:
+    """Print the drop incast at a datacentre port in this emulator's closed form (`fast`:
+    sender count -> `fm.incast` for 2 and 4 senders at 10 Gbit/s with 10 us of delay) and
+    check that the RTO cost four senders over ten times less goodput."""
     print(f"10 Gbit/s, 10 us of delay, this model: two senders take {ms(fast[2].time_s)},")
     print(f"four take {ms(fast[4].time_s)} ({fast[4].timeouts} wait for the RTO): "
           f"{fast[2].goodput / fast[4].goodput:.0f}x less goodput.")
+    assert fast[2].goodput > 10 * fast[4].goodput
+
+
+def linux_estimate_lines(fast: dict, *, delay_s: float, nbytes: int) -> list[str]:
+    """The Linux estimate of the same incast (`fast` as in `explain_fast_incast`, `delay_s`
+    one way, `nbytes` per sender): the tail loss probe's timer in place of the RTO (the fixed
+    term from the ledger), rounded up to whole jiffies as Linux arms it
+    (linux.tlp_timer_jiffies), at each HZ; the estimate first, then its assumptions and the
+    timer ticks."""
     tlp_min = facts.get("linux.tcp_timeout_min_us")  # the probe timer's fixed term
     assert tlp_min.unit == "ms"
     rtt = 2 * delay_s  # the round trip: the delay each way
     pto, linux4 = linux_tlp_estimate(fast[4].time_s, rtt_s=rtt, tlp_min_s=tlp_min.value * 1e-3)
     rounded = {hz: math.ceil(pto * hz - 1e-9) / hz for hz in HZ}  # whole jiffies, rounded up
     late = [linux4 - pto + t for t in rounded.values()]
-    print(f"Linux instead: about {' to '.join(ms(t) for t in late)} for four, "
-          f"{' to '.join(f'{fast[2].goodput / (4 * nbytes / t):.1f}x' for t in late)} less "
-          f"goodput, with a tail loss probe after 2 SRTT + {tlp_min.text} in place of the RTO.")
-    print(f"(SRTT: the smoothed round-trip time, taken unloaded; assumed: the probe not lost, "
-          f"the congestion window after the loss ignored. The range: Linux timers fire on "
-          f"whole kernel ticks, HZ = {' or '.join(map(str, HZ))}: "
-          f"{' or '.join(f'{1e3 / hz:g} ms' for hz in HZ)}.)")
-    assert fast[2].goodput > 10 * fast[4].goodput
+    return [f"Linux would take about {' to '.join(ms(t) for t in late)} for four senders, "
+            f"{' to '.join(f'{fast[2].goodput / (4 * nbytes / t):.1f}x' for t in late)} less "
+            f"goodput than two, with a tail loss probe after 2 SRTT + {tlp_min.text} in place "
+            f"of the RTO.",
+            f"(SRTT: the smoothed round-trip time, taken unloaded, though queueing during the "
+            f"incast lengthens it; assumed: the probe not lost, the congestion window after "
+            f"the loss ignored. The range: Linux timers fire on whole kernel ticks, HZ = "
+            f"{' or '.join(map(str, HZ))}: {' or '.join(f'{1e3 / hz:g} ms' for hz in HZ)}.)"]
 
 
 def per_message_cost_visible(ps: dict, ring: dict) -> bool:
@@ -387,31 +398,37 @@ def explain_appendix(ps: dict, ring: dict, four: dict, tie: dict, skew: dict, *,
 
 
 # The "On a real GPU cluster" box: how RDMA fabrics avoid or repair the drops above (ledger ids
-# in [[...]], rendered with their sources by `facts.show`).
+# in [[...]], rendered with their sources by `facts.show`); the mechanisms sit in a fold.
 REAL_CLUSTER = """
 - **TCP's timeout-driven incast concerns NCCL only over sockets.** Over InfiniBand or RoCE
-  NCCL uses RDMA ([[rdma.kernel_bypass]]) and the NIC retransmits. Under the InfiniBand
-  spec's RC rules, as in Linux's soft-RoCE: [[linux.rxe_nak_seq_retry]], about a round
-  trip after the loss: [[paper.mittal_irn_2018]]. A loss no NAK reports (a lost tail, last
-  ACK, NAK or resend) waits the QP's ACK timeout, [[nccl.ib_timeout_formula]]: nominally
-  [[nccl.ib_timeout_default_time]] at the default NCCL_IB_TIMEOUT = [[nccl.ib_timeout_default]].
-  ConnectX RoCE NICs expose a [[nvidia.roce_selective_repeat]] mode (a control in a NIC
-  register; how it behaves is not described there) and
-  [[nvidia.roce_adaptive_retransmission]]; with adaptive retransmission enabled, the wait is
-  no longer the nominal timeout: the timer starts far shorter and grows, its maximum
-  [[nvidia.roce_adp_timeout_cap]]. Without RDMA, NCCL falls back to
-  [[nccl.ib_disable_ip_sockets]], TCP as in Gloo, and the incast above applies. RDMA does
-  not make incast drops irrelevant: on a lossy fabric (RoCE without PFC, below) they happen
-  and cost go-back-N or the QP's ACK timeout.
+  NCCL uses RDMA ([[rdma.kernel_bypass]]) and the NIC retransmits: after a NAK it goes back N,
+  about a round trip after the loss ([[paper.mittal_irn_2018]]); a loss no NAK reports waits
+  the QP's ACK timeout, nominally [[nccl.ib_timeout_default_time]] at NCCL's default. Without
+  RDMA, NCCL falls back to [[nccl.ib_disable_ip_sockets]], TCP as in Gloo, and the incast above
+  applies.
 - **InfiniBand** uses [[infiniband.credit_flow_control]] (a sender transmits only when the
-  next hop has advertised free buffer): switches do not drop for lack of buffer, only packets
-  held too long ([[infiniband.switch_lifetime_discard]]: how long a packet may wait at the
-  head of an output queue, or in the switch, before it is discarded).
-- **RoCE** is usually made lossless with [[ieee.pfc_8021qbb]], which pauses a whole port
-  priority, stalling flows that never touch the full port; [[paper.dcqcn_2015]] (a
-  congestion control for RoCE, built into ConnectX NICs) slows senders on ECN marks to need
-  fewer pauses. On these fabrics incast is back-pressure, not drops. It can also run lossy
-  ([[nvidia.roce_lossy_mode]]).
-- **Not every GPU fabric is lossless:** AWS's EFA sprays packets over many paths and
-  retransmits in the NIC ([[aws.efa_srd]]).
-"""
+  next hop has advertised free buffer): switches do not drop for lack of buffer.
+- **RoCE** is commonly made lossless with [[ieee.pfc_8021qbb]]; Meta's 2024 training fabric
+  uses [[meta.roce_no_dcqcn]]. On these fabrics incast is back-pressure, not drops.
+- **Not every GPU fabric is lossless:** RoCE can run lossy ([[nvidia.roce_lossy_mode]]), and
+  AWS's EFA sprays packets over many paths and retransmits in the NIC ([[aws.efa_srd]]).
+
+<details><summary>The mechanisms: RC retransmission in the spec and in ConnectX NICs, InfiniBand's packet lifetimes, PFC's side effects and DCQCN</summary>
+
+- **RC retransmission.** Under the InfiniBand spec's RC rules, as in Linux's soft-RoCE:
+  [[linux.rxe_nak_seq_retry]]. A loss no NAK reports (a lost tail, last ACK, NAK or resend)
+  waits the QP's ACK timeout, [[nccl.ib_timeout_formula]], with NCCL_IB_TIMEOUT =
+  [[nccl.ib_timeout_default]]. ConnectX RoCE NICs also have a [[nvidia.roce_selective_repeat]]
+  control and [[nvidia.roce_adaptive_retransmission]]; with adaptive retransmission on, the
+  timer starts far shorter and grows, its maximum [[nvidia.roce_adp_timeout_cap]]. RDMA does
+  not make incast drops irrelevant: on a lossy fabric they happen and cost go-back-N or the
+  QP's ACK timeout.
+- **InfiniBand drops only packets held too long** ([[infiniband.switch_lifetime_discard]]:
+  how long a packet may wait at the head of an output queue, or in the switch, before it is
+  discarded).
+- **PFC pauses a whole port priority**, stalling flows that never touch the full port;
+  [[paper.dcqcn_2015]] (a congestion control for RoCE, built into ConnectX NICs) slows senders
+  on ECN marks to need fewer pauses.
+
+</details>
+"""  # noqa: E501 (the fold's one-line summary)
