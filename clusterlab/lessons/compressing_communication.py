@@ -60,8 +60,8 @@ def explain_sweep(st, methods) -> bool:
                      busy="; ".join(inside_band(st, m, [slow]) for m in unclear) or None)
     n = st.rows[0].get("steps_measured") if getattr(st, "rows", None) else None
     best = {q: min(methods, key=lambda m: st.step(m, q)) for q in (slow, fast)}
-    groups = {v: [m for m in methods[1:] if st.verdict(m, fast) == v]
-              for v in ("faster", "slower", "cannot tell")}
+    words = {m: verdict_word(st, m, fast) for m in methods[1:]}
+    groups = {v: [m for m in methods[1:] if words[m] == v] for v in dict.fromkeys(words.values())}
     print(f"The smallest step at {slow} Mbit/s: {best[slow]}; at {fast} Mbit/s: {best[fast]}. "
           f"At {fast} Mbit/s against fp32: "
           + "; ".join(f"{v} {', '.join(ms_)}" for v, ms_ in groups.items() if ms_) + ".")
@@ -73,12 +73,46 @@ def explain_sweep(st, methods) -> bool:
         base = m == "none"
         print(f"{m:>11} | {ms(st.step(m, slow)):>11}  "
               f"{'-' if base else num_x(st.step('none', slow) / st.step(m, slow)):>13} | "
-              f"{ms(st.step(m, fast)):>12}  {'' if base else st.verdict(m, fast)}".rstrip())
+              f"{ms(st.step(m, fast)):>12}  {'' if base else words[m]}".rstrip())
+    if any(w.startswith("borderline") for w in words.values()):
+        print("(borderline: beyond the noise band, but within twice it)")
+    off = off_line(st, methods)
+    if off:
+        print("Dots off their dashed line by more than their noise band: "
+              + "; ".join(f"{m} at " + ", ".join(f"{q} Mbit/s ({d * 1e3:+.0f} ms)" for q, d in pts)
+                          for m, pts in off.items())
+              + ". This run does not isolate why (one run per rate); the band, set by the "
+              "typical spread, does not cover such points, so a verdict near it is borderline.")
     with contextlib.redirect_stdout(io.StringIO()) as full:
         print_sweep_table(st, methods)
     show.fold("The same with each method's noise band, the range it allows, and the gain",
               full.getvalue(), pre=True)
     return shown
+
+
+def verdict_word(st, m: str, q) -> str:
+    """`st.verdict(m, q)`, called "borderline" when the gain is beyond the noise band but
+    within twice it: the band is set by the typical spread, and one run per rate can sit
+    further off (a dot off its line, `off_line`)."""
+    v = st.verdict(m, q)
+    return f"borderline {v}" if v != "cannot tell" and abs(st.gain(m, q)) <= 2 * st.band(m) \
+        else v
+
+
+def off_line(st, methods) -> dict:
+    """Per method, the rates whose dot sits further from its dashed line (the closed form
+    with the fitted compute) than the method's noise band: [(rate, measured - predicted s)].
+    Empty when `st` has no table of predictions."""
+    table = getattr(st, "table", None)
+    if not table:
+        return {}
+    out = {}
+    for m in methods:
+        pts = [(q, st.step(m, q) - table[m, q]["predicted_step_s"]) for q in st.rates]
+        pts = [(q, d) for q, d in pts if abs(d) > st.band(m)]
+        if pts:
+            out[m] = pts
+    return out
 
 
 def num_x(x: float) -> str:
@@ -97,9 +131,10 @@ def print_sweep_table(st, methods) -> None:
         base = m == "none"
         print(f"{m:>11}{'-' if base else ms1(st.band(m)):>8} | {ms(st.step(m, slow)):>6}  "
               f"{'-' if base else ratio_range(st, m, slow):18} | {ms(st.step(m, fast)):>6}"
-              + ("" if base else f"{st.gain(m, fast) * 1e3:+7.1f} ms  {st.verdict(m, fast)}"))
-    print("(band = this run's noise band, above; gain = fp32 step − method step; verdict only "
-          "if |gain| > band)")
+              + ("" if base else f"{st.gain(m, fast) * 1e3:+7.1f} ms  "
+                                 f"{verdict_word(st, m, fast)}"))
+    print("(band = this run's noise band; gain = fp32 step − method step; verdict only if "
+          "|gain| > band, borderline up to twice it)")
 
 
 def calls_text(method: str, calls) -> str:
@@ -259,7 +294,7 @@ def breakeven_by_size(hiddens, *, ranks: int, latency_s: float) -> dict:
 
 def plot_breakeven_by_size(scan: dict) -> None:
     """The break-even rate against the gradient bytes, ring and tree-like, with one NIC's
-    rate (ledger) for scale."""
+    rate (from the ledger) for scale."""
     import matplotlib.pyplot as plt
 
     sizes = scan["sizes"]
@@ -269,11 +304,11 @@ def plot_breakeven_by_size(scan: dict) -> None:
             label="powersgd:1, p=64, 10 us, ring: 2(p-1) delays")
     ax.plot(np.array(sizes) / 1e6, scan["log"], "s--", color="C1", mfc="none",
             label="the same, tree-like: 2 lg p delays")
-    ax.axhline(nic_gbit, color="grey", ls="--", label=f"one {nic_gbit:g} Gb/s NIC (ledger)")
+    ax.axhline(nic_gbit, color="grey", ls="--", label=f"one {nic_gbit:g} Gb/s NIC (ConnectX-7)")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("fp32 gradient bytes of the same MLP, widened (MB)")
-    ax.set_ylabel("break-even rate (Gbit/s)\nestimate, not measured")
+    ax.set_ylabel("break-even rate (Gb/s)\nestimate, not measured")
     ax.set_title("Break-even grows with the bytes saved (assumed: 64 ranks, 10 us per message, "
                  "free compute)", fontsize=9)
     ax.legend(fontsize=8)
@@ -299,12 +334,14 @@ def sig2(x: float) -> str:
 
 
 def show_breakeven_at_scale(scan: dict, *, n_params: int) -> None:
-    """The box after the figure, to two significant figures, each break-even as a pair (flat
-    ring, tree): the latency model; this model's break-even on 64 ranks and how it grows with
-    the bytes; a DDP bucket at the default cap (ledger) and at twice it (the most a bucket of
-    gradients smaller than the cap holds) against one NIC's rate, and the bucket size that
-    passes it. Asserts that the break-even grows about in proportion to the bytes."""
+    """The box after the figure, to two significant figures: the conclusion, then a 2 x 2
+    table (flat ring or idealised tree: PowerSGD rank 1's break-even for one DDP bucket at the
+    default cap (ledger), and whether it pays on one NIC (ledger)); in a fold, what the
+    estimate leaves out, the latency model against NCCL's, this model's own break-even and
+    how it grows with the bytes, and buckets up to twice the cap. Asserts that the break-even
+    grows about in proportion to the bytes."""
     sizes, ring, tree = scan["sizes"], scan["ring"], scan["log"]
+    p = scan["ranks"]
     model_kb = 4 * n_params / 1e3
     nic_gbit = facts.get("nvidia.connectx7_rate").value
     ratio = ring[-1] / ring[0]
@@ -312,7 +349,10 @@ def show_breakeven_at_scale(scan: dict, *, n_params: int) -> None:
     cap_mib = facts.get("pytorch.ddp_bucket_cap_mb").value
     bucket, bucket_log = at_bucket(ring, sizes, cap_mib), at_bucket(tree, sizes, cap_mib)
     twice, twice_log = at_bucket(ring, sizes, 2 * cap_mib), at_bucket(tree, sizes, 2 * cap_mib)
-    tree_depth = f"7 + log₂ 8 = {8 - 1 + int(math.log2(64 // 8))}"  # 64 ranks, 8 per node
+    # NCCL's tree at p ranks, 8 per node: up (ranks per node - 1) + lg(nodes) hops, and down.
+    per_node, nodes = 8, p // 8
+    up = per_node - 1 + int(math.log2(nodes))
+    across, lg_p = 2 * int(math.log2(nodes)), int(math.log2(p))
     lead = ("PowerSGD rank 1 loses to fp32 on one fast NIC whichever way the all-reduce's "
             "message delays are counted" if twice_log < nic_gbit else
             "PowerSGD rank 1 still beats fp32 on one fast NIC whichever way the all-reduce's "
@@ -322,23 +362,23 @@ def show_breakeven_at_scale(scan: dict, *, n_params: int) -> None:
             if bucket_log > nic_gbit else
             "whether PowerSGD rank 1 beats fp32 on one fast NIC depends on how many message "
             "delays an all-reduce pays and on the bucket's size")
-    side = ("below it either way" if twice_log < nic_gbit else
-            "above it either way" if bucket > nic_gbit else
-            "the ring's estimate falls below it and the tree's rises above it"
-            if bucket_log > nic_gbit else
-            "the lower estimates fall below it and the higher above it")
+
+    def pays(rate: float) -> str:
+        return "PowerSGD pays" if rate > nic_gbit else "PowerSGD loses"
+
+    head = ("| an all-reduce counted as | delays per all-reduce | break-even, one "
+            "[[pytorch.ddp_bucket_cap_mb]] bucket | on one [[nvidia.connectx7_rate]] NIC |")
     facts.show(f"""
-**In short:** for one full DDP bucket on 64 ranks, {lead}. (Estimates from the formula, not
-runs.)
+**In short:** for one full DDP bucket on {p} ranks, {lead}. (Estimates from the formula, not
+runs: an assumed 10 us per message, free compute.)
 
-A *ring* all-reduce waits 2(p-1) message delays in sequence, an idealised *tree* about
-2 lg p (lg = log₂); the *cap* is DDP's default bucket size, [[pytorch.ddp_bucket_cap_mb]]. At an
-assumed 10 us per message, with free compute, a bucket at the cap breaks even near
-{sig2(bucket)} Gbit/s (ring) to {sig2(bucket_log)} Gbit/s (tree), against one
-[[nvidia.connectx7_rate]] NIC: {side}.
+{head}
+| --- | --- | --- | --- |
+| flat ring | 2(p−1) = {2 * (p - 1)} | {sig2(bucket)} Gb/s | {pays(bucket)} |
+| idealised tree | 2 lg p = {2 * lg_p} | {sig2(bucket_log)} Gb/s | {pays(bucket_log)} |
 
-<details><summary>How the estimate is built: what it leaves out, latency model, model size,
-buckets</summary>
+<details><summary>How the estimate is built: what it leaves out, NCCL's latency, this model,
+buckets up to twice the cap</summary>
 
 - **What it leaves out.** The model prices only rounds and bytes: leaving out compute and
   overlap makes its break-even rates too high, and the latency it charges per round moves
@@ -346,22 +386,27 @@ buckets</summary>
   training on GPU clusters and found that, because of the compute compression adds,
   [[paper.agarwal_compression_utility_2022]]. How much of the exchange the backward already
   hides matters too (*On a real GPU cluster*).
-- **Latency model.** A flat ring charges 2(p-1) delays per all-reduce, one per ring step, each
-  as if it crossed a NIC (in a real node most steps cross NVLink): too much. The idealised
-  tree's 2 lg p is a lower bound, not NCCL's structure. NCCL has had all-reduce trees since
-  [[nccl.tree_since]]: a chain inside each node plus a binary tree across nodes,
-  [[nccl.tree_depth_estimate]] deep ({tree_depth} at p = 64 with 8 per node), but the hops
-  inside a node are cheap NVLink ones, so its latency sits nearer the idealised count. That
-  count makes the extra rounds {bucket_log / bucket:.1f}x cheaper at p = 64, which raises
-  each break-even {bucket_log / bucket:.1f}x; the estimates give both.
-- **Model size.** On 64 ranks, this {model_kb:.0f} kB model's PowerSGD rank 1 pays below about
-  {sig2(ring[0])} Gbit/s (ring) to {sig2(tree[0])} Gbit/s (tree). The break-even grows in
+- **NCCL's latency lies between the two rows.** The flat ring charges each of its steps a
+  full delay. NCCL's tuner charges a multi-node ring's steps inside a node less than its
+  network steps, but each at least a network overhead ([[nccl.tuner_ring_intra_step_amd]] on
+  AMD hosts, Simple protocol): the flat ring overcharges, by less than NVLink's latency alone
+  suggests. NCCL's tree (since [[nccl.tree_since]]) is a [[nccl.double_binary_tree]] across
+  nodes, each tree carrying half the data, with a chain inside each node:
+  [[nccl.tree_depth_estimate]] deep. An all-reduce goes up and down, so at p = {p} with
+  {per_node} per node about 2 × {up} = {2 * up} hops, {across} of them across nodes, against
+  the idealised tree's {2 * lg_p}. NCCL's tuner prices it at
+  [[nccl.tuner_tree_allreduce_latency]]: weighted that way, the {2 * up - across} hops inside
+  nodes cost less than the {across} across them, so its latency sits nearer the idealised count
+  than its {2 * up} hops suggest.
+  The idealised count makes the extra rounds {bucket_log / bucket:.1f}x cheaper than the flat
+  ring's at p = {p}, which raises each break-even {bucket_log / bucket:.1f}x.
+- **This model.** On {p} ranks, this {model_kb:.0f} kB model's PowerSGD rank 1 pays below about
+  {sig2(ring[0])} Gb/s (ring) to {sig2(tree[0])} Gb/s (tree). The break-even grows in
   proportion to the bytes in one exchange ({sig2(ratio)}x higher for
   {sig2(sizes[-1] / sizes[0])}x the bytes).
 - **Per bucket.** DDP calls the hook once per bucket, each paying its own rounds, so what
-  counts is one bucket's bytes. DDP [[pytorch.ddp_bucket_whole_params]]. Of the buckets this
-  MLP family fills (a few large matrices, few vectors), one at the cap breaks even as above,
-  one at twice the cap near {sig2(twice)} to {sig2(twice_log)} Gbit/s. PowerSGD still pays on
+  counts is one bucket's bytes. DDP [[pytorch.ddp_bucket_whole_params]]. A bucket at twice
+  the cap breaks even near {sig2(twice)} to {sig2(twice_log)} Gb/s. PowerSGD still pays on
   one such NIC once a bucket holds more than about
   {sig2(bytes_at_rate(ring, sizes, nic_gbit) / 1e6)} MB (ring) or
   {sig2(bytes_at_rate(tree, sizes, nic_gbit) / 1e6)} MB (tree).
@@ -396,42 +441,73 @@ DDP_SOURCE_2_13 = ("https://github.com/pytorch/pytorch/blob/v2.13.0/torch/nn/par
 
 
 def real_cluster_text() -> str:
-    """The "On a real GPU cluster" box for compression: exposed communication, DDP's buckets,
-    PowerSGD's settings (with this model's least compression rate at rank 4), FSDP, FP8 and
-    slow links: a template for `facts.show`, whose [[...]] placeholders cite the ledger."""
+    """The "On a real GPU cluster" box for compression: four headline bullets (exposed
+    communication, PowerSGD's late start, FSDP2's lack of a DDP hook, slow links), then a
+    fold with DDP's bucket sizes, the bf16 hook's conditions, PowerSGD's minimum compression
+    rate (with this model's least compression rate at rank 4), FSDP1 and FP8 in expert
+    parallelism: a template for `facts.show`, whose [[...]] placeholders cite the ledger."""
     min_rate = least_compression_rate(4)
     return f"""
 - **Only exposed communication can shrink.** DDP's design ([[paper.li_pytorch_ddp_2020]])
   all-reduces each bucket while the backward pass still runs: a compressor saves only what
   the backward does not hide (here all of it: one bucket), and its own GPU work can compete
   with the backward's kernels.
-- **DDP's buckets are small by default.** From the bucket rebuild after the first step on, the
-  one reduced first (the last layers' gradients) is capped at [[pytorch.ddp_first_bucket]], the
-  others at [[pytorch.ddp_bucket_cap_mb]], each holding whole gradients (box above). The first
-  step puts every gradient in one bucket (with the default `find_unused_parameters=False`:
-  [torch 2.13's `_BucketCapacityConfig.compute_bucket_size_limits`]({DDP_SOURCE_2_13})).
-  DDP accepts torch's bf16 hook only with
-  [[pytorch.ddp_bf16_hook_check]] (XPU: Intel GPUs; XCCL: their collectives library), checked
-  when the hook is registered.
-- **PowerSGD starts late by default.** torch's hook starts after
-  [[pytorch.powersgd_start_iter]] of plain all-reduce (the runs above: from step
-  {compression.POWERSGD_START}) and compresses a matrix only if its compression rate
-  exceeds [[pytorch.powersgd_min_compression_rate]] (here 1, which changes nothing: this
-  model's least compressible matrix still shrinks
-  {min_rate:.1f}x at rank 4).
-- **FSDP has no DDP-style hook;** compression would go into its own collectives instead.
-  FSDP2 (`fully_shard`, the current sharded data parallelism API) has
-  [[pytorch.fsdp2_no_comm_hook]]. So a compressor goes in a custom reduce-scatter or
-  all-gather; its reduce dtype is in [11b](11b_error_feedback_and_accuracy.ipynb). The older
-  FSDP1 has [[pytorch.fsdp1_comm_hook]].
-- **FP8 on the wire where bytes dominate.** DeepEP, DeepSeek's all-to-all library for
-  mixture-of-experts layers, supports FP8; in the DeepSeek-V3 pretraining setting its README
-  benchmarks, it sends [[deepep.fp8_dispatch]] ("dispatch" sends tokens to their experts,
-  "combine" brings the results back).
+- **PowerSGD starts late by default.** torch's hook runs plain all-reduce for its first
+  [[pytorch.powersgd_start_iter]] (the runs above compressed from step
+  {compression.POWERSGD_START}).
+- **FSDP2 has no DDP-style hook.** FSDP2 (`fully_shard`) has
+  [[pytorch.fsdp2_no_comm_hook]]: a compressor goes in a custom reduce-scatter or
+  all-gather; its reduce dtype is in [11b](11b_error_feedback_and_accuracy.ipynb).
 - **Slow links: exchange less often, not fewer bits.** DiLoCo lets each worker train on its
   own for hundreds of steps, then averages the change and applies it with an outer
   optimizer: [[diloco.paper]].
+
+<details><summary>More: DDP's bucket sizes, when DDP accepts the bf16 hook, PowerSGD's
+minimum compression rate, FSDP1, FP8 in expert parallelism</summary>
+
+- **DDP's buckets.** From the bucket rebuild after the first step on, the bucket reduced
+  first (the last layers' gradients) is capped at [[pytorch.ddp_first_bucket]], the others
+  at [[pytorch.ddp_bucket_cap_mb]], each holding whole gradients. The first step puts every
+  gradient in one bucket (with the default `find_unused_parameters=False`:
+  [torch 2.13's `_BucketCapacityConfig.compute_bucket_size_limits`]({DDP_SOURCE_2_13})).
+- **The bf16 hook.** DDP accepts torch's bf16 hook only with
+  [[pytorch.ddp_bf16_hook_check]] (XPU: Intel GPUs; XCCL: their collectives library),
+  checked when the hook is registered.
+- **PowerSGD's minimum compression rate.** It compresses a matrix only if its compression
+  rate exceeds [[pytorch.powersgd_min_compression_rate]] (here 1, which changes nothing:
+  this model's least compressible matrix still shrinks {min_rate:.1f}x at rank 4).
+- **FSDP1** has [[pytorch.fsdp1_comm_hook]].
+- **FP8 where bytes dominate, in expert parallelism** (an all-to-all of tokens, not gradient
+  compression). DeepEP, DeepSeek's all-to-all library for mixture-of-experts layers,
+  supports FP8; in the DeepSeek-V3 pretraining setting its README benchmarks, it sends
+  [[deepep.fp8_dispatch]] ("dispatch" sends tokens to their experts, "combine" brings the
+  results back).
+</details>
 """
+
+
+def explain_meter_overhead(st, *, starts: int = 200) -> float:
+    """How much the course's meter adds: it relays each collective's future through a thread
+    it starts (`compression._Meter`), so PowerSGD (three all-reduces) starts two more per step
+    than fp32. Times `starts` thread starts and joins in this process and prints the median
+    against PowerSGD rank 1's fitted extra time. Returns the median (s)."""
+    import threading
+    import time
+
+    times = []
+    for _ in range(starts):
+        t0 = time.perf_counter()
+        th = threading.Thread(target=lambda: None, daemon=True)
+        th.start()
+        th.join()
+        times.append(time.perf_counter() - t0)
+    median = float(np.median(times))
+    extra = st.extra_s("powersgd:1")
+    print(f"The meter's relay thread: a start and join took a median {median * 1e6:.0f} us here "
+          f"({starts} tries, this process); PowerSGD's two extra ones per step are "
+          + (f"{2 * median / extra:.1%} of its fitted t_extra ({extra * 1e3:.1f} ms)."
+             if extra > 0 else f"{2 * median * 1e3:.2f} ms (its fitted t_extra is 0)."))
+    return median
 
 
 def explain_prediction_errors(st) -> bool:
