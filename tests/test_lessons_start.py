@@ -33,8 +33,9 @@ def busy_machine(monkeypatch):
     (3, True, 5900.0, ["dilation K = 3: experiments run 3 times slower, reported times are "
                        "divided by 3 (appendix: Check your machine) (capped: expect this "
                        "machine's noise to show)",
-                       "warning: this machine is busy; the lateness it adds to messages (p99 "
-                       "over 2 x 300 messages) is 98% of the delay x K, so single messages "
+                       "warning: this machine is busy; the lateness it adds to messages (p99, "
+                       "the lateness 1 message in 100 exceeds, over 2 x 300 messages) is 98% of "
+                       "the delay x K, so single messages "
                        "below may arrive late (appendix)"]),
 ])
 def test_dilation_sentence_and_busy_warning(k, capped, tail, lines, capsys):
@@ -371,7 +372,11 @@ def test_excess_sentences(capsys):
     # the takeaway first: the excess and its share of the delay
     assert out.startswith("the emulator and this machine add a median 42 µs per message (95% "
                           "interval ")
-    assert "200 pings): 1.1% of the 4 ms delay\n" in out  # 42 µs of 4 ms
+    assert ("200 pings): 1.1% of the 4 ms delay, small against the delays of the "
+            "lessons\n") in out  # 42 µs of 4 ms
+    link.explain_excess({"noise_ms": np.full(200, 0.6)}, np.array([]))
+    assert "15.0% of the 4 ms delay, not small: this machine was busy" in \
+        capsys.readouterr().out
     assert "its p99: 44 µs over 200 pings" in out
     assert ("for scale, plain Gloo's fast path (another path, its transfer included): median "
             "165 µs") in out
@@ -596,9 +601,9 @@ def test_jitter_sentences_say_when_the_machine_was_busy(capsys):
             "model p99 6.33 ms\n") in out
     tails.explain_jitter(runs, parts, dilated(busy="noise p99 0.9 ms"))
     out = capsys.readouterr().out
-    assert out.endswith("by at most 0.24 ms, but its noise missed the plan during the runs "
-                        "(noise p99 up to 0.18 ms against 0.50 ms planned; appendix): it may "
-                        "move other statistics more, such as the slowest of 64 below.\n")
+    assert out.endswith("by at most 0.24 ms, but it was busier than planned during the runs "
+                        "(noise p99 up to 0.18 ms, not 0.50; appendix), so it may move the "
+                        "slowest of 64 more.\n")
 
 
 def appendix_runs():
@@ -659,7 +664,7 @@ def test_loss_at_scale_folds_the_reasoned_gloo_estimate(capsys):
         "at 0.1% loss per message, about 1 all-reduce in 9 on 8 ranks stalls for >= 200 ms "
         "(this emulator: a loss among the 112 messages of its ring)",
         "loss 0.10%: 10.6% of all-reduces stall"]
-    assert "loss 0.10%: from about 1.6% of all-reduces (emulator 10.6%)" in fold
+    assert "- loss 0.10%: from about 1.6% of all-reduces (emulator 10.6%)" in fold
     assert "reasoned, not measured" in fold and "pytorch/gloo" in fold  # its source
 
 

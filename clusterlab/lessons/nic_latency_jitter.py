@@ -201,20 +201,20 @@ TRANSPORT_AND_CONGESTION = f'''
 **Transport and α**
 
 - **Line rate.** A DGX H100 has [[nvidia.dgx_h100_compute_nics]] for its compute fabric, one per
-  GPU, at [[nvidia.connectx7_rate]] each: β per NIC is 1 / [[nvidia.connectx7_rate_bytes]], so
-  n* = α/β is about {_KB_PER_US:.0f} kB per µs of α.
+  GPU, at [[nvidia.connectx7_rate]] ([[nvidia.connectx7_rate_bytes]]) each: n* = α/β is about
+  {_KB_PER_US:.0f} kB per µs of α.
 - **NCCL's α, in its cost model.** NCCL's tuner, the cost model that picks an algorithm and a
   *protocol* (NCCL's way of moving data: LL for low latency, Simple for bandwidth), charges a
-  ring round across the network [[nccl.tuner_net_ring_step_latency_ll]] with LL to
-  [[nccl.tuner_net_ring_step_latency_simple]] with Simple. That model implies n* from at most
+  ring round across the network, on nodes with several GPUs,
+  [[nccl.tuner_net_ring_step_latency_ll]] with LL to [[nccl.tuner_net_ring_step_latency_simple]]
+  with Simple. That model implies n* from at most
   ≈ {_LL_NSTAR_KB:.0f} kB with LL to ≈ {_SIMPLE_NSTAR_KB:.0f} kB with Simple, so a bucket split p
   ways should be well above that. These are the model's constants, not measured latencies.
 - **α without the kernel.** RDMA skips the kernel's system calls and copies
   ([[rdma.kernel_bypass]]). The round trips measured above cannot show that software cost:
   they are almost all emulated delay.
 
-<details><summary>For later (notebook 02c): NCCL's protocols and chunking, RoCE framing,
-congestion and flow control</summary>
+<details><summary>For later (notebook 02c): protocols, chunking, RoCE framing, congestion</summary>
 
 **Protocols.** LL and LL128 send a flag with the data, so the receiver needs no separate
 synchronisation: a lower per-round latency. LL pays for it with at most half the bandwidth
@@ -316,9 +316,13 @@ def explain_excess(pp: dict, fast, *, delay_ms: float = 4.0) -> None:
              else f"one run; {len(noise)} samples cannot bound a p99 from above")
     median = float(np.median(noise))
     share = median / 1e3 / delay_ms
+    # a tenth of the delay: the lessons' millisecond delays would still be read correctly
     print(f"the emulator and this machine add a median {median:.0f} µs per message (95% "
           f"interval {ci['lower']:.0f}-{ci['upper']:.0f}, {len(noise)} pings): {share:.1%} of "
-          f"the {delay_ms:g} ms delay")
+          f"the {delay_ms:g} ms delay, "
+          + ("small against the delays of the lessons" if share <= 0.1 else
+             "not small: this machine was busy, so the lessons' single messages may be late "
+             "too"))
     print(f"its p99: {np.percentile(noise, 99):.0f} µs over {len(noise)} pings ({bound})")
     if len(fast):
         native = links.quantile_ci(fast, 0.5)

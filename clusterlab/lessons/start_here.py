@@ -37,8 +37,9 @@ def explain_dilation(dil: dict, *, delay_us: float) -> None:
           + (" (capped: expect this machine's noise to show)" if dil["capped"] else ""))
     edge = dil["tail_us"] / (delay_us * K)
     if edge > 0.8:
-        n = f" over 2 x {dil['samples']} messages" if "samples" in dil else ""
-        print(f"warning: this machine is busy; the lateness it adds to messages (p99{n}) is "
+        n = f", over 2 x {dil['samples']} messages" if "samples" in dil else ""
+        print(f"warning: this machine is busy; the lateness it adds to messages (p99, the lateness "
+              f"1 message in 100 exceeds{n}) is "
               f"{edge:.0%} of the delay{' x K' if K > 1 else ''}, so single messages below may "
               "arrive late (appendix)")
 
@@ -238,6 +239,8 @@ def plot_impaired(runs) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [0.7, 1]})
     basics.plot_breakdown([impaired], ax=ax1)
     ax1.set_title("Impaired network: mean time per phase", fontsize=10)
+    ax1.legend(loc="upper center", ncol=2, fontsize=7, frameon=False)  # a narrow panel
+    ax1.set_ylim(0, ax1.get_ylim()[1] * 1.15)
     for r, style in ((plain, "o-"), (impaired, "s-"), (solo, "^-")):
         ax2.plot(r["step"].max(axis=0) * 1e3, style, ms=3, label=basics.label(r))
     ax2.set_xlabel("step")
@@ -296,8 +299,7 @@ def real_cluster_text(*, alpha: float, rate_Bps: float, alpha_nccl: float, nic_B
 - **Transport.** NCCL over InfiniBand or RoCE (the two fabrics that carry RDMA between nodes)
   uses RDMA, remote direct memory access: the NIC runs
   the transport ([[rdma.kernel_bypass]] for the transfer itself), without the system calls and
-  socket copies of Gloo over TCP. The loopback all-reduce measured here also carries this
-  machine's scheduling on shared cores, which no transport removes.
+  socket copies of Gloo over TCP.
 
 <details><summary>How small is too small on a real cluster? (needs notebook 01)</summary>
 

@@ -197,8 +197,9 @@ def explain_loss_at_scale(p: int, losses=(0.0001, 0.001, 0.01), *, lead: float =
         assert tail_loss < any_loss
     show.fold("Gloo on Linux TCP stalls less often (reasoned, not measured)",
               f"A lower estimate: a loss among the {last} messages sent last on their "
-              "connections, if each lost message is followed in time (more if not).\n"
-              + "\n".join(gloo) + "\n" + facts.render(GLOO_TCP_REASONING))
+              "connections, if each lost message is followed in time (more if not).\n\n"
+              + "\n".join(f"- {line}" for line in gloo) + "\n\n"
+              + facts.render(GLOO_TCP_REASONING), markdown=True)
 
 
 def explain_loss(tails: dict) -> None:
@@ -341,7 +342,8 @@ waits: [[linux.tlp_single_packet]]. Datacentres lower the RTO floor per destinat
 
 def show_loss_recovery() -> None:
     """Linux's loss recovery, with its sources, behind a fold (`LOSS_RECOVERY`)."""
-    show.fold("Linux's loss recovery (RACK, TLP), with sources", facts.render(LOSS_RECOVERY))
+    show.fold("Linux's loss recovery (RACK, TLP), with sources", facts.render(LOSS_RECOVERY),
+              markdown=True)
 
 
 # "On a real GPU cluster": four one-line points on the main path (loss on InfiniBand and on
@@ -349,21 +351,19 @@ def show_loss_recovery() -> None:
 # timeout by version, loss on TCP, fabric contention and jitter under load behind the fold (a
 # `facts.show` template: [[id]] renders a ledger fact with its source).
 ON_A_REAL_GPU_CLUSTER = '''
-- **InfiniBand does not drop for lack of buffer.** On each link the sender transmits only when
-  the next hop has granted buffer space ([[infiniband.credit_flow_control]]).
-- **RoCE (RDMA over Ethernet) is kept nearly lossless by PFC, at a cost.** A switch whose
-  ingress queue for one traffic class passes a threshold pauses that class on the upstream
-  link ([[ieee.pfc_8021qbb]]); at scale that brings failures of its own
-  ([[paper.guo_rdma_2016]]).
-- **A lost last packet on InfiniBand costs seconds, not 200 ms.** It waits for the NIC
-  connection's ACK timeout: nominally [[nccl.ib_timeout_default_time]] at NCCL's default since
+- **InfiniBand does not drop for lack of buffer:** a sender transmits only when the next hop
+  has granted buffer space ([[infiniband.credit_flow_control]]).
+- **RoCE (RDMA over Ethernet) is kept nearly lossless by PFC, at a cost:** a switch whose
+  ingress queue for one traffic class passes a threshold pauses that class upstream
+  ([[ieee.pfc_8021qbb]]); at scale that brings failures of its own ([[paper.guo_rdma_2016]]).
+- **A lost last packet on InfiniBand costs seconds, not 200 ms:** it waits for the NIC
+  connection's ACK timeout, nominally [[nccl.ib_timeout_default_time]] at NCCL's default since
   2.23.
-- **One NIC per GPU removes most host-side sharing.** A DGX H100's compute fabric has
-  [[nvidia.dgx_h100_compute_nics]] (one per GPU) at [[nvidia.connectx7_rate]]; the sharing
-  measured here appears where GPUs outnumber NICs, or send through a NIC that is not their own.
+- **One NIC per GPU removes most host-side sharing:** a DGX H100 has
+  [[nvidia.dgx_h100_compute_nics]] for its compute fabric, one per GPU, at
+  [[nvidia.connectx7_rate]]; sharing appears where GPUs outnumber NICs or use another GPU's NIC.
 
-<details><summary>How the NIC repairs a loss; NCCL's timeout by version; loss on TCP; contention
-in the fabric; jitter under load</summary>
+<details><summary>NIC loss repair, NCCL timeouts, loss on TCP, fabric contention, jitter</summary>
 
 **How the NIC repairs a loss.** NCCL over InfiniBand or RoCE bypasses the kernel's TCP
 ([[rdma.kernel_bypass]]). The NIC resends a lost packet itself, classically with
@@ -418,10 +418,9 @@ def explain_jitter(jit: dict, parts: dict, dilated: dict, *, delay_ms: float = 4
     moved = max(parts[name]["machine_extra"] for name in DISTRIBUTIONS)
     print(f"This machine moved every measured p99 by at most {moved:.2f} ms"
           + (" (appendix)." if dilated["busy"] is None else
-             f", but its noise missed the plan during the runs (noise p99 up to "
-             f"{dilated['noise_p99_dilated_ms']:.2f} ms against {dilated['target_ms']:.2f} ms "
-             "planned; appendix): it may move other statistics more, such as the slowest of 64 "
-             "below."))
+             f", but it was busier than planned during the runs (noise p99 up to "
+             f"{dilated['noise_p99_dilated_ms']:.2f} ms, not {dilated['target_ms']:.2f}; "
+             "appendix), so it may move the slowest of 64 more."))
 
 
 def explain_noise_appendix(jit: dict, parts: dict, dilated: dict, *, delay_ms: float = 4.0) -> None:
