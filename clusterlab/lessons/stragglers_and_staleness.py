@@ -10,10 +10,10 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from clusterlab import models
+from clusterlab import facts, models
 from clusterlab.experiments import staleness
 from clusterlab.experiments.common import conclude
-from clusterlab.lessons.show import fold
+from clusterlab.lessons.show import details, fold, say
 
 # --- one slow rank ----------------------------------------------------------------------------
 
@@ -100,63 +100,45 @@ def straggler_table(runs: list) -> None:
         assert r["mean_step_s"] > 0.97 * r["mean_slowest_s"]
 
 
-def growth_band(a: dict, b: dict) -> float:
-    """3 standard errors of the difference of two runs' mean steps: the band either way."""
-    return 3 * np.sqrt(sum(np.var(r["step_s"], ddof=1) / len(r["step_s"]) for r in (a, b)))
-
-
-def growth_verdict(grew: float, predicted: float, band: float, *, weak_if_wider: bool) -> str:
-    """Whether the whole step's growth followed c + m·H_N: within `band` of the prediction, and
-    (with `weak_if_wider`) only weak evidence when the band is wider than the predicted growth."""
-    if abs(grew - predicted) > band:
-        return "the whole step did NOT follow c + m·H_N"
-    if weak_if_wider and band > predicted:
-        return ("within the band, but the band is wider than the predicted growth: weak "
-                "evidence")
-    return "the whole step followed c + m·H_N"
-
-
-def explain_straggler_growth(runs: list, sim: dict) -> None:
-    """Prints one line first (did the compute follow c + m·H_N, and where the whole step's excess
-    came from), states whether the slowest seeded sleep is within 15% of c + m·H_N (a set-up
-    check, with the largest gap), and folds whether the whole step grew as predicted from N = 2
-    to 4 and 2 to 8 (3 standard errors) and where an excess came from; checks the simulator
-    against the closed form."""
+def growth_sentence(runs: list) -> str:
+    """The result in one sentence: whether the slowest seeded sleep followed c + m·H_N (its
+    largest gap), and how the whole step grew from the smallest to the largest N against that
+    prediction: about as predicted (within 20%), or more or less, and, when more and this
+    host's all-reduce alone grew by over half the excess, that it came from there (with what
+    the emulated link's ring needs)."""
     ring = emulated_ring(runs)
     off = max(abs(r["mean_slowest_s"] - r["model_s"]) / r["model_s"] for r in runs)
     first, last = runs[0], runs[-1]
     grew, predicted = last["mean_step_s"] - first["mean_step_s"], last["model_s"] - first["model_s"]
-    after = [r["mean_step_s"] - r["mean_slowest_s"] for r in (first, last)]
-    band = growth_band(first, last)
-    followed = abs(grew - predicted) <= band
-    mid = runs[1]   # N = 4: before this host's all-reduce dominates
-    grew4, pred4 = mid["mean_step_s"] - first["mean_step_s"], mid["model_s"] - first["model_s"]
-    band4 = growth_band(first, mid)
-    excess, tail = grew - predicted, after[1] - after[0]
-    host = not followed and excess > 0 and tail > 0.5 * excess
-    print("In short: compute (the slowest seeded sleep) "
-          + ("followed" if off < 0.15 else "did not follow") + " c + m·H_N"
-          + (f"; this host's all-reduce added the rest at N = {last['nodes']} "
-             f"({1e3 * last['comm_s']:.1f} ms alone)." if host else
-             f"; the whole step followed it from N = {first['nodes']} to {last['nodes']}."
-             if followed else
-             f"; the whole step did not follow it from N = {first['nodes']} to {last['nodes']} "
-             "(details)."))
-    conclude(off < 0.15, "consistency check: the slowest seeded sleep is within 15% of c + m·H_N "
-             f"at every N (largest gap {off:.0%}; {len(first['step_s'])} steps per N)")
-    fold("How sure is this? The whole step's growth, within 3 standard errors",
-         "N = 2 to 4: " + growth_verdict(grew4, pred4, band4, weak_if_wider=True)
-         + f" (grew {1e3 * grew4:.1f} ms ± {1e3 * band4:.1f}, 3 standard errors; predicted "
-         f"{1e3 * pred4:.1f} ms).\n"
-         + "N = 2 to 8: " + growth_verdict(grew, predicted, band, weak_if_wider=False)
-         + f" (grew {1e3 * grew:.1f} ms ± {1e3 * band:.1f}; predicted {1e3 * predicted:.1f} ms)."
-         + ("" if followed else
-            f" The time after the slowest sleep grew by {1e3 * tail:.1f} ms, the all-reduce "
-            f"alone by {1e3 * (last['comm_s'] - first['comm_s']):.1f} ms, the emulated link's "
-            f"ring (2(N−1) rounds) by {1e3 * (ring[last['nodes']] - ring[first['nodes']]):.1f} ms"
-            + (": most of the excess came after the slowest sleep (this host's all-reduce), "
-               "not from the compute."
-               if host else ".")))
+    comm = last["comm_s"] - first["comm_s"]
+    n0, n1 = first["nodes"], last["nodes"]
+    compute = (f"the slowest seeded sleep followed c + m·H_N (within {off:.0%} at every N)"
+               if off < 0.15 else
+               f"the slowest seeded sleep missed c + m·H_N by up to {off:.0%}")
+    size = (f"{1e3 * grew:.1f} ms against {1e3 * predicted:.1f} ms predicted, from N = {n0} to "
+            f"{n1}")
+    if abs(grew - predicted) <= 0.2 * predicted:
+        step = f"the whole step grew about as predicted ({size})"
+    elif grew < predicted:
+        step = f"the whole step grew less ({size})"
+    else:
+        step = f"the whole step grew more ({size})"
+        if comm > 0.5 * (grew - predicted):
+            step += (f", because this host's all-reduce grew with N: {1e3 * first['comm_s']:.1f} → "
+                     f"{1e3 * last['comm_s']:.1f} ms alone, where the emulated link's ring needs "
+                     f"{1e3 * ring[n1]:.1f} ms at N = {n1}")
+    return f"{compute}; {step}."
+
+
+def explain_straggler_growth(runs: list, sim: dict) -> None:
+    """Prints the result in one sentence first (`growth_sentence`), then states the set-up check
+    (the slowest seeded sleep within 15% of c + m·H_N at every N, with the largest gap and the
+    steps per N); checks the simulator against the closed form."""
+    off = max(abs(r["mean_slowest_s"] - r["model_s"]) / r["model_s"] for r in runs)
+    print("In short: " + growth_sentence(runs))
+    conclude(off < 0.15, "set-up check: the slowest seeded sleep is within 15% of c + m·H_N "
+             f"at every N (largest gap {off:.0%}; {len(runs[0]['step_s'])} steps per N; the "
+             "sleeps are seeded draws, so this checks the set-up, not the model)")
     assert np.allclose(sim["mean_step_s"], sim["model_s"], rtol=0.05)
 
 
@@ -314,8 +296,9 @@ def explain_staleness(ps: dict) -> None:
           f"ended at {four['final_loss']:.1e}, {ended} ({len(four['tau'])} updates per run).")
     print("4 workers, updates per τ: " + ", ".join(f"τ={t}: {c}" for t, c in enumerate(n_tau) if c)
           + f" ({n_tau[2:5].sum()} of {n_tau.sum()} in τ = 2–4)")
-    print("  share of them that raised the loss (red dots; τ with ≥ 10 updates): "
-          + ", ".join(f"τ={t}: {f:.0%}" for t, f in step_back_by_tau(ps[4]).items()))
+    print("  of them, raised the loss (red dots; τ with ≥ 10 updates): "
+          + ", ".join(f"τ={t}: {round(f * n_tau[t])} of {n_tau[t]}"
+                      for t, f in step_back_by_tau(ps[4]).items()))
     for w, r in ps.items():
         print(f"{w} worker(s): mean τ {r['tau'].mean():.2f} (max {int(r['tau'].max())} of "
               f"{len(r['tau'])} updates), "
@@ -434,70 +417,12 @@ def unsettled(fix: dict) -> list:
             if r["final_loss"] < r["initial_loss"] < last_third_max(r)]
 
 
-def outcome(r: dict) -> str:
-    """How a run ended: diverged (above its initial loss), oscillating (below it at the end
-    but above it somewhere in its last third) or below the start."""
-    if r["final_loss"] > r["initial_loss"]:
-        return "diverged"
-    return "oscillating" if last_third_max(r) > r["initial_loss"] else "below the start"
-
-
-def common_tau(r: dict) -> int:
-    """A run's most common staleness τ."""
-    return int(np.argmax(tau_counts(r)))
-
-
-def plain_pair(fix: dict) -> str:
-    """The two plain runs side by side: mean τ, step-back share and how each ended; when their
-    mean τ and step-back shares are similar but they ended differently, says that neither
-    number predicts the outcome, compares a with the fixed-delay limit of each run's most common
-    τ, and says whether that rule matches both outcomes (if not, that one run each does not
-    show why)."""
-    a, b = fix["plain (4 equal)"], fix["plain, slow worker"]
-    ends = [outcome(r) for r in (a, b)]
-    words = {"diverged": "diverged (final loss {:.1e})",
-             "below the start": "ended below the start (final loss {:.1e})",
-             "oscillating": "oscillated without converging (next line)"}
-    told = [words[e].format(r["final_loss"]) for e, r in zip(ends, (a, b))]
-    close = (abs(a["tau"].mean() - b["tau"].mean()) < 0.3
-             and abs(a["step_back"] - b["step_back"]) < 0.1)
-    line = (f"The two plain runs: mean τ {a['tau'].mean():.1f} and {b['tau'].mean():.1f}, step "
-            f"back {a['step_back']:.0%} and {b['step_back']:.0%}")
-    if not (close and ends[0] != ends[1]):
-        return line + "; " + " and ".join(told) + "."
-    ta, tb = common_tau(a), common_tau(b)
-    la, lb = models.delayed_gd_stable_step(ta), models.delayed_gd_stable_step(tb)
-    line += (f": similar, yet the first {told[0]} and the second {told[1]}. Neither number "
-             f"predicts the outcome. Their most common τ: {ta} (fixed-delay limit {la:.3f}) and "
-             f"{tb} ({lb:.3f}), against a = {a['lr']}: ")
-    above = [a["lr"] > la, b["lr"] > lb]   # a fixed-delay rule: unstable above the limit
-    if above == [e == "diverged" for e in ends]:
-        return line + ("a fixed-delay rule at each most common τ matches both outcomes (one run "
-                       "each).")
-    line += ("above both limits, so a fixed-delay rule calls both unstable" if all(above) else
-             "below both limits, so a fixed-delay rule calls both stable" if not any(above) else
-             f"above the {'first' if above[0] else 'second'} run's limit only, so a fixed-delay "
-             f"rule calls only that run unstable")
-    odd = [f"the {n} did not blow up within its {len(r['tau'])} updates" if up else
-           f"the {n} diverged"
-           for n, r, up, e in zip(("first", "second"), (a, b), above, ends)
-           if up != (e == "diverged")]
-    return (line + "; yet " + " and ".join(odd) + ". The delays vary from update to update, "
-            "so a rule for one fixed delay is only a guide; one run each does not show why.")
-
-
-PLAIN_PAIR_TAKEAWAY = ("What to take from it: the stability theory is not wrong, but its limit "
-                       "is for one fixed delay, so with varying delays it is a guide, not a "
-                       "verdict. The next section shows that the delay *pattern* decides.")
-
-
 def explain_fixes(fix: dict) -> None:
     """Prints each fix run's mean and largest τ, step-back share, final loss and largest loss
-    over its last third, with what those columns mean (and the updates each max is over), folds
-    the comparison of the two plain runs (`plain_pair`), names the runs that ended below the
-    start yet rose above it in that third, and checks what each fix must do: the τ + 1 step
-    converges with fewer step-backs, SSP bounds τ and costs updates per second, SSP + τ + 1
-    converges, and mean τ = W − 1 by counting."""
+    over its last third, with what those columns mean (and the updates each max is over), names
+    the runs that ended below the start yet rose above it in that third, and checks what each
+    fix must do: the τ + 1 step converges with fewer step-backs, SSP bounds τ and costs
+    updates per second, SSP + τ + 1 converges, and mean τ = W − 1 by counting."""
     print(f"{'run (one each)':26s}{'mean τ':>7s}{'max τ':>7s}{'step back':>11s}{'final loss':>12s}"
           f"{'max, last third':>17s}")
     for name, r in fix.items():
@@ -508,8 +433,6 @@ def explain_fixes(fix: dict) -> None:
     print(f"max τ: the largest of each run's {n_txt} updates; step back: the share of them that "
           "raised the loss; max, last third: the largest loss over the last third of its updates "
           "(a run that ends low but rose there has not converged).")
-    fold("The two plain runs: why did only one diverge?",
-         plain_pair(fix) + "\n\n" + PLAIN_PAIR_TAKEAWAY)
     for name in unsettled(fix):
         print(f"{name}: ended below the start ({fix[name]['initial_loss']:.2f}) but rose to "
               f"{last_third_max(fix[name]):.1e} in its last third: not converged, only low when "
@@ -588,11 +511,12 @@ def no_tau_between(lo: float, hi: float) -> str:
 
 
 def explain_ssp_lockstep(ssp_lr: dict, shared: dict, *, seeds) -> None:
-    """For each a: k·a, the mean and largest τ, how many seeds ended above their initial loss,
-    and the lockstep measured per seed; then states whether SSP released the workers in
+    """For each a: k·a, the mean and largest τ and how many seeds ended above their initial
+    loss; then states whether SSP released the workers in
     lockstep in every run and, if so, whether k·a predicted the outcome for most seeds (or
     every run), with the count of runs it predicted, and whether any whole τ's fixed-delay
-    limit could have told the smallest and largest a apart (`separating_tau`)."""
+    limit could have told the smallest and largest a apart (`separating_tau`); the lockstep
+    measured per seed goes into a fold."""
     k = shared["SSP s=1, slow worker"]["typical"]
     # the lockstep, measured on every run judged below, not only on the a = 0.7 run above
     lock = {a: [staleness.shared_versions(r) for r in rs] for a, rs in ssp_lr.items()}
@@ -605,9 +529,6 @@ def explain_ssp_lockstep(ssp_lr: dict, shared: dict, *, seeds) -> None:
               f"max τ {max_t} of {sum(len(r['tau']) for r in rs)} updates; {sum(grew)} ended "
               "above their initial loss, "
               f"{len(rs) - sum(grew)} below it")
-        print("  per seed, gradients from a version several workers pulled: "
-              + ", ".join(f"{g['in_shared']:.0%} (typically {g['typical']} per version)"
-                          for g in lock[a]))
     judged = [g for gs in lock.values() for g in gs]
     # one worker per version: nothing released together
     assert shared["plain, slow worker"]["shared"] == 0
@@ -632,6 +553,9 @@ def explain_ssp_lockstep(ssp_lr: dict, shared: dict, *, seeds) -> None:
                  "not τ, predicted the outcome."
                  if separating_tau(min(ssp_lr), max(ssp_lr)) is None
                  else f": the lockstep pattern ({k}·a) predicted the outcome."))
+    fold("Per seed: the share of gradients from a version several workers pulled",
+         "\n".join(f"a = {a}: " + ", ".join(f"{g['in_shared']:.0%} (typically {g['typical']} per "
+                                             "version)" for g in gs) for a, gs in lock.items()))
 
 
 # --- on a real GPU cluster --------------------------------------------------------------------
@@ -639,30 +563,37 @@ def explain_ssp_lockstep(ssp_lr: dict, shared: dict, *, seeds) -> None:
 REAL_CLUSTER = """
 - **Large-model pre-training as published is synchronous** (for example Llama 3's:
   [[meta.llama3_synchronous]]), pipeline schedules with a flush (every micro-batch finishes
-  before the weights update: 1F1B, Megatron's interleaved one) included; where delay is
-  accepted on purpose, and where synchronisation is only infrequent, see the last two items.
+  before the weights update: 1F1B, Megatron's interleaved one) included.
 - **Persistent stragglers** cost their whole slowdown every step, as in the first experiment,
   until found and evicted: hardware that keeps working but slowly (Llama 3:
-  [[meta.llama3_stragglers]]). Environmental drift is no rank to evict: it slows the whole job
-  ([[meta.llama3_diurnal_throughput]], from mid-day temperatures acting on GPU clocks).
-  Transient stalls (GC, data loading, below) cost the maximum over ranks of the second
-  experiment instead (m·H_N for exponential noise).
-- **Many synchronisations per step**: with FSDP, tensor or pipeline parallelism the ranks wait
-  on each other many times per step (tensor parallelism: [[megatron.tp_allreduces_per_layer]]
-  per layer and micro-batch), so the maximum is taken per segment between synchronisations, not
-  once per step.
+  [[meta.llama3_stragglers]]). Transient stalls (GC, data loading) cost the maximum over ranks
+  of the second experiment instead (m·H_N for exponential noise).
 - **Backup workers need an aggregator** ([[paper.chen2016_backup_workers]]); Chen et al. report
   that synchronous SGD with backups converged faster, and to better test accuracy, than
   asynchronous training. In an all-reduce job [[nccl.collective_every_rank]]: leaving a rank out
-  takes a new communicator (an elastic restart, or [[nccl.comm_shrink]] in the running job) or
-  an aggregation tier; research partial collectives ([[paper.eager_sgd_partial_collectives]])
-  let fast ranks go on without the slow ones.
+  takes a new communicator or an aggregation tier (more below).
 - **Find the straggler and evict it** (hot spares): time every rank's compute, data loading and
   collectives; a slow-*compute* rank waits *least* in the collective, so a profile shows long
   all-reduce time on the *fast* ranks ("NCCL is slow" is often a compute straggler); a slow
-  *link* stretches it on every rank of its ring. Megatron-LM's [[megatron.straggler_detector]]
-  reports, per logging interval, the min and max across ranks, with the rank holding each, of
-  the time in the traced operations per iteration and of GPU power, temperature and clocks.
+  *link* stretches it on every rank of its ring.
+"""
+"""What carries over to a real GPU cluster, each constant cited from the ledger: shown with
+`facts.show(REAL_CLUSTER)` in the notebook's "On a real GPU cluster" section."""
+
+REAL_CLUSTER_MORE = """
+- **Leaving a rank out**: an elastic restart, or [[nccl.comm_shrink]] in the running job;
+  research partial collectives ([[paper.eager_sgd_partial_collectives]]) let fast ranks go on
+  without the slow ones.
+- **Straggler tools**: Megatron-LM's [[megatron.straggler_detector]] reports, per logging
+  interval, the min and max across ranks, with the rank holding each, of the time in the
+  traced operations per iteration and of GPU power, temperature and clocks.
+- **Drift is no rank to evict**: it slows the whole job ([[meta.llama3_diurnal_throughput]],
+  from mid-day temperatures acting on GPU clocks).
+- **Many synchronisations per step**: with FSDP, tensor or pipeline parallelism the ranks wait
+  on each other many times per step (tensor parallelism without sequence parallelism:
+  [[megatron.tp_allreduces_per_layer]] per layer and micro-batch; sequence parallelism turns
+  each into an all-gather and a reduce-scatter), so the maximum is taken per segment between
+  synchronisations, not once per step.
 - **Causes**: GC at different moments on different ranks ([[megatron.manual_gc]] aligns it;
   [[python.gc_freeze]] exempts long-lived objects); data-loader stalls; power or thermal capping
   ([[nvidia.nvml_clock_event_reasons]]); a PCIe link trained down ([[nvidia.nvml_pcie_link]]); a
@@ -676,5 +607,12 @@ REAL_CLUSTER = """
   joining each average: no gradient is applied to a later version, so the τ limit does not carry
   over directly.
 """
-"""What carries over to a real GPU cluster, each constant cited from the ledger: shown with
-`facts.show(REAL_CLUSTER)` in the notebook's "On a real GPU cluster" section."""
+"""The rest of the real-cluster box, for the expert reader: shown folded by
+`show_more_real_cluster`."""
+
+
+def show_more_real_cluster() -> None:
+    """Shows `REAL_CLUSTER_MORE`, cited from the ledger with its own sources, behind one fold."""
+    say(details("More: leaving a rank out, straggler tools, drift, many synchronisations per "
+                "step, causes, deliberate asynchrony",
+                facts.render(REAL_CLUSTER_MORE, one_per_source=True)))
