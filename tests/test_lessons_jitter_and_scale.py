@@ -103,7 +103,11 @@ def test_explain_jitter_growth_pairs_the_step_with_its_own_last_arrivals(verdict
     # the paired last-arrival sentence is cut (its sign made "hid" false on some runs)
     assert "last arrival minus step growth" not in said[-1]
     assert said[-1].endswith("so the points are not independent tests. For scale, this host's own "
-                             "plain Gloo all-reduce took 2.4 ms and 19.1 ms on 2 and 8 ranks.")
+                             "plain Gloo all-reduce took 2.4 ms and 19.1 ms on 2 and 8 ranks."
+                             "\n</details>")
+    # why the interval is wide, in sight: the spread of 3 steps, not the prediction's fault
+    assert ("The ± is wide (44.2 ms on 2 ranks) because jitter this large makes single steps "
+            "vary a lot: 3 steps show the trend, they do not pin the value.") in said[-1]
 
 
 def test_explain_gap_words_the_all_reduce_after_from_its_sign(verdicts, said):
@@ -116,3 +120,41 @@ def test_explain_gap_words_the_all_reduce_after_from_its_sign(verdicts, said):
     assert ("On this run it was shorter with jitter on 2 ranks and longer with jitter on 4 "
             "and 8 ranks; the run does not measure why.") in said[-1]
     assert "probably ranks arriving one by one" not in said[-1]
+
+
+def fake_sim_collapse():
+    """Simulated rows of notebook 04's collapse at 4 and 1024 nodes: the calm and the jittery
+    ring, the jittery tree, and the same-mean control."""
+    def rows(step4, step1024):
+        return [{"nodes": 4, "efficiency": 0.05 / step4, "mean_step_s": step4},
+                {"nodes": 1024, "efficiency": 0.05 / step1024, "mean_step_s": step1024}]
+    calm, rough = "delay 2ms", "delay 4ms 3ms distribution pareto"
+    return ({"real": {calm: [], rough: []},
+             "sim": {calm: rows(0.062, 4.142), rough: rows(0.095, 10.345)},
+             "sim_alt": {calm: {"tree": rows(0.058, 0.09)}, rough: {"tree": rows(0.093, 0.25)}}},
+            rows(0.0734, 8.029))
+
+
+def test_explain_tail_cost_splits_the_step_into_the_mean_and_the_tail(said):
+    collapse, same_mean = fake_sim_collapse()
+    lesson.explain_tail_cost(collapse, same_mean, "delay 3900us")
+    text = said[-1]
+    # 10345 / 4142 = 2.50 = (8029 / 4142 = 1.94) x (10345 / 8029 = 1.29)
+    assert text.startswith("**At 1024 nodes the tail makes the simulated ring's mean step ×2.50 "
+                           "as long: ×1.94 from its higher mean (the control, delay 3900us) and "
+                           "×1.29 from the tail itself.**")
+    # the chain explanation is said as a reading, not as a measured cause
+    assert "That is our reading of the ×1.29: no run here removes" in text
+    assert "simulated efficiency 54% for the tree against 53% for the ring" in text
+
+
+def test_explain_explorer_says_which_way_the_closed_form_errs(capsys):
+    pred = SimpleNamespace(nodes=8, step_s=0.1401, compute_s=0.05, exposed_s=0.0901)
+    sim = SimpleNamespace(mean_step=0.1321, step_times=np.zeros(20))
+    lesson.explain_explorer(SimpleNamespace(prediction=pred, sim=sim))
+    assert capsys.readouterr().out == (
+        "At 8 nodes the closed form gives a step of 140.1 ms (50 ms compute + 90.1 ms exposed), "
+        "the simulator 132.1 ms (mean of 20 steps: 50 ms + 82.1 ms): the closed form's exposed "
+        "part is 10% high here.\n")
+    lesson.explain_explorer(SimpleNamespace(prediction=pred, sim=None))
+    assert "the simulator did not run in this kernel." in capsys.readouterr().out

@@ -313,7 +313,8 @@ class ThroughputExplorer(Explorer):
         n = setup.nodes
         sim = self.sim
         sc["title"].set_text(f"nic: {setup.nic or '(no impairment)'}   ·   {setup.algorithm}, "
-                             f"{n} nodes × {setup.procs_per_node} procs")
+                             f"{n} nodes × {setup.procs_per_node} "
+                             f"proc{'s' if setup.procs_per_node > 1 else ''} per node")
 
         # Throughput and efficiency against N.
         model = np.array([c.throughput for c in curve])
