@@ -64,3 +64,11 @@ def test_hidden_saturation_finds_a_huge_first_layer_weight_and_its_dead_tanh():
     assert sat["zero_grad_share"] == 1.0 and sat["min_abs_z"] > 1e20
     healthy = D.hidden_saturation({"params": flat.numpy()[None, :] * 0})
     assert healthy["zero_grad_share"] == 0.0
+
+
+def test_a_layer_recreated_after_wrapping_raises_or_drifts_silently():
+    strict = D.recreated_layer(False, steps=3, timeout=60)
+    assert strict["step"] == 1 and "Expected to have finished reduction" in strict["message"]
+    lenient = D.recreated_layer(True, steps=3, timeout=60)
+    assert lenient["step"] is None
+    assert lenient["first_gap"] == 0 and lenient["last_gap"] > 0  # only the new layer drifts

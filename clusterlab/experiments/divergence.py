@@ -439,6 +439,60 @@ def data_order(dataset_size: int = 64, epochs: int = 2, world: int = 4, set_epoc
     return res
 
 
+# --- a layer re-created after wrapping ----------------------------------------------------------
+
+
+def _recreated_rank(find_unused, steps, features, hidden, batch, seed):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank = dist.get_rank()
+    model = build_model(features, hidden, seed)
+    ddp = DDP(model, find_unused_parameters=find_unused)
+    # Re-created after wrapping (say, a head rebuilt for a new task): DDP registered its
+    # gradient hooks on the old layer's parameters and never sees the new ones. The
+    # optimizer is built afterwards, so it holds the new layer.
+    model[-1] = torch.nn.Linear(hidden, 1)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(seed + 1 + rank)  # each rank its own data
+    for step in range(steps):
+        x, y = torch.randn(batch, features, generator=gen), torch.randn(batch, 1, generator=gen)
+        try:
+            loss = torch.nn.functional.mse_loss(ddp(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        except RuntimeError as exc:
+            return {"step": step, "message": " ".join(str(exc).split())}
+    # the first layer, still hooked, against the re-created last layer
+    first = _gather_params(model[0])
+    last = _gather_params(model[-1])
+    return {"step": None, "message": "",
+            "first_gap": float((first - first[0]).abs().max()),
+            "last_gap": float((last - last[0]).abs().max())}
+
+
+def recreated_layer(find_unused: bool, steps: int = 5, world: int = 2, features: int = 8,
+                    hidden: int = 16, batch: int = 16, seed: int = 0,
+                    timeout: float = 30) -> dict:
+    """Each rank re-creates the model's last layer after DDP wrapped it, then trains `steps`
+    SGD steps on its own data. Without `find_unused_parameters` DDP raises at the second
+    iteration (the old layer's parameters got no gradient, so the prior reduction never
+    finished); with it, training runs and each rank's new layer learns from its own gradient
+    alone. Plain Gloo, no network emulation.
+
+    Returns {"find_unused", "step" (the iteration that raised, or None), "message" (rank 0's
+    error, whitespace collapsed), "first_gap", "last_gap" (largest |w_r - w_0| over the ranks
+    of the still-hooked first layer and of the re-created last layer; absent after an
+    error)}.
+    """
+    with Cluster(nodes=world, nic=None, timeout=timeout,
+                 environ={"TORCH_DISTRIBUTED_DEBUG": "OFF"}) as cl:
+        out = cl.run(_recreated_rank, find_unused, steps, features, hidden, batch, seed)
+    return {"find_unused": find_unused, **out[0]}
+
+
 # --- mismatched collectives and hangs ---------------------------------------------------------
 
 

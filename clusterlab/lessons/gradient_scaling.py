@@ -12,12 +12,13 @@ import numpy as np
 
 def fix_table(fix: dict, *, steps: int) -> None:
     """Per weighting method: the gradient's relative error at step 0 and the parameters' max
-    distance from full-batch descent after `steps` steps."""
+    distance from full-batch descent after `steps` steps (`w_full`)."""
     from ..experiments import gradient_scaling
 
-    print(f"{'':14s} {'gradient error':>15s} {f'parameters after {steps} steps':>27s}")
+    last = f"max |w - w_full| after {steps} steps"
+    print(f"{'':14s} {'gradient error, step 0':>22s} {last:>{len(last) + 2}s}")
     for m in gradient_scaling.METHODS:
-        print(f"{m:14s} {fix['rel_error'][m]:15.1e} {fix['param_error'][m][-1]:27.1e}")
+        print(f"{m:14s} {fix['rel_error'][m]:22.1e} {fix['param_error'][m][-1]:{len(last) + 2}.1e}")
 
 
 def distance_to_own_minimiser(params: dict, minimisers: dict) -> float:
@@ -28,11 +29,13 @@ def distance_to_own_minimiser(params: dict, minimisers: dict) -> float:
 
 def explain_fix(fix: dict, opt_pt: dict, *, steps: int, mom: float) -> None:
     """The table of `fix_table`, what dividing by the global count does to the gradient's
-    error, where the mean of means ends after `steps` steps (its own minimiser, off the
-    full-batch one), what that costs in full-data loss (absolute and relative to the
-    minimum) and what moves it here; asserts the
-    "tens of percent" (`mom`: the mean of means' error on the first batches), the fixes to
-    rounding, and that the mean of means converged to its own minimiser."""
+    error, and what the mean of means' other end point costs in full-data loss; folded: where
+    it ends after `steps` steps (its own minimiser, off the full-batch one) and what moves
+    that point. Asserts the "tens of percent" (`mom`: the mean of means' error on the first
+    batches), the fixes to rounding, and that the mean of means converged to its own
+    minimiser."""
+    from . import show
+
     shift, mom_end = opt_pt["shift"], fix["param_error"]["mean_of_means"][-1]
     print(f"In short: dividing by the global count makes the gradient exact (error "
           f"{fix['rel_error']['global_count']:.0e}, against "
@@ -42,19 +45,33 @@ def explain_fix(fix: dict, opt_pt: dict, *, steps: int, mom: float) -> None:
     own = distance_to_own_minimiser(fix["params"], opt_pt)  # asserted below, not printed
     floor, excess = opt_pt["min_loss"], opt_pt["excess_loss"]
     n = sum(fix["batch_sizes"])
-    print(f"The mean of means converges, but to another point: after {steps} steps it sits at "
-          f"its own minimiser, {shift:.4f} from the full-batch one ({shift / opt_pt['scale']:.1%} "
-          f"of the largest parameter). There the full-data loss is {floor * (1 + excess):.4f} "
-          f"instead of the optimum's {floor:.4f} (+{excess:.0%}), the lowest this model reaches "
-          f"on these {n} samples.")
-    print("The fix costs one all-reduce of a single number per step. The shift is zero with "
-          "equal counts; here only sampling noise moves it, shards from different sources can "
-          "move it more.")
+    print(f"Where the mean of means ends, the full-data loss is {floor * (1 + excess):.4f} "
+          f"instead of the optimum's {floor:.4f} (+{excess:.0%}).")
+    # Why the point moves, and by how much, is reference detail: folded.
+    show.fold("Where the mean of means ends, and what moves that point", "\n".join([
+        f"The mean of means converges, but to another point: after {steps} steps it sits at "
+        f"its own minimiser, {shift:.4f} from the full-batch one ({shift / opt_pt['scale']:.1%} "
+        f"of the largest parameter). The optimum's loss, {floor:.4f}, is the lowest this "
+        f"model reaches on these {n} samples.",
+        "The shift is zero with equal counts. Here every shard is drawn from one distribution, "
+        "so only sampling noise moves it; shards pinned to different sources (one distribution "
+        "per rank) would, in principle, move it further (not run here).",
+        "The fix costs one all-reduce of a single number per step."]))
     assert 0.1 < mom < 1 and 0.1 < fix["rel_error"]["mean_of_means"] < 1  # "tens of percent"
     assert fix["rel_error"]["global_count"] < 1e-6 and fix["rel_error"]["weighted"] < 1e-6
     assert fix["param_error"]["global_count"][-1] < 1e-10
     assert abs(mom_end - shift) < 0.05 * shift and own < 0.01 * shift, (
         "it converged to its own minimiser")
+
+
+def micro_batch_weights(tokens=(10, 90)) -> None:
+    """Gradient accumulation over micro-batches of `tokens` tokens, each with a per-token mean
+    loss, averaged over the k micro-batches: each token's weight, 1 / (k n), against its
+    correct share 1 / T (T: all tokens), and the ratio of the two."""
+    k, total = len(tokens), sum(tokens)
+    for n in tokens:
+        print(f"a token of the {n}-token micro-batch: weight 1/(k x {n}) = {1 / (k * n):.4f} "
+              f"instead of 1/T = {1 / total:.4f}: {total / (k * n):.2f}x its share")
 
 
 def explain_adam(adam_sm: dict, adam_fix: dict, opt_pt: dict, *, final: dict,

@@ -23,18 +23,22 @@ def explain_changed(changed: dict, healthy: dict, *, steps: int) -> None:
     ev0, ev2 = changed["eval_loss"][-1, 0], changed["eval_loss"][-1, 2]
     evh = healthy["eval_loss"][-1, 0]
     off = max(abs(ev0 - evh), abs(ev2 - evh)) / evh
+    from . import show
+
     print(f"In short: rank 2 stays apart from rank 0 for all {steps} steps (largest weight "
           f"difference {d2[-1]:.1e}), while rank 0's loss stays within {dev:.2%} of a healthy "
           "run's: the loss hides it, the replica fingerprints show it.")
-    print(f"ranks whose fingerprint differs from rank 0's: {divergence.replicas_agree(changed)}")
-    print(f"rank 2's gap to rank 0: {d2[0]:.6e} after step 0, {d2[-1]:.6e} after step "
-          f"{steps - 1} (relative change <= {drift:.1e}: rounding only)")
-    print(f"rank 0's loss, last 10 steps: {dev:.2%} off the healthy run's (one seeded run)")
-    print(f"loss on a fixed batch of training rows (the same on every rank): rank 0's replica "
-          f"{ev0:.5f}, rank 2's {ev2:.5f}, healthy run {evh:.5f} (both within {off:.1%} of it)")
+    lines = [
+        f"ranks whose fingerprint differs from rank 0's: {divergence.replicas_agree(changed)}",
+        f"rank 2's gap to rank 0: {d2[0]:.6e} after step 0, {d2[-1]:.6e} after step "
+        f"{steps - 1} (relative change <= {drift:.1e}: rounding only)",
+        f"rank 0's loss, last 10 steps: {dev:.2%} off the healthy run's (one seeded run)",
+        f"loss on a fixed batch of training rows (the same on every rank): rank 0's replica "
+        f"{ev0:.5f}, rank 2's {ev2:.5f}, healthy run {evh:.5f} (both within {off:.1%} of it)"]
     if off < 0.05:
-        print("so evaluating either replica alone shows nothing wrong; which replica the "
-              "checkpoint holds is a real question")
+        lines.append("so evaluating either replica alone shows nothing wrong; which replica the "
+                     "checkpoint holds is a real question")
+    show.fold("The numbers: fingerprints, rank 2's gap, the losses", "\n".join(lines))
     assert divergence.replicas_agree(healthy) == [] and np.all(healthy["distance"] == 0)
     assert divergence.replicas_agree(changed) == [2]
     assert np.all(d2 > 0) and drift < 1e-4, "the gap stays what it was, up to rounding"
@@ -49,6 +53,7 @@ def explain_exponent_flip(expo: dict, healthy: dict) -> None:
     hits rank 2's own gradient, not that one), the replicas, the huge weight it left and
     the hidden unit it saturated; asserts each of these."""
     from ..experiments import divergence
+    from . import show
 
     g, h = expo["grad_norm"][:, 0], healthy["grad_norm"][:, 0]
     was, now = expo["injected"]
@@ -58,32 +63,83 @@ def explain_exponent_flip(expo: dict, healthy: dict) -> None:
               f"yet hidden unit {sat['unit']} is saturated: its tanh slope is 0 on "
               f"{sat['zero_grad_share']:.0%} of the training inputs, so its input weights get "
               "no gradient.")
-    print(f"the flipped gradient element: {was:.4f} before, {now:.2e} after")
-    print(f"gradient norm after the sync at step 10: {g[10]:.1e}"
-          + (" (its float32 sum of squares overflows)" if np.isinf(g[10]) else "")
-          + f", the same on every rank: {np.all(expo['grad_norm'][10] == g[10])}")
-    print(f"healthy run at step 10: {h[10]:.2f}, so at most {int(h[10] ** 2)} of its "
-          f"{expo['params'].shape[1]} synchronised gradient elements can reach 1 in magnitude "
-          "(an illustration: the flip hits rank 2's own gradient, before averaging, whose norm "
-          "is usually larger)")
-    print(f"gradient norm at steps 11-12: {', '.join(f'{x:.1e}' for x in g[11:13])} (healthy: "
-          f"{', '.join(f'{x:.2f}' for x in h[11:13])})")
-    print(f"replicas differing from rank 0 at the end: {divergence.replicas_agree(expo)}; "
-          f"all weights finite: {bool(expo['finite'].all())}")
     big, big_h = np.abs(expo["params"][0]).max(), np.abs(healthy["params"][0]).max()
     where = int(np.argmax(np.abs(expo["params"][0])))  # flat index; 0 is model[0].weight[0, 0]
-    print(f"largest |weight| at the end: {big:.1e} (healthy run: {big_h:.2f}), at flat index "
-          f"{where}: the flipped element, first layer's weight[0, 0]")
-    print(f"it feeds hidden unit {sat['unit']}: its tanh input |z| over the {sat['n']} training "
-          f"inputs is at least {sat['min_abs_z']:.1e}")
-    print(f"share of those inputs where 1 - tanh(z)^2 is exactly 0 in float32: "
-          f"{sat['zero_grad_share']:.0%}")
+    lines = [
+        f"the flipped gradient element: {was:.4f} before, {now:.2e} after",
+        f"gradient norm after the sync at step 10: {g[10]:.1e}"
+        + (" (its float32 sum of squares overflows)" if np.isinf(g[10]) else "")
+        + f", the same on every rank: {np.all(expo['grad_norm'][10] == g[10])}",
+        f"healthy run at step 10: {h[10]:.2f}, so at most {int(h[10] ** 2)} of its "
+        f"{expo['params'].shape[1]} synchronised gradient elements can reach 1 in magnitude "
+        "(an illustration: the flip hits rank 2's own gradient, before averaging, whose norm "
+        "is usually larger)",
+        f"gradient norm at steps 11-12: {', '.join(f'{x:.1e}' for x in g[11:13])} (healthy: "
+        f"{', '.join(f'{x:.2f}' for x in h[11:13])})",
+        f"replicas differing from rank 0 at the end: {divergence.replicas_agree(expo)}; "
+        f"all weights finite: {bool(expo['finite'].all())}",
+        f"largest |weight| at the end: {big:.1e} (healthy run: {big_h:.2f}), at flat index "
+        f"{where}: the flipped element, first layer's weight[0, 0]",
+        f"it feeds hidden unit {sat['unit']}: its tanh input |z| over the {sat['n']} training "
+        f"inputs is at least {sat['min_abs_z']:.1e}",
+        f"share of those inputs where 1 - tanh(z)^2 is exactly 0 in float32: "
+        f"{sat['zero_grad_share']:.0%}"]
+    show.fold("The evidence: the flipped element, the norm spike, the frozen unit",
+              "\n".join(lines))
     assert 0 < abs(was) < 1 and abs(now) > 1e30, "a normal value below 1, times 2^128"
     assert g[10] > 1e20 * np.median(h) and np.all(expo["grad_norm"][10] == g[10])
     assert np.all(g[11:13] < 10 * h[11:13]), "steps 11-12: back to the healthy run's scale"
     assert divergence.replicas_agree(expo) == []
     assert big > 1e30 and big_h < 10 and where == 0
     assert sat["unit"] == 0 and sat["zero_grad_share"] == 1.0, "saturated on every input"
+
+
+
+def explain_recreated(runs: dict) -> None:
+    """A layer re-created after DDP wrapped the model (`divergence.recreated_layer`, keyed by
+    `find_unused_parameters`): without it DDP raises at the second iteration; with it the run
+    is silent while the new layer's replicas drift apart and the still-hooked first layer
+    stays identical. DDP's error, in full, is folded. Asserts each of these."""
+    from . import show
+
+    strict, lenient = runs[False], runs[True]
+    print(f"In short: without find_unused_parameters DDP raises in iteration "
+          f"{strict['step'] + 1} (the first left the old layer without gradients); "
+          f"with it the run is silent, and the re-created layer's replicas drift apart "
+          f"(largest gap {lenient['last_gap']:.1e}) while the still-hooked first layer stays "
+          f"identical (gap {lenient['first_gap']:g}).")
+    show.fold("DDP's error without find_unused_parameters, in full", strict["message"])
+    assert strict["step"] == 1 and "Expected to have finished reduction" in strict["message"]
+    assert lenient["step"] is None and lenient["first_gap"] == 0 and lenient["last_gap"] > 0
+
+
+def sampler_indices(*, dataset_size: int = 64, world: int = 2, count: int = 8,
+                    seed: int = 0) -> None:
+    """The first `count` indices `DistributedSampler` gives each of `world` ranks in epoch 0:
+    with one seed for every rank, the shuffled order dealt out in turns (rank r takes every
+    world-th index from position r); with seed + rank, each rank shuffles its own way, so the
+    shards overlap (the indices both ranks drew among their first `count` are named). Asserts
+    both."""
+    import torch
+    from torch.utils.data import DistributedSampler
+
+    data = torch.arange(dataset_size)
+
+    def shard(rank, rank_seed, replicas=world):
+        return list(DistributedSampler(data, num_replicas=replicas, rank=rank, seed=rank_seed))
+
+    order = shard(0, seed, replicas=1)  # the whole shuffled order every rank computes
+    print(f"same seed on every rank: the shuffled order starts {order[:world * count]}")
+    for r in range(world):
+        mine = shard(r, seed)
+        assert mine == order[r::world]
+        print(f"    rank {r} takes positions {r}, {r + world}, {r + 2 * world}, ...: "
+              f"{mine[:count]}")
+    own = [shard(r, seed + r) for r in range(world)]
+    both = sorted(set(own[0][:count]) & set(own[1][:count]))
+    print("seed = rank: " + "; ".join(f"rank {r} {o[:count]}" for r, o in enumerate(own))
+          + (f" (both drew {both})" if both else ""))
+    assert set(own[0]) & set(own[1]), "per-rank seeds: the shards overlap"
 
 
 # --- Detection ----------------------------------------------------------------------------------
@@ -135,7 +191,10 @@ def explain_detection(det: list, *, every: int, world: int) -> None:
     later alerts of the NaN run, which name every rank once the all-reduce spread the NaN;
     asserts silence on the healthy run, that every fault is named on its rank, labelled by
     the next check step and delivered one step later, and that the weight-change runs (all
-    but the first and the last) alert again at every later check."""
+    but the first and the last) alert again at every later check. The later alerts are
+    folded."""
+    from . import show
+
     faulty = [d for d in det if d["scenario"] != "healthy"]
     named = [d for d in faulty if d["first"] is not None and d["first"]["ranks"] == [d["rank"]]]
     print(f"In short: no alert on the healthy run; in {len(named)} of the {len(faulty)} faulty "
@@ -153,32 +212,32 @@ def explain_detection(det: list, *, every: int, world: int) -> None:
     for d in det[1:-1]:  # a weight change: the split persists
         labels = sorted({a["step"] for a in d["alerts"] if a["kind"] == d["first"]["kind"]})
         assert labels == list(range(d["first"]["step"], last + 1, every)), d
-    print(f"the weight-change runs alert again at every later check, up to step {last}: a "
-          "split persists")
     nan_run = det[-1]
     later = [a for a in nan_run["alerts"] if a["reported"] > nan_run["first"]["reported"]]
     later_ranks = sorted({r for a in later for r in a["ranks"]})
     delivered_at = sorted({a["reported"] for a in later})  # several alerts can share a step
-    print(f"later checks in the NaN run deliver {len(later)} more alert(s), on ranks "
-          f"{later_ranks}"
-          + (": the all-reduce spread the NaN to every rank, so only the first alert names the "
-             "source" if later_ranks == list(range(world)) else ""))
-    print(f"    (they arrive at the ends of {len(delivered_at)} step(s), {delivered_at}: several "
-          "alerts can arrive at the end of one step)")
+    show.fold("The later alerts", "\n".join([
+        f"the weight-change runs alert again at every later check, up to step {last}: a split "
+        "persists",
+        f"later checks in the NaN run deliver {len(later)} more alert(s), on ranks {later_ranks}"
+        + (": the all-reduce spread the NaN to every rank, so only the first alert names the "
+           "source" if later_ranks == list(range(world)) else ""),
+        f"they arrive at the ends of {len(delivered_at)} step(s), {delivered_at}: several "
+        "alerts can arrive at the end of one step"]))
 
 
 # --- A model that stops learning ----------------------------------------------------------------
 
 def stall_row(name: str, run: dict, *, steps: int) -> str:
     """One row of the stall table: the loss on a fixed batch of training rows after the first
-    and after the last step, median gradient norm, median lr applied (||update|| /
+    and after the last step, median gradient norm, median lr applied (|dw|/|g|: ||update|| /
     ||gradient||), the steps after the first that changed rank 0's weights (its checksum
     moved), alerts."""
     ev, fp = run["eval_loss"][:, 0], run["fingerprint"][:, 0]
     moved = int(np.any(fp[1:] != fp[:-1], axis=1).sum())
     applied = np.median(run["update_norm"][:, 0] / run["grad_norm"][:, 0])
     return (f"{name:19s} {f'{ev[0]:.3f} -> {ev[-1]:.3f}':>18s} {np.median(run['grad_norm']):9.2f} "
-            f"{applied:10.1e} {f'{moved} of {steps - 1}':>21s} {len(run['alerts']):6d}")
+            f"{applied:20.1e} {f'{moved} of {steps - 1}':>21s} {len(run['alerts']):6d}")
 
 
 def explain_stall(stall: dict, *, steps: int, lr: float, world: int, batch: int) -> None:
@@ -190,10 +249,10 @@ def explain_stall(stall: dict, *, steps: int, lr: float, world: int, batch: int)
     ok, detached, divided = stall["healthy"], stall["optimizer_detached"], stall["lr_divided"]
     g0 = ok["grad_norm"][0, 0]  # the healthy run's first gradient: same weights, same batch
     print("In short: the stalled runs barely lower the loss, yet their gradients are finite, "
-          "their replicas agree and the monitor raises no alert; the lr actually applied "
-          "(column 'lr applied') gives both away.")
-    print(f"{'':19s} {f'loss, step 0 -> {steps - 1}':>18s} {'grad norm':>9s} {'lr applied':>10s} "
-          f"{'steps weights changed':>21s} {'alerts':>6s}")
+          "their replicas agree and the monitor raises no alert; the lr actually applied, "
+          "‖Δw‖/‖g‖, gives both away.")
+    print(f"{'':19s} {f'loss, step 0 -> {steps - 1}':>18s} {'grad norm':>9s} "
+          f"{'‖Δw‖/‖g‖ (SGD: = lr)':>20s} {'steps weights changed':>21s} {'alerts':>6s}")
     for name, run in stall.items():
         print(stall_row(name, run, steps=steps))
     shrink = divided["update_ratio"][0] / ok["update_ratio"][0]
@@ -288,38 +347,42 @@ def explain_last_bits(num: dict, *, steps: int, reference: str = "manual_allredu
 # --- On a real GPU cluster ----------------------------------------------------------------------
 
 # Sourced notes rendered by `facts.show`: what NCCL's all-reduce guarantees and where replicas
-# can still split (IDENTICAL_BYTES); folded, for reference (REFERENCE): what a replica is under
-# sharded and tensor-parallel training (SHARDED_REPLICAS) and NaN checks on GPUs (GPU_NAN_CHECK).
+# can still split (IDENTICAL_BYTES); folded, for reference (REFERENCE): a reported split
+# (FORWARDED_REPORT), what a replica is under sharded and tensor-parallel training
+# (SHARDED_REPLICAS) and NaN checks on GPUs (GPU_NAN_CHECK).
 IDENTICAL_BYTES = (
-    "- **Within one call: identical bytes.** In NCCL's user guide, in an AllReduce "
-    "[[nccl.allreduce_identical_results]], and its maintainer states that once the sum is "
-    "complete it is transmitted unchanged to all GPUs "
-    "([NVIDIA/nccl#855](https://github.com/NVIDIA/nccl/issues/855)). That holds within one "
-    "call, not across runs or algorithms.\n"
+    "- **Within one call: identical bytes.** In an AllReduce "
+    "[[nccl.allreduce_identical_results]] (NCCL's user guide); the finished sum is "
+    "transmitted unchanged to all GPUs (its maintainer, "
+    "[NVIDIA/nccl#855](https://github.com/NVIDIA/nccl/issues/855)).\n"
     "- **What still splits replicas: work one rank does alone after the all-reduce** (an "
-    "optimizer "
-    "that rounds differently on one node, a rank-dependent code path), or corruption while "
-    "the sum is forwarded (next bullet). DDP never re-sends parameters; buffers it re-sends "
-    "at every forward by default: [[pytorch.ddp_forward_sync_buffers]].\n"
-    "- **Corruption while the sum is forwarded could split them too.** A ring or tree "
-    "all-reduce reduces first, "
-    "then passes the finished sum from GPU to GPU (NCCL's ring: the loop commented "
-    "\"k-2 steps: copy to next GPU\", not the earlier \"reduce and copy\" one, in "
-    "[`src/device/all_reduce.h`]"
-    "(https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/device/all_reduce.h)). "
-    "By that structure (our inference, not shown here: Gloo on one machine cannot corrupt a "
-    "hop), a bit flipped on one hop (bad memory on a forwarding GPU, a link error that "
-    "escapes the link's CRC checksum) would reach only the ranks downstream of it and split "
-    "the replicas. The replica fingerprint would catch it; for a mantissa flip, no "
-    "single-rank check would. A report of that symptom, "
-    "cause never found: [NVIDIA/nccl#434](https://github.com/NVIDIA/nccl/issues/434), one "
-    "node's all-reduce result (always the same node) differing from the others'; the "
-    "maintainer answered that all ranks should hold the same result.\n"
-    "- **Run-to-run reproducibility is another property.** Some CUDA kernels are "
-    "non-deterministic ([listed under `torch.use_deterministic_algorithms`]"
+    "optimizer that rounds differently on one node, a rank-dependent code path). DDP re-sends "
+    "parameters only at construction and at the end of `Join` "
+    "([[pytorch.join_final_model_sync]], notebook 07); buffers it re-sends at every forward "
+    "by default: [[pytorch.ddp_forward_sync_buffers]].\n"
+    "- **Corruption while the sum is forwarded** (our inference, not shown here: Gloo on one "
+    "machine cannot corrupt a hop). *What NCCL does:* a ring all-reduce first reduces, then "
+    "passes the finished sum from GPU to GPU (the loop commented \"k-2 steps: copy to next "
+    "GPU\" in [`src/device/all_reduce.h`]"
+    "(https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/device/all_reduce.h)). *What a hop "
+    "error would do:* a bit flipped on one hop would reach only the ranks downstream of it and "
+    "split the replicas; the fingerprint would catch it. A real report: in the fold below.")
+
+# Reference, folded: a report of the forwarded-sum symptom (cause never found), and why
+# run-to-run reproducibility is another property.
+FORWARDED_REPORT = (
+    "- **A reported split, cause never found**: "
+    "[NVIDIA/nccl#434](https://github.com/NVIDIA/nccl/issues/434), one node's all-reduce "
+    "result (always the same node) differing from the others'; the maintainer answered that "
+    "all ranks should hold the same result. A bit flipped while forwarding (bad memory on a "
+    "forwarding GPU, a link error that escapes the link's CRC checksum) would look like this; "
+    "for a mantissa flip, no single-rank check would catch it.\n"
+    "- **Run-to-run reproducibility is another property.** Identical bytes hold within one "
+    "call, not across runs or algorithms. Some CUDA kernels are non-deterministic "
+    "([listed under `torch.use_deterministic_algorithms`]"
     "(https://docs.pytorch.org/docs/stable/generated/torch.use_deterministic_algorithms.html)): "
     "two runs differ, while the replicas within each run agree if that non-determinism comes "
-    "before the sync (in a rank-local step after it, it splits them).")
+    "before the sync.")
 
 SHARDED_REPLICAS = (
     "- **Sharded training** (each rank holds only a slice of the parameters: FSDP's "
@@ -347,6 +410,7 @@ GPU_NAN_CHECK = (
     "After a device-side assert the process cannot use the GPU again "
     "([[cuda.error_assert_sticky]]).")
 
-REFERENCE = ("<details><summary>For reference: replicas under sharded and tensor-parallel "
-             "training; NaN checks on GPUs</summary>\n\n" + SHARDED_REPLICAS + "\n"
-             + GPU_NAN_CHECK + "\n\n</details>")
+REFERENCE = ("<details><summary>For reference: a reported split; reproducibility; replicas "
+             "under sharded and tensor-parallel training; NaN checks on GPUs</summary>\n\n"
+             + FORWARDED_REPORT + "\n" + SHARDED_REPLICAS + "\n" + GPU_NAN_CHECK
+             + "\n\n</details>")
