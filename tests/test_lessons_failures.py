@@ -138,8 +138,23 @@ def test_barrier_line_says_when_rank_0_raised_and_the_check_refuses_an_early_err
                                      late_s=1.5)
 
 
+def test_skip_figure_labels_say_who_is_named_and_draw_without_error():
+    assert hangs_lesson._skip_label("x", [2]) == "raises: names rank 2"
+    assert hangs_lesson._skip_label("Timed out waiting", []).endswith("names nobody")
+    assert "check rank 0" in hangs_lesson._skip_label(
+        "Please check rank 0 logs. Original exception: Timed out", [])
+    import matplotlib
+
+    matplotlib.use("Agg")
+    skip = {None: {"waits_s": [2.0, 2.0, 0.0], "messages": ["Timed out a", "Timed out b", ""],
+                   "named_ranks": []},
+            "DETAIL": {"waits_s": [2.1, 2.2, 0.0], "named_ranks": [2],
+                       "messages": ["missing rank 2", "check rank 0 logs", ""]}}
+    hangs_lesson.plot_skip(skip, wait_s=2.0)
+
+
 @pytest.mark.parametrize("template", [hangs_lesson.hang_checklist, hangs_lesson.hang_settings,
-                                      elastic_lesson.cost_text])
+                                      hangs_lesson.detail_coverage, elastic_lesson.cost_text])
 def test_ledger_templates_name_only_facts_the_ledger_has(template):
     text = template()
     assert facts.placeholders(text)

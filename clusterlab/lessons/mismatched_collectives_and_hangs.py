@@ -32,7 +32,7 @@ def legend_lines(mism: dict, *, plain_timeout_s: float) -> list[str]:
     teardown; the mean over those rows, left out when there is none)."""
     over = [m["wall_s"] - plain_timeout_s for m in mism.values()
             if m["error"] == "ClusterTimeout" and m["debug"] is None]
-    after = "seconds from starting the processes until the run ended"
+    after = "seconds from starting the processes until the run ended (one run per case)"
     if over:  # a no-break space keeps a number with its unit when wrapped
         after += (f": a ClusterTimeout's bound plus about {sum(over) / len(over):.1f}\u00a0s: "
                   "clusterlab collecting the stuck ranks' stacks, and its start-up and teardown")
@@ -115,9 +115,11 @@ def explain_smaller(small: dict) -> None:
 
 
 def print_detail_error(m: dict) -> None:
-    """Print one `DETAIL` error message in full, wrapped and indented."""
-    print("details: one DETAIL error in full:")
-    print(textwrap.fill(m["message"], 96, initial_indent="    ", subsequent_indent="    "))
+    """Show one `DETAIL` error message in full behind a fold (printed as it is outside a
+    notebook)."""
+    from . import show
+
+    show.fold("One DETAIL error in full", m["message"])
 
 
 def check_mismatches(mism: dict, *, detail_timeout_s: float) -> None:
@@ -236,21 +238,43 @@ def explain_barrier(mb: dict, *, barrier_timeout_s: float, late_s: float) -> Non
     assert mb["waits_s"][0] >= 0.9 * barrier_timeout_s, "raised at the barrier's timeout"
 
 
+def detail_coverage() -> str:
+    """The `facts.show` template of what `TORCH_DISTRIBUTED_DEBUG=DETAIL` compares before each
+    collective and what it does not (torch 2.13's ProcessGroupWrapper.cpp), folded: the
+    backends it wraps, then a two-column table."""
+    return (
+        "<details><summary>For reference: what `DETAIL` checks, and what it does not"
+        "</summary>\n\n"
+        "`DETAIL` wraps the process groups of [[pytorch.distributed_debug_detail_backends]] "
+        "alike: it [[pytorch.distributed_debug_detail]] "
+        "([ProcessGroupWrapper.cpp](https://github.com/pytorch/pytorch/blob/v2.13.0/torch/csrc/"
+        "distributed/c10d/ProcessGroupWrapper.cpp)).\n\n"
+        "| compared across ranks | not compared |\n|---|---|\n"
+        "| the op | the reduction op (`SUM` against `MAX`) |\n"
+        "| shapes, dtypes, device types | a broadcast's root (`src`) |\n"
+        "| the sequence number (each rank counts its own calls) | an all-to-all's split sizes "
+        "(only its op) |\n"
+        "| a rank that never arrives (its monitored barrier) | the shapes of `*_coalesced` ops "
+        "and of uneven all-gathers and reduce-scatters (only their op) |\n"
+        "| | `send` and `recv` |\n\n</details>")
+
 def hang_checklist() -> str:
     """The `facts.show` template of "When a job hangs": first, visible, where a waiting rank's
-    stack sits; then, folded for reference, what to set before a run (or the rerun) and what
-    to do while it hangs and after its timeout (flight-recorder dumps, py-spy)."""
+    stack sits; then, folded for reference, two more places it can sit (communicator creation,
+    `dist.breakpoint`), what to set before a run (or the rerun) and what to do while it hangs
+    and after its timeout (flight-recorder dumps, py-spy)."""
     return (
         "- **Where a waiting rank's stack sits.** A collective with `async_op=False` "
         "[[pytorch.collective_returns_before_cuda_completes]], so the others wait at the next "
         "host sync (`.item()`, `.cpu()`); [[pytorch.nccl_blocking_wait]] puts the stack in the "
-        "collective itself. A group's first collective creates its communicator "
-        "([[pytorch.nccl_lazy_comm_init]]; [[nccl.comm_init_rank_sync]]), so a hang can sit "
-        "there; with `device_id` in `init_process_group` it moves to the init and `new_group`. "
-        "`torch.distributed.breakpoint(rank=k)`, called on every rank, opens pdb on rank k "
-        "while the others wait: it ends in a barrier, so called from a rank-dependent branch it "
-        "is itself the mismatch above (it also sets every group's timeout to an hour).\n\n"
+        "collective itself.\n\n"
         "<details><summary>For reference: when a job hangs, step by step</summary>\n\n"
+        "**Two more places a waiting rank can sit.** A group's first collective creates its "
+        "communicator ([[pytorch.nccl_lazy_comm_init]]; [[nccl.comm_init_rank_sync]]), so a "
+        "hang can sit there; with `device_id` in `init_process_group` it moves to the init and "
+        "`new_group`. `torch.distributed.breakpoint(rank=k)`, called on every rank, opens pdb "
+        "on rank k while the others wait: it ends in a barrier, so called from a rank-dependent "
+        "branch it is itself a mismatch (it also sets every group's timeout to an hour).\n\n"
         "**When a job hangs.** Before a run, or the rerun:\n\n"
         "1. **Bound it**: an explicit `timeout` (settings table below). On NCCL, when a collective "
         "exceeds it, the watchdog tears down its own process (the launcher then ends the job), "
@@ -302,3 +326,47 @@ def hang_settings() -> str:
         "timeout |\n"
         "| TORCH_NCCL_DESYNC_DEBUG=1 | off (on under `DETAIL`) | it "
         "[[pytorch.nccl_desync_debug]] |\n\n</details>")
+
+
+def _skip_label(message: str, named: list) -> str:
+    """A rank's error from the skipped-collective run in a few words, for the figure."""
+    if named:
+        return f"raises: names rank {', '.join(map(str, named))}"
+    if "check rank 0" in message:  # DETAIL's other ranks point to rank 0 (a timeout inside)
+        return "raises: 'check rank 0 logs'"
+    if "Timed out" in message:
+        return "raises: a timeout that names nobody"
+    return "raises"
+
+
+def plot_skip(skip: dict, *, wait_s: float, odd_rank: int = 2) -> None:
+    """One lane per rank for each run of `divergence.skipped_collective` (plain Gloo, then
+    DETAIL): how long each rank waited in the call (measured) and what it raised; rank
+    `odd_rank` skipped the collective and returned at once. The dashed line is the group's
+    timeout `wait_s`."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(skip), figsize=(12, 2.6), sharex=True)
+    for ax, (debug, r) in zip(axes, skip.items()):
+        where = "DETAIL's monitored barrier" if debug else "the all_reduce"
+        for rank, (wait, message) in enumerate(zip(r["waits_s"], r["messages"])):
+            if rank == odd_rank:
+                ax.plot(0, rank, "o", color="C2")
+                ax.text(0.05 * wait_s, rank, "skipped the all_reduce: returned", va="center",
+                        fontsize=8)
+                continue
+            ax.barh(rank, wait, height=0.4, color="C0", alpha=0.6,
+                    label=f"waiting in {where}" if rank == 0 else None)
+            ax.plot(wait, rank, "x", color="C3", ms=9, mew=2)
+            named = r["named_ranks"] if rank == 0 else []
+            ax.text(wait + 0.06 * wait_s, rank, _skip_label(message, named), va="center",
+                    fontsize=8)
+        ax.axvline(wait_s, color="k", ls="--", lw=0.8)
+        ax.set_yticks(range(len(r["waits_s"])), [f"rank {k}" for k in range(len(r["waits_s"]))])
+        ax.invert_yaxis()
+        ax.set_xlim(-0.05 * wait_s, 2.2 * wait_s)
+        ax.set_xlabel(f"seconds after the call (dashed: the group's timeout, {wait_s:g} s)")
+        ax.set_title(f"TORCH_DISTRIBUTED_DEBUG={debug or 'OFF'}", fontsize=10)
+        ax.legend(fontsize=8, loc="lower right")
+    plt.tight_layout()
+    plt.show()
