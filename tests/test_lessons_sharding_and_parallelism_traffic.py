@@ -33,16 +33,16 @@ def test_real_scale_names_amd_hosts_and_ddp_buckets(shown):
     assert "cut the bytes term 8×, but the average ring step only 3.0×" in text
     # AMD hosts: an NVLink ring step is charged the tuner's 6 us net overhead, not 3.4 us
     assert "the 8-GPU crossing comes at about 160 ranks" in text
-    assert text.index("160 ranks") > text.index("The derivation")
+    assert text.index("160 ranks") > text.index("the derivation")
     assert "fill about 534, whose all-reduces take 2 · 534 · (N−1) ring steps, 11×" in text
     assert "if all are rings" in text
     # r15: no raw tree-vs-ring step counts (they mix NVLink and network steps); in the derivation
-    assert "tree steps" not in text and text.index("fill about 534") > text.index("The derivation")
+    assert "tree steps" not in text and text.index("fill about 534") > text.index("the derivation")
     assert "about 0.7 MB at 625 ranks" in text
     assert "[[" not in text
     # r16: the latency term grows below the crossing too; one GPU per node is rings forced, as
     # NCCL's default allows PAT there (tuning.cc, ncclPatEnable)
-    assert "the latency term grows with every added rank either way" in text
+    assert "The latency term grows with every added rank either way" in text
     assert "stays flat as ranks are added" not in text
     assert "per node, rings forced (Ring only, set with NCCL_ALGO" in text
     assert "NCCL allows PAT (Parallel Aggregated Trees) in this layout" in text
@@ -53,6 +53,27 @@ def test_real_scale_names_amd_hosts_and_ddp_buckets(shown):
     assert "cheaper (at line rate)" in text
     algos = " ".join(l10.algorithms_and_overlap_text().split())
     assert "PAT's log-depth schedule for them is on by default only with one GPU per node" in algos
+    # r20: the tuner's constants choose algorithms; they are not latency predictions (visible)
+    visible = text[:text.index("<details>")]
+    assert "not calibrated predictions of real latency" in visible
+
+
+def test_fsdp_collectives_across_nodes_need_infiniband_sharp(shown):
+    """r20 FALSE: NVLink SHARP alone does not take FSDP's all-gathers and reduce-scatters off
+    rings across nodes (NCCL 2.30.7 tuning.cc: NVLS needs CollNet when nNodes > 1, and
+    AG/RS over NVLS or CollNetDirect need CollNet's iallgather/ireducescatter)."""
+    facts.show(l10.algorithms_and_overlap_text())
+    l10.show_at_real_scale(7e9, units=32)
+    for text in (" ".join(t.split()) for t in shown):
+        assert "NVLink SHARP or InfiniBand SHARP" not in text
+        assert "unless the nodes have NVLink SHARP" not in text
+    algos = " ".join(shown[0].split())
+    visible = algos[:algos.index("<details>")]
+    assert "stay rings by default" in visible and "CollNet" not in visible  # folded
+    assert "avoid rings only with InfiniBand SHARP, alone (CollNetDirect) or combined" in algos
+    assert "NVLS alone serves them only inside a node" in algos  # the ledger's value
+    assert ("NVLS and CollNetDirect serve them across nodes only with CollNet (SHARP) enabled"
+            in " ".join(shown[1].split()))
 
 
 def test_amd_crossing_follows_from_the_ledger():
@@ -91,6 +112,27 @@ def test_traffic_footnotes_the_ddp_rebuild(shown):
     assert "about the last 3: 2.91 (N−1)/N · Ψb" in shown[0]
     assert "under about 0.5B parameters stays gathered whole" in shown[0]
     assert "a little less" not in shown[0]
+    # r20: why DeepSpeed's default is 1.5x: all-reduce (2) instead of reduce-scatter (1), + 1
+    assert "2 + 1 = 3 (N−1)/N · Ψb against DDP's 2" in " ".join(shown[0].split())
+
+
+def test_memory_table_and_working_set_crossing(capsys):
+    assert l10.show_memory(7_000_000_000, ranks=64, units=32) == 86
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[1].split() == ["strategy", "state", "per", "GPU", "sent", "per", "step"]
+    assert lines[2].split() == ["DDP", "112.0", "GB", "27.6", "GB"]
+    assert lines[5].split() == ["ZeRO-3", "/", "FSDP", "1.8", "GB", "41.3", "GB"]
+    flat = " ".join(out.split())
+    assert "the next unit prefetched (gathered early, section Prefetching)" in flat
+    assert "1.31 GB whatever N. From 86 GPUs on the working set is the larger" in flat
+
+
+def test_microbatches_box_gives_fsdp2_reduce_dtype_default(shown):
+    l10.show_microbatches()
+    text = " ".join(shown[0].split())
+    assert "by default `param_dtype` if set, otherwise the parameters' own dtype" in text
+    assert text.index("<details>") > text.index("k× one micro-batch's bytes")
 
 
 def test_step_time_header_lines_up_with_the_rows(capsys):
@@ -141,9 +183,9 @@ def test_step_time_growth_in_rounds_and_an_excess_round_said(capsys):
 
 
 def test_layout_names_hsdp_once(shown):
-    l10.show_microbatches_and_layout(7e9, nodes=16)
+    l10.show_hybrid_sharding(7e9, nodes=16)
     text = " ".join(shown[0].split())
-    assert "shard inside a node, replicate across nodes" in text
+    assert "Hybrid sharding keeps the heavy traffic on NVLink" in text
     assert text.count("HSDP") == 1
     # r15: HSDP cuts the NIC bytes only 1.6x against plain FSDP's (8 NICs per node)
     # r17: the mechanism first, then a table: hybrid against plain FSDP over all 128 GPUs
@@ -156,3 +198,17 @@ def test_layout_names_hsdp_once(shown):
     assert ("saves 39 ms of NIC time and 41 ms of latency per step: a gain about as large as "
             "the bytes'") in text
     assert "The larger gain" not in text
+
+
+def test_prefetch_saving_above_the_closed_form_is_explained(capsys):
+    # r20: saved 44.8 of 40 ms; the prefetched forward's excess (12.6 ms) is below the
+    # waiting one's (17.3 ms), so prefetching also hid 4.7 ms of uncharged overhead
+    pre = {"forward_s": 0.1133, "forward_prefetch_s": 0.0686, "predicted_s": 0.096,
+           "predicted_prefetch_s": 0.056, "depth": 6, "steps": 7}
+    assert l10.explain_prefetch(pre) is True
+    out = " ".join(capsys.readouterr().out.split())
+    assert "112% of the closed form's 40.0 ms" in out
+    assert ("It saved more than the closed form because prefetching also hid part of the "
+            "overhead the closed form leaves out (below)") in out
+    assert "with prefetching the excess fell by 4.7 ms, which is why the saving beat" in out
+    assert "SMs" not in out  # the GPU mechanism is self-check 3's, with its source

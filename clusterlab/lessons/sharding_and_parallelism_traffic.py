@@ -97,7 +97,10 @@ def explain_traffic(traffic: dict, names: dict, *, psi: float = 7e9, units: int 
         f"| default | one all-reduce per bucket | 1.5, as much as FSDP |\n"
         f"| `use_multi_rank_bucket_allreduce=False` | one `dist.reduce` per rank whose "
         f"partition the bucket overlaps | 1, with ring reduces |\n\n"
-        f"(`reduce_scatter=False` also all-reduces each bucket: no change from the default.)"
+        f"(`reduce_scatter=False` also all-reduces each bucket: no change from the default.) "
+        f"Why 1.5: an all-reduce sends two halves' worth, a reduce-scatter's and an "
+        f"all-gather's, where the paper's ZeRO-1/2 reduce-scatters (one); the all-gather of "
+        f"the updated parameters adds one more: 2 + 1 = 3 (N−1)/N · Ψb against DDP's 2."
         f"\n\n"
         f"DeepSpeed's ZeRO-3 sends less than 3 (N−1)/N · Ψb, by how much depending on the "
         f"model's size. It [[deepspeed.zero3_param_persistence]]: those small tensors (biases, "
@@ -110,6 +113,41 @@ def explain_traffic(traffic: dict, names: dict, *, psi: float = 7e9, units: int 
         f"under about {whole / 1e9:.1f}B parameters stays gathered whole and sends about "
         f"2 (N−1)/N · Ψb, DDP's volume.\n</details>")
     return ratio
+
+
+def show_memory(psi: float, *, ranks: int, units: int) -> int:
+    """The "What sharding buys" table: model state per GPU and bytes sent per step for DDP and
+    ZeRO-1/2/3 (mixed-precision Adam, bf16 traffic) of a `psi`-parameter model on `ranks` GPUs,
+    then the one rank count from which ZeRO-3's gathered working set (current and prefetched
+    unit of `units`, one unit's gradients) exceeds its sharded state; the arithmetic in a fold.
+    Returns that rank count."""
+    from .. import parallelism as par
+
+    psi = int(psi)  # the model functions count whole parameters
+    labels = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3 / FSDP"}
+    print(f"{psi / 1e9:.0f}B parameters, {ranks} GPUs, mixed-precision Adam, bf16 traffic")
+    print(f"{'strategy':16s}{'state per GPU':>14s}{'sent per step':>16s}")
+    for key, label in labels.items():
+        mem = par.sharded_memory(key, params=psi, ranks=ranks)
+        vol = par.sharded_traffic(key, params=psi, ranks=ranks, dtype_bytes=2)["total"]
+        print(f"{label:16s}{mem / 1e9:11.1f} GB{vol / 1e9:13.1f} GB")
+    unit = psi / units * 2  # bytes of one gathered unit's bf16 parameters
+    work = 2 * unit + unit  # current + prefetched unit, + one unit's unsharded gradients
+    total = par.sharded_memory("zero3", params=psi, ranks=1)  # the state before sharding
+    cross = int(total / work) + 1  # first N with total / N < work
+    assert total / cross < work <= total / (cross - 1)
+    say(f"ZeRO-3's state shrinks as 1/N, but a GPU must also hold its working set: the unit "
+        f"it computes with, gathered whole, the next unit prefetched (gathered early, section "
+        f"Prefetching) and one unit's gradients, {work / 1e9:.2f} GB whatever N. From "
+        f"{cross} GPUs on the working set is the larger; activations come on top.")
+    fold("The working set's arithmetic",
+         f"{units} units of {psi / 1e9:.0f}B bf16 parameters: {unit / 1e9:.2f} GB each; "
+         f"2 × {unit / 1e9:.2f} GB of parameters (current + prefetched) + {unit / 1e9:.2f} GB of "
+         f"gradients = {work / 1e9:.2f} GB.\n"
+         f"Sharded state: {total / 1e9:.0f} GB / N, below {work / 1e9:.2f} GB once "
+         f"N > {total / work:.1f}. Buffers, fp32 gradient copies and a root unit (embeddings, "
+         f"head) add to the working set.")
+    return cross
 
 
 def plot_step_times(sweep: list[dict]) -> None:
@@ -356,81 +394,64 @@ def show_at_real_scale(psi: float, *, units: int) -> dict:
     # why the 8-NIC crossing comes sooner: bytes 8x cheaper, a ring step on average only
     step_gain = a_net / ((a_net + (node - 1) * a_nv) / node)
     facts.show(f"""
-**At real scale.** With enough ranks, FSDP's latency (a fixed delay for every ring step of
-every collective) outgrows the time its bytes take. Nodes with several NICs reach that point
-sooner: their {node_nics} NICs make the bytes {node_nics}× cheaper (at line rate), but the
-average ring step only {step_gain:.1f}× cheaper. In NCCL's cost model the crossing comes at
-about {cross['one']} ranks with one GPU per node and at about {cross['node']} with nodes of
-{node} GPUs (marked in the figure). In the figure, solid lines are the time lost to per-step
-latency, dashed lines the time for the bytes; where they cross, latency dominates.
+A model, not a measurement: the step latencies are the constants NCCL's tuner uses to
+*choose* an algorithm, not calibrated predictions of real latency; bandwidth is the NICs'
+line rate; every collective is a ring and nothing overlaps (the {psi / 1e9:.0f}B bf16 model,
+{units} units). With enough ranks FSDP's latency rounds outgrow its bytes' time: at about
+{cross['one']} ranks with one GPU per node, at about {cross['node']} with nodes of {node}
+GPUs, whose {node_nics} NICs make the bytes {node_nics}× cheaper (at line rate) but the
+average ring step only {step_gain:.1f}× cheaper (figure: solid lines latency, dashed bytes).
+The latency term grows with every added rank either way; past the crossing, fewer, larger
+units help, at the cost of a larger working set.
 
-This is a model, not a measurement: latency from NCCL's tuner (the cost model NCCL picks
-algorithms with), bandwidth at the NICs' line rate, every collective a ring, nothing
-overlapped, a {psi / 1e9:.0f}B-parameter bf16 model in {units} units at every N. Below the
-crossing the bytes term dominates and stays flat; the latency term grows with every added rank
-either way.
+<details><summary>For experts, safe to skip: the derivation and the two layouts</summary>
 
-Past the crossing, fewer, larger units help, at the cost of a larger gathered working set
-(printed after the memory table above); whether the *step* waits depends on the compute that
-prefetching hides the rounds behind (next section).
+For N ranks in nodes of g GPUs with m NICs of B bytes/s each, and α_net, α_NVLink NCCL's
+tuner cost of one ring step between nodes ([[nccl.tuner_net_ring_step_latency_simple]]) and
+over NVLink ([[nccl.tuner_nvlink_ring_step_latency_simple]]), Simple protocol (bulk
+transfers), a step costs
 
-<details><summary>For experts, safe to skip: The derivation and the two layouts</summary>
+- latency: 3 · units · [(N/g − 1) · α_net + (N − N/g) · α_NVLink],
+- bytes: 3 (N−1)/N · Ψb / (m · B) (a ring's bandwidth is channels × one channel's, and on
+  multi-NIC nodes the channels leave through different NICs),
+
+and the crossing is the first N at which the first exceeds the second.
 
 - **One GPU (one NIC) per node, rings forced (Ring only, set with [[nccl.algo_env]]):**
-  the crossing comes at about **{cross['one']} ranks**. Unforced, NCCL allows PAT (Parallel
-  Aggregated Trees) in this layout ([[nccl.pat_one_gpu_per_node]]), and its tuner may give it
-  the all-gathers, charging [[nccl.tuner_pat_latency]] instead of a ring step per rank.
+  at about **{cross['one']} ranks**; at 64 ranks, {wire_s(64, 1):.2f} s of bytes and
+  {rounds_s(64, 1) * 1e3:.0f} ms of latency per step through one
+  [[nvidia.connectx7_rate_bytes]] NIC. Unforced, NCCL allows PAT (Parallel Aggregated Trees)
+  in this layout ([[nccl.pat_one_gpu_per_node]]), charging [[nccl.tuner_pat_latency]] instead
+  of a ring step per rank.
 - **Nodes of [[nvidia.hgx_h100_gpus]] and [[nvidia.dgx_h100_compute_nics]]:** at about
   **{cross['node']} ranks** (Intel or Arm hosts), {cross['one'] / cross['node']:.1f}× fewer.
   The {node_nics} NICs cut the bytes term {node_nics}×, but the average ring step only
-  {step_gain:.1f}×, as {node - 1} of every {node} steps stay inside the node, over NVLink.
+  {step_gain:.1f}×, as {node - 1} of every {node} steps stay inside the node, over NVLink
+  ([[nccl.tuner_ring_inter_steps]] for an all-reduce). A GPU's ring bytes move at the node's
+  {node_nics} NICs together, {nic_bw * node_nics / 1e9:.0f} GB/s
+  ([[nccl.busbw_grows_with_node_nics]]), at line rate: NCCL reaches less, which moves both
+  crossings to more ranks. NVLink is not the limit: the rings carry {node - 1}/{node} of that
+  there, {nic_bw * node_nics * (node - 1) / node / 1e9:.0f} GB/s, below the
+  [[nccl.h100_ring_busbw]] NCCL reaches inside a node.
+  At 64 ranks, {wire_s(64, node_nics):.2f} s of bytes and {rounds_s(64, node) * 1e3:.0f} ms of
+  latency per step.
 
-NCCL's tuner charges a ring step (one latency round) between nodes at least
-[[nccl.tuner_net_ring_step_latency_simple]] (plus twice the latency a network plugin reports,
-0 for NCCL's built-in InfiniBand and socket transports), one over NVLink at least
-[[nccl.tuner_nvlink_ring_step_latency_simple]], for the Simple protocol, NCCL's
-bulk-transfer protocol, which large collectives use. Its ring bandwidth is the number of
-channels (parallel rings) times one channel's bandwidth (`busBw = nChannels * bw` in
-`src/graph/tuning.cc`), and on multi-NIC nodes the channels leave through different NICs.
-For N ranks in nodes of g GPUs with m NICs of B bytes/s each, and α_net, α_NVLink the two
-step latencies above, a step costs
+<details><summary>Smaller corrections, and DDP's rounds</summary>
 
-- latency: 3 · units · [(N/g − 1) · α_net + (N − N/g) · α_NVLink],
-- bytes: 3 (N−1)/N · Ψb / (m · B),
-
-and the crossing is the first N at which the first exceeds the second. The two layouts:
-
-- **One GPU per node:** every ring step crosses the network and every byte goes through the
-  GPU's one [[nvidia.connectx7_rate_bytes]] NIC: at 64 ranks, {wire_s(64, 1):.2f} s of bytes
-  and {rounds_s(64, 1) * 1e3:.0f} ms of latency per step.
-- **Nodes of {node} GPUs:** only nodes−1 of an all-gather's ranks−1 steps cross the network
-  ([[nccl.tuner_ring_inter_steps]] for an all-reduce), and a GPU's ring bytes move at the
-  node's {node_nics} NICs together, {nic_bw * node_nics / 1e9:.0f} GB/s
-  ([[nccl.busbw_grows_with_node_nics]]), if at least {node_nics} channels spread over them.
-  That is line rate: NCCL reaches less, as it does inside a node, which lengthens the
-  bytes term and moves both crossings to more ranks. NVLink is not the limit: the same rings carry
-  {node - 1}/{node} of it there, {nic_bw * node_nics * (node - 1) / node / 1e9:.0f} GB/s, below
-  the [[nccl.h100_ring_busbw]] NCCL reaches inside a node. At 64 ranks,
-  {wire_s(64, node_nics):.2f} s of bytes and {rounds_s(64, node) * 1e3:.0f} ms of latency per
-  step.
-
-These are the tuner's *model* constants, not measured latencies. The tuner also charges
-[[nccl.tuner_base_latency]]: {3 * units} calls add {3 * units * base * 1e-3:.1f} ms per step
-whatever N, left out above; it barely moves the crossings.
-
-The crossing model holds the unit fixed as N grows, so each rank's chunk of a ring step
-shrinks (to about {psi * 2 / units / cross['one'] / 1e6:.1f} MB at {cross['one']} ranks); the
-tuner still picks the protocol by a call's total size. On AMD x86 hosts the tuner raises
-every step inside a node of a multi-node ring to [[nccl.tuner_ring_intra_step_amd]] (on Intel
-and Arm hosts it stays below the NVLink step): the 8-GPU crossing comes at about {cross_amd}
-ranks.
-
-DDP pays rounds too: in buckets of [[pytorch.ddp_bucket_cap_mb]] (its default) this model's
-bf16 gradients fill about {buckets}, whose all-reduces take 2 · {buckets} · (N−1) ring steps,
-{2 * buckets / (3 * units):.0f}× FSDP's 3 · {units} · (N−1), if all are rings. Its escape is
-the tree NCCL may give all-reduces (*On a real GPU cluster*). All-gathers and reduce-scatters
-have PAT's log-depth schedule only with one GPU per node (above); on multi-GPU nodes they run
-as rings unless NVLink SHARP or InfiniBand SHARP serves them (NVLS, CollNetDirect).
+- The tuner also charges [[nccl.tuner_base_latency]]: {3 * units} calls add
+  {3 * units * base * 1e-3:.1f} ms per step whatever N; it barely moves the crossings.
+- The unit is held fixed as N grows, so a rank's chunk of a ring step shrinks (to about
+  {psi * 2 / units / cross['one'] / 1e6:.1f} MB at {cross['one']} ranks); the tuner picks the
+  protocol by a call's total size.
+- On AMD x86 hosts the tuner raises every step inside a node of a multi-node ring to
+  [[nccl.tuner_ring_intra_step_amd]]: the 8-GPU crossing comes at about {cross_amd} ranks.
+- DDP pays rounds too: in buckets of [[pytorch.ddp_bucket_cap_mb]] (its default; the first
+  bucket is smaller) this model's bf16 gradients fill about {buckets}, whose all-reduces take
+  2 · {buckets} · (N−1) ring steps, {2 * buckets / (3 * units):.0f}× FSDP's
+  3 · {units} · (N−1), if all are rings. Its escape is the tree NCCL may give all-reduces
+  (above). All-gathers and reduce-scatters have PAT's log-depth schedule only with one GPU per
+  node, and NVLS and CollNetDirect serve them [[nccl.ag_rs_multinode_collnet]].
+</details>
 </details>
 """)
     return cross
@@ -474,31 +495,62 @@ def explain_prefetch(pre: dict) -> bool:
                      busy=beyond_closed_form([(pre["forward_s"], pre["predicted_s"]),
                                               (pre["forward_prefetch_s"],
                                                pre["predicted_prefetch_s"])]))
+    more = excess_wait - excess_pre > 0.05 * saving_pred  # the prefetched excess shrank
     say(f"The forward took **{ms(pre['forward_s'])}** with each layer waiting for its "
         f"all-gather (closed form {ms(pre['predicted_s'])}) and "
         f"**{ms(pre['forward_prefetch_s'])}** with the "
         f"next all-gather prefetched ({ms(pre['predicted_prefetch_s'])}): prefetching saved "
         f"{ms(saving)}, {saving / saving_pred:.0%} of the closed form's {ms(saving_pred)} "
-        f"(fastest of {pre['steps']} steps each, after a warm-up step). Both forwards exceed "
-        f"their closed forms, by "
-        f"{ms(excess_wait)} and {ms(excess_pre)}: {per_layer} per layer that the closed form "
-        f"does not charge (FSDP2's hooks and copies, Gloo, Python: not separated here)"
-        + (f"; prefetching added {ms(excess_pre - excess_wait)} more, perhaps its all-gather's "
-           "work sharing this machine's CPUs (not separated from load)"
-           if excess_pre - excess_wait > 0.1 * saving_pred else "")
-        + ". The compute here is a sleep, which competes for nothing: on a GPU, NCCL's kernels "
-        "take SMs and memory bandwidth from the GEMMs they overlap (self-check 3).")
+        f"(fastest of {pre['steps']} steps each, after a warm-up step)"
+        # a saving above the closed form: the all-gathers issued early also hid part of the
+        # overhead the closed form does not charge
+        + (". It saved more than the closed form because prefetching also hid part of the "
+           "overhead the closed form leaves out (below)" if more else "")
+        + ". Self-check 3 asks what changes on a GPU.")
+    fold("Why the times differ from the closed form",
+         f"Both forwards exceed their closed forms, by {ms(excess_wait)} and {ms(excess_pre)}: "
+         f"{per_layer} per layer that the closed form does not charge (FSDP2's hooks and "
+         f"copies, Gloo, Python: not separated here)"
+         + (f"; prefetching added {ms(excess_pre - excess_wait)} more, perhaps its "
+            "all-gather's work sharing this machine's CPUs (not separated from load)"
+            if excess_pre - excess_wait > 0.1 * saving_pred else "")
+         + (f"; with prefetching the excess fell by {ms(excess_wait - excess_pre)}, which is "
+            "why the saving beat the closed form" if more else "") + ".")
     return shown
 
 
-def show_microbatches_and_layout(psi: float, *, nodes: int, units: int = 32) -> None:
-    """The "Micro-batches and layout" box: gradient accumulation (other frameworks in the
-    details), the NVLink/NIC bandwidth
+def show_microbatches() -> None:
+    """The "Gradient accumulation multiplies FSDP's traffic" box of "On a real GPU cluster":
+    FSDP2's default per micro-batch, how to skip it, and other frameworks in a fold."""
+    facts.show("""
+By default FSDP reduce-scatters every micro-batch's gradients and gathers the parameters again
+for each: k micro-batches per step send k× one micro-batch's bytes (self-check 2). FSDP2 skips
+both until the last micro-batch with [[pytorch.fsdp2_skip_grad_sync]] and
+`set_reshard_after_backward(False)` (with `reshard_after_forward=False`), at the memory of
+unsharded gradients and parameters.
+
+<details><summary>Other frameworks, precision and Megatron's memory</summary>
+
+- **Accumulation elsewhere.** DDP's `no_sync` skips its all-reduce and leaves nothing else to
+  send. FSDP1's [[pytorch.fsdp1_no_sync_memory]]. DeepSpeed reduces gradients
+  [[deepspeed.zero12_reduce_per_microbatch]].
+- **Precision changes the ratio.** FSDP2 sets the reduce-scatter's dtype with
+  [[pytorch.fsdp2_reduce_dtype]] (by default `param_dtype` if set, otherwise the parameters'
+  own dtype); torchtitan's default is [[torchtitan.reduce_fp32]]. With bf16 all-gathers and an
+  fp32 reduce-scatter FSDP sends 2 + 2 + 4 = 8 B per parameter (×(N−1)/N): 2× a DDP that
+  all-reduces bf16 gradients, 1.0× one with [[pytorch.autocast_fp32_params]], whose gradients
+  are fp32.
+- **Memory.** Megatron-LM keeps [[megatron.grad_reduce_fp32]]: model state of
+  2 + 4 + 12 = 18 B per parameter, not 16.
+</details>
+""")
+
+
+def show_hybrid_sharding(psi: float, *, nodes: int, units: int = 32) -> None:
+    """The "Hybrid sharding (HSDP)" box of "On a real GPU cluster": the NVLink/NIC bandwidth
     ratio of an H100 (ledger), HSDP's bytes per rank for the `psi`-parameter bf16 model on
-    `nodes` nodes against plain FSDP's per NIC, the tuner latency of both in `units` units,
-    and FSDP's bytes per parameter with mixed precision."""
-    fsdp_mixed = 2 * 2 + 4  # bytes per parameter: two bf16 all-gathers + an fp32 reduce-scatter
-    vs_ddp_bf16, vs_ddp_fp32 = fsdp_mixed / (2 * 2), fsdp_mixed / (2 * 4)  # DDP bf16 / fp32
+    `nodes` nodes against plain FSDP's per NIC, and the tuner latency of both in `units`
+    units."""
     node = facts.get("nvidia.hgx_h100_gpus").value  # GPUs per node: HSDP's shard group
     nvlink_vs_nic = (facts.get("nvidia.h100_nvlink_bw_per_direction").value
                      / facts.get("nvidia.connectx7_rate_bytes").value)  # both per direction
@@ -524,24 +576,12 @@ def show_microbatches_and_layout(psi: float, *, nodes: int, units: int = 32) -> 
     # a tree all-reduce across the nodes: 2 log2(nodes) network steps instead of 2 (nodes - 1)
     assert 2 * math.log2(nodes) < 2 * (nodes - 1)
     facts.show(f"""
-**Micro-batches.** Accumulating gradients over k micro-batches sends k× FSDP's bytes, unless
-the sync is skipped.
-
-- **Gradient accumulation multiplies FSDP's traffic.** By default FSDP reduce-scatters every
-  micro-batch's gradients and gathers the parameters again for each: k micro-batches per step
-  send k× one micro-batch's bytes (self-check 2). FSDP2 skips both until the last
-  micro-batch with [[pytorch.fsdp2_skip_grad_sync]] and `set_reshard_after_backward(False)`
-  (with `reshard_after_forward=False`), at the memory of unsharded gradients and parameters.
-- **Two bandwidths.** One H100 SXM sends over NVLink at [[nvidia.h100_nvlink_bw_per_direction]]
-  per direction (the often quoted [[nvidia.h100_nvlink_bw|value]] GB/s counts both), through
-  its NIC at [[nvidia.connectx7_rate_bytes]]: {nvlink_vs_nic:.0f}× less.
-
-**Hybrid sharding: shard inside a node, replicate across nodes.** It cuts what crosses the NICs:
-fewer bytes and far fewer network latency steps. Parameters are gathered and
-gradients reduce-scattered inside the node, over NVLink; across nodes each rank only
-all-reduces its 1/{node} shard of the gradients. FSDP2 takes a mesh of nodes × GPUs for it:
-[[pytorch.fsdp2_hsdp]]. For the {psi / 1e9:.0f}B-parameter model in bf16 on {nodes} nodes, by
-the ring model and the tuner's constants of *At real scale*:
+An H100 SXM sends [[nvidia.h100_nvlink_bw_per_direction]] per direction over NVLink, its
+NIC [[nvidia.connectx7_rate_bytes]]: {nvlink_vs_nic:.0f}× less. Hybrid sharding keeps the
+heavy traffic on NVLink: parameters are gathered and gradients reduce-scattered inside the
+node; across nodes each rank only all-reduces its 1/{node} shard of the gradients. FSDP2 takes
+a mesh of nodes × GPUs for it: [[pytorch.fsdp2_hsdp]]. For the {psi / 1e9:.0f}B bf16 model on
+{nodes} nodes (ring model, tuner constants of *At real scale*):
 
 | per rank and step | hybrid | plain FSDP over all {n} GPUs |
 |---|---|---|
@@ -553,57 +593,47 @@ At [[nvidia.connectx7_rate_bytes]] per NIC, hybrid sharding saves {bytes_saved_s
 of NIC time and {lat_saved_s * 1e3:.0f} ms of latency per step: a gain {as_large} the
 bytes', larger still if NCCL runs the all-reduce across the nodes as a tree.
 
-<details><summary>Details: other frameworks, precision and Megatron's memory</summary>
+<details><summary>The bytes of the table</summary>
 
-- **The bytes of the table.** Sharded over the {node} GPUs of a node, a rank sends
-  3 × {node - 1}/{node} · Ψb over NVLink and 2(M−1)/M · Ψb/{node} through its NIC, M nodes.
-  Plain FSDP's ring bytes leave a node through its {c['node_nics']} NICs, as in *At real
-  scale*; {node - 1}/{node} of each rank's ring bytes stay on NVLink.
-- **Accumulation elsewhere.** DDP's `no_sync` skips its all-reduce and leaves nothing else to
-  send. FSDP1's [[pytorch.fsdp1_no_sync_memory]]. DeepSpeed reduces gradients
-  [[deepspeed.zero12_reduce_per_microbatch]].
-- **Precision changes the ratio.** FSDP2 sets the reduce-scatter's dtype with
-  [[pytorch.fsdp2_reduce_dtype]] (by default the compute dtype); torchtitan's default is
-  [[torchtitan.reduce_fp32]]. With bf16 all-gathers and an fp32 reduce-scatter FSDP sends
-  {fsdp_mixed} B per parameter (×(N−1)/N): {vs_ddp_bf16:.0f}× a DDP that all-reduces bf16
-  gradients, {vs_ddp_fp32:.1f}× one with [[pytorch.autocast_fp32_params]], whose gradients
-  are fp32.
-- **Memory.** Megatron-LM keeps [[megatron.grad_reduce_fp32]]: model state of
-  2 + 4 + 12 = 18 B per parameter, not 16.
-
+Sharded over the {node} GPUs of a node, a rank sends 3 × {node - 1}/{node} · Ψb over NVLink
+and 2(M−1)/M · Ψb/{node} through its NIC, M nodes. Plain FSDP's ring bytes leave a node
+through its {c['node_nics']} NICs, as in *At real scale*; {node - 1}/{node} of each rank's
+ring bytes stay on NVLink.
 </details>
 """)
 
 
 def algorithms_and_overlap_text() -> str:
     """The "Algorithms and overlap" box of "On a real GPU cluster": the two NCCL algorithms a
-    reader needs (Ring, and Tree for all-reduce only), the others folded, and FSDP2's prefetch
-    on GPUs; a template for `facts.show`, whose [[...]] placeholders cite the ledger."""
+    reader needs (Ring, and Tree for all-reduce only), the others folded with when FSDP's
+    all-gathers and reduce-scatters avoid rings, and FSDP2's prefetch on GPUs; a template for
+    `facts.show`, whose [[...]] placeholders cite the ledger."""
     return ("""
 **Algorithms and overlap**
 
 - **Algorithms.** NCCL's tuner picks an algorithm per collective and size
-  ([[nccl.tuner_model]]). You need only two of them. **Ring** is the ring of this notebook.
-  **Tree** ([[nccl.double_binary_tree]]) pays about log2(nodes) network steps each way instead
-  of a round per rank, and serves all-reduce only ([[nccl.tree_allreduce_only]]). So DDP's
-  many buckets can pay [[nccl.tuner_tree_log_latency]], not a round per rank, when NCCL's
-  tuner picks Tree. FSDP's all-gathers and reduce-scatters across multi-GPU nodes run as
-  rings, whose latency grows with N as charged here, unless the nodes have NVLink SHARP or
-  InfiniBand SHARP (NVLS, CollNetDirect); PAT's log-depth schedule for them is on by default
-  only with one GPU per node ([[nccl.pat_one_gpu_per_node]]).
+  ([[nccl.tuner_model]]). Two matter here. **Ring** is the ring of this notebook. **Tree**
+  ([[nccl.double_binary_tree]]) pays about log2(nodes) network steps each way instead of a
+  round per rank, but serves all-reduce only ([[nccl.tree_allreduce_only]]). So DDP's
+  buckets can pay [[nccl.tuner_tree_log_latency]] when the tuner picks Tree, while FSDP's
+  all-gathers and reduce-scatters across multi-GPU nodes stay rings by default, their latency
+  growing with N as charged here.
 - **Prefetch.** On GPUs FSDP2 overlaps the next all-gather with the current compute by
-  default, through [[pytorch.fsdp2_implicit_prefetch]]. The all-gather runs on a stream of its
-  own and overlaps only [[pytorch.fsdp_prefetch_cpu_ahead]]: a CPU-bound step loses the
-  overlap. Explicit prefetch (`set_modules_to_forward_prefetch`) issues it earlier, or more
-  units ahead, at the memory of the extra gathered units.
+  default, through [[pytorch.fsdp2_implicit_prefetch]], on a stream of its own; it overlaps
+  only [[pytorch.fsdp_prefetch_cpu_ahead]], so a CPU-bound step loses the overlap. Explicit
+  prefetch (`set_modules_to_forward_prefetch`) issues it earlier, or more units ahead.
 
-<details><summary>NCCL's other algorithms</summary>
+<details><summary>NCCL's other algorithms, and when FSDP's collectives avoid rings</summary>
 
-All of them: [[nccl.algorithms]]. CollNet (CollNetDirect, CollNetChain) reduces inside
-InfiniBand switches ([[nvidia.ib_sharp]]); NVLS and NVLSTree inside the NVSwitches
-([[nvidia.nvswitch_sharp]]); PAT, Parallel Aggregated Trees, runs all-gathers and
-reduce-scatters with [[paper.jeaugey_pat_2025]]. All-gather and reduce-scatter can run as
-[[nccl.ag_rs_algorithms]]: beyond Ring, each needs special hardware or one GPU per node (see
-the sources).
+All of them: [[nccl.algorithms]]. Some use *SHARP*, in-network reduction: the switch itself
+adds the data. CollNet (CollNetDirect, CollNetChain) reduces inside InfiniBand switches
+([[nvidia.ib_sharp]]); NVLS and NVLSTree inside the NVSwitches ([[nvidia.nvswitch_sharp]]);
+PAT, Parallel Aggregated Trees, runs all-gathers and reduce-scatters with
+[[paper.jeaugey_pat_2025]]. All-gather and reduce-scatter can run as
+[[nccl.ag_rs_algorithms]], but not freely: PAT's log-depth schedule for them is on by default
+only with one GPU per node ([[nccl.pat_one_gpu_per_node]]), and NVLS and CollNetDirect
+serve them [[nccl.ag_rs_multinode_collnet]]. So across multi-GPU nodes they avoid rings only
+with InfiniBand SHARP, alone (CollNetDirect) or combined with NVLink SHARP inside the node
+(NVLS).
 </details>
 """)
