@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import textwrap
 from collections import Counter
 from pathlib import Path
 
@@ -14,7 +15,6 @@ from IPython.display import Markdown, display
 
 from clusterlab.quiz.i18n import t
 from clusterlab.quiz.render import to_text
-from clusterlab.quiz.widget import seed_question_text
 
 from . import show
 
@@ -64,40 +64,94 @@ def fold(summary: str, text: str) -> None:
     display(Markdown(fold_markdown(summary, text)))
 
 
+# The parts of each seed question's model answer, by the structure an interviewer listens
+# for (notebook 09, "How an open answer is judged"): (label, number of paragraphs), in order.
+SEED_STRUCTURE = {
+    "seed-nic-latency-jitter": (("mechanism", 3), ("breaks", 3), ("fix_notice", 1),
+                                ("scale", 1)),
+    "seed-gradient-sync": (("mechanism", 1), ("breaks_fix", 4), ("notice", 1)),
+}
+# The key points each 60-second bullet makes, in order (the bank's checklist numbers).
+SEED_BULLET_POINTS = {
+    "seed-nic-latency-jitter": ("1", "4", "5", "6–7"),
+    "seed-gradient-sync": ("1", "2–4", "5–7", "9–10"),
+}
+LABELS = {
+    "mechanism": {"en": "Mechanism", "ru": "Механизм"},
+    "breaks": {"en": "What breaks", "ru": "Что ломается"},
+    "breaks_fix": {"en": "What breaks, and the fix", "ru": "Что ломается и как исправить"},
+    "fix_notice": {"en": "The fix, and how you notice", "ru": "Как исправить и как заметить"},
+    "notice": {"en": "How you notice", "ru": "Как заметить"},
+    "scale": {"en": "What changes at scale", "ru": "Что меняется с масштабом"},
+    "kp": {"en": "KP", "ru": "п."},
+}
+
+
+def structured_answer(qid: str, *, bank, lang: str) -> list[tuple[str, str]]:
+    """A seed question's model answer as blocks under the labels of `SEED_STRUCTURE`, each
+    label over its paragraphs; fails if the bank's paragraphs no longer match the map."""
+    paragraphs = bank.draw(qid, 0).model_answer(lang).split("\n\n")
+    parts = SEED_STRUCTURE[qid]
+    assert sum(n for _, n in parts) == len(paragraphs), (qid, lang, len(paragraphs))
+    blocks, start = [], 0
+    for label, n in parts:
+        blocks.append(("h", LABELS[label][lang]))
+        blocks += [("p", para) for para in paragraphs[start:start + n]]
+        start += n
+    return blocks
+
+
 def seed_parts(qid: str, *, bank, lang: str) -> tuple[str, list[str], str]:
-    """A seed question split for the notebook: the question with its 60-second version (the
-    text before the key points), the model answer's paragraphs, and the key points'
-    checklist without its heading."""
-    text = seed_question_text(qid, lang, bank, full=False)
-    head, _, points = text.partition(t("key_points", lang))
-    answer = bank.draw(qid, 0).model_answer(lang).split("\n\n")
-    return head.rstrip(), answer, points.split("\n", 2)[-1].rstrip()
+    """A seed question split for the notebook: the question with its 60-second version, each
+    bullet tagged with the key points it makes ([KP 4]), the model answer's paragraphs, and
+    the key points' checklist."""
+    from clusterlab.quiz.render import question_blocks
+
+    inst = bank.draw(qid, 0)
+    bullets = inst.answer_60s(lang)
+    tags = SEED_BULLET_POINTS[qid]
+    assert len(bullets) == len(tags), qid
+    blocks = question_blocks(inst, lang, bank)[1:-1] + [("h", t("answer_60s", lang))]
+    blocks += [("li", f"• {b} [{LABELS['kp'][lang]} {tag}]") for b, tag in zip(bullets, tags)]
+    points = to_text([("li", f"{i + 1}. {p}") for i, p in enumerate(inst.checklist(lang))])
+    return to_text(blocks), inst.model_answer(lang).split("\n\n"), points
 
 
 def seed_question(qid: str, *, bank, lang: str) -> None:
-    """A seed question in `lang`: the 60-second version printed, the model answer (about two
-    minutes spoken) and the key points folded."""
-    head, answer, points = seed_parts(qid, bank=bank, lang=lang)
+    """A seed question in `lang`: the 60-second version printed, each bullet tagged with its
+    key points; folded, the model answer (about two minutes spoken) under the labels of the
+    structure an interviewer listens for, and the key points."""
+    head, _, points = seed_parts(qid, bank=bank, lang=lang)
     print(head)
-    fold(f"{t('model_answer', lang)}: about two minutes spoken",
-         to_text([("p", paragraph) for paragraph in answer]))
+    fold(f"{t('model_answer', lang)}: about two minutes spoken, part by part",
+         to_text(structured_answer(qid, bank=bank, lang=lang)))
     fold(f"{t('key_points', lang)}: the checklist of the two-minute answer", points)
 
 
-def show_graded_open_answer(qid: str, weak: str, covered: set[int], *, bank,
+def show_graded_open_answer(qid: str, answer: str, covered: set[int], *, bank,
                             lang: str) -> None:
-    """An open question (draw 0 of `qid`) in `lang`, a `weak` answer to it, and behind a fold
-    the feedback it gets with the key points `covered` (counted from 0) ticked: the self-graded
-    score, the model answer and the key points, + marking those covered ("More" left out)."""
+    """An open question (draw 0 of `qid`) in `lang`, an `answer` to it, and the feedback it
+    gets with the key points `covered` (counted from 0) ticked: the self-graded score, the
+    key points with + on those covered, and whether that passes (`PASS_SCORE` of the key
+    points); the model answer folded."""
+    from clusterlab.quiz.bank import PASS_SCORE
     from clusterlab.quiz.render import feedback_blocks, question_blocks
     from clusterlab.quiz.session import Result
 
     question = bank.draw(qid, 0)
     print(to_text(question_blocks(question, lang, bank)))
-    print(f"\nA weak answer: \"{weak}\"")
-    feedback = feedback_blocks(Result(question, bank.grade(question, covered)), lang, bank)
-    fold("The model answer and the key points; + marks those this answer covers",
-         to_text([b for b in feedback if b[0] != "more"]))  # blocks are (kind, text)
+    print("\n" + textwrap.fill(f"The answer: \"{answer}\"", 100) + "\n")
+    result = Result(question, bank.grade(question, covered))
+    feedback = feedback_blocks(result, lang, bank, model_answer=False)
+    print(to_text(feedback[:-1]))  # the review link last, after the verdict
+    n = len(question.checklist(lang))
+    score = len(covered) / n
+    print(f"{score:.0%} of the key points: {'at or above' if score >= PASS_SCORE else 'below'} "
+          f"the pass mark of {PASS_SCORE:.0%}, so the question "
+          f"{'moves up a box' if score >= PASS_SCORE else 'comes back first'}.")
+    print(to_text(feedback[-1:]))
+    fold(t("model_answer", lang),
+         to_text([("p", para) for para in question.model_answer(lang).split("\n\n")]))
 
 
 def show_mock_transcript(bank, *, lang: str, topics, seed: int, answer_after: tuple,
