@@ -78,11 +78,13 @@ def explain_sweep(st, methods) -> bool:
         print("(borderline: beyond the noise band, but within twice it)")
     off = off_line(st, methods)
     if off:
-        print("Dots off their dashed line by more than their noise band: "
-              + "; ".join(f"{m} at " + ", ".join(f"{q} Mbit/s ({d * 1e3:+.0f} ms)" for q, d in pts)
+        n_off = sum(len(pts) for pts in off.values())
+        print(f"{n_off} of {len(methods) * len(st.rates)} dots sit further from their dashed "
+              "line than their method's noise band: "
+              + "; ".join(f"{m} at {', '.join(str(q) for q, _ in pts)} Mbit/s"
                           for m, pts in off.items())
               + ". This run does not isolate why (one run per rate); the band, set by the "
-              "typical spread, does not cover such points, so a verdict near it is borderline.")
+              "typical spread, does not cover them, so a verdict near it is borderline.")
     with contextlib.redirect_stdout(io.StringIO()) as full:
         print_sweep_table(st, methods)
     show.fold("The same with each method's noise band, the range it allows, and the gain",
