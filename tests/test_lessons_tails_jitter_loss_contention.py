@@ -82,3 +82,14 @@ def test_tail_margin_ci_brackets_the_margin_of_a_clean_run():
     network = 4.0 + rng.uniform(-1.0, 1.0, 200)
     lo, hi = tails.tail_margin_ci({"one_way_ms": network + 0.05, "emulated_ms": network})
     assert 0.5 < lo < hi < 1.0
+
+
+def test_configured_distributions_lead_with_the_pareto_clip(capsys):
+    tails.explain_configured({"uniform": "delay 4ms 1ms",
+                              "normal": "delay 4ms 1ms distribution normal",
+                              "pareto": "delay 4ms 1ms distribution pareto"})
+    main, fold = capsys.readouterr().out.split("\n", 1)
+    assert main.startswith("pareto (configured): draws from 3.33 to 8.00 ms;")
+    assert main.endswith("sit at the clip, so its p99 is the clip")
+    assert "  normal: median 4.00 ms, p99 6.33 ms, mean 4.00 ms" in fold
+    assert "sch_netem.c" in fold  # the uniform default, sourced

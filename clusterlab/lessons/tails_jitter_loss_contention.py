@@ -23,6 +23,28 @@ from clusterlab.lessons import show
 DISTRIBUTIONS = ("uniform", "normal", "pareto")
 
 
+def explain_configured(specs: dict) -> None:
+    """netem's configured distributions (`specs`: name -> netem spec): pareto's range and the
+    share of its draws at the clip on the main path (why its p99 is the clip); each
+    distribution's configured median, p99 and mean, and the source for netem's uniform
+    default, behind a fold."""
+    rows = []
+    for name, spec in specs.items():
+        d = links.configured_delays(spec)
+        rows.append(f"{name:>8}: median {links.configured_quantile(spec, 0.5):.2f} ms, p99 "
+                    f"{links.configured_quantile(spec, 0.99):.2f} ms, mean {d.mean():.2f} ms")
+    draws = links.configured_delays(specs["pareto"])
+    at_clip = np.mean(draws >= draws.max() - 1e-9)
+    print(f"pareto (configured): draws from {draws.min():.2f} to {draws.max():.2f} ms; "
+          f"{at_clip:.2%} sit at the clip, "
+          + ("so its p99 is the clip" if at_clip > 0.01 else "so its p99 lies below the clip"))
+    show.fold("Each distribution as configured; netem's default, with its source",
+              "```text\n" + "\n".join(rows) + "\n```\n\n"
+              + facts.render("Without a table netem draws [[linux.netem_default_uniform]]; its "
+                             "man page says '[[iproute2.netem_manpage_normal]]'."),
+              markdown=True)
+
+
 def slowest_of_p(jit: dict, *, ranks, delay_ms: float = 4.0, jitter_ms: float = 1.0):
     """The slowest of p, resampled from each distribution's measured pings and from the
     network's own draws for them (`links.slowest_of`, 2000 draws, seed 0), with netem's exact
