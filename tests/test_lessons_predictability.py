@@ -133,13 +133,53 @@ def test_levers_sentence_marks_only_unresolved_levers_and_counts_the_buckets():
     text = pm.levers_sentence(mit, gains, pm.factor_at_scale(mit))
     assert text.startswith("**Each lever over the one before it, measured on 4 ranks (30 steps "
                            "each):** overlap ×1.02 (within noise), bigger buckets ×4.00, fewer "
-                           "syncs ×1.60; the unmarked ones *resolved*. *Resolved* means")
+                           "syncs ×1.60; the unmarked ones *resolved* (faster than the one before "
+                           "on at least 97% of step pairs; appendix 2). **Simulated")
     gains["overlap"] = _gain("overlap", 0.2, 0.95)
-    assert "fewer syncs ×1.60, each *resolved*. " in pm.levers_sentence(mit, gains,
-                                                                         pm.factor_at_scale(mit))
+    assert "fewer syncs ×1.60, each *resolved* (faster than the one before on at least 95% of" in (
+        pm.levers_sentence(mit, gains, pm.factor_at_scale(mit)))
     assert "overlap ×1.1, bigger buckets ×5.7, fewer syncs ×2.0" in text
-    assert ("fewer rounds: 8 buckets → 1, where fewer syncs cuts the rounds per sample by 4. The "
-            "order follows from these two choices.") in text
+    assert "fewer rounds: 8 buckets → 1, where fewer syncs cuts the rounds per sample by 4." in text
+    # without the measured rank count, no measured-over-simulated line
+    assert "Measured over simulated" not in text
+
+
+def test_levers_sentence_puts_the_measured_beside_the_simulated_at_the_measured_count():
+    mit = _mit()
+    mit["config"].update(nodes=4, compute_s=0.03)
+    for name, rate, step in (("baseline", 400, 0.08), ("overlap", 500, 0.064),
+                             ("bigger buckets", 800, 0.04), ("fewer syncs", 1000, 0.128)):
+        mit["real"][name].update(samples_per_s_per_rank=rate, step_s=step)
+    gains = {k: _gain(k, 0.2, 1.0) for k in ("overlap", "bigger buckets", "fewer syncs")}
+    text = pm.levers_sentence(mit, gains, pm.factor_at_scale(mit))
+    assert "each *resolved* (faster than the one before on every pair of steps" in text
+    # baseline: 0.03 / 0.08 = 0.375 measured over 0.9 simulated at 4 ranks
+    assert ("Measured over simulated efficiency at 4 ranks: baseline ×0.42, overlap ×0.52, "
+            "bigger buckets ×0.83, fewer syncs ×1.04") in text
+
+
+def test_hierarchy_sentence_tabulates_the_hops_and_folds_nccls_constants_as_a_what_if():
+    mit = _mit()
+    mit["config"].update(hier_nodes=2, hier_ppn=2, hier_intra="delay 50us",
+                         hier_nic="delay 20ms")
+    mit["sim"]["hierarchical"] = [{"nodes": 1024, "efficiency": 0.055}]
+    mit["hierarchical"] = {a: {"emulated_s": e, "comm_s": c, "steps": 12,
+                               "comm_per_step_s": [c - 0.001, c + 0.001]}
+                           for a, e, c in (("ring", 0.0601, 0.0612),
+                                           ("hierarchical", 0.0401, 0.0408))}
+    one = {("delay 50us", "ring"): 0.602, ("delay 50us", "hierarchical"): 0.508,
+           ("delay 1us", "ring"): 0.514, ("delay 1us", "hierarchical"): 0.508}
+    text = pm.hierarchy_sentence(mit, one, pm.factor_at_scale(mit), fast_in="delay 1us")
+    assert text.startswith("**Simulated at 1024 ranks (128 nodes × 8) the hierarchy gains ×1.10 "
+                           "with `delay 50us` inside a node, and almost nothing with `delay 1us`")
+    # 2(R - 1) = 2046 hops: 256 cross the network, 1790 stay inside; the hierarchy's binomial
+    # reduce and broadcast inside a node of 8 take 3 + 3
+    assert "| flat ring | 256 | 1790 | 0.602 s | 0.514 s |" in text
+    assert "| hierarchical | 254 | 6 | 0.508 s | 0.508 s |" in text
+    # NCCL's constants only as a labelled what-if, in a fold, with their sources
+    what_if = text[text.index("<details>"):]
+    assert "If the tuner's constants were hop latencies" in what_if and "Sources" in what_if
+    assert "If the tuner's constants" not in text[:text.index("<details>")]
 
 
 def test_measured_efficiency_is_compute_over_step_per_sample_like_the_simulator():

@@ -104,12 +104,14 @@ def predictability_sentence(pred: dict, *, calm_nic: str, rough_nic: str) -> str
            f"{ms(rough['ci']['p90'][1] - calm['ci']['p90'][2])} and the median's at most "
            f"{ms(rough['ci']['p50'][2] - calm['ci']['p50'][1])}, and these ranges of the two "
            "shifts overlap (appendix).")
-        + f"\n\nSimulated ({sim_r[4]['steps']} steps per point): p99 / p50 = "
+        + f"\n\nSimulated ({sim_r[4]['steps']} steps per point, in this model: independent "
+        f"per-message jitter): p99 / p50 = "
         f"{q(sim_r[4], 'p99') / q(sim_r[4], 'p50'):.2f} on 4 nodes and "
         f"{q(sim_r[big], 'p99') / q(sim_r[big], 'p50'):.2f} on {big}, while p99 − p50 grew from "
         f"{ms(q(sim_r[4], 'p99') - q(sim_r[4], 'p50'))} to "
         f"{ms(q(sim_r[big], 'p99') - q(sim_r[big], 'p50'))}: relatively less spread, absolutely "
-        "more.")
+        "more. Rare, long events shared by many ranks would not average out like this "
+        "(*On a real GPU cluster*).")
 
 
 def explain_predictability(pred: dict, *, calm_nic: str, rough_nic: str) -> None:
@@ -219,33 +221,46 @@ def verdict(g: dict) -> str:
 
 def levers_sentence(mit: dict, gains: dict, factor: dict) -> str:
     """Each lever's measured gain over the one before it (with its verdict when not resolved)
-    and its simulated factor at 1024 ranks, then why bigger buckets lead there."""
+    and its simulated factor at 1024 ranks, each configuration's measured over simulated
+    efficiency at the measured rank count, then why bigger buckets lead at scale."""
     order = list(mit["real"])
     k_acc = mit["config"]["accumulate"]
     sim_buckets = mit["config"]["sim_buckets"]          # the measured DDP buckets, simulated as is
     n_small, n_big = len(sim_buckets["overlap"]), len(sim_buckets["bigger buckets"])
     n_a, _ = gains["overlap"]["steps"]
     marked = [k for k in order[1:] if not gains[k]["resolved"]]
+    resolved = [gains[k]["beats"] for k in order[1:] if gains[k]["resolved"]]
+    nodes = mit["config"].get("nodes")
+    ratio = measured_over_simulated(mit) if nodes is not None else {}
     return (f"**Each lever over the one before it, measured on 4 ranks ({n_a} steps each):** "
             + ", ".join(f"{k} ×{1 + gains[k]['gain']:.2f}"
                         + ("" if gains[k]["resolved"] else f" ({verdict(gains[k])})")
                         for k in order[1:])
-            + (", each *resolved*. " if not marked else "; the unmarked ones *resolved*. ")
-            + "*Resolved* means: pick one step from each configuration, and the new one is "
-            "faster in at least 90 % of such pairs; the configurations ran one after another, "
-            "so a drift in the machine's load could still fool it (appendix). "
-            + "**Simulated at 1024 ranks:** "
+            + ((", each *resolved*" if not marked else "; the unmarked ones *resolved*")
+               + (" (faster than the one before on every pair of steps; appendix 2)"
+                  if min(resolved) >= 1 else f" (faster than the one before on at least "
+                  f"{min(resolved):.0%} of step pairs; appendix 2)") if resolved else "")
+            + ". **Simulated at 1024 ranks:** "
             + ", ".join(f"{k} ×{factor[k]:.1f}" for k in order[1:])
             + " (for fewer syncs, samples per second at a ×" + f"{k_acc} global batch, not time "
-            "to train: see 04c)"
-            + f".\n\nBigger buckets lead at scale because they *are* fewer rounds: {n_small} "
-            f"buckets → {n_big}, where fewer syncs cuts the rounds per sample by {k_acc}. The "
-            f"order follows from these two choices. At `{mit['config']['nic']}` per hop the "
-            "exchange takes seconds, which overlap cannot hide behind this toy MLP's tens of "
-            "milliseconds of backward. On a real fabric (µs hops) it would take milliseconds, "
-            "so there the ranking also depends on the backward's length, and on the bytes: "
-            "once the exchange is bandwidth-bound, bigger buckets gain little and give up "
-            "overlap (notebook 03 measures that trade on a bandwidth-bound network).")
+            "to train: see 04c)."
+            + (f" Measured over simulated efficiency at {nodes} ranks: "
+               + ", ".join(f"{k} ×{ratio[k]:.2f}" for k in order)
+               + " (the measured steps also pay this host's optimizer step)." if ratio else "")
+            + f"\n\nBigger buckets lead at scale because they *are* fewer rounds: {n_small} "
+            f"buckets → {n_big}, where fewer syncs cuts the rounds per sample by {k_acc}. On a "
+            f"real fabric (µs hops, not `{mit['config']['nic']}`) the exchange takes "
+            "milliseconds, not seconds, so there the ranking also depends on the backward's "
+            "length and on the bytes: once the exchange is bandwidth-bound, bigger buckets gain "
+            "little and give up overlap (notebook 03 measures that trade).")
+
+
+def measured_over_simulated(mit: dict) -> dict:
+    """Each configuration's measured scaling efficiency (`measured_efficiency`) over the
+    simulated one at the measured rank count."""
+    nodes = mit["config"]["nodes"]
+    sim = {k: {r["nodes"]: r["efficiency"] for r in rows} for k, rows in mit["sim"].items()}
+    return {k: e / sim[k][nodes] for k, e in measured_efficiency(mit).items()}
 
 
 def explain_levers(mit: dict, gains: dict, factor: dict) -> None:
@@ -329,58 +344,69 @@ def one_allreduce_each(mit: dict, *, fast_in: str) -> dict:
             for a in ("ring", "hierarchical")}
 
 
+def hierarchy_intra_hops(p: int) -> int:
+    """Hops inside a node on the hierarchy's longest chain with `p` ranks per node: a
+    binomial reduce to the leader and a binomial broadcast back, ceil(log2 p) rounds each."""
+    return 2 * (p - 1).bit_length() if p > 1 else 0
+
+
 def hierarchy_sentence(mit: dict, one: dict, factor: dict, *, fast_in: str) -> str:
-    """The replay's and Gloo's flat and hierarchical all-reduce on the small cluster, the
-    simulated gain at the largest rank count, and one all-reduce there with the course's
-    intra-node link and with `fast_in`."""
+    """The simulated gain at the largest rank count; a table of one all-reduce there, flat and
+    hierarchical (network hops and hops inside nodes on the longest chain, the time with the
+    course's intra-node link and with `fast_in`); the latency ratio's estimate against the
+    replay; the replay's and Gloo's flat and hierarchical all-reduce on the small cluster;
+    then, folded and rendered with its sources, what NCCL's tuner constants would say if they
+    were hop latencies (they are not)."""
     hier, sim = mit["hierarchical"], mit["sim"]
     hn, hp = mit["config"]["hier_nodes"], mit["config"]["hier_ppn"]
     slow_in = mit["config"]["hier_intra"]
     ranks = max(r["nodes"] for r in sim["hierarchical"])
+    nodes = ranks // 8
     lat = jitter_at_scale.delay_stats(mit["config"]["hier_nic"])["configured_s"]
     ring_lat, hier_lat = network_latencies(hn, hp)
-    _, flat_net, hier_net = net_hops(ranks // 8, 8)
+    _, flat_net, hier_net = net_hops(nodes, 8)
     per = {a: np.asarray(hier[a]["comm_per_step_s"]) for a in ("ring", "hierarchical")}
     est = latency_ratio_gain(mit, fast_in=fast_in)
-    t_in = jitter_at_scale.delay_stats(slow_in)["configured_s"]
-    t_net = jitter_at_scale.delay_stats(mit["config"]["nic"])["configured_s"]
-    nccl_ratio = (facts.get("nccl.tuner_net_ring_step_latency_simple").value
-                  / facts.get("nccl.tuner_nvlink_ring_step_latency_simple").value)
-    return (
-        f"**Simulated at {ranks} ranks the hierarchy gains ×{factor['hierarchical']:.2f}"
-        + (", little" if factor["hierarchical"] < 1.5 else "")
-        + f": what it saves is the flat ring's hops inside the nodes, {ms(t_in, digits=2)} "
-        f"each against {ms(t_net)} per network hop. The ratio of those latencies decides.** "
-        f"Here a hop inside a node is {t_net / t_in:.0f}× faster than a network hop; in NCCL's "
-        f"cost model only about {nccl_ratio:.0f}× (NVLink against network, Simple), so there a "
-        f"hierarchy, or NCCL's Tree, matters far more (fold below)."
-        f"\n\nOn {hn} × {hp} the replay takes {ms(hier['ring']['emulated_s'])} flat against "
-        f"{ms(hier['hierarchical']['emulated_s'])} hierarchical ({ring_lat:.0f} against "
-        f"{hier_lat} network latencies of {ms(lat)}); through Gloo and this host, "
-        f"{ms(hier['ring']['comm_s'])} and {ms(hier['hierarchical']['comm_s'])} (means of "
-        f"{hier['ring']['steps']} steps each, ranging {ms(per['ring'].min())} to "
-        f"{ms(per['ring'].max())} and {ms(per['hierarchical'].min())} to "
-        f"{ms(per['hierarchical'].max())}). At {ranks} ranks the flat ring's longest chain "
-        f"crosses the network {flat_net} times, the hierarchy's {hier_net}: nearly the same."
-        "\n\n<details><summary>A faster link inside the node, and NCCL's constants</summary>"
-        f"\n\n**With a fast link inside the node (`{fast_in}`, far faster than the network; this "
-        "replay models latency only) the gain nearly vanishes:** "
-        f"one all-reduce at {ranks} ranks takes {one[fast_in, 'ring']:.3f} s flat against "
-        f"{one[fast_in, 'hierarchical']:.3f} s hierarchical ({one[slow_in, 'ring']:.3f} s against "
-        f"{one[slow_in, 'hierarchical']:.3f} s at `{slow_in}`).\n\n**What decides is the "
-        "intra-node latency against the network's, not whether the link is fast:** per network "
-        "hop the flat ring pays p − 1 hops inside a node (p = 8 ranks per node), so a hierarchy "
-        f"saves about (p − 1)·t_intra / t_net times the network latency it keeps: "
-        f"{est[slow_in]:.3f} at "
-        f"`{slow_in}` (replayed: {one[slow_in, 'ring'] / one[slow_in, 'hierarchical'] - 1:.3f}),"
-        f" {est[fast_in]:.4f} at `{fast_in}`, but {est['nccl']:.1f} or more with NCCL's tuner "
-        "constants for an NVLink step and a generic network step (appendix 3): by these "
-        "constants, a hierarchy would save most of a large flat ring's latency on a "
-        "latency-bound all-reduce. NCCL's Tree is already such a hierarchy (a chain inside each "
-        "node, a tree across nodes), and at latency-bound sizes its tuner may pick it over the "
-        "ring. For large messages bytes decide instead, and a leader "
+    vanishes = one[fast_in, "ring"] < 1.05 * one[fast_in, "hierarchical"]
+    what_if = facts.render(
+        "If the tuner's constants were hop latencies, "
+        "[[nccl.tuner_nvlink_ring_step_latency_simple]] per NVLink ring step against "
+        "[[nccl.tuner_net_ring_step_latency_simple]] per network step (Simple), "
+        f"(p − 1)·t_intra / t_net would be {est['nccl']:.1f}, and a hierarchy would save most "
+        "of a large flat ring's latency. They are selection constants: on a multi-node ring the "
+        "tuner charges each intra-node step at least a per-step network overhead, "
+        "[[nccl.tuner_ring_intra_step_amd]] on AMD hosts (appendix 3), a pacing term rather "
+        "than a measured hop. NCCL's own hierarchical algorithms are its Tree, in which "
+        "[[nccl.tree_intra_node_chain]], and [[nccl.nvlstree_two_level]]; its tuner may pick "
+        "them at latency-bound sizes. For large messages bytes decide instead, and a leader "
         "hierarchy sends a node's bytes through one NIC, so it can lose (*On a real GPU "
-        "cluster*).\n</details>")
+        "cluster*).", one_per_source=True)
+    return (
+        f"**Simulated at {ranks} ranks ({nodes} nodes × 8) the hierarchy gains "
+        f"×{factor['hierarchical']:.2f} with `{slow_in}` inside a node"
+        + (f", and almost nothing with `{fast_in}`" if vanishes else "")
+        + ": it skips the flat ring's hops inside the nodes and keeps almost all of its network "
+        "crossings.**\n\n"
+        f"| one all-reduce, {ranks} ranks | network hops | hops inside nodes | `{slow_in}` inside "
+        f"| `{fast_in}` inside |\n|---|---|---|---|---|\n"
+        f"| flat ring | {flat_net} | {2 * (ranks - 1) - flat_net} | {one[slow_in, 'ring']:.3f} s "
+        f"| {one[fast_in, 'ring']:.3f} s |\n"
+        f"| hierarchical | {hier_net} | {hierarchy_intra_hops(8)} "
+        f"| {one[slow_in, 'hierarchical']:.3f} s | {one[fast_in, 'hierarchical']:.3f} s |\n\n"
+        f"(hops on the longest chain, which a synchronous all-reduce waits for: appendix). The "
+        f"latency ratio (p − 1)·t_intra / t_net predicts the saving: {est[slow_in]:.3f} of the "
+        f"network latency at `{slow_in}` (replayed: "
+        f"{one[slow_in, 'ring'] / one[slow_in, 'hierarchical'] - 1:.3f}), {est[fast_in]:.4f} at "
+        f"`{fast_in}`.\n\n"
+        f"Measured on {hn} × {hp} (network `{mit['config']['hier_nic']}`): the replay takes "
+        f"{ms(hier['ring']['emulated_s'])} flat against {ms(hier['hierarchical']['emulated_s'])} "
+        f"hierarchical ({ring_lat:.0f} against {hier_lat} network latencies of {ms(lat)}); "
+        f"through Gloo and this host, {ms(hier['ring']['comm_s'])} and "
+        f"{ms(hier['hierarchical']['comm_s'])} (means of {hier['ring']['steps']} steps each, "
+        f"ranging {ms(per['ring'].min())} to {ms(per['ring'].max())} and "
+        f"{ms(per['hierarchical'].min())} to {ms(per['hierarchical'].max())})."
+        "\n\n<details><summary>In NCCL's cost model: a what-if, and NCCL's own hierarchies"
+        "</summary>\n\n" + what_if + "\n</details>")
 
 
 def latency_ratio_gain(mit: dict, *, fast_in: str) -> dict:
@@ -557,6 +583,9 @@ REAL_CLUSTER = f"""
   [[nvidia.dgx_h100_compute_nics]] for its compute fabric, one per GPU, so on a bandwidth-bound
   all-reduce that scheme loses. NCCL uses every NIC: per its maintainer (NCCL 2.x on NVLink
   nodes with several NICs), its rings run as [[nccl.ring_flows_per_nic]].
+
+<details><summary>More: in-network reduction and busbw, fewer syncs beyond accumulation, what bigger buckets cost</summary>
+
 - **In-network reduction cuts bytes as well as rounds.** With [[nvidia.ib_sharp]] in InfiniBand
   switches or [[nvidia.nvswitch_sharp]] (NVLS) in an NVSwitch, [[nvidia.sharp_sends_once]] and
   receives the sum once, instead of about twice its data each way in a ring (notebook 02c).
@@ -572,6 +601,7 @@ REAL_CLUSTER = f"""
 - **Bigger buckets cost overlap.** They save only per-call latency and launch overhead, never
   bytes; DDP [[pytorch.ddp_buckets_reduced_in_order]] once their gradients are ready, so a
   bigger bucket starts later in backward (notebook 03).
-"""
+</details>
+"""  # noqa: E501
 """What carries over to a real GPU cluster, each constant cited from the ledger: shown with
 `facts.show(REAL_CLUSTER)` in the notebook's "On a real GPU cluster" section."""
