@@ -88,8 +88,7 @@ def test_gamma_here_times_an_add_and_sets_a_gpu_beside_it(capsys):
     from clusterlab import facts
 
     beta_dc = ex.alpha_beta("delay 10us rate 100gbit")[1]
-    template = ar.gamma_here(BETA, beta_dc, nbytes=2**16, repeats=3)
-    out = capsys.readouterr().out
+    out, template = ar.gamma_here(BETA, beta_dc, nbytes=2**16, repeats=3)
     assert out.startswith("gamma on this CPU: one add of 64 KiB of float32 took ")
     assert "x beta at 100 Gbit/s (0.080 ns per byte): " in out
     assert any(k in out for k in ("the same order as beta", "well below beta", "above beta"))
@@ -97,14 +96,25 @@ def test_gamma_here_times_an_add_and_sets_a_gpu_beside_it(capsys):
     assert "3.35 TB/s<sup>[1]</sup>" in text and "gamma is 1.1% of beta" in text
     assert "data in cache: a lower bound" in out
     assert "1.1% of beta at 100 Gbit/s" in text
+    ar.show_gamma(BETA, beta_dc)  # outside a notebook the fold prints its text
+    shown = capsys.readouterr().out
+    assert shown.startswith("**γ** (gamma") and "gamma on this CPU" in shown
+    assert "3.35 TB/s<sup>[1]</sup>" in shown and "**Sources**" in shown
 
 
 def test_nccl_at_scale_keeps_ring_and_tree_only():
     from clusterlab import facts
 
-    text = facts.render(ar.NCCL_AT_SCALE, sources=False)
-    assert "n/2 + n + n/2 = 2n" in text and "nearly the ring's bandwidth" in text
-    assert "PAT" not in text and "CollNet" not in text and "full bandwidth" not in text
+    text = facts.render(ar.nccl_at_scale(25 * 2**20, ex.alpha_beta("delay 10us rate 100gbit")[1]),
+                        sources=False)
+    assert text.lstrip().startswith("Latency is a large share even of NCCL's ring")
+    assert "n/2 + n + n/2 = 2n" in text and "nearly the ring's\nbandwidth" in text
+    # PAT is named only as not an all-reduce algorithm; CollNet and NVLS are 02c's
+    assert "PAT, since 2.23<sup>" in text
+    assert "serves only all-gather and reduce-scatter" in text
+    assert "CollNet" not in text and "full bandwidth" not in text
+    # the arithmetic and the tree's bytes are folded, the constants cited from the ledger
+    assert text.count("<details>") == 2 and "at least 14 µs<sup>" in text
 
 
 def test_cost_table_has_one_line_per_algorithm(capsys):
@@ -116,37 +126,33 @@ def test_cost_table_has_one_line_per_algorithm(capsys):
 
 # --- 02: each algorithm's run -----------------------------------------------------------------
 
-def test_check_names_the_sizes_paid_beyond_the_busy_factor(capsys):
+def test_check_is_one_line_naming_the_busy_sizes(capsys):
     rows = [row("ring", SMALL, 0.0150, 0.0100), row("ring", LARGE, 0.2008, 0.2000)]
     ar.check(rows)
-    first = capsys.readouterr().out.splitlines()[0]  # one line first, the detail folded
-    assert first.startswith("Consistency check: the best runs took 1.00 to 1.50 times")
-    assert first.endswith("busy at 4 KiB (fold below).")
-    out, far = ar.check_detail(rows)
-    assert far == ["4 KiB"] and "4 KiB +5.0 (1.0), 4 MiB +0.8 (1.0) ms" in out
-    assert "1 of 2 extras within the staggered start" in out and "exceed it by 4.0 ms per" in out
-    assert out.startswith("Why the best runs take longer than their formula")
-    assert out.splitlines()[-1].startswith(
-        "At 4 KiB that left-over cost is over 30% of a closed form")
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["Consistency check: best/model 1.00 to 1.50; busy at 4 KiB (appendix)."]
     ar.check([row("ring", SMALL, 0.0120, 0.0100)])
-    assert "busy" not in capsys.readouterr().out
+    assert capsys.readouterr().out == "Consistency check: best/model 1.20 to 1.20.\n"
 
 
-def test_check_puts_an_extra_within_the_staggered_start_down_to_it(capsys):
+def test_extras_table_puts_each_extra_beside_its_staggered_start(capsys):
+    rows = [row("ring", SMALL, 0.0150, 0.0100), row("ring", LARGE, 0.2008, 0.2000)]
+    table, far = ar.extras(rows)
+    assert far == ["4 KiB"]
+    assert [round(b * 1e3, 1) if b is not None else None for *_, b in table] == [4.0, None]
+    ar.explain_extras(rows)
+    out = capsys.readouterr().out
+    assert "1 of 2 extras are within the staggered start; the rest exceed it by 4.0 ms to " in out
+    assert "which this run does not isolate" in out and "most likely" not in out
+    assert out.splitlines()[-1].startswith("At 4 KiB that left-over cost is over 30%")
     # 40 % over the closed form, but all of it is the ranks' staggered start: not busy
-    out, far = ar.check_detail([row("parameter_server", SMALL, 0.0150, 0.0107, spread=0.0050),
-                                row("ring", LARGE, 0.2868, 0.2819, spread=0.0050)])
-    assert far == []
-    assert "4 KiB +4.3 (5.0), 4 MiB +4.9 (5.0) ms" in out
+    ar.explain_extras([row("parameter_server", SMALL, 0.0150, 0.0107, spread=0.0050),
+                       row("ring", LARGE, 0.2868, 0.2819, spread=0.0050)])
+    out = capsys.readouterr().out
     assert "Every extra is within the staggered start" in out and "busy" not in out
     assert ar.beyond_stagger([row("ring", SMALL, 0.0150, 0.0107, spread=0.0050)]) is None
     assert ar.beyond_stagger([row("ring", SMALL, 0.0150, 0.0107)]).startswith(
         "a run over 1.3x the closed form beyond the staggered start: 15.0 ms")
-
-
-def test_check_lists_every_row_of_a_size(capsys):
-    out, _ = ar.check_detail([row("ring", SMALL, 0.011, 0.010), row("tree", SMALL, 0.013, 0.010)])
-    assert "4 KiB +1.0 (1.0) / +3.0 (1.0) ms" in out
 
 
 def test_explain_ring_asserts_the_latencies(capsys):
@@ -221,7 +227,10 @@ def test_parameter_server_sent_the_sum_three_times(capsys):
     big = LARGE * BETA
     ar.explain_parameter_server([row("parameter_server", LARGE, 4.09 * big, 4.06 * big)],
                                 p=4, alpha=ALPHA, beta=BETA)
-    assert f"{4.09:.2f} n*beta (closed form 4.06)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert ("4.09 n*beta: the server's NIC sent the sum 3 times (this emulator's closed form "
+            "4.06") in out
+    assert "the textbook cost, 6.0" in out
     with pytest.raises(AssertionError):  # fewer than 3 n beta: the sum did not go out 3 times
         ar.explain_parameter_server([row("parameter_server", LARGE, 2.9 * big, 2.8 * big)],
                                     p=4, alpha=ALPHA, beta=BETA)
@@ -263,11 +272,14 @@ def test_rank_algorithms_finds_the_leaders_and_the_busy_sizes(capsys):
     assert lead[SMALL] == ["recursive_doubling"] and lead[LARGE] == ["rabenseifner"]
     assert busy_at == []
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("  4 KiB closed form: ") and len(lines) == 6
+    # the measured order per size, ✓ when it is the closed forms'; then (folded) those orders
+    assert lines[0].startswith("  4 KiB: recursive doubling 11.8 < ") and lines[0].endswith("✓")
+    assert all(line.endswith("✓") for line in lines[:3]) and len(lines) == 6
     # the closed-form order uses the parameter server's egress-only form, the one it ran on
     ps = next(r for r in flat_rows() if r["algorithm"] == "parameter_server"
               and r["nbytes"] == LARGE)
-    assert f"parameter server {ps['model'] * 1e3:.1f}" in lines[4] and "textbook" not in lines[4]
+    assert lines[5].startswith("4 MiB: ") and "textbook" not in lines[5]
+    assert f"parameter server {ps['model'] * 1e3:.1f}" in lines[5]
     # given p, alpha and beta: the textbook parameter server's place, 2(alpha + 3 n beta)
     ar.rank_algorithms(flat_rows(), p=4, alpha=ALPHA, beta=BETA)
     last = capsys.readouterr().out.splitlines()[-1]
@@ -278,19 +290,29 @@ def test_rank_algorithms_finds_the_leaders_and_the_busy_sizes(capsys):
     assert capsys.readouterr().out.startswith("At 4 KiB the extra per call beyond the staggered")
 
 
+def test_same_order_lets_ties_go_either_way():
+    rows = [row("ring", SMALL, 0.0100, 0.0095), row("tree", SMALL, 0.01002, 0.0090),
+            row("rabenseifner", SMALL, 0.0200, 0.0190)]
+    assert ar.same_order(rows)  # ring and tree tie at 10.0 ms: either order is fine
+    rows[2]["model"] = 0.0080  # Rabenseifner's closed form now below both: a different order
+    assert not ar.same_order(rows)
+
+
 def test_nccl_ring_latency_is_most_of_a_bucket_at_1024_gpus(capsys):
-    share = ar.nccl_ring_latency(25 * 2**20, ex.alpha_beta("delay 10us rate 100gbit")[1])
+    from clusterlab import facts
+
+    share, lead, detail = ar.nccl_ring_numbers(25 * 2**20,
+                                               ex.alpha_beta("delay 10us rate 100gbit")[1])
     assert 0.6 < share < 0.8  # 254 x 14 us + 1792 x 3.4 us against about 4.2 ms of bytes
-    lead = capsys.readouterr().out.splitlines()[0]  # the message first, the arithmetic folded
     assert lead.startswith("Latency is a large share even of NCCL's ring on 1024 GPUs")
     assert f"at least {int(100 * share)}% of this 25 MiB" in lead and "LL128" not in lead
-    _, _, out = ar.nccl_ring_numbers(25 * 2**20, ex.alpha_beta("delay 10us rate 100gbit")[1])
-    assert "of the ring's 2 x 1023 = 2046 steps,\n2 x 127 = 254 cross the network" in out
+    out = facts.render(detail, sources=False)
+    assert "Of the ring's 2 x 1023 = 2046 steps, 2 x 127 = 254 cross the network" in out
+    assert "as network steps), each at least 14 µs<sup>" in out
     assert "the other 1792 stay inside a node" in out
-    assert f"at least {int(100 * share)}%\nof the ring's time" in out  # a bound, rounded down
+    assert f"at least {int(100 * share)}% of the ring's time" in out  # a bound, rounded down
     assert "if NCCL runs Simple" in out  # the bound holds for Simple's constants only
-    assert "if NCCL runs LL128\ninstead (at least 4 us per network step, 1.9 us per NVLink" in out
-    assert "about 50% of the time at 100 Gbit/s" in out  # 254 x 4 + 1792 x 1.9 us vs 4.2/0.9375 ms
+    assert "**channels** (parallel slices of the collective" in out and "LL128" not in out
 
 
 def test_rank_algorithms_ties_within_the_fastests_noise(capsys):
@@ -383,6 +405,19 @@ def test_two_paths_agree_within_a_step(verdicts, capsys):
 
 # --- 02b --------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("intra", [ex.INTRA, ex.NIC])
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+def test_flat_closed_form_on_2x2_is_the_layouts_replay(algorithm, intra):
+    # 02b's `model` for the flat algorithms is their closed form on the layout that ran, not
+    # the 4 x 1 formula (which the measured runs beat on 2 x 2): it matches the emulator's
+    # own schedule, so the emulator is never early against it.
+    for n in (SMALL, LARGE):
+        model = ex.predict(algorithm, n, 2, 2, ex.NIC, intra)
+        assert ex.replay(algorithm, n, 2, 2, ex.NIC, intra) == pytest.approx(model, rel=0.01)
+    assert ex.predict("ring", LARGE, 2, 2, ex.NIC, ex.NIC) == pytest.approx(
+        models.allreduce_time("ring", 4, LARGE, ALPHA, BETA))  # slow intra: the 4 x 1 chain
+
+
 def test_hierarchy_order_only_past_the_staggered_start():
     def pair(hl_median, spread):
         return (row("hierarchical", LARGE, 0.240, 0.200, median=hl_median, spread=spread),
@@ -390,7 +425,14 @@ def test_hierarchy_order_only_past_the_staggered_start():
 
     sentence = hb.hierarchy_order(*pair(0.240, 0.001))  # 10 ms and 8 ms apart, 1 ms stagger
     assert sentence == ("Rails beat leader-based at 4 MiB by 10.0 ms (medians: 8.0 ms), more "
-                        "than the ranks' staggered start (1.0 ms).")
+                        "than the ranks' staggered start (1.0 ms).\nTheir replays differ by "
+                        "2.0 ms: the order is the model's; the other 8.0 ms of the gap (80%) is "
+                        "a cost the replay leaves out.")
+    hl, hr = pair(0.240, 0.001)
+    assert hb.hierarchy_order(dict(hl, replay=0.215), hr).endswith(
+        "Their replays differ by 17.0 ms: the model's order and gap.")
+    assert hb.hierarchy_order(dict(hl, replay=0.170), hr).endswith(
+        "the order is this machine's, not the model's.")
     assert "the medians differ by less than the ranks' staggered start (5.0 ms)" in (
         hb.hierarchy_order(*pair(0.234, 0.005)))  # medians 2 ms apart
     assert hb.hierarchy_order(*pair(0.228, 0.001)).endswith(
@@ -413,10 +455,14 @@ def test_explain_hierarchy_verdict_and_the_4_kib_order(verdicts, capsys):
     hb.explain_hierarchy(hier_rows(), alpha=ALPHA, beta=BETA)
     assert verdicts[-1][0] is True
     out = capsys.readouterr().out
-    assert "Rails beat leader-based at 4 MiB by 2.0 ms" in out
+    assert "Rails beat leader-based at 4 MiB by 2.0 ms" in out and "4 KiB" not in out
+    hb.explain_small_hierarchy(hier_rows())
+    out = capsys.readouterr().out
     assert "Both hierarchies beat the flat ring by more than the staggered start (1.0 ms)" in out
+    assert out.rstrip().endswith("flat ring 16.0 ms.")  # the replays, no pointer to itself
     hb.explain_hierarchy(hier_rows(hl_large=0.300, small_hier=0.030), alpha=ALPHA, beta=BETA)
     assert verdicts[-1][0] is False  # the leader-based scheme was slower than the flat ring
+    hb.explain_small_hierarchy(hier_rows(hl_large=0.300, small_hier=0.030))
     assert "The flat ring beat rails by more than the staggered start" in capsys.readouterr().out
 
 
@@ -439,10 +485,12 @@ def test_4_kib_order_uses_the_staggered_start_per_scheme():
 def test_explain_replay_splits_each_gap_by_the_entry_spread(capsys):
     hb.explain_replay(hier_rows(), alpha=ALPHA, beta=BETA)
     out = capsys.readouterr().out
-    assert out.startswith("Flat ring on 2 x 2, measured/model 0.92x at 4 MiB")
+    assert out.startswith("Flat ring on 2 x 2: closed form 282.0 ms at 4 MiB and 30.0 ms at 4 KiB, "
+                          "below the 4 x 1 formula's")
     assert "\n4 KiB  9.0 (1.0)      9.0 (1.0)      6.0 (1.0)      5.0 (1.0)\n" in out
     assert "minus the spread, 2.1 ms to 14.0 ms here, is a cost the replay leaves out" in out
-    assert "this run does not isolate it. The largest, rails at 4 MiB, could as well be" in out
+    assert "this run does not isolate it.\nThe largest, rails at 4 MiB, may be" in out
+    assert "most likely" not in out
     assert "- Rails at 4 MiB: replay 173.0 ms, closed form 178.0 ms minus one alpha" in out
     assert out.rstrip().endswith("Its best run, 15.0 ms, beat both of theirs by more than the "
                                  "staggered start.")
@@ -475,7 +523,8 @@ def test_explain_layouts_four_verdicts(verdicts, capsys):
     assert "2 x 2: recursive doubling took 1.81x the faster hierarchical scheme" in out
     assert "(340.0 ms on 2 x 2, against 351.4 ms on 4 x 1).\n" in out
     assert out.count("✓") == 4 and "Shown on this run: ✓ ring 1 x 4 < 4 x 1" in out
-    assert "4.0x its closed form" in out and "only the direction shows" in out
+    assert "4.0x its closed form" in out and "the row shows only the direction" in out
+    assert "(median 40.0 ms, 5 runs)" in out and "most likely" not in out
     four, one_node, slow = layout_rows(one_node_ring=0.014)  # under 1.5x: the ratio shows
     hb.explain_layouts(four=four, one_node=one_node, hier=hier_rows(), slow_intra=slow, beta=BETA)
     assert "(20.5x; closed forms 28x)." in capsys.readouterr().out
@@ -544,10 +593,13 @@ def test_gpu_cluster_template_names_this_runs_ratio():
 
     text = hb.gpu_cluster_template(intra_over_nic=50)
     assert "the intra-node link was 50x the NIC" in text
-    assert "it would take the longer phase alone,\n  0.83x the flat" in text  # overlapped
-    assert "a hierarchy whose phases run one\n  after another is *slower*: 1.36x" in text
-    assert "the network there, set [[nccl.busbw_ring_for_network]]" in text
-    assert "(p = 16) a hierarchy whose phases run one after another takes 1.36x" in text
+    # the plain rule leads; the numbers are in the fold
+    assert text.lstrip().startswith("- **A DGX H100 node**: with a NIC per GPU")
+    body, fold = text.split("<details>")
+    assert "1.36x" not in body and "0.83x the flat ring's time: faster" in fold
+    assert "(p = 16) a hierarchy whose phases run one after another takes 1.36x" in fold
+    assert "Let r be the intra-node link's\nspeed over the NIC's (about 9" in fold
+    assert "self-check 2" in body and "busbw_ring_for_network" not in text  # 02c's
     facts.render(text, one_per_source=True)  # every fact it names is in the ledger
 
 
@@ -570,24 +622,27 @@ def test_medians_close_and_cannot_order():
 
 def test_explain_switch_by_the_best_only_when_the_medians_are_close(verdicts, capsys):
     switch, ring = switch_pair(0.200, 0.290, 0.285, 0.295)
-    inr.explain_switch(switch, ring, link=1 / BETA)
+    inr.explain_switch(switch, ring)
     assert verdicts == []  # no conclusion: by the median this run cannot tell
     assert "so by the median this run cannot tell" in capsys.readouterr().out
     switch, ring = switch_pair(0.195, 0.200, 0.285, 0.290)
-    inr.explain_switch(switch, ring, link=1 / BETA)
+    inr.explain_switch(switch, ring)
     assert verdicts[-1][0] is True
     out = capsys.readouterr().out
-    assert "By 1.46x (best) and 1.45x (median); closed forms 1.49x" in out
+    assert "By 1.46x (best; closed forms 1.49x: a consistency check" in out
     assert "was faster than the ring's best, 285.0 ms: the runs do not overlap." in out
-    # busbw worked out from the best, in the link rate's units
+    # busbw worked out from the best, in the link rate's units, in a cell of its own
+    inr.explain_switch_busbw(switch, link=1 / BETA)
+    out = capsys.readouterr().out
     assert "= 1.5 x 4.19 MB (4 MiB) / 0.1950 s = 32.3 MB/s" in out
     assert "above the link, because the factor assumes 1.5 n per NIC" in out
 
 
 def test_explain_switch_verdict_fails_when_the_ring_wins(verdicts, capsys):
     switch, ring = switch_pair(0.300, 0.310, 0.285, 0.290)
-    inr.explain_switch(switch, ring, link=1 / BETA)
+    inr.explain_switch(switch, ring)
     assert verdicts[-1][0] is False
+    inr.explain_switch_busbw(switch, link=1 / BETA)
     assert "above the link" not in capsys.readouterr().out  # 1.5 n / 310 ms is below it
 
 
@@ -596,10 +651,11 @@ def test_shortfall_points_to_the_4_kib_rows(capsys):
     switch.append(row("in_network", SMALL, 0.0165, 0.0103))
     ring.append(row("ring", SMALL, 0.0327, 0.0302))
     inr.shortfall(switch, ring)
-    out = capsys.readouterr().out
-    assert out.startswith("The speed-up, 1.41x, fell short of the closed forms' 1.49x.")
-    assert "inferred, not isolated by this run" in out
-    assert "best/model was 1.60 for the switch against 1.08 for the ring: consistent" in out
+    out = capsys.readouterr().out  # outside a notebook the fold prints its text
+    assert out.startswith("The speed-up by the best, 1.41x, is the consistency check: it fell "
+                          "short of the closed forms' 1.49x. By the median it was 1.40x")
+    assert "this run does not isolate" in out and "likely" not in out
+    assert "best/model was 1.60 for the switch against 1.08 for the ring." in out
     inr.shortfall(*switch_pair(0.180, 0.190, 0.287, 0.288))  # no shortfall: nothing to say
     assert capsys.readouterr().out == ""
 
@@ -612,6 +668,26 @@ def test_nvls_template_leads_with_the_message_and_folds_the_bytes():
     assert "1.75 n" in text and "1.125 n" in text and "1.56x the ring's busbw" in text
     assert "runs below what the bytes alone predict" in text
     assert text.index("<details>") > text.index("force the ring to measure the link")
+
+
+def test_switch_latency_in_ring_steps_by_the_tuner():
+    from clusterlab import facts
+
+    text = facts.render(inr.switch_latency_template(), sources=False)
+    assert "18 µs<sup>[1]</sup> (NVLS) to 31 µs<sup>[2]</sup> (CollNetDirect)" in text
+    assert "about 1.3 to 2.2 ring steps" in text  # 18 / 14 and 31 / 14
+
+
+def test_timelines_end_at_the_closed_forms():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ax = inr.plot_timelines(LARGE, ALPHA, BETA)
+    texts = [t.get_text() for t in ax.texts]
+    assert "ring: 282 ms" in texts and "switch: 188 ms" in texts
+    plt.close("all")
 
 
 def test_switch_pays_from_the_first_p_where_the_ring_is_slower():

@@ -18,7 +18,7 @@ from clusterlab import facts, models
 from clusterlab.experiments import allreduce_and_topology as ex
 from clusterlab.experiments.common import BUSY_FACTOR, conclude
 from clusterlab.lessons.hierarchy_busbw_and_nccl import stagger_order
-from clusterlab.lessons.show import ms, say
+from clusterlab.lessons.show import details, fold, ms
 from clusterlab.wire import HEADER_BYTES, SEGMENT_BYTES
 
 SMALL, MEDIUM, LARGE = ex.SIZES
@@ -27,32 +27,6 @@ SMALL, MEDIUM, LARGE = ex.SIZES
 COST_TABLE_ROWS = [("ring", "ring"), ("recursive doubling", "recursive_doubling"),
                    ("Rabenseifner", "rabenseifner"), ("binomial tree", "tree"),
                    ("parameter server (textbook)", "parameter_server")]
-
-# The ledger template of "On a real GPU cluster" (rendered with `facts.show`): NCCL's share of
-# the latencies, what NCCL runs, and parameter servers at scale.
-NCCL_AT_SCALE = """
-The step latencies in the fold are constants of NCCL's tuner (its cost model for picking an
-algorithm per call), not measurements: at least [[nccl.tuner_net_ring_step_latency_simple]]
-per network step, [[nccl.tuner_ring_inter_steps]], and at least
-[[nccl.tuner_nvlink_ring_step_latency_simple]] per NVLink step with Simple (the fold's
-LL128 variant: [[nccl.tuner_net_ring_step_latency_ll128]] and
-[[nccl.tuner_nvlink_ring_step_latency_ll128]], lines [[nccl.proto_ll128_efficiency]] data).
-DDP's first bucket is smaller,
-[[pytorch.ddp_first_bucket]], so its share is larger.
-
-**So NCCL adds a tree**, the [[nccl.double_binary_tree]] (since NCCL [[nccl.tree_since]],
-after the [[paper.sanders_two_tree]]): two pipelined binary trees over the nodes, each
-carrying half the data, with a latency logarithmic in the nodes. A node is interior in one
-tree and a leaf in the other. In the first it sends n/2 up to its parent and n/2 down to
-each of its two children; in the second it sends n/2 up. In all n/2 + n + n/2 = 2n: about
-the ring's 2((p-1)/p) n, so nearly the ring's bandwidth. No recursive doubling, Rabenseifner or
-parameter server. NCCL's other algorithms, how it picks one per call and how to log the
-choice: [02c](02c_in_network_reduction_and_nccl.ipynb).
-
-**Parameter servers at scale.** A [[paper.li_parameter_server]] scales where a single server
-does not; [[paper.byteps]] adds spare CPU machines as summation servers.
-"""
-
 
 # --- the network and the cost model -------------------------------------------------------
 
@@ -151,24 +125,19 @@ def nccl_ring_numbers(nbytes: int, beta: float, *, gpus: int = 1024) -> tuple[fl
     GPU's link of `beta` (the most a GPU's NIC can carry; NCCL's channels spread it over the
     node's NICs, which only raises the share), and the share with the NIC per GPU of the DGX
     H100 nodes these node sizes describe. The shares are lower bounds, so they are printed
-    rounded down, and hold only for Simple; then the same with LL128's constants and its
-    bytes' data share (about, not at least: LL128 may not reach the NIC's rate). Returns the
-    Simple share at `beta`, a one-line summary and the worked arithmetic."""
+    rounded down, and hold only for Simple. Returns the Simple share at `beta`, a one-line
+    summary and the worked arithmetic as a ledger template (its constants cited)."""
     per_node = facts.get("nvidia.hgx_h100_gpus").value
     net = facts.get("nccl.tuner_net_ring_step_latency_simple").value * 1e-6
     nvlink = facts.get("nccl.tuner_nvlink_ring_step_latency_simple").value * 1e-6
-    net128 = facts.get("nccl.tuner_net_ring_step_latency_ll128").value * 1e-6
-    nvlink128 = facts.get("nccl.tuner_nvlink_ring_step_latency_ll128").value * 1e-6
-    eff = facts.get("nccl.proto_ll128_efficiency").value  # % of an LL128 line that is data
     nodes, steps = gpus // per_node, 2 * (gpus - 1)
     inter = 2 * (nodes - 1)
     lat = inter * net + (steps - inter) * nvlink
-    lat128 = inter * net128 + (steps - inter) * nvlink128
     wire = models.allreduce_time("ring", gpus, nbytes, 0.0, beta)
     share = lat / (lat + wire)
-    share128 = lat128 / (lat128 + wire / eff * 100)
     dgx = facts.get("nvidia.connectx7_rate").value  # Gb/s, one NIC per GPU in a DGX H100
     wire_dgx = models.allreduce_time("ring", gpus, nbytes, 0.0, 8 / (dgx * 1e9))
+
     def at_least(x: float) -> str:  # a lower bound, rounded down
         return f"{math.floor(100 * x)}%"
 
@@ -177,34 +146,52 @@ def nccl_ring_numbers(nbytes: int, beta: float, *, gpus: int = 1024) -> tuple[fl
             "time over the link above is step latency (with Simple, its protocol for large "
             "messages). Hence the tree below.")
     detail = (
-        f"By NCCL's tuner constants, {gpus} GPUs in {nodes} nodes of {per_node}: of the ring's "
-        f"2 x {gpus - 1} = {steps} steps,\n2 x {nodes - 1} = {inter} cross the network "
-        f"(at least {net * 1e6:g} us each with Simple, NCCL's protocol for large messages)"
-        f" and\nthe other {steps - inter} stay inside a node (at least {nvlink * 1e6:g} us each "
-        f"over NVLink, the GPU-to-GPU link inside a node): at least {ms(lat)} of latency\n"
-        f"against at most {ms(wire)} of bytes through one GPU's {8 / beta / 1e9:.0f} Gbit/s NIC "
-        f"(the link above; NCCL's channels spread the bytes over the node's {per_node} NICs, "
-        "so they take less and the latency share is larger): at least "
-        f"{at_least(share)}\nof the ring's time is latency if NCCL runs Simple. With the "
-        f"{dgx} Gb/s NIC per GPU of a DGX H100\nthe bytes take {ms(wire_dgx)} (headers left out) "
-        f"and the share is at least {at_least(lat / (lat + wire_dgx))}.\n\n"
-        "Optional, after 02c defines NCCL's protocols (LL128 trades some bandwidth for lower "
-        "latency): if NCCL runs LL128\n"
-        f"instead (at least {net128 * 1e6:g} us per network step, {nvlink128 * 1e6:g} us per "
-        f"NVLink step; {eff:g}% of its bytes are data):\nat least {ms(lat128)} of latency, about "
-        f"{share128:.0%} of the time at {8 / beta / 1e9:.0f} Gbit/s "
-        f"and {lat128 / (lat128 + wire_dgx / eff * 100):.0%} at {dgx} Gb/s.")
+        f"{gpus} GPUs in {nodes} nodes of {per_node}. Of the ring's 2 x {gpus - 1} = {steps} "
+        f"steps, 2 x {nodes - 1} = {inter} cross the network (the tuner counts "
+        "[[nccl.tuner_ring_inter_steps]] as network steps), each at least "
+        "[[nccl.tuner_net_ring_step_latency_simple]] with Simple; the other "
+        f"{steps - inter} stay inside a node, at least "
+        "[[nccl.tuner_nvlink_ring_step_latency_simple]] each over NVLink (the GPU-to-GPU link "
+        f"inside a node). That is at least {ms(lat)} of latency against at most {ms(wire)} of "
+        f"bytes through one GPU's {8 / beta / 1e9:.0f} Gbit/s NIC: at least {at_least(share)} "
+        "of the ring's time is latency if NCCL runs Simple. NCCL's **channels** (parallel "
+        "slices of the collective, each with its own path through a NIC) spread the bytes over "
+        f"the node's {per_node} NICs, so the bytes take less and the share is larger. With the "
+        f"{dgx} Gb/s NIC per GPU of a DGX H100 the bytes take {ms(wire_dgx)} (headers left out) "
+        f"and the share is at least {at_least(lat / (lat + wire_dgx))}. These step latencies "
+        "are constants of NCCL's tuner (its cost model for picking an algorithm per call), not "
+        "measurements. DDP's first bucket is smaller, [[pytorch.ddp_first_bucket]], so its "
+        "share is larger still.")
     return share, lead, detail
 
 
-def nccl_ring_latency(nbytes: int, beta: float, *, gpus: int = 1024) -> float:
-    """Print `nccl_ring_numbers`' one-line summary, then fold its arithmetic under it. Returns
-    the Simple share at `beta`."""
-    share, lead, detail = nccl_ring_numbers(nbytes, beta, gpus=gpus)
-    print(lead)
-    say("<details><summary>The arithmetic (optional): network and NVLink steps"
-        "</summary>\n\n" + detail + "\n</details>")
-    return share
+def nccl_at_scale(nbytes: int, beta: float, *, gpus: int = 1024) -> str:
+    """The ledger template of "On a real GPU cluster" (for `facts.show`): NCCL's ring latency
+    share at scale (`nccl_ring_numbers`: its message, the arithmetic folded), the double binary
+    tree it adds (its bytes per node folded), what NCCL does not run for all-reduce, and
+    parameter servers at scale."""
+    _, lead, detail = nccl_ring_numbers(nbytes, beta, gpus=gpus)
+    return f"""
+{lead}
+
+{details("The arithmetic: network and NVLink steps, by NCCL's tuner", detail)}
+
+**So NCCL adds a tree**, the [[nccl.double_binary_tree]] (since NCCL [[nccl.tree_since]],
+after the [[paper.sanders_two_tree]]): two pipelined binary trees over the nodes, each
+carrying half the data, with a latency logarithmic in the nodes and nearly the ring's
+bandwidth. For all-reduce NCCL runs no recursive doubling, Rabenseifner or parameter server
+(its log-step PAT, since [[nccl.pat_since]], serves only all-gather and reduce-scatter).
+NCCL's other algorithms, how it picks one per call and how to log the choice:
+[02c](02c_in_network_reduction_and_nccl.ipynb).
+
+{details("Why the double binary tree carries about the ring's bytes",
+         "A node is interior in one tree and a leaf in the other. In the first it sends n/2 up "
+         "to its parent and n/2 down to each of its two children; in the second it sends n/2 "
+         "up. In all n/2 + n + n/2 = 2n: about the ring's 2((p-1)/p) n.")}
+
+**Parameter servers at scale.** A [[paper.li_parameter_server]] scales where a single server
+does not; [[paper.byteps]] adds spare CPU machines as summation servers.
+"""
 
 
 def coefficients(algo: str, p: int) -> tuple[float, float, float]:
@@ -229,13 +216,14 @@ def print_cost_table() -> None:
               f"{a1k:>18.0f} {b1k:>8.2f} {g1k:>8.2f}")
 
 
-def gamma_here(beta: float, beta_dc: float, *, nbytes: int = LARGE, repeats: int = 20) -> str:
+def gamma_here(beta: float, beta_dc: float, *, nbytes: int = LARGE,
+               repeats: int = 20) -> tuple[str, str]:
     """Time one float32 add of `nbytes` into a buffer on this CPU (NumPy, one thread, as a
-    CPU reduction runs; best of `repeats`) and print gamma, the time per byte added, against
+    CPU reduction runs; best of `repeats`) and set gamma, the time per byte added, against
     this emulator's `beta` and against `beta_dc` (100 Gbit/s). The same two arrays are added
-    every time, so they sit in the CPU's cache: the gamma printed is a lower bound (Gloo adds
-    freshly received segments). Returns the ledger template
-    (for `facts.show`) that sets an H100's add beside them: an add reads two bytes and writes
+    every time, so they sit in the CPU's cache: the gamma found is a lower bound (Gloo adds
+    freshly received segments). Returns the sentence on this CPU and the ledger template (for
+    `facts.render`) that sets an H100's add beside them: an add reads two bytes and writes
     one per byte added, so at the datasheet memory bandwidth gamma = 3 / bandwidth."""
     import time
 
@@ -249,17 +237,27 @@ def gamma_here(beta: float, beta_dc: float, *, nbytes: int = LARGE, repeats: int
     gamma = best / nbytes
     r = gamma / beta_dc
     kind = ("the same order as" if 0.25 <= r <= 4 else "well below" if r < 0.25 else "above")
-    print(f"gamma on this CPU: one add of {ex.human_bytes(nbytes)} of float32 took "
-          f"{ms(best, digits=3)} (best of {repeats}, data in cache: a lower bound), gamma = "
-          f"{gamma * 1e9:.3f} ns per byte: "
-          f"{gamma / beta:.2%} of this emulator's beta ({beta * 1e9:.2f} ns), so the closed "
-          "forms leave it out;\n"
-          f"{r:.2f}x beta at 100 Gbit/s ({beta_dc * 1e9:.3f} ns per byte): {kind} beta there"
-          + (" or above." if kind != "above" else "."))
+    here = (f"gamma on this CPU: one add of {ex.human_bytes(nbytes)} of float32 took "
+            f"{ms(best, digits=3)} (best of {repeats}, data in cache: a lower bound), gamma = "
+            f"{gamma * 1e9:.3f} ns per byte: "
+            f"{gamma / beta:.2%} of this emulator's beta ({beta * 1e9:.2f} ns), so the closed "
+            "forms leave it out; "
+            f"{r:.2f}x beta at 100 Gbit/s ({beta_dc * 1e9:.3f} ns per byte): {kind} beta there"
+            + (" or above." if kind != "above" else "."))
     hbm = facts.get("nvidia.h100_memory_bandwidth")
     g_gpu = 3 / (hbm.value * 1e12)
-    return (f"On an H100 ([[nvidia.h100_memory_bandwidth]]; 3 bytes moved per byte added) "
-            f"gamma is {g_gpu / beta_dc:.1%} of beta at 100 Gbit/s.")
+    return here, (f"On an H100 ([[nvidia.h100_memory_bandwidth]]; 3 bytes moved per byte added) "
+                  f"gamma is {g_gpu / beta_dc:.1%} of beta at 100 Gbit/s.")
+
+
+def show_gamma(beta: float, beta_dc: float) -> None:
+    """Fold the gamma detour (`gamma_here`) under one line: what gamma is, this CPU's add
+    against beta here and at 100 Gbit/s, and an H100's, with its source."""
+    here, template = gamma_here(beta, beta_dc)
+    fold("γ, the time to add the bytes (optional): this CPU, and a GPU",
+         "**γ** (gamma; Thakur, Rabenseifner & Gropp 2005) is the compute time per byte "
+         "added; the table's nγ column counts the adds on the critical path. Gloo adds on the "
+         f"CPU.\n{here}\n" + facts.render(template))
 
 
 # --- each algorithm's run -------------------------------------------------------------------
@@ -278,62 +276,56 @@ def beyond_stagger(rows: Sequence[dict], *, factor: float = BUSY_FACTOR) -> str 
             "the staggered start: " + "; ".join(slow))
 
 
-def check_detail(rows: Sequence[dict]) -> tuple[str, list[str]]:
-    """The consistency check's detail, as text, and the sizes where the run was busy: per size
-    what each call paid beyond its closed form beside how far apart the ranks entered that best
-    run (`best_spread`, the staggered start the emulated barrier leaves; 02b's `stagger_order`
-    judges each extra against it); then the extras within the staggered start, what the rest
-    paid beyond it (which no closed form counts; not isolated by the run), and the sizes where
-    that rest is over BUSY_FACTOR - 1 of a closed form (busy there, `beyond_stagger`)."""
-    extra = {}  # per size: (best minus closed form, staggered start), ms
-    by_size = sorted(rows, key=lambda r: r["nbytes"])
-    within, rest = 0, []  # extras within the staggered start; what the others pay beyond it
-    for r in by_size:
+def extras(rows: Sequence[dict]) -> tuple[list[tuple[dict, float, float, float | None]], list[str]]:
+    """Per row, what its best run paid beyond its closed form: (row, extra, the ranks' staggered
+    start in that best run (`best_spread`), the part beyond the staggered start or None when the
+    extra is within it by 02b's `stagger_order`); and the sizes where that part is over
+    BUSY_FACTOR - 1 of a closed form (busy there, `beyond_stagger`)."""
+    out = []
+    for r in sorted(rows, key=lambda r: (r["p"], r["nbytes"])):
         spread = r.get("best_spread", 0.0)
-        extra.setdefault(ex.human_bytes(r["nbytes"]), []).append(
-            f"{(r['measured'] - r['model']) * 1e3:+.1f} ({spread * 1e3:.1f})")
         closed_form = {"measured": r["model"], "median": r["model"]}  # starts all together
-        if stagger_order(r, closed_form)[0] > 0:  # beyond the stagger, by best and median
-            rest.append(r["measured"] - r["model"] - spread)
-        else:
-            within += 1
-    far = list(dict.fromkeys(ex.human_bytes(r["nbytes"]) for r in by_size
+        beyond = (r["measured"] - r["model"] - spread
+                  if stagger_order(r, closed_form)[0] > 0 else None)
+        out.append((r, r["measured"] - r["model"], spread, beyond))
+    far = list(dict.fromkeys(ex.human_bytes(r["nbytes"]) for r, *_ in out
                              if beyond_stagger([r])))
-    first = by_size[0]
-    x0, s0 = (first["measured"] - first["model"]) * 1e3, first.get("best_spread", 0.0) * 1e3
-    part = ("all of it can be that" if s0 >= x0 else f"{s0:.1f} of the {x0:.1f} ms is that")
-    lines = ["Why the best runs take longer than their formula: the ranks leave the barrier a "
-             "few ms apart (the staggered start), and a run is timed from the first rank's "
-             f"entry. At {ex.human_bytes(first['nbytes'])} the ranks entered {s0:.1f} ms apart "
-             f"and the extra was {x0:.1f} ms, so {part}.",
-             "Extra per call over the closed form (staggered start), in ms: "
-             + ", ".join(f"{size} " + " / ".join(e) for size, e in extra.items()) + " ms."]
+    return out, far
+
+
+def explain_extras(rows: Sequence[dict]) -> None:
+    """The appendix's table: every run's extra time over its closed form beside the ranks'
+    staggered start in that run, and what is left beyond it; then how many extras the
+    staggered start covers, the range of the rest (a cost no closed form counts; the run does
+    not isolate it) and the sizes where the run was busy."""
+    table, far = extras(rows)
+    print(f"{'ranks':>5}  {'algorithm':<20}{'size':>8}{'extra ms':>10}{'staggered start ms':>20}"
+          f"{'beyond it ms':>14}")
+    for r, extra, spread, beyond in table:
+        print(f"{r['p']:>5}  {ex.LABELS.get(r['algorithm'], r['algorithm']):<20}"
+              f"{ex.human_bytes(r['nbytes']):>8}{extra * 1e3:>10.1f}{spread * 1e3:>20.1f}"
+              f"{'-' if beyond is None else f'{beyond * 1e3:.1f}':>14}")
+    rest = [b for *_, b in table if b is not None]
     if not rest:
-        lines.append("Every extra is within the staggered start after the barrier.")
+        print("Every extra is within the staggered start after the barrier.")
     else:
-        lines.append(f"{within} of {len(rows)} extras within the staggered start; the rest "
-                     "exceed it by " + (ms(max(rest)) if ms(min(rest)) == ms(max(rest))
-                                        else f"{ms(min(rest))} to {ms(max(rest))}")
-                     + " per call, which no closed form counts: most likely this machine's "
-                     "cost per message (not isolated by this run).")
+        print(f"{len(table) - len(rest)} of {len(table)} extras are within the staggered start; "
+              f"the rest exceed it by {ms(min(rest))} to {ms(max(rest))} per call: a cost no "
+              "closed form counts, which this run does not isolate.")
     if far:
-        lines.append(f"At {', '.join(far)} that left-over cost is over {BUSY_FACTOR - 1:.0%} "
-                     "of a closed form; we call the run *busy* there (this machine's own load "
-                     "can reorder close results).")
-    return "\n".join(lines), far
+        print(f"At {', '.join(far)} that left-over cost is over {BUSY_FACTOR - 1:.0%} of some "
+              "closed form: the run was busy there (this machine's own load can reorder close "
+              "results).")
 
 
 def check(rows: Sequence[dict]) -> None:
-    """Print one line, the consistency check (best/model: the emulator against its own closed
-    form, and the sizes where the run was busy), then fold `check_detail`'s text (the extras
-    beside the staggered start) under it."""
+    """Print one line, the consistency check: the range of best/model (the emulator against
+    its own closed form) and the sizes where the run was busy (`extras`). Each run's extra time
+    beside its staggered start is the appendix's table (`explain_extras`)."""
     ratio = [r["measured"] / r["model"] for r in rows]
-    text, far = check_detail(rows)
-    print(f"Consistency check: the best runs took {min(ratio):.2f} to {max(ratio):.2f} times "
-          "the emulator's own formula (best/model)"
-          + (f"; busy at {', '.join(far)} (fold below)." if far else "."))
-    say("<details><summary>The extra time, beside the staggered start</summary>\n\n"
-        + text.replace("\n", "<br>\n") + "\n</details>")
+    _, far = extras(rows)
+    print(f"Consistency check: best/model {min(ratio):.2f} to {max(ratio):.2f}"
+          + (f"; busy at {', '.join(far)} (appendix)." if far else "."))
 
 
 def _by_size(rows: Sequence[dict], key: str) -> dict[int, float]:
@@ -368,11 +360,12 @@ def explain_recursive_doubling(rd: Sequence[dict], *, ring: Sequence[dict]) -> N
 def plot_crossover(ring: Sequence[dict], rd: Sequence[dict], near: Sequence[dict], *, p: int,
                    alpha: float, beta: float, x_over: float):
     """Draw the ring's and recursive doubling's closed forms from 256 KiB to 4 MiB, their best
-    measured times (dots) and the computed crossover (dotted line). Returns the axes."""
+    measured times (dots), the computed crossover (dotted line) and, at the middle size of
+    `near`, where the dots overlap, the measured and closed-form ratios. Returns the axes."""
     import matplotlib.pyplot as plt
 
     sizes = np.geomspace(256 * 2**10, 4 * 2**20, 60)
-    fig, ax = plt.subplots(figsize=(6, 3))
+    fig, ax = plt.subplots(figsize=(8, 3))
     for i, a in enumerate(("ring", "recursive_doubling")):
         runs = sorted(ex.select(list(ring if a == "ring" else rd) + list(near), algorithm=a),
                       key=lambda r: r["nbytes"])[1:]  # 256 KiB to 4 MiB
@@ -382,11 +375,21 @@ def plot_crossover(ring: Sequence[dict], rd: Sequence[dict], near: Sequence[dict
                 color=f"C{i}", label=f"{ex.LABELS[a]}, measured (best)")
     ax.axvline(x_over / 2**20, color="k", ls=":", lw=1,
                label=f"computed crossover, {x_over / 2**20:.2f} MiB")
+    # The middle size sits next to the crossover, where the two dots overlap: label their ratio.
+    c = {(r["algorithm"], r["nbytes"]): r for r in near}
+    mid = sorted({r["nbytes"] for r in near})[1]
+    ring_mid, rd_mid = c["ring", mid], c["recursive_doubling", mid]
+    ax.annotate(f"{ex.human_bytes(mid)}: ring / rec. doubling\n"
+                f"= {ring_mid['measured'] / rd_mid['measured']:.2f} measured, "
+                f"{ring_mid['model'] / rd_mid['model']:.2f} closed forms",
+                xy=(mid / 2**20, ring_mid["measured"] * 1e3),
+                xytext=(0.27, 0.7 * max(r["measured"] for r in [*ring, *rd]) * 1e3),
+                fontsize=7, arrowprops={"arrowstyle": "->", "lw": 0.6})
     ax.set(xscale="log", xlabel="size (MiB)", ylabel="all-reduce (ms)",
            title=f"{p} ranks: ring against recursive doubling near the crossover")
     ax.minorticks_off()
     ax.set_xticks([0.25, 0.5, 1, 2, 4], ["0.25", "0.5", "1", "2", "4"])
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return ax
 
 
@@ -460,14 +463,16 @@ def explain_tree(tree: Sequence[dict], *, ring: Sequence[dict], rd: Sequence[dic
 
 
 def explain_parameter_server(ps: Sequence[dict], *, p: int, alpha: float, beta: float) -> None:
-    """Print the 4 MiB parameter server's time in multiples of n beta (the server's NIC sent
-    the sum p - 1 times); assert that it sent the sum p - 1 times, was not early against its
-    replay and stayed below the textbook cost, 2(alpha + (p-1) n beta), which also queues the
-    pushes."""
+    """Print the 4 MiB parameter server's time in multiples of n beta beside this egress-only
+    emulator's closed form (the server's NIC sent the sum p - 1 times) and the textbook cost;
+    assert that it sent the sum p - 1 times, was not early against its replay and stayed below
+    the textbook cost, 2(alpha + (p-1) n beta), which also queues the pushes."""
     big, nbeta = ex.one(ps, nbytes=LARGE), LARGE * beta
     textbook = models.parameter_server(p - 1, LARGE, alpha, beta)
-    print(f"4 MiB: {ms(big['measured'])} = {big['measured'] / nbeta:.2f} n*beta (closed form "
-          f"{big['model'] / nbeta:.2f}): the server's NIC sent the sum {p - 1} times.")
+    print(f"4 MiB: {ms(big['measured'])} = {big['measured'] / nbeta:.2f} n*beta: the server's "
+          f"NIC sent the sum {p - 1} times (this emulator's closed form "
+          f"{big['model'] / nbeta:.2f}, fold above; the textbook cost, "
+          f"{textbook / nbeta:.2f} n*beta, also queues the pushes).")
     # the server sent the sum out p - 1 times through one NIC (egress only)
     assert big["measured"] > (p - 1) * nbeta
     assert big["measured"] >= 0.98 * big["replay"]
@@ -493,15 +498,32 @@ def chain(rows: Sequence[dict], key: str) -> str:
         for (_, prev), (name, v), a, b in zip(parts, parts[1:], rows, rows[1:])]) + " ms"
 
 
+def same_order(ranked: Sequence[dict]) -> bool:
+    """Whether the measured order (`ranked`, fastest first) is the closed forms' order, ties
+    (`chain`'s '≈') counting as either order: every row of a later tie group has a larger
+    closed form than every row of an earlier one."""
+    groups: list[list[dict]] = []
+    for prev, r in zip([None, *ranked], ranked):
+        tied = prev is not None and (
+            f"{r['measured'] * 1e3:.1f}" == f"{prev['measured'] * 1e3:.1f}"
+            or r["measured"] <= prev["median"] + (prev["median"] - prev["measured"]))
+        if tied:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    return all(max(a["model"] for a in g) < min(b["model"] for b in h)
+               for i, g in enumerate(groups) for h in groups[i + 1:])
+
+
 def rank_algorithms(flat: Sequence[dict], *, p: int | None = None, alpha: float | None = None,
                     beta: float | None = None) -> tuple[dict[int, list[str]], list[str]]:
-    """Per size, print the closed forms' order (the parameter server's is this egress-only
-    emulator's, the one its runs are checked against) and the measured order (`chain`: '≈'
-    where a gap is inside the runs' own noise), after a line naming the sizes where some run
-    paid over BUSY_FACTOR - 1 beyond its closed form; given `p`, `alpha` and `beta`, a last
-    line with the parameter server's place at its textbook cost,
-    `models.parameter_server(p - 1, ...)` (a switch port in front of the server queues the
-    pushes too), among the closed forms of the others.
+    """Per size, print the measured order (`chain`: '≈' where a gap is inside the runs' own
+    noise) and a ✓ when it is the closed forms' order (`same_order`; the parameter server's
+    closed form is this egress-only emulator's, the one its runs are checked against), after
+    a line naming the sizes where some run paid over BUSY_FACTOR - 1 beyond its closed form.
+    Then fold the closed forms' order and, given `p`, `alpha` and `beta`, the parameter
+    server's place at its textbook cost, `models.parameter_server(p - 1, ...)` (a switch port
+    in front of the server queues the pushes too), among the closed forms of the others.
     Asserts that no run was early. Returns (per size: the fastest algorithm and those tied
     with it, by `ex.leaders`; the sizes, as labels, where some run exceeded its closed form by
     over 30% beyond its staggered start, `beyond_stagger`: there this machine's cost can reorder
@@ -511,14 +533,16 @@ def rank_algorithms(flat: Sequence[dict], *, p: int | None = None, alpha: float 
     lead = {}  # per size: the fastest and those tied with it (ex.leaders: within its own noise)
     busy_at = [ex.human_bytes(n) for n in ex.SIZES if beyond_stagger(ex.select(flat, nbytes=n))]
     if busy_at:
-        print(f"At {', '.join(busy_at)} the extra per call beyond the staggered start (check lines "
-              f"above) is over {BUSY_FACTOR - 1:.0%} of some closed forms: busy there.")
+        print(f"At {', '.join(busy_at)} the extra per call beyond the staggered start "
+              f"(appendix) is over {BUSY_FACTOR - 1:.0%} of some closed forms: busy there.")
+    closed = []
     for n in ex.SIZES:
         ranked = sorted(ex.select(flat, nbytes=n), key=lambda r: r["measured"])
         lead[n] = [r["algorithm"] for r in ex.leaders(ranked)]
-        by_model = sorted(ranked, key=lambda r: r["model"])
-        print(f"{ex.human_bytes(n):>7} closed form: " + chain(by_model, "model"))
-        print(f"{'':>7}    measured: " + chain(ranked, "measured"))
+        print(f"{ex.human_bytes(n):>7}: " + chain(ranked, "measured")
+              + ("  ✓" if same_order(ranked) else "  (not the closed forms' order: fold)"))
+        closed.append(f"{ex.human_bytes(n)}: "
+                      + chain(sorted(ranked, key=lambda r: r["model"]), "model"))
     if p is not None and alpha is not None and beta is not None:
         places = []
         for n in ex.SIZES:
@@ -528,8 +552,11 @@ def rank_algorithms(flat: Sequence[dict], *, p: int | None = None, alpha: float 
             place = 1 + sum(m < textbook for m in others)
             places.append(f"{'last' if place == len(rows) else _ordinal(place)} at "
                           f"{ex.human_bytes(n)} ({ms(textbook)})")
-        print("At its textbook cost (a switch port queues the pushes too) the parameter server's "
-              "closed form would place " + ", ".join(places) + f" of {len(rows)}.")
+        closed.append("At its textbook cost (a switch port queues the pushes too) the parameter "
+                      "server's closed form would place " + ", ".join(places)
+                      + f" of {len(rows)}.")
+    fold("The closed forms' order (the parameter server's at this emulator's egress-only cost), "
+         "and its textbook place", "\n".join(closed))
     return lead, busy_at
 
 

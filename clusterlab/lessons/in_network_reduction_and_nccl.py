@@ -16,7 +16,7 @@ import numpy as np
 from clusterlab import facts, models
 from clusterlab.experiments import allreduce_and_topology as ex
 from clusterlab.experiments.common import beyond_closed_form, conclude
-from clusterlab.lessons.show import ms
+from clusterlab.lessons.show import fold, ms
 
 SMALL, MEDIUM, LARGE = ex.SIZES
 
@@ -28,20 +28,17 @@ def medians_close(ring: dict, switch: dict) -> bool:
     return abs(ring["median"] / switch["median"] - 1) < 0.05
 
 
-def explain_switch(switch: Sequence[dict], ring4: Sequence[dict], *, link: float) -> None:
+def explain_switch(switch: Sequence[dict], ring4: Sequence[dict]) -> None:
     """4 MiB on 4 workers: print both best and median times; when the medians are close
     (`medians_close`) but the switch's best is faster, say that by the median this run cannot
     tell; otherwise conclude that the switch beat the ring by both, and print by how much and
-    whether even the switch's slowest run (the figure's black line) beat the ring's best.
-    Then print the switch's busbw by the factor 2(p-1)/p, worked out from the best time (the
-    table's statistic) in MB (10^6 bytes, the link rate's unit) and seconds, as a share of the
-    link, and by the median (above the link: the factor assumes 1.5 n per NIC). Asserts that
-    no switch run beat its closed form and that the ring's replay (the figure's green bar) is
-    its closed form."""
+    whether even the switch's slowest run (the figure's black line) beat the ring's best. Then
+    fold why the speed-up fell short of the closed forms' (`shortfall`), when it did. Asserts
+    that no switch run beat its closed form and that the ring's replay (the figure's green bar)
+    is its closed form."""
     rs, ss = ex.one(ring4, nbytes=LARGE), ex.one(switch, nbytes=LARGE)
     k, kr = len(ss["times"]), len(rs["times"])
     size = ex.human_bytes(ss["nbytes"])
-    model_bus = 1.5 * LARGE / ss["model"] / link
     print(f"{size} on 4 workers, {k} and {kr} runs interleaved: switch best {ms(ss['best'])}, "
           f"median {ms(ss['median'])}; ring best {ms(rs['best'])}, median {ms(rs['median'])}.")
     # Both statistics must agree, and neither may sit far above its closed form (then this
@@ -56,51 +53,123 @@ def explain_switch(switch: Sequence[dict], ring4: Sequence[dict], *, link: float
                   f"the emulated switch beat the ring at {size}, by the best and by the median "
                   f"of {k}", busy=slowed):
         slowest = max(ss["times"])
-        print(f"By {rs['best'] / ss['best']:.2f}x (best) and {rs['median'] / ss['median']:.2f}x "
-              f"(median); closed forms {rs['model'] / ss['model']:.2f}x: a consistency check of "
-              f"the emulator's own switch model. The switch's slowest run (the black line in the "
-              f"figure), {ms(slowest)}, was " + (
+        print(f"By {rs['best'] / ss['best']:.2f}x (best; closed forms "
+              f"{rs['model'] / ss['model']:.2f}x: a consistency check of the emulator's own "
+              f"switch model). The switch's slowest run (the black line in the figure), "
+              f"{ms(slowest)}, was " + (
                   f"faster than the ring's best, {ms(rs['best'])}: the runs do not overlap."
                   if slowest < rs["best"] else
                   f"not faster than the ring's best, {ms(rs['best'])}: the runs overlap."))
     shortfall(switch, ring4)
-    bus = {s: 1.5 * ss["nbytes"] / ss[s] / link for s in ("best", "median")}
-    above = model_bus > 1 and bus["median"] > 1
-    print(f"The switch's busbw is {bus['best']:.0%} of the link's rate"
-          + (": above the link, because the factor assumes 1.5 n per NIC and the switch needs "
-             "only n." if above else ".")
-          + f" Worked out: 2(p-1)/p x n / best = 1.5 x {ss['nbytes'] / 1e6:.2f} MB "
-          f"({size}) / {ss['best']:.4f} s = {bus['best'] * link / 1e6:.1f} MB/s, against the "
-          f"link's {link / 1e6:.2f} MB/s (by the median {bus['median']:.0%}; closed form "
-          f"{model_bus:.0%}).")
     for r in switch:
         assert r["measured"] >= 0.98 * r["model"]  # the emulated network never delivers early
     assert abs(rs["replay"] / rs["model"] - 1) < 0.01  # the green bar: the closed form's links
 
 
 def shortfall(switch: Sequence[dict], ring4: Sequence[dict]) -> None:
-    """When the switch's speed-up over the ring at 4 MiB (by the best) fell short of the closed
-    forms', say by how much and what the closed forms leave out (this machine's cost per
-    message, likely heavier on the switch's process: inferred, not isolated), and point to the
-    4 KiB rows, where that cost shows most: best/model of the switch against the ring's."""
+    """When the switch's speed-up over the ring at 4 MiB (by the best: the consistency check)
+    fell short of the closed forms', fold why: by how much, the speed-up by the median beside
+    how far each one's runs spread from best to median (a cost the closed forms leave out;
+    the run does not isolate it), and the 4 KiB rows' best/model, switch against ring."""
     rs, ss = ex.one(ring4, nbytes=LARGE), ex.one(switch, nbytes=LARGE)
     got, model = rs["best"] / ss["best"], rs["model"] / ss["model"]
     if got >= model:
         return
+    spread = {n: r["median"] / r["best"] - 1 for n, r in (("switch", ss), ("ring", rs))}
+    lines = [f"The speed-up by the best, {got:.2f}x, is the consistency check: it fell short of "
+             f"the closed forms' {model:.2f}x. By the median it was "
+             f"{rs['median'] / ss['median']:.2f}x: the switch's {len(ss['times'])} runs spread "
+             f"{spread['switch']:.0%} from best to median, the ring's {spread['ring']:.0%}.",
+             "What the closed forms leave out, this run does not isolate. (The switch is one "
+             "more process on this machine's cores, and it adds in Python: a message per piece "
+             "and worker each way.)"]
     small = [r for r in (*switch, *ring4) if r["nbytes"] == SMALL]
-    line = (f"The speed-up, {got:.2f}x, fell short of the closed forms' {model:.2f}x. They leave "
-            "out this machine's cost per message, likely heavier on the switch's process (a "
-            "message per piece and worker each way, adds in Python): inferred, not isolated "
-            "by this run.")
     if len(small) == 2:
-        sq, rq = (r for r in small if r in switch), (r for r in small if r in ring4)
-        sq, rq = next(sq), next(rq)
-        s_ratio, r_ratio = sq["measured"] / sq["model"], rq["measured"] / rq["model"]
-        line += (f" At 4 KiB, where that cost shows most, best/model was {s_ratio:.2f} for the "
-                 f"switch against {r_ratio:.2f} for the ring" + (
-                     ": consistent with it." if s_ratio > r_ratio else
-                     ": that row does not show it."))
-    print(line)
+        sq = next(r for r in small if r in switch)
+        rq = next(r for r in small if r in ring4)
+        lines.append(f"At 4 KiB, where a cost per message shows most, best/model was "
+                     f"{sq['measured'] / sq['model']:.2f} for the switch against "
+                     f"{rq['measured'] / rq['model']:.2f} for the ring.")
+    fold("Why the speed-up fell short of the closed forms'", "\n".join(lines))
+
+
+def explain_switch_busbw(switch: Sequence[dict], *, link: float) -> None:
+    """The switch's busbw at 4 MiB by nccl-tests' factor 2(p-1)/p, worked out from the best
+    time (the table's statistic) in MB (10^6 bytes, the link rate's unit) and seconds, as a
+    share of the link, and by the median and the closed form (above the link: the factor
+    assumes 1.5 n per NIC, the switch's NIC carries n)."""
+    ss = ex.one(switch, nbytes=LARGE)
+    model_bus = 1.5 * LARGE / ss["model"] / link
+    bus = {s: 1.5 * ss["nbytes"] / ss[s] / link for s in ("best", "median")}
+    above = model_bus > 1 and bus["median"] > 1
+    print(f"The switch's busbw is {bus['best']:.0%} of the link's rate"
+          + (": above the link, because the factor assumes 1.5 n per NIC and the switch needs "
+             "only n." if above else ".")
+          + f"\nWorked out: 2(p-1)/p x n / best = 1.5 x {ss['nbytes'] / 1e6:.2f} MB "
+          f"({ex.human_bytes(ss['nbytes'])}) / {ss['best']:.4f} s = "
+          f"{bus['best'] * link / 1e6:.1f} MB/s, against the link's {link / 1e6:.2f} MB/s (by "
+          f"the median {bus['median']:.0%}; closed form {model_bus:.0%}).")
+
+
+# --- the two timelines -----------------------------------------------------------------------
+
+def plot_timelines(nbytes: int, alpha: float, beta: float, *, p: int = 4):
+    """Draw the closed forms as timelines on `p` workers: the ring's 2(p-1) steps, each a chunk
+    of n/p on a rank's NIC then one latency (every rank alike); and the switch's, each port
+    sending its n up in `ex.in_network_chunks` pieces, the switch sending piece k down once
+    every worker's piece k has arrived, one latency after the last. Solid: bytes on the NIC;
+    hatched: a latency alpha. Returns the axes."""
+    import matplotlib.pyplot as plt
+
+    pieces = ex.in_network_chunks(nbytes)
+    chunk, step = nbytes / p * beta, alpha + nbytes / p * beta
+    piece = nbytes / pieces * beta
+    ring_t = models.allreduce_time("ring", p, nbytes, alpha, beta)
+    switch_t = ex.in_network_time(nbytes, alpha, beta, pieces)
+    fig, ax = plt.subplots(figsize=(9, 2.4))
+    ms_ = 1e3
+    for k in range(2 * (p - 1)):  # the ring: reduce-scatter steps, then all-gather steps
+        color = "C0" if k < p - 1 else "C2"
+        ax.broken_barh([(k * step * ms_, chunk * ms_)], (2.6, 0.8), color=color)
+        ax.broken_barh([((k * step + chunk) * ms_, alpha * ms_)], (2.6, 0.8), facecolor="none",
+                       edgecolor=color, hatch="///", lw=0.5)
+    up = [(j * piece * ms_, piece * ms_) for j in range(pieces)]
+    ax.broken_barh(up, (1.3, 0.8), color="C1", edgecolor="w", lw=0.3)
+    ax.broken_barh([(nbytes * beta * ms_, alpha * ms_)], (1.3, 0.8), facecolor="none",
+                   edgecolor="C1", hatch="///", lw=0.5)
+    down = [((alpha + (j + 1) * piece) * ms_, piece * ms_) for j in range(pieces)]
+    ax.broken_barh(down, (0.0, 0.8), color="C3", edgecolor="w", lw=0.3)
+    ax.broken_barh([((alpha + (pieces + 1) * piece) * ms_, alpha * ms_)], (0.0, 0.8),
+                   facecolor="none", edgecolor="C3", hatch="///", lw=0.5)
+    for t, y, label in ((ring_t, 3.0, "ring"), (switch_t, 0.4, "switch")):
+        ax.axvline(t * ms_, color="k", lw=0.6, ls=":")
+        ax.text(t * ms_ + 3, y, f"{label}: {t * ms_:.0f} ms", va="center", fontsize=8)
+    ax.set_yticks([3.0, 1.7, 0.4], [f"ring: each rank,\n{2 * (p - 1)} steps of n/{p}",
+                                    f"switch: each port up,\n{pieces} pieces",
+                                    "switch: each port down"], fontsize=8)
+    ax.set(xlabel="ms", xlim=(0, max(ring_t, switch_t) * ms_ * 1.18), ylim=(-0.3, 3.7),
+           title=f"Closed forms at {ex.human_bytes(nbytes)} on {p} workers. Solid: bytes on "
+                 "the NIC (ring: blue reduce-scatter, green all-gather); hatched: a latency")
+    ax.title.set_fontsize(9)
+    fig.tight_layout()
+    return ax
+
+
+def switch_latency_template() -> str:
+    """The ledger template (for `facts.show`): the emulated switch's 2 alpha against NCCL's
+    tuner, which charges one in-switch all-reduce across nodes (NVLS, CollNetDirect) one
+    network latency of its own, against the ring's per network step, with several GPUs per
+    node (with one, `ncclTopoTuneModel` charges every algorithm the tree's network latency)."""
+    ring = facts.get("nccl.tuner_net_ring_step_latency_simple").value
+    lo = facts.get("nccl.tuner_net_nvls_latency_simple").value / ring
+    hi = facts.get("nccl.tuner_net_collnet_direct_latency_simple").value / ring
+    return ("The emulated switch pays 2 alpha, two ring steps of latency. On a real network one "
+            "ring step is also NIC → switch → NIC; NCCL's tuner, with several GPUs per node, "
+            "charges an in-switch all-reduce across nodes [[nccl.tuner_net_nvls_latency_simple]]"
+            " (NVLS) to [[nccl.tuner_net_collnet_direct_latency_simple]] (CollNetDirect) of "
+            "network latency, against [[nccl.tuner_net_ring_step_latency_simple]] per ring step "
+            f"that crosses the network: about {lo:.1f} to {hi:.1f} ring steps, a few switch hops "
+            "and the adding, against the ring's 2(nodes−1) network steps.")
 
 
 # --- the closed forms over p ----------------------------------------------------------------
@@ -185,6 +254,49 @@ def explain_closed_forms(curves: dict) -> None:
         print(f"The switch pays from p = {first}.")
 
 
+# --- NCCL's protocols and tuner ----------------------------------------------------------------
+
+TUNING_CC = "https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/graph/tuning.cc"
+
+
+def protocols_template() -> str:
+    """The ledger template (for `facts.show`) of "NCCL's algorithms and protocols": the three
+    protocols as a table (line format, data share, what each is for, the tuner's bandwidth
+    factor on a ring, and the most data one 400 Gb/s port leaves each, a bound from the line
+    format alone), then the tuner, the channels, and how to log and restrict the choice, with
+    the log line's format."""
+    port = facts.get("nvidia.connectx7_rate_bytes").value  # GB/s
+    ll = facts.get("nccl.proto_ll_efficiency").value / 100
+    ll128 = facts.get("nccl.proto_ll128_efficiency").value / 100
+    rows = [
+        ("protocol", "a line: data and flag", "data", "for", "tuner's bandwidth factor, ring",
+         "at most, of one [[nvidia.connectx7_rate]] port"),
+        ("LL", "one 16-byte store, data and flags interleaved", "[[nccl.proto_ll_efficiency]]",
+         "small messages: lowest latency", f"[`busBw * .5`]({TUNING_CC}#L327)",
+         f"{port * ll:.1f} GB/s"),
+        ("LL128", "128 bytes, the last 8-byte word the flag",
+         "[[nccl.proto_ll128_efficiency]]", "medium messages, where supported",
+         f"[`busBw * 0.92`]({TUNING_CC}#L328-L329)", f"{port * ll128:.1f} GB/s"),
+        ("Simple", "large chunks, memory fences, no flags", "all",
+         "large messages: full bandwidth", "none", f"{port:.1f} GB/s"),
+    ]
+    table = "\n".join("| " + " | ".join(r) + " |" for r in rows[:1] + [("---",) * 6] + rows[1:])
+    return f"""
+{table}
+
+- **The tuner** ([[nccl.tuner_model]]) picks algorithm, protocol and channels per call from
+  the size, the node count, GPUs per node and the bandwidths. **Channels**: up to
+  [[nccl.max_ctas]] per collective.
+- **To see the choice**: [[nccl.debug_info]] with [[nccl.debug_subsys_tuning]]; rank 0 then
+  logs one line per call, in the format
+  `AllReduce: 4194304 Bytes -> Algo RING proto SIMPLE channel{{Lo..Hi}}={{0..31}}` (the
+  numbers an example; INFO alone logs only the set-up). For a PyTorch job:
+  `NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING torchrun ... train.py`.
+- **To restrict it**: [[nccl.algo_env]] and [[nccl.proto_env]], the latter only to rule out a
+  suspected bug (NVIDIA: forcing LL128 where it is unsupported can corrupt data).
+"""
+
+
 # --- appendix: 4 KiB ------------------------------------------------------------------------
 
 def cannot_order(ring: dict, switch: dict) -> bool:
@@ -223,11 +335,10 @@ def nvls_template(p: int = 8) -> str:
     reported = (facts.get("nccl.h100_nvls_allreduce_busbw").value
                 / facts.get("nccl.h100_ring_busbw").value)
     return f"""
-- **Switches that add**: the NVSwitches (the switch chips joining the GPUs of an H100 node)
-  with [[nvidia.nvswitch_sharp]] (NCCL's NVLS, since [[nccl.nvls_since]]), InfiniBand
-  switches with [[nvidia.ib_sharp]], which NCCL reaches through CollNet or, since 2.18, NVLS
-  across nodes. With SHARP [[nvidia.sharp_sends_once]] and receives the sum once, as the
-  emulated switch's ports did here.
+- **Switches that add**: the NVSwitches with [[nvidia.nvswitch_sharp]] (NCCL's NVLS, since
+  [[nccl.nvls_since]]); InfiniBand switches with [[nvidia.ib_sharp]] (NCCL's CollNet, or
+  NVLS across nodes since 2.18). With SHARP [[nvidia.sharp_sends_once]] and receives the sum
+  once, as the emulated switch's ports did here.
 - **busbw above the link**: with NVLS, busbw can exceed the NVLink rate, because nccl-tests'
   factor assumes ring traffic; force the ring to measure the link. nccl-tests applies
   [[nccl.busbw_factor_every_algorithm]] (its n is the rank count, this notebook's p). On 8
