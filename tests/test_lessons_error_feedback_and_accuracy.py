@@ -57,7 +57,9 @@ def test_accuracy_table_prints_loss_se_c_b_and_a_verdict_per_method(capsys):
     l11b.print_accuracy_table(res, gap=gap, n_test=400)
     out = capsys.readouterr().out
     lead, header = out.splitlines()[:2]
-    assert "c / b" in header and "paired s.e." in header
+    # The paired accuracy column beside the test loss, then the unpaired accuracy; c / b folded.
+    assert header.index("paired s.e.") < header.index("accuracy vs fp32 (paired)") < \
+        header.index("accuracy ± 1 s.e.") and "c / b" not in header
     # One line first, built from the verdicts below.
     assert lead == ("In short, test loss against fp32: fp16 changed it negligibly; powersgd:1, "
                     "topk:0.01 raised it beyond test-set noise; powersgd:4 left it within "
@@ -65,7 +67,7 @@ def test_accuracy_table_prints_loss_se_c_b_and_a_verdict_per_method(capsys):
                     "lower (-2.4 s.e.), the others within noise (one run per method).")
     assert "c and b are the test samples the two models disagree on" in out
     se = l11b.loss_gap(res, "powersgd:1")[1]
-    assert f"(+0.050 ± {se:.3f})" in out and "5 / 40" in out
+    assert f"(+0.050 ± {se:.3f})" in out and "powersgd:1 5 / 40" in out
     verdicts = {line.split(": accuracy")[0].strip(): line for line in out.splitlines()
                 if line.startswith("  ")}
     assert "accuracy lower (-5." in verdicts["powersgd:1"]
@@ -103,3 +105,59 @@ def test_ring_errors_say_what_fp16_keeps(capsys):
             "hops was 8x smaller") in out
     assert "Correlated ranks" in out and "  p=2: " in out and "  p=8: " in out
     assert "1/eps = 128 hops and two to four times it after 256 to 512" in out
+
+
+def test_summary_line_says_after_how_many_steps_and_whether_fp32_still_improved():
+    res = _res()
+    res["none"]["loss_curve"] = np.linspace(1.0, 0.5, 120)
+    assert l11b.summary_line(res).startswith(
+        "In short, after 120 steps (fp32 still improving), test loss against fp32: ")
+    res["none"]["loss_curve"] = np.full(120, 0.5)
+    assert "(fp32 no longer improving)" in l11b.summary_line(res)
+
+
+def test_steps_to_target_reads_the_longer_runs_and_says_never(capsys):
+    fast = np.r_[np.full(30, 2.0), np.full(100, 0.0)]
+    longer = {"powersgd:1": {"loss_curve": fast},
+              "powersgd:4": {"loss_curve": np.full(480, 2.0)},
+              "topk-noef:0.01": {"loss_curve": fast}}
+    reach = l11b.steps_to_target({"none": {}, "powersgd:1": {}, "powersgd:4": {}}, longer,
+                                 target=0.0)
+    assert reach == {"powersgd:1": (40, 130), "powersgd:4": (None, 480)}  # only methods shown
+    assert "powersgd:1 40, powersgd:4 not within 480 (later than the budget: slower" in \
+        l11b.reach_line(reach)
+    res = _res()
+    gap = {m: r["test_loss"] - res["none"]["test_loss"] for m, r in res.items()}
+    l11b.print_accuracy_table(res, gap=gap, n_test=400, reach=reach)
+    assert "Steps to reach fp32's end-of-budget training loss" in capsys.readouterr().out
+
+
+def test_three_rank_example_climbs(capsys):
+    assert tuple(l11b.three_rank_example()) == (-5, -5, -5)
+    out = capsys.readouterr().out
+    assert "rank 1: gradient (4, -5, 4), its top-1 sends (0, -5, 0)" in out
+    assert "true sum (3, 3, 3): a step of lr along the sum sent changes the total loss by " \
+           "about +45 lr (it climbs)." in out
+
+
+def test_formats_table_from_finfo(monkeypatch):
+    pytest.importorskip("torch")
+    said = []
+    monkeypatch.setattr(l11b.show, "say", said.append)
+    l11b.show_formats()
+    rows = said[0].splitlines()
+    assert rows[2] == "| fp32 | 8 | 23 | 1.2e-07 | 3.4e+38 |"
+    assert rows[3] == "| bf16 | 8 | 7 | 7.8e-03 | 3.39e+38 |"
+    assert rows[4] == "| fp16 | 5 | 10 | 9.8e-04 | 6.55e+04 |"
+
+
+def test_bias_word_tells_noise_from_a_slight_shrink_from_a_bias():
+    assert l11b.bias_word(-0.0005, 0.0004, 0.038) == "noise: zero within 3 s.e."
+    assert l11b.bias_word(-0.002, 0.0004, 0.038) == "mostly noise, the sum slightly behind"
+    assert l11b.bias_word(-0.31, 0.0016, 0.34) == "a bias: the sum falls behind"
+
+
+def test_ring_bias_finds_the_shared_part_a_bias(capsys):
+    pytest.importorskip("torch")
+    out = l11b.explain_ring_bias(512, draws=4)  # past 1/eps = 128 hops by four times
+    assert out["shared"][0] < 0 and "a shared part" in capsys.readouterr().out

@@ -101,6 +101,41 @@ def explain_error_feedback(ef_runs: dict, longer: dict, *, target: float,
     return n_ef, n_noef
 
 
+def three_rank_example() -> np.ndarray:
+    """The three-rank counterexample worked out: each rank's gradient, the entry its top-1
+    sends, the sum sent against the true sum, and the first-order change of the total loss
+    for an SGD step of size lr along the sum sent. Asserts that it climbs. Returns the sum
+    sent."""
+    g = np.array([[-5, 4, 4], [4, -5, 4], [4, 4, -5]])
+    sent = np.zeros_like(g)
+    for r, row in enumerate(g):
+        i = int(np.argmax(np.abs(row)))  # top-1: the entry of largest magnitude
+        sent[r, i] = row[i]
+        print(f"rank {r}: gradient {tuple(row.tolist())}, its top-1 sends "
+              f"{tuple(sent[r].tolist())}")
+    total, true = sent.sum(0), g.sum(0)
+    change = -int(true @ total)  # the step is -lr x the sum sent; the loss moves by true . step
+    print(f"sum sent {tuple(total.tolist())}, true sum {tuple(true.tolist())}: a step of lr "
+          f"along the sum sent changes the total loss by about {change:+d} lr (it climbs).")
+    assert change > 0
+    return total
+
+
+def show_formats() -> None:
+    """The three formats as a Markdown table from torch.finfo: exponent and significand
+    bits, eps (the gap between 1 and the next number) and the largest finite value."""
+    import torch
+
+    rows = ["| format | exponent bits | significand bits (stored) | eps | largest |",
+            "| --- | --- | --- | --- | --- |"]
+    for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        f = torch.finfo(dt)
+        stored = round(-math.log2(f.eps))  # eps = 2^-(stored significand bits)
+        exponent = f.bits - 1 - stored
+        rows.append(f"| {name} | {exponent} | {stored} | {f.eps:.1e} | {f.max:.3g} |")
+    show.say("\n".join(rows))
+
+
 def check_same_trajectory(ef_runs: dict, longer: dict, *, budget: int) -> None:
     """Asserts that the longer top-k runs repeat the budget runs over their first `budget`
     steps (the same weights, batches and arithmetic), so the figure's curves and the test
@@ -169,31 +204,31 @@ def only(res: dict, m: str) -> tuple[int, int]:
     return int((mine & ~base).sum()), int((base & ~mine).sum())
 
 
-def print_accuracy_table(res: dict, *, gap: dict, n_test: int) -> None:
+def print_accuracy_table(res: dict, *, gap: dict, n_test: int, reach: dict | None = None) -> None:
     """Per method: bytes per step, test loss and its gap to fp32 (± the paired standard
-    error when per-sample losses are there), accuracy ± 1 s.e., and the paired difference
-    from fp32 with c and b, the samples right only under the method and only under fp32
-    ("n/a" with fewer than MIN_DISCORDANT of those); then the paired difference of the method
-    farthest from fp32 worked out from its two counts, (c - b) / sqrt(b + c), and a verdict
-    per method on its accuracy and its test loss."""
+    error when per-sample losses are there), the paired accuracy difference from fp32 beside
+    it ("n/a" with fewer than MIN_DISCORDANT samples right under only one of the two), and
+    the accuracy ± 1 unpaired s.e.; then `reach` (the steps each method took to fp32's
+    end-of-budget training loss, `steps_to_target`), a verdict per method on its accuracy and
+    its test loss, and in a fold c and b per method and a worked example."""
     print(summary_line(res))
-    print(f"{'method':>11}  kB/step  test loss (vs fp32 ± paired s.e.)  accuracy ± 1 s.e. "
-          f"(n={n_test})  paired vs fp32   c / b")
+    print(f"{'method':>11}  kB/step  test loss (vs fp32 ± paired s.e.)  accuracy vs fp32 "
+          f"(paired)  accuracy ± 1 s.e. (n={n_test})")
     for m, r in res.items():
         se = math.sqrt(r["accuracy"] * (1 - r["accuracy"]) / n_test)
-        c, b = only(res, m) if m != "none" else (0, 0)
         z = accuracy_z(res, m) if m != "none" else None
-        paired = "" if m == "none" else ((f"{z:+5.1f} s.e." if z is not None
-                                          else f"{'n/a':>10}") + f"{c:>8} / {b}")
+        paired = "" if m == "none" else (f"{z:+5.1f} s.e." if z is not None else "n/a")
         lg = loss_gap(res, m) if m != "none" else None
         loss = f"({gap[m]:+.3f}" + (f" ± {_se(lg[1])})" if lg else ")")
         name = "fp32 (none)" if m == "none" else m
         print(f"{name:>11}  {r['sent_bytes'] / 1e3:7.1f}  {r['test_loss']:9.3f} {loss:<23}  "
-              f"{r['accuracy']:17.1%} ± {se:.1%}    {paired}".rstrip())
+              f"{paired:>16}  {r['accuracy']:18.1%} ± {se:.1%}")
     counted = [m for m in res if m != "none" and accuracy_z(res, m) is not None]
     if len(counted) < len(res) - 1:
         print(f"n/a: fewer than {MIN_DISCORDANT} samples right under only one of the two, too "
               f"few for a difference in standard errors")
+    if reach:
+        print(reach_line(reach))
     others = [m for m in res if m != "none"]
     print(f"Verdicts against fp32 (paired; 'higher' or 'lower' only beyond {CLEAR_SE:g} s.e. of "
           "the test set's sampling):")
@@ -202,15 +237,34 @@ def print_accuracy_table(res: dict, *, gap: dict, n_test: int) -> None:
               f"test loss {loss_verdict(res, m)}")
     with contextlib.redirect_stdout(io.StringIO()) as how:
         explain_verdicts(res, counted, others)
-    show.fold("How the verdicts are read: c and b, a worked example, the thresholds",
-              how.getvalue())
+    show.fold("How the verdicts are read: the two standard errors, c and b, a worked example, "
+              "the thresholds", how.getvalue())
+
+
+def steps_to_target(res: dict, longer: dict, *, target: float) -> dict:
+    """Per method of `res` with a run in `longer` (the same run, continued), (the steps its
+    training loss took to reach `target`, or None, and the steps it was given)."""
+    return {m: (steps_to(longer[m]["loss_curve"], target), len(longer[m]["loss_curve"]))
+            for m in res if m in longer}
+
+
+def reach_line(reach: dict) -> str:
+    """`steps_to_target` in one line, fp32's own reference first."""
+    return ("Steps to reach fp32's end-of-budget training loss, on the runs continued 4x longer: "
+            + ", ".join(f"{m} " + (f"{n}" if n else f"not within {horizon}")
+                        for m, (n, horizon) in reach.items())
+            + " (later than the budget: slower, not necessarily worse; never: possibly worse).")
 
 
 def explain_verdicts(res: dict, counted: list, others: list) -> None:
     """What c and b are, the paired difference of the method farthest from fp32 worked out
     from its two counts, (c - b) / sqrt(b + c), and the thresholds of the verdicts."""
+    print("Two standard errors: the accuracy's ± 1 s.e. is each model's own sampling error "
+          "(unpaired); the paired column uses the s.e. of the difference on the same samples, "
+          "which is smaller, as most samples are answered alike.")
     print("c and b are the test samples the two models disagree on: c right only under the "
-          "method, b right only under fp32.")
+          "method, b right only under fp32: "
+          + ", ".join(f"{m} {c} / {b}" for m in others for c, b in [only(res, m)]) + ".")
     if counted:
         m = max(counted, key=lambda k: abs(accuracy_gap_se(res, k)))
         c, b = only(res, m)
@@ -226,8 +280,9 @@ def explain_verdicts(res: dict, counted: list, others: list) -> None:
 
 
 def summary_line(res: dict) -> str:
-    """One line built from the verdicts: the methods grouped by what their test loss did
-    against fp32, then whether any accuracy moved beyond test-set noise."""
+    """One line built from the verdicts: after how many steps, and whether fp32's training
+    loss was still falling then (a gap can then be a delay); the methods grouped by what their
+    test loss did against fp32; whether any accuracy moved beyond test-set noise."""
     others = [m for m in res if m != "none"]
     groups: dict[str, list[str]] = {}
     for m in others:
@@ -239,7 +294,13 @@ def summary_line(res: dict) -> str:
         groups.setdefault(word, []).append(m)
     moved = [m for m in others if not verdict(accuracy_z(res, m), "higher", "lower")
              .startswith("cannot tell")]
-    return ("In short, test loss against fp32: "
+    curve = res["none"].get("loss_curve")
+    when = ""
+    if curve is not None and len(curve) >= 2 * WINDOW:
+        last, before = smooth(curve)[[-1, -1 - WINDOW]]
+        state = "still improving" if last < before else "no longer improving"
+        when = f"after {len(curve)} steps (fp32 {state}), "
+    return (f"In short, {when}test loss against fp32: "
             + "; ".join(f"{', '.join(ms)} {w}" for w, ms in groups.items())
             + ". Accuracy: " + ("within test-set noise for every method" if not moved else
                                 ", ".join(
@@ -256,9 +317,14 @@ def check_accuracy(res: dict, *, gap: dict, n_test: int, budget: int) -> None:
     assert gap["topk:0.01"] < 0.1, (f"top-k with error feedback ends about as well after "
                                     f"{budget} steps")
     same = {m: int((res[m]["correct"] == res["none"]["correct"]).sum()) for m in ("fp16", "bf16")}
+    curves = [res[m].get("loss_curve") for m in ("none", "fp16", "bf16")]
+    followed = (max(float(np.abs(np.asarray(c) - np.asarray(curves[0])).max())
+                    for c in curves[1:]) if all(c is not None for c in curves) else None)
     print(f"fp16 and bf16 ended within {max(abs(gap['fp16']), abs(gap['bf16'])):.0e} of fp32's "
           f"test loss, with the same answer on {same['fp16']} and {same['bf16']} of {n_test} "
-          f"samples.")
+          "samples" + ("." if followed is None else
+                       f", and followed fp32's training loss within {followed:.0e} at every "
+                       "step" + (": neither slower nor worse here." if followed < 1e-2 else ".")))
 
 
 def ring_sum_error(p: int, dtype, n: int = 2048, seed: int = 0, common: float = 0.0) -> float:
@@ -276,6 +342,59 @@ def ring_sum_error(p: int, dtype, n: int = 2048, seed: int = 0, common: float = 
         acc = (acc.double() + x[i].to(dtype).double()).to(dtype)  # one hop: add, round
     exact = x.sum(0)
     return float((acc.double() - exact).norm() / exact.norm())
+
+
+def ring_sum_bias(p: int, dtype, *, draws: int = 20, n: int = 1024, seed: int = 1,
+                  common: float = 0.0) -> tuple[float, float, float]:
+    """Over `draws` synthetic draws (as `ring_sum_error`, rounded to `dtype` at each of p - 1
+    hops): the error's component along the exact sum, <error, sum> / <sum, sum>, as a
+    fraction of the sum (negative: the sum falls behind), averaged over the draws; that
+    mean's standard error over the draws; and the mean relative size of the error. A mean
+    component within a few standard errors of zero is noise; a consistent sign, a bias."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    shared = common * torch.randn(draws, n, generator=g, dtype=torch.float64) * 1e-3
+    x = shared + torch.randn(draws, n, generator=g, dtype=torch.float64) * 1e-3
+    exact, acc = x.clone(), x.to(dtype)
+    for _ in range(1, p):  # one hop: the next rank's values, added and rounded
+        x = shared + torch.randn(draws, n, generator=g, dtype=torch.float64) * 1e-3
+        exact += x
+        acc = (acc.double() + x.to(dtype).double()).to(dtype)
+    err = acc.double() - exact
+    along = (err * exact).sum(1) / (exact * exact).sum(1)
+    size = err.norm(dim=1) / exact.norm(dim=1)
+    return (float(along.mean()), float(along.std() / math.sqrt(draws)), float(size.mean()))
+
+
+def bias_word(mean: float, se: float, size: float) -> str:
+    """What `ring_sum_bias`'s numbers say: noise (the component along the sum within 3 s.e.
+    of zero), mostly noise with a slight shrink or growth (beyond 3 s.e. but under a tenth of
+    the error's size), or a bias."""
+    way = "behind" if mean < 0 else "ahead"
+    if abs(mean) < 3 * se:
+        return "noise: zero within 3 s.e."
+    if abs(mean) < size / 10:
+        return f"mostly noise, the sum slightly {way}"
+    return f"a bias: the sum falls {way}"
+
+
+def explain_ring_bias(p: int, *, draws: int = 20) -> dict:
+    """`ring_sum_bias` in bf16 at `p` ranks, independent and with a shared part as large as
+    each rank's noise, each called noise or a bias (`bias_word`). Asserts that the shared
+    part's is a bias that shrinks the sum. Returns {"independent": ..., "shared": ...}."""
+    import torch
+
+    out = {k: ring_sum_bias(p, torch.bfloat16, draws=draws, common=c)
+           for k, c in (("independent", 0.0), ("shared", 1.0))}
+    print(f"Noise or bias? Over {draws} draws at p = {p}, bf16: the error's component along the "
+          "exact sum, as a share of the sum (mean ± s.e.), beside the error's size:")
+    for k, (m, se, size) in out.items():
+        label = "independent ranks" if k == "independent" else "a shared part"
+        print(f"  {label:>17}: {m:+.2%} ± {se:.2%} (size {size:.1%}): {bias_word(m, se, size)}")
+    m, se, size = out["shared"]
+    assert m < -3 * se and abs(m) >= size / 10, "a shared part is rounded away: a bias"
+    return out
 
 
 def pct2(x: float) -> str:
@@ -296,9 +415,11 @@ def explain_ring_errors(errors: dict, ps: list[int]) -> float:
     bf = errors[torch.bfloat16]
     assert bf[-1] > 10 * bf[0] and bf[-1] > 1000 * errors[torch.float32][-1]
     corr = {p: ring_sum_error(p, torch.bfloat16, common=1.0) for p in ps}
+    tenth = ring_sum_error(ps[-1], torch.bfloat16, common=0.1)
     print(f"In short: bf16's error grew with the ring, from {pct2(bf[0])} of the sum after one hop "
-          f"to {pct2(bf[-1])} after {ps[-1] - 1}; with a gradient part shared by all ranks, "
-          f"{pct2(corr[ps[-1]])} (synthetic gradients, one draw).")
+          f"to {pct2(bf[-1])} after {ps[-1] - 1}; with a gradient part shared by all ranks, as "
+          f"large as each rank's noise, {pct2(corr[ps[-1]])} (a tenth of it: {pct2(tenth)}; "
+          "synthetic gradients, one draw).")
     print("Relative error of the ring sum, per dtype and ring size p:")
     for dt, errs in errors.items():
         print(f"{str(dt):15s}" + "".join(f"  p={p}: {e:.1e}" for p, e in zip(ps, errs)))
@@ -310,6 +431,9 @@ def explain_ring_errors(errors: dict, ps: list[int]) -> float:
           f"{errors[torch.float32][-1]:.0e}.")
     print("Correlated ranks (a shared gradient as large as each rank's noise), bf16, the same "
           "synthetic draw:" + "".join(f"  p={p}: {pct2(e)}" for p, e in corr.items()))
+    print(f"The ratio matters: with the shared part a tenth of each rank's noise, {pct2(tenth)} at "
+          f"p={ps[-1]}, as the partial sum grows more slowly against one rank's values. A real "
+          "model's ratio depends on its gradients and per-rank batch; it was not measured here.")
     inv = 1 / torch.finfo(torch.bfloat16).eps
     with contextlib.redirect_stdout(io.StringIO()) as why:
         spacing_argument(inv)
@@ -348,39 +472,42 @@ def tree_vs_ring(ranks: int, per_node: int) -> str:
 
 
 def real_cluster_text(ps: list[int], *, budget: int, powersgd_start: int) -> str:
-    """The "On a real GPU cluster" box, a template for `facts.show`: what NCCL's ring, tree
-    and NVLS round at the longest ring of `ps`; the reduction precision of Megatron-LM,
-    torchtitan and FSDP2 (their flags and sources folded); PowerSGD as published and torch's
-    defaults against these runs (`powersgd_start` plain steps of `budget`)."""
-    import torch
-
+    """The "On a real GPU cluster" box, a template for `facts.show`: which of NCCL's ring,
+    tree and NVLS rounds most (the tree's depth and NVLS's condition folded); the reduction
+    precision of Megatron-LM, torchtitan and FSDP2 (their flags and sources folded) and
+    fp16's range; PowerSGD as published and torch's defaults against these runs
+    (`powersgd_start` plain steps of `budget`)."""
     return f"""
 - **What NCCL runs.** The longer the chain of 16-bit additions, the larger the error: NCCL's
-  ring rounds most, its tree less, NVLS least. In detail: NCCL's bf16 sums are [[nccl.half_sum_rounds_each_add]]: at {ps[-1]} ranks its
-  ring is the flat ring above, its algorithm that rounds most. Its tree (a chain in each node, a
-  binary tree across nodes) rounds the deepest rank's value at least
-  [[nccl.tree_depth_estimate]] times (NCCL's depth estimate, the longest path; {tree_vs_ring(ps[-1], 8)}), and up to about twice that, as a tree
-  node adds its children's data to its own one at a time, rounding after each
-  ([`reduceCopyPacks`](https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/device/common_kernel.h)).
-  NVLS (NVLink SHARP: the NVSwitch itself adds the GPUs' values) sums them
-  [[nccl.nvls_sum_acc_f32]] and rounds once in a node (across nodes, the NVLS tree's
-  additions round again). NCCL picks one per call by [[nccl.tuner_model]]
+  ring rounds most, its tree less, NVLS least. Its bf16 sums are
+  [[nccl.half_sum_rounds_each_add]]. Its ring at {ps[-1]} ranks, if the tuner picks it, is the
+  flat ring above; its tree passes each value through far fewer additions; NVLS adds in fp32
+  inside the switch. NCCL picks one per call by [[nccl.tuner_model]]
   ([02b](02b_hierarchy_busbw_and_nccl.ipynb), [02c](02c_in_network_reduction_and_nccl.ipynb)).
 - **Reduction precision.** Megatron-LM (under `--bf16`) and torchtitan reduce gradients in
   fp32 by default, at twice a bf16 reduce's bytes; FSDP2 on its own reduces in bf16 under bf16
-  mixed precision (flags and sources in the fold below). bf16 keeps 8 significant bits, fp16 11 (eps
-  {torch.finfo(torch.float16).eps:.1e}) but a far smaller range: at most [[fp16.max_finite]],
-  against bf16's {torch.finfo(torch.bfloat16).max:.1e}. Larger values become inf in the cast, and
-  as the hook divides by the world size before the sum, small gradients can underflow to zero.
+  mixed precision (flags and sources in the fold below). fp16 rounds finer but its range ends
+  at [[fp16.max_finite]]: larger values become inf in the cast, and as the hook divides by the
+  world size before the sum, small gradients can underflow to zero.
 - **PowerSGD** as published: [[powersgd.paper]]. torch's hook keeps [[pytorch.powersgd_warm_start]]
   by default, and starts after [[pytorch.powersgd_start_iter]] of plain all-reduce; the runs above
   compressed after {powersgd_start} plain all-reduce steps of {budget}, essentially
   without that warm-up.
 
-<details><summary>Reduction precision: the flags and their sources</summary>
+<details><summary>In detail: NCCL's tree and NVLS, and the reduction flags with their
+sources</summary>
 
-Megatron-LM: [[megatron.grad_reduce_fp32]]. torchtitan reduces FSDP's gradients in
-[[torchtitan.reduce_fp32]] by default. FSDP2 on its own reduces in the compute dtype (bf16
-under bf16 mixed precision; [[pytorch.fsdp2_reduce_dtype]]).
+- **NCCL's tree** (a [[nccl.double_binary_tree]] across nodes, each tree carrying half the
+  data, and a chain inside each node) rounds the deepest rank's value at least
+  [[nccl.tree_depth_estimate]] times (NCCL's depth estimate, the longest path;
+  {tree_vs_ring(ps[-1], 8)}), and up to about twice that, as a tree node adds its children's
+  data to its own one at a time, rounding after each
+  ([`reduceCopyPacks`](https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/device/common_kernel.h)).
+- **NVLS** (NVLink SHARP: the NVSwitch itself adds the GPUs' values) sums them
+  [[nccl.nvls_sum_acc_f32]] when NCCL is built with CUDA 12.2 or later, and rounds once in a
+  node; across nodes, the NVLS tree's additions round again.
+- **Megatron-LM**: [[megatron.grad_reduce_fp32]]. **torchtitan** reduces FSDP's gradients in
+  [[torchtitan.reduce_fp32]] by default. **FSDP2** on its own reduces in the compute dtype
+  (bf16 under bf16 mixed precision; [[pytorch.fsdp2_reduce_dtype]]).
 </details>
 """  # noqa: E501 (Markdown shown verbatim)
