@@ -263,6 +263,25 @@ def test_compare_estimate_checks_the_unaccounted_share_silently(capsys):
                                          other=1.5)
 
 
+def test_compare_estimate_shows_the_row_its_headline_names_and_what_it_holds(capsys):
+    rows = [("start-up", 0.03, 0.73), ("steps", 1.65, 1.64), ("restarts", 2.82, 3.31),
+            ("unaccounted", 0.0, 0.01)]
+    failures_lesson.compare_estimate(rows, predicted=4.5, second={"train_s": 5.69}, other=0.01)
+    out = capsys.readouterr().out
+    short = out.split("start-up: the first job's")[0]
+    assert "the largest difference is in the start-up row (+0.70 s)" in short
+    assert "\nstart-up            0.03        0.73       +0.70" in short  # its row, visible
+    assert "\nrestarts" in short and "\ntotal" in short and "\nsteps*" not in short
+    assert "start-up: the first job's 0.03 s against the second's 0.73 s. Timed from the " \
+           "first worker's first event" in out
+
+
+def test_young_lines_set_the_redone_work_against_the_restart():
+    lines = failures_lesson.young_lines(checkpoint_s=60.0, mtbf_s=10800.0, restart_s=600.0)
+    assert lines[3] == ("per failure, on average: half an interval, 569 s of redone work, "
+                        "against the restart's 600 s: at this scale the two are comparable")
+
+
 def test_restart_miss_lines_say_how_far_the_first_restart_sat_and_what_it_made():
     job2 = _job(20.0, restarts=(1.62, 1.63))
     fails = [{"restart_s": 1.62, "respawn_s": 1.60}, {"restart_s": 1.63, "respawn_s": 1.60}]
