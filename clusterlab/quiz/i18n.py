@@ -95,7 +95,7 @@ STRINGS: dict[str, dict[str, str]] = {
     "ambiguous_comma": {
         "en": "{text} can be read two ways (a thousands comma or a decimal comma): write it "
               "without the comma, or with a decimal point.",
-        "ru": "{text} можно прочитать двояко (запятая между тысячами или десятичная): напишите "
+        "ru": "{text} можно прочитать двояко (разделитель тысяч или десятичная запятая): напишите "
               "число без запятой или с десятичной точкой.",
     },
     "bad_unit": {
