@@ -360,27 +360,29 @@ def show_breakeven_at_scale(scan: dict, *, n_params: int) -> None:
             "PowerSGD rank 1 still beats fp32 on one fast NIC whichever way the all-reduce's "
             "message delays are counted" if bucket > nic_gbit else
             "whether PowerSGD rank 1 beats fp32 on one fast NIC depends on how many message "
-            "delays an all-reduce pays: counted as a flat ring, no; as a tree, yes"
+            "delays an all-reduce pays: counted as a flat ring, no; as a tree, only if its "
+            "compute is free"
             if bucket_log > nic_gbit else
             "whether PowerSGD rank 1 beats fp32 on one fast NIC depends on how many message "
             "delays an all-reduce pays and on the bucket's size")
 
     def pays(rate: float) -> str:
-        return "PowerSGD pays" if rate > nic_gbit else "PowerSGD loses"
+        return "PowerSGD pays only if compute is free" if rate > nic_gbit else "PowerSGD loses"
 
     head = ("| an all-reduce counted as | delays per all-reduce | break-even, one "
             "[[pytorch.ddp_bucket_cap_mb]] bucket | on one [[nvidia.connectx7_rate]] NIC |")
     facts.show(f"""
 **In short:** for one full DDP bucket on {p} ranks, {lead}. (Estimates from the formula, not
-runs: an assumed 10 us per message, free compute.)
+runs: an assumed, unsourced 10 us per message, and free compute, which the first fold
+questions.)
 
 {head}
 | --- | --- | --- | --- |
 | flat ring | 2(p−1) = {2 * (p - 1)} | {sig2(bucket)} Gb/s | {pays(bucket)} |
 | idealised tree | 2 lg p = {2 * lg_p} | {sig2(bucket_log)} Gb/s | {pays(bucket_log)} |
 
-<details><summary>How the estimate is built: what it leaves out, NCCL's latency, this model,
-buckets up to twice the cap</summary>
+<details><summary>How the estimate is built: what it leaves out, this model, buckets up to
+twice the cap</summary>
 
 - **What it leaves out.** The model prices only rounds and bytes: leaving out compute and
   overlap makes its break-even rates too high, and the latency it charges per round moves
@@ -388,20 +390,6 @@ buckets up to twice the cap</summary>
   training on GPU clusters and found that, because of the compute compression adds,
   [[paper.agarwal_compression_utility_2022]]. How much of the exchange the backward already
   hides matters too (*On a real GPU cluster*).
-- **NCCL's latency lies between the two rows.** The flat ring charges each of its steps a
-  full delay. NCCL's tuner charges a multi-node ring's steps inside a node less than its
-  network steps, but each at least a network overhead ([[nccl.tuner_ring_intra_step_amd]] on
-  AMD hosts, Simple protocol): the flat ring overcharges, by less than NVLink's latency alone
-  suggests. NCCL's tree (since [[nccl.tree_since]]) is a [[nccl.double_binary_tree]] across
-  nodes, each tree carrying half the data, with a chain inside each node:
-  [[nccl.tree_depth_estimate]] deep. An all-reduce goes up and down, so at p = {p} with
-  {per_node} per node about 2 × {up} = {2 * up} hops, {across} of them across nodes, against
-  the idealised tree's {2 * lg_p}. NCCL's tuner prices it at
-  [[nccl.tuner_tree_allreduce_latency]]: weighted that way, the {2 * up - across} hops inside
-  nodes cost less than the {across} across them, so its latency sits nearer the idealised count
-  than its {2 * up} hops suggest.
-  The idealised count makes the extra rounds {bucket_log / bucket:.1f}x cheaper than the flat
-  ring's at p = {p}, which raises each break-even {bucket_log / bucket:.1f}x.
 - **This model.** On {p} ranks, this {model_kb:.0f} kB model's PowerSGD rank 1 pays below about
   {sig2(ring[0])} Gb/s (ring) to {sig2(tree[0])} Gb/s (tree). The break-even grows in
   proportion to the bytes in one exchange ({sig2(ratio)}x higher for
@@ -412,6 +400,28 @@ buckets up to twice the cap</summary>
   one such NIC once a bucket holds more than about
   {sig2(bytes_at_rate(ring, sizes, nic_gbit) / 1e6)} MB (ring) or
   {sig2(bytes_at_rate(tree, sizes, nic_gbit) / 1e6)} MB (tree).
+
+</details>
+
+<details><summary>For experts: how NCCL's tuner prices these hops (its latency lies between
+the two rows)</summary>
+
+The flat ring charges each of its steps a
+  full delay. NCCL's tuner charges a multi-node ring's steps inside a node less than its
+  network steps, but each at least a network overhead ([[nccl.tuner_ring_intra_step_amd]] on
+  AMD hosts, Simple protocol): the flat ring overcharges, by less than NVLink's latency alone
+  suggests. NCCL's tree (since [[nccl.tree_since]]) is a [[nccl.double_binary_tree]] across
+  nodes, each tree carrying half the data, with a chain inside each node:
+  about [[nccl.tree_depth_estimate]] deep (NCCL's own comment calls
+  it an approximation). An all-reduce goes up and down, so at p = {p} with
+  {per_node} per node about 2 × {up} = {2 * up} hops, {across} of them across nodes, against
+  the idealised tree's {2 * lg_p}. NCCL's tuner prices it (Simple protocol, which carries large
+  buckets; LL charges less per hop) at
+  [[nccl.tuner_tree_allreduce_latency]]: weighted that way, the {2 * up - across} hops inside
+  nodes cost less than the {across} across them, so its latency sits nearer the idealised count
+  than its {2 * up} hops suggest.
+  The idealised count makes the extra rounds {bucket_log / bucket:.1f}x cheaper than the flat
+  ring's at p = {p}, which raises each break-even {bucket_log / bucket:.1f}x.
 
 </details>
 """)
