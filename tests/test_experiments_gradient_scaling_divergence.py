@@ -125,6 +125,16 @@ def test_accumulation_without_division_gives_k_times_the_gradient():
     assert max(r["rel_error_divided"]) < 1e-12
 
 
+def test_token_accumulation_needs_the_global_token_count():
+    r = S.token_accumulation(kept=((10, 90), (40, 25)))
+    assert r["total"] == 165
+    assert r["rel_error"]["global_tokens"] < 1e-12
+    assert r["rel_error"]["mean_over_k"] > 0.05
+    # equal counts everywhere: the per-micro-batch mean / k is exact too
+    same = S.token_accumulation(kept=((20, 20), (20, 20)))
+    assert same["rel_error"]["mean_over_k"] < 1e-12
+
+
 def test_no_sync_misuse_makes_replicas_drift():
     r = S.no_sync_misuse(steps=4, k=2, world=2)
     assert np.all(r["correct"]["divergence"] == 0)

@@ -24,6 +24,8 @@ run is deterministic: same arguments, same numbers, on any machine):
 * `sum_vs_mean` - reduction="sum" makes the gradient (and the effective learning rate)
   depend on the world size;
 * `accumulation` - gradient accumulation with and without dividing by the micro-steps;
+* `token_accumulation` - accumulation over micro-batches of unequal token counts: the
+  per-micro-batch mean / k against the summed token loss * W / T (`token_loss_sum`);
 * `no_sync_misuse` - `DDP.no_sync` used wrongly: replicas drift apart;
 * `uneven_inputs` - a rank with fewer batches: a hang without `Join`, completion with it;
 * `minimisers` - where full-batch training and the mean of means converge (closed form);
@@ -400,6 +402,99 @@ def accumulation(ks=(1, 2, 4, 8), micro_batch: int = 8, world: int = 2, features
         res["rel_error_no_division"].append(relative_error(nodiv, k * big))
         res["rel_error_divided"].append(relative_error(div, big))
     return res
+
+
+def token_loss_sum(model, mb):
+    """Summed next-token cross-entropy of micro-batch `mb` ({"input_ids", "labels"}, both
+    (B, L)): position t predicts label t + 1, and label -100 (padding, the prompt) is left out.
+    A sum, not a mean, so the caller chooses the divisor (the global token count)."""
+    import torch.nn.functional as F
+
+    logits = model(mb["input_ids"])[:, :-1]   # shift: position t predicts t + 1
+    labels = mb["labels"][:, 1:]
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                           ignore_index=-100, reduction="sum")
+
+
+def _token_model(vocab: int, dim: int, seed: int):
+    """A tiny float64 language model (embedding, then a linear layer to the vocabulary)."""
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Embedding(vocab, dim),
+                               torch.nn.Linear(dim, vocab)).double()
+
+
+def _token_batches(kept, seq_len: int, vocab: int, seed: int):
+    """One micro-batch (1 sequence of seq_len tokens) per entry of `kept`: the first
+    kept[i] + 1 labels are real, the rest -100 (padding), so it holds kept[i] loss tokens."""
+    import torch
+
+    g = torch.Generator().manual_seed(2000 + seed)
+    out = []
+    for n in kept:
+        ids = torch.randint(vocab, (1, seq_len), generator=g)
+        labels = ids.clone()
+        labels[:, n + 1:] = -100     # after the shift, exactly n labels remain
+        out.append({"input_ids": ids, "labels": labels})
+    return out
+
+
+def _token_accumulation_rank(kept, seq_len, vocab, dim, seed):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mbs = _token_batches(kept[rank], seq_len, vocab, seed + rank)
+    k = len(mbs)
+    grads = {}
+    for method in ("mean_over_k", "global_tokens"):
+        model = _token_model(vocab, dim, seed)
+        ddp = DDP(model)
+        # T: loss tokens over all k micro-batches and all ranks; one all-reduce per step.
+        t = sum((mb["labels"][..., 1:] != -100).sum() for mb in mbs)
+        dist.all_reduce(t)
+        for i, mb in enumerate(mbs):
+            ctx = ddp.no_sync() if i < k - 1 else contextlib.nullcontext()
+            with ctx:
+                if method == "mean_over_k":   # the bug: each micro-batch's own token mean / k
+                    n = (mb["labels"][..., 1:] != -100).sum()
+                    loss = token_loss_sum(ddp, mb) / n / k
+                else:                          # the fix: summed token loss * W / T
+                    loss = token_loss_sum(ddp, mb) * world / t
+                loss.backward()
+        grads[method] = _flat_grad(model)
+    return {"grads": grads, "batches": mbs}
+
+
+def token_accumulation(kept=((10, 90), (40, 25)), seq_len: int = 96, vocab: int = 16,
+                       dim: int = 8, seed: int = 0, nic=DEFAULT_NIC,
+                       timeout: float = 60) -> dict:
+    """Gradient accumulation over micro-batches with different numbers of loss tokens, on
+    real DDP (len(kept) ranks, k = len(kept[r]) micro-steps, no_sync on the first k - 1).
+
+    kept[r][i]: loss tokens (labels not -100) in rank r's micro-batch i. Compares the
+    per-micro-batch token mean / k ("mean_over_k") and the summed token loss * W / T
+    ("global_tokens") with one process's per-token mean over all micro-batches of all ranks.
+
+    Returns {"tokens": kept, "total": T, "rel_error": {method: error against the reference}}.
+    """
+    import torch
+
+    preload_ddp()
+    world = len(kept)
+    with Cluster(nodes=world, nic=nic, seed=seed, timeout=timeout) as cl:
+        outs = cl.run(_token_accumulation_rank, tuple(map(tuple, kept)), seq_len, vocab, dim,
+                      seed)
+    # Reference: one process, every micro-batch of every rank, one per-token mean.
+    model = _token_model(vocab, dim, seed)
+    batches = [mb for out in outs for mb in out["batches"]]
+    total = sum(int((mb["labels"][..., 1:] != -100).sum()) for mb in batches)
+    (sum(token_loss_sum(model, mb) for mb in batches) / torch.tensor(float(total))).backward()
+    ref = _flat_grad(model)
+    return {"tokens": [list(k) for k in kept], "total": total,
+            "rel_error": {m: relative_error(outs[0]["grads"][m], ref)
+                          for m in ("mean_over_k", "global_tokens")}}
 
 
 # --- 4. no_sync misuse -----------------------------------------------------------------------

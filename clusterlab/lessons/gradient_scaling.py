@@ -74,6 +74,20 @@ def micro_batch_weights(tokens=(10, 90)) -> None:
               f"instead of 1/T = {1 / total:.4f}: {total / (k * n):.2f}x its share")
 
 
+def token_fix(tok: dict) -> None:
+    """Print the token-count run (`experiments.gradient_scaling.token_accumulation`): each
+    rank's micro-batch token counts and the two methods' gradient error against one process's
+    per-token mean; assert that only the global token count is exact."""
+    ranks = "; ".join(f"rank {r}: {', '.join(map(str, t))}" for r, t in enumerate(tok["tokens"]))
+    err = tok["rel_error"]
+    print(f"loss tokens per micro-batch ({ranks}), T = {tok['total']}\n"
+          f"gradient error against one process's per-token mean:\n"
+          f"  micro-batch mean / k     {err['mean_over_k']:.1e}\n"
+          f"  summed tokens x W / T    {err['global_tokens']:.1e}")
+    assert err["mean_over_k"] > 0.05, "unequal token counts re-weight the tokens"
+    assert err["global_tokens"] < 1e-12, "the global token count is exact up to rounding"
+
+
 def explain_adam(adam_sm: dict, adam_fix: dict, opt_pt: dict, *, final: dict,
                  steps: int) -> None:
     """With Adam: how much larger the summed loss's gradient is than the mean loss's and how
