@@ -208,8 +208,8 @@ def _stall(steps=30, world=4, batch=16, lr=0.05):
 
 def test_stall_row_counts_the_checksum_moves():
     row = sd.stall_row("optimizer_detached", _stall()["optimizer_detached"], steps=30)
-    assert row == f"{'optimizer_detached':19s}     2.800 -> 2.800      2.80 {'0.0e+00':>20s} " + (
-        f"{'0 of 29':>21s}      0")
+    assert row == (f"{'optimizer_detached':19s} {'2.800 -> 2.800':>23s}      2.80 "
+                   f"{'0.0e+00':>20s} {'0 of 29':>21s}      0")
     assert "29 of 29" in sd.stall_row("healthy", _stall()["healthy"], steps=30)
 
 
@@ -219,7 +219,7 @@ def test_explain_stall(capsys):
     assert ("lr_divided's first update is 0.0156 of the healthy run's, "
             "1 / (W x batch) = 0.0156") in out
     assert out.rstrip().endswith("a checksum that never moves flags optimizer_detached")
-    assert "loss, step 0 -> 29" in out and "steps weights changed" in out
+    assert "loss after step 0 -> 29" in out and "steps weights changed" in out
     assert "‖Δw‖/‖g‖ (SGD: = lr)" in out  # the column named by its formula
     assert "held-out" not in out and "*" not in out
     stall = _stall()
@@ -266,9 +266,10 @@ def test_reference_notes_fold_into_one_details_element():
     assert text.startswith("<details><summary>For reference")
     assert text.count("</details>") == 1 and "TORCH_NCCL_NAN_CHECK" in text
     assert "NVIDIA/nccl#434" in text  # the reported split, folded for reference
+    assert "Corruption while the sum is forwarded** (our inference" in text
+    assert "end of `Join`" in text  # DDP's one other parameter broadcast
     visible = facts.render(sd.IDENTICAL_BYTES)
-    assert "Corruption while the sum is forwarded** (our inference" in visible
-    assert "end of `Join`" in visible  # DDP's one other parameter broadcast
+    assert visible.count("\n- ") == 2, "three one-liners on the learner's path"
 
 
 def test_explain_recreated_names_the_error_and_the_silent_drift(capsys):

@@ -236,7 +236,7 @@ def stall_row(name: str, run: dict, *, steps: int) -> str:
     ev, fp = run["eval_loss"][:, 0], run["fingerprint"][:, 0]
     moved = int(np.any(fp[1:] != fp[:-1], axis=1).sum())
     applied = np.median(run["update_norm"][:, 0] / run["grad_norm"][:, 0])
-    return (f"{name:19s} {f'{ev[0]:.3f} -> {ev[-1]:.3f}':>18s} {np.median(run['grad_norm']):9.2f} "
+    return (f"{name:19s} {f'{ev[0]:.3f} -> {ev[-1]:.3f}':>23s} {np.median(run['grad_norm']):9.2f} "
             f"{applied:20.1e} {f'{moved} of {steps - 1}':>21s} {len(run['alerts']):6d}")
 
 
@@ -251,7 +251,7 @@ def explain_stall(stall: dict, *, steps: int, lr: float, world: int, batch: int)
     print("In short: the stalled runs barely lower the loss, yet their gradients are finite, "
           "their replicas agree and the monitor raises no alert; the lr actually applied, "
           "‖Δw‖/‖g‖, gives both away.")
-    print(f"{'':19s} {f'loss, step 0 -> {steps - 1}':>18s} {'grad norm':>9s} "
+    print(f"{'':19s} {f'loss after step 0 -> {steps - 1}':>23s} {'grad norm':>9s} "
           f"{'‖Δw‖/‖g‖ (SGD: = lr)':>20s} {'steps weights changed':>21s} {'alerts':>6s}")
     for name, run in stall.items():
         print(stall_row(name, run, steps=steps))
@@ -351,22 +351,27 @@ def explain_last_bits(num: dict, *, steps: int, reference: str = "manual_allredu
 # (FORWARDED_REPORT), what a replica is under sharded and tensor-parallel training
 # (SHARDED_REPLICAS) and NaN checks on GPUs (GPU_NAN_CHECK).
 IDENTICAL_BYTES = (
-    "- **Within one call: identical bytes.** In an AllReduce "
-    "[[nccl.allreduce_identical_results]] (NCCL's user guide); the finished sum is "
-    "transmitted unchanged to all GPUs (its maintainer, "
-    "[NVIDIA/nccl#855](https://github.com/NVIDIA/nccl/issues/855)).\n"
-    "- **What still splits replicas: work one rank does alone after the all-reduce** (an "
-    "optimizer that rounds differently on one node, a rank-dependent code path). DDP re-sends "
+    "- **Identical bytes per call**: in an AllReduce [[nccl.allreduce_identical_results]] "
+    "(NCCL's user guide).\n"
+    "- **Rank-local work after the sync splits replicas** (an optimizer that rounds "
+    "differently on one node, a rank-dependent code path).\n"
+    "- **Buffers are re-sent at every forward** by default: "
+    "[[pytorch.ddp_forward_sync_buffers]]; parameters are not (details in the fold).")
+
+# Folded: how NCCL forwards the finished sum, when DDP re-sends parameters, and what a hop
+# error would do (our inference); the learner's path keeps the three one-liners above.
+FORWARDING = (
+    "- **The finished sum is forwarded unchanged**: transmitted unchanged to all GPUs (NCCL's "
+    "maintainer, [NVIDIA/nccl#855](https://github.com/NVIDIA/nccl/issues/855)). DDP re-sends "
     "parameters only at construction and at the end of `Join` "
-    "([[pytorch.join_final_model_sync]], notebook 07); buffers it re-sends at every forward "
-    "by default: [[pytorch.ddp_forward_sync_buffers]].\n"
+    "([[pytorch.join_final_model_sync]], notebook 07).\n"
     "- **Corruption while the sum is forwarded** (our inference, not shown here: Gloo on one "
     "machine cannot corrupt a hop). *What NCCL does:* a ring all-reduce first reduces, then "
     "passes the finished sum from GPU to GPU (the loop commented \"k-2 steps: copy to next "
     "GPU\" in [`src/device/all_reduce.h`]"
     "(https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/device/all_reduce.h)). *What a hop "
     "error would do:* a bit flipped on one hop would reach only the ranks downstream of it and "
-    "split the replicas; the fingerprint would catch it. A real report: in the fold below.")
+    "split the replicas; the fingerprint would catch it.")
 
 # Reference, folded: a report of the forwarded-sum symptom (cause never found), and why
 # run-to-run reproducibility is another property.
@@ -375,7 +380,8 @@ FORWARDED_REPORT = (
     "[NVIDIA/nccl#434](https://github.com/NVIDIA/nccl/issues/434), one node's all-reduce "
     "result (always the same node) differing from the others'; the maintainer answered that "
     "all ranks should hold the same result. A bit flipped while forwarding (bad memory on a "
-    "forwarding GPU, a link error that escapes the link's CRC checksum) would look like this; "
+    "forwarding GPU or, our inference, a link error that escapes the link's CRC checksum) "
+    "would look like this; "
     "for a mantissa flip, no single-rank check would catch it.\n"
     "- **Run-to-run reproducibility is another property.** Identical bytes hold within one "
     "call, not across runs or algorithms. Some CUDA kernels are non-deterministic "
@@ -410,7 +416,8 @@ GPU_NAN_CHECK = (
     "After a device-side assert the process cannot use the GPU again "
     "([[cuda.error_assert_sticky]]).")
 
-REFERENCE = ("<details><summary>For reference: a reported split; reproducibility; replicas "
-             "under sharded and tensor-parallel training; NaN checks on GPUs</summary>\n\n"
-             + FORWARDED_REPORT + "\n" + SHARDED_REPLICAS + "\n" + GPU_NAN_CHECK
+REFERENCE = ("<details><summary>For reference: how the sum is forwarded; a reported split; "
+             "reproducibility; replicas under sharded and tensor-parallel training; NaN checks "
+             "on GPUs</summary>\n\n"
+             + FORWARDING + "\n" + FORWARDED_REPORT + "\n" + SHARDED_REPLICAS + "\n" + GPU_NAN_CHECK
              + "\n\n</details>")
