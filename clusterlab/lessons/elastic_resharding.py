@@ -16,7 +16,8 @@ def settings_line(cfg: dict) -> str:
     from .. import facts
 
     return (f"here: last call {cfg['last_call_s']} s, a silent node dropped after "
-            f"{cfg['keep_alive_s'] * cfg['keep_alive_attempts']} s; torch's defaults: "
+            f"{cfg['keep_alive_s'] * cfg['keep_alive_attempts']} s (keep-alive: "
+            f"{cfg['keep_alive_s']} s × {cfg['keep_alive_attempts']}); torch's defaults: "
             f"{facts.get('pytorch.rdzv_last_call_timeout').text} and "
             f"{facts.get('pytorch.rdzv_dead_node_after').text}")
 
@@ -286,13 +287,16 @@ def death_text(f: dict, cfg: dict) -> str:
     return f"""
 **How a death reaches the job**
 
-On a cluster the pause has the same parts, with longer waits: at the defaults, noticing the
-death and the last call alone take more than {ib_wait + last_call:.0f} s. This run's whole pause
-took {f['resumed_s']:.1f} s.
+On a cluster the pause has the same parts, with longer waits. Under NCCL a survivor is not
+told that a peer died: it hangs until an InfiniBand transfer to the dead node exhausts its
+retries (at least about {ib_wait:.0f} s at NCCL's defaults) or the watchdog fires
+({nccl_min:.0f} min). By then the dead node's heartbeats have expired (they do after
+{dead_after:.0f} s), so the rendezvous only waits its last call ({last_call:.0f} s). Then every
+worker restarts and loads the checkpoint. This run's whole pause took {f['resumed_s']:.1f} s.
 
 | part of the pause | NCCL over InfiniBand, torch's defaults | this run (Gloo, a killed process; one run) |
 |---|---|---|
-| noticing the death | about {ib_wait:.0f} s, nominal (step 2 below), or {nccl_min:.0f} min (the watchdog) | {f['detected_s'] * 1e3:.0f} ms |
+| noticing the death | at least about {ib_wait:.0f} s (step 2 below), or {nccl_min:.0f} min (the watchdog) | {f['detected_s'] * 1e3:.0f} ms |
 | agent and rendezvous: dropping the dead node, then the last call | 0 s (its {dead_after:.0f} s without heartbeats have passed) + {last_call:.0f} s | {rdzv:.1f} s (configured: at most {keep_alive} s, then {cfg['last_call_s']} s) |
 | new workers, communicator, checkpoint load | not counted: grows with the job and the checkpoint | {start:.1f} s (incl. this demo's check) |
 | **total** | **more than {ib_wait + last_call:.0f} s** | **{f['resumed_s']:.1f} s** |
@@ -305,8 +309,8 @@ fails stops its workers and exits, and the job does not resume.
 
 - **Under NCCL over InfiniBand, at the defaults** (the cases are tabled in
   [12](12_failures_and_elasticity.ipynb)'s *On a real GPU cluster*):
-  1. **The survivors hang, and look healthy.** An NCCL call returns once the collective is
-     queued on the GPU, so the GPU's kernel waits in the collective and the worker's host thread
+  1. **The survivors hang, and look healthy.** An NCCL call
+     [[pytorch.collective_returns_before_cuda_completes]], so the GPU's kernel waits in the collective and the worker's host thread
      at its next synchronisation with it. Their agents, which poll them every
      `--monitor-interval` ([[pytorch.torchrun_monitor_interval]]), see them healthy.
   2. **The first peer times out after about {ib_wait:.0f} s.** A NIC with data in flight to the
@@ -316,7 +320,11 @@ fails stops its workers and exits, and the job does not resume.
      That is the nominal value; RoCE NICs with adaptive retransmission time their retries
      differently (their timer's maximum is [[nvidia.roce_adp_timeout_cap]]). The mechanism is in
      [13](13_switches_incast_ecmp_rails.ipynb). Then the NIC reports an error.
-  3. **That worker fails.** Its agent spends a restart (if one is left) and re-enters the
+  3. **That worker fails.** ProcessGroupNCCL's watchdog polls the communicator's errors and,
+     with TORCH_NCCL_ASYNC_ERROR_HANDLING at torchrun's setting
+     ([[pytorch.torchrun_async_error_handling]]; without torchrun the default is
+     [[pytorch.nccl_async_error_handling]]; both end the process, 0 would leave it hanging),
+     ends the worker. Its agent spends a restart (if one is left) and re-enters the
      rendezvous.
   4. **Every other agent restarts its workers.** It sees a node waiting at its next poll and
      stops its hung workers: SIGTERM, then SIGKILL after up to [[pytorch.agent_stop_grace]].
@@ -371,7 +379,7 @@ def cost_text() -> str:
 
 - **Resharding is DCP's** ([[pytorch.dcp_resharding]]). The checkpoint must sit on storage
   every node reaches (here: one local directory).
-- **Loading reads the whole state at least once.** Weights and Adam's state take
+- **Loading reads the whole state at least once.** fp32 weights and Adam's state take
   [[paper.zero_adam_state_bytes]]: about {70e9 * adam_b / 1e12:.1f} TB for a 70B-parameter model,
   {405e9 * adam_b / 1e12:.1f} TB for 405B. Even at Llama 3's whole storage rate, a sustained
   [[meta.llama3_storage_throughput]], reading 405B's state once takes no less than {read_s:.1f} s
@@ -399,7 +407,7 @@ def cost_text() -> str:
   | | replicas training | nodes training | nodes idle |
   |---|---|---|---|
   | before | R | R × k | 0 |
-  | after | R − 1 | (R − 1) × k | k − 1 (the dead node's replica) |
+  | after | R − 1 | (R − 1) × k | k − 1 (the surviving nodes of the dead node's replica) |
 
   The job runs at about (R − 1)/R of the throughput, with a larger per-replica batch or
   gradient accumulation. To keep the survivors busy, re-partition the pipeline stages over
