@@ -185,7 +185,8 @@ def explain_sweep(sweep: dict, *, show_details: bool = False) -> None:
 # "On a real GPU cluster": the line rate, NCCL's α in its cost model, and RDMA, with NCCL's
 # protocols, chunking, RoCE framing and congestion control behind a fold for notebook 02c (a
 # `facts.show` template: [[id]] renders a ledger fact with its source). n* per µs of α on one
-# ConnectX-7 port, and the n* that NCCL's cost model implies for a network ring round with
+# ConnectX-7 port, and the n* that NCCL's tuner α with the line rate gives for a network
+# ring round with
 # Simple and, at most, with LL (its lower α comes with at most half the bandwidth: half of
 # each LL line is flags, and NCCL's tuner caps ring LL at half the bus bandwidth, tuning.cc
 # in v2.30.7-1). These are a model's constants, not measured latencies.
@@ -203,18 +204,24 @@ TRANSPORT_AND_CONGESTION = f'''
 - **Line rate.** A DGX H100 has [[nvidia.dgx_h100_compute_nics]] for its compute fabric, one per
   GPU, at [[nvidia.connectx7_rate]] ([[nvidia.connectx7_rate_bytes]]) each: n* = α/β is about
   {_KB_PER_US:.0f} kB per µs of α.
-- **NCCL's α, in its cost model.** NCCL's tuner, the cost model that picks an algorithm and a
-  *protocol* (NCCL's way of moving data: LL for low latency, Simple for bandwidth), charges a
-  ring round across the network, on nodes with several GPUs,
-  [[nccl.tuner_net_ring_step_latency_ll]] with LL to [[nccl.tuner_net_ring_step_latency_simple]]
-  with Simple. That model implies n* from at most
-  ≈ {_LL_NSTAR_KB:.0f} kB with LL to ≈ {_SIMPLE_NSTAR_KB:.0f} kB with Simple, so a bucket split p
-  ways should be well above that. These are the model's constants, not measured latencies.
+- **NCCL's α.** On a real cluster NCCL's cost model charges about
+  [[nccl.tuner_net_ring_step_latency_ll]] to [[nccl.tuner_net_ring_step_latency_simple]] per
+  network round (its constants, not measured latencies), so n* is tens to hundreds of kB,
+  against 250 kB here: the same rule holds, a bucket split p ways must stay well above n*.
 - **α without the kernel.** RDMA skips the kernel's system calls and copies
   ([[rdma.kernel_bypass]]). The round trips measured above cannot show that software cost:
   they are almost all emulated delay.
 
-<details><summary>For later (notebook 02c): protocols, chunking, RoCE framing, congestion</summary>
+<details><summary>For later (notebook 02c): NCCL's tuner and protocols, chunking, RoCE framing,
+congestion</summary>
+
+**The tuner.** NCCL's tuner is the cost model that picks an algorithm and a *protocol*
+(NCCL's way of moving data: LL and LL128 for low latency, Simple for bandwidth). It charges a
+ring round across the network, on nodes with several GPUs,
+[[nccl.tuner_net_ring_step_latency_ll]] with LL to [[nccl.tuner_net_ring_step_latency_simple]]
+with Simple. The tuner's α with the line rate gives n* from at most
+≈ {_LL_NSTAR_KB:.0f} kB with LL to ≈ {_SIMPLE_NSTAR_KB:.0f} kB with Simple (the tuner's own
+bandwidth figure is per channel, with further caps).
 
 **Protocols.** LL and LL128 send a flag with the data, so the receiver needs no separate
 synchronisation: a lower per-round latency. LL pays for it with at most half the bandwidth
@@ -224,7 +231,7 @@ full bandwidth ([[nccl.proto_ll128_efficiency]] of each LL128 line is data). Sim
 chunks at full bandwidth. The tuner also adds a fixed latency per call, and to each network
 round the latency the network plugin reports ([[nccl.tuner_net_latency_inter]]). With one GPU
 per node it charges the tree's network round instead ([[nccl.tuner_net_tree_step_latency_ll]]
-for LL), so counting α alone, as notebook 00 does, gives a larger n*.
+for LL).
 
 **Chunking.** A ring all-reduce (notebook 02) sends 1/p of the buffer per round. NCCL splits
 that further over its channels (the parallel slices of notebook 02c) and into fixed-size
