@@ -54,7 +54,9 @@ def test_tree_loads_count_the_edges_that_cross_leaves():
 
 def test_explain_nccl_trees_prints_each_setup_against_the_farthest_first_tree(capsys):
     line, rest = ob.nccl_tree_lines(far=1.98)
-    assert line.startswith("In one line: at 4:1 NCCL's double binary tree loses at most 1.50x")
+    assert line.startswith("In one line: at 4:1 NCCL's double binary tree loses about 1.50x in "
+                           "the worst of these setups if ECMP spreads its crossing flows evenly")
+    assert "not a run; a hash collision adds to it" in line
     assert "because 20 of its 30 edges stay inside a leaf (at 16 nodes, the figure)" in line
     assert "arithmetic on ncclGetDtree's edges" not in line  # the arithmetic sits in a fold
     ob.explain_nccl_trees(far=1.98)  # outside a notebook the fold prints its text as it is
@@ -113,9 +115,10 @@ def test_the_tables_name_their_statistics(capsys):
             "all-to-all": 2.25}
     ob.print_closed_forms(closed, real, cases=[(c,) for c in real], mtu=1500)
     out = capsys.readouterr().out
-    assert "64 KiB segments (this emulator; what the runs check)" in out
-    assert ("With real 1500 B frames the ring's 1.00x becomes 1.01x (every case: the "
-            "appendix)") in out
+    # the real frames' ratio first (the lesson), the emulator's segments as what the runs check
+    assert "64 KiB segments (this emulator: what the runs below check)" in out
+    assert "  ring                                 1.01x | 1.00x" in out
+    assert "emulator artefact: appendix" in out
     rounds = [{"peak": p, "best": m, "median": m, "times": [m, m, m], "model": m}
               for p, m in ((1, 0.0587), (2, 0.1007), (3, 0.1427))]
     ob.explain_ecmp_rounds(rounds)

@@ -93,12 +93,12 @@ def print_closed_forms(closed: dict, real: dict, *, cases: Sequence[tuple], mtu:
     segments, what the runs check (`closed`: (case, o) -> time), then one line on the ring
     with real `mtu`-byte frames (`real`: case -> that ratio; the other cases': the appendix),
     and check that only the farthest-first tree and the all-to-all slow with real frames."""
-    print(f"closed form, {NBYTES // KiB} KiB per node, {SEGMENT_BYTES // KiB} KiB segments "
-          f"(this emulator; what the runs check): time at o = 4 / time at o = 1")
+    print(f"closed form, {NBYTES // KiB} KiB per node: time at o = 4 / time at o = 1")
+    print(f"  {'':<23} {'real ' + str(mtu) + ' B frames':>18} | {SEGMENT_BYTES // KiB} KiB "
+          f"segments (this emulator: what the runs below check)")
     for c, *_ in cases:
-        print(f"  {c:<23} {closed[c, 4] / closed[c, 1]:.2f}x")
-    print(f"With real {mtu} B frames the ring's {closed['ring', 4] / closed['ring', 1]:.2f}x "
-          f"becomes {real['ring']:.2f}x (every case: the appendix).")
+        print(f"  {c:<23} {real[c]:>17.2f}x | {closed[c, 4] / closed[c, 1]:.2f}x")
+    print("The ring's small rise with segments is an emulator artefact: appendix.")
     assert real["ring"] < 1.05 and real["tree, neighbours first"] < 1.05
     assert real["tree, farthest first"] > 1.5 and real["all-to-all"] > 1.5
 
@@ -319,10 +319,11 @@ def nccl_tree_lines(*, far: float, setups: Sequence[tuple[int, int]] = NCCL_TREE
     edges = nccl_dtree_edges(n_w)
     inside = sum(p // per_w == c // per_w for tree in edges for p, c in tree)
     total = sum(map(len, edges))
-    line = (f"In one line: at {o} NCCL's double binary tree loses at most "
-            f"{worst['slowdown']:.2f}x in these setups, against {far:.2f}x for this course's "
-            f"farthest-first tree,\nbecause {inside} of its {total} edges stay inside a leaf "
-            f"(at {n_w} nodes, the figure).")
+    line = (f"In one line: at {o} NCCL's double binary tree loses about "
+            f"{worst['slowdown']:.2f}x in the worst of these setups if ECMP spreads its crossing "
+            f"flows evenly (arithmetic on NCCL's tree edges, not a run; a hash collision adds "
+            f"to it),\nagainst {far:.2f}x for this course's farthest-first tree, because "
+            f"{inside} of its {total} edges stay inside a leaf (at {n_w} nodes, the figure).")
     crossing = ["tree " + str(i + 1) + ": " + ", ".join(f"{p}-{c}" for p, c in tree
                                                           if p // per_w != c // per_w)
                 for i, tree in enumerate(edges)]
@@ -601,12 +602,14 @@ def show_takeaways(med: dict[str, float], rounds: Sequence[dict], rl: Sequence[d
     n = len(naive["times"])  # the runs behind each median
     say(f"""- **Oversubscription hurts traffic without locality:** at 4:1 the farthest-first
   tree took {med['tree']:.2f}x its non-blocking time, the leaf-ordered ring {med['ring']:.2f}x
-  (medians of {n} runs; {real_ring:.2f}x with real frames, closed form).
+  (medians of {n} runs; {real_ring:.2f}x with real frames, closed form). *For you:* order
+  ranks leaf by leaf, and check per-leaf uplink counters before blaming the model.
 - **A round waits for the busiest uplink ECMP's hash gives it:** {worst} flows on one uplink
-  took {spread:.2f}x the spread round (the fastest run of each class).
+  took {spread:.2f}x the spread round (the fastest run of each class). *For you:* a step
+  time that varies from job to job with the same code can be a hash collision.
 - **Rails keep a hierarchical all-reduce off the spine:** the naive layout took
   {naive['median'] / aligned['median']:.2f}x the rail-aligned one at a 4:1 spine (medians of
-  {n} runs).""")
+  {n} runs). *For you:* keep GPU i on NIC i on every node.""")
 
 
 def store_and_forward(closed: dict, *, rate: float) -> tuple[float, float, int]:
@@ -751,7 +754,8 @@ NCCL_TREE = """
 **NCCL's own tree** is a [[nccl.double_binary_tree]] (two binary trees, each carrying half
 the data) over the nodes in rank order, sent [[nccl.tree_chunk_pipeline]]. Its lowest edges
 join neighbouring nodes, the levels above ever farther ones (as MPICH's binomial reduce pairs
-[[mpich.binomial_reduce_order]]).
+[[mpich.binomial_reduce_order]]). Whether a call runs the ring or the tree is the tuner's
+choice: [[nccl.tuner_model]].
 """
 
 # The `facts.show` templates of "On a real GPU cluster": where the rank order comes from and
@@ -759,14 +763,14 @@ join neighbouring nodes, the levels above ever farther ones (as MPICH's binomial
 # rails in NVIDIA's reference architecture and in NCCL.
 RANK_ORDER = """
 **Rank order and locality.** NCCL keeps its [[nccl.ring_node_order]] and sees no leaves or
-spines (rails it can see: below), so sort your hosts by leaf. The order comes from:
+spines: sort hosts by leaf, and under c10d zero-pad hostnames (`node02`, not `node2`).
+
+<details><summary>Where the order comes from (torchrun, Slurm, mpirun); placement by the scheduler; systems that bound traffic without locality</summary>
 
 - **torchrun:** [[pytorch.torchrun_node_order]]. Under c10d, name hosts so that they sort by
-  leaf, and pad the numbers: sorted as strings, `node10` comes before `node2` (write `node02`).
+  leaf, and pad the numbers: sorted as strings, `node10` comes before `node2`.
 - **Slurm's srun or mpirun:** the node list's order. srun [[slurm.srun_block_distribution]];
   mpirun follows its hostfile.
-
-<details><summary>Placement by the scheduler, and systems that bound traffic without locality</summary>
 
 Slurm's topology/tree ([[slurm.topology_tree]]) best-fits a job onto few leaves
 (`--switches` caps their number); rank order still follows the launcher's.
@@ -779,15 +783,15 @@ a minimum cut across zones, to keep cross-zone traffic low.
 """  # noqa: E501 (prose shown verbatim)
 
 ECMP_BOX = """
-**Flows and collisions.** NCCL splits a collective over **channels** (at most
-[[nccl.max_ctas]]), each opening one queue pair per NIC: one flow to ECMP. Routed Ethernet and
-RoCE fabrics hash each flow; InfiniBand switches forward by destination along
-[[infiniband.sm_lft_routing]], so there collisions follow placement rather than a random hash.
+**Flows and collisions.** Routed Ethernet and RoCE fabrics hash each flow onto an uplink;
+InfiniBand switches forward by destination along [[infiniband.sm_lft_routing]], so there
+collisions follow placement rather than a random hash.
 
 <details><summary>Channels and queue pairs; InfiniBand's hashing and adaptive routing; more entropy on RoCE</summary>
 
-A channel is a parallel copy of NCCL's ring, moving its own slice of the bytes, and its
-connection opens one queue pair (a QP, as in [13](13_switches_incast_ecmp_rails.ipynb)) per
+NCCL splits a collective over **channels** (at most [[nccl.max_ctas]]). A channel is a
+parallel copy of NCCL's ring, moving its own slice of the bytes, and each of its connections
+opens one queue pair (a QP, as in [13](13_switches_incast_ecmp_rails.ipynb)) per
 NIC, more if [[nccl.ib_qps_per_connection]] is raised. A ring ordered by leaf thus puts about
 one flow per channel on a leaf's uplinks, together one NIC's worth with one NIC per node, and
 a hash can stack several on one uplink.
@@ -802,8 +806,13 @@ RoCE, more flows per connection give ECMP more entropy (Meta's enhanced ECMP,
 """  # noqa: E501 (the fold's one-line summary)
 
 RAILS_BOX = """
-**Rails.** NVIDIA's reference architecture has [[nvidia.rail_optimized_ra]], so its spine is
-not oversubscribed. [[nccl.cross_nic]] decides whether NCCL keeps a ring or tree on one rail:
-by [[nccl.rail_id]], else the same NIC on every node. With [[nccl.pxn]], NCCL reaches another
+**Rails.** Keep each NIC index on its rail: GPU i on NIC i on every node.
+
+<details><summary>Rails in NVIDIA's reference architecture and in NCCL (NCCL_CROSS_NIC, rail ids, PXN)</summary>
+
+NVIDIA's reference architecture has [[nvidia.rail_optimized_ra]], so its spine is not
+oversubscribed. [[nccl.cross_nic]] decides whether NCCL keeps a ring or tree on one rail: by
+[[nccl.rail_id]], else the same NIC on every node. With [[nccl.pxn]], NCCL reaches another
 rail over NVLink.
-"""
+</details>
+"""  # noqa: E501 (the fold's one-line summary)
