@@ -56,6 +56,9 @@ def test_real_scale_names_amd_hosts_and_ddp_buckets(shown):
     # r20: the tuner's constants choose algorithms; they are not latency predictions (visible)
     visible = text[:text.index("<details>")]
     assert "not calibrated predictions of real latency" in visible
+    # r21 UNSUPPORTED: DDP's rounds are named on the main path, with what sets FSDP apart
+    assert "DDP in default buckets issues more calls still (11× FSDP's rounds)" in visible
+    assert "FSDP's all-gathers must finish before the compute" in visible
 
 
 def test_fsdp_collectives_across_nodes_need_infiniband_sharp(shown):
@@ -68,8 +71,10 @@ def test_fsdp_collectives_across_nodes_need_infiniband_sharp(shown):
         assert "NVLink SHARP or InfiniBand SHARP" not in text
         assert "unless the nodes have NVLink SHARP" not in text
     algos = " ".join(shown[0].split())
-    visible = algos[:algos.index("<details>")]
-    assert "stay rings by default" in visible and "CollNet" not in visible  # folded
+    # r21: the whole box is one fold with a one-line summary; CollNet in a nested fold
+    assert algos.startswith("<details><summary>NCCL's algorithms and FSDP2's prefetch on GPUs")
+    outer = algos[:algos.index("<details>", 1)]
+    assert "stay rings by default" in outer and "CollNet" not in outer
     assert "avoid rings only with InfiniBand SHARP, alone (CollNetDirect) or combined" in algos
     assert "NVLS alone serves them only inside a node" in algos  # the ledger's value
     assert ("NVLS and CollNetDirect serve them across nodes only with CollNet (SHARP) enabled"
@@ -109,7 +114,10 @@ def test_traffic_footnotes_the_ddp_rebuild(shown):
     assert footnote.startswith("<details><summary>\\* Why step 3</summary>")
     assert "Step 2 also carries DDP's one-time bucket rebuild" in shown[0]
     assert "| `reduce_scatter=False` |" not in shown[0]
-    assert "about the last 3: 2.91 (N−1)/N · Ψb" in shown[0]
+    assert "about the last 3: the i-th unit from the end" in shown[0]
+    # r21 UNSUPPORTED: the arithmetic behind "the last 3" is shown
+    assert "2(i − 1) × 0.22B parameters, and stays gathered while that is below 1B, so i ≤ 3. " \
+        "That gives 2.91 (N−1)/N · Ψb" in shown[0]
     assert "under about 0.5B parameters stays gathered whole" in shown[0]
     assert "a little less" not in shown[0]
     # r20: why DeepSpeed's default is 1.5x: all-reduce (2) instead of reduce-scatter (1), + 1

@@ -79,9 +79,7 @@ def explain_traffic(traffic: dict, names: dict, *, psi: float = 7e9, units: int 
     facts.show(
         f"Each rank sent **{t['ddp']['sent'][0]} B** under DDP, in one all-reduce (one "
         f"bucket)\\*, and the same under ZeRO-1 and ZeRO-2, in {t['zero1']['ops']} collectives "
-        f"(a reduce-scatter and an all-gather per tensor, as this hand-written version issues "
-        f"them; real ZeRO-1/2 groups gradients into large buckets and issues far fewer calls: "
-        f"details below). FSDP2 sent "
+        f"(a reduce-scatter and an all-gather per tensor). FSDP2 sent "
         f"**{t['zero3']['sent'][0]} B** in {t['zero3']['ops']} collectives, **{ratio:.2f}× DDP's "
         f"volume**; without resharding after the forward, {t['fsdp_no_reshard']['sent'][0]} B in "
         f"{t['fsdp_no_reshard']['ops']}.\n\n<details><summary>\\* Why step 3</summary>\n\nStep 2 "
@@ -89,7 +87,9 @@ def explain_traffic(traffic: dict, names: dict, *, psi: float = 7e9, units: int 
         f"count is taken at step 3.\n</details>\n\n<details><summary>"
         f"For experts (safe to skip): how DeepSpeed's calls differ</summary>\n\n"
         f"The bullets above, and this hand-written "
-        f"version, follow the ZeRO paper. DeepSpeed's ZeRO-1/2 group gradients into buckets "
+        f"version, follow the ZeRO paper, one reduce-scatter and one all-gather per tensor; "
+        f"real ZeRO-1/2 groups gradients into large buckets and issues far fewer calls. "
+        f"DeepSpeed's ZeRO-1/2 group gradients into buckets "
         f"of `reduce_bucket_size` elements and by default issue "
         f"[[deepspeed.zero12_bucket_allreduce]]. Per step, with the all-gather of the updated "
         f"parameters:\n\n"
@@ -109,7 +109,10 @@ def explain_traffic(traffic: dict, names: dict, *, psi: float = 7e9, units: int 
         f"([[deepspeed.zero3_max_reuse_distance]] by default): after the forward the last "
         f"units, whose backward follows within that many elements, stay gathered and skip "
         f"their backward all-gather. For a {psi / 1e9:.0f}B-parameter model in {units} equal "
-        f"units that is about the last {kept}: {3 - kept / units:.2f} (N−1)/N · Ψb. A model of "
+        f"units that is about the last {kept}: the i-th unit from the end is reused after the "
+        f"forward and backward of the i − 1 units after it, 2(i − 1) × {psi / units / 1e9:.2f}B "
+        f"parameters, and stays gathered while that is below {distance / 1e9:.0f}B, so "
+        f"i ≤ {kept}. That gives {3 - kept / units:.2f} (N−1)/N · Ψb. A model of "
         f"under about {whole / 1e9:.1f}B parameters stays gathered whole and sends about "
         f"2 (N−1)/N · Ψb, DDP's volume.\n</details>")
     return ratio
@@ -352,8 +355,10 @@ def plot_at_real_scale(psi: float, *, units: int, cross: dict) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("ranks N")
     ax.set_ylabel("ms per step")
-    ax.set_title(f"FSDP, {psi / 1e9:.0f}B parameters in bf16, {units} units: NCCL's tuner "
-                 "model, Intel or Arm hosts, rings only (not measured)", fontsize=10)
+    ax.set_title(f"In NCCL's tuner model, FSDP's latency overtakes its bytes at "
+                 f"~{cross['node']} ranks ({c['node']}-GPU nodes)\n"
+                 f"{psi / 1e9:.0f}B parameters in bf16, {units} units, Intel or Arm hosts, "
+                 "rings only (not measured)", fontsize=10)
     ax.legend(fontsize=8)
     plt.tight_layout()
     plt.show()
@@ -394,17 +399,21 @@ def show_at_real_scale(psi: float, *, units: int) -> dict:
     # why the 8-NIC crossing comes sooner: bytes 8x cheaper, a ring step on average only
     step_gain = a_net / ((a_net + (node - 1) * a_nv) / node)
     facts.show(f"""
-A model, not a measurement: the step latencies are the constants NCCL's tuner uses to
-*choose* an algorithm, not calibrated predictions of real latency; bandwidth is the NICs'
-line rate; every collective is a ring and nothing overlaps (the {psi / 1e9:.0f}B bf16 model,
-{units} units). With enough ranks FSDP's latency rounds outgrow its bytes' time: at about
-{cross['one']} ranks with one GPU per node, at about {cross['node']} with nodes of {node}
-GPUs, whose {node_nics} NICs make the bytes {node_nics}× cheaper (at line rate) but the
-average ring step only {step_gain:.1f}× cheaper (figure: solid lines latency, dashed bytes).
-The latency term grows with every added rank either way; past the crossing, fewer, larger
-units help, at the cost of a larger working set.
+In a model, not a measurement (NCCL's tuner constants, made to *choose* an algorithm, not
+calibrated predictions of real latency; line-rate NICs; rings only, no overlap), FSDP's
+latency rounds for the {psi / 1e9:.0f}B bf16 model in {units} units outgrow its bytes' time
+at about
+{cross['one']} ranks with one GPU per node and at about {cross['node']} with nodes of {node}
+GPUs (figure: solid lines latency, dashed bytes). DDP in default buckets issues more calls
+still ({2 * buckets / (3 * units):.0f}× FSDP's rounds), but its all-reduces can run as trees
+and overlap the backward, while FSDP's all-gathers must finish before the compute that
+needs them.
 
 <details><summary>For experts, safe to skip: the derivation and the two layouts</summary>
+
+The {node_nics} NICs of a node make the bytes {node_nics}× cheaper (at line rate) but the
+average ring step only {step_gain:.1f}× cheaper. The latency term grows with every added rank
+either way; past the crossing, fewer, larger units help, at the cost of a larger working set.
 
 For N ranks in nodes of g GPUs with m NICs of B bytes/s each, and α_net, α_NVLink NCCL's
 tuner cost of one ring step between nodes ([[nccl.tuner_net_ring_step_latency_simple]]) and
@@ -609,7 +618,8 @@ def algorithms_and_overlap_text() -> str:
     all-gathers and reduce-scatters avoid rings, and FSDP2's prefetch on GPUs; a template for
     `facts.show`, whose [[...]] placeholders cite the ledger."""
     return ("""
-**Algorithms and overlap**
+<details><summary>NCCL's algorithms and FSDP2's prefetch on GPUs: Tree helps DDP's
+all-reduces only; FSDP2 prefetches the next all-gather by default</summary>
 
 - **Algorithms.** NCCL's tuner picks an algorithm per collective and size
   ([[nccl.tuner_model]]). Two matter here. **Ring** is the ring of this notebook. **Tree**
@@ -635,5 +645,6 @@ only with one GPU per node ([[nccl.pat_one_gpu_per_node]]), and NVLS and CollNet
 serve them [[nccl.ag_rs_multinode_collnet]]. So across multi-GPU nodes they avoid rings only
 with InfiniBand SHARP, alone (CollNetDirect) or combined with NVLink SHARP inside the node
 (NVLS).
+</details>
 </details>
 """)
