@@ -90,9 +90,12 @@ def print_outcomes(mism: dict, *, plain_timeout_s: float | None = None) -> None:
     for m in mism.values():
         print(outcome_row(m))
     if plain_timeout_s is not None:
-        print("key:")
-        for line in legend_lines(mism, plain_timeout_s=plain_timeout_s):
-            print(line)
+        # The key is reference: folded, so the summary line and the table read straight on.
+        from . import show
+
+        show.fold("Key to the columns: outcome, ranks, after, what it says",
+                  "\n".join(["key:", *legend_lines(mism, plain_timeout_s=plain_timeout_s)]),
+                  pre=True)
 
 
 def smaller_lines(small: dict) -> list[str]:
@@ -109,9 +112,12 @@ def smaller_lines(small: dict) -> list[str]:
 
 
 def explain_smaller(small: dict) -> None:
-    """Print `smaller_lines(small)`: whose data each returning rank holds."""
-    for line in smaller_lines(small):
-        print(line)
+    """Show `smaller_lines(small)` behind a fold: whose data each returning rank holds (the
+    summary line above the table already says it in words)."""
+    from . import show
+
+    show.fold("The smaller case: whose data rank 1 returned", "\n".join(smaller_lines(small)),
+              pre=True)
 
 
 def print_detail_error(m: dict) -> None:
