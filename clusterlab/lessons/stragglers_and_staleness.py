@@ -103,14 +103,15 @@ def straggler_table(runs: list) -> None:
 def growth_sentence(runs: list) -> str:
     """The result in one sentence: whether the slowest seeded sleep followed c + m·H_N (its
     largest gap), and how the whole step grew from the smallest to the largest N against that
-    prediction: about as predicted (within 20%), or more or less, and, when more and this
-    host's all-reduce alone grew by over half the excess, that it came from there (with what
-    the emulated link's ring needs)."""
+    prediction: about as predicted (within 20%), or more or less, and, when more and the host's
+    overhead (whole step minus slowest sleep) grew by over half the excess, that overhead's
+    growth beside this host's all-reduce timed alone (and what the emulated link's ring
+    needs): ranks arriving at different times hide part of the all-reduce, so it is not all
+    on the step."""
     ring = emulated_ring(runs)
     off = max(abs(r["mean_slowest_s"] - r["model_s"]) / r["model_s"] for r in runs)
     first, last = runs[0], runs[-1]
     grew, predicted = last["mean_step_s"] - first["mean_step_s"], last["model_s"] - first["model_s"]
-    comm = last["comm_s"] - first["comm_s"]
     n0, n1 = first["nodes"], last["nodes"]
     compute = (f"the slowest seeded sleep followed c + m·H_N (within {off:.0%} at every N)"
                if off < 0.15 else
@@ -123,10 +124,13 @@ def growth_sentence(runs: list) -> str:
         step = f"the whole step grew less ({size})"
     else:
         step = f"the whole step grew more ({size})"
-        if comm > 0.5 * (grew - predicted):
-            step += (f", because this host's all-reduce grew with N: {1e3 * first['comm_s']:.1f} → "
-                     f"{1e3 * last['comm_s']:.1f} ms alone, where the emulated link's ring needs "
-                     f"{1e3 * ring[n1]:.1f} ms at N = {n1}")
+        over = [r["mean_step_s"] - r["mean_slowest_s"] for r in (first, last)]
+        if over[1] - over[0] > 0.5 * (grew - predicted):
+            step += (f": the host's overhead (whole step minus slowest sleep) grew "
+                     f"{1e3 * over[0]:.1f} → {1e3 * over[1]:.1f} ms, less than the all-reduce "
+                     f"timed alone ({1e3 * first['comm_s']:.1f} → {1e3 * last['comm_s']:.1f} ms; "
+                     f"the emulated link's ring needs {1e3 * ring[n1]:.1f} ms at N = {n1}), as "
+                     "ranks arriving at different times hide part of it")
     return f"{compute}; {step}."
 
 
@@ -135,10 +139,11 @@ def explain_straggler_growth(runs: list, sim: dict) -> None:
     (the slowest seeded sleep within 15% of c + m·H_N at every N, with the largest gap and the
     steps per N); checks the simulator against the closed form."""
     off = max(abs(r["mean_slowest_s"] - r["model_s"]) / r["model_s"] for r in runs)
-    print("In short: " + growth_sentence(runs))
-    conclude(off < 0.15, "set-up check: the slowest seeded sleep is within 15% of c + m·H_N "
-             f"at every N (largest gap {off:.0%}; {len(runs[0]['step_s'])} steps per N; the "
-             "sleeps are seeded draws, so this checks the set-up, not the model)")
+    # one line; the sleeps are seeded draws, so "within x%" checks the set-up, not the model
+    print("In short: " + growth_sentence(runs) + f" ({len(runs[0]['step_s'])} steps per N)")
+    if off >= 0.15:
+        print("Set-up check failed: the slowest seeded sleep should follow c + m·H_N by "
+              "construction; rerun on a quieter machine.")
     assert np.allclose(sim["mean_step_s"], sim["model_s"], rtol=0.05)
 
 
@@ -417,6 +422,24 @@ def unsettled(fix: dict) -> list:
             if r["final_loss"] < r["initial_loss"] < last_third_max(r)]
 
 
+def row_three_sentence(fix: dict) -> str:
+    """How to read *plain, slow worker* beside *plain (4 equal)*: the same mean τ, and whether
+    the two runs ended alike. A converged slow-worker run beside a diverged equal one is the
+    section's thesis (the delay pattern decides, not only τ), from one unasserted run each."""
+    eq, slow = fix["plain (4 equal)"], fix["plain, slow worker"]
+    tau = f"mean τ {slow['tau'].mean():.1f}, against {eq['tau'].mean():.1f} for *plain (4 equal)*"
+    ok = {n: r["final_loss"] < r["initial_loss"] and n not in unsettled(fix)
+          for n, r in (("eq", eq), ("slow", slow))}
+    if ok["slow"] and not ok["eq"]:
+        return (f"Read *plain, slow worker*: {tau}, yet it converged: its delays are spread "
+                f"differently (max τ {int(slow['tau'].max())} against {int(eq['tau'].max())}). "
+                "The delay pattern, not only τ, decides; one run each, so not a rule.")
+    outcome = ("both converged" if ok["slow"] and ok["eq"] else
+               "neither converged" if not (ok["slow"] or ok["eq"]) else
+               "the equal run converged, the slow one did not")
+    return f"Read *plain, slow worker*: {tau}; {outcome} (one run each)."
+
+
 def explain_fixes(fix: dict) -> None:
     """Prints each fix run's mean and largest τ, step-back share, final loss and largest loss
     over its last third, with what those columns mean (and the updates each max is over), names
@@ -437,6 +460,10 @@ def explain_fixes(fix: dict) -> None:
         print(f"{name}: ended below the start ({fix[name]['initial_loss']:.2f}) but rose to "
               f"{last_third_max(fix[name]):.1e} in its last third: not converged, only low when "
               "it stopped.")
+    print(row_three_sentence(fix))
+    plain_slow, ssp = fix["plain, slow worker"], fix["SSP s=1, slow worker"]
+    print(f"SSP's price: {plain_slow['updates_per_s']:.0f} → {ssp['updates_per_s']:.0f} updates/s "
+          "with the slow worker (one run each; the figure's bars).")
     assert fix["τ+1 step (4 equal)"]["final_loss"] < fix["plain (4 equal)"]["final_loss"]
     assert fix["τ+1 step (4 equal)"]["step_back"] < fix["plain (4 equal)"]["step_back"]
     assert fix["SSP s=1, slow worker"]["tau"].max() < fix["plain, slow worker"]["tau"].max()
@@ -613,6 +640,6 @@ REAL_CLUSTER_MORE = """
 
 def show_more_real_cluster() -> None:
     """Shows `REAL_CLUSTER_MORE`, cited from the ledger with its own sources, behind one fold."""
-    say(details("More: leaving a rank out, straggler tools, drift, many synchronisations per "
-                "step, causes, deliberate asynchrony",
+    say(details("More: evicting ranks, straggler tooling, drift, FSDP/TP, causes, deliberate "
+                "asynchrony",
                 facts.render(REAL_CLUSTER_MORE, one_per_source=True)))

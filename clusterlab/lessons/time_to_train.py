@@ -54,21 +54,22 @@ def crit_range(steps: dict, b_crit: int) -> tuple[int, int]:
 
 
 def crit_text(crit: dict) -> str:
-    """The critical batch as the verdicts state it: its range in batches and in nodes, and the
-    estimate: 'B_crit ≈ 800 to 2200, 25 to 69 nodes; estimate 2048'."""
+    """The critical batch as the first verdict states it, once: its range in batches and in
+    nodes, the figure's grey band: 'B_crit ≈ 800 to 2200 samples, 25 to 69 nodes: the grey
+    band'. The estimate, and why only a range, are in the appendix."""
     lo, hi = crit["crit_range"]
     per_rank = crit["per_rank"]
     nodes = batch_range(lo / per_rank, hi / per_rank)
-    return (f"B_crit ≈ {batch_range(lo, hi)}, {nodes} node{'s' if nodes != '1' else ''}; "
-            f"estimate {crit['b_crit']}")
+    return (f"B_crit ≈ {batch_range(lo, hi)} samples, {nodes} node{'s' if nodes != '1' else ''}"
+            ": the grey band")
 
 
 def placed(batches: list, crit: dict) -> str:
     """Where the global batches `batches` (one curve's best, by seed) lie against the critical
-    batch's range: 'below', 'past', 'at or past' (none below it) or 'around' it."""
+    batch's range: 'below', 'past', 'inside or past' (none below it) or 'around' it."""
     lo, hi = crit["crit_range"]
     return ("below" if max(batches) < lo else "past" if min(batches) > hi else
-            "at or past" if min(batches) >= lo else "around")
+            "inside or past" if min(batches) >= lo else "around")
 
 
 def nccl_step_times(nodes: list, *, compute_s: float) -> dict:
@@ -214,9 +215,10 @@ def best_nodes_sentence(crit: dict) -> str:
            "before the critical batch." if grew > fell and where == "below" else ".")
         + f" On {max(nodes)} nodes the ring takes "
         f"{t_of['ring'][max(nodes)] / best['ring']['time_s']:.0f}× longer than at its best."
-        + "".join(f" For the {' and the '.join(edge)} some seed's best is {max(nodes)}, the edge "
-                  "of the range simulated: its optimum may lie beyond." for _ in edge[:1])
-        + " Why the critical batch is only a range: appendix.")
+        + " Why the critical batch is only a range"
+        + (f", and why the {' and the '.join(edge)}'s optimum may lie past {max(nodes)} nodes"
+           if edge else "")
+        + ": appendix.")
 
 
 def estimate_points(crit: dict) -> list:
@@ -337,13 +339,13 @@ def nccl_sentence(dc: dict, crit: dict) -> str:
     return (f"**At {us:.0f} µs per network step instead of 2 ms, the ring's best moves from "
             f"{crit['best']['ring']['nodes']} nodes to {span(dc['seeds'])} by seed: "
             + ("every seed's best is " if len(dc["seeds"]) > 1 else "")
-            + f"{where} the critical batch ({crit_text(crit)}).** "
+            + f"{where} the critical batch's range.** "
             f"The step is then {c_ms:.0f} ms + 2(N−1) × {us:.0f} µs: {n} nodes (the best by the "
             f"mean) take {c_ms:.0f} ms + {2 * (n - 1)} × {us:.0f} µs = "
             f"{dc['step'][n] * 1e3:.0f} ms per step, against {crit['step_times']['ring'][n]:.2f} s "
             "at 2 ms."
             + (" Past the critical batch the steps have flattened, so the step's small growth "
-               "and seed noise decide the exact count." if where in ("past", "at or past")
+               "and seed noise decide the exact count." if where in ("past", "inside or past")
                else ""))
 
 
@@ -600,8 +602,8 @@ def appendix(crit: dict) -> None:
         print(f"   {r['batch']:>6}   {r['steps']:>5.1f}   {r['lr']:g}")
     print(f"   from batch {crit['top_from']} on the best rate stays {crit['lr_top']:g}: at all "
           f"{len(plateau)} of those batches, at rate {2 * crit['lr_top']:g} some seed had not "
-          "reached the target after the best's mean steps (rounded down) + 1, so the search "
-          "stopped it there (diverging or only slower: not told apart)")
+          "reached the target after the best's mean steps (rounded down) + 1: rate "
+          f"{2 * crit['lr_top']:g} was tried and did not beat rate {crit['lr_top']:g}")
     if crit.get("pool"):   # every seed reads the same pool from its own offset
         big = rows[-1]
         used = [s * big["batch"] / crit["pool"] for s in big["per_seed"]]
@@ -616,4 +618,7 @@ def appendix(crit: dict) -> None:
         print(f"   - {b}")
     for k in STYLES:
         print(f"   {k}: best N {best[k]['nodes']} by the mean ({best[k]['time_s']:.2f} s), each "
-              f"seed's best N {span(seed_best[k])}, {t_of[k][1024]:.2f} s on 1024 nodes")
+              f"seed's best N {span(seed_best[k])}, {t_of[k][1024]:.2f} s on 1024 nodes"
+              + (f"; some seed's best is {max(crit['nodes'])}, the edge of the range "
+                 "simulated: its optimum may lie beyond" if max(seed_best[k]) == max(crit["nodes"])
+                 else ""))
