@@ -139,7 +139,7 @@ def schedule_line(schedule: list[int], *, first: dict, failure: dict, mtbf_steps
                   tau: float, interval: int, predicted: float) -> str:
     """The second job's plan in words: its failure steps, its MTBF in seconds of work and
     whether that is shorter or longer than one restart (when shorter: outside Young's regime,
-    so the interval hardly matters), Young's interval in ms and steps, and the estimated
+    where the formula does not apply), Young's interval in ms and steps, and the estimated
     time."""
     mtbf_run = mtbf_steps * first["step_s"]
     short = mtbf_run < failure["restart_s"]
@@ -148,7 +148,8 @@ def schedule_line(schedule: list[int], *, first: dict, failure: dict, mtbf_steps
             f"{'shorter' if short else 'longer'} than one restart "
             f"({failure['restart_s']:.2f} s)"
             + (": outside Young's regime (it needs the interval and the restart far below the "
-               "MTBF), so the interval hardly matters here" if short else "")
+               "MTBF), so Young's formula does not apply here; the interval was not varied"
+               if short else "")
             + f"; Young's interval {tau * 1e3:.0f} ms = {interval} steps; "
             f"estimated time {predicted:.1f} s")
 
@@ -292,6 +293,33 @@ def compare_estimate(rows: list[tuple[str, float, float]], *, predicted: float, 
           + HOLDS.get(worst[0], ""))
     show.fold("Every part of the estimate, and whether the parts' misses cancelled",
               "\n".join(lines), pre=True)
+
+
+def explain_estimate(rows: list[tuple[str, float, float]], *, predicted: float, second: dict,
+                     other: float, plan: str, failure: dict, job2) -> None:
+    """One fold for the whole check of the estimate (bookkeeping of how a number was obtained,
+    off the main path): the second job's plan (`schedule_line`), the estimate against the
+    measured parts row by row (`estimate_lines`), what the row that missed most holds, and
+    every restart measured (`restart_miss_lines`). Asserted silently, as in
+    `compare_estimate`: the rows add up to the estimate and under 10% of the job's time is
+    unaccounted."""
+    from . import show
+
+    assert abs(sum(r[1] for r in rows) - predicted) < 1e-6
+    assert abs(other) < 0.1 * second["train_s"], "the measured parts account for the job's time"
+    lines = estimate_lines(rows, predicted=predicted, train_s=second["train_s"])
+    worst = max(rows, key=lambda r: abs(r[2] - r[1]))
+    miss = second["train_s"] / predicted - 1
+    body = "\n\n".join(
+        ["**The plan.** " + plan,
+         "**Estimate against the second job** (the first job's medians, its one start-up and "
+         "its one restart):", "```text\n" + "\n".join(lines) + "\n```",
+         f"{worst[0]}: the first job's {worst[1]:.2f} s against the second's "
+         f"{worst[2]:.2f} s. " + HOLDS.get(worst[0], ""),
+         "**Restart by restart.** "
+         + "; ".join(restart_miss_lines(failure=failure, job2=job2, predicted=predicted))])
+    show.fold(f"Did the first job's costs predict the second's? The estimate missed by "
+              f"{miss:+.0%} (one run, not a validation)", body, markdown=True)
 
 
 # What each part of the estimate holds, said under the table for the part that missed most.
@@ -473,12 +501,16 @@ def stall_holds(stall: dict) -> bool:
 
 
 def explain_stalls(stall: dict, loss_verdict: str) -> None:
-    """Conclude the stall claim (`stall_holds`; not shown when the machine's noise exceeded a
+    """A headline (each mode's time lost per save); then conclude the stall claim
+    (`stall_holds`; not shown when the machine's noise exceeded a
     step); then print each mode's blocked and lost time per save, the verdict on the loss per
     save with rank 1's step after a synchronous save, and a hypothesis when a synchronous save
     cost more than its write beyond the noise floor."""
     sy = stall["sync"]
     floor = sy["noise_max_s"]
+    print(f"Lost per save (medians): synchronous {sy['lost_per_save_s'] * 1e3:.0f} ms, "
+          f"asynchronous {stall['async']['lost_per_save_s'] * 1e3:.0f} ms ({sy['saves']} saves "
+          f"each).")
     _ = conclude(stall_holds(stall),
                  "the saving step waited for the write when the save was synchronous and only "
                  "for the copy when it was asynchronous, and rank 1's step after a synchronous "
@@ -526,9 +558,22 @@ def real_cluster_text(errors: list[str]) -> str:
     adam_b = facts.get("paper.zero_adam_state_bytes").value  # optimizer state per parameter
     seen = survivor_saw(errors)
     return f"""
-**Who notices a death** (torchrun of torch 2.13; on this run:
-{seen}). With restarts left, [[pytorch.torchrun_restarts_all]]; what differs is who
-notices, and when:
+- **Failures at scale.** Llama 3 405B on [[meta.llama3_gpus]] met
+  [[meta.llama3_interruptions]] unexpected interruptions in [[meta.llama3_snapshot_days]], one
+  every {days * 24 / count:.1f} hours. Young's regime fits this scale: [[paper.young_1974]]
+  assumes C ≪ τ ≪ M.
+- **Restarts.** On a cluster add finding a healthy node and reading the checkpoint:
+  mixed-precision Adam's state alone (fp32 weights, two moments) is
+  [[paper.zero_adam_state_bytes]], about {70e9 * adam_b / 1e12:.1f} TB for a 70B-parameter
+  model; with the bf16 weights (2 bytes per parameter) as well, about
+  {70e9 * (adam_b + 2) / 1e12:.1f} TB.
+- **Who notices a death** (torchrun of torch 2.13; on this run:
+{seen}). With restarts left, [[pytorch.torchrun_restarts_all]]; who notices differs: over
+  TCP the peers at once, inside an NVLink node only the dead process's own agent, for a dead
+  node the senders once the NIC's retries run out and the others at the process group's
+  timeout (next fold).
+
+<details><summary>Who notices a death, in three cases</summary>
 
 - *A process dies, its peers talk over TCP* (Gloo; NCCL over sockets:
   "[[nccl.socket_peer_closed]]"): the peers get an error in their current or next collective,
@@ -542,16 +587,9 @@ notices, and when:
   defaults); the others wait for the process group's timeout
   ([[pytorch.nccl_timeout_default]] for NCCL).
 
-Case by case in the note for experts below. What else differs:
+Case by case in the note for experts below.
+</details>
 
-- **Restarts.** On a cluster add finding a healthy
-  node and reading the checkpoint: mixed-precision Adam's state alone
-  (fp32 weights, two moments) is [[paper.zero_adam_state_bytes]],
-  about {70e9 * adam_b / 1e12:.1f} TB for a 70B-parameter model; with the bf16 weights (2 bytes
-  per parameter) as well, about {70e9 * (adam_b + 2) / 1e12:.1f} TB.
-- **Young's regime fits cluster scale.** [[paper.young_1974]] assumes C ≪ τ ≪ M. Llama 3 405B
-  on [[meta.llama3_gpus]] met [[meta.llama3_interruptions]] unexpected interruptions in
-  [[meta.llama3_snapshot_days]], one every {days * 24 / count:.1f} hours.
 <details><summary>More: asynchronous checkpoints, recovery without storage, silent
 failures</summary>
 
@@ -583,7 +621,7 @@ for a failed peer.
 |---|---|---|
 | 1. a killed process, peers on TCP (Gloo; NCCL over sockets) | its peers in their current or next collective (the kernel closes its sockets); its own agent at its next poll (every [[pytorch.torchrun_monitor_interval]]; [[pytorch.torchrun_monitor_interval_before_124692]] in releases before pytorch#124692, April 2024) | starts a new group; the job resumes after the restart |
 | 2. a crashed process (OOM kill, segfault) under NCCL inside a node ([[nccl.intranode_transports]]), restarts left | its own agent at its next poll; its peers get no error | [[pytorch.torchrun_crash_path]]; the job resumes after the restart |
-| 3. a dead node (its agent dies with it) | over InfiniBand or RoCE, the peers that send to it, once the NIC's retries run out (*a crashed process whose peers are on other nodes*, below), the others alone at the watchdog's timeout; over TCP (Gloo, NCCL sockets), every peer at the process group's timeout (a dead node closes no sockets; a sender's TCP retransmissions may give up first) | the first failing survivor's agent re-enters the rendezvous; the others restart their workers at their next poll. The new round starts once the dead node's *keep-alive* (the heartbeat each agent writes to the rendezvous store) has lapsed, [[pytorch.rdzv_dead_node_after]], and with `--nnodes MIN:MAX` short of MAX after a *last call* for late joiners, [[pytorch.rdzv_last_call_timeout]] ([12b](12b_elastic_resharding.ipynb)); with a fixed `--nnodes`, only once a replacement joins |
+| 3. a dead node (its agent dies with it) | over InfiniBand or RoCE, the peers that send to it, once the NIC's retries run out (*a crashed process whose peers are on other nodes*, below), the others alone at the watchdog's timeout; over TCP (Gloo, NCCL sockets), every peer at the process group's timeout (a dead node closes no sockets; a sender that is still retransmitting gets an error when Linux's retry limit, [`tcp_retries2`](https://docs.kernel.org/networking/ip-sysctl.html), runs out, before or after that timeout depending on the backend's) | the first failing survivor's agent re-enters the rendezvous; the others restart their workers at their next poll. The new round starts once the dead node's *keep-alive* (the heartbeat each agent writes to the rendezvous store) has lapsed, [[pytorch.rdzv_dead_node_after]], and with `--nnodes MIN:MAX` short of MAX after a *last call* for late joiners, [[pytorch.rdzv_last_call_timeout]] ([12b](12b_elastic_resharding.ipynb)); with a fixed `--nnodes`, only once a replacement joins |
 
 - **No restarts left.** With torchrun's default --max-restarts of
   [[pytorch.torchrun_max_restarts_default|value]], in case 2 the agent stops its node's workers
@@ -613,7 +651,7 @@ for a failed peer.
 def measured_here(*, failure: dict, job2, traces: dict, stall: dict, hung: list[dict],
                   overshoot: float, waits: int, loss_verdict: str, ideal: float,
                   predicted: float) -> str:
-    """The notebook's measurements in one sentence: the restarts' range, a hung peer's
+    """The notebook's measurements as four bullets: the restarts' range, a hung peer's
     overshoot, the synchronous saves' block against the asynchronous one and the verdict on
     their loss, and the second job's useful share of its training time (and of torchrun's
     whole run) against the estimate."""
@@ -621,18 +659,20 @@ def measured_here(*, failure: dict, job2, traces: dict, stall: dict, hung: list[
     s2 = job2.summary()
     restarts_s = [x["restart_s"] for x in [failure] + job2.failures()]
     blocked = [traces["sync"]["step_s"][0][k] - sy["step_s"] for k in traces["sync"]["saved"]]
-    return (f"Measured here: a restart under torchrun took {min(restarts_s):.1f} to "
+    return (f"Measured here:\n"
+            f"- restart: a restart under torchrun took {min(restarts_s):.1f} to "
             f"{max(restarts_s):.1f} s ({len(restarts_s)} restarts), plus the redone work "
-            f"({failure['redo_s']:.2f} s in the first job); "
-            f"a hung peer cost the configured timeout plus at most {overshoot * 1e3:.0f} ms "
-            f"({waits} waits, timeouts of "
-            + " and ".join(f"{r['timeout_s']:.1f}" for r in hung) + " s); "
-            f"a save of 32 MB held its step {min(blocked) * 1e3:.0f} to "
-            f"{max(blocked) * 1e3:.0f} ms when synchronous ({sy['saves']} saves), "
-            f"{asy['blocked_s'] * 1e3:.0f} ms (median) when asynchronous, "
-            f"and {loss_verdict} (medians); with {s2['failures']} injected failures "
+            f"({failure['redo_s']:.2f} s in the first job)\n"
+            f"- hang: a hung peer cost the configured timeout plus at most "
+            f"{overshoot * 1e3:.0f} ms ({waits} waits, timeouts of "
+            + " and ".join(f"{r['timeout_s']:.1f}" for r in hung) + " s)\n"
+            f"- checkpoint stall: a save of 32 MB held its step {min(blocked) * 1e3:.0f} to "
+            f"{max(blocked) * 1e3:.0f} ms when synchronous (blocked, {sy['saves']} saves), "
+            f"{asy['blocked_s'] * 1e3:.0f} ms (median) when asynchronous; "
+            f"{loss_verdict} (medians)\n"
+            f"- goodput: with {s2['failures']} injected failures "
             f"the job did useful work {ideal / s2['train_s']:.0%} of its training time "
             f"({ideal / s2['wall_s']:.0%} of torchrun's whole run), "
             f"{s2['train_s'] / predicted - 1:+.0%} off the estimate built from the first "
             f"job's medians and its one start-up and one restart (one run, not a "
-            f"validation).")
+            f"validation)")
