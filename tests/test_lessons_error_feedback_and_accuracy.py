@@ -56,8 +56,15 @@ def test_accuracy_table_prints_loss_se_c_b_and_a_verdict_per_method(capsys):
     gap = {m: r["test_loss"] - res["none"]["test_loss"] for m, r in res.items()}
     l11b.print_accuracy_table(res, gap=gap, n_test=400)
     out = capsys.readouterr().out
-    lead, header = out.splitlines()[:2]
-    # The paired accuracy column beside the test loss, then the unpaired accuracy; c / b folded.
+    lead, compact = out.splitlines()[:2]
+    # One compact table first: each comparison once, gap and verdict side by side.
+    assert compact.index("test loss vs fp32 (paired s.e.)") < \
+        compact.index("accuracy vs fp32 (paired)") < compact.index("steps to fp32's loss")
+    assert any(line.lstrip().startswith("powersgd:1") and "higher (+" in line
+               and "lower (-5." in line for line in out.splitlines()[2:8])
+    # The full table (folded): the paired accuracy column beside the test loss, then the
+    # unpaired accuracy; c / b folded.
+    header = next(line for line in out.splitlines() if "accuracy ± 1 s.e." in line)
     assert header.index("paired s.e.") < header.index("accuracy vs fp32 (paired)") < \
         header.index("accuracy ± 1 s.e.") and "c / b" not in header
     # One line first, built from the verdicts below.

@@ -72,9 +72,14 @@ def explain_error_feedback(ef_runs: dict, longer: dict, *, target: float,
                     for m in ("topk:0.01", "topk-noef:0.01"))
     if (noef["test_loss"] > ef["test_loss"] + 0.1 and ef["sent_bytes"] == noef["sent_bytes"]
             and n_ef and n_noef and n_noef > 1.5 * n_ef):  # the asserts below
+        lower = f"{noef['test_loss'] - ef['test_loss']:.2f} lower"
+        if "sample_loss" in ef and "sample_loss" in noef:  # paired on the same test samples
+            d = np.asarray(noef["sample_loss"], float) - np.asarray(ef["sample_loss"], float)
+            lower = (f"{d.mean():.2f} ± {d.std(ddof=1) / math.sqrt(len(d)):.2f} lower "
+                     "(paired s.e.)")
         print(f"In short: for the same bytes, top-k with error feedback reached fp32's training "
-              f"loss in {n_ef} steps (without it: {n_noef}) and ended the budget with a clearly "
-              "lower test loss.")
+              f"loss in {n_ef} steps (without it: {n_noef}) and ended the budget with a test "
+              f"loss {lower}.")
     if n_noef:
         print(f"So without error feedback top-k did not stall here: it reached fp32's training "
               f"loss {n_noef / n_ef:.1f}x later ({n_noef} against {n_ef} steps, within "
@@ -205,13 +210,46 @@ def only(res: dict, m: str) -> tuple[int, int]:
 
 
 def print_accuracy_table(res: dict, *, gap: dict, n_test: int, reach: dict | None = None) -> None:
+    """The `summary_line`, then one compact table (method, bytes per step, the paired test-loss
+    gap to fp32 with its verdict, the paired accuracy gap with its verdict, the steps to fp32's
+    end-of-budget training loss from `reach`), so the reader meets each comparison once; in a
+    fold, the full table (test loss, paired and unpaired accuracy), the n/a note, the
+    verdicts in words, c and b per method and a worked example (`full_accuracy_table`,
+    `explain_verdicts`)."""
+    print(summary_line(res))
+    print(f"{'method':>11}  kB/step  {'test loss vs fp32 (paired s.e.)':46s}  "
+          f"{'accuracy vs fp32 (paired)':26s}  steps to fp32's loss")
+    for m, r in res.items():
+        if m == "none":
+            print(f"{'fp32 (none)':>11}  {r['sent_bytes'] / 1e3:7.1f}  {'reference':46s}  "
+                  f"{'reference':26s}  -")
+            continue
+        lg = loss_gap(res, m)
+        loss = (f"{gap[m]:+.3f}" + (f" ± {_se(lg[1])}" if lg else "")
+                + f": {loss_verdict(res, m)}")
+        acc = verdict(accuracy_z(res, m), "higher", "lower")
+        n, horizon = (reach or {}).get(m, (0, 0))
+        steps = "-" if not horizon else str(n) if n else f"not within {horizon}"
+        print(f"{m:>11}  {r['sent_bytes'] / 1e3:7.1f}  {loss:46s}  {acc:26s}  {steps}")
+    with contextlib.redirect_stdout(io.StringIO()) as full:
+        full_accuracy_table(res, gap=gap, n_test=n_test, reach=reach)
+    counted = [m for m in res if m != "none" and accuracy_z(res, m) is not None]
+    with contextlib.redirect_stdout(io.StringIO()) as how:
+        explain_verdicts(res, counted, [m for m in res if m != "none"])
+    show.fold("The full table (both accuracies, test loss), the verdicts in words, and how they "
+              "are read: c and b, a worked example, the thresholds",
+              "```text\n" + full.getvalue().rstrip("\n") + "\n```\n\n"
+              + "\n\n".join(line for line in how.getvalue().splitlines() if line.strip()),
+              markdown=True)
+
+
+def full_accuracy_table(res: dict, *, gap: dict, n_test: int, reach: dict | None = None) -> None:
     """Per method: bytes per step, test loss and its gap to fp32 (± the paired standard
     error when per-sample losses are there), the paired accuracy difference from fp32 beside
     it ("n/a" with fewer than MIN_DISCORDANT samples right under only one of the two), and
     the accuracy ± 1 unpaired s.e.; then `reach` (the steps each method took to fp32's
-    end-of-budget training loss, `steps_to_target`), a verdict per method on its accuracy and
-    its test loss, and in a fold c and b per method and a worked example."""
-    print(summary_line(res))
+    end-of-budget training loss, `steps_to_target`) and a verdict per method on its accuracy
+    and its test loss."""
     print(f"{'method':>11}  kB/step  test loss (vs fp32 ± paired s.e.)  accuracy vs fp32 "
           f"(paired)  accuracy ± 1 s.e. (n={n_test})")
     for m, r in res.items():
@@ -229,16 +267,11 @@ def print_accuracy_table(res: dict, *, gap: dict, n_test: int, reach: dict | Non
               f"few for a difference in standard errors")
     if reach:
         print(reach_line(reach))
-    others = [m for m in res if m != "none"]
     print(f"Verdicts against fp32 (paired; 'higher' or 'lower' only beyond {CLEAR_SE:g} s.e. of "
           "the test set's sampling):")
-    for m in others:
+    for m in [m for m in res if m != "none"]:
         print(f"  {m:>11}: accuracy {verdict(accuracy_z(res, m), 'higher', 'lower'):28s} "
               f"test loss {loss_verdict(res, m)}")
-    with contextlib.redirect_stdout(io.StringIO()) as how:
-        explain_verdicts(res, counted, others)
-    show.fold("How the verdicts are read: the two standard errors, c and b, a worked example, "
-              "the thresholds", how.getvalue())
 
 
 def steps_to_target(res: dict, longer: dict, *, target: float) -> dict:
@@ -416,10 +449,11 @@ def explain_ring_errors(errors: dict, ps: list[int]) -> float:
     assert bf[-1] > 10 * bf[0] and bf[-1] > 1000 * errors[torch.float32][-1]
     corr = {p: ring_sum_error(p, torch.bfloat16, common=1.0) for p in ps}
     tenth = ring_sum_error(ps[-1], torch.bfloat16, common=0.1)
-    print(f"In short: bf16's error grew with the ring, from {pct2(bf[0])} of the sum after one hop "
-          f"to {pct2(bf[-1])} after {ps[-1] - 1}; with a gradient part shared by all ranks, as "
-          f"large as each rank's noise, {pct2(corr[ps[-1]])} (a tenth of it: {pct2(tenth)}; "
-          "synthetic gradients, one draw).")
+    print(f"In short (synthetic gradients, one draw): with independent ranks bf16's error grew "
+          f"with the ring, from {pct2(bf[0])} of the sum after one hop to {pct2(bf[-1])} after "
+          f"{ps[-1] - 1}.")
+    print(f"With a gradient part shared by all ranks, as large as each rank's noise: "
+          f"{pct2(corr[ps[-1]])} after {ps[-1] - 1} hops ({pct2(tenth)} if a tenth as large).")
     print("Relative error of the ring sum, per dtype and ring size p:")
     for dt, errs in errors.items():
         print(f"{str(dt):15s}" + "".join(f"  p={p}: {e:.1e}" for p, e in zip(ps, errs)))
@@ -479,10 +513,12 @@ def real_cluster_text(ps: list[int], *, budget: int, powersgd_start: int) -> str
     (`powersgd_start` plain steps of `budget`)."""
     return f"""
 - **What NCCL runs.** The longer the chain of 16-bit additions, the larger the error: NCCL's
-  ring rounds most, its tree less, NVLS least. Its bf16 sums are
+  ring rounds most, its tree (a tree of ranks, [02b](02b_hierarchy_busbw_and_nccl.ipynb))
+  less, NVLS (where the NVSwitch itself adds the GPUs' values) least in CUDA ≥ 12.2 builds.
+  Its bf16 sums are
   [[nccl.half_sum_rounds_each_add]]. Its ring at {ps[-1]} ranks, if the tuner picks it, is the
   flat ring above; its tree passes each value through far fewer additions; NVLS adds in fp32
-  inside the switch. NCCL picks one per call by [[nccl.tuner_model]]
+  inside the switch (CUDA ≥ 12.2 builds; across nodes its tree rounds again). NCCL picks one per call by [[nccl.tuner_model]]
   ([02b](02b_hierarchy_busbw_and_nccl.ipynb), [02c](02c_in_network_reduction_and_nccl.ipynb)).
 - **Reduction precision.** Megatron-LM (under `--bf16`) and torchtitan reduce gradients in
   fp32 by default, at twice a bf16 reduce's bytes; FSDP2 on its own reduces in bf16 under bf16
@@ -498,8 +534,9 @@ def real_cluster_text(ps: list[int], *, budget: int, powersgd_start: int) -> str
 sources</summary>
 
 - **NCCL's tree** (a [[nccl.double_binary_tree]] across nodes, each tree carrying half the
-  data, and a chain inside each node) rounds the deepest rank's value at least
-  [[nccl.tree_depth_estimate]] times (NCCL's depth estimate, the longest path;
+  data, and a chain inside each node) rounds the deepest rank's value about
+  [[nccl.tree_depth_estimate]] times (NCCL's depth estimate, which its own comment calls an
+  approximation, of the longest path;
   {tree_vs_ring(ps[-1], 8)}), and up to about twice that, as a tree node adds its children's
   data to its own one at a time, rounding after each
   ([`reduceCopyPacks`](https://github.com/NVIDIA/nccl/blob/v2.30.7-1/src/device/common_kernel.h)).
