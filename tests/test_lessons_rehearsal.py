@@ -21,7 +21,7 @@ def test_graded_open_answer_shows_the_marked_key_points_and_the_pass_mark(bank, 
     # the model answer folded
     shown = []
     monkeypatch.setattr(rehearsal, "display", lambda md: shown.append(md.data))
-    rehearsal.show_graded_open_answer("gs-inconsistent-scaling", "partly right", {1, 2, 3},
+    rehearsal.show_graded_open_answer("gs-inconsistent-scaling", "partly right", {2, 3, 4},
                                       bank=bank, lang="en")
     printed = capsys.readouterr().out
     assert bank.draw("gs-inconsistent-scaling", 0).text("en").splitlines()[0][:40] in printed
@@ -57,5 +57,6 @@ def test_mock_transcript_counts_the_late_answer_as_a_timeout(bank, capsys, lang)
     # seed 4 draws sd-nan-from-one-rank first: two right options, both chosen and starred
     assert "answered B and D (the right options) after 45 s: correct" in out
     assert "  * B. " in out and "  * D. " in out and "    A. " in out
-    assert "(the right option) after 150 s: timeout" in out
+    # r21: one word for a late answer, as in the summary's count of unanswered questions
+    assert "(the right option) after 150 s: late, counted as unanswered" in out
     assert out.index("Q1.") < out.index("Q2.")

@@ -131,9 +131,9 @@ def seed_question(qid: str, *, bank, lang: str) -> None:
 def show_graded_open_answer(qid: str, answer: str, covered: set[int], *, bank,
                             lang: str) -> None:
     """An open question (draw 0 of `qid`) in `lang`, an `answer` to it, and the feedback it
-    gets with the key points `covered` (counted from 0) ticked: the self-graded score, the
-    key points with + on those covered, and whether that passes (`PASS_SCORE` of the key
-    points); the model answer folded."""
+    gets with the key points `covered` (numbered from 1, as printed) ticked: the self-graded
+    score, the key points with + on those covered, and whether that passes (`PASS_SCORE` of
+    the key points); the model answer folded."""
     from clusterlab.quiz.bank import PASS_SCORE
     from clusterlab.quiz.render import feedback_blocks, question_blocks
     from clusterlab.quiz.session import Result
@@ -141,10 +141,12 @@ def show_graded_open_answer(qid: str, answer: str, covered: set[int], *, bank,
     question = bank.draw(qid, 0)
     print(to_text(question_blocks(question, lang, bank)))
     print("\n" + textwrap.fill(f"The answer: \"{answer}\"", 100) + "\n")
-    result = Result(question, bank.grade(question, covered))
+    n = len(question.checklist(lang))
+    assert all(1 <= k <= n for k in covered), covered
+    # the bank counts key points from 0; the reader sees them numbered from 1
+    result = Result(question, bank.grade(question, {k - 1 for k in covered}))
     feedback = feedback_blocks(result, lang, bank, model_answer=False)
     print(to_text(feedback[:-1]))  # the review link last, after the verdict
-    n = len(question.checklist(lang))
     score = len(covered) / n
     print(f"{score:.0%} of the key points: {'at or above' if score >= PASS_SCORE else 'below'} "
           f"the pass mark of {PASS_SCORE:.0%}, so the question "
@@ -177,7 +179,9 @@ def show_mock_transcript(bank, *, lang: str, topics, seed: int, answer_after: tu
         for pos, option in enumerate(question.options(lang)):
             print(f"  {'*' if pos in right else ' '} {letter(pos)}. {option}")
         chosen = " and ".join(letter(pos) for pos in right)
+        status = result.grade.status  # a late answer is graded as unanswered, whatever it says
         print(f"    answered {chosen} (the right option{'s' if len(right) > 1 else ''}) "
-              f"after {seconds} s: {result.grade.status}")
+              f"after {seconds} s: "
+              f"{'late, counted as unanswered' if status == 'timeout' else status}")
     print()
     print(to_text(summary_blocks(mock.summary(), lang, bank)))
