@@ -34,7 +34,8 @@ def _pipe_rows():
             for nic in (CALM, ROUGH) for schedule in ("gpipe", "1f1b")]
 
 
-def test_pipeline_growth_in_hops_as_a_table(monkeypatch, capsys):
+def test_pipeline_growth_in_hops_as_a_sentence_with_the_table_in_the_appendix(monkeypatch,
+                                                                              capsys):
     growth = {"gpipe": {"measured": np.array([0.069, 0.0798, 0.083]),
                         "replay": np.array([0.069, 0.086])},
               "1f1b": {"measured": np.array([0.140, 0.1605, 0.182]),
@@ -48,14 +49,19 @@ def test_pipeline_growth_in_hops_as_a_table(monkeypatch, capsys):
     assert lines[0].startswith("Shown on this run: 1F1B lost more time")
     assert lines[1] == ("On the rough network the step grew by 79.8 ms (GPipe) and 160.5 ms "
                         "(1F1B), medians of 7 steps: 1F1B paid more.")
-    assert lines[2].split() == ["hops", "of", "9.9", "ms", "predicted", "replay,", "delay",
+    # r21: one sentence on the main path, the table (with the prediction) in the appendix
+    assert lines[2] == ("In hops of 9.9 ms: GPipe paid about 8 hops of delay per step, 1F1B "
+                        "about 16 (a jitter-free replay says 6 and 16; table in the appendix).")
+    assert lines[3].startswith("Bubble on the calm network")
+    assert "59.4 ms" not in "\n".join(lines) and "fill/drain" not in "\n".join(lines)
+    table = details[0].splitlines()
+    assert table[0].startswith("PP, the growth in hops")
+    assert table[1].split() == ["hops", "of", "9.9", "ms", "predicted", "replay,", "delay",
                                 "alone", "measured"]
-    assert lines[3].split() == ["GPipe", "6", "6", "8"]
-    assert lines[4].split() == ["1F1B", "12", "+", "fill/drain", "16", "16"]
-    assert lines[5].startswith("Bubble on the calm network")
-    assert "In hops of" not in "\n".join(lines) and "59.4 ms" not in "\n".join(lines)
-    assert details[0].startswith("PP: by the replay")
-    assert "the replay adds the fill and drain" in details[0]
+    assert table[2].split() == ["GPipe", "6", "6", "8"]
+    assert table[3].split() == ["1F1B", "12", "+", "fill/drain", "16", "16"]
+    assert details[1].startswith("PP: by the replay")
+    assert "the replay adds the fill and drain" in details[1]
 
 
 def test_production_size_boxes(capsys, shown):
@@ -68,15 +74,21 @@ def test_production_size_boxes(capsys, shown):
     l10b.pp_wait_at_production_size(tp, stages=8)
     text = " ".join(shown[0].split())
     visible = text[:text.index("<details>")]
-    assert "costs about 9% of the compute (1% with sequence parallelism)" in visible
+    assert "the wait is about 9% of the compute (1% with sequence parallelism)" in visible
     # r20 UNSUPPORTED 1: which implementation the round-trip model fits, Megatron's not
-    assert "Megatron-Core overlaps them with compute only in the interleaved schedule" in visible
+    assert ("Megatron-Core overlaps these transfers with compute only in the interleaved "
+            "schedule") in visible
     # r20 UNSUPPORTED 2: a hop's microseconds cited from the ledger
-    assert "NCCL's tuner models one network step of a ring at 14 µs<sup>" in text
+    assert "NCCL's tuner charges one network step of a ring 14 µs<sup>" in text
+    assert "not a calibrated latency" in text  # r21: the tuner constant's caveat
     assert "| 1F1B's wait, 1.75 hops (p = 8) | 2.35 ms | 0.29 ms |" in text
     moe = l10b.moe_at_production_size(seq=4096, nic=tp["nic"])
     assert moe["dispatch"] == pytest.approx(4096 * 8 * 7168 * (1 + 4 / 128))
-    assert "cuts what crosses InfiniBand to 4/8: at most 121 MB" in capsys.readouterr().out
+    moe_text = " ".join(shown[-1].split())
+    # r21: the visible size is the forward dispatch; the H800's NVLink carries its citation
+    assert "DeepSeek caps it at 4 nodes<sup>" in moe_text
+    assert "The forward dispatch then sends at most 121 MB per GPU and layer" in moe_text
+    assert "the backward pass repeats both" in moe_text and "160 GB/s<sup>" in moe_text
 
 
 def test_capacity_factor_is_switch_transformers():

@@ -104,7 +104,7 @@ def tp_at_production_size(*, hidden: int, seq: int, layers: int, t: int,
           f"compute floor: tensor parallelism stays inside the NVLink domain.")
     print(f"Per micro-batch, {count} all-reduces of {act / 2**20:.0f} MiB at line rate:")
     rows = {f"  over NVLink ({nvlink / 1e9:.0f} GB/s)": count * one_nv,
-            f"  over NICs, the {t} GPUs on {t} nodes ({nic / 1e9:.0f} GB/s each)": count * one_nic,
+            f"  over NICs, if TP crossed {t} nodes ({nic / 1e9:.0f} GB/s each)": count * one_nic,
             "  compute, at least": compute}
     for label, seconds in rows.items():
         print(f"{label:50s}{seconds * 1e3:5.0f} ms")
@@ -130,17 +130,18 @@ def pp_wait_at_production_size(tp: dict, *, stages: int) -> None:
     wait = hops * act / nic  # 1F1B's wait per micro-batch: 2(p-1)/p hops at line rate
     work = tp["compute"] / p  # the compute floor, per stage and micro-batch
     facts.show(f"""
-For {p} stages of the TP model above, 1F1B's round trip costs about {wait / work:.0%} of the
-compute ({wait / t / work:.0%} with sequence parallelism), by a model that counts only the
-round trip, at the NIC's line rate and peak compute: what a schedule pays whose transfers
-otherwise overlap compute. Megatron-Core overlaps them [[megatron.pp_p2p_overlap]], so in
-its plain 1F1B each transfer can add to it.
+Counting only 1F1B's round trip (line rate, peak compute), for {p} stages of the TP model
+above the wait is about {wait / work:.0%} of the compute ({wait / t / work:.0%} with sequence
+parallelism). Megatron-Core overlaps these transfers [[megatron.pp_p2p_overlap]], so its
+plain 1F1B pays them.
 
 <details><summary>The numbers, and why bytes, not latency</summary>
 
-A hop's fixed latency is microseconds on a real fabric (NCCL's tuner models one network step
-of a ring at [[nccl.tuner_net_ring_step_latency_simple]]), so what 1F1B waits for is mostly
-the time to push one activation through the link.
+A hop's fixed latency is of the order of microseconds on a real fabric (NCCL's tuner charges
+one network step of a ring [[nccl.tuner_net_ring_step_latency_simple]], a cost-model constant
+for choosing algorithms, not a calibrated latency; measure yours with
+[[perftest.ib_write_lat_bw]]), against milliseconds to push one activation through the
+link, so what 1F1B waits for is mostly the bytes.
 
 | per micro-batch | plain | with sequence parallelism |
 |---|---|---|
@@ -168,17 +169,22 @@ def moe_at_production_size(*, seq: int, nic: float) -> dict:
     nodes = facts.get("deepseek_v3.node_limited_routing").value
     dispatch_ib = seq * nodes * width * fp8  # at most one copy per node crosses the NIC
     h800 = facts.get("deepseek_v3.h800_nvlink_bw").value * 1e9
-    print(f"Node-limited routing cuts what crosses InfiniBand to {nodes}/{k}: at most "
-          f"{dispatch_ib / 1e6:.0f} MB per GPU and layer through the NIC "
-          f"({dispatch_ib / nic * 1e3:.1f} ms at {nic / 1e9:.0f} GB/s), against up to "
-          f"{dispatch / 1e6:.0f} MB ({dispatch / nic * 1e3:.1f} ms) if top-{k} reached {k} nodes.")
-    fold("The sizes, and why NVLink forwards",
-         f"Top-{k}, hidden {width}, FP8 with one fp32 scale per {block} values ({fp8:.2f} bytes "
-         f"per value), one {seq}-token sequence per GPU; the BF16 combine sends back "
-         f"{2 / fp8:.1f}x the dispatch.\n"
-         f"The cap is a ceiling: one of those nodes may be the sender's own.\n"
-         f"DeepSeek's H800s have {h800 / 1e9:.0f} GB/s of NVLink, {h800 / nic:.1f}x the NIC, so "
-         f"NVLink forwards each token inside the node.")
+    facts.show(f"""
+A token's top-{k} experts could sit on {k} nodes; DeepSeek caps it at
+[[deepseek_v3.node_limited_routing]]. The forward dispatch then sends at most
+{dispatch_ib / 1e6:.0f} MB per GPU and layer through the NIC ({dispatch_ib / nic * 1e3:.1f} ms
+at {nic / 1e9:.0f} GB/s), against up to {dispatch / 1e6:.0f} MB ({dispatch / nic * 1e3:.1f} ms)
+if top-{k} reached {k} nodes.
+
+<details><summary>The sizes, the combine and the backward, and why NVLink forwards</summary>
+
+Top-{k}, hidden {width}, FP8 with one fp32 scale per {block} values ({fp8:.2f} bytes per
+value), one {seq}-token sequence per GPU. The BF16 combine sends back {2 / fp8:.1f}x the
+dispatch, and the backward pass repeats both. The cap is a ceiling: one of those nodes may
+be the sender's own. DeepSeek's H800s have [[deepseek_v3.h800_nvlink_bw]] of NVLink,
+{h800 / nic:.1f}x the NIC, so NVLink forwards each token inside the node.
+</details>
+""")
     return {"dispatch": dispatch}
 
 
@@ -276,9 +282,9 @@ def replay_split(pipe: list[dict], calm: str, rough: str) -> dict[str, dict[str,
 def explain_pipeline(pipe: list[dict], *, calm: str, rough: str,
                      details: list[str]) -> bool:
     """The conclusion (even the least-grown of 1F1B's steps grew more than GPipe's median
-    step), each schedule's growth on the `rough` network (medians of its steps), a table of
-    that growth in hops (predicted, replayed with the delay alone, measured) and the bubbles
-    on the `calm` one. The appendix gets the replay's growth in ms, each median against its
+    step), each schedule's growth on the `rough` network (medians of its steps), that growth
+    in hops in one sentence (the table, with the prediction, in the appendix) and the
+    bubbles on the `calm` one. The appendix gets the replay's growth in ms, each median against its
     replay's range and the replay's mean split into the delay alone, the jitter and this
     run's compute drift (`replay_split`). Asserts the stage
     boundaries' bytes, the bubble formula as a floor and each step against its replay.
@@ -318,11 +324,17 @@ def explain_pipeline(pipe: list[dict], *, calm: str, rough: str,
         m = runs[(calm, "gpipe")]["p2p_sent"][0] // pp_act  # micro-batches
         predicted = {"gpipe": f"{2 * (p - 1)}",
                      "1f1b": f"{2 * (p - 1) * m // p} + fill/drain"}
-        print(f"{'hops of ' + ms(hop):16s}{'predicted':>18s}{'replay, delay alone':>22s}"
-              f"{'measured':>10s}")
-        for s in par.PIPELINE_SCHEDULES:
-            print(f"{names[s]:16s}{predicted[s]:>18s}{split[s]['delay'] / hop:>22.0f}"
-                  f"{g[s] / hop:>10.0f}")
+        # One sentence on the main path; the table with the prediction goes to the appendix.
+        print(f"In hops of {ms(hop)}: GPipe paid about {g['gpipe'] / hop:.0f} hops of delay per "
+              f"step, 1F1B about {g['1f1b'] / hop:.0f} (a jitter-free replay says "
+              f"{split['gpipe']['delay'] / hop:.0f} and {split['1f1b']['delay'] / hop:.0f}; "
+              f"table in the appendix).")
+        rows = [f"{'hops of ' + ms(hop):16s}{'predicted':>18s}{'replay, delay alone':>22s}"
+                f"{'measured':>10s}"]
+        rows += [f"{names[s]:16s}{predicted[s]:>18s}{split[s]['delay'] / hop:>22.0f}"
+                 f"{g[s] / hop:>10.0f}" for s in par.PIPELINE_SCHEDULES]
+        details.append("PP, the growth in hops (measured: median growth / one hop's growth, "
+                       "jitter included; the split is below):\n" + "\n".join(rows))
     bub = {s: runs[(calm, s)]["bubble"] for s in par.PIPELINE_SCHEDULES}
     print(f"Bubble on the calm network: GPipe {bub['gpipe']:.0%}, 1F1B {bub['1f1b']:.0%} "
           f"(formula {pipe[0]['bubble_formula']:.0%}).")
@@ -444,11 +456,12 @@ def explain_moe(moe: list[dict], *, details: list[str]) -> bool:
     wire = pred["received_hot"] * per_byte
     receives = f"{ms(ingress)} ({ms(wire)} on the wire + {ms(ingress - wire)} delay)"
     real = incast_step_s(hot)
-    print(f"Behind a real switch its receiving link would also slow the dispatch (incast): it "
-          f"receives for {receives}, not the {ms(hot['predicted_dispatch_s'])} charged to "
-          f"the dispatch, so by the closed form at least {real / bal['predicted_step_s']:.1f}x "
-          f"the balanced layer, not {hot['predicted_step_s'] / bal['predicted_step_s']:.1f}x "
-          f"(an ideal switch; a shallow buffer's drops and retransmissions would add more).")
+    # two short sentences: what the receiving link takes, then what that does to the layer
+    print(f"Behind a real switch the hot rank's receiving link would take {ms(ingress)}, not "
+          f"the {ms(hot['predicted_dispatch_s'])} charged to the dispatch (incast).")
+    print(f"By the closed form the layer would be at least {real / bal['predicted_step_s']:.1f}x "
+          f"the balanced one, not {hot['predicted_step_s'] / bal['predicted_step_s']:.1f}x (an "
+          f"ideal switch; a shallow buffer's drops and retransmissions would add more).")
     # The appendix's secondary numbers.
     details.append(
         f"MoE: {len(busy)} of {len(moe)} layers took over 25% more than the closed form. "
@@ -502,12 +515,12 @@ def real_cluster_text(*, one_nv: float, hot_share: float, capacity_factor: float
 <details><summary>NCCL inside the node, and small messages</summary>
 
 * **NCCL inside the node.** Since NCCL [[nccl.nvls_since]], on NVSwitches with NVLink SHARP,
-  the all-reduce of large messages defaults to NVLS (the NVSwitch adds the data); without
-  them NCCL runs rings or trees. nccl-tests reports bus bandwidth (busbw), comparable to a
-  link's rate for a ring; with NVLS it is not the bandwidth on the wire, so it can exceed
-  the line rate. Peak busbw: [[nccl.h100_ring_busbw]] for a ring,
-  [[nccl.h100_nvls_allreduce_busbw]] with NVLS. Peaks need messages larger than the 64 MiB
-  above, so that all-reduce takes at least
+  NCCL's tuner may choose NVLS for the all-reduce of large messages (NVLink SHARP: the
+  NVSwitch adds the data); without them NCCL runs rings or trees. nccl-tests reports bus
+  bandwidth (busbw), comparable to a link's rate for a ring; with NVLS it is not the
+  bandwidth on the wire, so it can exceed the line rate. Peak busbw:
+  [[nccl.h100_ring_busbw]] for a ring, [[nccl.h100_nvls_allreduce_busbw]] with NVLS.
+  Peaks need messages larger than the 64 MiB above, so that all-reduce takes at least
   {ar_nv / facts.get("nccl.h100_nvls_allreduce_busbw").value * 1e3:.2f} ms (NVLS) or
   {ar_nv / facts.get("nccl.h100_ring_busbw").value * 1e3:.2f} ms (ring).
 * **Small messages.** NCCL's tuner charges a ring step over NVLink
@@ -554,24 +567,27 @@ def show_moe_scaling_answer(*, dispatch: float, nic: float) -> None:
 
 <details><summary>Answer</summary>
 
+Two causes, with the DeepSeek-V3 sizes above:
+
+1. **More, smaller messages.** With plain top-k routing each GPU splits the same bytes over
+   N−1 peers: about {peer(32) / 1e6:.1f} MB per peer at 32 GPUs, {peer(256) / 1e6:.2f} MB at
+   256.
+2. **The slowest of more.** The layer waits for the last of N(N−1) messages and the busiest
+   of N experts, a maximum that grows with N ([notebook 04](04_jitter_and_scale.ipynb)).
+
+<details><summary>Details: why not the bytes, DeepEP's peers, the fabric</summary>
+
 The bytes per GPU stay the same, and with [[nvidia.hgx_h100_gpus]] per node the share of
 them leaving the node grows only from {inter(32):.0%} to {inter(256):.0%}
-({inter(256) / inter(32):.2f}×). What changes with N (any two of these):
-
-(1) **Smaller messages, more peers.** With plain top-k routing each GPU splits the same bytes
-over N−1
-peers: with the DeepSeek-V3 sizes above, about {peer(32) / 1e6:.1f} MB per peer at 32 GPUs and
-{peer(256) / 1e6:.2f} MB at 256, still {peer(256) / nic * 1e6:.0f} µs on the wire at
-{nic / 1e9:.0f} GB/s: a cause
-only where each message's fixed cost is not small against that (fewer tokens per GPU).
-Node-limited routing with forwarding
-inside the node (DeepEP) keeps the messages larger, but each GPU still connects over RDMA
-to its counterpart on every other node: {rdma(256)} peers instead of {rdma(32)}.
-(2) **The slowest of more.** The layer waits for the last of N(N−1) messages and the
-busiest of N experts, a maximum that grows with N ([notebook 04](04_jitter_and_scale.ipynb)).
-(3) **The fabric** (covered in later notebooks). Traffic spreads over more leaves and
-uplinks: ECMP collisions (flows hashed onto the same uplink while others idle),
-oversubscription ([13b](13b_oversubscription_ecmp_rails.ipynb)) and incast
+({inter(256) / inter(32):.2f}×). The smaller messages still take {peer(256) / nic * 1e6:.0f} µs
+each on the wire at {nic / 1e9:.0f} GB/s: a cause only where each message's fixed cost is not
+small against that (fewer tokens per GPU). Node-limited routing with forwarding inside the
+node (DeepEP) keeps the messages larger, but each GPU still connects over RDMA to its
+counterpart on every other node: {rdma(256)} peers instead of {rdma(32)}. A third cause,
+**the fabric** (later notebooks): traffic spreads over more leaves and uplinks, with ECMP
+collisions (flows hashed onto the same uplink while others idle), oversubscription
+([13b](13b_oversubscription_ecmp_rails.ipynb)) and incast
 ([13](13_switches_incast_ecmp_rails.ipynb)).
+</details>
 </details>
 """)
