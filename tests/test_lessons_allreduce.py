@@ -523,26 +523,34 @@ def test_host_set_is_over_one_and_a_half_closed_forms():
     assert not hb.host_set(row("ring", LARGE, 0.014, 0.010))
 
 
-def test_explain_layouts_four_verdicts(verdicts, capsys):
+def test_layout_steps_verdicts(verdicts, capsys):
     four, one_node, slow = layout_rows()
-    hb.explain_layouts(four=four, one_node=one_node, hier=hier_rows(), slow_intra=slow, beta=BETA)
-    assert [v[0] for v in verdicts] == [True, True, True, True]
+    hb.explain_shared_nic(four=four, hier=hier_rows(), beta=BETA)  # (a) the shared NIC
+    assert [v[0] for v in verdicts] == [True]
     out = capsys.readouterr().out
     assert "2 x 2: recursive doubling took 1.81x the faster hierarchical scheme" in out
     assert "(340.0 ms on 2 x 2, against 351.4 ms on 4 x 1).\n" in out
-    assert out.count("✓") == 4 and "Shown on this run: ✓ ring 1 x 4 < 4 x 1" in out
+    hb.explain_slow_intra(slow)  # (b) when the hierarchy stops paying
+    assert [v[0] for v in verdicts] == [True, True, True]
+    out = capsys.readouterr().out
+    assert out.count("✓") == 2 and "Shown on this run, slow intra: ✓ flat ring < rails" in out
+    assert out.startswith("Consistency check (the emulator against its own closed forms)")
+    # the appendix's 1 x 4 line: a direction only, no verdict
+    hb.explain_one_node(four=four, one_node=one_node)
+    out = capsys.readouterr().out
     assert "4.0x its closed form" in out and "the row shows only the direction" in out
     assert "(median 40.0 ms, 5 runs)" in out and "most likely" not in out
+    assert len(verdicts) == 3
     four, one_node, slow = layout_rows(one_node_ring=0.014)  # under 1.5x: the ratio shows
-    hb.explain_layouts(four=four, one_node=one_node, hier=hier_rows(), slow_intra=slow, beta=BETA)
+    hb.explain_one_node(four=four, one_node=one_node)
     assert "(20.5x; closed forms 28x)." in capsys.readouterr().out
-    four, one_node, slow = layout_rows(one_node_ring=0.300)
-    hb.explain_layouts(four=four, one_node=one_node, hier=hier_rows(), slow_intra=slow, beta=BETA)
-    assert [v[0] for v in verdicts[8:]] == [False, True, True, True]  # 1 x 4 was slower
+    slow_rails = [dict(r, measured=0.285, replay=0.28)
+                  if r["algorithm"] == "hierarchical_rail" else r for r in slow]
+    hb.explain_slow_intra(slow_rails)  # the rails below the flat ring: not shown
+    assert [v[0] for v in verdicts[3:]] == [False, True]
     one_link = [dict(r, measured=0.5 * r["measured"]) for r in hier_rows()]
     with pytest.raises(AssertionError):  # two vectors through one NIC take at least 2 n beta
-        hb.explain_layouts(four=four, one_node=one_node, hier=one_link, slow_intra=slow,
-                           beta=BETA)
+        hb.explain_shared_nic(four=four, hier=one_link, beta=BETA)
 
 
 def test_closed_form_changes_from_4_to_8_ranks():
@@ -602,7 +610,10 @@ def test_gpu_cluster_template_names_this_runs_ratio():
     text = hb.gpu_cluster_template(intra_over_nic=50)
     assert "the intra-node link was 50x the NIC" in text
     # the plain rule leads; the numbers are in the fold
-    assert text.lstrip().startswith("- **A DGX H100 node**: with a NIC per GPU")
+    assert text.lstrip().startswith("- **A DGX H100 node** has one NIC per GPU")
+    # a bytes-only result, said so; the NVLink-over-NIC numbers are in the fold
+    assert "for large, bandwidth-bound messages, by\n  bytes alone" in text.split("<details>")[0]
+    assert "its gain is latency" in text and "r ≈ 7.4" in text.split("<details>")[1]
     body, fold = text.split("<details>")
     assert "1.36x" not in body and "0.83x the flat ring's time: faster" in fold
     assert "(p = 16) a hierarchy whose phases run one after another takes 1.36x" in fold

@@ -209,30 +209,42 @@ def _spread_out(four: Sequence[dict], hier: Sequence[dict]) -> list[dict]:
             + ex.select(hier, nbytes=LARGE))
 
 
-def plot_layouts(four: Sequence[dict], one_node: Sequence[dict], hier: Sequence[dict],
-                 slow_intra: Sequence[dict]) -> None:
-    """Draw and show two figures of measured against predicted times at 4 MiB: the ring on
-    4 x 1 and 1 x 4 with recursive doubling on 4 x 1 and 2 x 2; and the three schemes on 2 x 2
-    with an intra-node link as slow as the NIC. The 1 x 4 bars carry how many times faster
-    than 4 x 1 the ring was, by the closed forms and measured."""
+def _plot(rows: Sequence[dict], *, title: str):
     import matplotlib.pyplot as plt
 
+    ax = ex.plot_measured_vs_predicted(rows, title=title, log=False)
+    return ax, plt
+
+
+def plot_shared_nic(four: Sequence[dict], hier: Sequence[dict]) -> None:
+    """Draw recursive doubling's 4 MiB runs on 4 x 1 and 2 x 2, measured against predicted:
+    step (a) of the layout section, the shared NIC."""
+    rows = (ex.select(four, algorithm="recursive_doubling", nbytes=LARGE)
+            + ex.select(hier, algorithm="recursive_doubling", nbytes=LARGE))
+    _, plt = _plot(rows, title="4 MiB: recursive doubling on 4 x 1 and 2 x 2")
+    plt.show()
+
+
+def plot_slow_intra(slow_intra: Sequence[dict]) -> None:
+    """Draw the three schemes at 4 MiB on 2 x 2 with an intra-node link as slow as the NIC:
+    step (b) of the layout section."""
+    _, plt = _plot(slow_intra, title="4 MiB: 2 x 2, intra-node link as slow as the NIC")
+    plt.show()
+
+
+def plot_one_node(four: Sequence[dict], one_node: Sequence[dict]) -> None:
+    """The appendix's figure: the 4 MiB ring on 4 x 1 and on 1 x 4, its bar labelled with how
+    many times faster than 4 x 1 it was, by the closed forms and measured."""
     ring4 = ex.one(four, algorithm="ring", nbytes=LARGE)
     ring1 = ex.one(one_node, algorithm="ring")
-    new_bars = ([ring4, ring1] + ex.select(four, algorithm="recursive_doubling", nbytes=LARGE)
-                + ex.select(hier, algorithm="recursive_doubling", nbytes=LARGE))
-    for rows, title in (
-            (new_bars, "4 MiB: ring on 4 x 1 and 1 x 4; recursive doubling on 4 x 1 and 2 x 2"),
-            (slow_intra, "4 MiB: 2 x 2, intra-node link as slow as the NIC")):
-        ax = ex.plot_measured_vs_predicted(rows, title=title, log=False)
-        if rows is new_bars:
-            ax.annotate(f"faster than 4 x 1:\n{ring4['model'] / ring1['model']:.0f}x by closed "
-                        f"forms,\n{ring4['measured'] / ring1['measured']:.0f}x measured"
-                        + ("\n(this machine's\ncost set 1 x 4)" if host_set(ring1) else ""),
-                        xy=(1, max(ring1["measured"], ring1["model"]) * 1e3),
-                        xytext=(1, 0.35 * ring4["model"] * 1e3), ha="center", fontsize=8,
-                        arrowprops={"arrowstyle": "->", "lw": 0.8})
-        plt.show()
+    ax, plt = _plot([ring4, ring1], title="4 MiB: the ring on 4 x 1 and on 1 x 4")
+    ax.annotate(f"faster than 4 x 1:\n{ring4['model'] / ring1['model']:.0f}x by closed "
+                f"forms,\n{ring4['measured'] / ring1['measured']:.0f}x measured"
+                + ("\n(this machine's\ncost set 1 x 4)" if host_set(ring1) else ""),
+                xy=(1, max(ring1["measured"], ring1["model"]) * 1e3),
+                xytext=(1, 0.35 * ring4["model"] * 1e3), ha="center", fontsize=8,
+                arrowprops={"arrowstyle": "->", "lw": 0.8})
+    plt.show()
 
 
 def host_set(floor: dict) -> bool:
@@ -240,65 +252,74 @@ def host_set(floor: dict) -> bool:
     return floor["measured"] > 1.5 * floor["model"]
 
 
-def explain_layouts(*, four: Sequence[dict], one_node: Sequence[dict], hier: Sequence[dict],
-                    slow_intra: Sequence[dict], beta: float) -> None:
-    """Print what the layout changed at 4 MiB: recursive doubling on 2 x 2 against the faster
-    hierarchical scheme (two vectors through one NIC), the hierarchies against the flat ring
-    with a slow intra-node link, and 1 x 4 against 4 x 1 (only the direction when this
-    machine set the 1 x 4 time, `host_set`); then conclude the four layout claims, on one line
-    of ticks when all hold (each "Not shown" sentence in full otherwise). Asserts
-    that no run beat its replay, that recursive doubling's shared NIC carried two vectors and
-    that the slow-intra rails' closed form is above the flat ring's."""
-    topo = _spread_out(four, hier) + list(one_node) + list(slow_intra)
+def explain_shared_nic(*, four: Sequence[dict], hier: Sequence[dict], beta: float) -> None:
+    """Step (a): recursive doubling on 2 x 2 against 4 x 1 and against the faster hierarchical
+    scheme (two vectors through one NIC), and the verdict that on 2 x 2 the faster hierarchy
+    beat the flat ring and recursive doubling. Asserts that no run beat its replay and that
+    the shared NIC carried two vectors."""
+    topo = _spread_out(four, hier)
     m = {(r["config"], r["algorithm"]): r["measured"] for r in topo}
-    floor = ex.one(one_node, algorithm="ring")
-    fold = ex.one(_spread_out(four, hier), algorithm="ring", config="4x1")["model"] / floor["model"]
     best_h = min(m["2x2", "hierarchical"], m["2x2", "hierarchical_rail"])
-    slow = {a: m["2x2 slow intra", a] for a in ("ring", "hierarchical", "hierarchical_rail")}
-    slow_model = {r["algorithm"]: r["model"] for r in slow_intra}
     rd22, rd41 = m["2x2", "recursive_doubling"], m["4x1", "recursive_doubling"]
     print(f"2 x 2: recursive doubling took {rd22 / best_h:.2f}x the faster hierarchical scheme "
           f"({ms(rd22)} on 2 x 2, against {ms(rd41)} on 4 x 1"
           + (": no better, as predicted)." if rd22 >= 0.98 * rd41 else ").")
           + "\nWhy: its second round pushed 2 x 4 MiB through each NIC.")
-    print(f"Consistency check, slow intra-node link (the emulator against its own closed "
-          f"forms): leader-based {slow['hierarchical'] / slow['ring']:.2f}x and "
-          f"rails {slow['hierarchical_rail'] / slow['ring']:.2f}x the flat ring's time\n(closed "
-          f"forms {slow_model['hierarchical'] / slow_model['ring']:.2f}x and "
-          f"{slow_model['hierarchical_rail'] / slow_model['ring']:.2f}x).")
-    print(f"1 x 4 (no NIC): ring {ms(m['1x4', 'ring'])} (median {ms(floor['median'])}, "
-          f"{len(floor['times'])} runs) against {ms(m['4x1', 'ring'])} on 4 x 1"
-          + (f";\n{floor['measured'] / floor['model']:.1f}x its closed form: this machine, not "
-             "the emulated link, set it, so the row shows only the direction, not the closed "
-             f"forms' {fold:.0f}x."
-             if host_set(floor) else
-             f" ({m['4x1', 'ring'] / m['1x4', 'ring']:.1f}x; closed forms {fold:.0f}x)."))
-    busy = beyond_closed_form((r["measured"], r["replay"]) for r in topo if r["config"] != "1x4")
+    busy = beyond_closed_form((r["measured"], r["replay"]) for r in topo)
+    conclude(best_h < m["2x2", "ring"] and best_h < m["2x2", "recursive_doubling"],
+             "on 2 x 2 the faster hierarchical scheme beat the flat ring and recursive doubling",
+             busy=busy)
+    for r in topo:
+        assert r["measured"] >= 0.98 * r["replay"]  # the emulated network never delivers early
+    assert rd22 >= 0.99 * 2 * LARGE * beta  # two vectors, one NIC
+
+
+def explain_slow_intra(slow_intra: Sequence[dict]) -> None:
+    """Step (b): the hierarchies against the flat ring with an intra-node link as slow as the
+    NIC, beside their closed forms (a consistency check), and the two verdicts, on one line of
+    ticks when both hold. Asserts that no run beat its replay and that the rails' closed form
+    is above the flat ring's."""
+    slow = {r["algorithm"]: r["measured"] for r in slow_intra}
+    model = {r["algorithm"]: r["model"] for r in slow_intra}
+    print(f"Consistency check (the emulator against its own closed forms): leader-based "
+          f"{slow['hierarchical'] / slow['ring']:.2f}x and rails "
+          f"{slow['hierarchical_rail'] / slow['ring']:.2f}x the flat ring's time (closed "
+          f"forms {model['hierarchical'] / model['ring']:.2f}x and "
+          f"{model['hierarchical_rail'] / model['ring']:.2f}x).")
+    busy = beyond_closed_form((r["measured"], r["replay"]) for r in slow_intra)
     claims = (  # (holds, claim, busy evidence, its tick)
-        (m["1x4", "ring"] < m["4x1", "ring"],
-         "the ring inside one node was faster than across 4 nodes", None, "ring 1 x 4 < 4 x 1 "),
-        (best_h < m["2x2", "ring"] and best_h < m["2x2", "recursive_doubling"],
-         "on 2 x 2 the faster hierarchical scheme beat the flat ring and recursive doubling", busy,
-         "2 x 2: faster hierarchy < flat ring, rec. doubling\n" + " " * 18),
         (slow["hierarchical_rail"] > slow["ring"],
          "with an intra-node link as slow as the NIC the rails cost more than the flat ring, as "
-         "their closed forms say", None, "slow intra: flat ring < rails "),
+         "their closed forms say", None, "flat ring < rails "),
         (slow["ring"] < slow["hierarchical"] and slow["hierarchical_rail"] < slow["hierarchical"],
          "with an intra-node link as slow as the NIC the leader-based scheme was the slowest",
-         busy, "slow intra: leader-based slowest"),
+         busy, "leader-based slowest"),
     )
     said = io.StringIO()
     with contextlib.redirect_stdout(said):
         shown = [conclude(holds, claim, busy=why) for holds, claim, why, _ in claims]
     if all(shown):
-        print("Shown on this run: " + " ".join(f"✓ {tick}" for *_, tick in claims))
+        print("Shown on this run, slow intra: " + " ".join(f"✓ {tick}" for *_, tick in claims))
     else:
         print(said.getvalue(), end="")
-    # Checks, silent when they hold:
-    for r in topo:
+    for r in slow_intra:
         assert r["measured"] >= 0.98 * r["replay"]  # the emulated network never delivers early
-    assert m["2x2", "recursive_doubling"] >= 0.99 * 2 * LARGE * beta  # two vectors, one NIC
-    assert slow_model["ring"] < slow_model["hierarchical_rail"]
+    assert model["ring"] < model["hierarchical_rail"]
+
+
+def explain_one_node(*, four: Sequence[dict], one_node: Sequence[dict]) -> None:
+    """The appendix's line: the ring on 1 x 4 against 4 x 1, only the direction when this
+    machine set the 1 x 4 time (`host_set`), otherwise with the closed forms' factor."""
+    floor = ex.one(one_node, algorithm="ring")
+    ring4 = ex.one(four, algorithm="ring", nbytes=LARGE)
+    factor = ring4["model"] / floor["model"]
+    print(f"1 x 4 (no NIC): ring {ms(floor['measured'])} (median {ms(floor['median'])}, "
+          f"{len(floor['times'])} runs) against {ms(ring4['measured'])} on 4 x 1"
+          + (f";\n{floor['measured'] / floor['model']:.1f}x its closed form: this machine, not "
+             "the emulated link, set it, so the row shows only the direction, not the closed "
+             f"forms' {factor:.0f}x."
+             if host_set(floor) else
+             f" ({ring4['measured'] / floor['measured']:.1f}x; closed forms {factor:.0f}x)."))
 
 
 # --- algbw and busbw ------------------------------------------------------------------------
@@ -407,17 +428,17 @@ def gpu_cluster_template(*, intra_over_nic: float) -> str:
     nvlink = facts.get("nvidia.h100_nvlink_bw_per_direction").value
     nic = facts.get("nvidia.connectx7_rate_bytes").value
     nics = facts.get("nvidia.dgx_h100_compute_nics").value
+    ring_nvlink = facts.get("nccl.h100_ring_busbw").value  # GB/s, NCCL's effective NVLink rate
     hier, flat = striped_times(2, nics, nvlink / nic)
     r = nvlink / nic  # the rails' two phases in units of n beta_NIC, to overlap them
     overlapped = max(2 * (nics - 1) / nics / r, 2 * (2 - 1) / 2 / nics)
     assert hier > flat and nvlink / nic < 2 * nics  # NVLink is not over p = 2 P times the NIC
     return f"""
-- **A DGX H100 node**: with a NIC per GPU, and NCCL striping even a flat ring over all of
-  them, a hierarchy pays only if it overlaps its phases (fold below). Here it won because a
-  node's processes shared one NIC and the intra-node link was {intra_over_nic:.0f}x the NIC.
-  A DGX H100 has [[nvidia.dgx_h100_compute_nics]] for the compute fabric, one per GPU, each
-  [[nvidia.connectx7_rate_bytes]]; a GPU's NVLink carries
-  [[nvidia.h100_nvlink_bw_per_direction]] each way, only about {nvlink / nic:.0f}x a NIC.
+- **A DGX H100 node** has one NIC per GPU, so each GPU's bytes have a NIC of their own and
+  the hierarchy's byte saving mostly disappears: for large, bandwidth-bound messages, by
+  bytes alone, it pays only if it overlaps its phases (fold below); its gain is latency
+  (self-check 2). Here it won because a node's processes shared one NIC and
+  the intra-node link was {intra_over_nic:.0f}x the NIC.
 - **busbw**: nccl-tests applies [[nccl.busbw_factor_every_algorithm]] (its n is the rank
   count, this notebook's p). The factor is a ring's traffic per link; NCCL's tree and
   in-network algorithms move other amounts, and their busbw can exceed what the link
@@ -432,9 +453,16 @@ def gpu_cluster_template(*, intra_over_nic: float) -> str:
 
 <details><summary>Why a hierarchy needs overlap with a NIC per GPU: the striping algebra</summary>
 
-NCCL splits a collective into **channels**, parallel slices of it, each one CUDA block with
-its own slice of the data and its own connections (02c). They stripe even a flat ring over a
-node's P NICs, so each NIC carries only 2((p-1)/p) n / P. Let r be the intra-node link's
+A DGX H100 has [[nvidia.dgx_h100_compute_nics]] for the compute fabric, one per GPU, each
+[[nvidia.connectx7_rate_bytes]]; a GPU's NVLink carries [[nvidia.h100_nvlink_bw_per_direction]]
+each way, only about {nvlink / nic:.0f}x a NIC at line rate (NCCL's ring reaches about
+[[nccl.h100_ring_busbw]] over NVLink, r ≈ {ring_nvlink / nic:.1f}, which only strengthens what
+follows).
+
+NCCL **stripes** a collective over a node's NICs, each carrying a slice: it splits it into
+**channels**, parallel slices, each one CUDA block with its own slice of the data and its own
+connections (02c). They stripe even a flat ring over a node's P NICs, so each NIC carries
+only 2((p-1)/p) n / P. Let r be the intra-node link's
 speed over the NIC's (about {nvlink / nic:.0f} on a DGX H100). By bytes alone
 (`lesson.striped_times`) the rails add 2((P-1)/P) n / r inside the node and save only
 2(P-1)/(pP) n per NIC, so they beat the flat ring only while r > p. On 2 such nodes
