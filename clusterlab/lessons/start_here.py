@@ -122,6 +122,17 @@ def compute_median(run) -> float:
     return float(np.median(compute))
 
 
+def explain_breakdown(plain, solo) -> None:
+    """One line under the phase bars: the median all-reduce phase and step of plain Gloo (2
+    ranks) against one rank alone, with the step count, so the text's comparison rests on
+    printed numbers (medians: the bars are means, which a few slow steps pull up)."""
+    print("median all-reduce phase: plain Gloo (2 ranks) "
+          f"{plain['median']['all_reduce'] * 1e3:.1f} ms, one rank alone "
+          f"{solo['median']['all_reduce'] * 1e3:.1f} ms; median step "
+          f"{plain['step_median'] * 1e3:.1f} against {solo['step_median'] * 1e3:.1f} ms "
+          f"({plain['steps']} steps each, this run)")
+
+
 def explain_impaired_step(plain, impaired, solo, *, replay, compute: float, model_ar: float,
                           spread: float, efficiency: float, dilation: int,
                           show_details: bool = False) -> None:
@@ -282,7 +293,7 @@ def real_cluster_text(*, alpha: float, rate_Bps: float, alpha_nccl: float, nic_B
                       first_bucket: float) -> str:
     """The "On a real GPU cluster" bullets as a `facts.show` template: bandwidth and transport
     on the main path; behind a fold (it needs notebook 01's n*), n* = α × bandwidth here
-    (`alpha` s, `rate_Bps`) against the n* that NCCL's cost model implies for ring/Simple
+    (`alpha` s, `rate_Bps`) against the n* that NCCL's per-round α for ring/Simple gives
     (`alpha_nccl` s per network round, a ConnectX-7's `nic_Bps`), and the ring size from
     which DDP's `first_bucket` (bytes), cut into p chunks, falls below it in that model (one
     GPU per node). It is a model's heuristic, not a measurement: at that size the tuner also
@@ -295,7 +306,9 @@ def real_cluster_text(*, alpha: float, rate_Bps: float, alpha_nccl: float, nic_B
 - **Bandwidth.** A DGX H100 node has [[nvidia.dgx_h100_compute_nics]] for the compute fabric, one
   per GPU, at [[nvidia.connectx7_rate]] each: the 1.6 MB gradient crosses one in tens of µs, not
   this notebook's 12.8 ms. Inside the node GPUs use NVLink, NVIDIA's GPU-to-GPU link
-  ([[nvidia.h100_nvlink_bw_per_direction]] per direction).
+  ([[nvidia.h100_nvlink_bw_per_direction]] per direction). So there the bandwidth term of this
+  step would be small; the per-round latency remains, and it matters for small buckets
+  (notebook 01).
 - **Transport.** NCCL over InfiniBand or RoCE (the two fabrics that carry RDMA between nodes)
   uses RDMA, remote direct memory access: the NIC runs
   the transport ([[rdma.kernel_bypass]] for the transfer itself), without the system calls and
@@ -307,8 +320,9 @@ n* = α × bandwidth is the message size whose latency and bandwidth terms are e
 01): here {alpha * 1e3:g} ms × {rate_Bps / 1e6:g} MB/s = {n_star_here / 1e3:.0f} kB. NCCL's
 tuner, [[nccl.tuner_model]], charges [[nccl.tuner_net_ring_step_latency_simple]] per ring
 round across the network (NCCL calls a round a step) with its Simple protocol, the one for
-large messages. At a ConnectX-7's [[nvidia.connectx7_rate_bytes]] that cost model implies
-n* ≈ {n_star_nccl / 1e6:.1f} MB. So, in NCCL's cost model and if it ran ring/Simple, DDP's
+large messages. The tuner's per-round α × a ConnectX-7's line rate
+([[nvidia.connectx7_rate_bytes]]) gives n* ≈ {n_star_nccl / 1e6:.1f} MB. So, in NCCL's cost
+model and if it ran ring/Simple, DDP's
 first bucket ([[pytorch.ddp_first_bucket]]), cut into p chunks, would be latency-bound from
 {p_first(n_star_nccl)} nodes (one GPU per node). At that size the tuner also weighs its
 low-latency protocols, LL and LL128, whose network round it charges less
