@@ -238,7 +238,7 @@ def test_explain_convergence(capsys):
     assert ("Measured directly (one run): 72 updates landed on a write-back's first coordinate "
             "between its read and its write, over 60,000 write-backs (0.12 per 100), beside "
             "0.14% of increments lost") in out and "as if" not in out
-    assert "sparse 1.02x, dense 2.0e+07x." in out
+    assert "sparse 1.02 times, dense 2.0 × 10^7 times." in out
     assert "survived) held: 150 of 1,000" in out and "cannot say why" not in out
     assert ("Shown on this run: the write-back run's loss was still falling over its last third: "
             "it converges, only slower.") in out

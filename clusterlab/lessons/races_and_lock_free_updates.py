@@ -210,23 +210,28 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
           + ("." if par_in > 1.3 else ": too few at once to test the in-place race here (the "
                                        "cost runs below count it with overlapping workers)."))
     p4 = par["writeback", 4]
+    pause_note = ""  # how many ran at once against the 4-worker losses: folded with the slices
     if p4 < 1:
-        print("Fewer than one write-back worker ran at a time on average. An average cannot "
-              "tell how often two ran together (at the staggered start and finish, say, or "
-              "while other load let up), so these runs cannot tell how much of the loss that "
-              "caused; the losses fit workers the scheduler paused between read and write-back "
-              "(not measured apart here): paused in turn, each resumed worker erases the "
-              "others' slices, about (W - 1)/W again, for a different reason.")
+        print("Fewer than one write-back worker ran at a time on average (why they still lost "
+              "updates: the fold below).")
+        pause_note = (
+            "\n\nOn this run fewer than one write-back worker ran at a time on average. An "
+            "average cannot tell how often two ran together (at the staggered start and finish, "
+            "say, or while other load let up), so these runs cannot tell how much of the loss "
+            "that caused; the losses fit workers the scheduler paused between read and "
+            "write-back (not measured apart here): paused in turn, each resumed worker erases "
+            "the others' slices, about (W - 1)/W again, for a different reason.")
     elif p4 < 3:  # (W - 1)/W with W the workers really at once, not the 4 started
         at_once = (p4 - 1) / p4
         net = ("below" if max(lost["writeback", 4]) < at_once else
                "above" if min(lost["writeback", 4]) > at_once else "on both sides of")
-        print(f"{p4:.2f} of the 4 write-back workers ran at once, and all at once they would "
-              f"lose ({p4:.2f} − 1)/{p4:.2f} = {at_once:.0%}; the 4-worker losses ended {net} it"
-              + (". Pauses could explain the rest (a hypothesis: descheduled windows are not "
-                 "counted here): a worker descheduled between its read and its write-back "
-                 "erases, when it resumes, all the others wrote meanwhile."
-                 if net == "above" else "."))
+        pause_note = (
+            f"\n\n{p4:.2f} of the 4 write-back workers ran at once, and all at once they would "
+            f"lose ({p4:.2f} − 1)/{p4:.2f} = {at_once:.0%}; the 4-worker losses ended {net} it"
+            + (". Pauses could explain the rest (a hypothesis: descheduled windows are not "
+               "counted here): a worker descheduled between its read and its write-back "
+               "erases, when it resumes, all the others wrote meanwhile."
+               if net == "above" else "."))
     slice_ms, hz = time_slice_here()
     here = "" if slice_ms is None else (
         f"; with this kernel's {os.cpu_count()} online CPUs (the count it scales by, which "
@@ -235,10 +240,14 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
                                            f": {1000 / hz * np.ceil(slice_ms * hz / 1000):.0f} "
                                            f"ms here (HZ = {hz})")
         + " (a wake-up can end a slice sooner), the stretch a paused worker can erase")
-    say("<details><summary>Why a paused worker can erase so much: time slices</summary>\n\n"
-        + facts.render("A worker waiting for a core waits out the others' **time slices**, on "
-                       f"Linux by default [[linux.eevdf_base_slice]]{here}.")
-        + "\n\n</details>")
+    say("<details><summary>Shared cores: a worker paused mid-update erases more "
+        "(time slices)</summary>\n\n"
+        + "Shared cores add a second route to lost updates: the scheduler runs each process "
+        "for a **time slice**, then switches, and a worker paused inside its read-to-write "
+        "window erases, when it resumes, the others' whole slices (about (W − 1)/W again).\n\n"
+        + facts.render("A worker waiting for a core waits out the others' time slices, on "
+                       f"Linux 6.15 and later by default [[linux.eevdf_base_slice]]{here}.")
+        + pause_note + "\n\n</details>")
     assert all(r["lost"] > 0 for r in rep["writeback", 4])
     assert runs["dense", "lock"]["lost"] == 0 and runs["dense", "seqlock"]["lost"] == 0
     for w in (2, 4):  # in place, only the one-element load-to-store window loses increments
@@ -364,9 +373,13 @@ def explain_convergence(runs: dict, *, problem, sparse) -> None:
          f"Measured directly (one run): {landed:,} updates landed on a write-back's first "
          f"coordinate between its read and its write, over {s['updates']:,} write-backs "
          f"({100 * s['age_mean']:.2f} per 100), beside {s['lost_fraction']:.2%} of increments "
-         "lost (the counter it reads is itself written back).")
-    print(f"Final loss without / with a lock (one run each): sparse {ratio['sparse']:.2f}x, "
-          f"dense {ratio['dense']:.1e}x.")
+         "lost. The two measures are not expected to match: the first counts updates landing "
+         "on one coordinate of x, the second the counter's increments erased on all of them, "
+         "and the counter is read and written back by its own racy stores; these runs do not "
+         "split the gap.")
+    mant, exp = f"{ratio['dense']:.1e}".split("e")
+    print(f"Final loss without / with a lock (one run each): sparse {ratio['sparse']:.2f} "
+          f"times, dense {mant} × 10^{int(exp)} times.")
     survived, lo, hi = survivor_prediction(d, dl, nnz=problem.nnz)
     print(prediction_sentence(survived, lo, hi, d["updates"]))
     if prediction_miss(survived, lo, hi) > 0.05:
@@ -608,9 +621,10 @@ GPU_RACES_MORE = """
 - **Asynchronous checkpoints.** Distributed Checkpoint's (DCP) `async_save` writes
   [[pytorch.dcp_async_save_staging]] from another thread. By default it returns only after
   that copy is made (the copy stalls the training loop) and only the write runs in the
-  background. With async staging ([[pytorch.dcp_async_staging_option]]) the copy runs in the
-  background too: wait on its `staging_completion` before the next optimizer step (notebook
-  12), or the checkpoint mixes two steps.
+  background. With async staging (pass `async_stager=DefaultStager(...)` built with
+  [[pytorch.dcp_async_staging_option]]; CUDA only) the copy runs in the background too:
+  wait on its `staging_completion` before the next optimizer step (notebook 12),
+  or the checkpoint mixes two steps.
 """
 
 
