@@ -168,7 +168,7 @@ def test_explain_idle_says_who_set_the_wait_and_passes_the_evidence(verdicts, ca
     assert "2(p-1) x 20 ms = 280.0 ms" in out and ": the network set the wait." in out
     assert "(-1 points)" in out
     holds, claim, busy = verdicts[-1]
-    assert holds and busy is None and "11.0 times plain Gloo's (this machine's own)" in claim
+    assert holds and busy is None and "11.0 times plain Gloo's wait, this machine's own" in claim
     idle[-1] = idle_row(8, 0.82, 0.82, 0.140, 0.2817)
     ddp_lesson.explain_idle(idle, delay_s=20e-3, compute_s=0.048)
     out = capsys.readouterr().out
@@ -321,4 +321,4 @@ def test_explain_tail_says_the_host_hides_the_network(verdicts, said):
 def test_notebook_04_real_cluster_notes_compute_their_numbers_from_the_ledger():
     text = jit_lesson.real_cluster_notes()
     assert "[[linux.netem_dist_scale]]" in text and "{" not in text
-    assert "against 4092 ms at this" in text
+    assert "4092 ms at this notebook's 2 ms" in text and "Simple protocol" in text

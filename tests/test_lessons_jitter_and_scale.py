@@ -46,7 +46,7 @@ def test_explain_measured_says_within_or_above_by_the_standard_error(verdicts, s
     rough = [0.10, 0.13, 0.16]               # x1.00, se 0.13: within
     lesson.explain_measured(fake_collapse(calm, rough))
     text = said[-1]
-    assert "×1.05 ± 0.00 without jitter and ×1.00 ± 0.13 with the tail" in text
+    assert "×1.051 ± 0.004 without jitter and ×1.000 ± 0.133 with the tail" in text
     assert "Within two standard errors of 1 with the tail; more than two above without " \
            "jitter (probably this host's own cost" in text
     # x1.051: the deviation is rounded up
@@ -142,7 +142,7 @@ def test_explain_tail_cost_splits_the_step_into_the_mean_and_the_tail(said):
     # 10345 / 4142 = 2.50 = (8029 / 4142 = 1.94) x (10345 / 8029 = 1.29)
     assert text.startswith("**At 1024 nodes the tail makes the simulated ring's mean step ×2.50 "
                            "as long: ×1.94 from its higher mean (the control, delay 3900us) and "
-                           "×1.29 from the tail itself.**")
+                           "×1.29 from the tail itself, waiting for the slowest.**")
     # the chain explanation is said as a reading, not as a measured cause
     assert "That is our reading of the ×1.29: no run here removes" in text
     assert "simulated efficiency 54% for the tree against 53% for the ring" in text
