@@ -7,13 +7,17 @@ figures, the sentences and the verdicts the learner reads.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import textwrap
+
 import matplotlib.pyplot as plt
 import numpy as np
 
 from clusterlab import facts
 from clusterlab.experiments import jitter_at_scale
 from clusterlab.experiments.common import conclude
-from clusterlab.lessons.show import ms, say
+from clusterlab.lessons.show import fold, ms, say
 
 _COLORS = ("#4C72B0", "#C44E52")
 
@@ -92,7 +96,11 @@ def predictability_sentence(pred: dict, *, calm_nic: str, rough_nic: str) -> str
     largest simulated count."""
     calm, rough = pred["real"][calm_nic], pred["real"][rough_nic]
     sim_r = {r["nodes"]: r for r in pred["sim"][rough_nic]}
+    sim_c = {r["nodes"]: r for r in pred["sim"][calm_nic]}
     big, n_real = max(sim_r), rough["steps"]
+    # the median's gap, said "at every scale" only where every simulated count from 4 nodes
+    # (the counts the sentence compares) shows it
+    above = all(q(sim_r[n], "p50") > q(sim_c[n], "p50") for n in sim_r if n in sim_c and n >= 4)
     real_more = moved_more(calm["ci"], rough["ci"], "p90", "p50")
     return (
         f"**Measured on 4 ranks ({n_real} steps per network): the jitter moved the median step "
@@ -110,7 +118,13 @@ def predictability_sentence(pred: dict, *, calm_nic: str, rough_nic: str) -> str
         f"{q(sim_r[big], 'p99') / q(sim_r[big], 'p50'):.2f} on {big}, while p99 − p50 grew from "
         f"{ms(q(sim_r[4], 'p99') - q(sim_r[4], 'p50'))} to "
         f"{ms(q(sim_r[big], 'p99') - q(sim_r[big], 'p50'))}: relatively less spread, absolutely "
-        "more. Rare, long events shared by many ranks would not average out like this "
+        "more."
+        + (f" The jittery median stays above the calm one at every simulated scale from 4 nodes (×"
+        f"{q(sim_r[4], 'p50') / q(sim_c[4], 'p50'):.2f} on 4 nodes, ×"
+        f"{q(sim_r[big], 'p50') / q(sim_c[big], 'p50'):.2f} on {big}): waiting for the slowest "
+        "each round does not average out; only the *relative* spread shrinks."
+           if above else "")
+        + " Rare, long events shared by many ranks would not average out like this "
         "(*On a real GPU cluster*).")
 
 
@@ -237,22 +251,27 @@ def levers_sentence(mit: dict, gains: dict, factor: dict) -> str:
                         + ("" if gains[k]["resolved"] else f" ({verdict(gains[k])})")
                         for k in order[1:])
             + ((", each *resolved*" if not marked else "; the unmarked ones *resolved*")
-               + (" (faster than the one before on every pair of steps; appendix 2)"
+               + (" (faster than the one before on every pair of steps, more than the "
+                  "90 % of pairs that resolving needs; appendix 2)"
                   if min(resolved) >= 1 else f" (faster than the one before on at least "
                   f"{min(resolved):.0%} of step pairs; appendix 2)") if resolved else "")
             + ". **Simulated at 1024 ranks:** "
             + ", ".join(f"{k} ×{factor[k]:.1f}" for k in order[1:])
             + " (for fewer syncs, samples per second at a ×" + f"{k_acc} global batch, not time "
             "to train: see 04c)."
-            + (f" Measured over simulated efficiency at {nodes} ranks: "
-               + ", ".join(f"{k} ×{ratio[k]:.2f}" for k in order)
-               + " (the measured steps also pay this host's optimizer step)." if ratio else "")
             + f"\n\nBigger buckets lead at scale because they *are* fewer rounds: {n_small} "
             f"buckets → {n_big}, where fewer syncs cuts the rounds per sample by {k_acc}. On a "
             f"real fabric (µs hops, not `{mit['config']['nic']}`) the exchange takes "
             "milliseconds, not seconds, so there the ranking also depends on the backward's "
             "length and on the bytes: once the exchange is bandwidth-bound, bigger buckets gain "
-            "little and give up overlap (notebook 03 measures that trade).")
+            "little and give up overlap (notebook 03 measures that trade)."
+            # a consistency check of the runs against the simulator: off the main path
+            + ("\n\n<details><summary>Consistency check: measured over simulated efficiency"
+               "</summary>\n\n"
+               f"Measured over simulated efficiency at {nodes} ranks: "
+               + ", ".join(f"{k} ×{ratio[k]:.2f}" for k in order)
+               + " (the measured steps also pay this host's optimizer step).\n</details>"
+               if ratio else ""))
 
 
 def measured_over_simulated(mit: dict) -> dict:
@@ -395,7 +414,7 @@ def hierarchy_sentence(mit: dict, one: dict, factor: dict, *, fast_in: str) -> s
         f"| {one[slow_in, 'hierarchical']:.3f} s | {one[fast_in, 'hierarchical']:.3f} s |\n\n"
         f"(hops on the longest chain, which a synchronous all-reduce waits for: appendix). The "
         f"latency ratio (p − 1)·t_intra / t_net predicts the saving: {est[slow_in]:.3f} of the "
-        f"network latency at `{slow_in}` (replayed: "
+        f"network latency at `{slow_in}` (the replay, arithmetic on the same model: "
         f"{one[slow_in, 'ring'] / one[slow_in, 'hierarchical'] - 1:.3f}), {est[fast_in]:.4f} at "
         f"`{fast_in}`.\n\n"
         f"Measured on {hn} × {hp} (network `{mit['config']['hier_nic']}`): the replay takes "
@@ -404,7 +423,8 @@ def hierarchy_sentence(mit: dict, one: dict, factor: dict, *, fast_in: str) -> s
         f"through Gloo and this host, {ms(hier['ring']['comm_s'])} and "
         f"{ms(hier['hierarchical']['comm_s'])} (means of {hier['ring']['steps']} steps each, "
         f"ranging {ms(per['ring'].min())} to {ms(per['ring'].max())} and "
-        f"{ms(per['hierarchical'].min())} to {ms(per['hierarchical'].max())})."
+        f"{ms(per['hierarchical'].min())} to {ms(per['hierarchical'].max())}). This run "
+        f"tests the network crossing the hierarchy saves, not the formula (above)."
         "\n\n<details><summary>In NCCL's cost model: a what-if, and NCCL's own hierarchies"
         "</summary>\n\n" + what_if + "\n</details>")
 
@@ -472,26 +492,43 @@ def accumulation_measured(step_s: float, local_s: float, k: int) -> float:
     return k * step_s / (step_s + local_s) - 1
 
 
+@contextlib.contextmanager
+def _folded(summary: str):
+    """Collect what the block prints and show it behind a fold titled `summary`: the appendix
+    reads as three one-line summaries, each opened on demand. Long prose lines are wrapped (a
+    code block in Markdown does not wrap them) under their own indentation; table rows (runs of
+    spaces between columns) are kept whole."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        yield
+    lines = []
+    for line in buf.getvalue().strip("\n").splitlines():
+        indent = line[:len(line) - len(line.lstrip())]
+        lines.append(textwrap.fill(line, width=100, subsequent_indent=indent + "  ")
+                     if len(line) > 100 and "   " not in line.strip() else line)
+    fold(summary, "\n".join(lines), pre=True)
+
+
 def appendix(pred: dict, mit: dict, gains: dict, factor: dict, one: dict, *, calm_nic: str,
              rough_nic: str, fast_in: str) -> None:
     """Prints the details behind each section: the measured p50 and p90 with their intervals,
     each lever's pairs won and simulated factor, DDP's first bucket, the accumulation gain from
     the exchange alone and with the local micro-steps as measured, and the network hops of one
     all-reduce (with NCCL's tuner count) with the flat and hierarchical times at the largest
-    rank count (and checks that these times differ by the flat ring's intra-node hops)."""
+    rank count (and checks that these times differ by the flat ring's intra-node hops). Each
+    item sits behind its own fold."""
+    with _folded("1. Predictability: p50 and p90 with their 95 % intervals"):
+        _appendix_predictability(pred, calm_nic=calm_nic, rough_nic=rough_nic)
+    with _folded("2. Levers: pairs won, DDP's first bucket, what fewer syncs gains"):
+        _appendix_levers(mit, gains, factor)
+    with _folded("3. Network hops in one all-reduce, and NCCL's tuner count"):
+        _appendix_hops(mit, one, fast_in=fast_in)
+
+
+def _appendix_predictability(pred: dict, *, calm_nic: str, rough_nic: str) -> None:
     sim_r = {r["nodes"]: r for r in pred["sim"][rough_nic]}
     sim_c = {r["nodes"]: r for r in pred["sim"][calm_nic]}
     n_real = pred["real"][rough_nic]["steps"]
-    real, sim = mit["real"], mit["sim"]
-    order, label, k_acc = list(real), labels(mit), mit["config"]["accumulate"]
-    n_a, n_b = gains["overlap"]["steps"]
-    ranks = max(r["nodes"] for r in sim["hierarchical"])
-    nodes_h, R = ranks // 8, ranks
-    slow_in = mit["config"]["hier_intra"]
-    hn, hp = mit["config"]["hier_nodes"], mit["config"]["hier_ppn"]
-    caps_big = real["bigger buckets"]["bucket_cap_mb"]
-    model_mib = mit["config"]["model_bytes"] / 2**20
-
     print(f"1. Predictability, 4 real ranks, {n_real} steps per network (95 % intervals, "
           "treating the steps as independent):")
     for nic, r in pred["real"].items():
@@ -500,13 +537,20 @@ def appendix(pred: dict, mit: dict, gains: dict, factor: dict, one: dict, *, cal
           f"{ms(q(sim_r[4], 'p50') - q(sim_c[4], 'p50'))} and p99 by "
           f"{ms(q(sim_r[4], 'p99') - q(sim_c[4], 'p99'))}")
 
+
+def _appendix_levers(mit: dict, gains: dict, factor: dict) -> None:
+    real = mit["real"]
+    order, label, k_acc = list(real), labels(mit), mit["config"]["accumulate"]
+    n_a, n_b = gains["overlap"]["steps"]
+    caps_big = real["bigger buckets"]["bucket_cap_mb"]
+    model_mib = mit["config"]["model_bytes"] / 2**20
     bb = real["bigger buckets"]        # accumulation skips k - 1 of every k exchanges of this step
     acc_bound = accumulation_bound(bb["step_s"], bb["wait_s"], k_acc)
     fs = real["fewer syncs"]
     local_each = fs["local_s"] / (k_acc - 1)       # one local micro-step, as measured
     outside = bb["step_s"] - bb["wait_s"]          # a synced step outside its exchange
     acc_local = accumulation_measured(bb["step_s"], fs["local_s"], k_acc)
-    print(f"\n2. Levers, measured on 4 ranks ({n_a} steps each; 'resolved' = won >= 90 % of the "
+    print(f"2. Levers, measured on 4 ranks ({n_a} steps each; 'resolved' = won >= 90 % of the "
           f"{n_a} x {n_b} step pairs):")
     for k in order[1:]:
         print(f"   {label[k].replace(chr(10), ' '):48s} ×{1 + gains[k]['gain']:.2f}  pairs won "
@@ -524,8 +568,15 @@ def appendix(pred: dict, mit: dict, gains: dict, factor: dict, one: dict, *, cal
           f"{ms(bb['optimizer_s'])}, and DDP's bucket work): with them as measured, "
           f"{acc_local:+.0%} (measured {gains['fewer syncs']['gain']:+.0%}).")
 
+
+def _appendix_hops(mit: dict, one: dict, *, fast_in: str) -> None:
+    sim = mit["sim"]
+    ranks = max(r["nodes"] for r in sim["hierarchical"])
+    nodes_h, R = ranks // 8, ranks
+    slow_in = mit["config"]["hier_intra"]
+    hn, hp = mit["config"]["hier_nodes"], mit["config"]["hier_ppn"]
     intra_hops = 2 * (R - 1) - net_hops(nodes_h, R // nodes_h)[1]   # on the longest chain
-    print("\n3. Network hops in one all-reduce. The flat ring passes each chunk along a chain of "
+    print("3. Network hops in one all-reduce. The flat ring passes each chunk along a chain of "
           "2(R - 1) hops (ranks numbered node by node); a synchronous all-reduce waits for the "
           "longest chain:")
     print(f"   {'nodes x ranks':14s} {'flat, longest':>14s} {'hierarchy':>10s} "
