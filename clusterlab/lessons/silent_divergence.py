@@ -153,7 +153,7 @@ def fingerprint(model):  # two int64 per tensor: sum of raw bits, and position-w
     out = []
     for p in model.parameters():  # float32; view bf16 parameters as torch.int16
         bits = p.detach().reshape(-1).view(torch.int32).to(torch.int64)
-        pos = torch.arange(1, bits.numel() + 1, dtype=torch.int64)
+        pos = torch.arange(1, bits.numel() + 1, dtype=torch.int64, device=bits.device)
         out += [bits.sum(), (bits * pos).sum()]  # int64 wraps around: fine for a checksum
     return torch.stack(out)
 
