@@ -112,8 +112,9 @@ def hierarchy_order(hl: dict, hr: dict) -> str:
                 f"staggered start ({ms(stagger)}),\nso this run does not order them.")
     faster, slower = ("Rails", "leader-based") if order > 0 else ("Leader-based", "rails")
     d_replay = (hl["replay"] - hr["replay"]) * order  # > 0: the replays agree on the winner
-    line = (f"{faster} beat {slower} at 4 MiB by {ms(abs(d_best))} (medians: "
-            f"{ms(abs(d_median))}), more than the ranks' staggered start ({ms(stagger)}).")
+    line = (f"{faster} beat {slower} at 4 MiB by {ms(abs(d_best))} (medians of "
+            f"{len(hl['times'])} runs: {ms(abs(d_median))}), more than the ranks' staggered "
+            f"start ({ms(stagger)}).")
     if d_replay <= 0:
         return line + (f"\nTheir replays put them the other way round ({ms(-d_replay)}): the "
                        "order is this machine's, not the model's.")
@@ -445,11 +446,9 @@ def gpu_cluster_template(*, intra_over_nic: float) -> str:
   carried, on two nodes for instance ([02c](02c_in_network_reduction_and_nccl.ipynb)'s
   self-check 2 says how to measure the network there).
 - **The link that bounds a ring's busbw** is the NIC with one GPU and one NIC per node. With
-  several per node NCCL's channels (fold below) spread over all the NICs, and busbw between
-  nodes grows [[nccl.busbw_grows_with_node_nics]]. An NVIDIA engineer reports an all-reduce
-  busbw of [[nccl.busbw_dgx_a100_multi_node]] on DGX A100 nodes with eight 200 Gb/s
-  InfiniBand NICs each (algorithm and node count not stated): close to the node's total NIC
-  bandwidth, 8 × 25 GB/s = 200 GB/s, not to one NIC's.
+  several per node NCCL's channels (parallel slices of one collective, each on its own NIC
+  path; fold below) spread over all the NICs, and busbw between nodes grows
+  [[nccl.busbw_grows_with_node_nics]].
 
 <details><summary>Why a hierarchy needs overlap with a NIC per GPU: the striping algebra</summary>
 
@@ -533,9 +532,9 @@ def explain_replay(hier: Sequence[dict], *, alpha: float, beta: float) -> None:
           "the ranks go\nat different times: up to about the entry spread is that staggered "
           "start. So at least the gap\nminus the spread, "
           f"{ms(min(sure))} to {ms(max(sure))} here, is a cost the replay leaves out; this run "
-          f"does not isolate it.\nThe largest, {largest[1]} at {largest[2]}, may be how that "
-          f"scheme runs here ({hier[0]['p']} rank processes\non this machine's "
-          f"{os.cpu_count()} cores): the model and the replay do not explain it.")
+          f"does not isolate it.\nThe largest, {largest[1]} at {largest[2]}, is not explained by "
+          f"this run ({hier[0]['p']} rank processes\non this machine's "
+          f"{os.cpu_count()} cores): neither the model nor the replay accounts for it.")
     rd = h.get(("recursive_doubling", SMALL))
     hs = [h[a, SMALL] for a in ("hierarchical", "hierarchical_rail") if (a, SMALL) in h]
     if rd and len(hs) == 2:

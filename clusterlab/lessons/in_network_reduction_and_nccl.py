@@ -165,11 +165,13 @@ def switch_latency_template() -> str:
     hi = facts.get("nccl.tuner_net_collnet_direct_latency_simple").value / ring
     return ("The emulated switch pays 2 alpha, two ring steps of latency. On a real network one "
             "ring step is also NIC → switch → NIC; NCCL's tuner, with several GPUs per node, "
-            "charges an in-switch all-reduce across nodes [[nccl.tuner_net_nvls_latency_simple]]"
-            " (NVLS) to [[nccl.tuner_net_collnet_direct_latency_simple]] (CollNetDirect) of "
-            "network latency, against [[nccl.tuner_net_ring_step_latency_simple]] per ring step "
-            f"that crosses the network: about {lo:.1f} to {hi:.1f} ring steps, a few switch hops "
-            "and the adding, against the ring's 2(nodes−1) network steps.")
+            "charges an in-switch all-reduce across nodes a base network latency of "
+            "[[nccl.tuner_net_nvls_latency_simple]] (NVLS) to "
+            "[[nccl.tuner_net_collnet_direct_latency_simple]] (CollNetDirect), against a base "
+            "of [[nccl.tuner_net_ring_step_latency_simple]] per ring step that crosses the "
+            "network (to each it adds the path's own latency, so these are lower bounds): "
+            f"about {lo:.1f} to {hi:.1f} ring steps, a few switch hops and the adding, against "
+            "the ring's 2(nodes−1) network steps.")
 
 
 # --- the closed forms over p ----------------------------------------------------------------
