@@ -27,7 +27,7 @@ def explain_changed(changed: dict, healthy: dict, *, steps: int) -> None:
 
     print(f"In short: rank 2 stays apart from rank 0 for all {steps} steps (largest weight "
           f"difference {d2[-1]:.1e}), while rank 0's loss stays within {dev:.2%} of a healthy "
-          "run's: the loss hides it, the replica fingerprints show it.")
+          "run's: in this run the loss hides it, the replica fingerprints show it.")
     lines = [
         f"ranks whose fingerprint differs from rank 0's: {divergence.replicas_agree(changed)}",
         f"rank 2's gap to rank 0: {d2[0]:.6e} after step 0, {d2[-1]:.6e} after step "
@@ -151,7 +151,7 @@ def fingerprint(model):  # two int64 per tensor: sum of raw bits, and position-w
     import torch
 
     out = []
-    for p in model.parameters():  # float32; view bf16 parameters as torch.int16
+    for p in model.parameters():  # float32 parameters: their bits as int32
         bits = p.detach().reshape(-1).view(torch.int32).to(torch.int64)
         pos = torch.arange(1, bits.numel() + 1, dtype=torch.int64, device=bits.device)
         out += [bits.sum(), (bits * pos).sum()]  # int64 wraps around: fine for a checksum
@@ -355,8 +355,11 @@ IDENTICAL_BYTES = (
     "(NCCL's user guide).\n"
     "- **Rank-local work after the sync splits replicas** (an optimizer that rounds "
     "differently on one node, a rank-dependent code path).\n"
-    "- **Buffers are re-sent at every forward** by default: "
-    "[[pytorch.ddp_forward_sync_buffers]]; parameters are not (details in the fold).")
+    "- **Buffers** (non-trained state such as BatchNorm running statistics) **are re-sent "
+    "from rank 0 at every forward** by default: [[pytorch.ddp_forward_sync_buffers]]; so a "
+    "rank-local change to them is overwritten, which is why the fingerprint skips them "
+    "(with forward_sync_buffers=False, a split in the buffers goes unseen). Parameters are "
+    "not re-sent (details in the fold).")
 
 # Folded: how NCCL forwards the finished sum, when DDP re-sends parameters, and what a hop
 # error would do (our inference); the learner's path keeps the three one-liners above.
@@ -379,9 +382,8 @@ FORWARDED_REPORT = (
     "- **A reported split, cause never found**: "
     "[NVIDIA/nccl#434](https://github.com/NVIDIA/nccl/issues/434), one node's all-reduce "
     "result (always the same node) differing from the others'; the maintainer answered that "
-    "all ranks should hold the same result. A bit flipped while forwarding (bad memory on a "
-    "forwarding GPU or, our inference, a link error that escapes the link's CRC checksum) "
-    "would look like this; "
+    "all ranks should hold the same result. A bit flipped while forwarding (our inference, "
+    "e.g. bad memory on a forwarding GPU) would look like this; "
     "for a mantissa flip, no single-rank check would catch it.\n"
     "- **Run-to-run reproducibility is another property.** Identical bytes hold within one "
     "call, not across runs or algorithms. Some CUDA kernels are non-deterministic "
