@@ -180,6 +180,16 @@ def test_hierarchy_sentence_tabulates_the_hops_and_folds_nccls_constants_as_a_wh
     what_if = text[text.index("<details>"):]
     assert "If the tuner's constants were hop latencies" in what_if and "Sources" in what_if
     assert "If the tuner's constants" not in text[:text.index("<details>")]
+    # a third link at NCCL's tuner ratio (3.4/14 of delay 2ms = 486us) on the main path
+    near = pm.nccl_ratio_link(mit)
+    assert near == "delay 486us"
+    one |= {(near, "ring"): 1.382, (near, "hierarchical"): 0.511}
+    text = pm.hierarchy_sentence(mit, one, pm.factor_at_scale(mit), fast_in="delay 1us",
+                                 near_in=near)
+    main = text[:text.index("<details>")]
+    assert ("With `delay 486us` inside (the ratio of NCCL's tuner constants for an NVLink and a "
+            "network ring step, 0.24; selection constants, not measured hops: fold), the ratio "
+            "gives 1.7 and the replay 1.7") in main
 
 
 def test_measured_efficiency_is_compute_over_step_per_sample_like_the_simulator():

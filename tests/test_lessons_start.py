@@ -113,12 +113,18 @@ def test_impaired_step_within_the_jitter_range_is_shown(capsys):
     kwargs = dict(replay=np.full(200, 0.0375), compute=0.006, model_ar=0.0368, spread=0.006,
                   efficiency=0.005 / 0.044, dilation=1)
     start.explain_impaired_step(plain, impaired, solo, **kwargs)
-    main, fold = capsys.readouterr().out.split("median, ms", 1)  # the fold prints last here
-    assert main.splitlines() == [  # three lines on the main path
+    out = capsys.readouterr().out
+    fold = out[out.index("measured - predicted"):]  # the fold prints last here
+    main = out[:out.index("measured - predicted")]
+    assert main.strip().splitlines()[-5:] == [  # the medians, then four lines on the main path
+        "",
         "measured:   44.0 ms per step (median, 4 steps x 2 ranks)",
         "predicted:  42.8 ms = compute 6.0 (the plain run's median) + α-β all-reduce 36.8",
+        "            with the impaired run's own compute (6.0 ms against 6.0: same work, "
+        "shared cores) the model gives 42.8 ms",
         "efficiency: 11% = one rank alone's 5.0 ms / 44.0 ms (median steps)"]
-    assert "impaired             6.0        39.0   44.0" in fold  # each run's medians
+    assert "impaired             6.0        39.0   44.0" in main  # each run's medians, visible
+    assert "median, ms" not in fold
     # 44.0 - (6.0 + 36.8) = +1.2 ms; the split only in the details
     assert "measured - predicted = +1.2 ms (show_details=True splits it)" in fold
     assert "jitter" not in fold and "details:" not in fold
@@ -165,7 +171,7 @@ def test_all_reduce_phase_far_above_the_replay_is_not_shown_when_compute_was_slo
     start.explain_impaired_step(plain, impaired, solo, replay=np.full(200, 0.0375),
                                 compute=0.004, model_ar=0.0368, spread=0.006,
                                 efficiency=0.005 / 0.090, dilation=3)
-    main = capsys.readouterr().out.split("median, ms", 1)[0]
+    main = capsys.readouterr().out.split("measured - predicted", 1)[0]
     assert ("efficiency: 6% = one rank alone's 5.0 ms / 90.0 ms (median steps; times "
             "divided by K = 3, so the compute is that of a CPU 3 times faster than this "
             "one)") in main
