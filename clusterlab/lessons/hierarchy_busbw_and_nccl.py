@@ -374,10 +374,17 @@ def explain_busbw(r4: dict, r8: dict, *, bw: Sequence[dict], link: float) -> Non
     # to arithmetic; the finding is that busbw fell by what the latencies predict, no more.
     slowed = beyond_closed_form([(r4["measured"], m4), (r8["measured"], m8)])
     conclude(r8["algbw"] < r4["algbw"], "algbw fell from 4 to 8 ranks", busy=slowed)
+    # Each best time carries this machine's noise, up to its own best-to-median spread; a
+    # ratio of two bests inherits both. A miss no larger than the tolerance plus that spread is
+    # this run's scatter, not a broken emulator (a quiet 2-core CI run missed by 4 %).
+    s4, s8 = (r["median"] / r["measured"] - 1 for r in (r4, r8))
+    scatter = (None if abs(db - dbm) > BUSBW_TOLERANCE + s4 + s8 else
+               f"a miss of {abs(db - dbm):.1%} lies within this run's scatter (best to median: "
+               f"{s4:.1%} and {s8:.1%})")
     conclude(abs(db - dbm) <= BUSBW_TOLERANCE,
              f"busbw fell as the emulator's closed form says, within {BUSBW_TOLERANCE:.0%} "
              f"(best of {len(r4['times'])} and {len(r8['times'])}; a consistency check of the "
-             "emulator against its own formula)", busy=slowed)
+             "emulator against its own formula)", busy=slowed or scatter)
     assert abs(dbm) < abs(dam)
     for r in bw:
         if r["algorithm"] in ("ring", "rabenseifner"):
