@@ -61,3 +61,13 @@ def verdicts(monkeypatch):
         if hasattr(module, "conclude"):
             monkeypatch.setattr(module, "conclude", record)
     return seen
+
+
+@pytest.fixture
+def shown(monkeypatch):
+    """The Markdown each facts.show call would display, rendered from the ledger."""
+    from clusterlab import facts as _facts
+
+    texts: list[str] = []
+    monkeypatch.setattr(_facts, "show", lambda t, **k: texts.append(_facts.render(t, **k)))
+    return texts

@@ -18,14 +18,6 @@ def quiet_machine(monkeypatch):
     monkeypatch.setattr(common, "load_per_core", lambda: 0.0)
 
 
-@pytest.fixture
-def shown(monkeypatch):
-    """The Markdown each facts.show call would display, rendered from the ledger."""
-    texts: list[str] = []
-    monkeypatch.setattr(facts, "show", lambda t, **k: texts.append(facts.render(t, **k)))
-    return texts
-
-
 def test_real_scale_names_amd_hosts_and_ddp_buckets(shown):
     assert l10.show_at_real_scale(7e9, units=32) == {"one": 625, "node": 240}
     text = " ".join(shown[0].split())

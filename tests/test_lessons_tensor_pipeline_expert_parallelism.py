@@ -19,13 +19,6 @@ def quiet_machine(monkeypatch):
     monkeypatch.setattr(common, "load_per_core", lambda: 0.0)
 
 
-@pytest.fixture
-def shown(monkeypatch):
-    texts: list[str] = []
-    monkeypatch.setattr(facts, "show", lambda t, **k: texts.append(facts.render(t, **k)))
-    return texts
-
-
 def _pipe_rows():
     return [{"nic": nic, "schedule": schedule, "steps_kept_of": 7, "activation_bytes": 10,
              "p2p_sent": [80, 160, 160, 80], "bubble": 0.29, "bubble_formula": 0.27,
