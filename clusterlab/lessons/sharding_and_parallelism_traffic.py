@@ -104,7 +104,8 @@ def explain_traffic(traffic: dict, names: dict, *, psi: float = 7e9, units: int 
         f"\n\n"
         f"DeepSpeed's ZeRO-3 sends less than 3 (N−1)/N · Ψb, by how much depending on the "
         f"model's size. It [[deepspeed.zero3_param_persistence]]: those small tensors (biases, "
-        f"norms) are gathered once per step, after the optimizer step. And it keeps a gathered "
+        f"norms) stay whole on every rank, with no per-unit all-gather; only their gradients "
+        f"are reduced and their updated values gathered once per step. And it keeps a gathered "
         f"parameter that will be reused within stage3_max_reuse_distance "
         f"([[deepspeed.zero3_max_reuse_distance]] by default): after the forward the last "
         f"units, whose backward follows within that many elements, stay gathered and skip "
@@ -418,7 +419,8 @@ either way; past the crossing, fewer, larger units help, at the cost of a larger
 For N ranks in nodes of g GPUs with m NICs of B bytes/s each, and α_net, α_NVLink NCCL's
 tuner cost of one ring step between nodes ([[nccl.tuner_net_ring_step_latency_simple]]) and
 over NVLink ([[nccl.tuner_nvlink_ring_step_latency_simple]]), Simple protocol (bulk
-transfers), a step costs
+transfers), a step costs (assumed: the NIC reports no latency of its own; NCCL adds any it
+reports to α_net, twice for Simple, which moves the crossings to fewer ranks)
 
 - latency: 3 · units · [(N/g − 1) · α_net + (N − N/g) · α_NVLink],
 - bytes: 3 (N−1)/N · Ψb / (m · B) (a ring's bandwidth is channels × one channel's, and on
@@ -602,12 +604,14 @@ At [[nvidia.connectx7_rate_bytes]] per NIC, hybrid sharding saves {bytes_saved_s
 of NIC time and {lat_saved_s * 1e3:.0f} ms of latency per step: a gain {as_large} the
 bytes', larger still if NCCL runs the all-reduce across the nodes as a tree.
 
-<details><summary>The bytes of the table</summary>
+<details><summary>The bytes and latency of the table</summary>
 
 Sharded over the {node} GPUs of a node, a rank sends 3 × {node - 1}/{node} · Ψb over NVLink
 and 2(M−1)/M · Ψb/{node} through its NIC, M nodes. Plain FSDP's ring bytes leave a node
 through its {c['node_nics']} NICs, as in *At real scale*; {node - 1}/{node} of each rank's
-ring bytes stay on NVLink.
+ring bytes stay on NVLink. Latency: hybrid pays 3 · units · {node - 1} · α_NVLink inside the
+node plus, per unit, one ring all-reduce over the M nodes (one rank per node),
+units · 2(M−1) · α_net; plain FSDP pays the formula of *At real scale* with N = {n}, g = {node}.
 </details>
 """)
 
