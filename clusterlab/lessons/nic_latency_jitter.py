@@ -205,11 +205,15 @@ TRANSPORT_AND_CONGESTION = f'''
   GPU, at [[nvidia.connectx7_rate]] ([[nvidia.connectx7_rate_bytes]]) each: n* = α/β is about
   {_KB_PER_US:.0f} kB per µs of α.
 - **NCCL's α.** On a real cluster NCCL's cost model charges about
-  [[nccl.tuner_net_ring_step_latency_ll]] to [[nccl.tuner_net_ring_step_latency_simple]] per
-  network round (its constants, not measured latencies), so n* is tens to hundreds of kB,
-  against 250 kB here: the same rule holds, a bucket split p ways must stay well above n*.
-- **α without the kernel.** RDMA skips the kernel's system calls and copies
-  ([[rdma.kernel_bypass]]). The round trips measured above cannot show that software cost:
+  [[nccl.tuner_net_ring_step_latency_ll]] (several GPUs per node;
+  [[nccl.tuner_net_tree_step_latency_ll]] with one) to
+  [[nccl.tuner_net_ring_step_latency_simple]] per network round (its constants, not measured
+  latencies), so n* is tens to hundreds of kB, against 250 kB here: the same rule holds, a
+  bucket split p ways must stay well above n*.
+- **α without the kernel.** RDMA skips the kernel's system calls and socket copies
+  ([[rdma.kernel_bypass]] between registered buffers; NCCL copies the user's data into its own
+  unless that buffer is registered too). The round trips measured above cannot show that
+  software cost:
   they are almost all emulated delay.
 
 <details><summary>For later (notebook 02c): NCCL's tuner and protocols, chunking, RoCE framing,

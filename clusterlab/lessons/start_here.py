@@ -168,16 +168,15 @@ def explain_impaired_step(plain, impaired, solo, *, replay, compute: float, mode
           f"plain run's median) + α-β all-reduce {model_ar * 1e3:.1f}")
     # the compute is the same work in every run, not the same time: on shared cores (the
     # emulator needs CPU too) it can grow, and that part of the gap is not the network's
-    print(f"            with the impaired run's own compute ({own * 1e3:.1f} ms against "
-          f"{compute * 1e3:.1f}: same work, shared cores) the model gives "
-          f"{(own + model_ar) * 1e3:.1f} ms")
     print(f"efficiency: {efficiency:.0%} = one rank alone's {solo['step_median'] * 1e3:.1f} ms / "
           f"{step * 1e3:.1f} ms (median steps"
-          + (f"; times divided by K = {K}, so the compute is that of a CPU {K} times faster "
-             "than this one)" if K > 1 else ")"))
+          + (f"; times divided by K = {K})" if K > 1 else ")"))
     gap = step - compute - model_ar
     lines = [f"measured - predicted = {gap * 1e3:+.1f} ms"
-             + ("" if show_details else " (show_details=True splits it)")]
+             + ("" if show_details else " (show_details=True splits it)"),
+             f"With the impaired run's own compute ({own * 1e3:.1f} ms against "
+             f"{compute * 1e3:.1f}: same work, shared cores) the model gives "
+             f"{(own + model_ar) * 1e3:.1f} ms."]
     # conclude(): a claim that fails raises on a quiet machine; on a busy one (this run's
     # compute far above the plain run's, from beyond_closed_form, or a high load average) it
     # says why this run cannot show it - on the main path, where the reader is
@@ -322,7 +321,8 @@ def real_cluster_text(*, alpha: float, rate_Bps: float, alpha_nccl: float, nic_B
   (notebook 01).
 - **Transport.** NCCL over InfiniBand or RoCE (the two fabrics that carry RDMA between nodes)
   uses RDMA, remote direct memory access: the NIC runs
-  the transport ([[rdma.kernel_bypass]] for the transfer itself), without the system calls and
+  the transport ([[rdma.kernel_bypass]] between registered buffers, into which NCCL copies the
+  user's data unless that buffer is registered too), without the system calls and
   socket copies of Gloo over TCP.
 
 <details><summary>How small is too small on a real cluster? (needs notebook 01)</summary>
@@ -330,7 +330,8 @@ def real_cluster_text(*, alpha: float, rate_Bps: float, alpha_nccl: float, nic_B
 n* = α × bandwidth is the message size whose latency and bandwidth terms are equal (notebook
 01): here {alpha * 1e3:g} ms × {rate_Bps / 1e6:g} MB/s = {n_star_here / 1e3:.0f} kB. NCCL's
 tuner, [[nccl.tuner_model]], charges [[nccl.tuner_net_ring_step_latency_simple]] per ring
-round across the network (NCCL calls a round a step) with its Simple protocol, the one for
+round across the network (NCCL calls a round a step; plus the latency the network plugin
+reports, 0 for NCCL's own InfiniBand transport) with its Simple protocol, the one for
 large messages. The tuner's per-round α × a ConnectX-7's line rate
 ([[nvidia.connectx7_rate_bytes]]) gives n* ≈ {n_star_nccl / 1e6:.1f} MB. So, in NCCL's cost
 model and if it ran ring/Simple, DDP's

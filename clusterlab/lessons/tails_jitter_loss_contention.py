@@ -183,7 +183,7 @@ def p99_text(r: dict) -> str:
     """A loss run's p99 as a sentence part: its value, or the gap it falls in when it lies
     between the delay and a timeout (`p99_gap`)."""
     return (f"p99 {r['percentiles']['p99']:.2f} ms" if r["p99_gap"] is None else
-            "p99 between {:.1f} and {:.0f} ms".format(*r["p99_gap"]))
+            "p99 falls between two pings, {:.1f} and {:.0f} ms".format(*r["p99_gap"]))
 
 
 GLOO_TCP_REASONING = (
@@ -212,7 +212,7 @@ def explain_loss_at_scale(p: int, losses=(0.0001, 0.001, 0.01), *, lead: float =
     share = models.tail_at_scale(lead, messages)
     print(f"at {lead:.1%} loss per message, about 1 all-reduce in {1 / share:.0f} on {p} ranks "
           f"stalls for >= {rto_ms:.0f} ms (this emulator: a loss among the {messages} messages "
-          "of its ring)")
+          "of its ring, each one lone here)")
     gloo = []
     for loss in losses:
         any_loss, tail_loss = (models.tail_at_scale(loss, messages),
@@ -382,10 +382,10 @@ ON_A_REAL_GPU_CLUSTER = '''
 - **RoCE (RDMA over Ethernet) is kept nearly lossless by PFC, at a cost:** a switch whose
   ingress queue for one traffic class passes a threshold pauses that class upstream
   ([[ieee.pfc_8021qbb]]); at scale that brings failures of its own ([[paper.guo_rdma_2016]]).
-- **A lost last packet on InfiniBand costs seconds, not TCP's 200 ms:** it waits for the NIC
-  connection's ACK timeout (how long the sender's NIC waits for an acknowledgement before
-  resending), nominally [[nccl.ib_timeout_default_time]] at NCCL's default since
-  2.23.
+- **A lost last packet on InfiniBand (rare, see above) nominally costs seconds, not TCP's
+  200 ms:** it waits for the NIC connection's ACK timeout (how long the sender's NIC waits for
+  an acknowledgement before resending), [[nccl.ib_timeout_default_time]] at NCCL's default
+  since 2.23.
 - **One NIC per GPU removes most host-side sharing** (reasoned; limits in the fold): a DGX H100 has
   [[nvidia.dgx_h100_compute_nics]] for its compute fabric, one per GPU, at
   [[nvidia.connectx7_rate]]; sharing appears where GPUs outnumber NICs or use another GPU's NIC.
