@@ -160,7 +160,8 @@ def test_formats_table_from_finfo(monkeypatch):
 
 def test_bias_word_tells_noise_from_a_slight_shrink_from_a_bias():
     assert l11b.bias_word(-0.0005, 0.0004, 0.038) == "noise: zero within 3 s.e."
-    assert l11b.bias_word(-0.002, 0.0004, 0.038) == "mostly noise, the sum slightly behind"
+    assert l11b.bias_word(-0.002, 0.0004, 0.038) == ("mostly noise, with a small but real bias: "
+                                                     "the sum slightly behind")
     assert l11b.bias_word(-0.31, 0.0016, 0.34) == "a bias: the sum falls behind"
 
 

@@ -393,7 +393,7 @@ def test_breakeven_verdicts_and_what_decides(capsys):
     assert l11.explain_breakeven(st, ("powersgd:1",)) is True
     out = capsys.readouterr().out
     assert "counts only beyond the method's noise band: powersgd:1 3.0 ms." in out
-    assert "    100       1.5 ms cannot tell" in out
+    assert "    100       1.5 ms       cannot tell" in out
     assert "Break-even, predicted (± noise band) and measured: powersgd:1 200 (100 to 300), " \
            "measured between 100 and 1600 Mbit/s." in out
     assert out.count("Shown on this run:") == 1 and "verdicts differ" not in out
@@ -519,19 +519,21 @@ def test_breakeven_box_gives_ring_and_tree_as_a_pair(monkeypatch):
     # 25 MiB bucket: ring ~163, tree ~1716 Gb/s (126 against 12 extra rounds), either side
     # of a 400 Gb/s NIC: the 2 x 2 table.
     assert "| flat ring | 2(p−1) = 126 | 160 Gb/s | PowerSGD loses |" in text
-    assert ("| idealised tree | 2 lg p = 12 | 1700 Gb/s | PowerSGD pays only if compute is "
-            "free |") in text
+    # The compute PowerSGD may add on the tree and still pay on one 400 Gb/s NIC:
+    # 24 extra delays x 10 us x (1716 / 400 - 1) = 0.79 ms.
+    assert ("| idealised tree | 2 lg p = 12 | 1700 Gb/s | PowerSGD pays while its compute "
+            "per bucket < 0.79 ms |") in text
     # A bucket of gradients smaller than the cap closes below twice it: twice the break-even.
     assert "A bucket at twice the cap breaks even near 330 to 3400 Gb/s" in text
     assert "cap plus one gradient" in text
-    assert "10.5x cheaper than the flat ring's at p = 64, which raises each break-even 10.5x" \
-        in text
+    assert ("A tree waits 12 delays per all-reduce instead of 126, so PowerSGD's two extra "
+            "all-reduces cost 240 µs instead of 2.5 ms and its break-even rises 10.5x.") in text
     # NCCL's tree at 64 ranks, 8 per node: up and down 7 + 3 hops, 6 of them across nodes.
     assert "about 2 × 10 = 20 hops, 6 of them across nodes" in text
     assert "the 14 hops inside nodes cost less than the 6 across them" in text
     assert "whether PowerSGD rank 1 beats fp32 on one fast NIC depends on how many message " \
-           "delays an all-reduce pays: counted as a flat ring, no; as a tree, only if its " \
-           "compute is free." in text
+           "delays an all-reduce pays: counted as a flat ring, no; as a tree, yes while its " \
+           "compute per bucket stays under about 0.79 ms." in text
     assert "because of the compute compression adds" in text and "[[" not in text
 
 
@@ -562,10 +564,15 @@ def test_prediction_errors(capsys):
 
 def test_gains_table_words(capsys):
     verdicts = {("powersgd:1", 25): "faster", ("powersgd:1", 1600): "slower"}
-    l11.print_gains(FakeStats(verdicts), ("powersgd:1",))
+    l11.print_gains(FakeStats(verdicts, band=0.0005), ("powersgd:1",))
     out = capsys.readouterr().out
-    assert "1.5 ms        pays" in out and "1.5 ms       loses" in out
-    assert "noise band: powersgd:1 4.0 ms." in out
+    assert "1.5 ms" + " " * 14 + "pays" in out and "1.5 ms" + " " * 13 + "loses" in out
+    assert "noise band: powersgd:1 0.5 ms." in out
+    # A gain beyond the band but within twice it: borderline, as in the sweep's verdicts.
+    l11.print_gains(FakeStats(verdicts, band=0.001), ("powersgd:1",))
+    out = capsys.readouterr().out
+    assert "1.5 ms   borderline pays" in out and "1.5 ms  borderline loses" in out
+    assert "(borderline: beyond the noise band, but within twice it)" in out
 
 
 # --- 11b: error feedback and accuracy ----------------------------------------------------

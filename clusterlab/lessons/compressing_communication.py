@@ -355,31 +355,45 @@ def show_breakeven_at_scale(scan: dict, *, n_params: int) -> None:
     per_node, nodes = 8, p // 8
     up = per_node - 1 + int(math.log2(nodes))
     across, lg_p = 2 * int(math.log2(nodes)), int(math.log2(p))
+    # PowerSGD's added delays (two more all-reduces), and the compute it may add per bucket
+    # and still pay on one NIC: 8 dB / rate_nic - dL alpha = dL alpha (break-even / rate_nic - 1).
+    added = {lat: compression.latency_terms(compression.predicted_calls("powersgd:1", p), p, lat)
+             - compression.latency_terms(compression.predicted_calls("none", p), p, lat)
+             for lat in ("ring", "log")}
+
+    def budget_ms(rate: float, latency: str) -> float:
+        return added[latency] * scan["latency_s"] * (rate / nic_gbit - 1) * 1e3
+
     lead = ("PowerSGD rank 1 loses to fp32 on one fast NIC whichever way the all-reduce's "
             "message delays are counted" if twice_log < nic_gbit else
             "PowerSGD rank 1 still beats fp32 on one fast NIC whichever way the all-reduce's "
             "message delays are counted" if bucket > nic_gbit else
             "whether PowerSGD rank 1 beats fp32 on one fast NIC depends on how many message "
-            "delays an all-reduce pays: counted as a flat ring, no; as a tree, only if its "
-            "compute is free"
+            "delays an all-reduce pays: counted as a flat ring, no; as a tree, yes while its "
+            f"compute per bucket stays under about {sig2(budget_ms(bucket_log, 'log'))} ms"
             if bucket_log > nic_gbit else
             "whether PowerSGD rank 1 beats fp32 on one fast NIC depends on how many message "
             "delays an all-reduce pays and on the bucket's size")
 
-    def pays(rate: float) -> str:
-        return "PowerSGD pays only if compute is free" if rate > nic_gbit else "PowerSGD loses"
+    def pays(rate: float, latency: str) -> str:
+        return (f"PowerSGD pays while its compute per bucket < {sig2(budget_ms(rate, latency))} "
+                "ms" if rate > nic_gbit else "PowerSGD loses")
 
     head = ("| an all-reduce counted as | delays per all-reduce | break-even, one "
-            "[[pytorch.ddp_bucket_cap_mb]] bucket | on one [[nvidia.connectx7_rate]] NIC |")
+            "[[pytorch.ddp_bucket_cap_mb]] bucket, free compute | on one "
+            "[[nvidia.connectx7_rate]] NIC |")
+    lat_us = scan["latency_s"] * 1e6
     facts.show(f"""
-**In short:** for one full DDP bucket on {p} ranks, {lead}. (Estimates from the formula, not
-runs: an assumed, unsourced 10 us per message, and free compute, which the first fold
-questions.)
+**In short:** for one full DDP bucket on {p} ranks, {lead}. A tree waits {2 * lg_p} delays per
+all-reduce instead of {2 * (p - 1)}, so PowerSGD's two extra all-reduces cost
+{added['log'] * lat_us:.0f} µs instead of {added['ring'] * lat_us / 1e3:.1f} ms and its
+break-even rises {bucket_log / bucket:.1f}x. (Estimates from the formula, not runs: an assumed,
+unsourced {lat_us:.0f} µs per message, every hop, NVLink ones too, at the NIC's rate.)
 
 {head}
 | --- | --- | --- | --- |
-| flat ring | 2(p−1) = {2 * (p - 1)} | {sig2(bucket)} Gb/s | {pays(bucket)} |
-| idealised tree | 2 lg p = {2 * lg_p} | {sig2(bucket_log)} Gb/s | {pays(bucket_log)} |
+| flat ring | 2(p−1) = {2 * (p - 1)} | {sig2(bucket)} Gb/s | {pays(bucket, 'ring')} |
+| idealised tree | 2 lg p = {2 * lg_p} | {sig2(bucket_log)} Gb/s | {pays(bucket_log, 'log')} |
 
 <details><summary>How the estimate is built: what it leaves out, this model, buckets up to
 twice the cap</summary>
@@ -420,8 +434,6 @@ The flat ring charges each of its steps a
   [[nccl.tuner_tree_allreduce_latency]]: weighted that way, the {2 * up - across} hops inside
   nodes cost less than the {across} across them, so its latency sits nearer the idealised count
   than its {2 * up} hops suggest.
-  The idealised count makes the extra rounds {bucket_log / bucket:.1f}x cheaper than the flat
-  ring's at p = {p}, which raises each break-even {bucket_log / bucket:.1f}x.
 
 </details>
 """)
@@ -553,7 +565,12 @@ def print_gains(st, methods) -> None:
     print("Time saved against fp32 per step (fp32's step minus the method's); it counts only "
           "beyond the method's noise band: "
           + ", ".join(f"{m} {st.band(m) * 1e3:.1f} ms" for m in methods) + ".")
-    print(f"{'Mbit/s':>7}" + "".join(f"{m:>24}" for m in methods))
+    print(f"{'Mbit/s':>7}" + "".join(f"{m:>30}" for m in methods))
+    def word(m, q):  # borderline as in the sweep's verdicts (`verdict_word`)
+        w = WORD[st.verdict(m, q)]
+        return f"borderline {w}" if verdict_word(st, m, q).startswith("borderline") else w
+
     for q in st.rates:
-        print(f"{q:>7}" + "".join(f"{st.gain(m, q) * 1e3:>10.1f} ms {WORD[st.verdict(m, q)]:>11}"
+        print(f"{q:>7}" + "".join(f"{st.gain(m, q) * 1e3:>10.1f} ms {word(m, q):>17}"
                                   for m in methods))
+    print("(borderline: beyond the noise band, but within twice it)")

@@ -76,7 +76,7 @@ def explain_error_feedback(ef_runs: dict, longer: dict, *, target: float,
         if "sample_loss" in ef and "sample_loss" in noef:  # paired on the same test samples
             d = np.asarray(noef["sample_loss"], float) - np.asarray(ef["sample_loss"], float)
             lower = (f"{d.mean():.2f} ± {d.std(ddof=1) / math.sqrt(len(d)):.2f} lower "
-                     "(paired s.e.)")
+                     "(± one s.e. of the per-sample differences)")
         print(f"In short: for the same bytes, top-k with error feedback reached fp32's training "
               f"loss in {n_ef} steps (without it: {n_noef}) and ended the budget with a test "
               f"loss {lower}.")
@@ -357,7 +357,8 @@ def check_accuracy(res: dict, *, gap: dict, n_test: int, budget: int) -> None:
           f"test loss, with the same answer on {same['fp16']} and {same['bf16']} of {n_test} "
           "samples" + ("." if followed is None else
                        f", and followed fp32's training loss within {followed:.0e} at every "
-                       "step" + (": neither slower nor worse here." if followed < 1e-2 else ".")))
+                       "step" + (": neither slower nor worse here (4 ranks)."
+                                 if followed < 1e-2 else ".")))
 
 
 def ring_sum_error(p: int, dtype, n: int = 2048, seed: int = 0, common: float = 0.0) -> float:
@@ -402,13 +403,13 @@ def ring_sum_bias(p: int, dtype, *, draws: int = 20, n: int = 1024, seed: int = 
 
 def bias_word(mean: float, se: float, size: float) -> str:
     """What `ring_sum_bias`'s numbers say: noise (the component along the sum within 3 s.e.
-    of zero), mostly noise with a slight shrink or growth (beyond 3 s.e. but under a tenth of
+    of zero), mostly noise with a small real shrink or growth (beyond 3 s.e. but under a tenth of
     the error's size), or a bias."""
     way = "behind" if mean < 0 else "ahead"
     if abs(mean) < 3 * se:
         return "noise: zero within 3 s.e."
     if abs(mean) < size / 10:
-        return f"mostly noise, the sum slightly {way}"
+        return f"mostly noise, with a small but real bias: the sum slightly {way}"
     return f"a bias: the sum falls {way}"
 
 
@@ -454,6 +455,30 @@ def explain_ring_errors(errors: dict, ps: list[int]) -> float:
           f"{ps[-1] - 1}.")
     print(f"With a gradient part shared by all ranks, as large as each rank's noise: "
           f"{pct2(corr[ps[-1]])} after {ps[-1] - 1} hops ({pct2(tenth)} if a tenth as large).")
+    table = io.StringIO()
+    with contextlib.redirect_stdout(table):
+        ring_error_table(errors, ps, corr, tenth)
+    show.fold("Per dtype and ring size p, and with a shared part at each p", table.getvalue(),
+              pre=True)
+    inv = 1 / torch.finfo(torch.bfloat16).eps
+    with contextlib.redirect_stdout(io.StringIO()) as why:
+        spacing_argument(inv)
+    show.fold("Why a long bf16 ring rounds a shared part away", why.getvalue())
+    fp16, bf16 = torch.finfo(torch.float16), torch.finfo(torch.bfloat16)
+    if torch.float16 in errors:
+        finer = bf16.eps / fp16.eps
+        print(f"fp16 keeps {round(math.log2(finer))} more significant bits than bf16 (an eps "
+              f"{finer:.0f}x finer); its error after {ps[-1] - 1} hops was "
+              f"{bf[-1] / errors[torch.float16][-1]:.0f}x smaller. Its risk is range (below).")
+    return corr[ps[-1]]
+
+
+def ring_error_table(errors: dict, ps: list[int], corr: dict, tenth: float) -> None:
+    """`explain_ring_errors`'s detail: each dtype's error per ring size, bf16's after the
+    longest ring against one hop and fp32's, and bf16's with a shared part at each p."""
+    import torch
+
+    bf = errors[torch.bfloat16]
     print("Relative error of the ring sum, per dtype and ring size p:")
     for dt, errs in errors.items():
         print(f"{str(dt):15s}" + "".join(f"  p={p}: {e:.1e}" for p, e in zip(ps, errs)))
@@ -468,17 +493,6 @@ def explain_ring_errors(errors: dict, ps: list[int]) -> float:
     print(f"The ratio matters: with the shared part a tenth of each rank's noise, {pct2(tenth)} at "
           f"p={ps[-1]}, as the partial sum grows more slowly against one rank's values. A real "
           "model's ratio depends on its gradients and per-rank batch; it was not measured here.")
-    inv = 1 / torch.finfo(torch.bfloat16).eps
-    with contextlib.redirect_stdout(io.StringIO()) as why:
-        spacing_argument(inv)
-    show.fold("Why a long bf16 ring rounds a shared part away", why.getvalue())
-    fp16, bf16 = torch.finfo(torch.float16), torch.finfo(torch.bfloat16)
-    if torch.float16 in errors:
-        finer = bf16.eps / fp16.eps
-        print(f"fp16 keeps {round(math.log2(finer))} more significant bits than bf16 (an eps "
-              f"{finer:.0f}x finer); its error after {ps[-1] - 1} hops was "
-              f"{bf[-1] / errors[torch.float16][-1]:.0f}x smaller. Its risk is range (below).")
-    return corr[ps[-1]]
 
 
 def spacing_argument(inv: float) -> None:
@@ -514,7 +528,8 @@ def real_cluster_text(ps: list[int], *, budget: int, powersgd_start: int) -> str
     return f"""
 - **What NCCL runs.** The longer the chain of 16-bit additions, the larger the error: NCCL's
   ring rounds most, its tree (a tree of ranks, [02b](02b_hierarchy_busbw_and_nccl.ipynb))
-  less, NVLS (where the NVSwitch itself adds the GPUs' values) least in CUDA ≥ 12.2 builds.
+  less, NVLS (where the NVSwitch itself adds the GPUs' values; only on NVSwitch systems that
+  support it) least in CUDA ≥ 12.2 builds.
   Its bf16 sums are
   [[nccl.half_sum_rounds_each_add]]. Its ring at {ps[-1]} ranks, if the tuner picks it, is the
   flat ring above; its tree passes each value through far fewer additions; NVLS adds in fp32

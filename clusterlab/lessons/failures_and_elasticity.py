@@ -139,19 +139,17 @@ def schedule_line(schedule: list[int], *, first: dict, failure: dict, mtbf_steps
                   tau: float, interval: int, predicted: float) -> str:
     """The second job's plan in words: its failure steps, its MTBF in seconds of work and
     whether that is shorter or longer than one restart (when shorter: outside Young's regime,
-    where the formula does not apply), Young's interval in ms and steps, and the estimated
-    time."""
+    where its interval is only a rule of thumb), and Young's interval in ms and steps."""
     mtbf_run = mtbf_steps * first["step_s"]
     short = mtbf_run < failure["restart_s"]
     return (f"failures at steps {schedule} (at most 2 drawn); MTBF {mtbf_steps} steps = "
             f"{mtbf_run:.2f} s of work, "
             f"{'shorter' if short else 'longer'} than one restart "
             f"({failure['restart_s']:.2f} s)"
-            + (": outside Young's regime (it needs the interval and the restart far below the "
-               "MTBF), so Young's formula does not apply here; the interval was not varied"
-               if short else "")
-            + f"; Young's interval {tau * 1e3:.0f} ms = {interval} steps; "
-            f"estimated time {predicted:.1f} s")
+            + (f": outside Young's regime (it needs the interval and the restart far below "
+               f"the MTBF), so Young's interval, {tau * 1e3:.0f} ms = {interval} steps, is only "
+               "a rule of thumb here" if short else
+               f"; Young's interval {tau * 1e3:.0f} ms = {interval} steps"))
 
 
 def explain_schedule(schedule: list[int], *, first: dict, failure: dict, mtbf_steps: int,
@@ -162,7 +160,7 @@ def explain_schedule(schedule: list[int], *, first: dict, failure: dict, mtbf_st
 
     assert schedule, "the drawn schedule has at least one failure"
     show.fold("The second job's plan: its failures, its MTBF against one restart, Young's "
-              "interval, the estimated time",
+              "interval",
               schedule_line(schedule, first=first, failure=failure, mtbf_steps=mtbf_steps,
                             tau=tau, interval=interval, predicted=predicted))
 
@@ -177,12 +175,10 @@ def explain_goodput(job2, *, first: dict, ideal: float, schedule: list[int]) -> 
     restarts = sum(x["restart_s"] for x in job2.failures())
     interval_part = s2["checkpoints"] * s2["checkpoint_s"] + sum(x["redo_s"]
                                                                  for x in job2.failures())
-    print(f"goodput {s2['goodput_steps_per_s']:.1f} steps/s against a bare step rate (1 / step "
-          f"time) of {1 / first['step_s']:.1f}: "
-          f"{s2['goodput_steps_per_s']:.1f} / {1 / first['step_s']:.1f} = "
-          f"{s2['goodput_steps_per_s'] * first['step_s']:.0%} useful work, of its training "
-          f"time (from the first worker's first event), {ideal / s2['wall_s']:.0%} of "
-          f"torchrun's whole run")
+    print(f"goodput {s2['goodput_steps_per_s'] * first['step_s']:.0%} useful work, of its "
+          f"training time (from the first worker's first event), {ideal / s2['wall_s']:.0%} of "
+          f"torchrun's whole run: {s2['goodput_steps_per_s']:.1f} steps/s against a bare step "
+          f"rate (1 / step time) of {1 / first['step_s']:.1f}")
     print("(training time leaves out torchrun's start-up and the workers' first import of "
           "torch; the whole run includes them)")
     assert job2.returncode == 0 and not job2.leftover and s2["failures"] == len(schedule)
@@ -296,9 +292,9 @@ def compare_estimate(rows: list[tuple[str, float, float]], *, predicted: float, 
 
 
 def explain_estimate(rows: list[tuple[str, float, float]], *, predicted: float, second: dict,
-                     other: float, plan: str, failure: dict, job2) -> None:
+                     other: float, failure: dict, job2) -> None:
     """One fold for the whole check of the estimate (bookkeeping of how a number was obtained,
-    off the main path): the second job's plan (`schedule_line`), the estimate against the
+    off the main path): the estimate against the
     measured parts row by row (`estimate_lines`), what the row that missed most holds, and
     every restart measured (`restart_miss_lines`). Asserted silently, as in
     `compare_estimate`: the rows add up to the estimate and under 10% of the job's time is
@@ -311,9 +307,8 @@ def explain_estimate(rows: list[tuple[str, float, float]], *, predicted: float, 
     worst = max(rows, key=lambda r: abs(r[2] - r[1]))
     miss = second["train_s"] / predicted - 1
     body = "\n\n".join(
-        ["**The plan.** " + plan,
-         "**Estimate against the second job** (the first job's medians, its one start-up and "
-         "its one restart):", "```text\n" + "\n".join(lines) + "\n```",
+        [f"**Estimate against the second job** ({predicted:.1f} s from the first job's medians, "
+         "its one start-up and its one restart):", "```text\n" + "\n".join(lines) + "\n```",
          f"{worst[0]}: the first job's {worst[1]:.2f} s against the second's "
          f"{worst[2]:.2f} s. " + HOLDS.get(worst[0], ""),
          "**Restart by restart.** "
@@ -580,7 +575,8 @@ def real_cluster_text(errors: list[str]) -> str:
   because the kernel closes the dead process's sockets.
 - *A process dies inside an NVLink node* (NCCL): its peers get no error (they exchange data
   through GPU memory, not sockets; NCCL reports a peer's failure only over the network:
-  [NVIDIA/nccl#279](https://github.com/NVIDIA/nccl/issues/279), maintainer's answer); the
+  [NVIDIA/nccl#279](https://github.com/NVIDIA/nccl/issues/279), maintainer's answer of 2020,
+  not re-checked against 2.30); the
   dead process's own agent notices it at its next poll.
 - *A whole node dies*, and its agent with it: the survivors that send to it get an error once
   the NIC's retries run out (on InfiniBand nominally [[nccl.ib_total_wait_default]] at NCCL's
@@ -666,9 +662,10 @@ def measured_here(*, failure: dict, job2, traces: dict, stall: dict, hung: list[
             f"- hang: a hung peer cost the configured timeout plus at most "
             f"{overshoot * 1e3:.0f} ms ({waits} waits, timeouts of "
             + " and ".join(f"{r['timeout_s']:.1f}" for r in hung) + " s)\n"
-            f"- checkpoint stall: a save of 32 MB held its step {min(blocked) * 1e3:.0f} to "
-            f"{max(blocked) * 1e3:.0f} ms when synchronous (blocked, {sy['saves']} saves), "
-            f"{asy['blocked_s'] * 1e3:.0f} ms (median) when asynchronous; "
+            f"- checkpoint stall: a synchronous save of 32 MB blocked its step "
+            f"{sy['blocked_s'] * 1e3:.0f} ms (median; each save {min(blocked) * 1e3:.0f} to "
+            f"{max(blocked) * 1e3:.0f} ms, {sy['saves']} saves), an asynchronous one "
+            f"{asy['blocked_s'] * 1e3:.0f} ms (median); "
             f"{loss_verdict} (medians)\n"
             f"- goodput: with {s2['failures']} injected failures "
             f"the job did useful work {ideal / s2['train_s']:.0%} of its training time "
