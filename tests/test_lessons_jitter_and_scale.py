@@ -142,7 +142,8 @@ def test_explain_tail_cost_splits_the_step_into_the_mean_and_the_tail(said):
     # 10345 / 4142 = 2.50 = (8029 / 4142 = 1.94) x (10345 / 8029 = 1.29)
     assert text.startswith("**At 1024 nodes the tail makes the simulated ring's mean step ×2.50 "
                            "as long: ×1.94 from its higher mean (the control, delay 3900us) and "
-                           "×1.29 from the tail itself, waiting for the slowest.**")
+                           "×1.29 beyond that mean, from the tail (why: our reading, in the "
+                           "fold).**")
     # the chain explanation is said as a reading, not as a measured cause
     assert "That is our reading of the ×1.29: no run here removes" in text
     assert "simulated efficiency 54% for the tree against 53% for the ring" in text

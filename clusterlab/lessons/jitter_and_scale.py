@@ -184,7 +184,7 @@ def explain_tail_cost(collapse: dict, same_mean: list, mean_nic: str) -> None:
     seg_mean = jitter_at_scale.delay_stats(rough_nic)["mean_s"]
     say(f"**At 1024 nodes the tail makes the simulated ring's mean step ×{x_mean * x_tail:.2f} "
         f"as long: ×{x_mean:.2f} from its higher mean (the control, {mean_nic}) and "
-        f"×{x_tail:.2f} from the tail itself, waiting for the slowest.**\n\n"
+        f"×{x_tail:.2f} beyond that mean, from the tail (why: our reading, in the fold).**\n\n"
         f"<details><summary>The mean steps, and why the tail costs beyond its mean</summary>"
         f"\n\n"
         f"The control matches the tail per message here: a ring chunk is "
@@ -515,8 +515,7 @@ def explain_tail(tail: list, *, native: dict, ring_s: float) -> None:
              + " step's duration told whether a rank drew a hiccup, on "
              + and_list(f"{k} of {r['steps']}" for k, r in zip(told, tail))
              + f" steps on {and_list(t)} ranks")
-    conclude(t[8]["slow_share"] > t[2]["slow_share"] and not off,
-             "within two s.d. of 1 − (1 − p)^N at every N, more slow steps on 8 ranks than on 2")
+    conclude(not off, "the share of slow steps was within two s.d. of 1 − (1 − p)^N at every N")
 
 
 # --- Explore ---------------------------------------------------------------------------------
