@@ -43,7 +43,8 @@ def test_pipeline_growth_in_hops_as_a_sentence_with_the_table_in_the_appendix(mo
     assert lines[1] == ("On the rough network the step grew by 79.8 ms (GPipe) and 160.5 ms "
                         "(1F1B), medians of 7 steps: 1F1B paid more.")
     # r21: one sentence on the main path, the table (with the prediction) in the appendix
-    assert lines[2] == ("In hops of 9.9 ms: GPipe paid about 8 hops of delay per step, 1F1B "
+    assert lines[2] == ("In hops of 9.9 ms (the rough network's delay minus the calm one's): "
+                        "GPipe paid about 8 hops of delay per step, 1F1B "
                         "about 16 (a jitter-free replay says 6 and 16; table in the appendix).")
     assert lines[3].startswith("Bubble on the calm network")
     assert "59.4 ms" not in "\n".join(lines) and "fill/drain" not in "\n".join(lines)

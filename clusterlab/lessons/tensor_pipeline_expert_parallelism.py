@@ -138,7 +138,8 @@ plain 1F1B pays them.
 <details><summary>The numbers, and why bytes, not latency</summary>
 
 A hop's fixed latency is of the order of microseconds on a real fabric (NCCL's tuner charges
-one network step of a ring [[nccl.tuner_net_ring_step_latency_simple]], a cost-model constant
+one network step of a ring [[nccl.tuner_net_ring_step_latency_simple]], plus any latency the
+NIC reports, a cost-model constant
 for choosing algorithms, not a calibrated latency; measure yours with
 [[perftest.ib_write_lat_bw]]), against milliseconds to push one activation through the
 link, so what 1F1B waits for is mostly the bytes.
@@ -325,7 +326,8 @@ def explain_pipeline(pipe: list[dict], *, calm: str, rough: str,
         predicted = {"gpipe": f"{2 * (p - 1)}",
                      "1f1b": f"{2 * (p - 1) * m // p} + fill/drain"}
         # One sentence on the main path; the table with the prediction goes to the appendix.
-        print(f"In hops of {ms(hop)}: GPipe paid about {g['gpipe'] / hop:.0f} hops of delay per "
+        print(f"In hops of {ms(hop)} (the rough network's delay minus the calm one's): "
+              f"GPipe paid about {g['gpipe'] / hop:.0f} hops of delay per "
               f"step, 1F1B about {g['1f1b'] / hop:.0f} (a jitter-free replay says "
               f"{split['gpipe']['delay'] / hop:.0f} and {split['1f1b']['delay'] / hop:.0f}; "
               f"table in the appendix).")
@@ -520,7 +522,7 @@ def real_cluster_text(*, one_nv: float, hot_share: float, capacity_factor: float
   bandwidth (busbw), comparable to a link's rate for a ring; with NVLS it is not the
   bandwidth on the wire, so it can exceed the line rate. Peak busbw:
   [[nccl.h100_ring_busbw]] for a ring, [[nccl.h100_nvls_allreduce_busbw]] with NVLS.
-  Peaks need messages larger than the 64 MiB above, so that all-reduce takes at least
+  At these peak rates the 64 MiB all-reduce above takes at least
   {ar_nv / facts.get("nccl.h100_nvls_allreduce_busbw").value * 1e3:.2f} ms (NVLS) or
   {ar_nv / facts.get("nccl.h100_ring_busbw").value * 1e3:.2f} ms (ring).
 * **Small messages.** NCCL's tuner charges a ring step over NVLink
@@ -569,25 +571,24 @@ def show_moe_scaling_answer(*, dispatch: float, nic: float) -> None:
 
 Two causes, with the DeepSeek-V3 sizes above:
 
-1. **More, smaller messages.** With plain top-k routing each GPU splits the same bytes over
-   N−1 peers: about {peer(32) / 1e6:.1f} MB per peer at 32 GPUs, {peer(256) / 1e6:.2f} MB at
-   256.
-2. **The slowest of more.** The layer waits for the last of N(N−1) messages and the busiest
+1. **The slowest of more.** The layer waits for the last of N(N−1) messages and the busiest
    of N experts, a maximum that grows with N ([notebook 04](04_jitter_and_scale.ipynb)).
+2. **The fabric** (later notebooks): traffic spreads over more leaves and uplinks, with ECMP
+   collisions (flows hashed onto the same uplink while others idle), oversubscription
+   ([13b](13b_oversubscription_ecmp_rails.ipynb)) and incast
+   ([13](13_switches_incast_ecmp_rails.ipynb)).
 
-<details><summary>Details: why not the bytes, DeepEP's peers, the fabric</summary>
+<details><summary>Details: why not the bytes or the message size, DeepEP's peers</summary>
 
 The bytes per GPU stay the same, and with [[nvidia.hgx_h100_gpus]] per node the share of
 them leaving the node grows only from {inter(32):.0%} to {inter(256):.0%}
-({inter(256) / inter(32):.2f}×). The smaller messages still take {peer(256) / nic * 1e6:.0f} µs
-each on the wire at {nic / 1e9:.0f} GB/s: a cause only where each message's fixed cost is not
-small against that (fewer tokens per GPU). Node-limited routing with forwarding inside the
-node (DeepEP) keeps the messages larger, but each GPU still connects over RDMA to its
-counterpart on every other node: {rdma(256)} peers instead of {rdma(32)}. A third cause,
-**the fabric** (later notebooks): traffic spreads over more leaves and uplinks, with ECMP
-collisions (flows hashed onto the same uplink while others idle), oversubscription
-([13b](13b_oversubscription_ecmp_rails.ipynb)) and incast
-([13](13_switches_incast_ecmp_rails.ipynb)).
+({inter(256) / inter(32):.2f}×). With plain top-k routing each GPU splits them over N−1
+peers, about {peer(32) / 1e6:.1f} MB per peer at 32 GPUs and {peer(256) / 1e6:.2f} MB at 256,
+which still take {peer(256) / nic * 1e6:.0f} µs each on the wire at {nic / 1e9:.0f} GB/s:
+smaller messages become a cause only with fewer tokens per GPU, where each message's fixed
+cost is not small against that. Node-limited routing with forwarding inside the node (DeepEP)
+keeps the messages larger, but each GPU still connects over RDMA to its counterpart on every
+other node: {rdma(256)} peers instead of {rdma(32)}.
 </details>
 </details>
 """)
