@@ -544,7 +544,8 @@ def test_death_text_carries_the_measured_delay_into_the_ledger_template():
     assert "| 0 s (its 15 s without heartbeats have passed) + 30 s |" in text
     assert "| 3.8 s (incl. this demo's check) |" in text and "**8.4 s**" in text  # 8.4 - 4.5625
     assert "**more than 64 s**" in text
-    assert "at least about 34 s (step 2 below), or 10 min (the watchdog)" in text
+    assert "| about 34 s (step 2 below), or 10 min (the watchdog) |" in text
+    assert "8 tries of 4.3 s each, about 34 s" in text and "at least about" not in text
     assert "can dominate" not in text
     rendered = facts.render(text)  # step 2's sum of waits, from the ledger
     assert "NCCL_IB_TIMEOUT = 20<sup>" in rendered and ": 8 × 4.3 s ≈ 34 s<sup>" in rendered

@@ -287,16 +287,16 @@ def death_text(f: dict, cfg: dict) -> str:
     return f"""
 **How a death reaches the job**
 
-On a cluster the pause has the same parts, with longer waits. Under NCCL a survivor is not
-told that a peer died: it hangs until an InfiniBand transfer to the dead node exhausts its
-retries (at least about {ib_wait:.0f} s at NCCL's defaults) or the watchdog fires
-({nccl_min:.0f} min). By then the dead node's heartbeats have expired (they do after
+On a cluster the pause has the same parts, with longer waits. NCCL has no heartbeat: a
+survivor hangs until its NIC gives up resending to the dead node (over InfiniBand at NCCL's
+defaults, {tries} tries of {ack_s} s each, about {ib_wait:.0f} s) or until PyTorch's watchdog
+thread ends a collective that outlasts the process group's timeout ({nccl_min:.0f} min). By then the dead node's heartbeats have expired (they do after
 {dead_after:.0f} s), so the rendezvous only waits its last call ({last_call:.0f} s). Then every
 worker restarts and loads the checkpoint. This run's whole pause took {f['resumed_s']:.1f} s.
 
 | part of the pause | NCCL over InfiniBand, torch's defaults | this run (Gloo, a killed process; one run) |
 |---|---|---|
-| noticing the death | at least about {ib_wait:.0f} s (step 2 below), or {nccl_min:.0f} min (the watchdog) | {f['detected_s'] * 1e3:.0f} ms |
+| noticing the death | about {ib_wait:.0f} s (step 2 below), or {nccl_min:.0f} min (the watchdog) | {f['detected_s'] * 1e3:.0f} ms |
 | agent and rendezvous: dropping the dead node, then the last call | 0 s (its {dead_after:.0f} s without heartbeats have passed) + {last_call:.0f} s | {rdzv:.1f} s (configured: at most {keep_alive} s, then {cfg['last_call_s']} s) |
 | new workers, communicator, checkpoint load | not counted: grows with the job and the checkpoint | {start:.1f} s (incl. this demo's check) |
 | **total** | **more than {ib_wait + last_call:.0f} s** | **{f['resumed_s']:.1f} s** |
@@ -379,8 +379,8 @@ def cost_text() -> str:
 
 - **Resharding is DCP's** ([[pytorch.dcp_resharding]]). The checkpoint must sit on storage
   every node reaches (here: one local directory).
-- **Loading reads the whole state at least once.** fp32 weights and Adam's state take
-  [[paper.zero_adam_state_bytes]]: about {70e9 * adam_b / 1e12:.1f} TB for a 70B-parameter model,
+- **Loading reads the whole state at least once.** Its optimizer part alone, fp32 weights
+  and Adam's two moments, takes [[paper.zero_adam_state_bytes]]: about {70e9 * adam_b / 1e12:.1f} TB for a 70B-parameter model,
   {405e9 * adam_b / 1e12:.1f} TB for 405B. Even at Llama 3's whole storage rate, a sustained
   [[meta.llama3_storage_throughput]], reading 405B's state once takes no less than {read_s:.1f} s
   (small beside the {floor:.0f} s floor), and {read_s * 100 / 60:.0f} min on storage a hundred
