@@ -404,12 +404,11 @@ def hierarchy_sentence(mit: dict, one: dict, factor: dict, *, fast_in: str,
     near = ""
     if near_in:
         near_gain = one[near_in, "ring"] / one[near_in, "hierarchical"] - 1
-        near = (f" With `{near_in}` inside (the ratio of NCCL's tuner constants for an NVLink "
+        near = (f"With `{near_in}` inside (the ratio of NCCL's tuner constants for an NVLink "
                 f"and a network ring step, {est['nccl'] / 7:.2f}; selection constants, not "
-                f"measured hops: fold), the ratio gives {est['nccl']:.1f} and the replay "
-                f"{near_gain:.1f}: the flat ring's hops inside nodes are then most of its "
-                "latency. A hierarchy matters when the intra-node hops are not negligible "
-                "against the network's.")
+                f"measured hops), the ratio gives {est['nccl']:.1f} and the replay "
+                f"{near_gain:.1f}: in that model the flat ring's hops inside nodes would be most "
+                "of its latency.\n\n")
     what_if = facts.render(
         "If the tuner's constants were hop latencies, "
         "[[nccl.tuner_nvlink_ring_step_latency_simple]] per NVLink ring step against "
@@ -439,7 +438,8 @@ def hierarchy_sentence(mit: dict, one: dict, factor: dict, *, fast_in: str,
         f"latency ratio (p − 1)·t_intra / t_net predicts the saving: {est[slow_in]:.3f} of the "
         f"network latency at `{slow_in}` (the replay, arithmetic on the same model: "
         f"{one[slow_in, 'ring'] / one[slow_in, 'hierarchical'] - 1:.3f}), {est[fast_in]:.4f} at "
-        f"`{fast_in}`.{near}\n\n"
+        f"`{fast_in}`. A hierarchy matters when the intra-node hops are not negligible "
+        "against the network's.\n\n"
         f"Measured on {hn} × {hp} (network `{mit['config']['hier_nic']}`): the replay takes "
         f"{ms(hier['ring']['emulated_s'])} flat against {ms(hier['hierarchical']['emulated_s'])} "
         f"hierarchical ({ring_lat:.0f} against {hier_lat} network latencies of {ms(lat)}); "
@@ -449,7 +449,7 @@ def hierarchy_sentence(mit: dict, one: dict, factor: dict, *, fast_in: str,
         f"{ms(per['hierarchical'].min())} to {ms(per['hierarchical'].max())}). This run "
         f"tests the network crossing the hierarchy saves, not the formula (above)."
         "\n\n<details><summary>In NCCL's cost model: a what-if, and NCCL's own hierarchies"
-        "</summary>\n\n" + what_if + "\n</details>")
+        "</summary>\n\n" + near + what_if + "\n</details>")
 
 
 def latency_ratio_gain(mit: dict, *, fast_in: str) -> dict:
@@ -578,7 +578,8 @@ def _appendix_levers(mit: dict, gains: dict, factor: dict) -> None:
     outside = bb["step_s"] - bb["wait_s"]          # a synced step outside its exchange
     acc_local = accumulation_measured(bb["step_s"], fs["local_s"], k_acc)
     print(f"2. Levers, measured on 4 ranks ({n_a} steps each; 'resolved' = won >= 90 % of the "
-          f"{n_a} x {n_b} step pairs):")
+          f"{n_a} x {n_b} step pairs, a rough test: it treats consecutive steps as "
+          f"independent):")
     for k in order[1:]:
         print(f"   {label[k].replace(chr(10), ' '):48s} ×{1 + gains[k]['gain']:.2f}  pairs won "
               f"{gains[k]['beats']:4.0%} ({verdict(gains[k])})  simulated 1024 ranks "
@@ -652,7 +653,8 @@ REAL_CLUSTER = f"""
   is usually detected without a timeout ([[linux.tcp_recovery_default]] loss detection, on
   by default); a retransmission *timeout* costs at least [[linux.tcp_rto_min]]; over
   InfiniBand, NCCL at its defaults gives up on an unreachable peer NIC or link only after
-  about [[nccl.ib_total_wait_default]].
+  about [[nccl.ib_total_wait_default]] (the transport's retry budget, not an application
+  timeout).
   In Llama 3's pre-training, [[meta.llama3_stragglers]], and the run saw
   [[meta.llama3_diurnal_throughput]].
   Time each rank and compare ranks (Megatron-LM's [[megatron.straggler_detector]] reports the
