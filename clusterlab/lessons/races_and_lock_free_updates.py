@@ -91,30 +91,6 @@ def explain_async_races(ar: dict, ar1: dict) -> None:
 
 # --- Hogwild-style updates ----------------------------------------------------------------------
 
-def overlap_sentence(parallelism: float) -> str:
-    """Whether the in-place workers overlapped (more than 1.3 CPU s per wall s) or took turns."""
-    return (f"The in-place workers ran {parallelism:.2f} at once: "
-            + ("they overlapped." if parallelism > 1.3 else
-               "they mostly took turns, so in place had little chance to differ from the lock."))
-
-
-def explain_hogwild(runs: dict) -> None:
-    """The dense problem's losses with write-backs, in place and with a lock (4 workers), how
-    many in-place workers ran at once, and the verdict that in place ended below write-back;
-    asserts that both lock-free runs trained and that the lock beat the write-backs."""
-    free, inpl, lk = (runs["dense", m] for m in ("writeback", "inplace", "lock"))
-    print(f"Dense, 4 workers, {free['updates']} updates: loss {free['initial_loss']:.2f} -> "
-          f"{free['final_loss']:.1e} with write-backs, {inpl['final_loss']:.1e} in place, "
-          f"{lk['final_loss']:.1e} with a lock")
-    print(overlap_sentence(inpl["parallelism"]))
-    assert free["final_loss"] < free["initial_loss"] and inpl["final_loss"] < inpl["initial_loss"]
-    assert lk["final_loss"] < free["final_loss"]
-    conclude(inpl["final_loss"] < free["final_loss"],
-             "the in-place run ended below the write-back run")
-
-
-# --- Lost updates -------------------------------------------------------------------------------
-
 def time_slice_here() -> tuple[float | None, int | None]:
     """This kernel's default time slice in ms, by the ledger's linux.eevdf_base_slice (0.70 ms
     x (1 + ilog2 of the online CPUs, at most 8), Linux 6.15 and later; None on another
@@ -162,7 +138,7 @@ def plot_lost_updates(rep: dict, runs: dict) -> None:
     p4 = np.median([r["parallelism"] for r in rep["writeback", 4]])
     ax.set_ylabel("counter increments lost (%)")
     ax.set_title(f"Dense problem: median, min-max of {len(rep['writeback', 2])} runs "
-                 f"(lock, seqlock: 1 run); this run: {p4:.2f} of 4 write-back workers at once")
+                 f"(lock, seqlock: 1 run); median {p4:.2f} of 4 write-back workers at once")
     ax.legend(fontsize=8)
     plt.show()
 
@@ -196,8 +172,9 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
           f"with the workers measured at once ({par['writeback', 2]:.2f} and "
           f"{par['writeback', 4]:.2f}) it is {meas[2]:.0%} and {meas[4]:.0%}"
           + (f"; the {' and '.join(map(str, above))}-worker losses ended above that (a "
-             "hypothesis why: fold below)." if above else "."))
-    rerun = (f"The dense write-back run above lost "
+             "hypothesis, not measured: a worker paused mid-update erases more; fold "
+             "below)." if above else "."))
+    rerun = (f"The one-run dense write-back (seed 0, its loss printed in the next section) lost "
              f"{runs['dense', 'writeback']['lost_fraction']:.0%}, the same settings and seed "
              f"rerun here {rep['writeback', 4][0]['lost_fraction']:.0%}: only the scheduling "
              "differs between them.\n\n")
@@ -285,9 +262,10 @@ def explain_mixed_reads(runs: dict) -> None:
     print(f"The seqlock retried {sq['retried_reads']:,} of {sq['updates']:,} reads "
           f"({sq['retries']:,} retries between them) and "
           "computed only from reads its check passed ("
-          + ("complete on x86 with serialised writers" if x86 else
-             "complete only with the memory barriers the appendix names")
-          + ": appendix).")
+          + ("on x86 with serialised writers it should miss none: argued in the appendix, "
+             "not tested" if x86 else
+             "complete only with the memory barriers the appendix names: appendix")
+          + ").")
     if sq["retries"] > 100 * max(sq["retried_reads"], 1):
         facts.show("So many retries per read suggest a writer was paused mid-write (descheduled) "
                    "while readers spun on its half-written stamps; that is why Linux rules: "
@@ -360,14 +338,15 @@ def hit_chance(problem) -> float:
     return float(n[problem.idx].mean() / problem.examples)
 
 
-def explain_convergence(runs: dict, *, problem, sparse) -> None:
+def explain_convergence(runs: dict, *, problem, sparse, rep: dict | None = None) -> None:
     """The lost fractions and final-loss ratios (without / with a lock) on the dense and
     sparse problems, folded: the chance that an overlapping update touches a given coordinate
     of the `sparse` problem and the updates its write-backs found landed on their first
     coordinate between read and write (age_mean, measured; with the raw count), whether the
     dense write-back run ended where as many locked updates as survived would take it, and
-    the verdict that it was still converging over its last third; asserts the conflicts' gap,
-    that the sparse problem trained, and the loss ratios."""
+    the verdict that it was still converging over its last third (with `rep`, the lost-updates
+    section's runs, the range of their in-place losses beside this run's); asserts the
+    conflicts' gap, that the sparse problem trained, and the loss ratios."""
     d, s, dl = runs["dense", "writeback"], runs["sparse", "writeback"], runs["dense", "lock"]
     ratio = {n: runs[n, "writeback"]["final_loss"] / runs[n, "lock"]["final_loss"]
              for n in ("dense", "sparse")}
@@ -376,7 +355,12 @@ def explain_convergence(runs: dict, *, problem, sparse) -> None:
           + ("" if ("sparse", "inplace") not in runs else
              " Plain (non-atomic) in-place adds: dense "
              f"{runs['dense', 'inplace']['lost_fraction']:.2%}"
-             f", sparse {runs['sparse', 'inplace']['lost_fraction']:.2%}."))
+             + ("" if rep is None else
+                f" (this run; the {len(rep['inplace', 4])} 4-worker runs of *Lost updates*: "
+                f"{min(r['lost_fraction'] for r in rep['inplace', 4]):.3%}-"
+                f"{max(r['lost_fraction'] for r in rep['inplace', 4]):.3%}: in-place losses "
+                "vary widely from run to run with the scheduling)")
+             + f", sparse {runs['sparse', 'inplace']['lost_fraction']:.2%}."))
     landed = round(s["age_mean"] * s["updates"])
     fold("Why the sparse problem loses so little: the chance of touching the same coordinate",
          f"On the sparse problem an update touches a given coordinate of another with chance "
@@ -393,10 +377,15 @@ def explain_convergence(runs: dict, *, problem, sparse) -> None:
     print(f"Final loss without / with a lock (one run each): sparse {ratio['sparse']:.2f} "
           f"times, dense {mant} × 10^{int(exp)} times.")
     survived, lo, hi = survivor_prediction(d, dl, nnz=problem.nnz)
-    print(prediction_sentence(survived, lo, hi, d["updates"]))
-    if prediction_miss(survived, lo, hi) > 0.05:
-        print("  These runs cannot say why: one run per mode, the survivor count is a proxy (the "
-              "counters are written back apart from x), and some reads may have mixed versions.")
+    fold("A second prediction: does the dense write-back run end where as many locked updates "
+         "as survived would?",
+         "If the final x is a chain of surviving write-backs, each a full SGD step from its "
+         "predecessor's result, the write-back run should end where the locked run was after "
+         "as many updates as survived.\n"
+         + prediction_sentence(survived, lo, hi, d["updates"])
+         + ("\nThese runs cannot say why: one run per mode, the survivor count is a proxy (the "
+            "counters are written back apart from x), and some reads may have mixed versions."
+            if prediction_miss(survived, lo, hi) > 0.05 else ""))
     cu, cl = d["curve_updates"], d["curve_loss"]
     conclude(d["final_loss"] < cl[np.searchsorted(cu, 2 * cu[-1] / 3)],
              "the write-back run's loss was still falling over its last third (one run)")
@@ -493,9 +482,9 @@ def versus_one(runs2, runs1) -> str:
 
 def ranking(surv: dict, modes, i: int) -> str:
     """The modes by median surviving rate at worker-count index `i`, fastest first: '>' when
-    the next mode's runs all lie below this one's, '≈' when their ranges overlap."""
+    the next mode's runs all lie below this one's, '≥' when their ranges overlap."""
     best = sorted(modes, key=lambda m: -np.median(surv[m][i]))
-    return NAME[best[0]] + "".join((" > " if surv[b][i].max() < surv[a][i].min() else " ≈ ")
+    return NAME[best[0]] + "".join((" > " if surv[b][i].max() < surv[a][i].min() else " ≥ ")
                                    + NAME[b] for a, b in zip(best, best[1:]))
 
 
@@ -566,11 +555,47 @@ def explain_cost(cost: dict, *, problem) -> None:
     order = ranking(surv, modes, top)
     lines.append(f"{ws[top]} workers on {cost['cores']} cores"
                  f"{' (more workers than cores)' if cost['cores'] < ws[top] else ''}: {order}"
-                 f". With {cost['repeats']} runs a mode, and one mode's own runs spread by up "
+                 " (by median; '>': all runs below, '≥': ranges overlap). With "
+                 f"{cost['repeats']} runs a mode, and one mode's own runs spread by up "
                  f"to {spread:.0%} with 1 worker, another run can reorder the modes.")
     fold("How sure is this? The medians, their ranges, CPU per update, the order at "
          f"{ws[top]} workers",
          "\n".join(lines))
+
+
+def summary_table(runs: dict, cost: dict | None) -> None:
+    """The dense 4-worker runs of every mode side by side (one run each): workers at once,
+    counter increments lost, updates computed from a flagged read (the seqlock retries those),
+    final loss; and each mode's surviving updates/s with 2 workers (median of the cost runs;
+    no such column when `cost` is None: the costs were not measurable).
+    Then the verdict that in place ended below write-back; asserts that both lock-free runs
+    trained and that the lock beat the write-backs."""
+    surv = None if cost is None else surviving_rates(cost)
+    rows = ["| mode | workers at once | counter increments lost | updates from flagged reads "
+            "| final loss |" + ("" if cost is None else " surviving updates/s, 2 workers |"),
+            "|---|---|---|---|---|" + ("" if cost is None else "---|")]
+    for m in MODES:
+        r = runs["dense", m]
+        used = 0 if m == "seqlock" else r["mixed_reads"]  # the seqlock retries a flagged read
+        rows.append(f"| {NAME[m]} | {r['parallelism']:.2f} | {r['lost_fraction']:.2%} | "
+                    f"{used / r['updates']:.1%} | {r['final_loss']:.1e} |"
+                    + ("" if cost is None else
+                       f" {np.median(surv[m][cost['workers'].index(2)]):,.0f} |"))
+    say(f"**The four modes side by side** (dense problem, 4 workers, "
+        f"{runs['dense', 'writeback']['updates']:,} updates, one run each"
+        + ("" if cost is None else f"; last column: median of {cost['repeats']} cost runs")
+        + ")\n\n" + "\n".join(rows) + "\n\n"
+        "How to read it: *workers at once*, CPU s per wall s; *lost*, the racy counter's "
+        "erased increments, standing in for erased updates; *flagged reads*, updates computed "
+        "from a read the version stamps flagged as mixed (an indicator); *final loss*, where "
+        f"the run ended (it started at {runs['dense', 'lock']['initial_loss']:.2f})"
+        + ("" if cost is None else
+           "; *surviving updates/s*, speed minus what was erased: the fixes' cost") + ".")
+    free, inpl, lk = (runs["dense", m] for m in ("writeback", "inplace", "lock"))
+    assert free["final_loss"] < free["initial_loss"] and inpl["final_loss"] < inpl["initial_loss"]
+    assert lk["final_loss"] < free["final_loss"]
+    conclude(inpl["final_loss"] < free["final_loss"],
+             "the in-place run ended below the write-back run")
 
 
 def explain_allreduce(runs: dict, cost: dict | None = None) -> None:
