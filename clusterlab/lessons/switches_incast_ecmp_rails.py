@@ -271,7 +271,7 @@ predict which packets a real port drops (one that interleaves the flows drops ot
 about a round trip after the loss; the {tail} sender delivered nothing to SACK, so its tail
 loss probe fires, and the probe's ACK lets RACK resend the rest.
 
-**At 10 Gbit/s, an estimate, not a measurement:** {estimate}
+**At 10 Gbit/s, the timer only:** {estimate}
 
 A real port interleaves the flows' packets, so one overflow can stall many flows on timeouts
 (**TCP incast collapse**): [[paper.vasudevan_incast_2009]].
@@ -312,38 +312,37 @@ def explain_fast_incast(fast: dict, *, delay_s: float, nbytes: int) -> None:
     """Print the drop incast at a datacentre port in this emulator's closed form (`fast`:
     sender count -> `fm.incast` for 2 and 4 senders at 10 Gbit/s with `delay_s` of delay,
     `nbytes` each) and check that the RTO cost four senders over ten times less goodput; then,
-    visibly, the Linux estimate (`linux_estimate_lines`' first line), so that the model's
-    pessimistic timer is not read as a datacentre's cost."""
+    visibly, Linux's probe timer in place of the RTO (`linux_estimate_lines`' first line), so
+    that the model's pessimistic timer is not read as a datacentre's cost."""
     model_x = fast[2].goodput / fast[4].goodput
     print(f"10 Gbit/s, 10 us of delay, this model: two senders take {ms(fast[2].time_s)},")
     print(f"four take {ms(fast[4].time_s)} ({fast[4].timeouts} wait for the RTO): "
           f"{model_x:.0f}x less goodput.")
     assert fast[2].goodput > 10 * fast[4].goodput
-    print(linux_estimate_lines(fast, delay_s=delay_s, nbytes=nbytes)[0])
-    print(f"The {model_x:.0f}x is this model's pessimistic timer; Linux's tail loss probe cuts "
-          f"it to a few x (an estimate, not a run; details in the fold below).")
+    print(f"The {model_x:.0f}x is this model's pessimistic timer. "
+          + linux_estimate_lines(fast, delay_s=delay_s, nbytes=nbytes)[0][:-1] + " (fold below).")
 
 
 def linux_estimate_lines(fast: dict, *, delay_s: float, nbytes: int) -> list[str]:
-    """The Linux estimate of the same incast (`fast` as in `explain_fast_incast`, `delay_s`
-    one way, `nbytes` per sender): the tail loss probe's timer in place of the RTO (the fixed
-    term from the ledger), rounded up to whole jiffies as Linux arms it
-    (linux.tlp_timer_jiffies), at each HZ; the estimate first, then its assumptions and the
-    timer ticks."""
+    """Linux's timer for the same incast's lost tail (`fast` as in `explain_fast_incast`,
+    `delay_s` one way; `nbytes` per sender, unused: the timer does not depend on it): the tail
+    loss probe's timeout (the fixed term from the ledger), rounded up to whole jiffies as Linux
+    arms it (linux.tlp_timer_jiffies), at each HZ, beside the model's RTO; then its assumptions.
+    Not the incast's time on Linux: that depends on which packets a real port drops."""
     tlp_min = facts.get("linux.tcp_timeout_min_us")  # the probe timer's fixed term
     assert tlp_min.unit == "ms"
     rtt = 2 * delay_s  # the round trip: the delay each way
-    pto, linux4 = linux_tlp_estimate(fast[4].time_s, rtt_s=rtt, tlp_min_s=tlp_min.value * 1e-3)
-    rounded = {hz: math.ceil(pto * hz - 1e-9) / hz for hz in HZ}  # whole jiffies, rounded up
-    late = [linux4 - pto + t for t in rounded.values()]
-    return [f"Linux would take about {' to '.join(ms(t) for t in late)} for four senders, "
-            f"{' to '.join(f'{fast[2].goodput / (4 * nbytes / t):.1f}x' for t in late)} less "
-            f"goodput than two, with a tail loss probe after 2 SRTT + {tlp_min.text} in place "
-            f"of the RTO.",
+    pto, _ = linux_tlp_estimate(fast[4].time_s, rtt_s=rtt, tlp_min_s=tlp_min.value * 1e-3)
+    rounded = [math.ceil(pto * hz - 1e-9) / hz for hz in HZ]  # whole jiffies, rounded up
+    rto = max(fm.RTO_MIN_S, 2 * rtt)
+    return [f"Linux's tail loss probe would fire after about "
+            f"{' to '.join(ms(t) for t in sorted(rounded))} (2 SRTT + {tlp_min.text}, on whole "
+            f"kernel ticks) in place of its {ms(rto)} RTO.",
             f"(SRTT: the smoothed round-trip time, taken unloaded, though queueing during the "
-            f"incast lengthens it; assumed: the probe not lost, the congestion window after "
-            f"the loss ignored. The range: Linux timers fire on whole kernel ticks, HZ = "
-            f"{' or '.join(map(str, HZ))}: {' or '.join(f'{1e3 / hz:g} ms' for hz in HZ)}.)"]
+            f"incast lengthens it. Linux timers fire on whole kernel ticks, HZ = "
+            f"{' or '.join(map(str, HZ))}: {' or '.join(f'{1e3 / hz:g} ms' for hz in HZ)}. "
+            f"This is the timer, not the incast's time on Linux: that depends on which packets "
+            f"a real port drops, which this model does not predict.)"]
 
 
 def per_message_cost_visible(ps: dict, ring: dict) -> bool:
@@ -414,10 +413,11 @@ REAL_CLUSTER = """
   applies.
 - **InfiniBand** uses [[infiniband.credit_flow_control]] (a sender transmits only when the
   next hop has advertised free buffer): switches do not drop for lack of buffer.
-- **RoCE** is commonly made lossless with [[ieee.pfc_8021qbb]]; Meta's 2024 training fabric
-  uses [[meta.roce_no_dcqcn]]. On these fabrics incast is back-pressure, not drops.
-- **Not every GPU fabric is lossless:** RoCE can run lossy ([[nvidia.roce_lossy_mode]]), and
-  AWS's EFA sprays packets over many paths and retransmits in the NIC ([[aws.efa_srd]]).
+- **RoCE** is commonly made lossless with [[ieee.pfc_8021qbb]]. On these fabrics incast is
+  back-pressure, not drops.
+- **Not every GPU fabric is lossless:** RoCE can run lossy, with switches marking packets so
+  that senders slow down ([[nvidia.roce_lossy_mode]]), and AWS's network adapter, EFA, sprays
+  packets over many paths and retransmits in the NIC ([[aws.efa_srd]]).
 
 <details><summary>The mechanisms: RC retransmission in the spec and in ConnectX NICs, InfiniBand's packet lifetimes, PFC's side effects and DCQCN</summary>
 
@@ -436,9 +436,11 @@ REAL_CLUSTER = """
 - **For congestion, InfiniBand drops only packets held too long** ([[infiniband.switch_lifetime_discard]]:
   how long a packet may wait at the head of an output queue, or in the switch, before it is
   discarded).
-- **PFC pauses a whole port priority**, stalling flows that never touch the full port;
-  [[paper.dcqcn_2015]] (a congestion control for RoCE, built into ConnectX NICs) slows senders
-  on ECN marks to need fewer pauses.
+- **Back-pressure spreads.** PFC pauses a whole port priority, stalling flows that never touch
+  the full port; [[paper.dcqcn_2015]] (a congestion control for RoCE, built into ConnectX NICs)
+  slows senders on ECN marks to need fewer pauses. Meta's 2024 training fabric uses
+  [[meta.roce_no_dcqcn]]. InfiniBand's credits can likewise stall upstream links; its
+  [[infiniband.congestion_control]] slows the sources.
 
 </details>
 """  # noqa: E501 (the fold's one-line summary)
