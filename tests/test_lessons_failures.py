@@ -42,14 +42,14 @@ def test_outcome_row_aligns_columns_and_wraps_what_it_says_under_its_column():
     m = {"case": "op", "debug": None, "error": "ClusterTimeout", "ranks": [0, 1],
          "wall_s": 2.42, "said": "word " * 40}
     lines = hangs_lesson.outcome_row(m).splitlines()
-    assert lines[0].startswith("op      None    ClusterTimeout  [0, 1]    2.4s  word")
-    indent = len("op      None    ClusterTimeout  [0, 1]    2.4s  ")
+    assert lines[0].startswith("op      None    ClusterTimeout  [0, 1]   2.42s  word")
+    indent = len("op      None    ClusterTimeout  [0, 1]   2.42s  ")
     assert len(lines) > 1 and all(line.startswith(" " * indent + "word") for line in lines[1:])
     assert all(len(line) <= 100 for line in lines)
     # a RankError names only the first rank to report; every rank raises under DETAIL
     detail = hangs_lesson.outcome_row({**m, "debug": "DETAIL", "error": "RankError",
                                        "ranks": [1], "wall_s": 0.3})
-    assert detail.startswith("op      DETAIL  RankError       -         0.3s  word")
+    assert detail.startswith("op      DETAIL  RankError       -        0.30s  word")
 
 
 def test_legend_gives_the_bound_and_the_start_up_and_teardown_beyond_it(capsys):

@@ -20,7 +20,7 @@ def outcome_row(m: dict) -> str:
     names only the first rank to report an error that, under DETAIL, every rank raises."""
     ranks = "-" if m["error"] == "RankError" else str(m["ranks"])
     row = (f"{m['case']:8s}{str(m['debug']):8s}{m['error']:16s}{ranks:8s}"
-           f"{m['wall_s']:5.1f}s  ")
+           f"{m['wall_s']:5.2f}s  ")
     return textwrap.fill(row + m["said"], 100, subsequent_indent=" " * len(row))
 
 
