@@ -360,6 +360,24 @@ def test_explain_oversubscribed_says_why_the_tree_stays_under_2x(capsys, closed)
     assert "In the appendix: the ring's 1.18x is the emulator's large segments" in out
     assert "the closed form gives 1.00x" in out
     assert "tree's 1.80x against its closed form's 1.91x" in out
+    assert "(over 1.4x between medians of only 3 runs on this machine, a rough ratio)" in out
+
+
+def test_print_closed_forms_says_which_column_to_carry_forward(capsys, closed):
+    real = {c: 2.0 if c in ("tree, farthest first", "all-to-all") else 1.0 for c, *_ in CASES}
+    ob.print_closed_forms(closed, real, cases=CASES, mtu=1500)
+    out = capsys.readouterr().out
+    assert "real 1500 B frames" not in out and "1500 B frames |" in out
+    assert ("Carry forward the 1500 B column, the lesson (ring 1.00x, farthest-first tree "
+            "2.00x); the segments column is what this emulator's runs should match") in out
+
+
+def test_nccl_tree_line_says_both_numbers_are_arithmetic(capsys):
+    ob.explain_nccl_trees(far=1.98)
+    out = capsys.readouterr().out
+    assert ("would lose about 1.50x in the worst of these setups, against 1.98x for this "
+            "course's farthest-first tree (both arithmetic, not runs)") in out
+    assert "Assumed: ECMP spreads the crossing flows evenly" in out
     assert "Below the closed form" not in out and "probably" not in out
 
 
@@ -532,3 +550,11 @@ def test_show_takeaways_give_one_number_per_idea_with_its_sample_count(monkeypat
     assert "(medians of 1 runs; 1.01x with real frames, closed form)" in text
     assert "3 flows on one uplink\n  took 2.43x the spread round" in text
     assert "the naive layout took\n  3.50x the rail-aligned one" in text
+
+
+def test_real_cluster_main_path_names_no_undefined_congestion_control():
+    main, fold = sw.REAL_CLUSTER.split("<details>")
+    assert "DCQCN" not in main and "meta.roce_no_dcqcn" in fold
+    assert "[[infiniband.congestion_control]] slows the sources" in fold
+    # InfiniBand's routes are static only without adaptive routing (NVIDIA's bring-up turns it on)
+    assert "follow placement, unless adaptive routing" in ob.ECMP_BOX.split("<details>")[0]

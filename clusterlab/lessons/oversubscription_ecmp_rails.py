@@ -94,11 +94,14 @@ def print_closed_forms(closed: dict, real: dict, *, cases: Sequence[tuple], mtu:
     with real `mtu`-byte frames (`real`: case -> that ratio; the other cases': the appendix),
     and check that only the farthest-first tree and the all-to-all slow with real frames."""
     print(f"closed form, {NBYTES // KiB} KiB per node: time at o = 4 / time at o = 1")
-    print(f"  {'':<23} {'real ' + str(mtu) + ' B frames':>18} | {SEGMENT_BYTES // KiB} KiB "
+    print(f"  {'':<23} {str(mtu) + ' B frames':>18} | {SEGMENT_BYTES // KiB} KiB "
           f"segments (this emulator: what the runs below check)")
     for c, *_ in cases:
         print(f"  {c:<23} {real[c]:>17.2f}x | {closed[c, 4] / closed[c, 1]:.2f}x")
-    print("The ring's small rise with segments is an emulator artefact: appendix.")
+    print(f"Carry forward the {mtu} B column, the lesson (ring {real['ring']:.2f}x, "
+          f"farthest-first tree {real['tree, farthest first']:.2f}x); the segments column is "
+          f"what this emulator's runs should match\n(the ring's rise there is an emulator "
+          f"artefact: appendix).")
     assert real["ring"] < 1.05 and real["tree, neighbours first"] < 1.05
     assert real["tree, farthest first"] > 1.5 and real["all-to-all"] > 1.5
 
@@ -188,8 +191,9 @@ def explain_oversubscribed(over: Sequence[dict], med: dict[str, float], closed: 
         print(f"  {c:<23} {ms(median[a, 1.0]):>9} -> {ms(median[a, 4.0]):>9}"
               f"  {med[a]:.2f}x | {closed[c, 4] / closed[c, 1]:.2f}x")
     conclude(tree_slowed_most(med),
-             "oversubscription slowed the farthest-first tree (over 1.4x between medians) more "
-             "than the ring and the neighbours-first tree", busy=ex.slowed(over))
+             f"oversubscription slowed the farthest-first tree (over 1.4x between medians of "
+             f"only {repeats} runs on this machine, a rough ratio) more than the ring and the "
+             f"neighbours-first tree", busy=ex.slowed(over))
     print(f"In the appendix: the ring's {closed['ring', 4] / closed['ring', 1]:.2f}x is the "
           f"emulator's large segments (with real {mtu} B frames the closed form gives "
           f"{real['ring']:.2f}x), and where the\nfarthest-first tree's {med['tree']:.2f}x "
@@ -319,11 +323,11 @@ def nccl_tree_lines(*, far: float, setups: Sequence[tuple[int, int]] = NCCL_TREE
     edges = nccl_dtree_edges(n_w)
     inside = sum(p // per_w == c // per_w for tree in edges for p, c in tree)
     total = sum(map(len, edges))
-    line = (f"In one line: at {o} NCCL's double binary tree loses about "
-            f"{worst['slowdown']:.2f}x in the worst of these setups if ECMP spreads its crossing "
-            f"flows evenly (arithmetic on NCCL's tree edges, not a run; a hash collision adds "
-            f"to it),\nagainst {far:.2f}x for this course's farthest-first tree, because "
-            f"{inside} of its {total} edges stay inside a leaf (at {n_w} nodes, the figure).")
+    line = (f"In one line: at {o} NCCL's double binary tree would lose about "
+            f"{worst['slowdown']:.2f}x in the worst of these setups, against {far:.2f}x for this "
+            f"course's farthest-first tree (both arithmetic, not runs),\nbecause {inside} of its "
+            f"{total} edges stay inside a leaf (at {n_w} nodes, the figure). Assumed: ECMP "
+            f"spreads the crossing flows evenly; a hash collision adds to it.")
     crossing = ["tree " + str(i + 1) + ": " + ", ".join(f"{p}-{c}" for p, c in tree
                                                           if p // per_w != c // per_w)
                 for i, tree in enumerate(edges)]
@@ -783,9 +787,10 @@ a minimum cut across zones, to keep cross-zone traffic low.
 """  # noqa: E501 (prose shown verbatim)
 
 ECMP_BOX = """
-**Flows and collisions.** Routed Ethernet and RoCE fabrics hash each flow onto an uplink;
-InfiniBand switches forward by destination along [[infiniband.sm_lft_routing]], so there
-collisions follow placement rather than a random hash.
+**Flows and collisions.** Routed Ethernet and RoCE fabrics hash each flow onto an uplink.
+InfiniBand switches forward by destination along [[infiniband.sm_lft_routing]], so collisions
+follow placement, unless adaptive routing (which NVIDIA's bring-up turns on) picks the port by
+load.
 
 <details><summary>Channels and queue pairs; InfiniBand's hashing and adaptive routing; more entropy on RoCE</summary>
 
