@@ -108,7 +108,8 @@ def test_nccl_at_scale_keeps_ring_and_tree_only():
     text = facts.render(ar.nccl_at_scale(25 * 2**20, ex.alpha_beta("delay 10us rate 100gbit")[1]),
                         sources=False)
     assert text.lstrip().startswith("Latency is a large share even of NCCL's ring")
-    assert "n/2 + n + n/2 = 2n" in text and "nearly the ring's bandwidth" in text
+    assert "n/2 + n + n/2 = 2n" in text and "at nearly the ring's bytes" in text
+    assert "about 2 lg(nodes) = 14 steps instead of 2(nodes−1) = 254" in text
     # PAT is named only as not an all-reduce algorithm; CollNet and NVLS are 02c's
     assert "PAT, since 2.23<sup>" in text
     assert "serves only all-gather and reduce-scatter" in text
@@ -116,7 +117,11 @@ def test_nccl_at_scale_keeps_ring_and_tree_only():
     # the arithmetic and the tree (with PAT and servers at scale) are folded, the constants
     # cited from the ledger; the visible text is the lead alone
     assert text.count("<details>") == 2 and "at least 14 µs<sup>" in text
-    assert text.split("<details>")[0].strip().endswith("**So NCCL adds a tree** (fold).")
+    assert text.split("<details>")[0].strip().endswith("at nearly the ring's bytes (folds).")
+    # the DGX H100 share: the bytes spread over the node's 8 NICs, not through one
+    assert "spread over 8 (headers left out), and the share is about 99%" in text
+    assert "3.4 µs<sup>[3]</sup> each over NVLink" in text and "6 µs<sup>" in text
+    assert "That is at least 9.6 ms of latency against 4.2 ms of bytes" in text
 
 
 def test_cost_table_has_one_line_per_algorithm(capsys):
@@ -405,10 +410,13 @@ def pair(nbytes, best_ratio, median_ratio, step_share):
 def test_two_paths_agree_within_a_step(verdicts, capsys):
     ar.explain_two_paths([pair(SMALL, 1.01, 1.01, 0.17), pair(LARGE, 1.004, 1.0, 0.17)])
     assert [v[0] for v in verdicts] == [True, True]
-    assert "no step is missing or extra" in capsys.readouterr().out
+    assert "by the best and the median" in capsys.readouterr().out
     ar.explain_two_paths([pair(SMALL, 1.20, 1.2, 0.17), pair(LARGE, 1.10, 1.0, 0.17)])
     assert [v[0] for v in verdicts[2:]] == [False, False]
-    assert "no step is missing" not in capsys.readouterr().out
+    assert "no whole step is missing" not in capsys.readouterr().out
+    # a best within a step is not enough at 4 KiB when the per-pair median is a step off
+    ar.explain_two_paths([pair(SMALL, 1.01, 1.25, 0.17), pair(LARGE, 1.004, 1.0, 0.17)])
+    assert [v[0] for v in verdicts[4:]] == [True, False]
 
 
 # --- 02b --------------------------------------------------------------------------------------
@@ -626,11 +634,14 @@ def test_gpu_cluster_template_names_this_runs_ratio():
 
     text = hb.gpu_cluster_template(intra_over_nic=50)
     assert "the intra-node link was 50x the NIC" in text
+    assert "r ≈ 9 < p = 16, so it pays only if it overlaps its phases" in text
     # the plain rule leads; the numbers are in the fold
     assert text.lstrip().startswith("- **A DGX H100 node** has one NIC per GPU")
     # a bytes-only result, said so; the NVLink-over-NIC numbers are in the fold
-    assert "for large, bandwidth-bound messages, by\n  bytes alone" in text.split("<details>")[0]
-    assert "its gain is latency" in text and "r ≈ 7.4" in text.split("<details>")[1]
+    main = text.split("<details>")[0]
+    assert "by bytes alone it beats the flat ring,\n  striped over the NICs" in main
+    assert "Its gain is latency, which does not depend on the NIC count" in main
+    assert "r ≈ 7.4" in text.split("<details>")[1]
     body, fold = text.split("<details>")
     assert "1.36x" not in body and "0.83x the flat ring's time: faster" in fold
     assert "(p = 16) a hierarchy whose phases run one after another takes 1.36x" in fold
@@ -706,14 +717,6 @@ def test_nvls_template_leads_with_the_message_and_folds_the_bytes():
     assert text.index("<details>") > text.index("force the ring to measure the link")
 
 
-def test_switch_latency_in_ring_steps_by_the_tuner():
-    from clusterlab import facts
-
-    text = facts.render(inr.switch_latency_template(), sources=False)
-    assert "18 µs<sup>[1]</sup> (NVLS) to 31 µs<sup>[2]</sup> (CollNetDirect)" in text
-    assert "about 1.3 to 2.2 ring steps" in text  # 18 / 14 and 31 / 14
-
-
 def test_timelines_end_at_the_closed_forms():
     import matplotlib
 
@@ -754,3 +757,10 @@ def test_explain_small_says_when_it_cannot_order(capsys):
         "(closed forms: switch 3.0x faster).")
     inr.explain_small(rq, row("in_network", SMALL, 0.032, 0.010, median=0.0335), alpha=ALPHA)
     assert "so this run cannot order them at 4 KiB." in capsys.readouterr().out
+
+
+def test_protocols_template_dates_the_log_format():
+    from clusterlab import facts
+
+    text = facts.render(inr.protocols_template(), sources=False)
+    assert "from NCCL 2.24 in the format" in text and "2.20 to 2.23 log numeric codes" in text

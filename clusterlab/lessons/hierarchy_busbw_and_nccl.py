@@ -443,9 +443,11 @@ def gpu_cluster_template(*, intra_over_nic: float) -> str:
     assert hier > flat and nvlink / nic < 2 * nics  # NVLink is not over p = 2 P times the NIC
     return f"""
 - **A DGX H100 node** has one NIC per GPU, so each GPU's bytes have a NIC of their own and
-  the hierarchy's byte saving mostly disappears: for large, bandwidth-bound messages, by
-  bytes alone, it pays only if it overlaps its phases (fold below); its gain is latency
-  (self-check 2). Here it won because a node's processes shared one NIC and
+  the hierarchy's byte saving mostly disappears: by bytes alone it beats the flat ring,
+  striped over the NICs, only while r, NVLink's speed over a NIC's, exceeds p; on 2 DGX
+  nodes r ≈ {nvlink / nic:.0f} < p = {2 * nics}, so it pays only if it overlaps its phases
+  (fold below). Its gain is latency, which does not depend on the NIC count (self-check 2).
+  Here it won because a node's processes shared one NIC and
   the intra-node link was {intra_over_nic:.0f}x the NIC.
 - **busbw**: nccl-tests applies [[nccl.busbw_factor_every_algorithm]] (its n is the rank
   count, this notebook's p). The factor is a ring's traffic per link; NCCL's tree and

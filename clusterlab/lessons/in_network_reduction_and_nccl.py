@@ -155,25 +155,6 @@ def plot_timelines(nbytes: int, alpha: float, beta: float, *, p: int = 4):
     return ax
 
 
-def switch_latency_template() -> str:
-    """The ledger template (for `facts.show`): the emulated switch's 2 alpha against NCCL's
-    tuner, which charges one in-switch all-reduce across nodes (NVLS, CollNetDirect) one
-    network latency of its own, against the ring's per network step, with several GPUs per
-    node (with one, `ncclTopoTuneModel` charges every algorithm the tree's network latency)."""
-    ring = facts.get("nccl.tuner_net_ring_step_latency_simple").value
-    lo = facts.get("nccl.tuner_net_nvls_latency_simple").value / ring
-    hi = facts.get("nccl.tuner_net_collnet_direct_latency_simple").value / ring
-    return ("The emulated switch pays 2 alpha, two ring steps of latency. On a real network one "
-            "ring step is also NIC → switch → NIC; NCCL's tuner, with several GPUs per node, "
-            "charges an in-switch all-reduce across nodes a base network latency of "
-            "[[nccl.tuner_net_nvls_latency_simple]] (NVLS) to "
-            "[[nccl.tuner_net_collnet_direct_latency_simple]] (CollNetDirect), against a base "
-            "of [[nccl.tuner_net_ring_step_latency_simple]] per ring step that crosses the "
-            "network (to each it adds the path's own latency, so these are lower bounds): "
-            f"about {lo:.1f} to {hi:.1f} ring steps, a few switch hops and the adding, against "
-            "the ring's 2(nodes−1) network steps.")
-
-
 # --- the closed forms over p ----------------------------------------------------------------
 
 def closed_forms_over_p(nbytes: int, alpha: float, beta: float, ps: Sequence[int]) -> dict:
@@ -290,9 +271,10 @@ def protocols_template() -> str:
   the size, the node count, GPUs per node and the bandwidths. **Channels**: up to
   [[nccl.max_ctas]] per collective.
 - **To see the choice**: [[nccl.debug_info]] with [[nccl.debug_subsys_tuning]]; rank 0 then
-  logs one line per call, in the format
+  logs one line per call, from NCCL 2.24 in the format
   `AllReduce: 4194304 Bytes -> Algo RING proto SIMPLE channel{{Lo..Hi}}={{0..31}}` (the
-  numbers an example; INFO alone logs only the set-up). For a PyTorch job:
+  numbers an example; 2.20 to 2.23 log numeric codes; INFO alone logs only the set-up). For a
+  PyTorch job:
   `NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING torchrun ... train.py`.
 - **To restrict it**: [[nccl.algo_env]] and [[nccl.proto_env]], the latter only to rule out a
   suspected bug (NVIDIA: forcing LL128 where it is unsupported can corrupt data).
