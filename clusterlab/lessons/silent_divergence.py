@@ -357,9 +357,9 @@ IDENTICAL_BYTES = (
     "differently on one node, a rank-dependent code path).\n"
     "- **Buffers** (non-trained state such as BatchNorm running statistics) **are re-sent "
     "from rank 0 at every forward** by default: [[pytorch.ddp_forward_sync_buffers]]; so a "
-    "rank-local change to them is overwritten, which is why the fingerprint skips them "
-    "(with forward_sync_buffers=False, a split in the buffers goes unseen). Parameters are "
-    "not re-sent (details in the fold).")
+    "rank-local change to them is undone at the next forward, and the fingerprint checks "
+    "parameters only (with forward_sync_buffers=False, add the buffers to it, or a split in "
+    "them goes unseen). Parameters are not re-sent (details in the fold).")
 
 # Folded: how NCCL forwards the finished sum, when DDP re-sends parameters, and what a hop
 # error would do (our inference); the learner's path keeps the three one-liners above.
@@ -383,8 +383,7 @@ FORWARDED_REPORT = (
     "[NVIDIA/nccl#434](https://github.com/NVIDIA/nccl/issues/434), one node's all-reduce "
     "result (always the same node) differing from the others'; the maintainer answered that "
     "all ranks should hold the same result. A bit flipped while forwarding (our inference, "
-    "e.g. bad memory on a forwarding GPU) would look like this; "
-    "for a mantissa flip, no single-rank check would catch it.\n"
+    "e.g. bad memory on a forwarding GPU) would look like this.\n"
     "- **Run-to-run reproducibility is another property.** Identical bytes hold within one "
     "call, not across runs or algorithms. Some CUDA kernels are non-deterministic "
     "([listed under `torch.use_deterministic_algorithms`]"
