@@ -123,8 +123,13 @@ def test_bucket_verdicts_compare_medians_with_the_fastest_and_order_ranges():
 
 @pytest.mark.parametrize(("steps", "tail"), [
     ([0.09, 0.10], "Its step was also the shortest, its range clear of every other."),
-    ([0.10, 0.115], "But the step ranges overlap, so these steps cannot say whether the step "
-                    "gained."),
+    ([0.10, 0.115], "Its median step was 7.5 ms shorter than one big bucket's (107.5 ms against "
+                    "115.0 ms), less than the 30.0 ms of exposure it saved: this host's backward "
+                    "took 40.0 ms against 40.0 ms deferred. Their step ranges overlap (table in "
+                    "the fold)."),
+    ([0.11, 0.125], "But its median step was not shorter than one big bucket's (117.5 ms against "
+                    "115.0 ms): this host's backward took 40.0 ms against 40.0 ms deferred. Their "
+                    "step ranges overlap (table in the fold)."),
     ([0.125, 0.14], "But 25 MiB fused's slowest step (115.0 ms) beat its fastest (125.0 ms)."),
 ])
 def test_explain_buckets_says_only_what_the_step_ranges_support(verdicts, capsys, steps, tail):

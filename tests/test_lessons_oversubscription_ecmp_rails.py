@@ -54,9 +54,11 @@ def test_tree_loads_count_the_edges_that_cross_leaves():
 
 def test_explain_nccl_trees_prints_each_setup_against_the_farthest_first_tree(capsys):
     line, rest = ob.nccl_tree_lines(far=1.98)
-    assert line.startswith("In one line: at 4:1 NCCL's double binary tree loses about 1.50x in "
-                           "the worst of these setups if ECMP spreads its crossing flows evenly")
-    assert "not a run; a hash collision adds to it" in line
+    assert line.startswith("In one line: at 4:1 NCCL's double binary tree would lose about 1.50x "
+                           "in the worst of these setups, against 1.98x for this course's "
+                           "farthest-first tree (both arithmetic, not runs)")
+    assert line.endswith("Assumed: ECMP spreads the crossing flows evenly; a hash collision "
+                         "adds to it.")
     assert "because 20 of its 30 edges stay inside a leaf (at 16 nodes, the figure)" in line
     assert "arithmetic on ncclGetDtree's edges" not in line  # the arithmetic sits in a fold
     ob.explain_nccl_trees(far=1.98)  # outside a notebook the fold prints its text as it is
