@@ -60,6 +60,14 @@ def test_explain_measured_says_when_the_host_shows(verdicts, said):
     assert "differ from the simulated by up to 17 %: slower without jitter" in said[-1]
 
 
+def test_explain_measured_does_not_call_an_unresolved_step_slower(said):
+    # without jitter x1.15 but se ~0.1: within two standard errors, so not "slower"
+    lesson.explain_measured(fake_collapse([0.07, 0.09, 0.11], [0.13, 0.13, 0.13]))
+    assert "not resolved from the simulated without jitter (within two standard errors)" \
+        in said[-1]
+    assert "slower without jitter" not in said[-1] and "host's own cost" not in said[-1]
+
+
 def test_split_without_hiccup_adds_up_to_the_mean_step():
     run = SimpleNamespace(slow=np.array([[1, 0], [0, 0], [0, 1], [0, 0]], dtype=bool),
                           wait_for_slowest=np.array([0.018, 0.070, 0.019]),
