@@ -59,7 +59,8 @@ def _pred(rough_p90_lo):
 
 def test_predictability_sentence_says_whether_the_intervals_resolve_the_p90():
     resolved = pm.predictability_sentence(_pred(0.034), calm_nic="calm", rough_nic="rough")
-    assert "The p90 moved more, even at the ends of the 95 % intervals" in resolved
+    assert "The p90 moved more, by the 95 % intervals (which treat the steps as independent" \
+        in resolved
     assert "from 20.0 ms to 23.0 ms and the p90 from 25.0 ms to 35.0 ms" in resolved
     # 4 nodes: 33/22 = 1.50, 16 nodes: 50/40 = 1.25; p99 - p50 from 11.0 ms to 10.0 ms
     assert "p99 / p50 = 1.50 on 4 nodes and 1.25 on 16" in resolved
@@ -188,7 +189,9 @@ def test_hierarchy_sentence_tabulates_the_hops_and_folds_nccls_constants_as_a_wh
                                  near_in=near)
     main, fold = text[:text.index("<details>")], text[text.index("<details>"):]
     assert "486us" not in main
-    assert "A hierarchy matters when the intra-node hops are not negligible" in main
+    assert "**The rule:** a hierarchy gains about (p − 1)·t_intra / t_net; here t_net is " \
+        "milliseconds" in main
+    assert "most of its latency" not in main
     assert ("With `delay 486us` inside (the ratio of NCCL's tuner constants for an NVLink and a "
             "network ring step, 0.24; selection constants, not measured hops), the ratio "
             "gives 1.7 and the replay 1.7: in that model") in fold

@@ -106,7 +106,8 @@ def predictability_sentence(pred: dict, *, calm_nic: str, rough_nic: str) -> str
         f"**Measured on 4 ranks ({n_real} steps per network): the jitter moved the median step "
         f"from {ms(q(calm, 'p50'))} to {ms(q(rough, 'p50'))} and the p90 from {ms(q(calm, 'p90'))} "
         f"to {ms(q(rough, 'p90'))}.** "
-        + ("The p90 moved more, even at the ends of the 95 % intervals (appendix)."
+        + ("The p90 moved more, by the 95 % intervals (which treat the steps as independent: "
+            "appendix)."
            if real_more else f"Whether the p90 moved more, {n_real} steps cannot tell: from the "
            f"95 % intervals the p90's shift is at least "
            f"{ms(rough['ci']['p90'][1] - calm['ci']['p90'][2])} and the median's at most "
@@ -201,7 +202,8 @@ def plot_mitigations(mit: dict) -> None:
     axes[1].set_ylabel("scaling efficiency, %")
     axes[1].set_title("simulated (diamonds: measured)", fontsize=9)
     axes[1].legend(fontsize=7, loc="lower left")
-    fig.suptitle("At scale, the lever that cuts the most latency rounds moves the curve most")
+    fig.suptitle("On this latency-only network at scale, the lever that cuts the most latency "
+                 "rounds moves the curve most")
     fig.tight_layout()
     plt.show()
 
@@ -408,7 +410,7 @@ def hierarchy_sentence(mit: dict, one: dict, factor: dict, *, fast_in: str,
                 f"and a network ring step, {est['nccl'] / 7:.2f}; selection constants, not "
                 f"measured hops), the ratio gives {est['nccl']:.1f} and the replay "
                 f"{near_gain:.1f}: in that model the flat ring's hops inside nodes would be most "
-                "of its latency.\n\n")
+                "of its latency. These sources do not give the real ratio of hop latencies.\n\n")
     what_if = facts.render(
         "If the tuner's constants were hop latencies, "
         "[[nccl.tuner_nvlink_ring_step_latency_simple]] per NVLink ring step against "
@@ -438,8 +440,7 @@ def hierarchy_sentence(mit: dict, one: dict, factor: dict, *, fast_in: str,
         f"latency ratio (p − 1)·t_intra / t_net predicts the saving: {est[slow_in]:.3f} of the "
         f"network latency at `{slow_in}` (the replay, arithmetic on the same model: "
         f"{one[slow_in, 'ring'] / one[slow_in, 'hierarchical'] - 1:.3f}), {est[fast_in]:.4f} at "
-        f"`{fast_in}`. A hierarchy matters when the intra-node hops are not negligible "
-        "against the network's.\n\n"
+        f"`{fast_in}`.\n\n"
         f"Measured on {hn} × {hp} (network `{mit['config']['hier_nic']}`): the replay takes "
         f"{ms(hier['ring']['emulated_s'])} flat against {ms(hier['hierarchical']['emulated_s'])} "
         f"hierarchical ({ring_lat:.0f} against {hier_lat} network latencies of {ms(lat)}); "
@@ -447,7 +448,11 @@ def hierarchy_sentence(mit: dict, one: dict, factor: dict, *, fast_in: str,
         f"{ms(hier['hierarchical']['comm_s'])} (means of {hier['ring']['steps']} steps each, "
         f"ranging {ms(per['ring'].min())} to {ms(per['ring'].max())} and "
         f"{ms(per['hierarchical'].min())} to {ms(per['hierarchical'].max())}). This run "
-        f"tests the network crossing the hierarchy saves, not the formula (above)."
+        f"tests the network crossing the hierarchy saves, not the formula (above).\n\n"
+        "**The rule:** a hierarchy gains about (p − 1)·t_intra / t_net; here t_net is "
+        "milliseconds, so the gain is small. On a real cluster, measure both hop latencies "
+        "before deciding; for a bandwidth-bound exchange, prefer NCCL's rings, which use every "
+        "NIC, over a leader hierarchy."
         "\n\n<details><summary>In NCCL's cost model: a what-if, and NCCL's own hierarchies"
         "</summary>\n\n" + near + what_if + "\n</details>")
 
@@ -661,8 +666,8 @@ REAL_CLUSTER = f"""
   slowest and fastest rank per logging interval) rather than averaging over them.
 - **A leader-based hierarchy funnels a node's inter-node bytes through one NIC.** A DGX H100 has
   [[nvidia.dgx_h100_compute_nics]] for its compute fabric, one per GPU, so on a bandwidth-bound
-  all-reduce that scheme loses. NCCL uses every NIC: per its maintainer (NCCL 2.x on NVLink
-  nodes with several NICs), its rings run as [[nccl.ring_flows_per_nic]].
+  all-reduce that scheme loses. NCCL's ring algorithm uses every NIC: per its maintainer (NCCL
+  2.x on NVLink nodes with several NICs), its rings run as [[nccl.ring_flows_per_nic]].
 
 <details><summary>More: in-network reduction and busbw, fewer syncs beyond accumulation, what bigger buckets cost</summary>
 
