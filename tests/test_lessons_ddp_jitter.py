@@ -187,6 +187,7 @@ def test_notebook_03_real_cluster_notes_compute_their_numbers_from_the_ledger():
     text = ddp_lesson.real_cluster_notes()
     assert "[[nccl.max_ctas]]" in text and "{" not in text
     assert "n\\* = α/β" in text          # Markdown's escaped star, as the notebook had it
+    assert "like the stream above (point-to-point sends and\n  receives can use streams" in text
 
 
 # --- notebook 04 ------------------------------------------------------------------------------

@@ -585,7 +585,8 @@ def real_cluster_notes() -> str:
   the exchange is done, and this notebook's wait becomes idle time on the GPU's compute
   stream, which a host timer sees only at the next host sync (`.item()`, logging).
   ProcessGroupNCCL runs a group's collectives in order on
-  [[pytorch.pg_nccl_stream_per_device]], like the stream above.
+  [[pytorch.pg_nccl_stream_per_device]], like the stream above (point-to-point sends and
+  receives can use streams of their own).
 - **DDP defaults.** Buckets are capped at [[pytorch.ddp_bucket_cap_mb]], the first at
   [[pytorch.ddp_first_bucket]]. Backward fills them in roughly the
   [[pytorch.ddp_reverse_parameter_order]], so the first layers' gradients, often a language
