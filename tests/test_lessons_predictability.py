@@ -470,10 +470,12 @@ def test_growth_sentence_says_the_step_grew_more_where_this_hosts_all_reduce_did
     more = ss.growth_sentence(_straggler_runs(0.0907, 0.0249))
     assert more == ("the slowest seeded sleep followed c + m·H_N (within 2% at every N); the whole "
                     "step grew more (37.1 ms against 24.4 ms predicted, from N = 2 to 8): the "
-                    "host's overhead (whole step minus slowest sleep) grew 2.6 → 14.9 ms, less "
-                    "than the all-reduce timed alone (3.2 → 24.9 ms; the emulated link's ring "
-                    "needs 1.4 ms at N = 8), perhaps because ranks arriving at different times "
-                    "hide part of it (not separated here).")
+                    "host's overhead (whole step minus slowest sleep) grew 2.6 → 14.9 ms, as "
+                    "the all-reduce timed alone grew (3.2 → 24.9 ms; the emulated link's ring "
+                    "needs 1.4 ms at N = 8): on this host the step has a part that grows with "
+                    "N, on top of c + m·H_N.")
+    assert "while the all-reduce timed alone went (3.2 → 2.0 ms" in ss.growth_sentence(
+        _straggler_runs(0.0907, 0.0020))
     assert "about as predicted" in ss.growth_sentence(_straggler_runs(0.0790, 0.0040))
     assert "because" not in ss.growth_sentence(_straggler_runs(0.0907, 0.0040)).replace(
         "perhaps because", "")  # a cause is only ever offered as a guess
@@ -508,6 +510,10 @@ def test_within_se_counts_savings_against_their_predictions():
     far = dict(near, mean_step_s=0.070)                  # saved 10 of 30: many SE off
     assert ss.within_se([base, near]) == (
         "Every saving is within one standard error of its prediction.")
+    short = dict(near, mean_step_s=0.051)                # saved 29 of 30: short, within one SE
+    assert ss.within_se([base, short]) == (
+        "Every saving fell short of its prediction, each by less than one standard error: 3 "
+        "steps cannot tell a small bias from noise.")
     assert ss.within_se([base, near, far]).startswith(
         "1 of 2 savings are within one standard error of their prediction")
 
