@@ -205,8 +205,8 @@ TRANSPORT_AND_CONGESTION = f'''
   GPU, at [[nvidia.connectx7_rate]] ([[nvidia.connectx7_rate_bytes]]) each: n* = α/β is about
   {_KB_PER_US:.0f} kB per µs of α.
 - **NCCL's α.** On a real cluster NCCL's cost model charges about
-  [[nccl.tuner_net_ring_step_latency_ll]] (several GPUs per node;
-  [[nccl.tuner_net_tree_step_latency_ll]] with one) to
+  [[nccl.tuner_net_ring_step_latency_ll]] (several GPUs per node; with one, it charges its
+  tree's round, [[nccl.tuner_net_tree_step_latency_ll]]) to
   [[nccl.tuner_net_ring_step_latency_simple]] per network round (its constants, not measured
   latencies), so n* is tens to hundreds of kB, against 250 kB here: the same rule holds, a
   bucket split p ways must stay well above n*.
