@@ -406,8 +406,8 @@ ACK timeout
 **NCCL's timeout by version.** The ACK timeout belongs to the queue pair (QP, the NIC's
 connection): [[nccl.ib_timeout_formula]] (NCCL 2.14 to 2.22 defaulted to a timeout a quarter
 as long).
-After [[nccl.ib_retry_cnt_default]] retries, about [[nccl.ib_total_wait_default]] in all,
-NCCL raises a network error.
+After [[nccl.ib_retry_cnt_default]] retries, nominally about [[nccl.ib_total_wait_default]] in
+all, the NIC fails the send and NCCL reports a network error.
 
 **Loss on TCP: the floor is for lone segments.** Where NCCL or Gloo use sockets, a lost
 segment that was alone in flight (like each small message measured here) waits at least
