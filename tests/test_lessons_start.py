@@ -30,8 +30,9 @@ def busy_machine(monkeypatch):
 @pytest.mark.parametrize("k, capped, tail, lines", [
     (1, False, 300.0, ["dilation K = 1: this machine passed the doctor's check for the 2 ms "
                        "delay (appendix: Check your machine)"]),
-    (3, True, 5900.0, ["dilation K = 3: experiments run 3 times slower, reported times are "
-                       "divided by 3 (appendix: Check your machine) (capped: expect this "
+    (3, True, 5900.0, ["dilation K = 3: experiments run 3 times slower and reported times "
+                       "are divided by 3, so compute looks 3x faster than this CPU (appendix: "
+                       "Check your machine) (capped: expect this "
                        "machine's noise to show)",
                        "warning: this machine is busy; the lateness it adds to messages (p99, "
                        "the lateness 1 message in 100 exceeds, over 2 x 300 messages) is 98% of "
@@ -175,7 +176,8 @@ def test_all_reduce_phase_far_above_the_replay_is_not_shown_when_compute_was_slo
                                 efficiency=0.005 / 0.090, dilation=3)
     main = capsys.readouterr().out.split("measured - predicted", 1)[0]
     assert ("efficiency: 6% = one rank alone's 5.0 ms / 90.0 ms (median steps; times "
-            "divided by K = 3)") in main
+            "divided by K = 3, which shrinks compute but not the network: lower than at "
+            "K = 1)") in main
     # a busy machine's "Not shown" stays on the main path, where the reader is
     assert "Not shown on this run: the emulated network set most of the all-reduce phase" in main
     assert "a run above 1.3x the closed form: 6 ms against 4 ms" in main

@@ -32,8 +32,9 @@ def explain_dilation(dil: dict, *, delay_us: float) -> None:
     K = dil["k"]
     print(f"dilation K = 1: this machine passed the doctor's check for the {delay_us / 1e3:g} ms "
           "delay (appendix: Check your machine)"
-          if K == 1 else f"dilation K = {K}: experiments run {K} times slower, reported times are "
-          f"divided by {K} (appendix: Check your machine)"
+          if K == 1 else f"dilation K = {K}: experiments run {K} times slower and reported times "
+          f"are divided by {K}, so compute looks {K}x faster than this CPU (appendix: Check your "
+          "machine)"
           + (" (capped: expect this machine's noise to show)" if dil["capped"] else ""))
     edge = dil["tail_us"] / (delay_us * K)
     if edge > 0.8:
@@ -164,19 +165,21 @@ def explain_impaired_step(plain, impaired, solo, *, replay, compute: float, mode
     print()
     print(f"measured:   {step * 1e3:.1f} ms per step (median, {impaired['steps']} steps x 2 "
           "ranks)")
-    print(f"predicted:  {(compute + model_ar) * 1e3:.1f} ms = compute {compute * 1e3:.1f} (the "
-          f"plain run's median) + α-β all-reduce {model_ar * 1e3:.1f}")
+    # the parts are rounded first, so the printed sums add up as printed
+    c_ms, ar_ms, step_ms = (round(x * 1e3, 1) for x in (compute, model_ar, step))
+    print(f"predicted:  {c_ms + ar_ms:.1f} ms = compute {c_ms:.1f} (the "
+          f"plain run's median) + α-β all-reduce {ar_ms:.1f}")
     # the compute is the same work in every run, not the same time: on shared cores (the
     # emulator needs CPU too) it can grow, and that part of the gap is not the network's
     print(f"efficiency: {efficiency:.0%} = one rank alone's {solo['step_median'] * 1e3:.1f} ms / "
           f"{step * 1e3:.1f} ms (median steps"
-          + (f"; times divided by K = {K})" if K > 1 else ")"))
-    gap = step - compute - model_ar
-    lines = [f"measured - predicted = {gap * 1e3:+.1f} ms"
+          + (f"; times divided by K = {K}, which shrinks compute but not the network: "
+             "lower than at K = 1)" if K > 1 else ")"))
+    lines = [f"measured - predicted = {step_ms - c_ms - ar_ms:+.1f} ms"
              + ("" if show_details else " (show_details=True splits it)"),
              f"With the impaired run's own compute ({own * 1e3:.1f} ms against "
              f"{compute * 1e3:.1f}: same work, shared cores) the model gives "
-             f"{(own + model_ar) * 1e3:.1f} ms."]
+             f"{round(own * 1e3, 1) + ar_ms:.1f} ms."]
     # conclude(): a claim that fails raises on a quiet machine; on a busy one (this run's
     # compute far above the plain run's, from beyond_closed_form, or a high load average) it
     # says why this run cannot show it - on the main path, where the reader is
@@ -202,7 +205,7 @@ def explain_impaired_step(plain, impaired, solo, *, replay, compute: float, mode
                      f"{(ar - net_ar) * 1e3:+.1f} ms (a difference of medians)")
         lines += _impaired_step_details(impaired, replay=replay, compute=compute,
                                         model_ar=model_ar, spread=spread, own=own)
-    show.fold(f"The gap ({gap * 1e3:+.1f} ms) and the emulator's own check",
+    show.fold(f"The gap ({step_ms - c_ms - ar_ms:+.1f} ms) and the emulator's own check",
               "\n".join(lines), pre=True)
     assert np.isclose(efficiency, solo["step_median"] / step), \
         "efficiency is one rank's median step over the impaired one"
@@ -333,8 +336,9 @@ tuner, [[nccl.tuner_model]], charges [[nccl.tuner_net_ring_step_latency_simple]]
 round across the network (NCCL calls a round a step; plus the latency the network plugin
 reports, 0 for NCCL's own InfiniBand transport) with its Simple protocol, the one for
 large messages. The tuner's per-round α × a ConnectX-7's line rate
-([[nvidia.connectx7_rate_bytes]]) gives n* ≈ {n_star_nccl / 1e6:.1f} MB. So, in NCCL's cost
-model and if it ran ring/Simple, DDP's
+([[nvidia.connectx7_rate_bytes]]) gives n* ≈ {n_star_nccl / 1e6:.1f} MB (a simplification:
+the tuner also charges a fixed latency per call). So, in NCCL's cost model and if it ran
+ring/Simple, DDP's
 first bucket ([[pytorch.ddp_first_bucket]]), cut into p chunks, would be latency-bound from
 {p_first(n_star_nccl)} nodes (one GPU per node). At that size the tuner also weighs its
 low-latency protocols, LL and LL128, whose network round it charges less
