@@ -261,10 +261,15 @@ def explain_step_times(sweep: list[dict]) -> bool:
     counted = {k: round(pred[k] / step) for k in kinds}  # delay only: comm = rounds x delay
     mids = [r for r in sweep if r is not lo and r is not hi and r is not slow]
     # the verdict first, the table and the details under it
-    shown = conclude(grow["fsdp"] > 2 * grow["ddp"] and close,
-                     "FSDP2's step grew over twice as much as DDP's, and every growth came "
-                     f"within 20% of its closed form (the farthest {off:.0%} off; a consistency "
-                     "check of the emulator)", busy=busy)
+    twice = grow["fsdp"] > 2 * grow["ddp"]
+    if twice and not close:  # say which half failed: the 2x held, the 20% did not
+        claim = (f"every growth within 20% of its closed form (the farthest {off:.0%} off), "
+                 "though FSDP2's step did grow over twice as much as DDP's")
+    else:
+        claim = ("FSDP2's step grew over twice as much as DDP's, and every growth came "
+                 f"within 20% of its closed form (the farthest {off:.0%} off; a consistency "
+                 "check of the emulator)")
+    shown = conclude(twice and close, claim, busy=busy)
     print(f"{'':8s}{'delay 1ms -> 10ms':>23s}{'50 Mbit/s cap adds':>23s}   "
           "(measured [closed form])")
     for k in kinds:
