@@ -328,14 +328,15 @@ def explain_pipeline(pipe: list[dict], *, calm: str, rough: str,
         # One sentence on the main path; the table with the prediction goes to the appendix.
         print(f"In hops of {ms(hop)} (the rough network's delay minus the calm one's): "
               f"GPipe paid about {g['gpipe'] / hop:.0f} hops of delay per "
-              f"step, 1F1B about {g['1f1b'] / hop:.0f} (a jitter-free replay says "
-              f"{split['gpipe']['delay'] / hop:.0f} and {split['1f1b']['delay'] / hop:.0f}; "
-              f"table in the appendix).")
+              f"step, 1F1B about {g['1f1b'] / hop:.0f}: 1F1B waits mid-step too, GPipe only "
+              "while the pipeline fills and drains (the prediction and a jitter-free replay: "
+              "appendix).")
         rows = [f"{'hops of ' + ms(hop):16s}{'predicted':>18s}{'replay, delay alone':>22s}"
                 f"{'measured':>10s}"]
         rows += [f"{names[s]:16s}{predicted[s]:>18s}{split[s]['delay'] / hop:>22.0f}"
                  f"{g[s] / hop:>10.0f}" for s in par.PIPELINE_SCHEDULES]
-        details.append("PP, the growth in hops (measured: median growth / one hop's growth, "
+        details.append("PP, the growth in hops (replay: a simulator re-running this run's "
+                       "schedule without jitter; measured: median growth / one hop's growth, "
                        "jitter included; the split is below):\n" + "\n".join(rows))
     bub = {s: runs[(calm, s)]["bubble"] for s in par.PIPELINE_SCHEDULES}
     print(f"Bubble on the calm network: GPipe {bub['gpipe']:.0%}, 1F1B {bub['1f1b']:.0%} "
@@ -565,7 +566,7 @@ def show_moe_scaling_answer(*, dispatch: float, nic: float) -> None:
 
     facts.show(f"""
 2. A mixture-of-experts layer on 256 GPUs runs twice as slowly as on 32, with the same tokens
-   per GPU and balanced routing. Name two causes.
+   per GPU and routing balanced on average. Name two causes.
 
 <details><summary>Answer</summary>
 
