@@ -33,7 +33,7 @@ def test_explain_fix(capsys):
     gs.explain_fix(_fix(), OPT, steps=200, mom=0.326)
     out = capsys.readouterr().out
     assert "max |w - w_full| after 200 steps" in out and "after 30" not in out
-    assert "gradient error, step 0" in out
+    assert "relative error, step 0" in out
     assert "gradient exact (error 3e-16, against 48% for the mean of means)" in out
     assert out.index("In short:") < out.index("max |w - w_full| after 200 steps")
     assert out.index("converges, but to another point") < out.index("one all-reduce of a single")

@@ -16,7 +16,7 @@ def fix_table(fix: dict, *, steps: int) -> None:
     from ..experiments import gradient_scaling
 
     last = f"max |w - w_full| after {steps} steps"
-    print(f"{'':14s} {'gradient error, step 0':>22s} {last:>{len(last) + 2}s}")
+    print(f"{'':14s} {'relative error, step 0':>22s} {last:>{len(last) + 2}s}")
     for m in gradient_scaling.METHODS:
         print(f"{m:14s} {fix['rel_error'][m]:22.1e} {fix['param_error'][m][-1]:{len(last) + 2}.1e}")
 

@@ -260,9 +260,11 @@ def detail_coverage() -> str:
         "| shapes, dtypes, device types | a broadcast's root (`src`) |\n"
         "| the sequence number (each rank counts its own calls) | an all-to-all's split sizes "
         "(only its op) |\n"
-        "| a rank that never arrives (its monitored barrier) | the shapes of `*_coalesced` ops "
+        "| | the shapes of `*_coalesced` ops "
         "and of uneven all-gathers and reduce-scatters (only their op) |\n"
-        "| | `send` and `recv` |\n\n</details>")
+        "| | `send` and `recv` |\n\n"
+        "Not a compared field: a rank that never arrives is named by the monitored barrier "
+        "`DETAIL` runs first.\n\n</details>")
 
 def hang_checklist() -> str:
     """The `facts.show` template of "When a job hangs": first, visible, where a waiting rank's
@@ -271,9 +273,10 @@ def hang_checklist() -> str:
     and after its timeout (flight-recorder dumps, py-spy)."""
     return (
         "- **Where a waiting rank's stack sits.** A collective with `async_op=False` "
-        "[[pytorch.collective_returns_before_cuda_completes]], so the others wait at the next "
-        "host sync (`.item()`, `.cpu()`); [[pytorch.nccl_blocking_wait]] puts the stack in the "
-        "collective itself.\n\n"
+        "[[pytorch.collective_returns_before_cuda_completes]] (the current stream then waits "
+        "on it), so the others wait at the next "
+        "host sync (`.item()`, `.cpu()`). To see which collective they wait in, set "
+        "[[pytorch.nccl_blocking_wait]]: the stack then sits in the collective itself.\n\n"
         "<details><summary>For reference: when a job hangs, step by step</summary>\n\n"
         "**Two more places a waiting rank can sit.** A group's first collective creates its "
         "communicator ([[pytorch.nccl_lazy_comm_init]]; [[nccl.comm_init_rank_sync]]), so a "
