@@ -219,14 +219,11 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
                "counted here): a worker descheduled between its read and its write-back "
                "erases, when it resumes, all the others wrote meanwhile."
                if net == "above" else "."))
-    slice_ms, hz = time_slice_here()
+    slice_ms, _ = time_slice_here()
     here = "" if slice_ms is None else (
         f"; with this kernel's {os.cpu_count()} online CPUs (the count it scales by, which "
-        f"can exceed the cores this notebook may use) {slice_ms:.1f} ms, checked at scheduler "
-        "ticks, so up to about one tick" + ("" if hz is None else
-                                           f": {1000 / hz * np.ceil(slice_ms * hz / 1000):.0f} "
-                                           f"ms here (HZ = {hz})")
-        + " (a wake-up can end a slice sooner), the stretch a paused worker can erase")
+        f"can exceed the cores this notebook may use) {slice_ms:.1f} ms, about the stretch a "
+        "paused worker can erase")
     say("<details><summary>Shared cores: a worker paused mid-update erases more "
         "(time slices)</summary>\n\n"
         + rerun
@@ -342,12 +339,11 @@ def explain_convergence(runs: dict, *, problem, sparse, rep: dict | None = None)
     """The lost fractions and final-loss ratios (without / with a lock) on the dense and
     sparse problems, folded: the chance that an overlapping update touches a given coordinate
     of the `sparse` problem and the updates its write-backs found landed on their first
-    coordinate between read and write (age_mean, measured; with the raw count), whether the
-    dense write-back run ended where as many locked updates as survived would take it, and
-    the verdict that it was still converging over its last third (with `rep`, the lost-updates
+    coordinate between read and write (age_mean, measured; with the raw count), and the
+    verdict that it was still converging over its last third (with `rep`, the lost-updates
     section's runs, the range of their in-place losses beside this run's); asserts the
     conflicts' gap, that the sparse problem trained, and the loss ratios."""
-    d, s, dl = runs["dense", "writeback"], runs["sparse", "writeback"], runs["dense", "lock"]
+    d, s = runs["dense", "writeback"], runs["sparse", "writeback"]
     ratio = {n: runs[n, "writeback"]["final_loss"] / runs[n, "lock"]["final_loss"]
              for n in ("dense", "sparse")}
     hit = hit_chance(sparse)
@@ -376,16 +372,6 @@ def explain_convergence(runs: dict, *, problem, sparse, rep: dict | None = None)
     mant, exp = f"{ratio['dense']:.1e}".split("e")
     print(f"Final loss without / with a lock (one run each): sparse {ratio['sparse']:.2f} "
           f"times, dense {mant} × 10^{int(exp)} times.")
-    survived, lo, hi = survivor_prediction(d, dl, nnz=problem.nnz)
-    fold("A second prediction: does the dense write-back run end where as many locked updates "
-         "as survived would?",
-         "If the final x is a chain of surviving write-backs, each a full SGD step from its "
-         "predecessor's result, the write-back run should end where the locked run was after "
-         "as many updates as survived.\n"
-         + prediction_sentence(survived, lo, hi, d["updates"])
-         + ("\nThese runs cannot say why: one run per mode, the survivor count is a proxy (the "
-            "counters are written back apart from x), and some reads may have mixed versions."
-            if prediction_miss(survived, lo, hi) > 0.05 else ""))
     cu, cl = d["curve_updates"], d["curve_loss"]
     conclude(d["final_loss"] < cl[np.searchsorted(cu, 2 * cu[-1] / 3)],
              "the write-back run's loss was still falling over its last third (one run)")
@@ -520,7 +506,8 @@ def explain_cost(cost: dict, *, problem) -> None:
              "gains" if not resolved else
              "; the ranges overlap for " + NAME[next(m for m in pair if m not in resolved)]
              if len(resolved) == 1 else "")
-          + ". The synchronous all-reduce pays a barrier per step (last line).")
+          + ". The synchronous all-reduce pays a barrier per step (last line: each of its updates "
+          "is a step of many examples, so its updates/s do not compare with these).")
     lines = [f"On {cost['cores']} cores, 1 -> 2 workers (surviving updates/s, medians of "
              f"{cost['repeats']} runs): "
              + ", ".join(f"{NAME[m]} {med[m][0]:,.0f} -> {med[m][1]:,.0f}" for m in pair)
@@ -563,34 +550,25 @@ def explain_cost(cost: dict, *, problem) -> None:
          "\n".join(lines))
 
 
-def summary_table(runs: dict, cost: dict | None) -> None:
+def summary_table(runs: dict) -> None:
     """The dense 4-worker runs of every mode side by side (one run each): workers at once,
     counter increments lost, updates computed from a flagged read (the seqlock retries those),
-    final loss; and each mode's surviving updates/s with 2 workers (median of the cost runs;
-    no such column when `cost` is None: the costs were not measurable).
-    Then the verdict that in place ended below write-back; asserts that both lock-free runs
-    trained and that the lock beat the write-backs."""
-    surv = None if cost is None else surviving_rates(cost)
+    final loss. Then the verdict that in place ended below write-back; asserts that both
+    lock-free runs trained and that the lock beat the write-backs."""
     rows = ["| mode | workers at once | counter increments lost | updates from flagged reads "
-            "| final loss |" + ("" if cost is None else " surviving updates/s, 2 workers |"),
-            "|---|---|---|---|---|" + ("" if cost is None else "---|")]
+            "| final loss |", "|---|---|---|---|---|"]
     for m in MODES:
         r = runs["dense", m]
         used = 0 if m == "seqlock" else r["mixed_reads"]  # the seqlock retries a flagged read
         rows.append(f"| {NAME[m]} | {r['parallelism']:.2f} | {r['lost_fraction']:.2%} | "
-                    f"{used / r['updates']:.1%} | {r['final_loss']:.1e} |"
-                    + ("" if cost is None else
-                       f" {np.median(surv[m][cost['workers'].index(2)]):,.0f} |"))
+                    f"{used / r['updates']:.1%} | {r['final_loss']:.1e} |")
     say(f"**The four modes side by side** (dense problem, 4 workers, "
-        f"{runs['dense', 'writeback']['updates']:,} updates, one run each"
-        + ("" if cost is None else f"; last column: median of {cost['repeats']} cost runs")
-        + ")\n\n" + "\n".join(rows) + "\n\n"
+        f"{runs['dense', 'writeback']['updates']:,} updates, one run each)\n\n"
+        + "\n".join(rows) + "\n\n"
         "How to read it: *workers at once*, CPU s per wall s; *lost*, the racy counter's "
         "erased increments, standing in for erased updates; *flagged reads*, updates computed "
         "from a read the version stamps flagged as mixed (an indicator); *final loss*, where "
-        f"the run ended (it started at {runs['dense', 'lock']['initial_loss']:.2f})"
-        + ("" if cost is None else
-           "; *surviving updates/s*, speed minus what was erased: the fixes' cost") + ".")
+        f"the run ended (it started at {runs['dense', 'lock']['initial_loss']:.2f}).")
     free, inpl, lk = (runs["dense", m] for m in ("writeback", "inplace", "lock"))
     assert free["final_loss"] < free["initial_loss"] and inpl["final_loss"] < inpl["initial_loss"]
     assert lk["final_loss"] < free["final_loss"]
