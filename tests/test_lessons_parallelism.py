@@ -528,12 +528,13 @@ def test_breakeven_box_gives_ring_and_tree_as_a_pair(monkeypatch):
     assert "cap plus one gradient" in text
     assert ("A tree waits 12 delays per all-reduce instead of 126, so PowerSGD's two extra "
             "all-reduces cost 240 µs instead of 2.5 ms and its break-even rises 10.5x.") in text
+    assert "- The bytes saved grow with the bucket, the added rounds do not:" in text
     # NCCL's tree at 64 ranks, 8 per node: up and down 7 + 3 hops, 6 of them across nodes.
     assert "about 2 × 10 = 20 hops, 6 of them across nodes" in text
     assert "the 14 hops inside nodes cost less than the 6 across them" in text
     assert "whether PowerSGD rank 1 beats fp32 on one fast NIC depends on how many message " \
-           "delays an all-reduce pays: counted as a flat ring, no; as a tree, yes while its " \
-           "compute per bucket stays under about 0.79 ms." in text
+           "delays an all-reduce pays: counted as a flat ring, no; as an idealised tree, it " \
+           "can, if its compute per bucket stays under about 0.79 ms." in text
     assert "because of the compute compression adds" in text and "[[" not in text
 
 

@@ -61,10 +61,7 @@ def explain_sweep(st, methods) -> bool:
     n = st.rows[0].get("steps_measured") if getattr(st, "rows", None) else None
     best = {q: min(methods, key=lambda m: st.step(m, q)) for q in (slow, fast)}
     words = {m: verdict_word(st, m, fast) for m in methods[1:]}
-    groups = {v: [m for m in methods[1:] if words[m] == v] for v in dict.fromkeys(words.values())}
-    print(f"The smallest step at {slow} Mbit/s: {best[slow]}; at {fast} Mbit/s: {best[fast]}. "
-          f"At {fast} Mbit/s against fp32: "
-          + "; ".join(f"{v} {', '.join(ms_)}" for v, ms_ in groups.items() if ms_) + ".")
+    print(f"The smallest step at {slow} Mbit/s: {best[slow]}; at {fast} Mbit/s: {best[fast]}.")
     print(f"Step = the fastest of {n} steps, each the slowest rank's." if n else
           "Step = the fastest step, the slowest rank's.")
     print(f"{'method':>11} | {f'step at {slow}':>11}  fp32 ÷ method | {f'step at {fast}':>12}"
@@ -75,7 +72,7 @@ def explain_sweep(st, methods) -> bool:
               f"{'-' if base else num_x(st.step('none', slow) / st.step(m, slow)):>13} | "
               f"{ms(st.step(m, fast)):>12}  {'' if base else words[m]}".rstrip())
     if any(w.startswith("borderline") for w in words.values()):
-        print("(borderline: beyond the noise band, but within twice it)")
+        print("(borderline: beyond the noise band, but within twice it; one run per rate)")
     off = off_line(st, methods)
     if off:
         n_off = sum(len(pts) for pts in off.values())
@@ -369,8 +366,9 @@ def show_breakeven_at_scale(scan: dict, *, n_params: int) -> None:
             "PowerSGD rank 1 still beats fp32 on one fast NIC whichever way the all-reduce's "
             "message delays are counted" if bucket > nic_gbit else
             "whether PowerSGD rank 1 beats fp32 on one fast NIC depends on how many message "
-            "delays an all-reduce pays: counted as a flat ring, no; as a tree, yes while its "
-            f"compute per bucket stays under about {sig2(budget_ms(bucket_log, 'log'))} ms"
+            "delays an all-reduce pays: counted as a flat ring, no; as an idealised tree, it "
+            "can, if its compute per bucket stays under about "
+            f"{sig2(budget_ms(bucket_log, 'log'))} ms"
             if bucket_log > nic_gbit else
             "whether PowerSGD rank 1 beats fp32 on one fast NIC depends on how many message "
             "delays an all-reduce pays and on the bucket's size")
@@ -384,11 +382,10 @@ def show_breakeven_at_scale(scan: dict, *, n_params: int) -> None:
             "[[nvidia.connectx7_rate]] NIC |")
     lat_us = scan["latency_s"] * 1e6
     facts.show(f"""
-**In short:** for one full DDP bucket on {p} ranks, {lead}. A tree waits {2 * lg_p} delays per
-all-reduce instead of {2 * (p - 1)}, so PowerSGD's two extra all-reduces cost
-{added['log'] * lat_us:.0f} µs instead of {added['ring'] * lat_us / 1e3:.1f} ms and its
-break-even rises {bucket_log / bucket:.1f}x. (Estimates from the formula, not runs: an assumed,
-unsourced {lat_us:.0f} µs per message, every hop, NVLink ones too, at the NIC's rate.)
+**In short** (estimates from the formula, not runs, at an assumed {lat_us:.0f} µs per message):
+
+- The bytes saved grow with the bucket, the added rounds do not: bigger buckets favour PowerSGD.
+- For one full DDP bucket on {p} ranks, {lead}.
 
 {head}
 | --- | --- | --- | --- |
@@ -404,10 +401,15 @@ twice the cap</summary>
   training on GPU clusters and found that, because of the compute compression adds,
   [[paper.agarwal_compression_utility_2022]]. How much of the exchange the backward already
   hides matters too (*On a real GPU cluster*).
+- **Why the tree's row differs.** A tree waits {2 * lg_p} delays per all-reduce instead of
+  {2 * (p - 1)}, so PowerSGD's two extra all-reduces cost {added['log'] * lat_us:.0f} µs instead
+  of {added['ring'] * lat_us / 1e3:.1f} ms and its break-even rises {bucket_log / bucket:.1f}x. The
+  {lat_us:.0f} µs per message is unsourced, charged on every hop, NVLink ones too.
 - **This model.** On {p} ranks, this {model_kb:.0f} kB model's PowerSGD rank 1 pays below about
-  {sig2(ring[0])} Gb/s (ring) to {sig2(tree[0])} Gb/s (tree). The break-even grows in
-  proportion to the bytes in one exchange ({sig2(ratio)}x higher for
-  {sig2(sizes[-1] / sizes[0])}x the bytes).
+  {sig2(ring[0])} Gb/s (ring) to {sig2(tree[0])} Gb/s (tree). The break-even grows
+  roughly in proportion to the bytes in one exchange ({sig2(ratio)}x higher for
+  {sig2(sizes[-1] / sizes[0])}x the bytes: PowerSGD's own bytes grow only with a matrix's
+  rows plus columns, so the bytes it saves grow slightly faster than fp32's).
 - **Per bucket.** DDP calls the hook once per bucket, each paying its own rounds, so what
   counts is one bucket's bytes. DDP [[pytorch.ddp_bucket_whole_params]]. A bucket at twice
   the cap breaks even near {sig2(twice)} to {sig2(twice_log)} Gb/s. PowerSGD still pays on
@@ -494,9 +496,10 @@ minimum compression rate, FSDP1, FP8 in expert parallelism</summary>
   at [[pytorch.ddp_bucket_cap_mb]], each holding whole gradients. The first step puts every
   gradient in one bucket (with the default `find_unused_parameters=False`:
   [torch 2.13's `_BucketCapacityConfig.compute_bucket_size_limits`]({DDP_SOURCE_2_13})).
-- **The bf16 hook.** DDP accepts torch's bf16 hook only with
+- **The bf16 hook.** DDP accepts torch's bf16 hook only if the installed torch has
   [[pytorch.ddp_bf16_hook_check]] (XPU: Intel GPUs; XCCL: their collectives library),
-  checked when the hook is registered.
+  checked when the hook is registered: on the torch build and the libraries present, not
+  on the backend the job uses.
 - **PowerSGD's minimum compression rate.** It compresses a matrix only if its compression
   rate exceeds [[pytorch.powersgd_min_compression_rate]] (here 1, which changes nothing:
   this model's least compressible matrix still shrinks {min_rate:.1f}x at rank 4).
