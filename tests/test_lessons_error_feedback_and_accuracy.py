@@ -133,6 +133,9 @@ def test_steps_to_target_reads_the_longer_runs_and_says_never(capsys):
     assert reach == {"powersgd:1": (40, 130), "powersgd:4": (None, 480)}  # only methods shown
     assert "powersgd:1 40, powersgd:4 not within 480 (later than the budget: slower" in \
         l11b.reach_line(reach)
+    assert "coincidence" not in l11b.reach_line(reach)
+    assert "Equal counts are a coincidence of separate runs" in \
+        l11b.reach_line({"powersgd:1": (40, 130), "powersgd:4": (40, 480)})
     res = _res()
     gap = {m: r["test_loss"] - res["none"]["test_loss"] for m, r in res.items()}
     l11b.print_accuracy_table(res, gap=gap, n_test=400, reach=reach)

@@ -286,7 +286,10 @@ def reach_line(reach: dict) -> str:
     return ("Steps to reach fp32's end-of-budget training loss, on the runs continued 4x longer: "
             + ", ".join(f"{m} " + (f"{n}" if n else f"not within {horizon}")
                         for m, (n, horizon) in reach.items())
-            + " (later than the budget: slower, not necessarily worse; never: possibly worse).")
+            + " (later than the budget: slower, not necessarily worse; never: possibly worse)."
+            + (" Equal counts are a coincidence of separate runs (the loss is checked at every"
+               " step)." if len({n for n, _ in reach.values() if n})
+               < sum(1 for n, _ in reach.values() if n) else ""))
 
 
 def explain_verdicts(res: dict, counted: list, others: list) -> None:
@@ -529,7 +532,7 @@ def real_cluster_text(ps: list[int], *, budget: int, powersgd_start: int) -> str
 - **What NCCL runs.** The longer the chain of 16-bit additions, the larger the error: NCCL's
   ring rounds most, its tree (a tree of ranks, [02b](02b_hierarchy_busbw_and_nccl.ipynb))
   less, NVLS (where the NVSwitch itself adds the GPUs' values; only on NVSwitch systems that
-  support it) least in CUDA ≥ 12.2 builds.
+  support it) least within a node in CUDA ≥ 12.2 builds.
   Its bf16 sums are
   [[nccl.half_sum_rounds_each_add]]. Its ring at {ps[-1]} ranks, if the tuner picks it, is the
   flat ring above; its tree passes each value through far fewer additions; NVLS adds in fp32
@@ -538,8 +541,8 @@ def real_cluster_text(ps: list[int], *, budget: int, powersgd_start: int) -> str
 - **Reduction precision.** Megatron-LM (under `--bf16`) and torchtitan reduce gradients in
   fp32 by default, at twice a bf16 reduce's bytes; FSDP2 on its own reduces in bf16 under bf16
   mixed precision (flags and sources in the fold below). fp16 rounds finer but its range ends
-  at [[fp16.max_finite]]: larger values become inf in the cast, and as the hook divides by the
-  world size before the sum, small gradients can underflow to zero.
+  at [[fp16.max_finite]]: larger values become inf in the cast, and as torch's hook divides by the
+  world size after the cast, in fp16, before the sum, small gradients can underflow to zero.
 - **PowerSGD** as published: [[powersgd.paper]]. torch's hook keeps [[pytorch.powersgd_warm_start]]
   by default, and starts after [[pytorch.powersgd_start_iter]] of plain all-reduce; the runs above
   compressed after {powersgd_start} plain all-reduce steps of {budget}, essentially
