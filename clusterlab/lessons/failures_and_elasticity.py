@@ -12,6 +12,7 @@ import re
 
 from .. import models
 from ..experiments.common import conclude
+from . import show
 
 
 def explain_restart(job) -> None:
@@ -176,11 +177,12 @@ def explain_goodput(job2, *, first: dict, ideal: float, schedule: list[int]) -> 
     interval_part = s2["checkpoints"] * s2["checkpoint_s"] + sum(x["redo_s"]
                                                                  for x in job2.failures())
     print(f"goodput {s2['goodput_steps_per_s'] * first['step_s']:.0%} useful work, of its "
-          f"training time (from the first worker's first event), {ideal / s2['wall_s']:.0%} of "
-          f"torchrun's whole run: {s2['goodput_steps_per_s']:.1f} steps/s against a bare step "
-          f"rate (1 / step time) of {1 / first['step_s']:.1f}")
-    print("(training time leaves out torchrun's start-up and the workers' first import of "
-          "torch; the whole run includes them)")
+          f"training time (from the first worker's first event): "
+          f"{s2['goodput_steps_per_s']:.1f} steps/s against a bare step rate (1 / step time) "
+          f"of {1 / first['step_s']:.1f}")
+    show.fold("Of torchrun's whole run instead",
+              f"{ideal / s2['wall_s']:.0%} of torchrun's whole run, which adds torchrun's "
+              "start-up and the workers' first import of torch to the training time.")
     assert job2.returncode == 0 and not job2.leftover and s2["failures"] == len(schedule)
     assert restarts > 3 * interval_part, "restarts, not the interval, dominate this toy job"
 
@@ -564,7 +566,7 @@ def real_cluster_text(errors: list[str]) -> str:
   {70e9 * (adam_b + 2) / 1e12:.1f} TB.
 - **Who notices a death** (torchrun of torch 2.13; on this run:
 {seen}). With restarts left, [[pytorch.torchrun_restarts_all]]; who notices differs: over
-  TCP the peers at once, inside an NVLink node only the dead process's own agent, for a dead
+  TCP the peers at once, inside an NVLink node (by a 2020 maintainer's answer) only the dead process's own agent, for a dead
   node the senders once the NIC's retries run out and the others at the process group's
   timeout (next fold).
 
@@ -656,8 +658,8 @@ def measured_here(*, failure: dict, job2, traces: dict, stall: dict, hung: list[
     restarts_s = [x["restart_s"] for x in [failure] + job2.failures()]
     blocked = [traces["sync"]["step_s"][0][k] - sy["step_s"] for k in traces["sync"]["saved"]]
     return (f"Measured here:\n"
-            f"- restart: a restart under torchrun took {min(restarts_s):.1f} to "
-            f"{max(restarts_s):.1f} s ({len(restarts_s)} restarts), plus the redone work "
+            f"- restart: a restart under torchrun took {min(restarts_s):.2f} to "
+            f"{max(restarts_s):.2f} s ({len(restarts_s)} restarts), plus the redone work "
             f"({failure['redo_s']:.2f} s in the first job)\n"
             f"- hang: a hung peer cost the configured timeout plus at most "
             f"{overshoot * 1e3:.0f} ms ({waits} waits, timeouts of "
