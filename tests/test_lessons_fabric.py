@@ -368,15 +368,15 @@ def test_print_closed_forms_says_which_column_to_carry_forward(capsys, closed):
     ob.print_closed_forms(closed, real, cases=CASES, mtu=1500)
     out = capsys.readouterr().out
     assert "real 1500 B frames" not in out and "1500 B frames |" in out
-    assert ("Carry forward the 1500 B column, the lesson (ring 1.00x, farthest-first tree "
-            "2.00x); the segments column is what this emulator's runs should match") in out
+    assert ("The lesson is the 1500 B column (ring 1.00x, farthest-first tree 2.00x). The "
+            "runs below check the right-hand column,") in out
 
 
 def test_nccl_tree_line_says_both_numbers_are_arithmetic(capsys):
     ob.explain_nccl_trees(far=1.98)
     out = capsys.readouterr().out
-    assert ("would lose about 1.50x in the worst of these setups, against 1.98x for this "
-            "course's farthest-first tree (both arithmetic, not runs)") in out
+    assert ("would lose about 1.50x in the worst of 4 setups (8 to 64 nodes), against "
+            "1.98x for this course's farthest-first tree (both arithmetic, not runs)") in out
     assert "Assumed: ECMP spreads the crossing flows evenly" in out
     assert "Below the closed form" not in out and "probably" not in out
 

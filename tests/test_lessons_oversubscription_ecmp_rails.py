@@ -55,8 +55,8 @@ def test_tree_loads_count_the_edges_that_cross_leaves():
 def test_explain_nccl_trees_prints_each_setup_against_the_farthest_first_tree(capsys):
     line, rest = ob.nccl_tree_lines(far=1.98)
     assert line.startswith("In one line: at 4:1 NCCL's double binary tree would lose about 1.50x "
-                           "in the worst of these setups, against 1.98x for this course's "
-                           "farthest-first tree (both arithmetic, not runs)")
+                           "in the worst of 4 setups (8 to 64 nodes), against 1.98x for this "
+                           "course's farthest-first tree (both arithmetic, not runs)")
     assert line.endswith("Assumed: ECMP spreads the crossing flows evenly; a hash collision "
                          "adds to it.")
     assert "because 20 of its 30 edges stay inside a leaf (at 16 nodes, the figure)" in line
@@ -120,7 +120,8 @@ def test_the_tables_name_their_statistics(capsys):
     # the real frames' ratio first (the lesson), the emulator's segments as what the runs check
     assert "64 KiB segments (this emulator: what the runs below check)" in out
     assert "  ring                                 1.01x | 1.00x" in out
-    assert "emulator artefact: appendix" in out
+    assert "The lesson is the 1500 B column (ring 1.01x, farthest-first tree" in out
+    assert "large segments add the ring's rise (appendix)" in out
     rounds = [{"peak": p, "best": m, "median": m, "times": [m, m, m], "model": m}
               for p, m in ((1, 0.0587), (2, 0.1007), (3, 0.1427))]
     ob.explain_ecmp_rounds(rounds)

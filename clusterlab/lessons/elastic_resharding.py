@@ -70,8 +70,8 @@ def pause_lines(f: dict, cfg: dict) -> list[str]:
                           f"{cfg['compute_s']} s compute sleep)"),
         (f["spawned_s"], f"A's agent has started a new worker (+{{:.1f}} s): its restart and "
                          f"the rendezvous without B,\nwhose waits are B's heartbeats expiring "
-                         f"(at most {keep_alive} s after the kill), then the last call "
-                         f"({cfg['last_call_s']} s)"),
+                         f"({keep_alive} s after its last one, sent before the kill), then the "
+                         f"last call ({cfg['last_call_s']} s)"),
         (f["regrouped_s"], "its Python has started and imported torch (+{:.1f} s)"),
         (f["imported_s"], "it has imported DCP and FSDP (+{:.1f} s)"),
         (f["resumed_s"], f"it has loaded the checkpoint at world size {f['world_after']} "
@@ -287,9 +287,10 @@ def death_text(f: dict, cfg: dict) -> str:
     return f"""
 **How a death reaches the job**
 
-On a cluster the pause has the same parts, with longer waits. NCCL has no heartbeat: a
-survivor hangs until its NIC gives up resending to the dead node (over InfiniBand at NCCL's
-defaults, {tries} tries of {ack_s} s each, about {ib_wait:.0f} s) or until PyTorch's watchdog
+On a cluster the pause has the same parts, with longer waits. NCCL has no heartbeat that fails a
+collective: a survivor hangs until its NIC gives up resending to the dead node (over InfiniBand
+at NCCL's defaults, {tries} tries of {ack_s} s each, about {ib_wait:.0f} s: timers of
+[13](13_switches_incast_ecmp_rails.ipynb)) or until PyTorch's watchdog
 thread ends a collective that outlasts the process group's timeout ({nccl_min:.0f} min). By then the dead node's heartbeats have expired (they do after
 {dead_after:.0f} s), so the rendezvous only waits its last call ({last_call:.0f} s). Then every
 worker restarts and loads the checkpoint. This run's whole pause took {f['resumed_s']:.1f} s.

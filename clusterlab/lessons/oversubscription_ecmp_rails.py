@@ -98,10 +98,9 @@ def print_closed_forms(closed: dict, real: dict, *, cases: Sequence[tuple], mtu:
           f"segments (this emulator: what the runs below check)")
     for c, *_ in cases:
         print(f"  {c:<23} {real[c]:>17.2f}x | {closed[c, 4] / closed[c, 1]:.2f}x")
-    print(f"Carry forward the {mtu} B column, the lesson (ring {real['ring']:.2f}x, "
-          f"farthest-first tree {real['tree, farthest first']:.2f}x); the segments column is "
-          f"what this emulator's runs should match\n(the ring's rise there is an emulator "
-          f"artefact: appendix).")
+    print(f"The lesson is the {mtu} B column (ring {real['ring']:.2f}x, farthest-first tree "
+          f"{real['tree, farthest first']:.2f}x). The runs below check the right-hand column,\n"
+          f"where the emulator's large segments add the ring's rise (appendix).")
     assert real["ring"] < 1.05 and real["tree, neighbours first"] < 1.05
     assert real["tree, farthest first"] > 1.5 and real["all-to-all"] > 1.5
 
@@ -323,11 +322,13 @@ def nccl_tree_lines(*, far: float, setups: Sequence[tuple[int, int]] = NCCL_TREE
     edges = nccl_dtree_edges(n_w)
     inside = sum(p // per_w == c // per_w for tree in edges for p, c in tree)
     total = sum(map(len, edges))
+    sizes = f"{min(n for n, _ in rows)} to {max(n for n, _ in rows)} nodes"
     line = (f"In one line: at {o} NCCL's double binary tree would lose about "
-            f"{worst['slowdown']:.2f}x in the worst of these setups, against {far:.2f}x for this "
-            f"course's farthest-first tree (both arithmetic, not runs),\nbecause {inside} of its "
-            f"{total} edges stay inside a leaf (at {n_w} nodes, the figure). Assumed: ECMP "
-            f"spreads the crossing flows evenly; a hash collision adds to it.")
+            f"{worst['slowdown']:.2f}x in the worst of {len(rows)} setups ({sizes}), "
+            f"against {far:.2f}x for this course's farthest-first tree (both arithmetic, not "
+            f"runs),\nbecause {inside} of its {total} edges stay inside a leaf (at {n_w} nodes, "
+            f"the figure). Assumed: ECMP spreads the crossing flows evenly; a hash collision "
+            f"adds to it.")
     crossing = ["tree " + str(i + 1) + ": " + ", ".join(f"{p}-{c}" for p, c in tree
                                                           if p // per_w != c // per_w)
                 for i, tree in enumerate(edges)]
@@ -788,7 +789,8 @@ a minimum cut across zones, to keep cross-zone traffic low.
 
 ECMP_BOX = """
 **Flows and collisions.** Routed Ethernet and RoCE fabrics hash each flow onto an uplink.
-InfiniBand switches forward by destination along [[infiniband.sm_lft_routing]], so collisions
+InfiniBand switches forward by destination along [[infiniband.sm_lft_routing]] (the
+fabric's controller), so collisions
 follow placement, unless adaptive routing (which NVIDIA's bring-up turns on) picks the port by
 load.
 
@@ -801,7 +803,7 @@ NIC, more if [[nccl.ib_qps_per_connection]] is raised. A ring ordered by leaf th
 one flow per channel on a leaf's uplinks, together one NIC's worth with one NIC per node, and
 a hash can stack several on one uplink.
 
-Upstream OpenSM, the fabric's controller (subnet manager), gives each destination address
+Upstream OpenSM, a subnet manager, gives each destination address
 one route by default, hence placement (NVIDIA's switches can also hash: [[nvidia.ib_hbf]]);
 [[nvidia.ib_ar_sm]], which NVIDIA's bring-up procedure turns on, picks a port by load. On
 RoCE, more flows per connection give ECMP more entropy (Meta's enhanced ECMP,
@@ -816,8 +818,9 @@ RAILS_BOX = """
 <details><summary>Rails in NVIDIA's reference architecture and in NCCL (NCCL_CROSS_NIC, rail ids, PXN)</summary>
 
 NVIDIA's reference architecture has [[nvidia.rail_optimized_ra]], so its spine is not
-oversubscribed. [[nccl.cross_nic]] decides whether NCCL keeps a ring or tree on one rail: by
-[[nccl.rail_id]], else the same NIC on every node. With [[nccl.pxn]], NCCL reaches another
+oversubscribed. [[nccl.cross_nic]] decides whether NCCL keeps a ring on one rail: by
+[[nccl.rail_id]], else the same NIC on every node (its trees keep the same NIC whatever the
+setting: `ncclTopoSearchCheckNet`, v2.30.7-1 src/graph/search.cc). With [[nccl.pxn]], NCCL reaches another
 rail over NVLink.
 </details>
 """  # noqa: E501 (the fold's one-line summary)

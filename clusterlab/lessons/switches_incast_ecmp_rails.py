@@ -406,7 +406,8 @@ def explain_appendix(ps: dict, ring: dict, four: dict, tie: dict, skew: dict, *,
 # in [[...]], rendered with their sources by `facts.show`); the mechanisms sit in a fold.
 REAL_CLUSTER = """
 - **TCP's timeout-driven incast concerns NCCL only over sockets.** Over InfiniBand or RoCE
-  NCCL uses RDMA ([[rdma.kernel_bypass]]) and the NIC retransmits: after a NAK it goes back N,
+  NCCL uses RDMA ([[rdma.kernel_bypass]] between registered buffers, into which NCCL copies
+  the user's data) and the NIC retransmits: after a NAK it goes back N,
   about a round trip after the loss ([[paper.mittal_irn_2018]]); a loss no NAK reports waits
   the QP's ACK timeout, nominally [[nccl.ib_timeout_default_time]] at NCCL's default. Without
   RDMA, NCCL falls back to [[nccl.ib_disable_ip_sockets]], TCP as in Gloo, and the incast above
