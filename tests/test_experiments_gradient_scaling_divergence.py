@@ -284,6 +284,20 @@ def test_a_skipped_collective_is_named_only_with_detail():
     assert detail["messages"][2] == "" and min(detail["waits_s"][:2]) >= 0.4
 
 
+def test_a_skipped_call_shifts_the_next_past_detail_and_only_the_unpaired_one_is_named(capsys):
+    from clusterlab.lessons import mismatched_collectives_and_hangs as lesson
+
+    run = D.skipped_collective("DETAIL", wait_s=0.5, then=1)
+    # ranks 0 and 1: the first call met rank 2's only call and returned; the second had no
+    # partner, and DETAIL's monitored barrier named rank 2
+    assert run["returned"] == [1, 1, 1], run["messages"]
+    assert run["named_ranks"] == [2] and run["messages"][2] == ""
+    lesson.explain_shifted(run)
+    assert "passed DETAIL's checks" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="then must be an int"):
+        D.skipped_collective("DETAIL", then=-1)
+
+
 def test_forgetting_set_epoch_repeats_the_order():
     o = D.data_order(epochs=2, set_epoch=False)
     assert o["shared"]["same_order_as_previous_epoch"] == [True]

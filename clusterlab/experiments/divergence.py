@@ -711,7 +711,7 @@ def crossed_groups(world: int = 2, odd_rank: int = 1, timeout: float = 2.0) -> d
     return res
 
 
-def _skipped_rank(odd_rank, wait_s):
+def _skipped_rank(odd_rank, wait_s, then):
     import time
     from datetime import timedelta
 
@@ -722,40 +722,53 @@ def _skipped_rank(odd_rank, wait_s):
     # A group of its own whose timeout is `wait_s`: under DETAIL the wrapper's monitored
     # barrier (a helper Gloo group) inherits it, so the wait is short here.
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=wait_s))
-    if dist.get_rank() == odd_rank:
-        return {"message": "", "wait_s": 0.0}  # took another branch: no all_reduce
-    t0 = time.monotonic()
-    try:
-        dist.all_reduce(torch.ones(4), group=group)
-    except RuntimeError as exc:
-        message = re.sub(r"\[/\S+\] ", "", " ".join(str(exc).split()))  # no build paths
-        return {"message": message, "wait_s": time.monotonic() - t0}
-    return {"message": "", "wait_s": time.monotonic() - t0}
+    # The odd rank took another branch and skipped the first all_reduce; every rank then
+    # calls `then` more of the same shape, so each of them meets a call one position off.
+    calls = then if dist.get_rank() == odd_rank else then + 1
+    returned, t0 = 0, time.monotonic()
+    for _ in range(calls):
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(4), group=group)
+        except RuntimeError as exc:
+            message = re.sub(r"\[/\S+\] ", "", " ".join(str(exc).split()))  # no build paths
+            return {"message": message, "wait_s": time.monotonic() - t0, "returned": returned}
+        returned += 1
+    return {"message": "", "wait_s": time.monotonic() - t0 if calls else 0.0,
+            "returned": returned}
 
 
 def skipped_collective(debug: str | None = None, world: int = 3, odd_rank: int = 2,
-                       wait_s: float = 1.0, timeout: float = 10.0) -> dict:
-    """Rank `odd_rank` skips one all_reduce (another branch); the others call it.
+                       wait_s: float = 1.0, timeout: float = 10.0, *, then: int = 0) -> dict:
+    """Rank `odd_rank` skips one all_reduce (another branch); the others call it. With `then`
+    > 0 every rank then calls `then` more all_reduces of the same shape, so the others' calls
+    meet the odd rank's one position off, and their last has no partner.
 
-    The all_reduce runs on a Gloo group whose timeout is `wait_s`. Plain Gloo: the others
+    The all_reduces run on a Gloo group whose timeout is `wait_s`. Plain Gloo: the others
     wait `wait_s` and raise a timeout of their own send or receive, naming no rank. With
     TORCH_DISTRIBUTED_DEBUG=DETAIL (`debug`) the process-group wrapper runs a monitored
     barrier (wait_all_ranks) before every collective, on a helper Gloo group with the same
-    timeout: rank 0's error names the ranks that did not arrive.
+    timeout: rank 0's error names the ranks that did not arrive. Whether DETAIL's signature
+    check notices the shift earlier is what `then` > 0 measures (`returned`).
 
-    Returns {"debug", "messages" (per rank; "" for the odd rank), "named_ranks" (ranks that
-    rank 0's message names as missing), "waits_s" (per rank), "wall_s"}.
+    Returns {"debug", "then", "messages" (per rank; "" for a rank that raised nothing),
+    "named_ranks" (ranks that rank 0's message names as missing), "waits_s" (per rank, of the
+    call that raised or the last one), "returned" (per rank, calls that returned without
+    error), "wall_s"}.
     """
     import time
 
+    if not (isinstance(then, int) and 0 <= then <= 10):
+        raise ValueError(f"then must be an int from 0 to 10, got {then!r}")
     t0 = time.monotonic()
     with Cluster(nodes=world, nic=None, timeout=timeout,
                  environ={"TORCH_DISTRIBUTED_DEBUG": debug or "OFF"}) as cl:
-        out = cl.run(_skipped_rank, odd_rank, wait_s)
+        out = cl.run(_skipped_rank, odd_rank, wait_s, then)
     found = re.search(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier", out[0]["message"])
     named = [int(r) for r in found[1].split(",") if r.strip()] if found else []
-    return {"debug": debug, "messages": [o["message"] for o in out], "named_ranks": named,
-            "waits_s": [o["wait_s"] for o in out], "wall_s": time.monotonic() - t0}
+    return {"debug": debug, "then": then, "messages": [o["message"] for o in out],
+            "named_ranks": named, "waits_s": [o["wait_s"] for o in out],
+            "returned": [o["returned"] for o in out], "wall_s": time.monotonic() - t0}
 
 
 def _swapped_rank(odd_rank):

@@ -229,6 +229,22 @@ def explain_skip(skip: dict, *, wait_s: float) -> None:
     assert all(r["waits_s"][0] >= 0.9 * wait_s for r in skip.values()), "bounded by the timeout"
 
 
+def explain_shifted(run: dict) -> None:
+    """The DETAIL run where rank 2 skipped the first of two same-shape all_reduces and called
+    the second (`divergence.skipped_collective(..., then=1)`): print what ranks 0 and 1 saw at
+    their first call (it met rank 2's second) and at their second (no partner), and assert it:
+    the shifted call passed DETAIL's checks and only the call with no partner was named."""
+    first_ok = all(r == 1 for r in run["returned"][:2])
+    print(f"DETAIL, rank 2 skipped the first of two same-shape all-reduces: ranks 0 and 1 "
+          f"returned from {min(run['returned'][:2])} of 2 calls; their first met rank 2's "
+          + ("second and passed DETAIL's checks (the sequence number did not catch the shift "
+             "on Gloo here); " if first_ok else "second and raised; ")
+          + f"their second, with no partner, raised after {run['waits_s'][0]:.1f} s naming rank "
+          f"{', '.join(map(str, run['named_ranks'])) or 'nobody'}.")
+    assert run["then"] == 1 and first_ok, run["messages"]
+    assert run["named_ranks"] == [2], run["messages"][0]
+
+
 def barrier_line(mb: dict, *, late_s: float) -> str:
     """The monitored-barrier run in words: when rank 0 raised (seconds in the barrier), how
     long the late rank was stuck, and rank 0's error."""
@@ -258,8 +274,8 @@ def detail_coverage() -> str:
         "| compared across ranks | not compared |\n|---|---|\n"
         "| the op | the reduction op (`SUM` against `MAX`) |\n"
         "| shapes, dtypes, device types | a broadcast's root (`src`) |\n"
-        "| the sequence number (each rank counts its own calls) | an all-to-all's split sizes "
-        "(only its op) |\n"
+        "| a sequence number (it did not catch a skipped same-shape call here: *Hangs*) "
+        "| an all-to-all's split sizes (only its op) |\n"
         "| | the shapes of `*_coalesced` ops "
         "and of uneven all-gathers and reduce-scatters (only their op) |\n"
         "| | `send` and `recv` |\n\n"
