@@ -818,9 +818,8 @@ RAILS_BOX = """
 <details><summary>Rails in NVIDIA's reference architecture and in NCCL (NCCL_CROSS_NIC, rail ids, PXN)</summary>
 
 NVIDIA's reference architecture has [[nvidia.rail_optimized_ra]], so its spine is not
-oversubscribed. [[nccl.cross_nic]] decides whether NCCL keeps a ring on one rail: by
-[[nccl.rail_id]], else the same NIC on every node (its trees keep the same NIC whatever the
-setting: `ncclTopoSearchCheckNet`, v2.30.7-1 src/graph/search.cc). With [[nccl.pxn]], NCCL reaches another
-rail over NVLink.
+oversubscribed. [[nccl.cross_nic]] decides whether NCCL keeps a graph (its rings' and trees' paths) on
+one rail: by [[nccl.rail_id]], else the same NIC on every node. With [[nccl.pxn]], NCCL
+reaches another rail over NVLink.
 </details>
 """  # noqa: E501 (the fold's one-line summary)
