@@ -89,13 +89,14 @@ def explain_sweep(st, methods) -> bool:
     return shown
 
 
-def verdict_word(st, m: str, q) -> str:
-    """`st.verdict(m, q)`, called "borderline" when the gain is beyond the noise band but
-    within twice it: the band is set by the typical spread, and one run per rate can sit
-    further off (a dot off its line, `off_line`)."""
+def verdict_word(st, m: str, q, *, words: dict | None = None) -> str:
+    """`st.verdict(m, q)` (named by `words`, e.g. `WORD`, if given), called "borderline" when
+    the gain is beyond the noise band but within twice it: the band is set by the typical
+    spread, and one run per rate can sit further off (a dot off its line, `off_line`)."""
     v = st.verdict(m, q)
-    return f"borderline {v}" if v != "cannot tell" and abs(st.gain(m, q)) <= 2 * st.band(m) \
-        else v
+    w = v if words is None else words[v]
+    return f"borderline {w}" if v != "cannot tell" and abs(st.gain(m, q)) <= 2 * st.band(m) \
+        else w
 
 
 def off_line(st, methods) -> dict:
@@ -569,11 +570,8 @@ def print_gains(st, methods) -> None:
           "beyond the method's noise band: "
           + ", ".join(f"{m} {st.band(m) * 1e3:.1f} ms" for m in methods) + ".")
     print(f"{'Mbit/s':>7}" + "".join(f"{m:>30}" for m in methods))
-    def word(m, q):  # borderline as in the sweep's verdicts (`verdict_word`)
-        w = WORD[st.verdict(m, q)]
-        return f"borderline {w}" if verdict_word(st, m, q).startswith("borderline") else w
-
     for q in st.rates:
-        print(f"{q:>7}" + "".join(f"{st.gain(m, q) * 1e3:>10.1f} ms {word(m, q):>17}"
+        print(f"{q:>7}" + "".join(f"{st.gain(m, q) * 1e3:>10.1f} ms "
+                                  f"{verdict_word(st, m, q, words=WORD):>17}"
                                   for m in methods))
     print("(borderline: beyond the noise band, but within twice it)")
