@@ -48,20 +48,24 @@ def explain_floor(plain, netem, *, predicted: float) -> None:
     p = netem.world_size
     a, b = plain.summary(), netem.summary()
     n_steps = netem.phases()["step"].shape[1]
+    # the NIC's delay, from the prediction's 2(p-1) rounds of one delay each
+    delay_ms = predicted / (2 * (p - 1)) * 1e3
+    net = f"{delay_ms:g} ms network"
     assert b["wait_s"] > 0.9 * predicted   # one bucket: nothing overlapped
     # the one-line message first, then the numbers behind it
     conclude(b["wait_s"] > a["wait_s"] and b["step_s"] > a["step_s"],
-             "the 5 ms network made the wait and the step longer than plain Gloo")
+             f"the {net} made the wait and the step longer than plain Gloo")
     print(f"Wait per step (median of {n_steps}): plain Gloo {ms(a['wait_s'])} (this host's floor), "
-          f"5 ms network {ms(b['wait_s'])}.")
-    print(f"Predicted for one ring all-reduce: {2 * (p - 1)} rounds x 5 ms = {ms(predicted)}.")
+          f"{net} {ms(b['wait_s'])}.")
+    print(f"Predicted for one ring all-reduce: {2 * (p - 1)} rounds x {delay_ms:g} ms = "
+          f"{ms(predicted)}.")
     assert netem.replicas_identical and plain.replicas_identical
     assert np.isclose(netem.ranks[0]["checksum"], plain.ranks[0]["checksum"], rtol=1e-6)
     print(f"All {p} replicas ended with identical parameters, their checksum (the parameters' "
           f"sum) equal to plain Gloo's run's to 6 significant digits.")
     expected, lag = max(a["wait_s"], predicted), netem.issue_lag()
     fold("Details: the steps, and what this host adds",
-         f"Step {ms(a['step_s'])} on plain Gloo, {ms(b['step_s'])} on the 5 ms network; "
+         f"Step {ms(a['step_s'])} on plain Gloo, {ms(b['step_s'])} on the {net}; "
          f"backward {ms(a['backward_s'])} and {ms(b['backward_s'])}. The emulator ends an "
          f"all-reduce at the later of this host's floor ({ms(a['wait_s'])}) and the network "
          f"({ms(predicted)}), so expect a wait of {ms(expected)}; it was {ms(b['wait_s'])}. It "
