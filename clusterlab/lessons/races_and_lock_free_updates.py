@@ -91,25 +91,17 @@ def explain_async_races(ar: dict, ar1: dict) -> None:
 
 # --- Hogwild-style updates ----------------------------------------------------------------------
 
-def time_slice_here() -> tuple[float | None, int | None]:
+def time_slice_here() -> float | None:
     """This kernel's default time slice in ms, by the ledger's linux.eevdf_base_slice (0.70 ms
     x (1 + ilog2 of the online CPUs, at most 8), Linux 6.15 and later; None on another
-    system or an older kernel), and its scheduler tick rate HZ from /proc/config.gz (None
-    when the kernel does not publish its configuration)."""
-    import gzip
+    system or an older kernel)."""
     import platform
     import re
 
     m = re.match(r"(\d+)\.(\d+)", platform.release())
-    slice_ms = None
     if platform.system() == "Linux" and m and (int(m[1]), int(m[2])) >= (6, 15):
-        slice_ms = 0.70 * (1 + int(np.log2(min(os.cpu_count() or 1, 8))))
-    try:
-        with gzip.open("/proc/config.gz", "rt") as f:
-            hz = re.search(r"^CONFIG_HZ=(\d+)$", f.read(), re.M)
-    except OSError:
-        hz = None
-    return slice_ms, int(hz[1]) if hz else None
+        return 0.70 * (1 + int(np.log2(min(os.cpu_count() or 1, 8))))
+    return None
 
 
 def plot_lost_updates(rep: dict, runs: dict) -> None:
@@ -219,7 +211,7 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
                "counted here): a worker descheduled between its read and its write-back "
                "erases, when it resumes, all the others wrote meanwhile."
                if net == "above" else "."))
-    slice_ms, _ = time_slice_here()
+    slice_ms = time_slice_here()
     here = "" if slice_ms is None else (
         f"; with this kernel's {os.cpu_count()} online CPUs (the count it scales by, which "
         f"can exceed the cores this notebook may use) {slice_ms:.1f} ms, about the stretch a "
@@ -296,34 +288,6 @@ def plot_convergence(runs: dict) -> None:
     ax1.set_title("Convergence")
     plt.tight_layout()
     plt.show()
-
-
-def survivor_prediction(writeback: dict, locked: dict, *, nnz: int) -> tuple[float, int, int]:
-    """If only the surviving updates count, the write-back run ends where the locked run was
-    after as many updates. Returns (surviving write-backs, lo, hi): the locked run reached the
-    write-back run's final loss between `lo` and `hi` updates (each loss sample carries the
-    update count read just before and after its copy)."""
-    survived = writeback["counted"] / nnz  # a surviving update left one increment on each
-    k = int(np.argmax(locked["curve_loss"] <= writeback["final_loss"]))  # first sample that low
-    assert k > 0
-    return survived, int(locked["curve_updates"][k - 1]), int(locked["curve_updates_after"][k])
-
-
-def prediction_miss(survived: float, lo: int, hi: int) -> float:
-    """How far `survived` lies outside the locked run's [lo, hi], as a share of it (0 inside)."""
-    return max(lo - survived, survived - hi, 0) / survived
-
-
-def prediction_sentence(survived: float, lo: int, hi: int, updates: int) -> str:
-    """Whether `survived` falls in the locked run's [lo, hi], within 5% of it (with the miss to
-    a tenth of a percent), or by how much it missed."""
-    miss = prediction_miss(survived, lo, hi)
-    head = "The prediction above (the loss of as many locked updates as survived) "
-    return ((head + "held" if miss == 0 else
-             head + f"held to within {miss:.1%}" if miss <= 0.05 else
-             head + f"missed by {miss:.0%}")
-            + f": {survived:,.0f} of {updates:,} dense write-backs survived, and the locked run "
-            f"reached the same loss after {lo:,}-{hi:,} updates.")
 
 
 def hit_chance(problem) -> float:
