@@ -711,7 +711,7 @@ def delayed_gd_stable_step(tau: int) -> float:
     On a quadratic with curvature λ, x_{t+1} = x_t - η λ x_{t-τ}. With a = ηλ the
     characteristic polynomial is z^(τ+1) - z^τ + a, and all its roots lie inside the unit
     circle exactly when 0 < a < 2 sin(π / (4τ + 2)). For τ = 0 this is the familiar a < 2;
-    for large τ it is about π/(2τ): staleness forces the learning rate down like 1/τ.
+    for large τ it is about π/(2τ+1): staleness forces the learning rate down like 1/τ.
 
     Source: Levin & May, "A note on difference-delay equations", Theoretical Population
     Biology 9(2), 1976 (stability of x_{t+1} = x_t - a x_{t-τ}); see also Kuruklis, J. Math.

@@ -407,7 +407,7 @@ def test_ignoring_curvature_is_rejected_by_the_hidden_check():
 
 def test_wrong_asymptote_and_mechanism_are_rejected():
     _rejects("stale_explain", {"large_tau_stable_lr": asymptote_pi_over_tau}, "large_tau",
-             "constant is wrong", "π/(2τ)")
+             "constant is wrong", "π/(2τ+1)")
     _rejects("stale_explain", {"staleness_mechanism": lambda: "A"}, "the mechanism",
              "no noise")
     _rejects("stale_explain", {"staleness_mechanism": lambda: "d"}, "the mechanism",

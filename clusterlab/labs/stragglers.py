@@ -911,7 +911,7 @@ WHY_NOT = {
          "still diverges above the limit. And the limit falls like 1/τ, not 1/√τ",
     "C": "the loss λx²/2 is the same convex quadratic for every τ; only the feedback is late",
     "D": "the stale gradient a·x_(t-τ) is not random: it points where x was τ steps ago. And "
-         "the limit falls like π/(2τ), not exponentially",
+         "the limit falls like π/(2τ+1), not exponentially",
 }
 
 
@@ -926,15 +926,15 @@ def _asymptote(ctx) -> str:
             raise Fail(f"large_tau_stable_lr({tau}) returned {v!r}: return a number") from None
     r = ratios[1000]
     if all(abs(ratios[t] - 1) < 2 / t for t in ratios):
-        return "≈ π/(2τ): " + ", ".join(f"τ={t}: {ratios[t]:.4f} x the exact limit"
+        return "≈ π/(2τ+1): " + ", ".join(f"τ={t}: {ratios[t]:.4f} x the exact limit"
                                          for t in ratios)
     if abs(ratios[50] / ratios[1000] - 1) > 0.1:
         raise Fail(f"large_tau_stable_lr(τ) / 2 sin(π/(4τ+2)) is {ratios[50]:.3g} at τ = 50 "
                    f"but {r:.3g} at τ = 1000: it does not fall like 1/τ. For small angles "
                    "sin x ≈ x")
     raise Fail(f"large_tau_stable_lr falls like 1/τ but is {r:.3g} x the exact limit at τ = "
-               f"1000: the constant is wrong. 2 sin(π/(4τ+2)) ≈ 2·π/(4τ) = π/(2τ) for large "
-               "τ")
+               f"1000: the constant is wrong. 2 sin(π/(4τ+2)) ≈ 2·π/(4τ+2) = π/(2τ+1) for "
+               "large τ (sin x ≈ x for small x)")
 
 
 def _mechanism(ctx) -> str:
