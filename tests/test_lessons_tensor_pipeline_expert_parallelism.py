@@ -44,8 +44,9 @@ def test_pipeline_growth_in_hops_as_a_sentence_with_the_table_in_the_appendix(mo
                         "(1F1B), medians of 7 steps: 1F1B paid more.")
     # r21: one sentence on the main path, the table (with the prediction) in the appendix
     assert lines[2] == ("In hops of 9.9 ms (the rough network's delay minus the calm one's): "
-                        "GPipe paid about 8 hops of delay per step, 1F1B about 16: 1F1B waits "
-                        "mid-step too, GPipe only while the pipeline fills and drains (the "
+                        "GPipe's step grew by about 8 hops' worth (delay and jitter), 1F1B's "
+                        "by about 16: 1F1B waits mid-step too, GPipe only while the pipeline "
+                        "fills and drains (the "
                         "prediction and a jitter-free replay: appendix).")
     assert lines[3].startswith("Bubble on the calm network")
     assert "59.4 ms" not in "\n".join(lines) and "fill/drain" not in "\n".join(lines)

@@ -237,8 +237,8 @@ def explain_shifted(run: dict) -> None:
     first_ok = all(r == 1 for r in run["returned"][:2])
     print(f"DETAIL, rank 2 skipped the first of two same-shape all-reduces: ranks 0 and 1 "
           f"returned from {min(run['returned'][:2])} of 2 calls; their first met rank 2's "
-          + ("second and passed DETAIL's checks (the sequence number did not catch the shift "
-             "on Gloo here); " if first_ok else "second and raised; ")
+          + ("second and passed DETAIL's checks (the sequence number cannot catch the shift: "
+             "each rank numbers its own calls); " if first_ok else "second and raised; ")
           + f"their second, with no partner, raised after {run['waits_s'][0]:.1f} s naming rank "
           f"{', '.join(map(str, run['named_ranks'])) or 'nobody'}.")
     assert run["then"] == 1 and first_ok, run["messages"]
@@ -274,7 +274,8 @@ def detail_coverage() -> str:
         "| compared across ranks | not compared |\n|---|---|\n"
         "| the op | the reduction op (`SUM` against `MAX`) |\n"
         "| shapes, dtypes, device types | a broadcast's root (`src`) |\n"
-        "| a sequence number (it did not catch a skipped same-shape call here: *Hangs*) "
+        "| a sequence number (each rank counts its own calls, so a skipped call leaves them "
+        "equal: *Hangs*) "
         "| an all-to-all's split sizes (only its op) |\n"
         "| | the shapes of `*_coalesced` ops "
         "and of uneven all-gathers and reduce-scatters (only their op) |\n"

@@ -302,6 +302,10 @@ def explain_runs(runs, *, show_details: bool, dilation: int) -> None:
     assert plain["loss"] == impaired["loss"]
 
 
+# NCCL's network plugin API: how networks other than InfiniBand/RoCE verbs and sockets plug in
+NET_PLUGINS = "https://github.com/NVIDIA/nccl/blob/v2.30.7-1/plugins/net/README.md"
+
+
 def real_cluster_text(*, alpha: float, rate_Bps: float, alpha_nccl: float, nic_Bps: float,
                       first_bucket: float) -> str:
     """The "On a real GPU cluster" bullets as a `facts.show` template: bandwidth and transport
@@ -322,11 +326,11 @@ def real_cluster_text(*, alpha: float, rate_Bps: float, alpha_nccl: float, nic_B
   ([[nvidia.h100_nvlink_bw_per_direction]] per direction). So there the bandwidth term of this
   step would be small; the per-round latency remains, and it matters for small buckets
   (notebook 01).
-- **Transport.** NCCL over InfiniBand or RoCE (the two fabrics that carry RDMA between nodes)
-  uses RDMA, remote direct memory access: the NIC runs
-  the transport ([[rdma.kernel_bypass]] between registered buffers, into which NCCL copies the
-  user's data unless that buffer is registered too), without the system calls and
-  socket copies of Gloo over TCP.
+- **Transport.** NCCL over InfiniBand or RoCE (the fabrics of its built-in InfiniBand-verbs
+  transport; other networks come through [network plugins]({NET_PLUGINS})) uses RDMA, remote
+  direct memory access: the NIC runs the transport ([[rdma.kernel_bypass]] between registered
+  buffers, into which NCCL copies the user's data unless that buffer is registered too),
+  without the system calls and socket copies of Gloo over TCP.
 
 <details><summary>How small is too small on a real cluster? (needs notebook 01)</summary>
 

@@ -379,7 +379,8 @@ def show_loss_recovery() -> None:
 ON_A_REAL_GPU_CLUSTER = '''
 - **InfiniBand does not drop for lack of buffer:** a sender transmits only when the next hop
   has granted buffer space ([[infiniband.credit_flow_control]]).
-- **RoCE (RDMA over Ethernet) is kept nearly lossless by PFC, at a cost:** a switch whose
+- **RoCE (RDMA over Ethernet) is usually kept nearly lossless by PFC, at a cost** (some
+  fabrics run it lossy: fold): a switch whose
   ingress queue for one traffic class passes a threshold pauses that class upstream
   ([[ieee.pfc_8021qbb]]); at scale that brings failures of its own ([[paper.guo_rdma_2016]]).
 - **A lost last packet on InfiniBand (rare, see above) nominally costs seconds, not TCP's

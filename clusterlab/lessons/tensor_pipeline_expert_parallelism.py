@@ -327,10 +327,10 @@ def explain_pipeline(pipe: list[dict], *, calm: str, rough: str,
                      "1f1b": f"{2 * (p - 1) * m // p} + fill/drain"}
         # One sentence on the main path; the table with the prediction goes to the appendix.
         print(f"In hops of {ms(hop)} (the rough network's delay minus the calm one's): "
-              f"GPipe paid about {g['gpipe'] / hop:.0f} hops of delay per "
-              f"step, 1F1B about {g['1f1b'] / hop:.0f}: 1F1B waits mid-step too, GPipe only "
-              "while the pipeline fills and drains (the prediction and a jitter-free replay: "
-              "appendix).")
+              f"GPipe's step grew by about {g['gpipe'] / hop:.0f} hops' worth (delay and "
+              f"jitter), 1F1B's by about {g['1f1b'] / hop:.0f}: 1F1B waits mid-step too, "
+              "GPipe only while the pipeline fills and drains (the prediction and a jitter-free "
+              "replay: appendix).")
         rows = [f"{'hops of ' + ms(hop):16s}{'predicted':>18s}{'replay, delay alone':>22s}"
                 f"{'measured':>10s}"]
         rows += [f"{names[s]:16s}{predicted[s]:>18s}{split[s]['delay'] / hop:>22.0f}"
