@@ -132,8 +132,8 @@ def _toy_notebook(cells) -> nbformat.NotebookNode:
 
 SOLVED_ADD = '''def add(a, b):
     """Return a + b."""
-    ### BEGIN SOLUTION
     # TASK: return the sum of a and b
+    ### BEGIN SOLUTION
     total = a + b  # the secret
     return total
     ### END SOLUTION'''
@@ -154,6 +154,12 @@ def test_builder_turns_solution_blocks_into_todos_and_marks_graded_cells(toy):
     assert "Because." not in md.source and "_Your answer here._" in md.source
     assert "the secret" not in code.source and "return total" not in code.source
     assert "    # TODO: return the sum of a and b" in code.source
+    # a task line inside the block would vanish under nbgrader's generate_assignment
+    inside = nbformat.v4.new_code_cell(SOLVED_ADD.replace(
+        "    # TASK: return the sum of a and b\n    ### BEGIN SOLUTION\n",
+        "    ### BEGIN SOLUTION\n    # TASK: return the sum of a and b\n"))
+    with pytest.raises(ValueError, match="TASK.*inside the solution block"):
+        to_lab(_toy_notebook([inside]), "99_toy")
     assert code.source.rstrip().endswith('    raise NotImplementedError("add is not written yet")')
     assert code.outputs == [] and nb.cells[1].outputs  # the solution keeps its outputs
     assert code.metadata["nbgrader"]["solution"] is True

@@ -3,8 +3,9 @@
 Conventions (nbgrader's, so an instructor can also use nbgrader on solutions/):
 
 - In a code cell, the lines between `### BEGIN SOLUTION` and `### END SOLUTION` are the
-  answer. In the lab they become the block's `# TASK:` comment lines, rewritten as
-  `# TODO:`, followed by `raise NotImplementedError(...)` at the block's indentation.
+  answer. In the lab they become `raise NotImplementedError(...)` at the block's
+  indentation. The instructions are `# TASK:` comment lines just above the block, outside
+  it (so nbgrader's generate_assignment keeps them); the lab shows them as `# TODO:`.
 - In a markdown cell, the block becomes "_Your answer here._".
 - A code cell that calls `check("exercise")` is a graded cell; its points are the
   exercise's points in `clusterlab.labs` (the registry is the single source of points).
@@ -65,20 +66,29 @@ def _enclosing(lines: list[str], begin: int) -> str | None:
     return ".".join(reversed(names)) or None
 
 
+def _todo(line: str) -> str:
+    """A `# TASK:` line as the lab shows it (`# TODO:`); any other line unchanged."""
+    m = TASK.match(line)
+    return f"{m.group(1)}# TODO: {m.group(2)}" if m else line
+
+
 def _strip_code(source: str, cell_id: str, where: str) -> str:
     lines = source.split("\n")
     blocks = _blocks(lines, where)
     out, last = [], 0
     for begin, end in blocks:
-        out += lines[last:begin]
+        # The task lines sit just above the block, outside it, so that nbgrader's
+        # generate_assignment, which replaces the block, keeps them too.
+        out += [_todo(x) for x in lines[last:begin]]
+        if any(TASK.match(x) for x in lines[begin + 1 : end]):
+            raise ValueError(f"{where}: a '# TASK:' line inside the solution block at line "
+                             f"{begin + 1}: put it above '{BEGIN}' (nbgrader deletes the block)")
         indent = re.match(r"\s*", lines[begin]).group(0)
-        tasks = [TASK.match(x) for x in lines[begin + 1 : end]]
-        out += [f"{m.group(1)}# TODO: {m.group(2)}" for m in tasks if m]
         name = _enclosing(lines, begin)
         todo = f"{name} is not written yet" if name else f"cell {cell_id}: your code here"
         out.append(f'{indent}raise NotImplementedError("{todo}")')
         last = end + 1
-    out += lines[last:]
+    out += [_todo(x) for x in lines[last:]]
     return "\n".join(out)
 
 
