@@ -83,6 +83,30 @@ def test_explain_predictability_checks_that_the_tail_spreads_less_relatively_mor
         pm.explain_predictability(pred, calm_nic="calm", rough_nic="rough")
 
 
+
+def test_chains_or_coupled_couples_the_ranks_only_in_the_coupled_rule():
+    # no jitter: both rules give compute + 2(N-1) x delay exactly
+    flat = pm.chains_or_coupled("delay 1ms", 8, compute_s=0.02, draws=4)
+    assert flat["chains_s"] == pytest.approx(0.02 + 14e-3)
+    assert flat["coupled_s"] == pytest.approx(0.02 + 14e-3)
+    # heavy jitter on many rounds: waiting also for the rank's own previous round costs more
+    rough = pm.chains_or_coupled("delay 8ms 9ms distribution pareto", 64, compute_s=0.02,
+                                 draws=20)
+    assert rough["coupled_s"] > 1.2 * rough["chains_s"]
+
+
+def test_predictability_sentence_names_the_coupling_only_when_given():
+    pred = _pred(0.034)
+    plain = pm.predictability_sentence(pred, calm_nic="calm", rough_nic="rough")
+    assert "No run here separates why (a hypothesis" in plain
+    shown = pm.predictability_sentence(
+        pred, calm_nic="calm", rough_nic="rough",
+        coupling={"nodes": 16, "draws": 200, "chains_s": 0.033, "coupled_s": 0.039})
+    # over the simulator's calm median on 16 nodes, 0.030 s
+    assert "independent chains of 30 hops give ×1.10 on 16 nodes" in shown
+    assert "as the simulator does, gives ×1.30" in shown
+    assert "hypothesis" not in shown
+
 # --- 04b: mitigations and hierarchy -----------------------------------------------------------
 
 
@@ -621,7 +645,13 @@ def test_row_three_sentence_reads_the_slow_worker_row_against_the_first():
     text = ss.row_three_sentence(fix)
     assert text.startswith("Read *plain, slow worker*: mean τ 3.0, against 3.0 for *plain (4 "
                            "equal)*, yet it fell overall")
-    assert "max τ 27 against 9" in text and "not a rule" in text
+    assert "max τ 27 against 9)" in text and "not a rule" in text
+    assert ("Our reading, not tested here: the fixed-delay limit assumes one τ for every "
+            "gradient, and this mix of small and large τ happened not to diverge, so mean τ "
+            "alone does not decide stability") in text
+    fix["plain, slow worker"]["worker"] = np.array([1, 1, 1, 4])
+    assert ("max τ 27 against 9; the slow worker's 1 updates at mean τ 27.0, the others' 3 at "
+            "-5.0)") in ss.row_three_sentence(fix)
     assert "with large swings over its last third (up to 6.6e-01, final 8.5e-06)" in text
     assert text.endswith("below it is SSP's baseline (the same slow worker, no bound).")
     fix["plain, slow worker"] = _ps_run([0, 0, -15, 27], 9.0)

@@ -18,6 +18,9 @@ from clusterlab import facts
 from clusterlab.experiments import jitter_at_scale
 from clusterlab.experiments.common import conclude
 from clusterlab.lessons.show import fold, ms, say
+from clusterlab.link import delay_values_ns
+from clusterlab.netem import Netem
+from clusterlab.wire import segment_count
 
 _COLORS = ("#4C72B0", "#C44E52")
 
@@ -90,7 +93,31 @@ def plot_predictability(pred: dict, *, calm_nic: str, rough_nic: str) -> None:
     plt.show()
 
 
-def predictability_sentence(pred: dict, *, calm_nic: str, rough_nic: str) -> str:
+def chains_or_coupled(nic: str, nodes: int, *, compute_s: float, nbytes: int = 1 << 16,
+                      draws: int = 200, seed: int = 0) -> dict:
+    """The median step (s) of a bare model of one synchronous step, compute_s then a ring
+    all-reduce of `nbytes` on `nodes` with netem's delays for `nic`, under two rules on the
+    SAME draws: "chains", each chunk's 2(N−1) message delays summed independently and the step
+    ending with the slowest of the N sums; "coupled", the simulator's rule, in which a rank
+    goes on to round s + 1 only once its own round s is done and the chunk from its left has
+    arrived, T(j, s+1) = max(T(j, s), T(j−1, s) + D) (docs/models.md, "A ring under jitter").
+    A message waits for the last of its segments. A fraction of a second at 256 nodes."""
+    table = delay_values_ns(Netem.parse(nic)).astype(float) / 1e9
+    k = segment_count(-(-nbytes // nodes))
+    rng = np.random.default_rng(seed)
+    chains = np.zeros((draws, nodes))
+    coupled = np.zeros((draws, nodes))
+    for _ in range(2 * (nodes - 1)):
+        d = table[rng.integers(0, len(table), size=(draws, nodes, k))].max(axis=2)
+        chains = np.roll(chains, 1, axis=1) + d          # chunk from j − 1 moves on to j
+        coupled = np.maximum(coupled, np.roll(coupled, 1, axis=1) + d)
+    return {"nodes": nodes, "draws": draws,
+            "chains_s": compute_s + float(np.median(chains.max(axis=1))),
+            "coupled_s": compute_s + float(np.median(coupled.max(axis=1)))}
+
+
+def predictability_sentence(pred: dict, *, calm_nic: str, rough_nic: str,
+                            coupling: dict | None = None) -> str:
     """The measured shift of the median and the p90 on 4 ranks (and whether the p90 moved more
     beyond both intervals), then the simulated p99 / p50 and p99 − p50 on 4 nodes and on the
     largest simulated count."""
@@ -122,25 +149,51 @@ def predictability_sentence(pred: dict, *, calm_nic: str, rough_nic: str) -> str
         "more."
         + (f" The jittery median stays above the calm one at every simulated scale from 4 nodes (×"
         f"{q(sim_r[4], 'p50') / q(sim_c[4], 'p50'):.2f} on 4 nodes, ×"
-        f"{q(sim_r[big], 'p50') / q(sim_c[big], 'p50'):.2f} on {big}). Our reading: waiting "
-        "for the slowest each round does not average out, only the *relative* spread shrinks "
-        "(with independent per-message draws; no run here isolates the mechanism)."
+        f"{q(sim_r[big], 'p50') / q(sim_c[big], 'p50'):.2f} on {big}). "
+        + (coupling_sentence(coupling, q(sim_c[big], "p50")) if coupling else
+           "No run here separates why (a hypothesis: each rank takes its rounds in order, "
+           "which couples the chains).")
            if above else "")
         + " Rare, long events shared by many ranks would not average out like this "
         "(*On a real GPU cluster*).")
 
 
-def explain_predictability(pred: dict, *, calm_nic: str, rough_nic: str) -> None:
+def coupling_sentence(coupling: dict, calm_p50_s: float) -> str:
+    """Why the jittery median stays up at scale, from `chains_or_coupled` on the same draws,
+    each model's median over the simulator's calm median."""
+    n = coupling["nodes"]
+    return (f"Why: in a bare model of the step ({coupling['draws']} steps, one set of draws "
+            f"for both rules), independent chains of {2 * (n - 1)} hops give ×"
+            f"{coupling['chains_s'] / calm_p50_s:.2f} on {n} nodes; letting each rank also wait "
+            "for its own previous round, as the simulator does, gives ×"
+            f"{coupling['coupled_s'] / calm_p50_s:.2f}. That coupling keeps the median up; "
+            "only the *relative* spread shrinks.")
+
+
+def explain_predictability(pred: dict, *, calm_nic: str, rough_nic: str,
+                           compute_s: float | None = None, nbytes: int = 1 << 16) -> None:
     """Says what the predictability run showed (`predictability_sentence`), states whether the
     tail moved the measured median beyond both intervals, and checks what the simulator's 400
     steps must resolve: the tail moved p99 more than p50, raised the median at scale, and
-    spread the step relatively less but absolutely more on more nodes."""
+    spread the step relatively less but absolutely more on more nodes. Given the run's
+    `compute_s` (and `nbytes`), it also runs `chains_or_coupled` at the largest simulated
+    count and says which rule reproduces the simulator's median."""
     calm, rough = pred["real"][calm_nic], pred["real"][rough_nic]
     sim_r = {r["nodes"]: r for r in pred["sim"][rough_nic]}
     sim_c = {r["nodes"]: r for r in pred["sim"][calm_nic]}
     big = max(sim_r)
     sim_more = moved_more(sim_c[4]["ci"], sim_r[4]["ci"], "p99", "p50")
-    say(predictability_sentence(pred, calm_nic=calm_nic, rough_nic=rough_nic))
+    coupling = (None if compute_s is None else
+                chains_or_coupled(rough_nic, big, compute_s=compute_s, nbytes=nbytes))
+    if coupling is not None:
+        # said only if the coupled rule lands near the simulator and the chains do not
+        sim_ratio = q(sim_r[big], "p50") / q(sim_c[big], "p50")
+        near = abs(coupling["coupled_s"] / q(sim_c[big], "p50") - sim_ratio)
+        far = abs(coupling["chains_s"] / q(sim_c[big], "p50") - sim_ratio)
+        if not near < 0.1 < far:
+            coupling = None
+    say(predictability_sentence(pred, calm_nic=calm_nic, rough_nic=rough_nic,
+                                coupling=coupling))
     p50c, p50r = calm["ci"]["p50"], rough["ci"]["p50"]
     conclude(p50r[1] > p50c[2],
              "at the same mean delay, the jitter moved the median step (intervals apart)")
