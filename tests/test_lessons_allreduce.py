@@ -449,8 +449,10 @@ def test_hierarchy_order_only_past_the_staggered_start():
         "Their replays differ by 17.0 ms: the model's order and gap.")
     assert hb.hierarchy_order(dict(hl, replay=0.170), hr).endswith(
         "the order is this machine's, not the model's.")
-    assert "the medians differ by less than the ranks' staggered start (5.0 ms)" in (
-        hb.hierarchy_order(*pair(0.234, 0.005)))  # medians 2 ms apart
+    assert hb.hierarchy_order(*pair(0.234, 0.005)) == (  # medians 2 ms apart: both printed
+        "Leader-based against rails at 4 MiB: the best runs differ by 10.0 ms, the medians by "
+        "2.0 ms; the medians differ by less than the ranks' staggered start (5.0 ms).\nA run "
+        "orders two schemes only when both exceed it, so this run does not order them.")
     assert hb.hierarchy_order(*pair(0.228, 0.001)).endswith(
         "name different winners,\nso this run does not order them.")
 
@@ -475,6 +477,8 @@ def test_explain_hierarchy_verdict_and_the_4_kib_order(verdicts, capsys):
     hb.explain_small_hierarchy(hier_rows())
     out = capsys.readouterr().out
     assert "Both hierarchies beat the flat ring by more than the staggered start (1.0 ms)" in out
+    assert "4 KiB, best (median) of " in out  # the medians the rule also uses, beside the bests
+    assert "a pair is ordered only when its best runs and its medians both differ" in out
     assert out.rstrip().endswith("flat ring 16.0 ms.")  # the replays, no pointer to itself
     hb.explain_hierarchy(hier_rows(hl_large=0.300, small_hier=0.030), alpha=ALPHA, beta=BETA)
     assert verdicts[-1][0] is False  # the leader-based scheme was slower than the flat ring
@@ -634,14 +638,19 @@ def test_gpu_cluster_template_names_this_runs_ratio():
 
     text = hb.gpu_cluster_template(intra_over_nic=50)
     assert "the intra-node link was 50x the NIC" in text
-    assert "(on 2 DGX nodes it is about 9x, p = 16) or if the phases overlap" in text
+    # the worked numbers on the main path: the NIC bytes the rails save against the NVLink
+    # time they add
+    assert ("on 2 DGX nodes (p = 16) each NIC carries 0.234 n. The rails cut\n  that to "
+            "0.125 n") in text
+    assert ("add NVLink time equal to 0.194 n through a NIC (NVLink\n  is about 9x a NIC), "
+            "more than they save") in text
     # the plain rule leads; the numbers are in the fold
     assert text.lstrip().startswith("- **A DGX H100 node** has one NIC per GPU")
     # a bytes-only result, said so; the NVLink-over-NIC numbers are in the fold
     main = text.split("<details>")[0]
     assert "a flat ring's bytes are already split over\n  the node's NICs" in main
-    assert "by bytes alone that pays only if NVLink is more than p times a NIC" in main
-    assert "Its gain there is latency (self-check 2)" in main
+    assert "So by bytes alone a hierarchy pays\n  only if NVLink is more than p times a NIC" in main
+    assert "Its gain\n  there is latency (self-check 2)" in main
     assert "r ≈ 7.4" in text.split("<details>")[1]
     body, fold = text.split("<details>")
     assert "1.36x" not in body and "0.83x the flat ring's time: faster" in fold

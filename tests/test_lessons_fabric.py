@@ -353,13 +353,15 @@ def test_explain_oversubscribed_says_why_the_tree_stays_under_2x(capsys, closed)
     ob.explain_oversubscribed(rows, ob.median_ratios(rows), closed, real, mtu=1500, repeats=3)
     out = capsys.readouterr().out
     assert "tree, farthest first     299.6 ms ->  538.0 ms  1.80x | 1.91x" in out
-    # the verdict right under the table; the reasons are the appendix's (tree_gap_lines)
+    # under the table: the ring's rise is the segments', then the verdict; the tree's reasons
+    # are the appendix's (tree_gap_lines)
     lines = out.splitlines()
-    assert lines[4].startswith("Shown on this run: oversubscription slowed the farthest-first")
+    assert lines[4] == ("The ring's rise in this run is the emulator's 64 KiB segments (closed "
+                        "form 1.18x); with real 1500 B frames it is 1.00x (appendix).")
+    assert lines[5].startswith("Shown on this run: oversubscription slowed the farthest-first")
     assert out.count("Shown on this run: oversubscription slowed the farthest-first tree") == 1
-    assert "In the appendix: the ring's 1.18x is the emulator's large segments" in out
-    assert "the closed form gives 1.00x" in out
-    assert "tree's 1.80x against its closed form's 1.91x" in out
+    assert ("In the appendix: where the farthest-first tree's 1.80x against its closed "
+            "form's 1.91x") in out
     assert "(over 1.4x between medians of only 3 runs on this machine, a rough ratio)" in out
 
 
@@ -367,9 +369,10 @@ def test_print_closed_forms_says_which_column_to_carry_forward(capsys, closed):
     real = {c: 2.0 if c in ("tree, farthest first", "all-to-all") else 1.0 for c, *_ in CASES}
     ob.print_closed_forms(closed, real, cases=CASES, mtu=1500)
     out = capsys.readouterr().out
-    assert "real 1500 B frames" not in out and "1500 B frames |" in out
-    assert ("The lesson is the 1500 B column (ring 1.00x, farthest-first tree 2.00x). The "
-            "runs below check the right-hand column,") in out
+    # the main path shows only the real frames' ratios; the segments' sit beside the runs
+    assert out.splitlines()[0] == ("closed form, 512 KiB per node in real 1500 B frames: time "
+                                   "at o = 4 / time at o = 1")
+    assert "  tree, farthest first    2.00x" in out and "segments" not in out
 
 
 def test_nccl_tree_line_says_both_numbers_are_arithmetic(capsys):

@@ -110,6 +110,22 @@ def test_the_one_leaf_label_sits_at_the_top():
     plt.close("all")
 
 
+def test_the_legend_says_when_a_1_to_1_curve_hides_under_its_4_to_1_curve():
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from clusterlab.widgets import fabric as fw
+
+    n = len(fw.NODES)
+    curves = {("ring", 1): np.linspace(0.9, 0.87, n), ("ring", 4): np.linspace(0.9, 0.87, n),
+              ("tree", 1): np.linspace(0.8, 0.6, n), ("tree", 4): np.linspace(0.8, 0.45, n)}
+    labels = ob.plot_efficiency(curves).get_legend_handles_labels()[1]
+    assert "ring, ordered by leaf, 1:1 (hidden under 4:1: the same)" in labels
+    assert "tree, farthest first, 1:1" in labels  # apart from its 4:1 curve: no note
+    plt.close("all")
+
+
 def test_the_tables_name_their_statistics(capsys):
     closed = {(c, o): 1.0 for c in ("ring", "tree, farthest first", "tree, neighbours first",
                                      "all-to-all") for o in (1, 4)}
@@ -117,11 +133,9 @@ def test_the_tables_name_their_statistics(capsys):
             "all-to-all": 2.25}
     ob.print_closed_forms(closed, real, cases=[(c,) for c in real], mtu=1500)
     out = capsys.readouterr().out
-    # the real frames' ratio first (the lesson), the emulator's segments as what the runs check
-    assert "64 KiB segments (this emulator: what the runs below check)" in out
-    assert "  ring                                 1.01x | 1.00x" in out
-    assert "The lesson is the 1500 B column (ring 1.01x, farthest-first tree" in out
-    assert "large segments add the ring's rise (appendix)" in out
+    # only the real frames' ratios (the lesson); the emulator's segments sit beside the runs
+    assert "in real 1500 B frames: time at o = 4 / time at o = 1" in out
+    assert "  ring                    1.01x" in out and "segments" not in out
     rounds = [{"peak": p, "best": m, "median": m, "times": [m, m, m], "model": m}
               for p, m in ((1, 0.0587), (2, 0.1007), (3, 0.1427))]
     ob.explain_ecmp_rounds(rounds)

@@ -108,8 +108,10 @@ def hierarchy_order(hl: dict, hr: dict) -> str:
         return ("Leader-based against rails at 4 MiB: the best runs and the medians name "
                 "different winners,\nso this run does not order them.")
     if not order:
-        return (f"Leader-based against rails at 4 MiB: the {why} differ by less than the ranks' "
-                f"staggered start ({ms(stagger)}),\nso this run does not order them.")
+        return (f"Leader-based against rails at 4 MiB: the best runs differ by "
+                f"{ms(abs(d_best))}, the medians by {ms(abs(d_median))}; the {why} differ by "
+                f"less than the ranks' staggered start ({ms(stagger)}).\nA run orders two "
+                "schemes only when both exceed it, so this run does not order them.")
     faster, slower = ("Rails", "leader-based") if order > 0 else ("Leader-based", "rails")
     d_replay = (hl["replay"] - hr["replay"]) * order  # > 0: the replays agree on the winner
     line = (f"{faster} beat {slower} at 4 MiB by {ms(abs(d_best))} (medians of "
@@ -199,8 +201,12 @@ def explain_small_hierarchy(hier: Sequence[dict]) -> None:
     else:
         print("At 4 KiB this run cannot separate the schemes by more than their replays do: "
               "the differences are inside the noise.")
-    print(f"4 KiB, best of {len(small[0]['times'])}: leader-based {ms(small[0]['measured'])}, "
-          f"rails {ms(small[1]['measured'])}, flat ring {ms(small[2]['measured'])}.")
+    print(f"4 KiB, best (median) of {len(small[0]['times'])}: leader-based "
+          f"{ms(small[0]['measured'])} ({ms(small[0]['median'])}), rails "
+          f"{ms(small[1]['measured'])} ({ms(small[1]['median'])}), flat ring "
+          f"{ms(small[2]['measured'])} ({ms(small[2]['median'])}).\nAs at 4 MiB, a pair "
+          "is ordered only when its best runs and its medians both differ by more than the "
+          "staggered start.")
     print(small_order(small).replace(" (every run: appendix)", ""))
 
 
@@ -443,14 +449,18 @@ def gpu_cluster_template(*, intra_over_nic: float) -> str:
     hier, flat = striped_times(2, nics, nvlink / nic)
     r = nvlink / nic  # the rails' two phases in units of n beta_NIC, to overlap them
     overlapped = max(2 * (nics - 1) / nics / r, 2 * (2 - 1) / 2 / nics)
+    nvlink_part, nic_part = 2 * (nics - 1) / nics / r, 1 / nics  # the rails' two phases
+    nic_flat = 2 * (2 * nics - 1) / (2 * nics) / nics  # the flat ring's bytes per NIC
+    assert nvlink_part > nic_flat - nic_part  # NVLink time added > NIC time saved
     assert hier > flat and nvlink / nic < 2 * nics  # NVLink is not over p = 2 P times the NIC
     return f"""
 - **A DGX H100 node** has one NIC per GPU, so a flat ring's bytes are already split over
-  the node's NICs and little NIC traffic is left to save. A hierarchy spends extra NVLink
-  time to save it: by bytes alone that pays only if NVLink is more than p times a NIC
-  (on 2 DGX nodes it is about {nvlink / nic:.0f}x, p = {2 * nics}) or if the phases overlap
-  (fold below). Its gain there is latency (self-check 2). Here it won because a node's
-  processes shared one NIC and the intra-node link was {intra_over_nic:.0f}x the NIC.
+  the node's NICs: on 2 DGX nodes (p = {2 * nics}) each NIC carries {nic_flat:.3f} n. The rails cut
+  that to {nic_part:.3f} n but add NVLink time equal to {nvlink_part:.3f} n through a NIC (NVLink
+  is about {nvlink / nic:.0f}x a NIC), more than they save. So by bytes alone a hierarchy pays
+  only if NVLink is more than p times a NIC or if the phases overlap (fold below). Its gain
+  there is latency (self-check 2). Here it won because a node's processes shared one NIC and
+  the intra-node link was {intra_over_nic:.0f}x the NIC.
 - **busbw**: nccl-tests applies [[nccl.busbw_factor_every_algorithm]] (its n is the rank
   count, this notebook's p). The factor is a ring's traffic per link; NCCL's tree and
   in-network algorithms move other amounts, and their busbw can exceed what the link

@@ -89,18 +89,15 @@ def closed_form(o: float, algorithm: str, order: Sequence[int] | None, *,
 
 
 def print_closed_forms(closed: dict, real: dict, *, cases: Sequence[tuple], mtu: int) -> None:
-    """Print the closed form's slowdown from o = 1 to o = 4 per case with the emulator's
-    segments, what the runs check (`closed`: (case, o) -> time), then one line on the ring
-    with real `mtu`-byte frames (`real`: case -> that ratio; the other cases': the appendix),
-    and check that only the farthest-first tree and the all-to-all slow with real frames."""
-    print(f"closed form, {NBYTES // KiB} KiB per node: time at o = 4 / time at o = 1")
-    print(f"  {'':<23} {str(mtu) + ' B frames':>18} | {SEGMENT_BYTES // KiB} KiB "
-          f"segments (this emulator: what the runs below check)")
+    """Print the closed form's slowdown from o = 1 to o = 4 per case with real `mtu`-byte
+    frames (`real`: case -> that ratio), the lesson; the emulator's segments (`closed`: (case,
+    o) -> time), what the runs check, sit beside the runs (`explain_oversubscribed`) and in
+    the appendix. Check that only the farthest-first tree and the all-to-all slow with real
+    frames."""
+    print(f"closed form, {NBYTES // KiB} KiB per node in real {mtu} B frames: "
+          f"time at o = 4 / time at o = 1")
     for c, *_ in cases:
-        print(f"  {c:<23} {real[c]:>17.2f}x | {closed[c, 4] / closed[c, 1]:.2f}x")
-    print(f"The lesson is the {mtu} B column (ring {real['ring']:.2f}x, farthest-first tree "
-          f"{real['tree, farthest first']:.2f}x). The runs below check the right-hand column,\n"
-          f"where the emulator's large segments add the ring's rise (appendix).")
+        print(f"  {c:<23} {real[c]:.2f}x")
     assert real["ring"] < 1.05 and real["tree, neighbours first"] < 1.05
     assert real["tree, farthest first"] > 1.5 and real["all-to-all"] > 1.5
 
@@ -181,22 +178,25 @@ def explain_oversubscribed(over: Sequence[dict], med: dict[str, float], closed: 
                            real: dict, *, mtu: int, repeats: int) -> None:
     """Print each algorithm's medians at o = 1 and o = 4 against the closed form (`over`:
     `ex.oversubscribed` rows, `med`: `median_ratios`, `closed`/`real` as in
-    `print_closed_forms`), the verdict right under the table, then one line on what the
-    appendix explains: the ring's extra time (large segments; `real`'s ratio with `mtu` B
-    frames) and the farthest-first tree's gap to its closed form (`tree_gap_lines`)."""
+    `print_closed_forms`); under the table one line saying the ring's rise is the emulator's
+    segments (`real`'s ratio with `mtu` B frames beside it), the verdict, then a pointer to
+    the appendix on the farthest-first tree's gap to its closed form (`tree_gap_lines`)."""
     median = {(r["algorithm"], r["oversubscription"]): r["median"] for r in over}
-    print(f"median of {repeats} runs, o = 1 -> o = 4          | closed form, emulator segments")
+    seg = SEGMENT_BYTES // KiB
+    print(f"median of {repeats} runs, o = 1 -> o = 4          | closed form, emulator's {seg} "
+          f"KiB segments")
     for a, c in CASE.items():
         print(f"  {c:<23} {ms(median[a, 1.0]):>9} -> {ms(median[a, 4.0]):>9}"
               f"  {med[a]:.2f}x | {closed[c, 4] / closed[c, 1]:.2f}x")
+    print(f"The ring's rise in this run is the emulator's {seg} KiB segments (closed form "
+          f"{closed['ring', 4] / closed['ring', 1]:.2f}x); with real {mtu} B frames it is "
+          f"{real['ring']:.2f}x (appendix).")
     conclude(tree_slowed_most(med),
              f"oversubscription slowed the farthest-first tree (over 1.4x between medians of "
              f"only {repeats} runs on this machine, a rough ratio) more than the ring and the "
              f"neighbours-first tree", busy=ex.slowed(over))
-    print(f"In the appendix: the ring's {closed['ring', 4] / closed['ring', 1]:.2f}x is the "
-          f"emulator's large segments (with real {mtu} B frames the closed form gives "
-          f"{real['ring']:.2f}x), and where the\nfarthest-first tree's {med['tree']:.2f}x "
-          f"against its closed form's "
+    print(f"In the appendix: where the farthest-first tree's {med['tree']:.2f}x against its "
+          f"closed form's "
           f"{closed['tree, farthest first', 4] / closed['tree, farthest first', 1]:.2f}x "
           f"comes from.")
 
@@ -430,7 +430,8 @@ LABEL = {"ring": "ring, ordered by leaf", "tree": "tree, farthest first"}
 def plot_efficiency(curves: dict, ax=None):
     """The simulated scaling efficiency against nodes (`curves`: (algorithm, o) ->
     efficiency at `fw.NODES`): 4:1 solid, 1:1 dashed with large hollow squares so that a
-    4:1 curve on top of it stays visible; a line marks one leaf."""
+    4:1 curve on top of it stays visible, its legend saying so where the two coincide; a line
+    marks one leaf."""
     import matplotlib.pyplot as plt
 
     from clusterlab.widgets import fabric as fw
@@ -438,9 +439,10 @@ def plot_efficiency(curves: dict, ax=None):
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 4))
     for (a, o), eff in curves.items():
+        under = o == 1 and np.allclose(eff, curves.get((a, 4), np.nan), atol=0.005)
         ax.plot(fw.NODES, eff, "o-" if o == 4 else "s--", color="C0" if a == "ring" else "C3",
                 lw=2 if o == 4 else 1, ms=5 if o == 4 else 10, mfc=None if o == 4 else "none",
-                label=f"{LABEL[a]}, {o}:1")
+                label=f"{LABEL[a]}, {o}:1" + (" (hidden under 4:1: the same)" if under else ""))
     ax.set_xscale("log", base=2)
     ax.set_xticks(fw.NODES, [str(n) for n in fw.NODES])
     ax.axvline(fw.NODES_PER_LEAF, color="0.8", lw=1)
