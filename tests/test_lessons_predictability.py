@@ -645,7 +645,13 @@ def test_row_three_sentence_reads_the_slow_worker_row_against_the_first():
     text = ss.row_three_sentence(fix)
     assert text.startswith("Read *plain, slow worker*: mean τ 3.0, against 3.0 for *plain (4 "
                            "equal)*, yet it fell overall")
-    assert "max τ 27 against 9" in text and "not a rule" in text
+    assert "max τ 27 against 9)" in text and "not a rule" in text
+    assert ("Our reading, not tested here: the fixed-delay limit assumes one τ for every "
+            "gradient, and this mix of small and large τ happened not to diverge, so mean τ "
+            "alone does not decide stability") in text
+    fix["plain, slow worker"]["worker"] = np.array([1, 1, 1, 4])
+    assert ("max τ 27 against 9; the slow worker's 1 updates at mean τ 27.0, the others' 3 at "
+            "-5.0)") in ss.row_three_sentence(fix)
     assert "with large swings over its last third (up to 6.6e-01, final 8.5e-06)" in text
     assert text.endswith("below it is SSP's baseline (the same slow worker, no bound).")
     fix["plain, slow worker"] = _ps_run([0, 0, -15, 27], 9.0)

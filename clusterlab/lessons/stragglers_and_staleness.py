@@ -429,10 +429,26 @@ def unsettled(fix: dict) -> list:
             if r["final_loss"] < r["initial_loss"] < last_third_max(r)]
 
 
+def delay_mix(run: dict) -> str:
+    """'; the slow worker's n updates at mean τ x, the others' m at y' from the run's
+    per-update workers (the slow one: the fewest updates), or '' without them."""
+    if "worker" not in run:
+        return ""
+    worker, tau = np.asarray(run["worker"], dtype=int), np.asarray(run["tau"])
+    ids, counts = np.unique(worker, return_counts=True)
+    if len(ids) < 2:
+        return ""
+    slow = worker == ids[counts.argmin()]
+    return (f"; the slow worker's {slow.sum()} updates at mean τ {tau[slow].mean():.1f}, the "
+            f"others' {(~slow).sum()} at {tau[~slow].mean():.1f}")
+
+
 def row_three_sentence(fix: dict) -> str:
     """How to read *plain, slow worker* beside *plain (4 equal)*: the same mean τ, and whether
     the two runs ended alike. A converged slow-worker run beside a diverged equal one is the
-    section's thesis (the delay pattern decides, not only τ), from one unasserted run each."""
+    section's thesis (the delay pattern decides, not only τ), from one unasserted run each:
+    the slow worker's τ beside the others' (`delay_mix`), why it may not diverge labelled a
+    reading."""
     eq, slow = fix["plain (4 equal)"], fix["plain, slow worker"]
     tau = f"mean τ {slow['tau'].mean():.1f}, against {eq['tau'].mean():.1f} for *plain (4 equal)*"
     ok = {n: r["final_loss"] < r["initial_loss"] and n not in unsettled(fix)
@@ -443,7 +459,10 @@ def row_three_sentence(fix: dict) -> str:
                 + (f", with large swings over its last third (up to {last_third_max(slow):.1e}, "
                    f"final {slow['final_loss']:.1e})" if swung else "")
                 + f": its delays are spread differently (max τ {int(slow['tau'].max())} against "
-                f"{int(eq['tau'].max())}). One run each, so not a rule; below it is SSP's "
+                f"{int(eq['tau'].max())}{delay_mix(slow)}). Our reading, not tested here: the "
+                "fixed-delay limit assumes one τ for every gradient, and this mix of small and "
+                "large τ happened not to diverge, so mean τ alone does not decide stability (SSP "
+                "shows it more sharply next). One run each, so not a rule; below it is SSP's "
                 "baseline (the same slow worker, no bound).")
     outcome = ("both converged" if ok["slow"] and ok["eq"] else
                "neither converged" if not (ok["slow"] or ok["eq"]) else
