@@ -163,7 +163,8 @@ def test_tp_concludes_and_flags_dp_noise(capsys):
     assert l10b.explain_tp(_tp_sweep(), details=details) is True
     out = capsys.readouterr().out
     assert ("Shown on this run: the tensor-parallel step grew 7.5x as much as the data-parallel "
-            "one, 4% from its closed form") in out and "expected" not in out
+            "one (closed forms: ") in out and "expected" not in out
+    assert "), TP's growth 4% from its closed form" in out
     assert "TP step +150.0 ms, DP step +20.0 ms (closed forms +144.0 ms and +18.0 ms)." in out
     assert "DP's growth is 111%" in details[0]
     assert "fp32 matrices) to 1.0e-07 (tolerance 1e-5)" in details[0]

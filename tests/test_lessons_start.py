@@ -636,7 +636,7 @@ def test_noise_appendix_sentences_and_checks(capsys):
     out = capsys.readouterr().out
     assert "machine noise: p99 0.18 ms over 200 jitter-free pings, so K = 1\n" in out
     assert "(J/2): plan met" in out
-    assert "    none: p99 4.05 ms, network 4.00 ms, noise alone 0.05 ms\n" in out
+    assert "    none: p99 4.05 ms, network 4.00 ms (+0.05), noise alone 0.05 ms\n" in out
     assert "  pareto: p99 95% interval 7.95 .. open ms; 190/200 before the 4 ms delay" in out
     runs["uniform"]["one_way_ms"] = runs["uniform"]["emulated_ms"] - 0.01
     with pytest.raises(AssertionError, match="noise only adds"):

@@ -260,7 +260,7 @@ def protocols_template() -> str:
         ("LL128", "128 bytes, the last 8-byte word the flag",
          "[[nccl.proto_ll128_efficiency]]", "medium messages, where supported",
          f"[`busBw * 0.92`]({TUNING_CC}#L328-L329)", f"{port * ll128:.1f} GB/s"),
-        ("Simple", "large chunks, memory fences, no flags", "all",
+        ("Simple", "large chunks, a fence, then one ready signal per step", "all",
          "large messages: full bandwidth", "none", f"{port:.1f} GB/s"),
     ]
     table = "\n".join("| " + " | ".join(r) + " |" for r in rows[:1] + [("---",) * 6] + rows[1:])

@@ -470,8 +470,9 @@ def explain_noise_appendix(jit: dict, parts: dict, dilated: dict, *, delay_ms: f
           f"K = {dilated['k']}" + (f" ({dilated['wanted']} wanted, capped)" if dilated["capped"]
                                   else ""))
     for name, t in parts.items():
-        print(f"{name:>8}: p99 {t['measured']:.2f} ms, network {t['network']:.2f} ms, noise alone "
-              f"{t['noise']:.2f} ms"
+        # the difference printed as computed (before rounding), as the main path's "at most"
+        print(f"{name:>8}: p99 {t['measured']:.2f} ms, network {t['network']:.2f} ms "
+              f"({t['machine_extra']:+.2f}), noise alone {t['noise']:.2f} ms"
               + ("" if name == "none" else
                  f"; {t['beyond_network']}/{t['n']} beyond any network draw"))
     for name in DISTRIBUTIONS:
