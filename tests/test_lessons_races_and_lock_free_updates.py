@@ -162,7 +162,7 @@ def test_explain_mixed_reads(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert ("write-backs computed 3,806 of 12,000 updates (31.7%) from a read the stamps "
             "flagged; lock 0.") in out
-    assert ("Against the prediction: the write-backs' 31.7% flagged is below the 60.7% of "
+    assert ("Checked against the prediction: the write-backs' 31.7% flagged is below the 60.7% of "
             "counter increments they lost, and in place had 31.1% flagged while losing 0.00%. "
             "A flag needs a write overlapping the short read itself; a write-back's loss needs "
             "one anywhere in its longer read-to-write window") in out

@@ -507,7 +507,8 @@ def spacing_argument(inv: float) -> None:
           f"value after about 1/eps = {inv:.0f} hops and two to four times it after "
           f"{2 * inv:.0f} to {4 * inv:.0f}: from there many added values round to zero and the "
           f"sum falls behind.")
-    print(f"For example, with each rank adding 1: after {2 * inv:.0f} hops S = {2 * inv:.0f}, "
+    print(f"For example, with each rank adding 1: once S = {2 * inv:.0f} (after "
+          f"{2 * inv - 1:.0f} hops, the first rank's 1 being the start), "
           f"where bf16's numbers are {2 * inv / inv:.0f} apart ({2 * inv:.0f} x eps); adding 1, "
           f"half a step, rounds to {2 * inv:.0f} again (ties go to the even neighbour), so the "
           "sum stops growing.")

@@ -261,7 +261,7 @@ def explain_mixed_reads(runs: dict) -> None:
           + ").")
     ip = runs["dense", "inplace"]
     share, ip_share = wb["mixed_reads"] / wb["updates"], ip["mixed_reads"] / ip["updates"]
-    print(f"Against the prediction: the write-backs' {share:.1%} flagged is "
+    print(f"Checked against the prediction: the write-backs' {share:.1%} flagged is "
           f"{'below' if share < wb['lost_fraction'] else 'not below'} the "
           f"{wb['lost_fraction']:.1%} of counter increments they lost, and in place had "
           f"{ip_share:.1%} flagged while losing {ip['lost_fraction']:.2%}. A flag needs a write "
