@@ -196,7 +196,9 @@ def test_hierarchy_sentence_tabulates_the_hops_and_folds_nccls_constants_as_a_wh
            ("delay 1us", "ring"): 0.514, ("delay 1us", "hierarchical"): 0.508}
     text = pm.hierarchy_sentence(mit, one, pm.factor_at_scale(mit), fast_in="delay 1us")
     assert text.startswith("**Simulated at 1024 ranks (128 nodes × 8) the hierarchy gains ×1.10 "
-                           "with `delay 50us` inside a node, and almost nothing with `delay 1us`")
+                           "in training throughput with `delay 50us` inside a node (one "
+                           "all-reduce alone: ×")
+    assert "table), and almost nothing with `delay 1us`" in text
     # 2(R - 1) = 2046 hops: 256 cross the network, 1790 stay inside; the hierarchy's binomial
     # reduce and broadcast inside a node of 8 take 3 + 3
     assert "| flat ring | 256 | 1790 | 0.602 s | 0.514 s |" in text

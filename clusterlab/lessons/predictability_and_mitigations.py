@@ -479,7 +479,9 @@ def hierarchy_sentence(mit: dict, one: dict, factor: dict, *, fast_in: str,
         "cluster*).", one_per_source=True)
     return (
         f"**Simulated at {ranks} ranks ({nodes} nodes × 8) the hierarchy gains "
-        f"×{factor['hierarchical']:.2f} with `{slow_in}` inside a node"
+        f"×{factor['hierarchical']:.2f} in training throughput with `{slow_in}` inside a node "
+        f"(one all-reduce alone: ×{one[slow_in, 'ring'] / one[slow_in, 'hierarchical']:.2f}, "
+        "table)"
         + (f", and almost nothing with `{fast_in}`" if vanishes else "")
         + ": it skips the flat ring's hops inside the nodes and keeps almost all of its network "
         "crossings.**\n\n"

@@ -163,8 +163,11 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
           f"with 4 ({n_runs} runs each). (W - 1)/W, all W workers at once, is 50% and 75%; "
           f"with the workers measured at once ({par['writeback', 2]:.2f} and "
           f"{par['writeback', 4]:.2f}) it is {meas[2]:.0%} and {meas[4]:.0%}"
-          + (f"; the {' and '.join(map(str, above))}-worker losses ended over 5 points above "
-             "that" + "".join(f", the {w}-worker ones within 5 points of it" for w in (2, 4)
+          + ("; " + ", ".join(
+              f"the {w}-worker losses ended {100 * (min(lost['writeback', w]) - meas[w]):.0f}-"
+              f"{100 * (max(lost['writeback', w]) - meas[w]):.0f} points above it"
+              for w in above)
+             + "".join(f", the {w}-worker ones within 5 points of it" for w in (2, 4)
                               if w not in above and all(abs(x - meas[w]) <= 0.05
                                                         for x in lost["writeback", w]))
              + " (a hypothesis, not measured: a worker paused mid-update erases more; fold "
@@ -217,8 +220,9 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
     slice_ms = time_slice_here()
     here = "" if slice_ms is None else (
         f"; with this kernel's {os.cpu_count()} online CPUs (the count it scales by, which "
-        f"can exceed the cores this notebook may use) {slice_ms:.1f} ms, about the stretch a "
-        "paused worker can erase")
+        f"can exceed the cores this notebook may use) {slice_ms:.1f} ms, or up to a scheduler "
+        "tick more (the slice ends on a tick: 4 ms at HZ=250), about the stretch a paused "
+        "worker can erase")
     say("<details><summary>Shared cores: a worker paused mid-update erases more "
         "(time slices)</summary>\n\n"
         + rerun
@@ -477,24 +481,27 @@ def explain_cost(cost: dict, *, problem) -> None:
     ceiling = at_once["inplace"] / in_one
     beyond = round(gain["inplace"], 2) > round(ceiling, 2)
     resolved = [m for m in pair if versus_one(surv[m][i2], surv[m][i1]) != "ranges overlap"]
-    print(f"In short ({cost['cores']} cores, medians of {cost['repeats']} runs, 1 -> 2 workers): "
-          f"surviving updates/s went ×{gain['lock']:.2f} with the lock ({at_once['lock']:.2f} "
-          "workers at once: it serialises the update, only the loop's work outside it "
-          f"overlaps) and ×{gain['inplace']:.2f} in place ({at_once['inplace']:.2f} at once, "
-          f"{in_one:.2f} with 1 worker)"
-          + (f" (more than the ×{ceiling:.2f} its workers at once can give: its 1-worker runs "
-             f"alone spread by {in_spread:.0%}, so part of that is run-to-run noise)"
-             if beyond else "")
-          + ("; the runs' ranges overlap for both, so these runs do not resolve the two "
-             "gains" if not resolved else
-             "; the ranges overlap for " + NAME[next(m for m in pair if m not in resolved)]
-             if len(resolved) == 1 else "")
-          + ". The synchronous all-reduce pays a barrier per step (last line: each of its updates "
-          "is a step of many examples, so its updates/s do not compare with these).")
+    # two plain sentences on the main path; the qualifications go to the fold below
+    print(f"In short, 1 -> 2 workers ({cost['cores']} cores, medians of {cost['repeats']} "
+          f"runs): the lock ×{gain['lock']:.2f} ({at_once['lock']:.2f} workers at once: it "
+          f"serialises the update), in place ×{gain['inplace']:.2f} ({at_once['inplace']:.2f} "
+          "at once).")
+    print(("The runs' ranges overlap for both, so these runs do not resolve the two gains. "
+           if not resolved else
+           "The runs' ranges overlap for "
+           + NAME[next(m for m in pair if m not in resolved)] + ". "
+           if len(resolved) == 1 else "")
+          + "The synchronous all-reduce's updates are steps of many examples, so its "
+          "updates/s (last line) do not compare with these.")
     lines = [f"On {cost['cores']} cores, 1 -> 2 workers (surviving updates/s, medians of "
              f"{cost['repeats']} runs): "
              + ", ".join(f"{NAME[m]} {med[m][0]:,.0f} -> {med[m][1]:,.0f}" for m in pair)
              + (f", as {' and '.join(cpu_why)}." if cpu_why else ".")]
+    if beyond:  # updates/s = workers at once / CPU per update: more needs cheaper updates
+        lines.append(f"In place's ×{gain['inplace']:.2f} is more than the "
+                     f"×{ceiling:.2f} its workers at once can give ({at_once['inplace']:.3f} "
+                     f"at once with 2 workers against {in_one:.3f} with 1): its 1-worker runs "
+                     f"alone spread by {in_spread:.0%}, so part of that is run-to-run noise.")
     wb1, in1 = (np.asarray(cost["rate"][m][i1]) for m in ("writeback", "inplace"))
     slow = np.median(wb1) / np.median(in1)
     if slow > 1.2:  # one worker: nothing races; the two differ in how they write
