@@ -448,8 +448,8 @@ def gpu_cluster_template(*, intra_over_nic: float) -> str:
     ring_nvlink = facts.get("nccl.h100_ring_busbw").value  # GB/s, NCCL's effective NVLink rate
     hier, flat = striped_times(2, nics, nvlink / nic)
     r = nvlink / nic  # the rails' two phases in units of n beta_NIC, to overlap them
-    overlapped = max(2 * (nics - 1) / nics / r, 2 * (2 - 1) / 2 / nics)
     nvlink_part, nic_part = 2 * (nics - 1) / nics / r, 1 / nics  # the rails' two phases
+    overlapped = max(nvlink_part, nic_part)
     nic_flat = 2 * (2 * nics - 1) / (2 * nics) / nics  # the flat ring's bytes per NIC
     assert nvlink_part > nic_flat - nic_part  # NVLink time added > NIC time saved
     assert hier > flat and nvlink / nic < 2 * nics  # NVLink is not over p = 2 P times the NIC

@@ -571,13 +571,13 @@ def explain_ecmp_rounds(rounds: Sequence[dict]) -> None:
              busy=ex.slowed(rounds))
 
 
-def _rail_excess(rl, rail_rep) -> tuple[str, str, bool]:
-    """Each layout's median over its replay's fastest, in time: (the layout with more, the
-    other, whether the two are alike: the smaller at least half the larger, or neither
-    above its replay). One rule for the main path's verdict and the appendix's."""
+def _rail_excess(rl, rail_rep) -> tuple[dict, str, bool]:
+    """Each layout's median over its replay's fastest, in time: (those excesses by layout, the
+    layout with more, whether the two are alike: the smaller at least half the larger, or
+    neither above its replay). One rule for the main path's verdict and the appendix's."""
     extra = {r["layout"]: r["median"] - lo for r, (lo, _) in zip(rl, rail_rep)}
     big, small = sorted(extra, key=extra.get, reverse=True)
-    return big, small, extra[big] <= 0 or extra[small] > 0.5 * extra[big]
+    return extra, big, extra[big] <= 0 or extra[small] > 0.5 * extra[big]
 
 
 def explain_rails(rl: Sequence[dict], rail_model: dict, *,
@@ -597,7 +597,7 @@ def explain_rails(rl: Sequence[dict], rail_model: dict, *,
     print(f"Naive, {naive['crowd']} inter-node flows shared each {naive['bottleneck']} of the "
           f"spine.")
     over = {r["layout"]: r["median"] / lo - 1 for r, (lo, _) in zip(rl, rail_rep)}
-    big, _, alike = _rail_excess(rl, rail_rep)
+    _, big, alike = _rail_excess(rl, rail_rep)
     effect = ("about alike" if alike else
               "which shrinks the ratio" if big == "aligned" else "which grows the ratio")
     print(f"The medians sit {over['aligned']:+.0%} (aligned) and {over['naive']:+.0%} (naive) "
@@ -752,8 +752,7 @@ def explain_rail_details(rl: Sequence[dict], rail_rep: Sequence[tuple[float, flo
           f"{rail_model['naive'] / rail_model['aligned']:.2f}x, replay (messages served in "
           f"turn) {n_lo / a_lo:.2f}x. The medians sit {aligned['median'] / a_lo - 1:+.0%} "
           f"(aligned) and {naive['median'] / n_lo - 1:+.0%} (naive) from their replays.")
-    extra = {"aligned": aligned["median"] - a_lo, "naive": naive["median"] - n_lo}
-    big, _, alike = _rail_excess(rl, rail_rep)
+    extra, big, alike = _rail_excess(rl, rail_rep)
     print(f"In time: {ms(extra['aligned'])} (aligned) and {ms(extra['naive'])} (naive). Both "
           f"layouts send the same messages in the same rounds, so a fixed per-message cost "
           f"would add about the same to both; "
