@@ -1,4 +1,5 @@
-"""Experiments of notebooks 05 (stragglers, staleness) and 06 (races): the claims they assert.
+"""Experiments of notebooks 05 (stragglers, staleness), 06 (async collectives) and 06b
+(lock-free updates): the claims they assert.
 
 Real processes on a shared 2-core machine: tolerances are relative and generous, and no test
 asserts an absolute time.
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from clusterlab import models
-from clusterlab.experiments import races, staleness
+from clusterlab.experiments import async_races, races, staleness
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leftovers")]
 
@@ -205,9 +206,9 @@ def test_throughput_rate_is_parallelism_over_cpu_per_update():
 
 
 def test_touching_a_buffer_before_wait_goes_wrong_and_the_fixes_do_not():
-    out = races.async_collective_races(workers=2, trials=6, numel=1 << 17, timeout=60)
+    out = async_races.async_collective_races(workers=2, trials=6, numel=1 << 17, timeout=60)
     v = out["variants"]
-    assert set(v) == set(races.ASYNC_VARIANTS)
+    assert set(v) == set(async_races.ASYNC_VARIANTS)
     assert all(d["reads"] == 2 * 6 for d in v.values())
     # the race is a race: it need not hit every time, but over 12 reads of a 512 KiB
     # all-reduce issued a few microseconds earlier it hits at least once
@@ -226,10 +227,32 @@ def test_replica_digests_are_the_same_in_every_interpreter():
     import subprocess
     import sys
 
-    code = ("import numpy as np; from clusterlab.experiments.races import _digest; "
+    code = ("import numpy as np; from clusterlab.experiments.async_races import _digest; "
             "print(_digest(np.arange(1000, dtype=np.float32)))")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
     seen = {subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                            text=True, check=True, timeout=120).stdout.strip() for _ in range(2)}
-    assert seen == {races._digest(np.arange(1000, dtype=np.float32))}
-    assert races._digest(np.zeros(4, np.float32)) != races._digest(np.ones(4, np.float32))
+    assert seen == {async_races._digest(np.arange(1000, dtype=np.float32))}
+    assert async_races._digest(np.zeros(4, np.float32)) != async_races._digest(
+        np.ones(4, np.float32))
+
+
+def test_a_ddp_hook_must_chain_on_its_collective():
+    from clusterlab import Cluster
+
+    with Cluster(nodes=2, nic=None, timeout=60) as cl:
+        ok, bad = (async_races.ddp_hook_race(h, workers=2, steps=4, cluster=cl)
+                   for h in ("chained", "unchained"))
+    # the chained hook gives DDP the true average at every step and the replicas stay equal
+    assert ok["wrong_steps"] == 0 and ok["differ_steps"] == 0 and ok["max_error"] < 1e-5
+    assert ok["loss_last"] < ok["loss_first"]
+    # the unchained one hands DDP the bucket before the all-reduce has reduced it: DDP's copy
+    # happens microseconds after the launch, a Gloo all-reduce takes far longer
+    assert bad["wrong_steps"] > 0 and bad["differ_steps"] > 0 and bad["unreduced"] > 0.5
+
+
+def test_ddp_hook_race_refuses_bad_input_before_starting_anything():
+    with pytest.raises(ValueError, match="hook must be one of"):
+        async_races.ddp_hook_race("maybe")
+    with pytest.raises(ValueError, match="workers >= 2"):
+        async_races.ddp_hook_race("chained", workers=1)

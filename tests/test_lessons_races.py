@@ -1,6 +1,6 @@
 """The lesson modules of notebooks 07 (gradient scaling) and 08 (silent divergence): each
-verdict, classification and formatted number on small synthetic runs. (06's are in
-test_lessons_races_and_lock_free_updates.py.)"""
+verdict, classification and formatted number on small synthetic runs. (06's and 06b's are in
+test_lessons_async_collective_races.py and test_lessons_lock_free_updates.py.)"""
 
 from __future__ import annotations
 

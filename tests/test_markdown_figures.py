@@ -89,8 +89,8 @@ def quantity(value: float, unit: str) -> tuple[str, float]:
 
 
 def lesson_module(path: Path) -> Path:
-    """The module a notebook reads its runs with: notebooks/06_races.ipynb ->
-    clusterlab/lessons/races.py (it may not exist)."""
+    """The module a notebook reads its runs with: notebooks/06b_lock_free_updates.ipynb ->
+    clusterlab/lessons/lock_free_updates.py (it may not exist)."""
     return ROOT / "clusterlab/lessons" / (re.sub(r"^\d+[a-z]?_", "", path.stem) + ".py")
 
 

@@ -117,7 +117,7 @@ def test_schema_rejects_broken_questions_with_both_validators():
 def test_semantic_checks_catch_what_the_schema_cannot(tmp_path):
     docs = topic_docs()
     q = docs["races"]["questions"][0]
-    q["section"] = {"notebook": "06_races_and_lock_free_updates", "section": "No such section"}
+    q["section"] = {"notebook": "06b_lock_free_updates", "section": "No such section"}
     for o in q["options"]:
         o["correct"] = False
     docs["topology"]["questions"][0]["id"] = docs["races"]["questions"][1]["id"]

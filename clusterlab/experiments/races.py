@@ -1,4 +1,4 @@
-"""Races and lock-free updates: the experiments of notebook 06.
+"""Lock-free updates: the experiments of notebook 06b.
 
 Several OS processes (multiprocessing, fork) run SGD on ONE parameter vector that lives in
 shared memory (a torch tensor after `share_memory_()`), Hogwild-style: no lock, each worker
@@ -30,20 +30,16 @@ Source: Niu, Recht, Ré & Wright, "Hogwild!: A Lock-Free Approach to Parallelizi
 Gradient Descent", NeurIPS 2011 (sparse problems converge nearly as fast as with a lock);
 Lameter, "Effective synchronization on Linux/NUMA systems" (2005) for the seqlock.
 
-And the races users of torch.distributed write themselves (`async_collective_races`): reading
-or editing a tensor while its `all_reduce(..., async_op=True)` is still in flight.
-
 `writeback_model` is the write-back scheme with no scheduler at all: an event model of
 workers that each own a core and are never paused, for what write-backs lose by overlapping.
 
 Public API: `make_problem`, `loss`, `hogwild`, `writeback_model`, `throughput`,
-`sync_allreduce`, `async_collective_races`.
+`sync_allreduce`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import multiprocessing as mp
 import resource
 import time
@@ -56,8 +52,8 @@ import torch.distributed as dist
 from ..cores import usable_cores
 from .common import use_or_open
 
-__all__ = ["ASYNC_VARIANTS", "MODES", "Problem", "async_collective_races", "hogwild", "loss",
-           "make_problem", "sync_allreduce", "throughput", "writeback_model"]
+__all__ = ["MODES", "Problem", "hogwild", "loss", "make_problem", "sync_allreduce", "throughput",
+           "writeback_model"]
 
 MODES = ("writeback", "inplace", "lock", "seqlock")
 _ALIASES = {"none": "writeback"}  # the old name of the write-back mode
@@ -505,112 +501,3 @@ def _median_run(rates, pars, cpus):
     """(updates/s, parallelism, CPU µs per update) of the repeat whose rate is the median."""
     k = int(np.argsort(rates)[len(rates) // 2])
     return float(rates[k]), float(pars[k]), float(cpus[k])
-
-
-# ---------------------------------------------------------------------------------------------
-# The races DDP users write themselves: touching a buffer while its async collective runs.
-# ---------------------------------------------------------------------------------------------
-
-ASYNC_VARIANTS = ("read_before_wait", "wait_then_read", "edit_before_wait", "wait_then_edit",
-                  "clone_then_edit")
-
-
-def _digest(a: np.ndarray) -> str:
-    """A fingerprint of the array's bytes that every process computes alike. (hash() of bytes
-    is salted per interpreter: ranks started by "spawn", Cluster's default on macOS and
-    Windows, would disagree on identical bytes.)"""
-    return hashlib.blake2b(a.tobytes(), digest_size=16).hexdigest()
-
-
-def _async_races_rank(numel, trials, add):
-    rank, world = dist.get_rank(), dist.get_world_size()
-    total = world * (world + 1) / 2  # every rank contributes rank + 1: the reduced value
-    out = {v: [] for v in ASYNC_VARIANTS}
-    for _ in range(trials):
-        for v in ASYNC_VARIANTS:
-            g = torch.full((numel,), float(rank + 1))  # this rank's gradient bucket
-            dist.barrier()  # all ranks issue the collective together
-            if v == "read_before_wait":  # use the result before the collective is done
-                work = dist.all_reduce(g, async_op=True)
-                seen = g.clone()
-                work.wait()
-            elif v == "wait_then_read":
-                work = dist.all_reduce(g, async_op=True)
-                work.wait()
-                seen = g.clone()
-            elif v == "edit_before_wait":  # e.g. weight decay added into the bucket in place
-                work = dist.all_reduce(g, async_op=True)
-                g.add_(add)
-                work.wait()
-                seen = g.clone()
-            elif v == "wait_then_edit":
-                work = dist.all_reduce(g, async_op=True)
-                work.wait()
-                g.add_(add)
-                seen = g.clone()
-            else:  # clone_then_edit: communicate a snapshot, edit the original freely
-                snap = g.clone()
-                work = dist.all_reduce(snap, async_op=True)
-                g.add_(add)  # the original may change: the collective does not read it
-                work.wait()
-                seen = snap + add
-            want = total if v in ("read_before_wait", "wait_then_read") else total + add
-            s = seen.numpy()
-            out[v].append({
-                "wrong": int(np.count_nonzero(s != want)),
-                # what the wrong elements hold (edits): the rank's own value (not reduced yet),
-                # the edit summed over all ranks (it was sent), the edit lost (overwritten)
-                "local": int(np.count_nonzero(s == rank + 1)),
-                "edit_sent": int(np.count_nonzero(s == total + world * add)),
-                "edit_lost": int(np.count_nonzero(s == total)) if want != total else 0,
-                "digest": _digest(s),
-            })
-    return out
-
-
-def async_collective_races(
-    workers: int = 4,
-    trials: int = 20,
-    numel: int = 1 << 18,
-    *,
-    add: float = 100.0,
-    cluster=None,
-    timeout: float = 60,
-) -> dict:
-    """Read or edit a tensor while its `dist.all_reduce(t, async_op=True)` is in flight.
-
-    Every rank fills a float32 bucket of `numel` elements with rank + 1 (so the reduced value
-    is W(W+1)/2), and per trial runs each variant once:
-    read_before_wait (clone the bucket right after issuing, then wait), wait_then_read,
-    edit_before_wait (`g.add_(add)` before wait(): the intended result is sum + add, as in the
-    synchronous program), wait_then_edit, clone_then_edit (all-reduce a clone; edit the
-    original). Runs on plain Gloo without an emulated network (`cluster` defaults to
-    `Cluster(nodes=workers, nic=None)`): Gloo reduces in place into the caller's tensor, in
-    chunks, on its own thread, so what a racing read or edit meets is decided by this
-    machine's real timing.
-
-    Returns {"workers", "trials", "numel", "variants": {v: {"wrong_trials": reads (rank x
-    trial) with any wrong element, "reads": trials x workers, "wrong_elements": fraction of
-    all elements wrong, "local", "edit_sent", "edit_lost": fractions of elements in those
-    states, "disagree_trials": trials whose ranks ended with different bytes}}}.
-    """
-    with use_or_open(cluster, nodes=workers, nic=None, timeout=timeout) as cl:
-        out = cl.run(_async_races_rank, numel, trials, add)
-    world = len(out)
-    variants = {}
-    for v in ASYNC_VARIANTS:
-        rows = [o[v] for o in out]  # [rank][trial]
-        cells = [rows[r][t] for r in range(world) for t in range(trials)]
-        n = world * trials * numel
-        variants[v] = {
-            "reads": world * trials,
-            "wrong_trials": sum(c["wrong"] > 0 for c in cells),
-            "wrong_elements": sum(c["wrong"] for c in cells) / n,
-            "local": sum(c["local"] for c in cells) / n,
-            "edit_sent": sum(c["edit_sent"] for c in cells) / n,
-            "edit_lost": sum(c["edit_lost"] for c in cells) / n,
-            "disagree_trials": sum(len({rows[r][t]["digest"] for r in range(world)}) > 1
-                                   for t in range(trials)),
-        }
-    return {"workers": world, "trials": trials, "numel": numel, "add": add,
-            "variants": variants}

@@ -1,6 +1,6 @@
 """Lab 06: make lock-free updates safe, and measure the price.
 
-It follows notebook 06 (`clusterlab.experiments.races`) and, like it, runs its workers as OS
+It follows notebook 06b (`clusterlab.experiments.races`) and, like it, runs its workers as OS
 processes forked from this one (multiprocessing, "fork") that share ONE parameter vector,
 placed in shared memory by torch's `share_memory_()`. They are not `clusterlab.Cluster`
 ranks: ranks share nothing but messages, and this lab is about writers that meet in memory.
@@ -46,10 +46,10 @@ from ..cluster import die_with_parent, stop_processes
 from .core import Fail, Lab, NotDone, learner_line, shorten
 
 LAB = Lab("06_safe_lock_free", "Races: make lock-free updates safe, and measure the price",
-          follows="06_races_and_lock_free_updates")
+          follows="06b_lock_free_updates")
 
 DENSE_DIM = 4096  # every update touches all of them: 32 KiB, read in ~3 us, written in ~4 us
-SPARSE_DIM, SPARSE_NNZ = 10_000, 4  # notebook 06's sparse problem
+SPARSE_DIM, SPARSE_NNZ = 10_000, 4  # notebook 06b's sparse problem
 WORK = 4  # rounds of arithmetic in step(): ~20 us on 4096 coordinates, the "gradient"
 STALL_S = 4.0  # no update finished for this long: a deadlock, reported by name
 

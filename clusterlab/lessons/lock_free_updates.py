@@ -1,4 +1,4 @@
-"""What `notebooks/06_races_and_lock_free_updates.ipynb` reads from its runs.
+"""What `notebooks/06b_lock_free_updates.ipynb` reads from its runs.
 
 The experiments are `clusterlab.experiments.races`; each function here turns one cell's runs
 into the figure and the sentences the learner reads, and checks what the text claims.
@@ -11,82 +11,11 @@ import os
 import numpy as np
 
 from ..experiments.common import conclude
-from .show import details, fold, say
+from .show import fold, say
 
-ASYNC_FIXES = ("wait_then_read", "wait_then_edit", "clone_then_edit")
 MODES = ("writeback", "inplace", "lock", "seqlock")
 COLORS = {"writeback": "C3", "inplace": "C1", "lock": "C2", "seqlock": "C0"}
 NAME = {"writeback": "write-back", "inplace": "in place", "lock": "lock", "seqlock": "seqlock"}
-
-
-# --- Async collectives: touching a buffer before wait() ---------------------------------------
-
-def plot_async_races(ar: dict) -> None:
-    """Bar chart of `races.async_collective_races`: the share of reads with a wrong value for
-    each variant, red for touching the buffer before wait(), green for the fixes."""
-    import matplotlib.pyplot as plt
-
-    from ..experiments import races
-
-    v, variants = ar["variants"], races.ASYNC_VARIANTS
-    fig, ax = plt.subplots(figsize=(7, 3))
-    ax.bar(range(len(variants)), [100 * v[n]["wrong_trials"] / v[n]["reads"] for n in variants],
-           color=["C3" if n.endswith("before_wait") else "C2" for n in variants])
-    ax.set_xticks(range(len(variants)), [n.replace("_", " ") for n in variants], fontsize=8)
-    ax.set_ylabel(f"rank-trials with a wrong value\n(% of {v[variants[0]]['reads']})")
-    ax.set_ylim(0, 110)
-    for k, n in enumerate(variants):
-        ax.text(k, 100 * v[n]["wrong_trials"] / v[n]["reads"] + 2,
-                f"{v[n]['wrong_trials']}/{v[n]['reads']}", ha="center", fontsize=8)
-    ax.set_xlabel(f"variant ({ar['trials']} trials on each of {ar['workers']} ranks)")
-    ax.set_title("Touching the buffer before wait() gives wrong values")
-    plt.show()
-
-
-def agreeing_wrong_trials(ar: dict) -> int:
-    """Trials whose ranks agreed on wrong values after an edit before wait(), at least: all
-    trials, minus those whose ranks disagreed, minus the most that can have been all right
-    (one per `workers` right reads). A replica checksum cannot catch these."""
-    d = ar["variants"]["edit_before_wait"]
-    return ar["trials"] - d["disagree_trials"] - (d["reads"] - d["wrong_trials"]) // ar["workers"]
-
-
-def explain_async_races(ar: dict, ar1: dict) -> None:
-    """What the early reads saw and what became of the early edits (1 MiB bucket, `ar`), the
-    trials a replica checksum would miss, the fixes' counts, and how many early reads happened
-    to be right (also for a one-element tensor, `ar1`); asserts that touching before wait()
-    went wrong and that the fixes never did."""
-    v = ar["variants"]
-    d = v["read_before_wait"]  # what a wrong read saw: this rank's own value, or a partial sum
-    print(f"read before wait(): wrong in {d['wrong_trials']} of {d['reads']} rank-trials "
-          f"({d['wrong_elements']:.1%} of the elements): own value {d['local']:.1%}, "
-          f"partly reduced {d['wrong_elements'] - d['local']:.1%}")
-    d = v["edit_before_wait"]  # what became of the edit, and whether the replicas still agree
-    print(f"edit before wait(): wrong in {d['wrong_trials']} of {d['reads']} rank-trials: edit "
-          f"sent by every rank (410) {d['edit_sent']:.1%} of the elements, overwritten by Gloo "
-          f"(10) {d['edit_lost']:.1%}, other wrong values (some ranks' edits sent, or a mix) "
-          f"{d['wrong_elements'] - d['edit_sent'] - d['edit_lost']:.1%}; "
-          f"ranks disagree in {d['disagree_trials']} of "
-          f"{ar['trials']} trials")
-    agree_wrong = agreeing_wrong_trials(ar)
-    if agree_wrong > 0:
-        print(f"  in {'' if d['wrong_trials'] == d['reads'] else 'at least '}{agree_wrong} of "
-              f"{ar['trials']} trials every rank held the same wrong values: a replica checksum "
-              "cannot catch those")
-    fixes = ASYNC_FIXES
-    print(f"the fixes ({', '.join(fixes)}): wrong in "
-          f"{', '.join(str(v[n]['wrong_trials']) for n in fixes)} of {v[fixes[0]]['reads']} "
-          "rank-trials; ranks disagree in "
-          f"{', '.join(str(v[n]['disagree_trials']) for n in fixes)} of {ar['trials']} trials")
-    rb, rb1 = v["read_before_wait"], ar1["variants"]["read_before_wait"]
-    ok, ok1 = rb["reads"] - rb["wrong_trials"], rb1["reads"] - rb1["wrong_trials"]
-    print(f"reads before wait() that happened to be right: {ok} of {rb['reads']} (1 MiB bucket), "
-          f"{ok1} of {rb1['reads']} (one element)"
-          + (": such a read passes a test and fails on another run" if ok + ok1 else
-             ": none on this run, but nothing orders the read after Gloo's write"))
-    assert v["read_before_wait"]["wrong_trials"] > 0 and v["edit_before_wait"]["wrong_trials"] > 0
-    for n in ASYNC_FIXES:
-        assert v[n]["wrong_trials"] == 0 and v[n]["disagree_trials"] == 0, n
 
 
 # --- Hogwild-style updates ----------------------------------------------------------------------
@@ -160,9 +89,10 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
     above = [w for w in (2, 4) if min(lost["writeback", w]) > meas[w] + 0.05]
     print(f"Write-backs lost {min(lost['writeback', 2]):.0%}-{max(lost['writeback', 2]):.0%} "
           f"with 2 workers and {min(lost['writeback', 4]):.0%}-{max(lost['writeback', 4]):.0%} "
-          f"with 4 ({n_runs} runs each). (W - 1)/W, all W workers at once, is 50% and 75%; "
-          f"with the workers measured at once ({par['writeback', 2]:.2f} and "
-          f"{par['writeback', 4]:.2f}) it is {meas[2]:.0%} and {meas[4]:.0%}"
+          f"with 4 ({n_runs} runs each).")
+    print(f"(W - 1)/W predicts 50% and 75% if all W workers run at once; with the workers "
+          f"measured at once ({par['writeback', 2]:.2f} and {par['writeback', 4]:.2f}) it "
+          f"predicts {meas[2]:.0%} and {meas[4]:.0%}"
           + ("; " + ", ".join(
               f"the {w}-worker losses ended {100 * (min(lost['writeback', w]) - meas[w]):.0f}-"
               f"{100 * (max(lost['writeback', w]) - meas[w]):.0f} points above it"
@@ -602,48 +532,12 @@ def explain_allreduce(runs: dict, cost: dict | None = None) -> None:
 
 # --- On a real GPU cluster ----------------------------------------------------------------------
 
-# Where the races are on GPU ranks (from the sources, not run here), rendered by `facts.show`.
-GPU_RACES = """
-- **wait() is a stream wait.** For NCCL, by default, [[pytorch.async_op_cuda_semantics]]
-  ([[pytorch.nccl_blocking_wait]] makes it block the host): ops then issued on the current
-  stream are ordered; work on another stream, or a host-side read of the
-  memory (such as a `non_blocking` copy's result), races as measured above on Gloo.
-- **A copy to the host.** `x = t.to("cpu", non_blocking=True)` gives
-  [[pytorch.non_blocking_d2h]]: a loss or metric logged from `x` can be incomplete or garbage.
-  Synchronise first (`torch.cuda.synchronize()`, or `synchronize()` on an event recorded
-  after the copy).
+# Where lock-free updates meet GPU training (from the sources, not run here), for `facts.show`.
+GPU_LOCK_FREE = """
 - **Lock-free on purpose**: Hogwild! ([[paper.hogwild_niu2011]]); PyTorch's Hogwild example,
-  which steps in place ([[pytorch.mnist_hogwild]]). Dense GPU training uses synchronous
-  collectives (all-reduce; reduce-scatter and all-gather when parameters are sharded), as in
-  Llama 3: [[meta.llama3_synchronous]].
+  which steps in place ([[pytorch.mnist_hogwild]]).
+- **Dense GPU training uses synchronous collectives** (all-reduce; reduce-scatter and
+  all-gather when parameters are sharded): no two ranks write the same memory, so no update
+  is lost between them, and the price is that everyone waits. Llama 3:
+  [[meta.llama3_synchronous]].
 """
-
-# The rest, for the expert reader: shown folded by `show_more_gpu_races`.
-GPU_RACES_MORE = """
-- **Side streams.** The caching allocator (PyTorch's reuse of freed GPU memory) tracks
-  only the stream a tensor was allocated on.
-  A copy or overlap you run on a side stream must [[pytorch.record_stream]] or sync with an
-  event before the tensor is freed, or its memory goes to the next allocation while that
-  work still reads it.
-- **Finding stream races.** Kernels on two streams that touch one tensor with no
-  synchronisation between them race; the CUDA Stream Sanitizer
-  ([[pytorch.cuda_stream_sanitizer]]) records each PyTorch operator's reads and writes on
-  the stream current at the call and stops at the first operator that races, listing its
-  conflicts. So (our inference from how it records) it does not see kernels launched outside
-  PyTorch's operators, nor the stream NCCL really runs a collective on.
-- **Asynchronous checkpoints.** Distributed Checkpoint's (DCP) `async_save` writes
-  [[pytorch.dcp_async_save_staging]] from another thread. By default it returns only after
-  that copy is made (the copy stalls the training loop) and only the write runs in the
-  background. With async staging (pass `async_stager=DefaultStager(...)` built with
-  [[pytorch.dcp_async_staging_option]]; CUDA only) the copy runs in the background too:
-  wait on its `staging_completion` before the next optimizer step (notebook 12),
-  or the checkpoint mixes two steps.
-"""
-
-
-def show_more_gpu_races() -> None:
-    """Shows `GPU_RACES_MORE`, cited from the ledger with its own sources, behind one fold."""
-    from .. import facts
-
-    say(details("More: side streams, the CUDA Stream Sanitizer, asynchronous checkpoints",
-                facts.render(GPU_RACES_MORE)))

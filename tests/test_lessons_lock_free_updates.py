@@ -1,4 +1,4 @@
-"""The lesson module of notebook 06 (races and lock-free updates): each verdict,
+"""The lesson module of notebook 06b (lock-free updates): each verdict,
 classification and formatted number on small synthetic runs."""
 
 from __future__ import annotations
@@ -7,44 +7,7 @@ import numpy as np
 import pytest
 
 from clusterlab.experiments import common
-from clusterlab.lessons import races_and_lock_free_updates as races
-
-
-def _variant(reads=80, wrong=0, disagree=0, **extra):
-    return {"reads": reads, "wrong_trials": wrong, "disagree_trials": disagree, **extra}
-
-
-def _async(edit_wrong=80, read_wrong=80, edit_disagree=0, fix_wrong=0):
-    v = {n: _variant(wrong=fix_wrong) for n in races.ASYNC_FIXES}
-    v["read_before_wait"] = _variant(wrong=read_wrong, wrong_elements=0.997, local=0.96)
-    v["edit_before_wait"] = _variant(wrong=edit_wrong, disagree=edit_disagree, edit_sent=0.737,
-                                     edit_lost=0.0, wrong_elements=1.0)
-    return {"variants": v, "trials": 20, "workers": 4}
-
-
-def test_agreeing_wrong_trials_subtracts_disagreeing_and_possibly_right_trials():
-    assert races.agreeing_wrong_trials(_async(edit_wrong=80, edit_disagree=3)) == 17
-    # 8 right reads: at most 8 // 4 = 2 trials were right on every rank
-    assert races.agreeing_wrong_trials(_async(edit_wrong=72, edit_disagree=3)) == 15
-
-
-def test_explain_async_races_says_at_least_only_when_some_reads_were_right(capsys):
-    races.explain_async_races(_async(), _async())
-    out = capsys.readouterr().out
-    assert "own value 96.0%, partly reduced 3.7%" in out
-    assert "  in 20 of 20 trials every rank held the same wrong values" in out
-    assert "happened to be right: 0 of 80 (1 MiB bucket), 0 of 80 (one element): none" in out
-    races.explain_async_races(_async(edit_wrong=72, read_wrong=76), _async(read_wrong=80))
-    out = capsys.readouterr().out
-    assert "  in at least 18 of 20 trials" in out
-    assert "right: 4 of 80 (1 MiB bucket), 0 of 80 (one element): such a read passes" in out
-
-
-def test_explain_async_races_asserts_the_fixes_were_right():
-    with pytest.raises(AssertionError, match="wait_then_read"):
-        races.explain_async_races(_async(fix_wrong=1), _async())
-    with pytest.raises(AssertionError):
-        races.explain_async_races(_async(read_wrong=0), _async())
+from clusterlab.lessons import lock_free_updates as races
 
 
 def test_far_above_median_uses_at_least_one_as_the_median():
@@ -94,9 +57,10 @@ def test_explain_lost_updates_reads_the_ranges_and_the_parallelism(capsys):
     assert ("The one-run dense write-back (seed 0, its loss printed in the next section) lost 57%, "
             "the same settings and seed rerun here 58%: only the") in out
     # the measured concurrency's prediction beside (W - 1)/W, and which losses exceed it
-    assert ("(W - 1)/W, all W workers at once, is 50% and 75%; with the workers measured at "
-            "once (1.60 and 1.75) it is 38% and 43%; the 4-worker losses ended 15-19 points "
-            "above it, the 2-worker ones within 5 points of it (a hypothesis") in out
+    assert ("(W - 1)/W predicts 50% and 75% if all W workers run at once; with the workers "
+            "measured at once (1.60 and 1.75) it predicts 38% and 43%; the 4-worker losses "
+            "ended 15-19 points above it, the 2-worker ones within 5 points of it (a hypothesis"
+            ) in out
     assert ("In place lost a median of 16 with 2 workers and 28 with 4, at worst 28, of "
             "384,000") in out
     assert "(12,000 updates × 32 coordinates) in one run (3 runs each)" in out
@@ -385,7 +349,7 @@ def _table_runs(inplace_final=1e-14):
 
 def test_summary_table_lines_up_the_modes(capsys):
     said = []
-    import clusterlab.lessons.races_and_lock_free_updates as mod
+    import clusterlab.lessons.lock_free_updates as mod
 
     orig = mod.say
     mod.say = said.append

@@ -1,0 +1,81 @@
+"""The lesson module of notebook 06 (races with asynchronous collectives): each verdict and
+formatted number on small synthetic runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusterlab.lessons import async_collective_races as races
+
+
+def _variant(reads=80, wrong=0, disagree=0, **extra):
+    return {"reads": reads, "wrong_trials": wrong, "disagree_trials": disagree, **extra}
+
+
+def _async(edit_wrong=80, read_wrong=80, edit_disagree=0, fix_wrong=0):
+    v = {n: _variant(wrong=fix_wrong) for n in races.ASYNC_FIXES}
+    v["read_before_wait"] = _variant(wrong=read_wrong, wrong_elements=0.997, local=0.96)
+    v["edit_before_wait"] = _variant(wrong=edit_wrong, disagree=edit_disagree, edit_sent=0.737,
+                                     edit_lost=0.0, wrong_elements=1.0)
+    return {"variants": v, "trials": 20, "workers": 4}
+
+
+def test_agreeing_wrong_trials_subtracts_disagreeing_and_possibly_right_trials():
+    assert races.agreeing_wrong_trials(_async(edit_wrong=80, edit_disagree=3)) == 17
+    # 8 right reads: at most 8 // 4 = 2 trials were right on every rank
+    assert races.agreeing_wrong_trials(_async(edit_wrong=72, edit_disagree=3)) == 15
+
+
+def test_explain_async_races_says_at_least_only_when_some_reads_were_right(capsys):
+    races.explain_async_races(_async(), _async())
+    out = capsys.readouterr().out
+    assert "own value 96.0%, partly reduced 3.7%" in out
+    assert "  in 20 of 20 trials every rank held the same wrong values" in out
+    assert "happened to be right: 0 of 80 (1 MiB bucket), 0 of 80 (one element): none" in out
+    races.explain_async_races(_async(edit_wrong=72, read_wrong=76), _async(read_wrong=80))
+    out = capsys.readouterr().out
+    assert "  in at least 18 of 20 trials" in out
+    assert "right: 4 of 80 (1 MiB bucket), 0 of 80 (one element): such a read passes" in out
+
+
+def test_explain_async_races_asserts_the_fixes_were_right():
+    with pytest.raises(AssertionError, match="wait_then_read"):
+        races.explain_async_races(_async(fix_wrong=1), _async())
+    with pytest.raises(AssertionError):
+        races.explain_async_races(_async(read_wrong=0), _async())
+
+
+def _hook(hook, wrong=0, differ=0, first=30.0, last=3.0, unreduced=0.0):
+    return {"hook": hook, "workers": 4, "steps": 20, "rank_steps": 80, "wrong_steps": wrong,
+            "differ_steps": differ, "unreduced": unreduced, "loss_first": first,
+            "loss_last": last, "max_error": 0.9 if wrong else 1e-7}
+
+
+def test_explain_hook_race_says_the_loss_fell_and_the_checksum_caught_it(capsys):
+    races.explain_hook_race({"chained": _hook("chained"),
+                             "unchained": _hook("unchained", 80, 20, last=24.0,
+                                                unreduced=0.92)})
+    out = capsys.readouterr().out
+    assert "unchained hook: gradient wrong in 80 of 80 rank-steps" in out
+    assert "92% of all gradient elements held the rank's own gradient / 4" in out
+    assert "chained hook: gradient wrong in 0 of 80 rank-steps (4 ranks x 20 steps);" in out
+    assert "The loss fell under both hooks (8.0x higher at the end" in out
+    assert "the replica checksum did" in out
+
+
+def test_explain_hook_race_does_not_claim_a_fall_that_did_not_happen(capsys):
+    races.explain_hook_race({"chained": _hook("chained"),
+                             "unchained": _hook("unchained", 80, 20, last=40.0)})
+    out = capsys.readouterr().out
+    assert "The loss did not fall under both hooks." in out and "checksum did" not in out
+
+
+def test_explain_hook_race_says_when_the_bug_happened_to_pass(capsys):
+    races.explain_hook_race({"chained": _hook("chained"), "unchained": _hook("unchained")})
+    assert "happened to be right on every step" in capsys.readouterr().out
+
+
+def test_explain_hook_race_asserts_the_chained_hook_was_right():
+    with pytest.raises(AssertionError):
+        races.explain_hook_race({"chained": _hook("chained", wrong=1),
+                                 "unchained": _hook("unchained", 80, 20)})
