@@ -57,10 +57,10 @@ def test_explain_lost_updates_reads_the_ranges_and_the_parallelism(capsys):
     assert ("The one-run dense write-back (seed 0, its loss printed in the next section) lost 57%, "
             "the same settings and seed rerun here 58%: only the") in out
     # the measured concurrency's prediction beside (W - 1)/W, and which losses exceed it
-    assert ("(W - 1)/W predicts 50% and 75% if all W workers run at once; with the workers "
-            "measured at once (1.60 and 1.75) it predicts 38% and 43%; the 4-worker losses "
-            "ended 15-19 points above it, the 2-worker ones within 5 points of it (a hypothesis"
-            ) in out
+    assert "  All W workers at once, (W - 1)/W: 50% and 75%.\n" in out
+    assert ("  The workers measured at once, p = 1.60 and 1.75, (p - 1)/p: 38% and 43%.\n"
+            "  The 4-worker losses ended 15-19 points above (p - 1)/p, the 2-worker ones within "
+            "5 points of it: a worker paused mid-update erases more (a hypothesis") in out
     assert ("In place lost a median of 16 with 2 workers and 28 with 4, at worst 28, of "
             "384,000") in out
     assert "(12,000 updates × 32 coordinates) in one run (3 runs each)" in out
@@ -128,10 +128,11 @@ def test_explain_mixed_reads(capsys, monkeypatch):
             "flagged; lock 0.") in out
     assert ("Checked against the prediction: the write-backs' 31.7% flagged is below the 60.7% of "
             "counter increments they lost, and in place had 31.1% flagged while losing 0.00%. "
-            "A flag needs a write overlapping the short read itself; a write-back's loss needs "
-            "one anywhere in its longer read-to-write window") in out
+            "A flag needs stamps that disagree at the read: a write in flight during the short "
+            "read, or stamps two unlocked writes left mixed; a write-back's loss needs a write "
+            "anywhere in its longer read-to-write window") in out
     assert "flagged reads are an indicator of overlap, not a count of damage." in out
-    assert "retried 2,439 of 12,000 reads (6,595 retries between them)" in out
+    assert "retried 2,439 of 12,000 reads (6,595 retries in all)" in out
     assert ("computed only from reads its check passed (on x86 with serialised writers it "
             "should miss none: argued in the appendix, not tested)." in out
             or "(complete only with the memory barriers the appendix names: appendix)." in out)
@@ -166,9 +167,10 @@ def _convergence_runs(wb_final=0.2, counted=150 * 32):
 def test_explain_convergence(capsys):
     races.explain_convergence(_convergence_runs(), problem=_Problem(), sparse=_Sparse())
     out = capsys.readouterr().out
-    assert "Lost without a lock: dense 56.8%, sparse 0.14%." in out
-    assert ("touches a given coordinate of another with chance 4.4e-01 (2/10 = 2.0e-01 for "
-            "random examples; here 4 examples are drawn again and again).") in out
+    assert "Write-backs lost: dense 56.8%, sparse 0.14% (one run each)." in out
+    assert ("touches a given coordinate of another with chance 4.4e-01: 2/10 = 2.0e-01 if the "
+            "two examples were unrelated, plus about 1/4 = 2.5e-01, the chance that the other "
+            "update is the same example (there are only 4).") in out
     # the raw count with its base, not only the rate
     assert ("Measured directly (one run): 72 updates landed on a write-back's first coordinate "
             "between its read and its write, over 60,000 write-backs (0.12 per 100), beside "
@@ -375,8 +377,9 @@ def test_explain_convergence_sets_in_place_beside_the_lost_updates_runs(capsys):
     rep = {("inplace", 4): [{"lost_fraction": f} for f in (0.00008, 0.00014, 0.00021)]}
     races.explain_convergence(runs, problem=_Problem(), sparse=_Sparse(), rep=rep)
     out = capsys.readouterr().out
-    assert ("Plain (non-atomic) in-place adds: dense 0.22% (this run; the 3 4-worker runs of "
-            "*Lost updates*: 0.008%-0.021%: in-place losses vary widely from run to run") in out
+    assert ("Plain (non-atomic) in-place adds lost: dense 0.22%, sparse 0.00% (one run each). "
+            "The 3 dense 4-worker in-place runs of *Lost updates* lost 0.008%-0.021%: in-place "
+            "losses vary from run to run") in out
 
 
 def test_summary_table_verdict_fails_on_a_quiet_machine(monkeypatch):

@@ -173,6 +173,15 @@ def _ddp_hook_rank(hook, steps, seed, lr):
     ddp.register_comm_hook(None, _hooks(world, pending)[hook])
     opt = torch.optim.SGD(ddp.parameters(), lr=lr)
     data = torch.Generator().manual_seed(seed * 1000 + rank)  # each rank its own examples
+    # One fixed held-out batch, the same on every rank: the loss before and after training is
+    # measured on it, not on the changing training batches.
+    held = torch.randn(512, 32, generator=torch.Generator().manual_seed(seed + 7919))
+
+    def held_out_loss() -> float:
+        with torch.no_grad():
+            return float(torch.nn.functional.mse_loss(model(held), held.sum(1, keepdim=True)))
+
+    before = held_out_loss()
     rows = []
     try:
         for _ in range(steps):
@@ -192,7 +201,6 @@ def _ddp_hook_rank(hook, steps, seed, lr):
             got = torch.cat([p.grad.flatten() for p in model.parameters()])
             opt.step()
             rows.append({
-                "loss": float(loss.detach()),
                 "error": float((got - mean).abs().max() / mean.abs().max()),
                 # DDP used this rank's own gradient / world, unreduced
                 "unreduced": float(torch.isclose(got, own / world, rtol=1e-5, atol=0).float()
@@ -202,7 +210,7 @@ def _ddp_hook_rank(hook, steps, seed, lr):
     finally:
         for work in pending:  # leave no collective in flight behind
             work.wait(datetime.timedelta(seconds=30))
-    return rows
+    return {"rows": rows, "loss_first": before, "loss_last": held_out_loss()}
 
 
 def ddp_hook_race(hook: str, *, workers: int = 4, steps: int = 20, seed: int = 0,
@@ -216,8 +224,8 @@ def ddp_hook_race(hook: str, *, workers: int = 4, steps: int = 20, seed: int = 0
     from the true average by more than 1e-5 of its largest element, "unreduced": the mean
     fraction of gradient elements equal to the rank's own gradient / workers, "max_error",
     "differ_steps": steps after which some rank's parameters differ from rank 0's (the
-    `monitor.compare_replicas` checksum), "loss_first", "loss_last": rank 0's loss at the
-    first and last step}.
+    `monitor.compare_replicas` checksum), "loss_first", "loss_last": rank 0's loss on a fixed
+    held-out batch of 512 examples before and after training}.
     """
     if hook not in HOOKS:
         raise ValueError(f"hook must be one of {HOOKS}, not {hook!r}")
@@ -227,13 +235,13 @@ def ddp_hook_race(hook: str, *, workers: int = 4, steps: int = 20, seed: int = 0
     with use_or_open(cluster, ranks=workers, ddp=True,
                      nodes=workers, nic=nic, timeout=timeout) as cl:
         out = cl.run(_ddp_hook_rank, hook, steps, seed, lr)
-    cells = [r for rank in out for r in rank]
+    cells = [r for rank in out for r in rank["rows"]]
     return {
         "hook": hook, "workers": len(out), "steps": steps,
         "wrong_steps": sum(c["error"] > 1e-5 for c in cells),
         "rank_steps": len(cells),
         "unreduced": float(np.mean([c["unreduced"] for c in cells])),
         "max_error": max(c["error"] for c in cells),
-        "differ_steps": sum(r["differ"] > 0 for r in out[0]),
-        "loss_first": out[0][0]["loss"], "loss_last": out[0][-1]["loss"],
+        "differ_steps": sum(r["differ"] > 0 for r in out[0]["rows"]),
+        "loss_first": out[0]["loss_first"], "loss_last": out[0]["loss_last"],
     }

@@ -94,8 +94,8 @@ def explain_hook_race(runs: dict) -> None:
                 f"{r['workers']}, unreduced" if r["wrong_steps"] else "")
         print(f"{r['hook']} hook: gradient wrong in {r['wrong_steps']} of {r['rank_steps']} "
               f"rank-steps ({r['workers']} ranks x {r['steps']} steps{what}); replicas "
-              f"differed after {r['differ_steps']} of {r['steps']} steps; rank 0's loss "
-              f"{r['loss_first']:.3g} -> {r['loss_last']:.3g}")
+              f"differed after {r['differ_steps']} of {r['steps']} steps; rank 0's held-out "
+              f"loss {r['loss_first']:.3g} -> {r['loss_last']:.3g}")
     both_fell = bad["loss_last"] < bad["loss_first"] and ok["loss_last"] < ok["loss_first"]
     if bad["wrong_steps"]:
         print("The loss fell under both hooks" if both_fell else "The loss did not fall under "
@@ -140,8 +140,8 @@ GPU_RACES_MORE = """
   [[pytorch.dcp_async_save_staging]] from another thread. By default it returns only after
   that copy is made (the copy stalls the training loop) and only the write runs in the
   background. With async staging (pass `async_stager=DefaultStager(...)` built with
-  [[pytorch.dcp_async_staging_option]]; CUDA only) the copy runs in the background too:
-  wait on its `staging_completion` before the next optimizer step (notebook 12),
+  [[pytorch.dcp_async_staging_option]]; documented as requiring CUDA) the copy runs in the
+  background too: wait on its `staging_completion` before the next optimizer step (notebook 12),
   or the checkpoint mixes two steps.
 """
 

@@ -16,6 +16,9 @@ from .show import fold, say
 MODES = ("writeback", "inplace", "lock", "seqlock")
 COLORS = {"writeback": "C3", "inplace": "C1", "lock": "C2", "seqlock": "C0"}
 NAME = {"writeback": "write-back", "inplace": "in place", "lock": "lock", "seqlock": "seqlock"}
+# Markers and dashes that tell the modes apart where their lines coincide.
+STYLE = {"writeback": {"marker": "o", "ls": "-"}, "inplace": {"marker": "s", "ls": "--"},
+         "lock": {"marker": "^", "ls": "-"}, "seqlock": {"marker": "x", "ls": ":"}}
 
 
 # --- Hogwild-style updates ----------------------------------------------------------------------
@@ -90,18 +93,19 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
     print(f"Write-backs lost {min(lost['writeback', 2]):.0%}-{max(lost['writeback', 2]):.0%} "
           f"with 2 workers and {min(lost['writeback', 4]):.0%}-{max(lost['writeback', 4]):.0%} "
           f"with 4 ({n_runs} runs each).")
-    print(f"(W - 1)/W predicts 50% and 75% if all W workers run at once; with the workers "
-          f"measured at once ({par['writeback', 2]:.2f} and {par['writeback', 4]:.2f}) it "
-          f"predicts {meas[2]:.0%} and {meas[4]:.0%}"
-          + ("; " + ", ".join(
-              f"the {w}-worker losses ended {100 * (min(lost['writeback', w]) - meas[w]):.0f}-"
-              f"{100 * (max(lost['writeback', w]) - meas[w]):.0f} points above it"
-              for w in above)
-             + "".join(f", the {w}-worker ones within 5 points of it" for w in (2, 4)
-                              if w not in above and all(abs(x - meas[w]) <= 0.05
-                                                        for x in lost["writeback", w]))
-             + " (a hypothesis, not measured: a worker paused mid-update erases more; fold "
-             "below)." if above else "."))
+    print("  All W workers at once, (W - 1)/W: 50% and 75%.")
+    print(f"  The workers measured at once, p = {par['writeback', 2]:.2f} and "
+          f"{par['writeback', 4]:.2f}, (p - 1)/p: {meas[2]:.0%} and {meas[4]:.0%}.")
+    if above:
+        print("  " + ", ".join(
+            f"the {w}-worker losses ended {100 * (min(lost['writeback', w]) - meas[w]):.0f}-"
+            f"{100 * (max(lost['writeback', w]) - meas[w]):.0f} points above (p - 1)/p"
+            for w in above).capitalize()
+            + "".join(f", the {w}-worker ones within 5 points of it" for w in (2, 4)
+                      if w not in above and all(abs(x - meas[w]) <= 0.05
+                                                for x in lost["writeback", w]))
+            + ": a worker paused mid-update erases more (a hypothesis, not measured; fold "
+            "below).")
     rerun = (f"The one-run dense write-back (seed 0, its loss printed in the next section) lost "
              f"{runs['dense', 'writeback']['lost_fraction']:.0%}, the same settings and seed "
              f"rerun here {rep['writeback', 4][0]['lost_fraction']:.0%}: only the scheduling "
@@ -187,7 +191,7 @@ def explain_mixed_reads(runs: dict) -> None:
 
     x86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
     print(f"The seqlock retried {sq['retried_reads']:,} of {sq['updates']:,} reads "
-          f"({sq['retries']:,} retries between them) and "
+          f"({sq['retries']:,} retries in all) and "
           "computed only from reads its check passed ("
           + ("on x86 with serialised writers it should miss none: argued in the appendix, "
              "not tested" if x86 else
@@ -198,10 +202,12 @@ def explain_mixed_reads(runs: dict) -> None:
     print(f"Checked against the prediction: the write-backs' {share:.1%} flagged is "
           f"{'below' if share < wb['lost_fraction'] else 'not below'} the "
           f"{wb['lost_fraction']:.1%} of counter increments they lost, and in place had "
-          f"{ip_share:.1%} flagged while losing {ip['lost_fraction']:.2%}. A flag needs a write "
-          "overlapping the short read itself; a write-back's loss needs one anywhere in its "
-          "longer read-to-write window, and in place's adds lose almost nothing to an overlap. "
-          "So flagged reads are an indicator of overlap, not a count of damage.")
+          f"{ip_share:.1%} flagged while losing {ip['lost_fraction']:.2%}. A flag needs stamps "
+          "that disagree at the read: a write in flight during the short read, or stamps two "
+          "unlocked writes left mixed; a write-back's loss needs a write anywhere in its "
+          "longer read-to-write window. In place overlaps just as much, but its adds lose "
+          "almost nothing to an overlap. So flagged reads are an indicator of overlap, not a "
+          "count of damage.")
     if sq["retries"] > 100 * max(sq["retried_reads"], 1):
         facts.show("So many retries per read suggest a writer was paused mid-write (descheduled) "
                    "while readers spun on its half-written stamps; that is why Linux rules: "
@@ -258,21 +264,24 @@ def explain_convergence(runs: dict, *, problem, sparse, rep: dict | None = None)
     ratio = {n: runs[n, "writeback"]["final_loss"] / runs[n, "lock"]["final_loss"]
              for n in ("dense", "sparse")}
     hit = hit_chance(sparse)
-    print(f"Lost without a lock: dense {d['lost_fraction']:.1%}, sparse {s['lost_fraction']:.2%}."
-          + ("" if ("sparse", "inplace") not in runs else
-             " Plain (non-atomic) in-place adds: dense "
-             f"{runs['dense', 'inplace']['lost_fraction']:.2%}"
-             + ("" if rep is None else
-                f" (this run; the {len(rep['inplace', 4])} 4-worker runs of *Lost updates*: "
-                f"{min(r['lost_fraction'] for r in rep['inplace', 4]):.3%}-"
-                f"{max(r['lost_fraction'] for r in rep['inplace', 4]):.3%}: in-place losses "
-                "vary widely from run to run with the scheduling)")
-             + f", sparse {runs['sparse', 'inplace']['lost_fraction']:.2%}."))
+    print(f"Write-backs lost: dense {d['lost_fraction']:.1%}, sparse "
+          f"{s['lost_fraction']:.2%} (one run each).")
+    if ("sparse", "inplace") in runs:
+        print(f"Plain (non-atomic) in-place adds lost: dense "
+              f"{runs['dense', 'inplace']['lost_fraction']:.2%}, sparse "
+              f"{runs['sparse', 'inplace']['lost_fraction']:.2%} (one run each)."
+              + ("" if rep is None else
+                 f" The {len(rep['inplace', 4])} dense 4-worker in-place runs of *Lost "
+                 f"updates* lost {min(r['lost_fraction'] for r in rep['inplace', 4]):.3%}-"
+                 f"{max(r['lost_fraction'] for r in rep['inplace', 4]):.3%}: in-place losses "
+                 "vary from run to run with the scheduling."))
     landed = round(s["age_mean"] * s["updates"])
     fold("Why the sparse problem loses so little: the chance of touching the same coordinate",
          f"On the sparse problem an update touches a given coordinate of another with chance "
-         f"{hit:.1e} ({sparse.nnz}/{sparse.dim} = {sparse.nnz / sparse.dim:.1e} for random "
-         f"examples; here {sparse.examples:,} examples are drawn again and again).\n"
+         f"{hit:.1e}: {sparse.nnz}/{sparse.dim} = {sparse.nnz / sparse.dim:.1e} if the two "
+         f"examples were unrelated, plus about 1/{sparse.examples:,} = "
+         f"{1 / sparse.examples:.1e}, the chance that the other update is the same example "
+         f"(there are only {sparse.examples:,}).\n"
          f"Measured directly (one run): {landed:,} updates landed on a write-back's first "
          f"coordinate between its read and its write, over {s['updates']:,} write-backs "
          f"({100 * s['age_mean']:.2f} per 100), beside {s['lost_fraction']:.2%} of increments "
@@ -345,8 +354,8 @@ def plot_cost(cost: dict) -> None:
         med = [float(np.median(v)) for v in surv[m]]
         ax1.errorbar(ws, med, yerr=[np.subtract(med, [v.min() for v in surv[m]]),
                                     np.subtract([v.max() for v in surv[m]], med)],
-                     fmt="o-", capsize=3, color=COLORS[m], label=NAME[m])
-        ax2.plot(ws, cost["parallelism"][m], "o-", color=COLORS[m], label=NAME[m])
+                     capsize=3, color=COLORS[m], label=NAME[m], **STYLE[m])
+        ax2.plot(ws, cost["parallelism"][m], color=COLORS[m], label=NAME[m], **STYLE[m])
     ax1.set_xticks(ws)
     ax1.set_xlabel("workers")
     ax1.set_ylim(bottom=0)

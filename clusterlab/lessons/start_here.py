@@ -326,11 +326,12 @@ def real_cluster_text(*, alpha: float, rate_Bps: float, alpha_nccl: float, nic_B
   ([[nvidia.h100_nvlink_bw_per_direction]] per direction). So there the bandwidth term of this
   step would be small; the per-round latency remains, and it matters for small buckets
   (notebook 01).
-- **Transport.** NCCL over InfiniBand or RoCE (the fabrics of its built-in InfiniBand-verbs
-  transport; other networks use its TCP socket transport or a [network plugin]({NET_PLUGINS}))
-  uses RDMA, remote direct memory access: the NIC runs the transport ([[rdma.kernel_bypass]]
-  between registered buffers, into which NCCL copies the user's data unless that buffer is
-  registered too), without the system calls and socket copies of Gloo over TCP.
+- **Transport.** NCCL over InfiniBand or RoCE uses RDMA, remote direct memory access: the NIC
+  runs the transport ([[rdma.kernel_bypass]] between registered buffers, into which NCCL
+  copies the user's data unless that buffer is registered too), without the system calls and
+  socket copies of Gloo over TCP. That is NCCL's built-in InfiniBand-verbs transport; other
+  networks use its TCP socket transport or a [network plugin]({NET_PLUGINS}), and with
+  `NCCL_DEBUG=INFO` each rank logs which it set up: [[nccl.net_transport_log]].
 
 <details><summary>How small is too small on a real cluster? (needs notebook 01)</summary>
 
