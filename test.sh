@@ -13,7 +13,7 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
     || echo "test.sh: chromium could not be installed; the browser tests will be skipped" >&2
 fi
-.venv/bin/ruff check clusterlab tests benchmarks
+.venv/bin/ruff check clusterlab tests benchmarks scripts
 # Everything by default: the unit and multi-process tests, then every notebook and solved
 # lab under nbval. Extra arguments go to pytest (e.g. ./test.sh -x -k cluster); paths
 # replace the defaults.

@@ -14,6 +14,9 @@ stamp=.venv/.clusterlab-installed
 want=$(cat requirements.txt requirements-dev.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "Setting up .venv (first run only; torch is the CPU build)..."
+  # torch first, as the CPU build (PyTorch's CPU index on Linux, where PyPI's is the CUDA
+  # build); the pin below it is then already satisfied.
+  .venv/bin/python scripts/install_torch.py
   .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -e .
   echo "$want" > "$stamp"
