@@ -90,12 +90,14 @@ def test_extra_time_from_jitter_grows_like_expected_max():
     predicted = rows[8]["predicted_s"] - rows[2]["predicted_s"]
     measured = rows[8]["arrival_extra_s"] - rows[2]["arrival_extra_s"]
     assert 0.5 * predicted < measured < 1.6 * predicted
-    # End to end, through the network, jitter costs time too (generously: this machine's own
-    # wake-up jitter of 8 ranks on 2 cores is not paid twice). Judged on medians: a few load
-    # spikes in the jitter-free run once made CI's mean difference negative (-1.8 ms).
-    r8 = rows[8]
-    assert r8["median_extra_s"] > 0.25 * r8["predicted_median_s"], {
-        k: r8[k] for k in ("median_extra_s", "predicted_median_s", "extra_s", "calm_lateness_s")}
+    # End to end, through the network, jitter costs time too. Judged on 2 ranks, by medians:
+    # on 2 cores the 8 ranks' own all-reduce (15-19 ms after the last arrival without jitter,
+    # measured here) is as large as the jitter and once left CI's 8-rank median difference at
+    # -0.5 ms; 2 ranks' took 1-4 ms here, quiet or beside two busy processes.
+    r2 = rows[2]
+    assert r2["median_extra_s"] > 0.5 * r2["predicted_median_s"], {
+        k: r2[k] for k in ("median_extra_s", "predicted_median_s", "calm_after_s",
+                           "jittery_after_s")}
 
 
 def test_hierarchical_beats_flat_ring_when_intra_is_much_faster():

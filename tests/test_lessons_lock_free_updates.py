@@ -53,31 +53,33 @@ def test_hit_chance_counts_the_examples_sharing_a_coordinate():
 def test_explain_lost_updates_reads_the_ranges_and_the_parallelism(capsys):
     races.explain_lost_updates(_rep(), _runs_lost(), problem=_Problem(), cores=2)
     out = capsys.readouterr().out
-    assert "Write-backs lost 38%-42% with 2 workers and 58%-62% with 4 (3 runs each" in out
+    # the headline: the losses against (W - 1)/W, in place's worst run, the fixes
+    assert ("Write-backs lost 38%-42% with 2 workers and 58%-62% with 4 (3 runs each), against "
+            "(W - 1)/W = 50% and 75% if all W ran at once.\n") in out
+    assert ("In place lost at most 0.007% of the counter increments (28 of 384,000, 12,000 "
+            "updates × 32 coordinates, in its worst run); lock and seqlock lost 0 and 0.") in out
+    assert "too few to test its race" not in out
+    # the fold: the measured concurrency's prediction, where the losses ended, the spread
     assert ("The one-run dense write-back (seed 0, its loss printed in the next section) lost 57%, "
             "the same settings and seed rerun here 58%: only the") in out
-    # the measured concurrency's prediction beside (W - 1)/W, and which losses exceed it
-    assert "  All W workers at once, (W - 1)/W: 50% and 75%.\n" in out
-    assert ("  The workers measured at once, p = 1.60 and 1.75, (p - 1)/p: 38% and 43%.\n"
-            "  The 4-worker losses ended 15-19 points above (p - 1)/p, the 2-worker ones within "
-            "5 points of it: a worker paused mid-update erases more (a hypothesis") in out
-    assert ("In place lost a median of 16 with 2 workers and 28 with 4, at worst 28, of "
-            "384,000") in out
-    assert "(12,000 updates × 32 coordinates) in one run (3 runs each)" in out
+    assert ("Workers at once on 2 cores (CPU seconds ÷ wall seconds): write-back 1.60 and 1.75, "
+            "in place 1.76 and 1.75. With p workers at once the same argument predicts "
+            "(p − 1)/p: 38% and 43% for the write-backs; the 2-worker losses ended 0-4 points "
+            "above it, the 4-worker losses ended 15-19 points above it. A worker paused "
+            "mid-update erases more (a hypothesis") in out
+    assert "In place lost a median of 16 increments with 2 workers and 28 with 4." in out
     assert "far above the median" not in out
-    assert "in place 1.76 and 1.75." in out
-    assert ("1.75 of the 4 write-back workers ran at once, and all at once they would lose "
-            "(1.75 − 1)/1.75 = 43%; the 4-worker losses ended above it. Pauses could explain "
-            "the rest (a hypothesis: descheduled windows are not counted here)") in out
     assert "Two effects" not in out
     races.explain_lost_updates(_rep(lost_wb=(0.4, 0.3)), _runs_lost(), problem=_Problem(),
                                cores=2)
-    assert "losses ended below it." in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "the 4-worker losses ended 11-15 points below it." in out
+    assert "A worker paused mid-update erases more" not in out
     races.explain_lost_updates(_rep(par_wb=(1.9, 3.5), par_in=(1.2, 1.9)), _runs_lost(),
                                problem=_Problem(), cores=4)
     out = capsys.readouterr().out
-    assert ": too few at once to test the in-place race here (the cost runs below" in out
-    assert "write-back workers ran at once" not in out
+    assert ("In place ran only 1.20 workers at once at best: too few to test its race here "
+            "(the cost runs below") in out
     races.explain_lost_updates(_rep(par_wb=(0.89, 0.91)), _runs_lost(), problem=_Problem(),
                                cores=2)
     out = capsys.readouterr().out
@@ -310,7 +312,7 @@ def test_explain_cost(capsys):
 
 
 def _allreduce_runs(final=6.6e-5, lock_lost=0):
-    return {("dense", "allreduce"): {"examples": 12000, "steps": 47, "elapsed_s": 0.29,
+    return {("dense", "allreduce"): {"examples": 12000, "batch": 64, "steps": 47, "elapsed_s": 0.29,
                                      "steps_per_s": 160.0, "examples_per_s": 40754.0,
                                      "workers": 4, "lost": 0, "replicas_agree": True,
                                      "final_loss": final, "initial_loss": 0.43},
@@ -321,16 +323,17 @@ def _allreduce_runs(final=6.6e-5, lock_lost=0):
 def test_explain_allreduce(capsys):
     races.explain_allreduce(_allreduce_runs())
     out = capsys.readouterr().out
-    assert ("12,000 examples in 47 updates (4 ranks × 64 examples each), 0.29 s: 160 "
+    assert ("12,000 examples in 47 updates (up to 4 ranks × 64 examples each; the last one "
+            "takes what is left), 0.29 s: 160 "
             "updates/s, 40,754 examples/s, 6.2 ms per step; 0 lost") in out
     races.explain_allreduce(_allreduce_runs(), _cost())
     assert "6.2 ms per step" in capsys.readouterr().out  # no nic given: no floor
     runs = _allreduce_runs()
     runs["dense", "allreduce"]["nic"] = "delay 100us"
     races.explain_allreduce(runs, _cost())
-    assert ("6.2 ms per step against about 0.6 ms the network delay alone needs (a ring: "
-            "2 × (4 − 1) sends in turn × 100 µs); the rest, not split up here, is 4 ranks "
-            "sharing 2 cores") in capsys.readouterr().out
+    assert ("6.2 ms per step against about 0.6 ms the network delay alone needs (Gloo's ring: "
+            "2 × (4 − 1) steps in turn × 100 µs, its segments pipelined within a step); the "
+            "rest, not split up here, is 4 ranks sharing 2 cores") in capsys.readouterr().out
     assert ("Final loss 6.6e-05, against 1.1e-07 for the write-back run on the same examples: "
             "that does not rank the two, since it took 47 large steps") in out
     races.explain_allreduce(_allreduce_runs(final=1e-8))

@@ -218,7 +218,8 @@ def test_real_cluster_text_computes_the_crossover_and_renders():
     text = " ".join(text.split())
     assert ("the transport ([[rdma.kernel_bypass]] between registered buffers, into which NCCL "
             "copies the user's data unless that buffer is registered too)") in text
-    assert "plus the latency the network plugin reports, 0 for NCCL's own InfiniBand" in text
+    assert ("plus, twice for Simple, the latency the network plugin reports, 0 for NCCL's own "
+            "InfiniBand and socket") in text
     text = start.real_cluster_text(alpha=2e-3, rate_Bps=125e6, alpha_nccl=14e-6, nic_Bps=50e9,
                                    first_bucket=1.5e6)
     assert "from 3 nodes" in " ".join(text.split())  # 1.5 MB / 2 is above 0.7 MB, / 3 below

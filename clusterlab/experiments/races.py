@@ -431,7 +431,7 @@ def sync_allreduce(
         "expected": expected, "counted": counted, "lost": expected - counted,
         "lost_fraction": (expected - counted) / expected,
         "reads": total, "mixed_reads": 0, "mixed_fraction": 0.0, "retries": 0, "retried_reads": 0,
-        "elapsed_s": elapsed, "examples": total, "steps": -(-updates // batch),
+        "elapsed_s": elapsed, "examples": total, "batch": batch, "steps": -(-updates // batch),
         "examples_per_s": total / elapsed, "steps_per_s": -(-updates // batch) / elapsed,
         "curve_updates": np.array(out[0]["curve_u"]), "curve_loss": np.array(out[0]["curve_l"]),
         "initial_loss": float(out[0]["curve_l"][0]), "final_loss": loss(problem, out[0]["x"]),

@@ -72,6 +72,16 @@ def far_above_median(losses: list) -> bool:
     return max(losses) > 10 * max(np.median(losses), 1)
 
 
+def _beside(losses: list, predicted: float) -> str:
+    """Where a range of lost fractions ended against a prediction, in points."""
+    lo, hi = (100 * (x - predicted) for x in (min(losses), max(losses)))
+    if lo > 0:
+        return f"{lo:.0f}-{hi:.0f} points above it"
+    if hi < 0:
+        return f"{-hi:.0f}-{-lo:.0f} points below it"
+    return "on both sides of it"
+
+
 def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
     """How much write-backs and in-place adds lost over the seeds of `rep` (2 and 4 workers;
     `rep[m, w][k]` ran with seed k), beside the one-run write-back, lock and seqlock in `runs`
@@ -90,44 +100,42 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
     meas = {w: (par["writeback", w] - 1) / par["writeback", w] if par["writeback", w] > 1 else 0.0
             for w in (2, 4)}
     above = [w for w in (2, 4) if min(lost["writeback", w]) > meas[w] + 0.05]
+    # The headline: the losses against (W - 1)/W, and in place's worst run. Everything that
+    # explains the gap (workers at once, pauses, run-to-run spread) goes in the fold below.
     print(f"Write-backs lost {min(lost['writeback', 2]):.0%}-{max(lost['writeback', 2]):.0%} "
           f"with 2 workers and {min(lost['writeback', 4]):.0%}-{max(lost['writeback', 4]):.0%} "
-          f"with 4 ({n_runs} runs each).")
-    print("  All W workers at once, (W - 1)/W: 50% and 75%.")
-    print(f"  The workers measured at once, p = {par['writeback', 2]:.2f} and "
-          f"{par['writeback', 4]:.2f}, (p - 1)/p: {meas[2]:.0%} and {meas[4]:.0%}.")
-    if above:
-        print("  " + ", ".join(
-            f"the {w}-worker losses ended {100 * (min(lost['writeback', w]) - meas[w]):.0f}-"
-            f"{100 * (max(lost['writeback', w]) - meas[w]):.0f} points above (p - 1)/p"
-            for w in above).capitalize()
-            + "".join(f", the {w}-worker ones within 5 points of it" for w in (2, 4)
-                      if w not in above and all(abs(x - meas[w]) <= 0.05
-                                                for x in lost["writeback", w]))
-            + ": a worker paused mid-update erases more (a hypothesis, not measured; fold "
-            "below).")
+          f"with 4 ({n_runs} runs each), against (W - 1)/W = 50% and 75% if all W ran at once.")
+    par_in = min(par["inplace", w] for w in (2, 4))
+    in_lost = [r["lost"] for w in (2, 4) for r in rep["inplace", w]]
+    expected = rep["inplace", 4][0]["expected"]
+    print(f"In place lost at most {max(in_lost) / expected:.3%} of the counter increments "
+          f"({max(in_lost):,} of {expected:,}, {rep['inplace', 4][0]['updates']:,} updates × "
+          f"{problem.nnz} coordinates, in its worst run); lock and seqlock lost "
+          f"{runs['dense', 'lock']['lost']} and {runs['dense', 'seqlock']['lost']}.")
+    if par_in <= 1.3:
+        print(f"In place ran only {par_in:.2f} workers at once at best: too few to test its race "
+              "here (the cost runs below count it with overlapping workers).")
+    in_med = {w: np.median([r["lost"] for r in rep["inplace", w]]) for w in (2, 4)}
+    detail = (
+        f"Workers at once on {cores} cores (CPU seconds ÷ wall seconds): write-back "
+        f"{par['writeback', 2]:.2f} and {par['writeback', 4]:.2f}, in place "
+        f"{par['inplace', 2]:.2f} and {par['inplace', 4]:.2f}. With p workers at once the "
+        f"same argument predicts (p − 1)/p: {meas[2]:.0%} and {meas[4]:.0%} for the write-backs; "
+        + ", ".join(f"the {w}-worker losses ended {_beside(lost['writeback', w], meas[w])}"
+                    for w in (2, 4))
+        + (". A worker paused mid-update erases more (a hypothesis, not measured: below)."
+           if above else ".")
+        + f"\n\nIn place lost a median of {in_med[2]:,.0f} increments with 2 workers and "
+        f"{in_med[4]:,.0f} with 4"
+        + (": the worst run is far above the median, so in-place losses vary a lot from run "
+           "to run. Two adds colliding on an element, or a worker paused between its load and "
+           "store, each lose increments; these runs do not tell which happened."
+           if far_above_median(in_lost) else ".")
+        + "\n\n")
     rerun = (f"The one-run dense write-back (seed 0, its loss printed in the next section) lost "
              f"{runs['dense', 'writeback']['lost_fraction']:.0%}, the same settings and seed "
              f"rerun here {rep['writeback', 4][0]['lost_fraction']:.0%}: only the scheduling "
              "differs between them.\n\n")
-    par_in = min(par["inplace", w] for w in (2, 4))
-    in_lost = [r["lost"] for w in (2, 4) for r in rep["inplace", w]]
-    in_med = {w: np.median([r["lost"] for r in rep["inplace", w]]) for w in (2, 4)}
-    print(f"In place lost a median of {in_med[2]:,.0f} with 2 workers and {in_med[4]:,.0f} "
-          f"with 4, at worst {max(in_lost):,}, "
-          f"of {rep['inplace', 4][0]['expected']:,} coordinate increments "
-          f"({rep['inplace', 4][0]['updates']:,} updates × {problem.nnz} coordinates) in one "
-          f"run ({n_runs} runs each); lock and seqlock lost {runs['dense', 'lock']['lost']} "
-          f"and {runs['dense', 'seqlock']['lost']}.")
-    if far_above_median(in_lost):
-        print("The worst run is far above the median: in-place losses vary a lot from run to "
-              "run. Two adds colliding on an element, or a worker paused between its load and "
-              "store, each lose increments; these runs do not tell which happened.")
-    print(f"Workers at once on {cores} cores: write-back "
-          f"{par['writeback', 2]:.2f} and {par['writeback', 4]:.2f}, in place "
-          f"{par['inplace', 2]:.2f} and {par['inplace', 4]:.2f}"
-          + ("." if par_in > 1.3 else ": too few at once to test the in-place race here (the "
-                                       "cost runs below count it with overlapping workers)."))
     p4 = par["writeback", 4]
     pause_note = ""  # how many ran at once against the 4-worker losses: folded with the slices
     if p4 < 1:
@@ -140,26 +148,15 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
             "that caused; the losses fit workers the scheduler paused between read and "
             "write-back (not measured apart here): paused in turn, each resumed worker erases "
             "the others' slices, about (W - 1)/W again, for a different reason.")
-    elif p4 < 3:  # (W - 1)/W with W the workers really at once, not the 4 started
-        at_once = (p4 - 1) / p4
-        net = ("below" if max(lost["writeback", 4]) < at_once else
-               "above" if min(lost["writeback", 4]) > at_once else "on both sides of")
-        pause_note = (
-            f"\n\n{p4:.2f} of the 4 write-back workers ran at once, and all at once they would "
-            f"lose ({p4:.2f} − 1)/{p4:.2f} = {at_once:.0%}; the 4-worker losses ended {net} it"
-            + (". Pauses could explain the rest (a hypothesis: descheduled windows are not "
-               "counted here): a worker descheduled between its read and its write-back "
-               "erases, when it resumes, all the others wrote meanwhile."
-               if net == "above" else "."))
     slice_ms = time_slice_here()
     here = "" if slice_ms is None else (
         f"; with this kernel's {os.cpu_count()} online CPUs (the count it scales by, which "
         f"can exceed the cores this notebook may use) {slice_ms:.1f} ms, or up to a scheduler "
         "tick more (the slice ends on a tick: 4 ms at HZ=250), about the stretch a paused "
         "worker can erase")
-    say("<details><summary>Shared cores: a worker paused mid-update erases more "
-        "(time slices)</summary>\n\n"
-        + rerun
+    say("<details><summary>Why the losses are not (W − 1)/W: workers at once, pauses and "
+        "time slices</summary>\n\n"
+        + detail + rerun
         + "Shared cores add a second route to lost updates: the scheduler runs each process "
         "for a **time slice**, then switches, and a worker paused inside its read-to-write "
         "window erases, when it resumes, the others' whole slices (about (W − 1)/W again).\n\n"
@@ -519,13 +516,14 @@ def explain_allreduce(runs: dict, cost: dict | None = None) -> None:
     versus = f", {step_ms:.1f} ms per step"
     if delay:  # a ring all-reduce sends 2 (W - 1) times in turn, each delayed once
         versus += (f" against about {2 * (w - 1) * float(delay[1]) / 1e3:.1f} ms the network "
-                   f"delay alone needs (a ring: 2 × ({w} − 1) sends in turn × {delay[1]} µs); "
+                   f"delay alone needs (Gloo's ring: 2 × ({w} − 1) steps in turn × {delay[1]} "
+                   "µs, its segments pipelined within a step); "
                    f"the rest, not split up here, is {w} ranks sharing "
                    f"{cost['cores'] if cost else os.cpu_count()} cores, the user-space network "
                    "emulator and the gradient compute")
     print(f"Synchronous all-reduce ({w} ranks, emulated network): "
-          f"{ar_run['examples']:,} examples in {ar_run['steps']} updates ({w} ranks × 64 "
-          "examples each), "
+          f"{ar_run['examples']:,} examples in {ar_run['steps']} updates (up to {w} ranks × "
+          f"{ar_run['batch']} examples each; the last one takes what is left), "
           f"{ar_run['elapsed_s']:.2f} s: {ar_run['steps_per_s']:,.0f} updates/s, "
           f"{ar_run['examples_per_s']:,.0f} examples/s{versus}; {ar_run['lost']} lost by "
           f"construction; replicas bit-identical: {ar_run['replicas_agree']}.")

@@ -338,8 +338,9 @@ def real_cluster_text(*, alpha: float, rate_Bps: float, alpha_nccl: float, nic_B
 n* = α × bandwidth is the message size whose latency and bandwidth terms are equal (notebook
 01): here {alpha * 1e3:g} ms × {rate_Bps / 1e6:g} MB/s = {n_star_here / 1e3:.0f} kB. NCCL's
 tuner, [[nccl.tuner_model]], charges [[nccl.tuner_net_ring_step_latency_simple]] per ring
-round across the network (NCCL calls a round a step; plus the latency the network plugin
-reports, 0 for NCCL's own InfiniBand transport) with its Simple protocol, the one for
+round across the network (NCCL calls a round a step; plus, twice for Simple, the latency
+the network plugin reports, 0 for NCCL's own InfiniBand and socket transports) with its
+Simple protocol, the one for
 large messages. The tuner's per-round α × a ConnectX-7's line rate
 ([[nvidia.connectx7_rate_bytes]]) gives n* ≈ {n_star_nccl / 1e6:.1f} MB (a simplification:
 the tuner also charges a fixed latency per call). So, in NCCL's cost model and if it ran
