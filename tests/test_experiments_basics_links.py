@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clusterlab import Netem, models
+from clusterlab import Netem, doctor, models
 from clusterlab.experiments import basics, links
 
 pytestmark = pytest.mark.timeout(120)
@@ -197,8 +197,12 @@ def test_noise_floor_is_measured():
     assert 0 < floor["percentiles"]["p1"] <= floor["percentiles"]["p50"] <= floor["percentiles"][
         "p99"]
     assert floor["timer_overshoot_us"]["p50"] >= 0
+    # The faithful floor is probed in runs of its own (doctor.faithful_floor), at another
+    # moment than the pings above: no order between it and their median holds on a shared
+    # machine (a fresh clone once measured 1.08 ms pings beside a 0.5 ms floor). It is the
+    # first candidate delay whose median was met.
     faithful = floor["smallest_faithful_delay_ms"]
-    assert faithful is None or faithful >= floor["percentiles"]["p50"]
+    assert faithful is None or round(faithful * 1e3) in doctor.FLOOR_CANDIDATES_US
     assert floor["added_p99_ms"] >= 0  # a message is never early
 
 

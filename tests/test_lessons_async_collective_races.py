@@ -79,3 +79,14 @@ def test_explain_hook_race_asserts_the_chained_hook_was_right():
     with pytest.raises(AssertionError):
         races.explain_hook_race({"chained": _hook("chained", wrong=1),
                                  "unchained": _hook("unchained", 80, 20)})
+
+
+def test_explain_async_races_accounts_for_every_edited_element(capsys):
+    ar = _async()
+    ar["variants"]["edit_before_wait"]["wrong_elements"] = 0.994
+    races.explain_async_races(ar, _async())
+    out = capsys.readouterr().out
+    # sent 73.7% + overwritten 0.0% + other 25.7% + right 0.6% = 100%
+    assert ("edit sent by every rank (410) 73.7% of the elements, overwritten by Gloo (10) 0.0%, "
+            "other wrong values (some ranks' edits sent, or a mix) 25.7%, right by chance (110) "
+            "0.6%;") in out

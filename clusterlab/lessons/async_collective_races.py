@@ -58,7 +58,8 @@ def explain_async_races(ar: dict, ar1: dict) -> None:
     print(f"edit before wait(): wrong in {d['wrong_trials']} of {d['reads']} rank-trials: edit "
           f"sent by every rank (410) {d['edit_sent']:.1%} of the elements, overwritten by Gloo "
           f"(10) {d['edit_lost']:.1%}, other wrong values (some ranks' edits sent, or a mix) "
-          f"{d['wrong_elements'] - d['edit_sent'] - d['edit_lost']:.1%}; "
+          f"{d['wrong_elements'] - d['edit_sent'] - d['edit_lost']:.1%}, right by chance (110) "
+          f"{1 - d['wrong_elements']:.1%}; "
           f"ranks disagree in {d['disagree_trials']} of "
           f"{ar['trials']} trials")
     agree_wrong = agreeing_wrong_trials(ar)

@@ -544,7 +544,7 @@ GPU_LOCK_FREE = """
 - **Lock-free on purpose**: Hogwild! ([[paper.hogwild_niu2011]]); PyTorch's Hogwild example,
   which steps in place ([[pytorch.mnist_hogwild]]).
 - **Dense GPU training uses synchronous collectives** (all-reduce; reduce-scatter and
-  all-gather when parameters are sharded): no two ranks write the same memory, so no update
-  is lost between them, and the price is that everyone waits. Llama 3:
+  all-gather when parameters are sharded): no two ranks write the same parameters, so no
+  update is lost between them, and the price is that everyone waits. Llama 3:
   [[meta.llama3_synchronous]].
 """
