@@ -271,7 +271,8 @@ def test_explain_cost(capsys):
     assert "two cores writing the same 32 coordinates" in out and "handing it" in out
     assert "4 workers on 2 cores (more workers than cores): in place" in out
     assert "spread by up to 20% with 1 worker, another run can reorder" in out
-    assert "(by median; '>': all runs below, '≥': ranges overlap). With 3 runs" in out
+    assert ("(by median surviving updates/s; 'A > B': every run of A faster than every run of B, "
+            "'A ≥ B': their ranges overlap). With 3 runs") in out
     assert "≈" not in out
     slow = _cost()
     # plain lists, as the experiment returns them (a numpy-only path once raised in 06)
@@ -390,3 +391,14 @@ def test_summary_table_verdict_fails_on_a_quiet_machine(monkeypatch):
     monkeypatch.setattr(common, "load_per_core", lambda: 0.0)  # a quiet machine: a real failure
     with pytest.raises(AssertionError, match="in-place run ended below"):
         races.summary_table(runs)
+
+
+def test_explain_mixed_reads_names_a_likely_cause_only_when_in_place_is_flagged_more(capsys):
+    runs = _mixed_runs()
+    races.explain_mixed_reads(runs)
+    assert "more often than the write-backs here" not in capsys.readouterr().out
+    runs["dense", "inplace"]["mixed_reads"] = 4400  # 36.7% against the write-backs' 31.7%
+    races.explain_mixed_reads(runs)
+    out = capsys.readouterr().out
+    assert ("In place overlaps just as much (more often than the write-backs here; a likely "
+            "cause, not measured apart:") in out

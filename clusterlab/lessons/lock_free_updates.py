@@ -202,9 +202,12 @@ def explain_mixed_reads(runs: dict) -> None:
           f"{ip_share:.1%} flagged while losing {ip['lost_fraction']:.2%}. A flag needs stamps "
           "that disagree at the read: a write in flight during the short read, or stamps two "
           "unlocked writes left mixed; a write-back's loss needs a write anywhere in its "
-          "longer read-to-write window. In place overlaps just as much, but its adds lose "
-          "almost nothing to an overlap. So flagged reads are an indicator of overlap, not a "
-          "count of damage.")
+          "longer read-to-write window. In place overlaps just as much"
+          + (" (more often than the write-backs here; a likely cause, not measured apart: its "
+             "element-by-element writes, np.subtract.at, take longer than a write-back's one "
+             "store, so more reads meet one in flight)" if ip_share > share else "")
+          + ", but its adds lose almost nothing to an overlap. So flagged reads are an "
+          "indicator of overlap, not a count of damage.")
     if sq["retries"] > 100 * max(sq["retried_reads"], 1):
         facts.show("So many retries per read suggest a writer was paused mid-write (descheduled) "
                    "while readers spun on its half-written stamps; that is why Linux rules: "
@@ -468,7 +471,8 @@ def explain_cost(cost: dict, *, problem) -> None:
     order = ranking(surv, modes, top)
     lines.append(f"{ws[top]} workers on {cost['cores']} cores"
                  f"{' (more workers than cores)' if cost['cores'] < ws[top] else ''}: {order}"
-                 " (by median; '>': all runs below, '≥': ranges overlap). With "
+                 " (by median surviving updates/s; 'A > B': every run of A faster than every "
+                 "run of B, 'A ≥ B': their ranges overlap). With "
                  f"{cost['repeats']} runs a mode, and one mode's own runs spread by up "
                  f"to {spread:.0%} with 1 worker, another run can reorder the modes.")
     fold("How sure is this? The medians, their ranges, CPU per update, the order at "

@@ -329,9 +329,9 @@ def real_cluster_text(*, alpha: float, rate_Bps: float, alpha_nccl: float, nic_B
 - **Transport.** NCCL over InfiniBand or RoCE uses RDMA, remote direct memory access: the NIC
   runs the transport ([[rdma.kernel_bypass]] between registered buffers, into which NCCL
   copies the user's data unless that buffer is registered too), without the system calls and
-  socket copies of Gloo over TCP. Those buffers are in GPU memory, read and written by the
-  NIC directly, only with GPUDirect RDMA (NCCL's log shows it: [[nccl.gdrdma_channel_log]]);
-  otherwise they are in host memory. That is NCCL's built-in InfiniBand-verbs transport; other
+  socket copies of Gloo over TCP. The NIC reads and writes GPU memory directly only with
+  GPUDirect RDMA (NCCL's log shows it: [[nccl.gdrdma_channel_log]]); otherwise NCCL's
+  network buffers are in host memory. That is NCCL's built-in InfiniBand-verbs transport; other
   networks use its TCP socket transport or a [network plugin]({NET_PLUGINS}), and with
   `NCCL_DEBUG=INFO` each rank logs which it set up: [[nccl.net_transport_log]].
 
