@@ -102,7 +102,8 @@ def explain_hook_race(runs: dict) -> None:
         print("The loss fell under both hooks" if both_fell else "The loss did not fall under "
               "both hooks", end="")
         print(f" ({bad['loss_last'] / ok['loss_last']:.1f}x higher at the end without the "
-              "chain): a loss curve alone need not show the bug; the replica checksum did"
+              "chain): without a baseline run to compare with, a falling loss does not show the "
+              "bug; the replica checksum did"
               if both_fell and bad["differ_steps"] else ".")
     else:
         print("The unchained hook happened to be right on every step of this run: such a bug "
