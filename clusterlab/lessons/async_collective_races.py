@@ -139,7 +139,8 @@ GPU_RACES_MORE = """
   conflicts. So (our inference from how it records) it does not see kernels launched outside
   PyTorch's operators, nor the stream NCCL really runs a collective on.
 - **Asynchronous checkpoints.** Distributed Checkpoint's (DCP) `async_save` writes
-  [[pytorch.dcp_async_save_staging]] from another thread. By default it returns only after
+  [[pytorch.dcp_async_save_staging]] from another thread (by default; it can also use a
+  separate process). By default it returns only after
   that copy is made (the copy stalls the training loop) and only the write runs in the
   background. With async staging (pass `async_stager=DefaultStager(...)` built with
   [[pytorch.dcp_async_staging_option]]; documented as requiring CUDA) the copy runs in the
