@@ -408,3 +408,10 @@ def test_explain_mixed_reads_names_a_likely_cause_only_when_in_place_is_flagged_
     out = capsys.readouterr().out
     assert ("In place overlaps just as much (more often than the write-backs on this run; a "
             "likely cause, not measured apart:") in out
+
+
+def test_beside_counts_points_from_the_percentages_the_reader_sees():
+    assert races._beside([0.48, 0.49], 0.476) == "0-1 points above it"  # 48-49% against 48%
+    assert races._beside([0.30, 0.40], 0.43) == "3-13 points below it"
+    assert races._beside([0.40, 0.50], 0.45) == "on both sides of it"
+    assert races._beside([0.452, 0.448], 0.45) == "at it"

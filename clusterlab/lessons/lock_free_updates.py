@@ -74,13 +74,14 @@ def far_above_median(losses: list) -> bool:
 
 
 def _beside(losses: list, predicted: float) -> str:
-    """Where a range of lost fractions ended against a prediction, in points."""
-    lo, hi = (100 * (x - predicted) for x in (min(losses), max(losses)))
-    if lo > 0:
-        return f"{lo:.0f}-{hi:.0f} points above it"
-    if hi < 0:
-        return f"{-hi:.0f}-{-lo:.0f} points below it"
-    return "on both sides of it"
+    """Where a range of lost fractions ended against a prediction, in points, computed from
+    the whole percentages the reader sees beside it (so 48-49% against 48% is 0-1 points)."""
+    lo, hi = (round(100 * x) - round(100 * predicted) for x in (min(losses), max(losses)))
+    if lo > 0 or (lo == 0 and hi > 0):
+        return f"{lo}-{hi} points above it"
+    if hi < 0 or (hi == 0 and lo < 0):
+        return f"{-hi}-{-lo} points below it"
+    return "on both sides of it" if lo < 0 < hi else "at it"
 
 
 def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
@@ -559,7 +560,9 @@ def explain_allreduce(runs: dict, cost: dict | None = None) -> None:
 # Where lock-free updates meet GPU training (from the sources, not run here), for `facts.show`.
 GPU_LOCK_FREE = """
 - **Lock-free on purpose**: Hogwild! ([[paper.hogwild_niu2011]]); PyTorch's Hogwild example,
-  which steps in place ([[pytorch.mnist_hogwild]]).
+  which steps in place ([[pytorch.mnist_hogwild]]): its `add_` on a shared tensor is a plain
+  load, add and store per element, this notebook's *in place* mode, not the atomic adds
+  Hogwild!'s analysis assumes.
 - **Dense GPU training uses synchronous collectives** (all-reduce; reduce-scatter and
   all-gather when parameters are sharded): no two ranks write the same parameters, so no
   update is lost between them, and the price is that everyone waits. Llama 3:
