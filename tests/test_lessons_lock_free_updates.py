@@ -415,3 +415,4 @@ def test_beside_counts_points_from_the_percentages_the_reader_sees():
     assert races._beside([0.30, 0.40], 0.43) == "3-13 points below it"
     assert races._beside([0.40, 0.50], 0.45) == "on both sides of it"
     assert races._beside([0.452, 0.448], 0.45) == "at it"
+    assert races._beside([0.46, 0.461], 0.45) == "1 point above it"

@@ -78,9 +78,11 @@ def _beside(losses: list, predicted: float) -> str:
     the whole percentages the reader sees beside it (so 48-49% against 48% is 0-1 points)."""
     lo, hi = (round(100 * x) - round(100 * predicted) for x in (min(losses), max(losses)))
     if lo > 0 or (lo == 0 and hi > 0):
-        return f"{lo}-{hi} points above it"
+        return (f"{lo} point{'s' * (lo != 1)} above it" if lo == hi
+                else f"{lo}-{hi} points above it")
     if hi < 0 or (hi == 0 and lo < 0):
-        return f"{-hi}-{-lo} points below it"
+        return (f"{-hi} point{'s' * (hi != -1)} below it" if lo == hi
+                else f"{-hi}-{-lo} points below it")
     return "on both sides of it" if lo < 0 < hi else "at it"
 
 
