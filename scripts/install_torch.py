@@ -72,18 +72,19 @@ def installed() -> str | None:
 def main(argv: list[str]) -> int:
     version, system = pinned_version(), platform.system()
     have = installed()
-    if "--plan" in argv:
-        reachable = system == "Linux" and index_reachable()
-        for args in plan(version=version, system=system, reachable=reachable):
-            print("pip install " + " ".join(args))
-        return 0
-    if have is not None and have.split("+")[0] == version:
+    dry_run = "--plan" in argv
+    if not dry_run and have is not None and have.split("+")[0] == version:
         if system == "Linux" and not have.endswith("+cpu"):
             print(f"install_torch: torch {have} is already installed (not the CPU build: on "
                   "Linux, PyPI's build ships CUDA). To switch: rm -rf .venv, rerun setup.")
         return 0
+    # Probed only when something may be installed: the probe can take its whole timeout.
     reachable = system == "Linux" and index_reachable()
     attempts = plan(version=version, system=system, reachable=reachable)
+    if dry_run:
+        for args in attempts:
+            print("pip install " + " ".join(args))
+        return 0
     for k, args in enumerate(attempts):
         if k == len(attempts) - 1 and system == "Linux":
             why = "was tried and failed" if reachable else "cannot be reached"

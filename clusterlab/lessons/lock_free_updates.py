@@ -110,8 +110,9 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
           f"with 2 workers and {min(lost['writeback', 4]):.0%}-{max(lost['writeback', 4]):.0%} "
           f"with 4 ({n_runs} runs each), against (W - 1)/W = 50% and 75% if all W ran at once.")
     par_in = min(par["inplace", w] for w in (2, 4))
-    in_lost = [r["lost"] for w in (2, 4) for r in rep["inplace", w]]
-    worst_w = max((r["lost"], w) for w in (2, 4) for r in rep["inplace", w])[1]
+    in_runs = [(r["lost"], w) for w in (2, 4) for r in rep["inplace", w]]
+    in_lost = [lost for lost, _ in in_runs]
+    worst_w = max(in_runs)[1]  # the worker count of the run that lost the most
     expected = rep["inplace", 4][0]["expected"]
     print(f"In place lost at most {max(in_lost) / expected:.3%} of the counter increments "
           f"({max(in_lost):,} of {expected:,}, {rep['inplace', 4][0]['updates']:,} updates × "
