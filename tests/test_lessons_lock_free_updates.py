@@ -230,8 +230,12 @@ def test_explain_cost_skipped_says_what_holds_by_construction(capsys):
     races.explain_cost_skipped(runs)
     out = capsys.readouterr().out
     assert "the lock lets one worker update at a time, so more workers cannot beat one" in out
-    assert "the seqlock retried 1,489 of 12,000 reads (above)" in out
-    assert "(write-backs: 72% above)" in out
+    assert "in place can use a free core but computes from stale values" in out
+    assert "loses updates: 72% above)" in out and "seqlock" not in out  # the appendix's
+    races.explain_seqlock_skipped(runs)
+    out = capsys.readouterr().out
+    assert out.startswith("Not timed (the lock-free workers did not run in parallel")
+    assert "The seqlock retried 1,489 of 12,000 reads" in out
 
 
 def test_surviving_rates_discount_the_lost_updates():
@@ -258,9 +262,8 @@ def test_explain_cost(capsys):
     # one line first: each gain beside its workers at once, whether the ranges resolve it
     assert out.startswith("In short, 1 -> 2 workers (2 cores, medians of 3 runs): the lock ×0.63 "
                           "(1.20 workers at once: it serialises the update), in place ×1.00 "
-                          "(1.97 at once).\nThe runs' ranges overlap for in place. The "
-                          "synchronous all-reduce's updates are steps of many examples, so its "
-                          "updates/s (last line) do not compare with these.")
+                          "(1.97 at once).\nThe runs' ranges overlap for in place.\n")
+    assert "all-reduce" not in out and "seqlock" not in out  # the appendix's
     assert ("On 2 cores, 1 -> 2 workers (surviving updates/s, medians of 3 runs): in place "
             "68,000 -> 68,000, lock 59,000 -> 37,170, as each lock update's CPU went from 15 to "
             "28 µs.") in out
@@ -271,20 +274,12 @@ def test_explain_cost(capsys):
     assert ("In place, its workers overlapping (1.97 and 1.90 at once with 2 and 4): it lost at "
             "most 0% and 0% of the counter increments (3 runs each).") in out
     assert "two cores writing the same 32 coordinates" in out and "handing it" in out
-    assert "4 workers on 2 cores (more workers than cores): in place" in out
-    assert "spread by up to 20% with 1 worker, another run can reorder" in out
-    assert ("(by median surviving updates/s; 'A > B': every run of A faster than every run of B, "
-            "'A ≥ B': their ranges overlap). With 3 runs") in out
     assert "≈" not in out
-    slow = _cost()
-    # plain lists, as the experiment returns them (a numpy-only path once raised in 06)
-    slow["rate"]["inplace"] = [list(np.asarray(v) / 4) for v in slow["rate"]["inplace"]]
-    slow["rate"]["writeback"] = [list(v) for v in slow["rate"]["writeback"]]
-    races.explain_cost(slow, problem=_Problem())
+    resolved = _cost(grow=False)  # both ranges apart: no line about overlaps
+    resolved["rate"]["inplace"][1] = resolved["rate"]["inplace"][1] * 1.6
+    races.explain_cost(resolved, problem=_Problem())
     out = capsys.readouterr().out
-    assert ("With 1 worker, in place ran 1.8x fewer updates/s than write-back (medians; ranges "
-            "of the 3 runs apart), perhaps because numpy's ufunc.at is slower than a plain "
-            "store: not timed on its own here.") in out and "costs more" not in out
+    assert "overlap for" not in out and "overlap for both" not in out
     races.explain_cost(_cost(grow=False), problem=_Problem())
     out = capsys.readouterr().out
     assert "Possible causes" not in out and "37,170." in out and ", as each" not in out
@@ -296,6 +291,8 @@ def test_explain_cost(capsys):
     races.explain_cost(two, problem=_Problem())
     out = capsys.readouterr().out
     assert "(1.97 at once with 2): it lost at most 0% of the counter" in out
+    races.explain_cost_order(two)
+    out = capsys.readouterr().out
     assert "2 workers on 2 cores: in place" in out and "more workers than cores" not in out
     # a gain past the workers at once is named only when the printed numbers show it
     fast = _cost(p_in2=1.62)
@@ -314,13 +311,33 @@ def test_explain_cost(capsys):
     assert "in place ×2.00 (1.62 at once).\n" in out and "In place's ×" not in out
 
 
-def _allreduce_runs(final=6.6e-5, lock_lost=0):
+def test_explain_cost_order_reads_the_appendix_modes(capsys):
+    races.explain_cost_order(_cost())
+    out = capsys.readouterr().out
+    assert out.startswith("1 -> 2 workers (2 cores, surviving updates/s, medians of 3 runs): "
+                          "seqlock 60,000 -> 60,000, write-back 15,000 -> 15,000.\n")
+    assert "4 workers on 2 cores (more workers than cores): in place" in out
+    assert "spread by up to 20% with 1 worker, another run can reorder" in out
+    assert ("(by median surviving updates/s; 'A > B': every run of A faster than every run of B, "
+            "'A ≥ B': their ranges overlap). With 3 runs") in out
+    assert "ufunc.at" not in out  # in place not slower with 1 worker
+    slow = _cost()
+    # plain lists, as the experiment returns them (a numpy-only path once raised in 06)
+    slow["rate"]["inplace"] = [list(np.asarray(v) / 4) for v in slow["rate"]["inplace"]]
+    slow["rate"]["writeback"] = [list(v) for v in slow["rate"]["writeback"]]
+    races.explain_cost_order(slow)
+    out = capsys.readouterr().out
+    assert ("With 1 worker, in place ran 1.8x fewer updates/s than write-back (medians; ranges "
+            "of the 3 runs apart), perhaps because numpy's ufunc.at is slower than a plain "
+            "store: not timed on its own here.") in out and "costs more" not in out
+
+
+def _allreduce_runs(final=6.6e-5, lost=0):
     return {("dense", "allreduce"): {"examples": 12000, "batch": 64, "steps": 47, "elapsed_s": 0.29,
                                      "steps_per_s": 160.0, "examples_per_s": 40754.0,
-                                     "workers": 4, "lost": 0, "replicas_agree": True,
+                                     "workers": 4, "lost": lost, "replicas_agree": True,
                                      "final_loss": final, "initial_loss": 0.43},
-            ("dense", "writeback"): {"updates": 12000, "final_loss": 1.1e-7},
-            ("dense", "lock"): {"lost": lock_lost}, ("dense", "seqlock"): {"lost": 0}}
+            ("dense", "writeback"): {"updates": 12000, "final_loss": 1.1e-7}}
 
 
 def test_explain_allreduce(capsys):
@@ -345,14 +362,15 @@ def test_explain_allreduce(capsys):
     assert "Final loss 1.0e-08, against 1.1e-07 for the write-back" in out
     assert "does not rank" not in out
     with pytest.raises(AssertionError):
-        races.explain_allreduce(_allreduce_runs(lock_lost=3))
+        races.explain_allreduce(_allreduce_runs(lost=3))
 
 
-def _table_runs(inplace_final=1e-14):
+def _table_runs(inplace_final=1e-14, lock_lost=0):
     row = {"writeback": (1.74, 0.54, 1824, 4.2e-7), "inplace": (1.72, 0.0022, 10, inplace_final),
            "lock": (1.0, 0.0, 0, 7e-15), "seqlock": (1.5, 0.0, 6260, 8e-15)}
     return {("dense", m): {"parallelism": p, "lost_fraction": lf, "mixed_reads": mx,
-                           "updates": 12000, "final_loss": fl, "initial_loss": 0.43}
+                           "updates": 12000, "final_loss": fl, "initial_loss": 0.43,
+                           "lost": lock_lost if m == "lock" else round(lf * 12000 * 32)}
             for m, (p, lf, mx, fl) in row.items()}
 
 
@@ -375,6 +393,8 @@ def test_summary_table_lines_up_the_modes(capsys):
         capsys.readouterr().out
     with pytest.raises(AssertionError):  # the in-place run did not train
         races.summary_table(_table_runs(inplace_final=1.0))
+    with pytest.raises(AssertionError):  # the lock lost an update: the fix is broken
+        races.summary_table(_table_runs(lock_lost=3))
 
 
 def test_explain_convergence_sets_in_place_beside_the_lost_updates_runs(capsys):

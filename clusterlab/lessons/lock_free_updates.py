@@ -342,15 +342,21 @@ def costs_measurable(cost: dict) -> bool:
 
 
 def explain_cost_skipped(runs: dict) -> None:
-    """What each fix pays when the costs were not measurable: what holds by construction, with
-    the seqlock's retries and the write-backs' losses counted in the runs above."""
-    sq, wb = runs["dense", "seqlock"], runs["dense", "writeback"]
-    print("What each fix pays, without timing it: the lock lets one worker update at a time, "
-          "so more workers cannot beat one; the seqlock retried "
-          f"{sq['retried_reads']:,} of {sq['updates']:,} reads (above) and takes a short lock "
-          "per write; lock-free modes can use a free core but pay in stale gradients (in place) "
-          f"or lost updates (write-backs: {wb['lost_fraction']:.0%} above); the all-reduce "
-          "pays a barrier per step (next line).")
+    """What the lock and in place pay when the costs were not measurable: what holds by
+    construction, with the write-backs' losses counted in the runs above."""
+    wb = runs["dense", "writeback"]
+    print("What the two pay, without timing them: the lock lets one worker update at a time, "
+          "so more workers cannot beat one; in place can use a free core but computes from "
+          "stale values (and a write-back, also lock-free, loses updates: "
+          f"{wb['lost_fraction']:.0%} above).")
+
+
+def explain_seqlock_skipped(runs: dict) -> None:
+    """The seqlock's price when its cost was not measurable: its retries, counted above."""
+    sq = runs["dense", "seqlock"]
+    print("Not timed (the lock-free workers did not run in parallel: see *Fixes and their "
+          f"cost*). The seqlock retried {sq['retried_reads']:,} of {sq['updates']:,} reads "
+          "(*Reads of mixed versions*) and takes a short lock per write.")
 
 
 def surviving_rates(cost: dict) -> dict:
@@ -359,12 +365,14 @@ def surviving_rates(cost: dict) -> dict:
                 for i in range(len(cost["workers"]))] for m in cost["modes"]}
 
 
-def plot_cost(cost: dict) -> None:
-    """Surviving updates/s per mode against the number of workers (median, min-max of the
-    repeats), beside how many workers really ran at once (CPU s per wall s)."""
+def plot_cost(cost: dict, *, modes=None) -> None:
+    """Surviving updates/s of `modes` (all the cost runs' modes if None) against the number of
+    workers (median, min-max of the repeats), beside how many workers really ran at once (CPU
+    s per wall s)."""
     import matplotlib.pyplot as plt
 
-    ws, modes, surv = cost["workers"], cost["modes"], surviving_rates(cost)
+    ws, surv = cost["workers"], surviving_rates(cost)
+    modes = cost["modes"] if modes is None else modes
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
     for m in modes:
         med = [float(np.median(v)) for v in surv[m]]
@@ -412,14 +420,11 @@ def ranking(surv: dict, modes, i: int) -> str:
 
 def explain_cost(cost: dict, *, problem) -> None:
     """From 1 to 2 workers, the surviving rates of in place and the lock (with the CPU per
-    update of the median runs when it grew); how much slower in place ran than write-back
-    with 1 worker (ufunc.at against plain stores is a guess: not timed apart); hedged
-    possible causes of extra CPU per update; how far the runs' ranges support
-    the 1 -> 2 change; what in place lost with overlapping workers; and the ranking of the
-    modes with the most workers run."""
-    ws, modes, surv = cost["workers"], cost["modes"], surviving_rates(cost)
-    i1, i2, top = ws.index(1), ws.index(2), len(ws) - 1   # top: the most workers run
-    spread = max((v.max() - v.min()) / np.median(v) for v in (surv[m][0] for m in modes))
+    update of the median runs when it grew); hedged possible causes of extra CPU per update;
+    how far the runs' ranges support the 1 -> 2 change; and what in place lost with
+    overlapping workers. The other modes are the appendix's (`explain_cost_order`)."""
+    ws, surv = cost["workers"], surviving_rates(cost)
+    i1, i2 = ws.index(1), ws.index(2)
     mr = cost["median_run"]  # (updates/s, workers at once, CPU µs per update)
     pair = ("inplace", "lock")
     med = {m: [float(np.median(surv[m][i])) for i in (i1, i2)] for m in pair}
@@ -441,13 +446,10 @@ def explain_cost(cost: dict, *, problem) -> None:
           f"runs): the lock ×{gain['lock']:.2f} ({at_once['lock']:.2f} workers at once: it "
           f"serialises the update), in place ×{gain['inplace']:.2f} ({at_once['inplace']:.2f} "
           "at once).")
-    print(("The runs' ranges overlap for both, so these runs do not resolve the two gains. "
-           if not resolved else
-           "The runs' ranges overlap for "
-           + NAME[next(m for m in pair if m not in resolved)] + ". "
-           if len(resolved) == 1 else "")
-          + "The synchronous all-reduce's updates are steps of many examples, so its "
-          "updates/s (last line) do not compare with these.")
+    if len(resolved) < 2:
+        print("The runs' ranges overlap for both, so these runs do not resolve the two gains."
+              if not resolved else "The runs' ranges overlap for "
+              + NAME[next(m for m in pair if m not in resolved)] + ".")
     lines = [f"On {cost['cores']} cores, 1 -> 2 workers (surviving updates/s, medians of "
              f"{cost['repeats']} runs): "
              + ", ".join(f"{NAME[m]} {med[m][0]:,.0f} -> {med[m][1]:,.0f}" for m in pair)
@@ -457,13 +459,6 @@ def explain_cost(cost: dict, *, problem) -> None:
                      f"×{ceiling:.2f} its workers at once can give ({at_once['inplace']:.3f} "
                      f"at once with 2 workers against {in_one:.3f} with 1): its 1-worker runs "
                      f"alone spread by {in_spread:.0%}, so part of that is run-to-run noise.")
-    wb1, in1 = (np.asarray(cost["rate"][m][i1]) for m in ("writeback", "inplace"))
-    slow = np.median(wb1) / np.median(in1)
-    if slow > 1.2:  # one worker: nothing races; the two differ in how they write
-        apart = "apart" if in1.max() < wb1.min() else "overlapping"
-        lines.append(f"With 1 worker, in place ran {slow:.1f}x fewer updates/s than write-back "
-              f"(medians; ranges of the {cost['repeats']} runs {apart}), perhaps because "
-              "numpy's ufunc.at is slower than a plain store: not timed on its own here.")
     why = {"inplace": f"in place, two cores writing the same {problem.dim} coordinates (their "
                       "cache lines move between the cores) or cores sharing hardware",
            "lock": "the lock, handing it and the coordinates from process to process (waking "
@@ -484,23 +479,42 @@ def explain_cost(cost: dict, *, problem) -> None:
                  + " and ".join(str(ws[i]) for i in multi) + "): it lost at most "
                  + " and ".join(f"{100 * max(lf[i]):.2g}%" for i in multi)
                  + f" of the counter increments ({cost['repeats']} runs each).")
-    order = ranking(surv, modes, top)
-    lines.append(f"{ws[top]} workers on {cost['cores']} cores"
-                 f"{' (more workers than cores)' if cost['cores'] < ws[top] else ''}: {order}"
-                 " (by median surviving updates/s; 'A > B': every run of A faster than every "
-                 "run of B, 'A ≥ B': their ranges overlap). With "
-                 f"{cost['repeats']} runs a mode, and one mode's own runs spread by up "
-                 f"to {spread:.0%} with 1 worker, another run can reorder the modes.")
-    fold("How sure is this? The medians, their ranges, CPU per update, the order at "
-         f"{ws[top]} workers",
-         "\n".join(lines))
+    fold("How sure is this? The medians, their ranges, CPU per update", "\n".join(lines))
+
+
+def explain_cost_order(cost: dict) -> None:
+    """The appendix's reading of all four modes' cost runs: the seqlock's and the write-backs'
+    surviving rates from 1 to 2 workers; how much slower in place ran than write-back with 1
+    worker (ufunc.at against plain stores is a guess: not timed apart); and the ranking of the
+    modes with the most workers run, with how far one more run could reorder it."""
+    ws, modes, surv = cost["workers"], cost["modes"], surviving_rates(cost)
+    i1, i2, top = ws.index(1), ws.index(2), len(ws) - 1   # top: the most workers run
+    spread = max((v.max() - v.min()) / np.median(v) for v in (surv[m][i1] for m in modes))
+    print(f"1 -> 2 workers ({cost['cores']} cores, surviving updates/s, medians of "
+          f"{cost['repeats']} runs): "
+          + ", ".join(f"{NAME[m]} {np.median(surv[m][i1]):,.0f} -> {np.median(surv[m][i2]):,.0f}"
+                      for m in ("seqlock", "writeback")) + ".")
+    wb1, in1 = (np.asarray(cost["rate"][m][i1]) for m in ("writeback", "inplace"))
+    slow = np.median(wb1) / np.median(in1)
+    if slow > 1.2:  # one worker: nothing races; the two differ in how they write
+        apart = "apart" if in1.max() < wb1.min() else "overlapping"
+        print(f"With 1 worker, in place ran {slow:.1f}x fewer updates/s than write-back "
+              f"(medians; ranges of the {cost['repeats']} runs {apart}), perhaps because "
+              "numpy's ufunc.at is slower than a plain store: not timed on its own here.")
+    print(f"{ws[top]} workers on {cost['cores']} cores"
+          f"{' (more workers than cores)' if cost['cores'] < ws[top] else ''}: "
+          f"{ranking(surv, modes, top)} (by median surviving updates/s; 'A > B': every run of "
+          "A faster than every run of B, 'A ≥ B': their ranges overlap). With "
+          f"{cost['repeats']} runs a mode, and one mode's own runs spread by up to "
+          f"{spread:.0%} with 1 worker, another run can reorder the modes.")
 
 
 def summary_table(runs: dict) -> None:
     """The dense 4-worker runs of every mode side by side (one run each): workers at once,
     counter increments lost, updates computed from a flagged read (the seqlock retries those),
-    final loss. Then the verdict that in place ended below write-back; asserts that both
-    lock-free runs trained and that the lock beat the write-backs."""
+    final loss. Then the verdict that in place ended below write-back; asserts that the lock
+    and the seqlock lost nothing, that both lock-free runs trained and that the lock beat the
+    write-backs."""
     rows = ["| mode | workers at once | counter increments lost | updates from flagged reads "
             "| final loss |", "|---|---|---|---|---|"]
     for m in MODES:
@@ -516,6 +530,7 @@ def summary_table(runs: dict) -> None:
         "from a read the version stamps flagged as mixed (an indicator); *final loss*, where "
         f"the run ended (it started at {runs['dense', 'lock']['initial_loss']:.2f}).")
     free, inpl, lk = (runs["dense", m] for m in ("writeback", "inplace", "lock"))
+    assert lk["lost"] == 0 and runs["dense", "seqlock"]["lost"] == 0  # by construction
     assert free["final_loss"] < free["initial_loss"] and inpl["final_loss"] < inpl["initial_loss"]
     assert lk["final_loss"] < free["final_loss"]
     conclude(inpl["final_loss"] < free["final_loss"],
@@ -525,8 +540,8 @@ def summary_table(runs: dict) -> None:
 def explain_allreduce(runs: dict, cost: dict | None = None) -> None:
     """The synchronous all-reduce's updates, examples per second, ms per step beside the ring's
     network-delay floor (cores from `cost`), replicas, and its final loss beside
-    the write-back run's on the same examples; asserts that the lock, the seqlock and the
-    all-reduce lost nothing, that both saw the same examples, and that the replicas agree."""
+    the write-back run's on the same examples; asserts that the all-reduce lost nothing, that
+    both saw the same examples, and that the replicas agree."""
     ar_run, hw = runs["dense", "allreduce"], runs["dense", "writeback"]
     w = ar_run["workers"]
     import re
@@ -553,7 +568,7 @@ def explain_allreduce(runs: dict, cost: dict | None = None) -> None:
           "write-back run on the same examples"
           + (f": that does not rank the two, since it took {ar_run['steps']} large steps at the "
              "lr of the small ones, not an lr tuned for it." if above else "."))
-    assert all(runs["dense", n]["lost"] == 0 for n in ("lock", "seqlock", "allreduce"))
+    assert ar_run["lost"] == 0  # no shared writes: by construction
     assert ar_run["examples"] == hw["updates"]  # the same examples: a fair comparison of losses
     assert ar_run["replicas_agree"] and ar_run["final_loss"] < ar_run["initial_loss"]
 
