@@ -35,6 +35,7 @@ def check(name: str, target: str, measured, ok: bool) -> dict:
 
 def _load() -> None:
     from . import (  # noqa: F401
+        course,
         fabric,
         faults,
         fidelity,

@@ -37,6 +37,7 @@ class Execution:
     peak_bytes: int  # peak PSS of the kernel and all its children (forked ranks share pages)
     error: str  # "" when every cell ran; else what stopped it (timeout, dead kernel)
     cell_errors: list[str]
+    notebook: object = None  # the executed notebook (nbformat), outputs and all
 
 
 def tree_pss(pid: int) -> int:
@@ -109,7 +110,7 @@ def execute(path: Path, *, timeout: float, allow_errors: bool = True) -> Executi
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":
                 cell_errors.append(f"cell {i}: {out.get('ename')}: {out.get('evalue', '')[:160]}")
-    return Execution(time.monotonic() - t0, peak[0], error, cell_errors)
+    return Execution(time.monotonic() - t0, peak[0], error, cell_errors, nb)
 
 
 def _kill_new_children(before: set[int]) -> None:
