@@ -25,8 +25,7 @@ from .common import use_or_open
 
 __all__ = ["ASYNC_VARIANTS", "HOOKS", "async_collective_races", "ddp_hook_race"]
 
-ASYNC_VARIANTS = ("read_before_wait", "wait_then_read", "edit_before_wait", "wait_then_edit",
-                  "clone_then_edit")
+ASYNC_VARIANTS = ("read_before_wait", "wait_then_read", "edit_before_wait", "wait_then_edit")
 
 
 def _digest(a: np.ndarray) -> str:
@@ -57,17 +56,11 @@ def _async_races_rank(numel, trials, add):
                 g.add_(add)
                 work.wait()
                 seen = g.clone()
-            elif v == "wait_then_edit":
+            else:  # wait_then_edit
                 work = dist.all_reduce(g, async_op=True)
                 work.wait()
                 g.add_(add)
                 seen = g.clone()
-            else:  # clone_then_edit: communicate a snapshot, edit the original freely
-                snap = g.clone()
-                work = dist.all_reduce(snap, async_op=True)
-                g.add_(add)  # the original may change: the collective does not read it
-                work.wait()
-                seen = snap + add
             want = total if v in ("read_before_wait", "wait_then_read") else total + add
             s = seen.numpy()
             out[v].append({
@@ -97,11 +90,10 @@ def async_collective_races(
     is W(W+1)/2), and per trial runs each variant once:
     read_before_wait (clone the bucket right after issuing, then wait), wait_then_read,
     edit_before_wait (`g.add_(add)` before wait(): the intended result is sum + add, as in the
-    synchronous program), wait_then_edit, clone_then_edit (all-reduce a clone; edit the
-    original). Runs on plain Gloo without an emulated network (`cluster` defaults to
-    `Cluster(nodes=workers, nic=None)`): Gloo reduces in place into the caller's tensor, in
-    chunks, on its own thread, so what a racing read or edit meets is decided by this
-    machine's real timing.
+    synchronous program), wait_then_edit. Runs on plain Gloo without an emulated network
+    (`cluster` defaults to `Cluster(nodes=workers, nic=None)`): Gloo reduces in place into the
+    caller's tensor, in chunks, on its own thread, so what a racing read or edit meets is
+    decided by this machine's real timing.
 
     Returns {"workers", "trials", "numel", "variants": {v: {"wrong_trials": reads (rank x
     trial) with any wrong element, "reads": trials x workers, "wrong_elements": fraction of
@@ -137,9 +129,11 @@ HOOKS = ("chained", "unchained")
 
 def _hooks(world: int, pending: list) -> dict:
     """The two hooks: both divide the bucket by the world size and all-reduce it in place
-    (what DDP's default hook does). "chained" returns the collective's own future, so DDP's
-    wait covers it; "unchained" returns a future that is already complete (the bug), and
-    keeps the work in `pending` so that the rank can wait for it before it leaves."""
+    (what DDP's default hook does). "chained" returns a `.then()` of the collective's future
+    that holds its one tensor (DDP takes a future of a single tensor; the collective's own
+    future holds a list), so DDP's wait covers the collective; "unchained" returns a future
+    that is already complete (the bug), and keeps the work in `pending` so that the rank can
+    wait for it before it leaves."""
     def chained(state, bucket):
         t = bucket.buffer().div_(world)
         return dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0])
@@ -200,11 +194,14 @@ def _ddp_hook_rank(hook, steps, seed, lr):
             loss.backward()
             got = torch.cat([p.grad.flatten() for p in model.parameters()])
             opt.step()
+            # DDP used this rank's own gradient / world, unreduced: counted only where that
+            # differs from the true average (a zero gradient, say, is both)
+            local = own / world
+            distinct = ~torch.isclose(local, mean, rtol=1e-5, atol=0)
             rows.append({
                 "error": float((got - mean).abs().max() / mean.abs().max()),
-                # DDP used this rank's own gradient / world, unreduced
-                "unreduced": float(torch.isclose(got, own / world, rtol=1e-5, atol=0).float()
-                                   .mean()),
+                "unreduced": int((torch.isclose(got, local, rtol=1e-5, atol=0) & distinct).sum()),
+                "distinct": int(distinct.sum()),
                 "differ": len(compare_replicas(model, group=check)),
             })
     finally:
@@ -221,8 +218,9 @@ def ddp_hook_race(hook: str, *, workers: int = 4, steps: int = 20, seed: int = 0
     examples, and check every step against a reference computed on a separate group.
 
     Returns {"hook", "workers", "steps", "wrong_steps": rank-steps whose gradient differs
-    from the true average by more than 1e-5 of its largest element, "unreduced": the mean
-    fraction of gradient elements equal to the rank's own gradient / workers, "max_error",
+    from the true average by more than 1e-5 of its largest element, "unreduced": over those
+    wrong rank-steps, the fraction of gradient elements equal to the rank's own gradient /
+    workers, among the elements where that differs from the true average, "max_error",
     "differ_steps": steps after which some rank's parameters differ from rank 0's (the
     `monitor.compare_replicas` checksum), "loss_first", "loss_last": rank 0's loss on a fixed
     held-out batch of 512 examples before and after training}.
@@ -236,11 +234,12 @@ def ddp_hook_race(hook: str, *, workers: int = 4, steps: int = 20, seed: int = 0
                      nodes=workers, nic=nic, timeout=timeout) as cl:
         out = cl.run(_ddp_hook_rank, hook, steps, seed, lr)
     cells = [r for rank in out for r in rank["rows"]]
+    wrong = [c for c in cells if c["error"] > 1e-5]
     return {
         "hook": hook, "workers": len(out), "steps": steps,
-        "wrong_steps": sum(c["error"] > 1e-5 for c in cells),
+        "wrong_steps": len(wrong),
         "rank_steps": len(cells),
-        "unreduced": float(np.mean([c["unreduced"] for c in cells])),
+        "unreduced": sum(c["unreduced"] for c in wrong) / max(1, sum(c["distinct"] for c in wrong)),
         "max_error": max(c["error"] for c in cells),
         "differ_steps": sum(r["differ"] > 0 for r in out[0]["rows"]),
         "loss_first": out[0]["loss_first"], "loss_last": out[0]["loss_last"],

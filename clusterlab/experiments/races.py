@@ -52,8 +52,8 @@ import torch.distributed as dist
 from ..cores import usable_cores
 from .common import use_or_open
 
-__all__ = ["MODES", "Problem", "hogwild", "loss", "make_problem", "sync_allreduce", "throughput",
-           "writeback_model"]
+__all__ = ["MODES", "Problem", "hogwild", "loss", "make_problem", "repeat_runs",
+           "sync_allreduce", "throughput", "writeback_model"]
 
 MODES = ("writeback", "inplace", "lock", "seqlock")
 _ALIASES = {"none": "writeback"}  # the old name of the write-back mode
@@ -232,7 +232,7 @@ def hogwild(
     once, on average), curve_t, curve_loss (the sampled loss), curve_updates (updates done
     just before the sample's copy of the parameters), curve_updates_after (just after it: the
     copy holds between the two counts of updates, an update in flight possibly in part),
-    initial_loss, final_loss.
+    initial_loss, final_loss; lr and seed as given.
     """
     mode = _ALIASES.get(mode, mode)
     if mode not in MODES:
@@ -302,6 +302,7 @@ def hogwild(
     curve_l.append(final)
     return {
         "mode": mode, "kind": problem.kind, "workers": workers, "updates": total,
+        "lr": lr, "seed": seed,
         "expected": expected, "counted": counted, "lost": expected - counted,
         "lost_fraction": (expected - counted) / expected,
         "reads": reads, "mixed_reads": mixed, "mixed_fraction": mixed / max(reads, 1),
@@ -318,6 +319,28 @@ def hogwild(
         "curve_updates_after": np.array(curve_u2),
         "curve_loss": np.array(curve_l), "initial_loss": initial, "final_loss": final,
     }
+
+
+def repeat_runs(problem: Problem, *, modes: tuple[str, ...], workers: tuple[int, ...],
+            total_updates: int, lr: float, repeats: int = 3, reuse: dict | None = None) -> dict:
+    """{(mode, W): [`repeats` runs of `hogwild`, seeds 0, 1, ...]}: each mode with each number
+    of workers, `total_updates` split among them. A run in `reuse` ({(kind, mode): run}, as a
+    notebook keeps its first runs) made with the same settings and seed 0 stands in for that
+    seed's run, so that the run later sections read is one of the repeats shown."""
+    out = {}
+    for m in modes:
+        for w in workers:
+            runs = []
+            for s in range(repeats):
+                old = (reuse or {}).get((problem.kind, m))
+                same = old is not None and s == 0 and (old["workers"], old["updates"], old["lr"],
+                                                       old["seed"]) == (w, (total_updates // w)
+                                                                        * w, lr, 0)
+                runs.append(old if same else hogwild(problem, workers=w,
+                                                     updates=total_updates // w, lr=lr, mode=m,
+                                                     seed=s))
+            out[m, w] = runs
+    return out
 
 
 def writeback_model(workers: int = 4, window: float = 0.8, updates: int = 8_000,

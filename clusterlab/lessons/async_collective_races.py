@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .show import details, say
 
-ASYNC_FIXES = ("wait_then_read", "wait_then_edit", "clone_then_edit")
+ASYNC_FIXES = ("wait_then_read", "wait_then_edit")
 
 
 # --- Async collectives: touching a buffer before wait() ---------------------------------------
@@ -91,8 +91,9 @@ def explain_hook_race(runs: dict) -> None:
     the loss that fell either way; asserts that the chained hook was right at every step."""
     ok, bad = runs["chained"], runs["unchained"]
     for r in (ok, bad):
-        what = (f"; {r['unreduced']:.0%} of all gradient elements held the rank's own gradient / "
-                f"{r['workers']}, unreduced" if r["wrong_steps"] else "")
+        what = (f"; in them, {r['unreduced']:.0%} of the elements held the rank's own gradient / "
+                f"{r['workers']}, unreduced (elements where that equals the true average left "
+                "out)" if r["wrong_steps"] else "")
         print(f"{r['hook']} hook: gradient wrong in {r['wrong_steps']} of {r['rank_steps']} "
               f"rank-steps ({r['workers']} ranks x {r['steps']} steps{what}); replicas "
               f"differed after {r['differ_steps']} of {r['steps']} steps; rank 0's held-out "
@@ -117,8 +118,8 @@ def explain_hook_race(runs: dict) -> None:
 GPU_RACES = """
 - **wait() is a stream wait.** For NCCL, by default, [[pytorch.async_op_cuda_semantics]]
   ([[pytorch.nccl_blocking_wait]] makes it block the host): ops then issued on the current
-  stream are ordered; work on another stream, or a host-side read of the
-  memory (such as a `non_blocking` copy's result), races as measured above on Gloo.
+  stream are ordered; work on another stream races with the collective, as measured above
+  on Gloo (a host read of a `non_blocking` copy races with the copy: next point).
 - **A copy to the host.** `x = t.to("cpu", non_blocking=True)` gives
   [[pytorch.non_blocking_d2h]]: a loss or metric logged from `x` can be incomplete or garbage.
   Synchronise first (`torch.cuda.synchronize()`, or `synchronize()` on an event recorded

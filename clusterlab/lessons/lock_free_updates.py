@@ -139,10 +139,11 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
            "store, each lose increments; these runs do not tell which happened."
            if far_above_median(in_lost) else ".")
         + "\n\n")
-    rerun = (f"The one-run dense write-back (seed 0, its loss printed in the next section) lost "
-             f"{runs['dense', 'writeback']['lost_fraction']:.0%}, the same settings and seed "
-             f"rerun here {rep['writeback', 4][0]['lost_fraction']:.0%}: only the scheduling "
-             "differs between them.\n\n")
+    rerun = "" if rep["writeback", 4][0] is runs["dense", "writeback"] else (
+        f"The one-run dense write-back (seed 0, its loss printed in the next section) lost "
+        f"{runs['dense', 'writeback']['lost_fraction']:.0%}, the same settings and seed "
+        f"rerun here {rep['writeback', 4][0]['lost_fraction']:.0%}: only the scheduling "
+        "differs between them.\n\n")
     p4 = par["writeback", 4]
     pause_note = ""  # how many ran at once against the 4-worker losses: folded with the slices
     if p4 < 1:
@@ -169,8 +170,8 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
         "window erases, when it resumes, the others' whole slices (about (W − 1)/W again).\n\n"
         + facts.render("A worker waiting for a core waits, roughly, for the others' time "
                        "slices (the scheduler also weighs each task's lag and deadline, so this "
-                       "is an order of magnitude, not a rule), on Linux 6.15 and later by "
-                       f"default [[linux.eevdf_base_slice]]{here}.")
+                       "is an order of magnitude, not a rule), on mainline Linux 6.15 and "
+                       f"later by default [[linux.eevdf_base_slice]]{here}.")
         + pause_note + "\n\n</details>")
     assert all(r["lost"] > 0 for r in rep["writeback", 4])
     assert runs["dense", "lock"]["lost"] == 0 and runs["dense", "seqlock"]["lost"] == 0
@@ -199,9 +200,8 @@ def explain_mixed_reads(runs: dict) -> None:
     print(f"The seqlock retried {sq['retried_reads']:,} of {sq['updates']:,} reads "
           f"({sq['retries']:,} retries in all) and "
           "computed only from reads its check passed ("
-          + ("on x86 with serialised writers it should miss none: argued in the appendix, "
-             "not tested" if x86 else
-             "complete only with the memory barriers the appendix names: appendix")
+          + ("why that check misses no mixed read on x86: appendix" if x86 else
+             "complete only with the memory barriers the appendix names")
           + ").")
     ip = runs["dense", "inplace"]
     share, ip_share = wb["mixed_reads"] / wb["updates"], ip["mixed_reads"] / ip["updates"]
@@ -238,7 +238,7 @@ def plot_convergence(runs: dict) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax1 = plt.subplots(figsize=(6, 3.2))
-    label = {"writeback": "write-back, no lock", "inplace": "in place, no lock (o)",
+    label = {"writeback": "write-back, no lock", "inplace": "in place, no lock (circles)",
              "lock": "lock"}
     for name, mode, ls in (("dense", "writeback", "-"), ("dense", "inplace", "-."),
                            ("dense", "lock", "--"), ("sparse", "writeback", "-"),
@@ -297,10 +297,10 @@ def explain_convergence(runs: dict, *, problem, sparse, rep: dict | None = None)
          f"Measured directly (one run): {landed:,} updates landed on a write-back's first "
          f"coordinate between its read and its write, over {s['updates']:,} write-backs "
          f"({100 * s['age_mean']:.2f} per 100), beside {s['lost_fraction']:.2%} of increments "
-         "lost. The two measures are not expected to match: the first counts updates landing "
-         "on one coordinate of x, the second the counter's increments erased on all of them, "
-         "and the counter is read and written back by its own racy stores; these runs do not "
-         "split the gap.")
+         "lost. Both come from the same racy counter and need not match: the first samples "
+         "one coordinate per write-back and sees no gap where an earlier write-back had "
+         "rolled the counter back below this read's value (that write-back still erases), the "
+         "second counts every erased increment. One run: it does not split the gap.")
     mant, exp = f"{ratio['dense']:.1e}".split("e")
     print(f"Final loss, write-back (no lock) / lock (one run each): sparse "
           f"{ratio['sparse']:.2f} times, dense {mant} × 10^{int(exp)} times."
@@ -440,16 +440,21 @@ def explain_cost(cost: dict, *, problem) -> None:
     in_one = cost["parallelism"]["inplace"][i1]
     ceiling = at_once["inplace"] / in_one
     beyond = round(gain["inplace"], 2) > round(ceiling, 2)
-    resolved = [m for m in pair if versus_one(surv[m][i2], surv[m][i1]) != "ranges overlap"]
-    # two plain sentences on the main path; the qualifications go to the fold below
-    print(f"In short, 1 -> 2 workers ({cost['cores']} cores, medians of {cost['repeats']} "
-          f"runs): the lock ×{gain['lock']:.2f} ({at_once['lock']:.2f} workers at once: it "
-          f"serialises the update), in place ×{gain['inplace']:.2f} ({at_once['inplace']:.2f} "
-          "at once).")
-    if len(resolved) < 2:
-        print("The runs' ranges overlap for both, so these runs do not resolve the two gains."
-              if not resolved else "The runs' ranges overlap for "
-              + NAME[next(m for m in pair if m not in resolved)] + ".")
+    # the fix's price at equal workers first (what the learner predicted), then the gains
+    lk2, in2 = (np.asarray(surv[m][i2]) for m in ("lock", "inplace"))
+    ratio = np.median(lk2) / np.median(in2)
+    print(f"In short, with 2 workers on {cost['cores']} cores (surviving updates/s, medians of "
+          f"{cost['repeats']} runs): the lock {np.median(lk2):,.0f}, in place "
+          f"{np.median(in2):,.0f}, so the lock ran ×{ratio:.2f} of in place's rate"
+          + (" (every lock run slower)" if lk2.max() < in2.min() else
+             " (every lock run faster)" if lk2.min() > in2.max() else
+             " (the runs' ranges overlap: not resolved on these runs)")
+          + f", {'as' if ratio < 1 else 'although'} its 2 workers ran {at_once['lock']:.2f} at "
+          f"once against in place's {at_once['inplace']:.2f}: the lock serialises the update.")
+    print(f"From 1 worker to 2: in place ×{gain['inplace']:.2f} "
+          f"({versus_one(surv['inplace'][i2], surv['inplace'][i1]).split(',')[0]}), the lock "
+          f"×{gain['lock']:.2f} ({versus_one(surv['lock'][i2], surv['lock'][i1]).split(',')[0]}"
+          "; the fold has the ranges).")
     lines = [f"On {cost['cores']} cores, 1 -> 2 workers (surviving updates/s, medians of "
              f"{cost['repeats']} runs): "
              + ", ".join(f"{NAME[m]} {med[m][0]:,.0f} -> {med[m][1]:,.0f}" for m in pair)
@@ -498,7 +503,7 @@ def explain_cost_order(cost: dict) -> None:
     slow = np.median(wb1) / np.median(in1)
     if slow > 1.2:  # one worker: nothing races; the two differ in how they write
         apart = "apart" if in1.max() < wb1.min() else "overlapping"
-        print(f"With 1 worker, in place ran {slow:.1f}x fewer updates/s than write-back "
+        print(f"With 1 worker, write-back ran {slow:.1f}x as many updates/s as in place "
               f"(medians; ranges of the {cost['repeats']} runs {apart}), perhaps because "
               "numpy's ufunc.at is slower than a plain store: not timed on its own here.")
     print(f"{ws[top]} workers on {cost['cores']} cores"
@@ -573,16 +578,43 @@ def explain_allreduce(runs: dict, cost: dict | None = None) -> None:
     assert ar_run["replicas_agree"] and ar_run["final_loss"] < ar_run["initial_loss"]
 
 
+# --- Appendix ----------------------------------------------------------------------------------
+
+def show_memory_ordering() -> None:
+    """Why the seqlock's check misses no mixed read, and what that relies on: the order of
+    loads and of stores, which x86 keeps and ARM does not (sourced)."""
+    import platform
+
+    from .. import facts
+
+    host = ("this x86 host" if platform.machine().lower() in ("x86_64", "amd64")
+            else "the host")
+    facts.show(
+        "**Why the seqlock's check misses no mixed read.** Its writers take turns (the lock). "
+        "A writer stores its begin stamps, then x, then its end stamps; a reader loads the end "
+        "stamps, then x, then the begin stamps. Suppose a read mixed versions: it saw writer "
+        "W's value of some x_j but an older x_k. It loaded begin_k after x_j, which W stored "
+        "after begin_k, so begin_k shows W's stamp (or a later one); it loaded end_k before "
+        "x_k, which W stored before end_k, so end_k shows an older one. The stamps differ: "
+        "the read is flagged.\n\n"
+        "**Memory ordering.** That argument needs loads to stay in order with loads and stores "
+        "with stores. This seqlock's reader issues no memory barriers, and its writers' lock "
+        "does not order the stores inside one write (separate NumPy operations, issued in "
+        f"program order), so its check relies on {host} keeping that order, which x86 does "
+        "and ARM does not: [[linux.smp_rmb_x86_arm64]]. On ARM it would need the barriers "
+        "Linux's seqlock has: [[linux.seqlock_barriers]].")
+
+
 # --- On a real GPU cluster ----------------------------------------------------------------------
 
 # Where lock-free updates meet GPU training (from the sources, not run here), for `facts.show`.
 GPU_LOCK_FREE = """
 - **Lock-free on purpose**: Hogwild! ([[paper.hogwild_niu2011]]); PyTorch's Hogwild example,
-  which steps in place ([[pytorch.mnist_hogwild]]): its `add_` on a shared tensor is a plain
-  load, add and store per element, this notebook's *in place* mode, not the atomic adds
-  Hogwild!'s analysis assumes.
+  which steps in place ([[pytorch.mnist_hogwild]]): its `add_` on a shared tensor is
+  non-atomic (vector loads, adds and stores), this notebook's *in place* mode, not the atomic
+  adds Hogwild!'s analysis assumes.
 - **Dense GPU training uses synchronous collectives** (all-reduce; reduce-scatter and
-  all-gather when parameters are sharded): no two ranks write the same parameters, so no
-  update is lost between them, and the price is that everyone waits. Llama 3:
+  all-gather when parameters are sharded): each rank writes only its own replica's memory,
+  so no update is lost between ranks, and the price is that everyone waits. Llama 3:
   [[meta.llama3_synchronous]].
 """
