@@ -2,7 +2,7 @@
 emulated one, nccl-tests style, under torchrun.
 
     torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
-        -m clusterlab nettest --json cluster.json --png cluster.png
+        -m clusterlab nettest -o cluster.json --png cluster.png
 
 (`clusterlab nettest --nproc-per-node 4` alone starts a one-host torchrun for you.) Every
 rank takes part; rank 0 prints the table and writes the JSON and the figure. It measures:
@@ -584,7 +584,10 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clusterlab nettest", description=__doc__.split("\n\n")[0],
                                 epilog="Run it under torchrun on every host, or alone with "
                                 "--nproc-per-node for one host.")
-    p.add_argument("--json", default="nettest.json", help="where rank 0 writes the result")
+    p.add_argument("-o", "--out", default="nettest.json", metavar="PATH",
+                   help="where rank 0 writes the result (default nettest.json)")
+    p.add_argument("--json", action="store_true",
+                   help="rank 0 prints the result as JSON instead of the table")
     p.add_argument("--png", default="nettest.png", help="where rank 0 draws the figure "
                    "('' for none)")
     p.add_argument("--iters", type=int, default=Options.ping_iters,
@@ -630,8 +633,15 @@ def _backend(choice: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .cli import legacy_json
+
     parser = _parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # nettest takes no positional arguments: a word after --json is an old path. The note
+    # comes from the command, or under torchrun from rank 0, not from every rank.
+    argv = legacy_json(argv, is_path=lambda tok: not tok.startswith("-"),
+                       quiet=os.environ.get("RANK", "0") != "0")
+    args = parser.parse_args(argv)
     try:
         opts = options_from(args)
     except ValueError as exc:
@@ -646,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="clusterlab-nettest-") as logs:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    "--nproc-per-node", str(args.nproc_per_node), "--log-dir", logs,
-                   "-m", "clusterlab.nettest", *(sys.argv[1:] if argv is None else argv)]
+                   "-m", "clusterlab.nettest", *argv]
             return subprocess.call(cmd)
     import torch.distributed as dist
 
@@ -659,12 +669,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         dist.destroy_process_group()
     if result is not None:
-        with open(args.json, "w") as f:
+        with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
         if args.png:
             plot(result, args.png)
-        print(table(result), flush=True)
-        print(f"wrote {args.json}" + (f" and {args.png}" if args.png else ""), flush=True)
+        print(json.dumps(result, indent=1) if args.json else table(result), flush=True)
+        print(f"wrote {args.out}" + (f" and {args.png}" if args.png else ""),
+              file=sys.stderr if args.json else sys.stdout, flush=True)
     return 0
 
 

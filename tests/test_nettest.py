@@ -109,7 +109,7 @@ def test_nettest_under_torchrun_matches_the_configured_network(tmp_path, no_left
            "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "clusterlab", "nettest", "--nproc-per-node", "2",
            "--iters", "60", "--bw-bytes", str(1 << 20), "--bw-reps", "3",
-           "--sizes", "65536", "--coll-iters", "2", "--json", str(out), "--png", str(png)]
+           "--sizes", "65536", "--coll-iters", "2", "-o", str(out), "--png", str(png)]
     proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

@@ -1,4 +1,4 @@
-"""Benchmarks behind `clusterlab bench NAME --json PATH`.
+"""Benchmarks behind `clusterlab bench NAME -o PATH`.
 
 Each bench returns {"bench", "machine", "rows", "checks"}: rows are raw enough to recompute
 every check, and each check is {"name", "target", "measured", "ok"}. Figures are ratios or
