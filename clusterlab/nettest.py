@@ -317,6 +317,24 @@ def _netem_configured() -> bool:
                                            "CLUSTERLAB_LINKS"))
 
 
+def network_error(world_size: int, env=None) -> str | None:
+    """None if the CLUSTERLAB_* settings describe a network of `world_size` ranks, else one
+    line naming the variable, its value and what it accepts (what the "netem" backend would
+    raise in every rank, as a traceback each, once the job had started)."""
+    from .backend import NetemConfig
+
+    env = os.environ if env is None else env
+    try:
+        NetemConfig.from_env(world_size, env)
+    except ValueError as exc:
+        msg = str(exc)
+        for name in sorted(n for n in env if n.startswith("CLUSTERLAB_")):
+            if msg.startswith(f"{name}: "):  # e.g. "CLUSTERLAB_NIC: netem: unknown keyword"
+                return f"{name}={env[name]!r}: {msg[len(name) + 2:]}"
+        return msg
+    return None
+
+
 def _configured() -> dict:
     return {n: os.environ.get(n, "") for n in NETWORK_VARIABLES}
 
@@ -648,7 +666,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if not args.timeout > 0:
         parser.error(f"--timeout must be > 0 seconds, got {args.timeout}")
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+    launcher = "RANK" not in os.environ or "WORLD_SIZE" not in os.environ
+    world = args.nproc_per_node if launcher else int(os.environ["WORLD_SIZE"])
+    if _backend(args.backend) == "netem" and (bad := network_error(world)):
+        # Checked before any rank starts (or, under the user's torchrun, before this rank
+        # joins): one line, from the command or each host's first rank, and no traceback.
+        if launcher or os.environ.get("LOCAL_RANK", "0") == "0":
+            print(f"clusterlab nettest: error: {bad}", file=sys.stderr, flush=True)
+        return 2
+    if launcher:
         if args.nproc_per_node < 2:
             parser.error(f"--nproc-per-node must be >= 2, got {args.nproc_per_node}")
         # Not under torchrun: one host, torchrun started for us with these same arguments.
