@@ -233,7 +233,18 @@ def _shape(args, parser) -> int:
     return 2
 
 
+def _needs(parser, command: str, *modules: str) -> None:
+    """A clear error, not an ImportError, where the course extra is not installed (the
+    engine's own dependencies leave out the notebook machinery)."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        parser.error(f"{command} needs {', '.join(missing)}: pip install 'clusterlab[course]'")
+
+
 def _grade(args, parser) -> int:
+    _needs(parser, "grade", "nbformat", "nbclient", "ipykernel")
     from .labs.core import DEFAULT_SEED
     from .labs.grade import DEFAULT_TIMEOUT, all_passed, grade, table
 
@@ -254,7 +265,6 @@ def _labs(args, parser) -> int:
     from pathlib import Path
 
     from .labs import all_labs
-    from .labs.build import build
 
     if args.action == "list":
         labs = all_labs()
@@ -269,6 +279,9 @@ def _labs(args, parser) -> int:
                 print(f"    check(\"{ex.id}\")  {len(ex.checks)} checks ({hidden} hidden), "
                       f"{ex.points} points")
         return 0
+    _needs(parser, f"labs {args.action}", "nbformat")
+    from .labs.build import build
+
     root = Path(args.root)
     try:
         files = build(root, write=args.action == "build", only=args.only)

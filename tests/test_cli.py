@@ -158,3 +158,18 @@ def test_an_old_json_path_becomes_out_with_a_note(capsys):
     assert legacy_json(["bench", "report", "--json", "a.json", "--json", "b.json"],
                        is_path=is_file, to_input=True) == ["bench", "report", "a.json", "b.json"]
     assert capsys.readouterr().err == ""
+
+
+def test_grade_without_the_course_extra_says_what_to_install(monkeypatch, capsys):
+    import importlib.util
+
+    from clusterlab.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "nbclient" else real(name, *a))
+    with pytest.raises(SystemExit) as exc:
+        main(["grade", "submissions/"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "usage: clusterlab grade" in err
+    assert "grade needs nbclient: pip install 'clusterlab[course]'" in err
