@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -173,3 +174,50 @@ def test_grade_without_the_course_extra_says_what_to_install(monkeypatch, capsys
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "usage: clusterlab grade" in err
     assert "grade needs nbclient: pip install 'clusterlab[course]'" in err
+
+
+def test_every_bench_reports_progress():
+    import inspect
+
+    from clusterlab import bench
+
+    bench._load()
+    for name, fn in bench.BENCHES.items():
+        assert "tick()" in inspect.getsource(inspect.getmodule(fn)), name
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_bench_progress_goes_to_stderr_and_leaves_the_result_alone(monkeypatch, capsys,
+                                                                   terminal):
+    from clusterlab import bench
+
+    def fake(quick=False):
+        for _ in range(3):
+            bench.tick()
+        return {"bench": "fake", "rows": [1, 2, 3], "checks": []}
+
+    bench._load()
+    monkeypatch.setitem(bench.BENCHES, "fake", fake)
+    monkeypatch.setattr(bench, "PLAIN_EVERY_S", 0.0)
+    err = _Terminal() if terminal else None
+    if terminal:
+        monkeypatch.setattr(sys, "stderr", err)
+    else:
+        monkeypatch.setitem(sys.modules, "tqdm", None)  # the fallback: tqdm not installed
+    out = bench.run("fake")
+    assert out == {"bench": "fake", "rows": [1, 2, 3], "checks": []}
+    captured = capsys.readouterr()
+    text = err.getvalue() if terminal else captured.err
+    assert captured.out == "" and "bench fake" in text
+    if terminal:  # tqdm's counter
+        assert "3 rows" in text
+    else:
+        assert [ln.split(" (")[0] for ln in text.splitlines()] == [
+            "bench fake: started", "bench fake: 1 rows", "bench fake: 2 rows",
+            "bench fake: 3 rows", "bench fake: done, 3 rows"]
+    bench.tick()  # outside `run`: nothing to report, no error
