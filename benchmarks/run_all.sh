@@ -7,19 +7,17 @@ bash scripts/setup.sh
 out=benchmarks/results
 mkdir -p "$out"
 for name in launch overhead fidelity model monitor sim widgets fabric faults soak shaping; do
-  .venv/bin/clusterlab bench "$name" --json "$out/$name.json"
+  .venv/bin/clusterlab bench "$name" -o "$out/$name.json"
 done
 # Fidelity and overhead again, one after another: a figure must reproduce, and the report
 # puts the runs of one bench side by side (NAME.json sorts before NAME.runK.json).
 for run in 2 3; do
-  .venv/bin/clusterlab bench fidelity --json "$out/fidelity.run$run.json"
+  .venv/bin/clusterlab bench fidelity -o "$out/fidelity.run$run.json"
 done
-.venv/bin/clusterlab bench overhead --json "$out/overhead.run2.json"
+.venv/bin/clusterlab bench overhead -o "$out/overhead.run2.json"
 .venv/bin/python benchmarks/notebook_times.py
 .venv/bin/python benchmarks/notebook_times.py --labs
 {
   cat benchmarks/RESULTS.header.md
-  args=()
-  for f in "$out"/*.json; do args+=(--json "$f"); done
-  .venv/bin/clusterlab bench report "${args[@]}"
+  .venv/bin/clusterlab bench report "$out"/*.json
 } > benchmarks/RESULTS.md

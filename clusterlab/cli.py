@@ -1,4 +1,9 @@
-"""The `clusterlab` command: doctor, bench, quiz, labs, grade, shape, nettest."""
+"""The `clusterlab` command: doctor, bench, quiz, labs, grade, shape, nettest.
+
+One meaning of `--json` everywhere: print the machine-readable result (JSON) on stdout
+instead of the table. Files are written with `-o/--out PATH`; `bench report` reads its
+files as arguments.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,60 @@ import json
 import os
 import sys
 
+# Until issue 25, `--json PATH` wrote a file in bench, grade and nettest and named input files
+# in `bench report`; scripts written then keep working, with a note on stderr.
+_LEGACY_JSON = ("clusterlab: `--json PATH` is now `-o PATH` (`--out PATH`); `--json` alone "
+                "prints the JSON on stdout")
+
+
+def legacy_json(argv: list[str], *, is_path, to_input: bool = False,
+                quiet: bool = False) -> list[str]:
+    """argv with the old `--json PATH` / `--json=PATH` rewritten as `--out PATH` (or, with
+    `to_input`, as the positional input PATH, as `bench report` takes it now). `is_path(tok)`
+    tells an old path from the next argument of the new flag; `quiet`: no note on stderr."""
+    out, i, changed = [], 0, False
+    while i < len(argv):
+        tok = argv[i]
+        value = None
+        if tok.startswith("--json="):
+            value = tok.split("=", 1)[1]
+        elif tok == "--json" and i + 1 < len(argv) and is_path(argv[i + 1]):
+            value = argv[i + 1]
+            i += 1
+        if value is None:
+            out.append(tok)
+        else:
+            out += [value] if to_input else ["--out", value]
+            changed = True
+        i += 1
+    if changed and not (to_input or quiet):
+        print(_LEGACY_JSON, file=sys.stderr)
+    return out
+
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Run the command; a reader that stops early (`clusterlab labs list | head -1`) ends it
+    quietly with 141 (128 + SIGPIPE, what a shell tool killed by SIGPIPE returns)."""
+    try:
+        code = _main(sys.argv[1:] if argv is None else list(argv))
+        sys.stdout.flush()  # a pipe's buffer is written here: a closed reader fails here
+        return code
+    except BrokenPipeError:
+        # Python's documented pattern: point stdout at devnull, so that the flush at exit
+        # does not raise a second BrokenPipeError.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _main(argv: list[str]) -> int:
     if argv and argv[0] == "quiz":  # its own options: `clusterlab quiz --help`
         from .quiz.cli import main as quiz_main
 
@@ -18,7 +74,13 @@ def main(argv: list[str] | None = None) -> int:
         from .nettest import main as nettest_main
 
         return nettest_main(argv[1:])
+    if argv[:2] == ["bench", "report"]:
+        argv = legacy_json(argv, is_path=lambda tok: not tok.startswith("-"), to_input=True)
+    elif argv[:1] in (["bench"], ["grade"]):
+        # A path to write ends in .json; `grade --json submissions/` is the new flag.
+        argv = legacy_json(argv, is_path=lambda tok: tok.endswith(".json"))
     parser = argparse.ArgumentParser(prog="clusterlab", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"clusterlab {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     doc = sub.add_parser("doctor", help="is this machine ready, and how precise can it emulate")
     doc.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -26,17 +88,22 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("quiz", help="interview rehearsal in the terminal (clusterlab quiz --help)")
     sub.add_parser("nettest", help="measure a cluster's network under torchrun, nccl-tests "
                    "style (clusterlab nettest --help)")
-    b = sub.add_parser("bench", help="run a benchmark and write its JSON")
+    b = sub.add_parser("bench", help="run a benchmark; or turn results into markdown (report)")
     b.add_argument("name", help="fidelity, overhead, launch, model, sim, monitor, widgets, "
-                   "fabric, faults, soak, shaping; or "
-                   "'report' to turn JSON results (given with --json, repeatable) into "
-                   "markdown")
-    b.add_argument("--json", metavar="PATH", action="append",
-                   help="write the full result (rows and checks) here")
+                   "fabric, faults, soak, shaping; or 'report' to turn JSON results (the "
+                   "FILEs) into markdown")
+    b.add_argument("files", nargs="*", metavar="FILE",
+                   help="report: the JSON results to tabulate")
+    b.add_argument("--json", action="store_true",
+                   help="print the full result (rows and checks) as JSON instead of the summary")
+    b.add_argument("-o", "--out", metavar="PATH", help="write the full result here")
     b.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
     g = sub.add_parser("grade", help="execute submitted lab notebooks and tabulate points")
     g.add_argument("paths", nargs="+", metavar="PATH", help="lab notebooks, or folders of them")
-    g.add_argument("--json", metavar="PATH", help="also write the rows here (for a gradebook)")
+    g.add_argument("--json", action="store_true",
+                   help="print the rows as JSON instead of the table")
+    g.add_argument("-o", "--out", metavar="PATH",
+                   help="also write the rows here as JSON (for a gradebook)")
     g.add_argument("--timeout", type=float, default=None,
                    help="seconds all of a notebook's cells may take, counted from its first cell; "
                         "the kernel's start has its own 60 s limit (default 300)")
@@ -67,8 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     sh.add_argument("--all", action="store_true", help="down: every network of ours")
     # `shape run TAG -- COMMAND ...`: everything after the first "--" is the command.
     command = argv[argv.index("--") + 1:] if argv[:1] == ["shape"] and "--" in argv else []
-    args = parser.parse_args(argv[:len(argv) - len(command) - 1] if command else argv)
+    args, extra = parser.parse_known_args(
+        argv[:len(argv) - len(command) - 1] if command else argv)
     args.cmd = command
+    # The subcommand's own usage with its error (argparse would show the top-level one).
+    parser = {"doctor": doc, "bench": b, "grade": g, "labs": lb,
+              "shape": sh}.get(args.command, parser)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
 
     if args.command == "shape":
         return _shape(args, parser)
@@ -87,17 +160,22 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import markdown, run, summary
 
         if args.name == "report":
+            if args.json or args.out or args.quick:
+                parser.error("bench report takes only its FILEs and prints markdown")
             outs = []
-            for path in args.json or []:
+            for path in args.files:
                 with open(path) as f:
                     outs.append(json.load(f))
             print(markdown(outs))
             return 0
+        if args.files:
+            parser.error(f"bench {args.name} takes no FILEs (got {' '.join(args.files)}); "
+                         "write its result with -o PATH")
         try:
-            out = run(args.name, (args.json or [None])[-1], quick=args.quick)
+            out = run(args.name, args.out, quick=args.quick)
         except ValueError as exc:
             parser.error(str(exc))
-        print(summary(out))
+        print(json.dumps(out, indent=1) if args.json else summary(out))
         return 0 if all(c["ok"] for c in out["checks"]) else 1
     return 2
 
@@ -155,7 +233,18 @@ def _shape(args, parser) -> int:
     return 2
 
 
+def _needs(parser, command: str, *modules: str) -> None:
+    """A clear error, not an ImportError, where the course extra is not installed (the
+    engine's own dependencies leave out the notebook machinery)."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        parser.error(f"{command} needs {', '.join(missing)}: pip install 'clusterlab[course]'")
+
+
 def _grade(args, parser) -> int:
+    _needs(parser, "grade", "nbformat", "nbclient", "ipykernel")
     from .labs.core import DEFAULT_SEED
     from .labs.grade import DEFAULT_TIMEOUT, all_passed, grade, table
 
@@ -165,9 +254,9 @@ def _grade(args, parser) -> int:
                      progress=lambda line: print(line, file=sys.stderr, flush=True))
     except (ValueError, FileNotFoundError) as exc:
         parser.error(str(exc))
-    print(table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
+    print(json.dumps({"rows": rows}, indent=1) if args.json else table(rows))
+    if args.out:
+        with open(args.out, "w") as f:
             json.dump({"rows": rows}, f, indent=1)
     return 0 if all_passed(rows) else 1
 
@@ -176,16 +265,23 @@ def _labs(args, parser) -> int:
     from pathlib import Path
 
     from .labs import all_labs
-    from .labs.build import build
 
     if args.action == "list":
-        for lab in all_labs().values():
+        labs = all_labs()
+        if args.only and args.only not in labs:
+            parser.error(f"--only {args.only}: no such lab; choose from {', '.join(labs)}")
+        for lab in labs.values():
+            if args.only and lab.id != args.only:
+                continue
             print(f"{lab.id}  ({lab.points} points, after notebooks/{lab.follows})  {lab.title}")
             for ex in lab.exercises:
                 hidden = sum(c.hidden for c in ex.checks)
                 print(f"    check(\"{ex.id}\")  {len(ex.checks)} checks ({hidden} hidden), "
                       f"{ex.points} points")
         return 0
+    _needs(parser, f"labs {args.action}", "nbformat")
+    from .labs.build import build
+
     root = Path(args.root)
     try:
         files = build(root, write=args.action == "build", only=args.only)

@@ -2,7 +2,7 @@
 emulated one, nccl-tests style, under torchrun.
 
     torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
-        -m clusterlab nettest --json cluster.json --png cluster.png
+        -m clusterlab nettest -o cluster.json --png cluster.png
 
 (`clusterlab nettest --nproc-per-node 4` alone starts a one-host torchrun for you.) Every
 rank takes part; rank 0 prints the table and writes the JSON and the figure. It measures:
@@ -317,6 +317,24 @@ def _netem_configured() -> bool:
                                            "CLUSTERLAB_LINKS"))
 
 
+def network_error(world_size: int, env=None) -> str | None:
+    """None if the CLUSTERLAB_* settings describe a network of `world_size` ranks, else one
+    line naming the variable, its value and what it accepts (what the "netem" backend would
+    raise in every rank, as a traceback each, once the job had started)."""
+    from .backend import NetemConfig
+
+    env = os.environ if env is None else env
+    try:
+        NetemConfig.from_env(world_size, env)
+    except ValueError as exc:
+        msg = str(exc)
+        for name in sorted(n for n in env if n.startswith("CLUSTERLAB_")):
+            if msg.startswith(f"{name}: "):  # e.g. "CLUSTERLAB_NIC: netem: unknown keyword"
+                return f"{name}={env[name]!r}: {msg[len(name) + 2:]}"
+        return msg
+    return None
+
+
 def _configured() -> dict:
     return {n: os.environ.get(n, "") for n in NETWORK_VARIABLES}
 
@@ -584,7 +602,10 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clusterlab nettest", description=__doc__.split("\n\n")[0],
                                 epilog="Run it under torchrun on every host, or alone with "
                                 "--nproc-per-node for one host.")
-    p.add_argument("--json", default="nettest.json", help="where rank 0 writes the result")
+    p.add_argument("-o", "--out", default="nettest.json", metavar="PATH",
+                   help="where rank 0 writes the result (default nettest.json)")
+    p.add_argument("--json", action="store_true",
+                   help="rank 0 prints the result as JSON instead of the table")
     p.add_argument("--png", default="nettest.png", help="where rank 0 draws the figure "
                    "('' for none)")
     p.add_argument("--iters", type=int, default=Options.ping_iters,
@@ -630,15 +651,30 @@ def _backend(choice: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .cli import legacy_json
+
     parser = _parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # nettest takes no positional arguments: a word after --json is an old path. The note
+    # comes from the command, or under torchrun from rank 0, not from every rank.
+    argv = legacy_json(argv, is_path=lambda tok: not tok.startswith("-"),
+                       quiet=os.environ.get("RANK", "0") != "0")
+    args = parser.parse_args(argv)
     try:
         opts = options_from(args)
     except ValueError as exc:
         parser.error(str(exc))
     if not args.timeout > 0:
         parser.error(f"--timeout must be > 0 seconds, got {args.timeout}")
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+    launcher = "RANK" not in os.environ or "WORLD_SIZE" not in os.environ
+    world = args.nproc_per_node if launcher else int(os.environ["WORLD_SIZE"])
+    if _backend(args.backend) == "netem" and (bad := network_error(world)):
+        # Checked before any rank starts (or, under the user's torchrun, before this rank
+        # joins): one line, from the command or each host's first rank, and no traceback.
+        if launcher or os.environ.get("LOCAL_RANK", "0") == "0":
+            print(f"clusterlab nettest: error: {bad}", file=sys.stderr, flush=True)
+        return 2
+    if launcher:
         if args.nproc_per_node < 2:
             parser.error(f"--nproc-per-node must be >= 2, got {args.nproc_per_node}")
         # Not under torchrun: one host, torchrun started for us with these same arguments.
@@ -646,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="clusterlab-nettest-") as logs:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    "--nproc-per-node", str(args.nproc_per_node), "--log-dir", logs,
-                   "-m", "clusterlab.nettest", *(sys.argv[1:] if argv is None else argv)]
+                   "-m", "clusterlab.nettest", *argv]
             return subprocess.call(cmd)
     import torch.distributed as dist
 
@@ -659,12 +695,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         dist.destroy_process_group()
     if result is not None:
-        with open(args.json, "w") as f:
+        with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
         if args.png:
             plot(result, args.png)
-        print(table(result), flush=True)
-        print(f"wrote {args.json}" + (f" and {args.png}" if args.png else ""), flush=True)
+        print(json.dumps(result, indent=1) if args.json else table(result), flush=True)
+        print(f"wrote {args.out}" + (f" and {args.png}" if args.png else ""),
+              file=sys.stderr if args.json else sys.stdout, flush=True)
     return 0
 
 

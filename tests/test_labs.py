@@ -274,7 +274,7 @@ def test_grade_command_exit_code_and_json(toy, tmp_path, no_leftovers):
     prelude = f"import sys; sys.path.insert(0, {str(DATA)!r}); import toy_lab; "
     cmd = [sys.executable, "-c", prelude + "from clusterlab.cli import main; sys.exit(main())",
            "grade"]
-    ok = subprocess.run(cmd + [str(good), "--json", str(out)], capture_output=True, text=True,
+    ok = subprocess.run(cmd + [str(good), "-o", str(out)], capture_output=True, text=True,
                         timeout=200)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     rows = json.loads(out.read_text())["rows"]

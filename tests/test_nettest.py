@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -109,7 +110,7 @@ def test_nettest_under_torchrun_matches_the_configured_network(tmp_path, no_left
            "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "clusterlab", "nettest", "--nproc-per-node", "2",
            "--iters", "60", "--bw-bytes", str(1 << 20), "--bw-reps", "3",
-           "--sizes", "65536", "--coll-iters", "2", "--json", str(out), "--png", str(png)]
+           "--sizes", "65536", "--coll-iters", "2", "-o", str(out), "--png", str(png)]
     proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -138,3 +139,57 @@ def test_nettest_under_torchrun_matches_the_configured_network(tmp_path, no_left
     assert "OUTLIER (bandwidth): link 1->0" in text
     cal = nettest.load_calibration(out)
     assert abs(cal.nic.delay_ns / 5e6 - 1) <= MEDIAN_DELAY_TOLERANCE
+
+
+BAD_NIC = "delay 2ms lossy 1%"
+
+
+def test_network_error_names_the_variable_its_value_and_what_it_accepts():
+    line = nettest.network_error(2, {"CLUSTERLAB_NIC": BAD_NIC})
+    assert line.startswith(f"CLUSTERLAB_NIC={BAD_NIC!r}: ") and "expected one of" in line
+    assert "\n" not in line and "loss" in line
+    assert nettest.network_error(2, {"CLUSTERLAB_NIC": "delay 2ms loss 1%"}) is None
+    assert "does not divide" in nettest.network_error(
+        2, {"CLUSTERLAB_NIC": "delay 1ms", "CLUSTERLAB_PROCS_PER_NODE": "3"})
+
+
+def _nettest(argv, tmp_path, **env):
+    """`python -m <argv>` with this checkout first on the path, under a timeout."""
+    checkout = str(Path(nettest.__file__).resolve().parents[1])
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", **env,
+           "PYTHONPATH": os.pathsep.join([checkout, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", *argv], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    return proc.returncode, out, err
+
+
+def test_a_bad_nic_is_one_line_before_any_rank_starts(tmp_path):
+    code, out, err = _nettest(["clusterlab", "nettest", "--nproc-per-node", "2"], tmp_path,
+                              CLUSTERLAB_NIC=BAD_NIC)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and out == "", (out, err)
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"clusterlab nettest: error: CLUSTERLAB_NIC={BAD_NIC!r}: ")
+    assert "expected one of" in lines[0]
+    assert not list(tmp_path.iterdir())  # no rank ran: no JSON, no figure
+
+
+@pytest.mark.parametrize("local_rank, says", [("0", True), ("1", False)])
+def test_under_the_users_torchrun_a_bad_nic_ends_each_rank_with_one_line(tmp_path, local_rank,
+                                                                        says):
+    """A rank as torchrun starts it: it exits 2 before joining the group (no peer to wait for),
+    with no traceback; only each host's first rank says why."""
+    code, out, err = _nettest(["clusterlab.nettest"], tmp_path, CLUSTERLAB_NIC=BAD_NIC,
+                              RANK=local_rank, LOCAL_RANK=local_rank, WORLD_SIZE="2",
+                              MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and "Traceback" not in err, err
+    assert len(lines) == (1 if says else 0), err
+    assert not says or lines[0].startswith(f"clusterlab nettest: error: CLUSTERLAB_NIC={BAD_NIC!r}")

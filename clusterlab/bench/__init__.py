@@ -1,4 +1,4 @@
-"""Benchmarks behind `clusterlab bench NAME --json PATH`.
+"""Benchmarks behind `clusterlab bench NAME -o PATH`.
 
 Each bench returns {"bench", "machine", "rows", "checks"}: rows are raw enough to recompute
 every check, and each check is {"name", "target", "measured", "ok"}. Figures are ratios or
@@ -9,6 +9,8 @@ about this (shared, noisy) machine's speed.
 from __future__ import annotations
 
 import json
+import sys
+import time
 from collections.abc import Callable
 
 BENCHES: dict[str, Callable[..., dict]] = {}
@@ -58,12 +60,68 @@ def details(name: str):
     return register
 
 
+PLAIN_EVERY_S = 10.0  # without a terminal (or tqdm): a progress line at most this often
+
+
+class _Progress:
+    """Rows done so far, on stderr: a tqdm counter on a terminal; elsewhere (a log, a pipe,
+    no tqdm) a plain line now and then, since tqdm's redraws turn a log into noise."""
+
+    def __init__(self, name: str):
+        self.name, self.rows, self.t0, self.said = name, 0, time.monotonic(), None
+        self.bar = None
+        if sys.stderr.isatty():
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                pass
+            else:
+                self.bar = tqdm(desc=f"bench {name}", unit=" rows", file=sys.stderr)
+        if self.bar is None:
+            self._say("started")
+
+    def _say(self, what: str) -> None:
+        self.said = time.monotonic()
+        print(f"bench {self.name}: {what} ({self.said - self.t0:.0f} s)", file=sys.stderr,
+              flush=True)
+
+    def step(self) -> None:
+        self.rows += 1
+        if self.bar is not None:
+            self.bar.update(1)
+        elif time.monotonic() - self.said >= PLAIN_EVERY_S:
+            self._say(f"{self.rows} rows")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        else:
+            self._say(f"done, {self.rows} rows")
+
+
+_progress: _Progress | None = None
+
+
+def tick() -> None:
+    """A bench finished one row (or group of samples): progress for `clusterlab bench`. Does
+    nothing when a bench is called directly (tests, notebooks); it never touches the figures."""
+    if _progress is not None:
+        _progress.step()
+
+
 def run(name: str, path: str | None = None, quick: bool = False) -> dict:
-    """Run bench `name`, write its JSON to `path` (if given), return it."""
+    """Run bench `name`, write its JSON to `path` (if given), return it; progress on stderr
+    while it runs."""
+    global _progress
     _load()
     if name not in BENCHES:
         raise ValueError(f"unknown bench {name!r}; choose from {', '.join(sorted(BENCHES))}")
-    out = BENCHES[name](quick=quick)
+    _progress = _Progress(name)
+    try:
+        out = BENCHES[name](quick=quick)
+    finally:
+        _progress.close()
+        _progress = None
     if path:
         with open(path, "w") as f:
             json.dump(out, f, indent=1)

@@ -33,7 +33,7 @@ import numpy as np
 from .. import fabric_models as fm
 from ..experiments import fabric as ex
 from ..sim import simulate_collective
-from . import bench, check, result
+from . import bench, check, result, tick
 
 TIME_TOLERANCE = 0.10  # measured / closed form, where the closed form models every queue
 SHARE_TOLERANCE = 0.15  # measured / bottleneck-share form (fair shares of whole rounds)
@@ -69,6 +69,7 @@ def _incast(quick: bool, rows: list, checks: list) -> None:
     for r in ex.incast(counts, repeats=2):
         m = r["model"]
         ratio = _ratio(r["best"], m.time_s)
+        tick()
         rows.append(_plain({"family": "incast", **r}))
         checks.append(check(f"incast {r['senders']} x 1 MiB into one port: time / closed "
                             "form", f"within {TIME_TOLERANCE:.0%}", round(ratio, 3),
@@ -86,6 +87,7 @@ def _incast(quick: bool, rows: list, checks: list) -> None:
                       repeats=2)
     for r in drops:
         m = r["model"]
+        tick()
         rows.append(_plain({"family": "incast-drops", **r}))
         label = f"incast {r['senders']} x 256 KiB, buffer 6 packets"
         if m.timeouts:  # the RTO dominates: a figure this machine's noise cannot fake
@@ -107,6 +109,7 @@ def _incast(quick: bool, rows: list, checks: list) -> None:
 def _ps_vs_ring(quick: bool, rows: list, checks: list) -> None:
     out = ex.ps_vs_ring(nodes=8, repeats=1 if quick else 2)
     for r in out:
+        tick()
         rows.append(_plain({"family": "ps-vs-ring", **r}))
         ratio = _ratio(r["best"], r["model"])
         checks.append(check(f"{ex.LABELS[r['algorithm']]}, 8 nodes on one leaf, 1 MiB: "
@@ -127,6 +130,7 @@ def _oversubscribed(quick: bool, rows: list, checks: list) -> None:
             "allreduce", r["nbytes"], nodes=r["nodes"], nic=ex.NIC,
             fabric=ex.leaf_spine(r["oversubscription"]), algorithm=r["algorithm"]).max())
         r["replay"] = replay
+        tick()
         rows.append(_plain({"family": "oversubscribed", **r}))
         label = f"{ex.LABELS[r['algorithm']]}, 8 nodes, 2 leaves, o = {r['oversubscription']:g}"
         ratio = _ratio(r["best"], r["model"])
@@ -148,6 +152,7 @@ def _oversubscribed(quick: bool, rows: list, checks: list) -> None:
 def _ecmp(quick: bool, rows: list, checks: list) -> None:
     seeds = 500 if quick else 2000
     for r in ex.ecmp_hashing(seeds=seeds):
+        tick()
         rows.append({"family": "ecmp-hash", **r})
         p = r["collision_model"]
         se = math.sqrt(max(p * (1 - p), 1e-12) / seeds)
@@ -166,6 +171,7 @@ def _ecmp(quick: bool, rows: list, checks: list) -> None:
                             abs(r["max_load"] - r["max_load_model"]) <= SIGMAS * sd + 1e-9))
     rounds = ex.ecmp_rounds(pairings=4 if quick else 8)
     for r in rounds:
+        tick()
         rows.append(_plain({"family": "ecmp-round", **r}))
     ratios = [_ratio(r["best"], r["model"]) for r in rounds]
     worst = max(ratios, key=lambda x: abs(x - 1))
@@ -181,6 +187,7 @@ def _ecmp(quick: bool, rows: list, checks: list) -> None:
 def _rails(quick: bool, rows: list, checks: list) -> None:
     out = ex.rails(repeats=1 if quick else 2, dilation=DILATION)
     for r in out:
+        tick()
         rows.append(_plain({"family": "rails", **r}))
         ratio = _ratio(r["best"], r["model"])
         checks.append(check(f"hierarchical (rails), 2 nodes x 2, spine o = "

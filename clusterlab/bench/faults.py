@@ -30,7 +30,7 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from . import bench, check, result
+from . import bench, check, result, tick
 
 WORLD = 2  # ranks per cluster: the faulty one and one that waits for it
 NIC = "delay 1ms"
@@ -392,6 +392,7 @@ def _repeat(fault: str, where: str, cl_factory, alone: bool = True) -> dict:
     row["ports_seen"] = len(ports)
     _judge(row, fault, where)
     row["message"] = (row.get("message") or "")[:600]
+    tick()  # one cell of the matrix (also from the threads that wait for timeouts)
     return row
 
 

@@ -32,7 +32,7 @@ from ..doctor import (
 from ..link import delay_values_ns, sample_delay_ns
 from ..netem import Netem
 from ..wire import wire_beta
-from . import bench, check, result
+from . import bench, check, result, tick
 
 
 def _delays_and_model(n: int, spacing_s: float):
@@ -238,6 +238,7 @@ def fidelity(quick: bool = False, repeats: int | None = None) -> dict:
                 d = measure_constant_delay(delay_ms * 1e3, world=world,
                                            samples=int(doctor.DELAY_PROBE_SAMPLES * scale))
                 med = float(np.median(d)) / 1e6
+                tick()
                 rows.append({"kind": "delay", "ranks": world, "nic": spec, "repeat": repeat,
                              "samples_ms": (d / 1e6).tolist()})
                 note(f"median one-way delay, {world} ranks, {spec}",
@@ -261,6 +262,7 @@ def fidelity(quick: bool = False, repeats: int | None = None) -> dict:
                 ref_std = reference_std(spec)
                 std_ratio = float(d[~stalled].std() / ref_std)
                 late_us = (d - model) / 1e3
+                tick()
                 rows.append({"kind": "jitter", "ranks": world, "nic": spec_text, "repeat": repeat,
                              "samples_ms": (d / 1e6).tolist(),
                              "link_model_ks": round(ks_distance(model, spec), 4),
@@ -291,6 +293,7 @@ def fidelity(quick: bool = False, repeats: int | None = None) -> dict:
             msgs = sum(len(per_rank[r]) for r in receivers) - 1  # bytes after the first delivery
             goodput = msgs * size * 8 / ((last - first) / 1e9)
             ratio = goodput / payload_rate
+            tick()
             rows.append({"kind": "rate", "ranks": world, "procs_per_node": ppn,
                          "nic": str(spec), "bytes": size, "delivered_ns": per_rank})
             who = "1 sender" if len(senders) == 1 else "2 processes sharing one NIC"
@@ -304,6 +307,7 @@ def fidelity(quick: bool = False, repeats: int | None = None) -> dict:
     lost = int((d > 100).sum())
     p = 0.01
     sigma = np.sqrt(p * (1 - p) / n)
+    tick()
     rows.append({"kind": "loss", "ranks": 2, "nic": "delay 1ms loss 1%", "samples_ms": d.tolist()})
     checks.append(check("loss fraction (pings delayed by an RTO), loss 1%",
                         f"within 3 sigma: {p - 3 * sigma:.4f}..{p + 3 * sigma:.4f}",
@@ -316,6 +320,7 @@ def fidelity(quick: bool = False, repeats: int | None = None) -> dict:
             per_rank = cl.run(_fan_out, int(600 * scale), 2e-4)
         released = np.array(per_rank[0])
         inversions = int(np.sum(released[1:] < released[:-1]))
+        tick()
         rows.append({"kind": "inversions", "ranks": 4, "nic": spec_text,
                      "released_ns": per_rank[0], "received": per_rank[1:]})
         ok = inversions > 0 if want == "> 0" else inversions == 0
@@ -332,6 +337,7 @@ def fidelity(quick: bool = False, repeats: int | None = None) -> dict:
                      f"within {MEDIAN_DELAY_TOLERANCE:.0%} of {delay_ms} ms")]
         met_ms[delay_ms] = median_delay_met(np.array(f["values"]) * 1e6, delay_ms * 1e6)
     target, ok = floor_agreement(floor["smallest_faithful_delay_us"], met_ms)
+    tick()
     rows.append({"kind": "doctor_floor", "floor": floor})
     checks.append(check("doctor's smallest faithful delay (us) agrees with the 2-rank delay rows",
                         target, floor["smallest_faithful_delay_us"], ok))
@@ -339,5 +345,6 @@ def fidelity(quick: bool = False, repeats: int | None = None) -> dict:
     # The link model alone, over many packets, as a cross-check of the sampler.
     spec = Netem.parse("delay 5ms 2ms distribution normal")
     draws = sample_delay_ns(spec, np.random.default_rng(0), 50_000)
+    tick()
     rows.append({"kind": "sampler", "nic": str(spec), "ks": ks_distance(draws, spec)})
     return result("fidelity", rows, checks)

@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from ..cluster import Cluster
-from . import bench, check, result
+from . import bench, check, result, tick
 
 
 def _noop():
@@ -33,6 +33,7 @@ def launch(quick: bool = False) -> dict:
             t2 = time.perf_counter()
             cl.close()
             closed = time.perf_counter() - t2
+            tick()
             rows.append({"ranks": world, "attempt": attempt, "start_s": started,
                          "run_overhead_s": float(np.median(runs)), "close_s": closed})
     checks = []

@@ -40,7 +40,7 @@ from ..sim import bucket_sizes, simulate_training
 from ..timing import all_reduce_spans, durations
 from ..topology import Topology
 from ..wire import SEGMENT_BYTES, wire_beta
-from . import bench, check, details, result
+from . import bench, check, details, result, tick
 from .model_parallel import parallel_rows
 
 SIZES = [1 << 10, 64 << 10, 1 << 20, 16 << 20]
@@ -250,6 +250,7 @@ def model_bench(quick: bool = False) -> dict:
             k = max(dilation_for(native[n], model[n]) for n in SIZES)
             dilated = _measure({"nodes": p, "nic": nic, "dilation": k}, SIZES, reps)
             for n in SIZES:
+                tick()
                 rows.append({"kind": "all_reduce", "ranks": p, "nic": nic, "bytes": n,
                              "dilation": k, "measured_s": dilated[n],
                              "model_s": max(model[n], native[n] / k),
@@ -279,6 +280,7 @@ def model_bench(quick: bool = False) -> dict:
     for p in ranks:
         for nic in ("delay 2ms", "delay 2ms 1ms"):
             row = ddp_row(p, nic, 6 if quick else 15, repeats)
+            tick()
             rows.append(row)
             predicted, measured = row["sim_s"], row["measured_s"]
             err = _rel(predicted, measured)
@@ -290,6 +292,7 @@ def model_bench(quick: bool = False) -> dict:
     #    own costs cancel out.
     lo, hi = ranks[0], ranks[-1]
     row, more = alltoall_growth(ranks, quick)
+    tick()
     rows.append(row)
     checks += more
 
@@ -315,6 +318,7 @@ def model_bench(quick: bool = False) -> dict:
     # Control variate: the draws' own mean max differs from E[max] by sampling noise
     # (~0.5 J / sqrt(steps)), which is not the system's error; remove it, report both.
     adjusted = {p: extra[p] - (realized[p] - pred[p]) for p in ranks}
+    tick()
     rows.append({"kind": "compute_jitter", "compute_s": compute_s, "jitter_s": jitter_s,
                  "steps": steps, "dilation": dilations, "extra_s": extra,
                  "realized_mean_max_s": realized, "adjusted_extra_s": adjusted,
@@ -329,11 +333,13 @@ def model_bench(quick: bool = False) -> dict:
 
     # 4. The closed-form step against the simulator at 2..1024 nodes (arithmetic only).
     more_rows, more = step_model_rows(quick)
+    tick()
     rows += more_rows
     checks += more
 
     # 5. Real message passing at 8-32 ranks against the simulator of the same ring.
     more_rows, more = p2p_ring_rows(quick)
+    tick()
     rows += more_rows
     checks += more
     parallel_rows(rows, checks, quick)  # 6. sharded, tensor, pipeline and expert parallelism
@@ -407,6 +413,7 @@ def p2p_ring_rows(quick: bool = False) -> tuple[list[dict], list[dict]]:
                   for s in range(400)]
         plain = measured[f"delay {delay * 1e3:g}ms"]["end_s"]
         ideal = 2 * (p - 1) * delay
+        tick()
         rows.append({"kind": "p2p_ring", "ranks": p, "nic": P2P_NIC, "bytes": P2P_BYTES,
                      "dilation": P2P_DILATION, "repeats": repeats,
                      "measured_s": got["end_s"].tolist(),
@@ -449,6 +456,7 @@ def step_model_rows(quick: bool = False) -> tuple[list[dict], list[dict]]:
             steps = (4 if n > 64 else 10) if quick else (8 if n > 64 else 30)
             sim = simulate_training(**{**setup.sim_kwargs(steps, seed=n), "nodes": n})
             closed = predict_step(setup, n).step_s
+            tick()
             rows.append({"kind": "step_model", "nodes": n, "nic": setup.nic,
                          "model_bytes": setup.model_bytes, "compute_s": setup.compute_s,
                          "closed_form_s": closed, "sim_step_s": sim.step_times.tolist(),
@@ -539,6 +547,7 @@ def sim_speed(quick: bool = False) -> dict:
         for _ in range(2 if quick else 3):
             t0, c0 = time.perf_counter(), time.process_time()
             res = simulate_training(steps=20, **kwargs)
+            tick()
             rows.append({"setup": label, **{k: v for k, v in kwargs.items()}, "steps": 20,
                          "ranks": res.world_size, "seconds": time.perf_counter() - t0,
                          "cpu_seconds": time.process_time() - c0, "goal_s": goal,

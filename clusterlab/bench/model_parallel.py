@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from .. import parallelism as par
 from ..experiments import parallelism as exp
-from . import check
+from . import check, tick
 
 TOLERANCE = 0.15
 # The latency rows and the all-to-alls run this many times slower than the network they
@@ -39,6 +39,7 @@ def parallel_rows(rows: list[dict], checks: list[dict], quick: bool = False) -> 
     for strategy in exp.SHARDED:
         t = traffic[strategy]
         measured = t["by_kind"]["allreduce"] if strategy == "ddp" else t["sent"][0]
+        tick()
         rows.append({"kind": "sharded_bytes", "strategy": strategy, "ranks": 4,
                      "params": traffic["params"], "sent": t["sent"], "by_kind": t["by_kind"],
                      "predicted": t["predicted"]})
@@ -51,6 +52,7 @@ def parallel_rows(rows: list[dict], checks: list[dict], quick: bool = False) -> 
     sweep = exp.step_time_sweep(["delay 1ms", "delay 10ms"], ranks=2, steps=5 if quick else 8,
                                 dilation=DILATION)
     lo, hi = sweep
+    tick()
     rows.append({"kind": "parallel_latency", "rows": sweep})
     for kind, label in (("ddp", "DDP"), ("fsdp", "FSDP2, 3 layers"),
                         ("tp", "tensor parallel, 4 MLP blocks")):
@@ -63,6 +65,7 @@ def parallel_rows(rows: list[dict], checks: list[dict], quick: bool = False) -> 
 
     nics = ["delay 100us", "delay 10ms 5ms"][: 1 if quick else 2]
     for r in exp.pipeline(nics):
+        tick()
         rows.append({"kind": "pipeline", **{k: v for k, v in r.items() if k != "ops"}})
         err = _rel(r["simulated_step_s"], r["step_s"])
         checks.append(check(f"{r['schedule']} step, 4 stages, 8 micro-batches, {r['nic']}: "
@@ -70,6 +73,7 @@ def parallel_rows(rows: list[dict], checks: list[dict], quick: bool = False) -> 
                             round(err, 4), err <= TOLERANCE))
 
     for r in exp.moe_alltoall(hot_shares=(0.25, 0.75) if quick else (0.25, 0.5, 0.75)):
+        tick()
         rows.append({"kind": "moe", **r})
         err = _rel(r["predicted_step_s"], r["step_s"])
         checks.append(check(f"MoE layer, 4 ranks, hot expert share {r['hot_share']:.2f}: "
@@ -77,6 +81,7 @@ def parallel_rows(rows: list[dict], checks: list[dict], quick: bool = False) -> 
                             round(err, 4), err <= TOLERANCE))
 
     for r in exp.alltoall_growth(ranks=(2, 4) if quick else (2, 3, 4), dilation=DILATION):
+        tick()
         rows.append({"kind": "alltoall_jitter", **r})
         low, high = r["last_entry_mean_s"], r["mean_s"]
         pred = r["predicted_s"]
@@ -89,4 +94,5 @@ def parallel_rows(rows: list[dict], checks: list[dict], quick: bool = False) -> 
                             _rel(r["simulated_s"], pred) <= 0.05))
     big = par.alltoall_seconds(ranks=1024, delay_s=0.01, jitter_s=0.002,
                                distribution="normal", last_rank=True)
+    tick()
     rows.append({"kind": "alltoall_1024", "predicted_s": big})

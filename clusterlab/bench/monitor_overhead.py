@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from ..cluster import Cluster
-from . import bench, check, result
+from . import bench, check, result, tick
 
 EVERY = 10  # SyncMonitor's default
 RANKS = 4
@@ -101,6 +101,7 @@ def monitor_overhead(quick: bool = False) -> dict:
     width, batch = 256, 64
     with Cluster(nodes=RANKS, nic="delay 500us", timeout=300) as cl:
         per_rank = cl.run(_train, windows, width, batch)
+    tick()  # one run of every window (the ranks report only at its end)
     # Steps are synchronous: a step ends for the cluster when its slowest rank is done.
     times = {mode: np.max([per_rank[k][mode] for k in range(RANKS)], axis=0)
              for mode in ("plain", "monitor")}  # (windows, EVERY) each

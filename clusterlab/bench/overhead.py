@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from ..cluster import Cluster
-from . import bench, check, result
+from . import bench, check, result, tick
 
 SIZES = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
 BIG = 1 << 20  # from here on Gloo moves enough bytes that the machinery must all but vanish
@@ -76,6 +76,7 @@ def _interleaved(clusters, fn, sizes, rounds, iterations, combine):
         for nbytes in sizes:
             for name in names[r % len(names):] + names[: r % len(names)]:
                 times = combine(clusters[name].run(fn, nbytes, iterations))
+                tick()
                 rows.append({"backend": name, "round": r, "bytes": nbytes, "times_s": times})
     return rows
 
@@ -122,6 +123,7 @@ def overhead(quick: bool = False) -> dict:
     finally:
         for cl in pings.values():
             cl.close()
+    tick()
     rows += [{**row, "kind": "ping-pong"} for row in p2p_rows]
     rtt = {}  # backend -> per-round round trip (its RTT_PERCENTILE)
     for row in p2p_rows:

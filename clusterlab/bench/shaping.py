@@ -24,7 +24,7 @@ from .. import models, shaping, timing
 from ..cluster import Cluster
 from ..netem import Netem
 from ..wire import SEGMENT_BYTES, wire_beta
-from . import bench, check, result
+from . import bench, check, result, tick
 
 GOODPUT_SECONDS = 0.2  # each transfer lasts about this long at the configured rate
 TOLERANCE = 0.10  # goodput: measured vs configured, and kernel vs userspace
@@ -90,6 +90,7 @@ def shaping_bench(quick: bool = False) -> dict:
         shaping.check_available()
     except RuntimeError as exc:
         why = "needs root/netns"
+        tick()
         rows.append({"skipped": str(exc)})
         for name in ("goodput", "all_reduce", "delay", "jitter"):
             checks.append(_skipped(name, why))
@@ -111,6 +112,7 @@ def shaping_bench(quick: bool = False) -> dict:
             seconds = [s for ranks in per_round for s in ranks[0]]
             expected = 1 / wire_beta(rate, segment_bytes=segments[mode])  # payload bytes/s
             med[mode] = nbytes / float(np.median(seconds))
+            tick()
             rows.append({"kind": "goodput", "nic": nic, "mode": mode, "bytes": nbytes,
                          "seconds": seconds, "segment_bytes": segments[mode],
                          "expected_Bps": expected, "median_Bps": med[mode]})
@@ -139,6 +141,7 @@ def shaping_bench(quick: bool = False) -> dict:
         predicted = models.ring_allreduce(nodes, nbytes, 0.0,
                                           wire_beta(rate, segment_bytes=segments[mode]))
         med[mode] = float(np.median(seconds))
+        tick()
         rows.append({"kind": "all_reduce", "nic": nic, "mode": mode, "nodes": nodes,
                      "bytes": nbytes, "seconds": seconds, "predicted_s": predicted})
         ratio = med[mode] / predicted
@@ -154,6 +157,7 @@ def shaping_bench(quick: bool = False) -> dict:
     for name, nic in (("delay", "delay 2ms"), ("jitter", "delay 2ms 1ms")):
         title = f"{name} ({nic}): median round trip, kernel / userspace"
         if not shaping.kernel_has_netem():
+            tick()
             rows.append({"kind": name, "nic": nic, "skipped": "no sch_netem"})
             checks.append(_skipped(title, "no sch_netem"))
             continue
@@ -166,6 +170,7 @@ def shaping_bench(quick: bool = False) -> dict:
         for mode, per_round in runs.items():
             seconds = [s for ranks in per_round for s in ranks[0]]
             med[mode] = float(np.median(seconds))
+            tick()
             rows.append({"kind": name, "nic": nic, "mode": mode, "seconds": seconds})
         ratio = med["kernel"] / med["userspace"]
         checks.append(check(title, "kernel within 10 % of userspace", round(ratio, 3),

@@ -45,7 +45,7 @@ import numpy as np
 
 from ..cluster import Cluster, ClusterError
 from ..link import RTO_MIN_NS
-from . import bench, check, result
+from . import bench, check, result, tick
 
 NIC = "delay 2ms 1ms loss 0.5%"
 RANKS = 4
@@ -170,6 +170,7 @@ def soak(quick: bool = False, minutes: float | None = None) -> dict:
                         mine[key].append(out[key])
                     mine["rss"] += out["rss"]
                 r0 = outs[0]
+                tick()
                 chunk_rows.append({
                     "kind": "chunk", "end_s": round(parent_rss[-1][0] / 1e9, 1), "steps": steps,
                     "median_step_ms": round(float(np.median(r0["step_ns"])) / 1e6, 3),

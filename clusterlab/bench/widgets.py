@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from . import bench, check, result
+from . import bench, check, result, tick
 
 NODE_COUNTS = (1, 16, 256, 1024)
 UPDATE_GOAL_S = 0.2
@@ -54,6 +54,7 @@ def widgets_bench(quick: bool = False) -> dict:
         times, background = _moves(ex, n, repeats)
         median = float(np.median(times))
         worst = max(worst, median)
+        tick()
         rows.append({"kind": "throughput_update", "nodes": n, "update_s": times,
                      "background_sim_s": background})
         checks.append(check(f"throughput explorer: update after a move at N={n} (median)",
@@ -81,6 +82,7 @@ def widgets_bench(quick: bool = False) -> dict:
             w.update()
             times.append(w.last_update_s)
         w.close()
+        tick()
         rows.append({"kind": "update", "widget": name, "update_s": times})
         checks.append(check(f"{name}: update after a move (median)", "report",
                             round(float(np.median(times)), 3), True))
@@ -99,6 +101,7 @@ def widgets_bench(quick: bool = False) -> dict:
                                    f"{ex.status.value}")
             measured = float(np.median(m.step_times))
             predicted = m.predicted.percentile(50)
+            tick()
             rows.append({"kind": "real_run", "nodes": nodes, "nic": m.plan.setup.nic,
                          "step_times_s": m.step_times.tolist(), "predicted_step_s": predicted,
                          "native_s": {str(k): v for k, v in (m.native_s or {}).items()}})
