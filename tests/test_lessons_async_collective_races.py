@@ -16,8 +16,18 @@ def _async(edit_wrong=80, read_wrong=80, edit_disagree=0, fix_wrong=0):
     v = {n: _variant(wrong=fix_wrong) for n in races.ASYNC_FIXES}
     v["read_before_wait"] = _variant(wrong=read_wrong, wrong_elements=0.997, local=0.96)
     v["edit_before_wait"] = _variant(wrong=edit_wrong, disagree=edit_disagree, edit_sent=0.737,
-                                     edit_lost=0.0, wrong_elements=1.0)
-    return {"variants": v, "trials": 20, "workers": 4}
+                                     edit_lost=0.0, edit_partly=0.25, wrong_elements=0.995)
+    return {"variants": v, "trials": 20, "workers": 4, "add": 100.0}
+
+
+def test_shares_of_each_outcome_add_up_and_name_the_values():
+    shares = races._shares(_async())
+    for v in shares.values():
+        assert sum(share for _, share in v) == pytest.approx(1.0)
+    assert [label for label, _ in shares["edit_before_wait"]] == [
+        "410 (every rank's edit)", "210 or 310 (some ranks' edits)", "10 (no edit)",
+        "110 (right by chance)", "anything else"]
+    assert shares["edit_before_wait"][4][1] == pytest.approx(0.995 - 0.737 - 0.25)
 
 
 def test_agreeing_wrong_trials_subtracts_disagreeing_and_possibly_right_trials():
@@ -29,12 +39,16 @@ def test_agreeing_wrong_trials_subtracts_disagreeing_and_possibly_right_trials()
 def test_explain_async_races_says_at_least_only_when_some_reads_were_right(capsys):
     races.explain_async_races(_async(), _async())
     out = capsys.readouterr().out
-    assert "own value 96.0%, partly reduced 3.7%" in out
-    assert "  in 20 of 20 trials every rank held the same wrong values" in out
+    assert ("read before wait(): wrong in 80 of 80 rank-trials; of all elements: 96.0% this "
+            "rank's own value, 3.7% a partial sum, 0.3% the total, 10 (right).") in out
+    assert ("edit before wait(): wrong in 80 of 80 rank-trials; of all elements: 73.7% 410 "
+            "(every rank's edit), 25.0% 210 or 310 (some ranks' edits), 0.5% 110 (right by "
+            "chance), 0.8% anything else.") in out  # 10 (no edit) at 0.0%: left out
+    assert "every rank held the same wrong bytes in 20 of 20 trials" in out
     assert "happened to be right: 0 of 80 (1 MiB bucket), 0 of 80 (one element): none" in out
     races.explain_async_races(_async(edit_wrong=72, read_wrong=76), _async(read_wrong=80))
     out = capsys.readouterr().out
-    assert "  in at least 18 of 20 trials" in out
+    assert "wrong bytes in at least 18 of 20 trials" in out
     assert "right: 4 of 80 (1 MiB bucket), 0 of 80 (one element): such a read passes" in out
 
 
@@ -57,8 +71,8 @@ def test_explain_hook_race_says_the_loss_fell_and_the_checksum_caught_it(capsys)
                                                 unreduced=0.92)})
     out = capsys.readouterr().out
     assert "unchained hook: gradient wrong in 80 of 80 rank-steps" in out
-    assert ("in them, 92% of the elements held the rank's own gradient / 4, unreduced (elements "
-            "where that equals the true average left out)") in out
+    assert ("in them, 92% of the gradient's elements were this rank's own / 4, unreduced (ties "
+            "with the true average left out)") in out
     assert "chained hook: gradient wrong in 0 of 80 rank-steps (4 ranks x 20 steps);" in out
     assert "The loss fell under both hooks (8.0x higher at the end" in out
     assert "the replica checksum did" in out
@@ -87,7 +101,6 @@ def test_explain_async_races_accounts_for_every_edited_element(capsys):
     ar["variants"]["edit_before_wait"]["wrong_elements"] = 0.994
     races.explain_async_races(ar, _async())
     out = capsys.readouterr().out
-    # sent 73.7% + overwritten 0.0% + other 25.7% + right 0.6% = 100%
-    assert ("edit sent by every rank (410) 73.7% of the elements, overwritten by Gloo (10) 0.0%, "
-            "other wrong values (some ranks' edits sent, or a mix) 25.7%, right by chance (110) "
-            "0.6%;") in out
+    # 410 73.7% + 210/310 25.0% + 10 0.0% + right 0.6% + else 0.7% = 100%
+    assert ("73.7% 410 (every rank's edit), 25.0% 210 or 310 (some ranks' edits), 0.6% 110 "
+            "(right by chance), 0.7% anything else.") in out

@@ -131,7 +131,8 @@ def test_explain_mixed_reads(capsys, monkeypatch):
             "flagged; lock 0.") in out
     assert ("Checked against the prediction: write-backs 31.7% flagged (below the 60.7% of "
             "counter increments they lost); in place 31.1% flagged, 0.00% lost.\n"
-            "Flagged reads show overlap, not damage.\n") in out
+            "Flagged reads show overlap, not damage: an in-place add that overlaps another "
+            "still lands.\n") in out
     # why, in the fold
     assert ("A flag needs stamps that disagree at the read: a write in flight during the short "
             "read, or stamps two unlocked writes left mixed. A write-back's loss needs a write "
@@ -261,10 +262,10 @@ def test_explain_cost(capsys):
     out = capsys.readouterr().out
     # one line first: each gain beside its workers at once, whether the ranges resolve it
     # the price at equal workers first, resolved or not by the runs' ranges; then the gains
-    assert out.startswith("In short, with 2 workers on 2 cores (surviving updates/s, medians of 3 "
-                          "runs): the lock 37,170, in place 68,000, so the lock ran ×0.55 of in "
-                          "place's rate (every lock run slower), as its 2 workers ran 1.20 at "
-                          "once against in place's 1.97: the lock serialises the update.\n"
+    assert out.startswith("In short, with 2 workers on 2 cores (medians of 3 runs): the lock ran "
+                          "37,170 surviving updates/s, in place 68,000: ×0.55 (every lock run "
+                          "slower).\nWhy: the lock's 2 workers ran 1.20 at once, in place's "
+                          "1.97: the lock serialises the update.\n"
                           "From 1 worker to 2: in place ×1.00 (ranges overlap), the lock ×0.63 "
                           "(lower; the fold has the ranges).\n")
     assert "all-reduce" not in out and "seqlock" not in out  # the appendix's
@@ -288,7 +289,7 @@ def test_explain_cost(capsys):
     close["rate"]["lock"][1] = close["rate"]["inplace"][1] * 1.02
     races.explain_cost(close, problem=_Problem())
     out = capsys.readouterr().out
-    assert "(the runs' ranges overlap: not resolved on these runs), although its 2" in out
+    assert "(the runs' ranges overlap: not resolved on these runs).\nYet: the lock's 2" in out
     races.explain_cost(_cost(grow=False), problem=_Problem())
     out = capsys.readouterr().out
     assert "Possible causes" not in out and "37,170." in out and ", as each" not in out

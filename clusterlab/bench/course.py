@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import bench, check, details, result
+from . import bench, check, details, result, tick
 
 ROOT = Path(__file__).resolve().parents[2]
 CONDITIONS = ("quiet", "one_cpu", "busy")
@@ -175,38 +175,31 @@ def _spinners(n: int):
             p.wait(timeout=10)
 
 
-def run_course(paths: list[Path], *, conditions=CONDITIONS, progress=None) -> dict:
+def run_course(paths: list[Path], *, conditions=CONDITIONS) -> dict:
     """Every path under every condition; the bench result with rows and checks."""
     rows = []
     one_cpu = sorted(os.sched_getaffinity(0))[:1]
-    with contextlib.ExitStack() as stack:
-        bar = progress(total=len(paths) * len(conditions)) if progress else None
-        for cond in conditions:
-            for path in paths:
-                if bar is not None:
-                    bar.set_description(f"{cond} {path.stem[:28]}")
-                cgroup = None
-                with contextlib.ExitStack() as here:
-                    if cond == "one_cpu":
-                        cgroup = _memory_cgroup(MEMORY_LIMIT)
-                        if cgroup is not None:
-                            here.callback(_remove_cgroup, cgroup)
-                    if cond == "busy":
-                        here.enter_context(_spinners(2))
-                    row = _child(path, cpus=one_cpu if cond == "one_cpu" else None,
-                                 cgroup=str(cgroup) if cgroup else None)
-                    if cond == "one_cpu":
-                        row["memory_limit"] = ("2 GB (memory cgroup)" if cgroup else
-                                               "not enforced: no writable memory cgroup here")
-                        if cgroup:
-                            row["oom_kills"] = _oom_kills(cgroup)
-                rows.append({"condition": cond, "notebook": path.stem,
-                             "kind": "solved lab" if path.parent.name == "solutions"
-                             else "notebook", **row})
-                if bar is not None:
-                    bar.update()
-        if bar is not None:
-            stack.callback(bar.close)
+    for cond in conditions:
+        for path in paths:
+            cgroup = None
+            with contextlib.ExitStack() as here:
+                if cond == "one_cpu":
+                    cgroup = _memory_cgroup(MEMORY_LIMIT)
+                    if cgroup is not None:
+                        here.callback(_remove_cgroup, cgroup)
+                if cond == "busy":
+                    here.enter_context(_spinners(2))
+                row = _child(path, cpus=one_cpu if cond == "one_cpu" else None,
+                             cgroup=str(cgroup) if cgroup else None)
+                if cond == "one_cpu":
+                    row["memory_limit"] = ("2 GB (memory cgroup)" if cgroup else
+                                           "not enforced: no writable memory cgroup here")
+                    if cgroup:
+                        row["oom_kills"] = _oom_kills(cgroup)
+            rows.append({"condition": cond, "notebook": path.stem,
+                         "kind": "solved lab" if path.parent.name == "solutions"
+                         else "notebook", **row})
+            tick()
     return result("course", rows, _checks(rows, conditions))
 
 
@@ -261,19 +254,10 @@ def course_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def _progress():
-    """tqdm on stderr where installed (the course extra), else nothing."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return lambda total: tqdm(total=total, file=sys.stderr, unit="notebook")
-
-
 @bench("course")
 def course(quick: bool = False) -> dict:
     """Every notebook and solved lab under each condition (`quick`: notebooks 05, 11, 12)."""
-    return run_course(course_paths(quick=quick), progress=_progress())
+    return run_course(course_paths(quick=quick))
 
 
 def _main(argv: list[str]) -> int:

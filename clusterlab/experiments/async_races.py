@@ -70,6 +70,9 @@ def _async_races_rank(numel, trials, add):
                 "local": int(np.count_nonzero(s == rank + 1)),
                 "edit_sent": int(np.count_nonzero(s == total + world * add)),
                 "edit_lost": int(np.count_nonzero(s == total)) if want != total else 0,
+                # some ranks' edits sent, not all and not exactly one (that is 110: right)
+                "edit_partly": int(np.count_nonzero(np.isin(
+                    s, [total + k * add for k in range(2, world)]))) if want != total else 0,
                 "digest": _digest(s),
             })
     return out
@@ -97,8 +100,9 @@ def async_collective_races(
 
     Returns {"workers", "trials", "numel", "variants": {v: {"wrong_trials": reads (rank x
     trial) with any wrong element, "reads": trials x workers, "wrong_elements": fraction of
-    all elements wrong, "local", "edit_sent", "edit_lost": fractions of elements in those
-    states, "disagree_trials": trials whose ranks ended with different bytes}}}.
+    all elements wrong, "local", "edit_sent", "edit_lost", "edit_partly": fractions of
+    elements in those states (this rank's own value; every rank's edit summed; no edit; from 2
+    to W - 1 ranks' edits), "disagree_trials": trials whose ranks ended with different bytes}}}.
     """
     with use_or_open(cluster, nodes=workers, nic=None, timeout=timeout) as cl:
         out = cl.run(_async_races_rank, numel, trials, add)
@@ -115,6 +119,7 @@ def async_collective_races(
             "local": sum(c["local"] for c in cells) / n,
             "edit_sent": sum(c["edit_sent"] for c in cells) / n,
             "edit_lost": sum(c["edit_lost"] for c in cells) / n,
+            "edit_partly": sum(c["edit_partly"] for c in cells) / n,
             "disagree_trials": sum(len({rows[r][t]["digest"] for r in range(world)}) > 1
                                    for t in range(trials)),
         }

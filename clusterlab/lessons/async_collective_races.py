@@ -14,25 +14,48 @@ ASYNC_FIXES = ("wait_then_read", "wait_then_edit")
 
 # --- Async collectives: touching a buffer before wait() ---------------------------------------
 
+def _shares(ar: dict) -> dict:
+    """What each element held after a read or an edit before wait(), as fractions of all
+    elements of all rank-trials: {variant: [(label, share), ...]}, the shares summing to 1."""
+    w, add = ar["workers"], ar.get("add", 100.0)
+    total = w * (w + 1) // 2
+    rd, ed = ar["variants"]["read_before_wait"], ar["variants"]["edit_before_wait"]
+    partly = ed.get("edit_partly", 0.0)
+    return {
+        "read_before_wait": [
+            ("this rank's own value", rd["local"]),
+            ("a partial sum", rd["wrong_elements"] - rd["local"]),
+            (f"the total, {total} (right)", 1 - rd["wrong_elements"])],
+        "edit_before_wait": [
+            (f"{total + w * add:g} (every rank's edit)", ed["edit_sent"]),
+            (" or ".join(f"{total + k * add:g}" for k in range(2, w)) + " (some ranks' edits)",
+             partly),
+            (f"{total} (no edit)", ed["edit_lost"]),
+            (f"{total + add:g} (right by chance)", 1 - ed["wrong_elements"]),
+            ("anything else", ed["wrong_elements"] - ed["edit_sent"] - ed["edit_lost"] - partly)],
+    }
+
+
 def plot_async_races(ar: dict) -> None:
-    """Bar chart of `races.async_collective_races`: the share of reads with a wrong value for
-    each variant, red for touching the buffer before wait(), green for the fixes."""
+    """What the elements held after a read and after an edit before wait() (`_shares`): one
+    stacked bar each, in % of all elements of all rank-trials."""
     import matplotlib.pyplot as plt
 
-    from ..experiments import async_races as races
-
-    v, variants = ar["variants"], races.ASYNC_VARIANTS
-    fig, ax = plt.subplots(figsize=(7, 3))
-    ax.bar(range(len(variants)), [100 * v[n]["wrong_trials"] / v[n]["reads"] for n in variants],
-           color=["C3" if n.endswith("before_wait") else "C2" for n in variants])
-    ax.set_xticks(range(len(variants)), [n.replace("_", " ") for n in variants], fontsize=8)
-    ax.set_ylabel(f"rank-trials with a wrong value\n(% of {v[variants[0]]['reads']})")
-    ax.set_ylim(0, 110)
-    for k, n in enumerate(variants):
-        ax.text(k, 100 * v[n]["wrong_trials"] / v[n]["reads"] + 2,
-                f"{v[n]['wrong_trials']}/{v[n]['reads']}", ha="center", fontsize=8)
-    ax.set_xlabel(f"variant ({ar['trials']} trials on each of {ar['workers']} ranks)")
-    ax.set_title("Touching the buffer before wait() gives wrong values")
+    shares = _shares(ar)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 2.4))
+    for ax, (v, title) in zip(axes, (("read_before_wait", "A read before wait() saw"),
+                                     ("edit_before_wait", "After an edit before wait(), g held"))):
+        left, wrong_colors = 0.0, iter(("C0", "C1", "C3", "C4", "C7"))
+        for label, share in shares[v]:  # right is green in both bars
+            ax.barh(0, 100 * share, left=100 * left, label=f"{label} ({share:.1%})",
+                    color="C2" if "right" in label else next(wrong_colors))
+            left += share
+        ax.set_xlim(0, 100)
+        ax.set_yticks([])
+        ax.set_title(f"{title}\n(% of all elements, {ar['trials']} trials x {ar['workers']} "
+                     "ranks)", fontsize=9)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+    plt.tight_layout()
     plt.show()
 
 
@@ -45,39 +68,33 @@ def agreeing_wrong_trials(ar: dict) -> int:
 
 
 def explain_async_races(ar: dict, ar1: dict) -> None:
-    """What the early reads saw and what became of the early edits (1 MiB bucket, `ar`), the
+    """What the early reads saw and what the early edits left (1 MiB bucket, `ar`), the
     trials a replica checksum would miss, the fixes' counts, and how many early reads happened
     to be right (also for a one-element tensor, `ar1`); asserts that touching before wait()
     went wrong and that the fixes never did."""
-    v = ar["variants"]
-    d = v["read_before_wait"]  # what a wrong read saw: this rank's own value, or a partial sum
-    print(f"read before wait(): wrong in {d['wrong_trials']} of {d['reads']} rank-trials "
-          f"({d['wrong_elements']:.1%} of the elements): own value {d['local']:.1%}, "
-          f"partly reduced {d['wrong_elements'] - d['local']:.1%}")
-    d = v["edit_before_wait"]  # what became of the edit, and whether the replicas still agree
-    print(f"edit before wait(): wrong in {d['wrong_trials']} of {d['reads']} rank-trials: edit "
-          f"sent by every rank (410) {d['edit_sent']:.1%} of the elements, overwritten by Gloo "
-          f"(10) {d['edit_lost']:.1%}, other wrong values (some ranks' edits sent, or a mix) "
-          f"{d['wrong_elements'] - d['edit_sent'] - d['edit_lost']:.1%}, right by chance (110) "
-          f"{1 - d['wrong_elements']:.1%}; "
-          f"ranks disagree in {d['disagree_trials']} of "
-          f"{ar['trials']} trials")
+    v, shares = ar["variants"], _shares(ar)
+    for name, what in (("read_before_wait", "read before wait()"),
+                       ("edit_before_wait", "edit before wait()")):
+        d = v[name]
+        print(f"{what}: wrong in {d['wrong_trials']} of {d['reads']} rank-trials; of all "
+              "elements: " + ", ".join(f"{share:.1%} {label}" for label, share in shares[name]
+                                       if round(share, 3) > 0 or "right" in label) + ".")
+    d = v["edit_before_wait"]
     agree_wrong = agreeing_wrong_trials(ar)
     if agree_wrong > 0:
-        print(f"  in {'' if d['wrong_trials'] == d['reads'] else 'at least '}{agree_wrong} of "
-              f"{ar['trials']} trials every rank held the same wrong values: a replica checksum "
-              "cannot catch those")
+        print(f"After the edit, every rank held the same wrong bytes in "
+              f"{'' if d['wrong_trials'] == d['reads'] else 'at least '}{agree_wrong} of "
+              f"{ar['trials']} trials: a replica checksum cannot catch those.")
     fixes = ASYNC_FIXES
-    print(f"the fixes ({', '.join(fixes)}): wrong in "
-          f"{', '.join(str(v[n]['wrong_trials']) for n in fixes)} of {v[fixes[0]]['reads']} "
-          "rank-trials; ranks disagree in "
-          f"{', '.join(str(v[n]['disagree_trials']) for n in fixes)} of {ar['trials']} trials")
+    print(f"The fixes ({' and '.join(n.replace('_', ' ') for n in fixes)}): wrong in "
+          f"{' and '.join(str(v[n]['wrong_trials']) for n in fixes)} of "
+          f"{v[fixes[0]]['reads']} rank-trials.")
     rb, rb1 = v["read_before_wait"], ar1["variants"]["read_before_wait"]
     ok, ok1 = rb["reads"] - rb["wrong_trials"], rb1["reads"] - rb1["wrong_trials"]
-    print(f"reads before wait() that happened to be right: {ok} of {rb['reads']} (1 MiB bucket), "
+    print(f"Reads before wait() that happened to be right: {ok} of {rb['reads']} (1 MiB bucket), "
           f"{ok1} of {rb1['reads']} (one element)"
-          + (": such a read passes a test and fails on another run" if ok + ok1 else
-             ": none on this run, but nothing orders the read after Gloo's write"))
+          + (": such a read passes a test and fails on another run." if ok + ok1 else
+             ": none on this run, but nothing orders the read after Gloo's write."))
     assert v["read_before_wait"]["wrong_trials"] > 0 and v["edit_before_wait"]["wrong_trials"] > 0
     for n in ASYNC_FIXES:
         assert v[n]["wrong_trials"] == 0 and v[n]["disagree_trials"] == 0, n
@@ -91,9 +108,9 @@ def explain_hook_race(runs: dict) -> None:
     the loss that fell either way; asserts that the chained hook was right at every step."""
     ok, bad = runs["chained"], runs["unchained"]
     for r in (ok, bad):
-        what = (f"; in them, {r['unreduced']:.0%} of the elements held the rank's own gradient / "
-                f"{r['workers']}, unreduced (elements where that equals the true average left "
-                "out)" if r["wrong_steps"] else "")
+        what = (f"; in them, {r['unreduced']:.0%} of the gradient's elements were this rank's "
+                f"own / {r['workers']}, unreduced (ties with the true average left out)"
+                if r["wrong_steps"] else "")
         print(f"{r['hook']} hook: gradient wrong in {r['wrong_steps']} of {r['rank_steps']} "
               f"rank-steps ({r['workers']} ranks x {r['steps']} steps{what}); replicas "
               f"differed after {r['differ_steps']} of {r['steps']} steps; rank 0's held-out "

@@ -167,7 +167,8 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
         + detail + rerun
         + "Shared cores add a second route to lost updates: the scheduler runs each process "
         "for a **time slice**, then switches, and a worker paused inside its read-to-write "
-        "window erases, when it resumes, the others' whole slices (about (W − 1)/W again).\n\n"
+        "window erases, when it resumes, the others' whole slices: in that picture about "
+        "(W − 1)/W again (not measured apart here).\n\n"
         + facts.render("A worker waiting for a core waits, roughly, for the others' time "
                        "slices (the scheduler also weighs each task's lag and deadline, so this "
                        "is an order of magnitude, not a rule), on mainline Linux 6.15 and "
@@ -210,11 +211,14 @@ def explain_mixed_reads(runs: dict) -> None:
           f"({'below' if share < wb['lost_fraction'] else 'not below'} the "
           f"{wb['lost_fraction']:.1%} of counter increments they lost); in place "
           f"{ip_share:.1%} flagged, {ip['lost_fraction']:.2%} lost.")
-    print("Flagged reads show overlap, not damage.")
+    print("Flagged reads show overlap, not damage: an in-place add that overlaps another still "
+          "lands.")
     fold("Why flags and losses differ",
          "A flag needs stamps that disagree at the read: a write in flight during the short "
          "read, or stamps two unlocked writes left mixed. A write-back's loss needs a write "
-         "anywhere in its longer read-to-write window. In place overlaps just as much"
+         "anywhere in its longer read-to-write window. On the dense problem a read is also "
+         "flagged when its coordinates carry different updates' stamps, which two unlocked "
+         "writes can leave behind. In place overlaps just as much"
          + (" (more often than the write-backs on this run; a likely cause, not measured "
             "apart: its element-by-element writes, np.subtract.at, take longer than a "
             "write-back's one store, so more reads meet one in flight)" if ip_share > share
@@ -443,14 +447,14 @@ def explain_cost(cost: dict, *, problem) -> None:
     # the fix's price at equal workers first (what the learner predicted), then the gains
     lk2, in2 = (np.asarray(surv[m][i2]) for m in ("lock", "inplace"))
     ratio = np.median(lk2) / np.median(in2)
-    print(f"In short, with 2 workers on {cost['cores']} cores (surviving updates/s, medians of "
-          f"{cost['repeats']} runs): the lock {np.median(lk2):,.0f}, in place "
-          f"{np.median(in2):,.0f}, so the lock ran ×{ratio:.2f} of in place's rate"
-          + (" (every lock run slower)" if lk2.max() < in2.min() else
-             " (every lock run faster)" if lk2.min() > in2.max() else
-             " (the runs' ranges overlap: not resolved on these runs)")
-          + f", {'as' if ratio < 1 else 'although'} its 2 workers ran {at_once['lock']:.2f} at "
-          f"once against in place's {at_once['inplace']:.2f}: the lock serialises the update.")
+    print(f"In short, with 2 workers on {cost['cores']} cores (medians of {cost['repeats']} "
+          f"runs): the lock ran {np.median(lk2):,.0f} surviving updates/s, in place "
+          f"{np.median(in2):,.0f}: ×{ratio:.2f}"
+          + (" (every lock run slower)." if lk2.max() < in2.min() else
+             " (every lock run faster)." if lk2.min() > in2.max() else
+             " (the runs' ranges overlap: not resolved on these runs)."))
+    print(f"{'Why' if ratio < 1 else 'Yet'}: the lock's 2 workers ran {at_once['lock']:.2f} at "
+          f"once, in place's {at_once['inplace']:.2f}: the lock serialises the update.")
     print(f"From 1 worker to 2: in place ×{gain['inplace']:.2f} "
           f"({versus_one(surv['inplace'][i2], surv['inplace'][i1]).split(',')[0]}), the lock "
           f"×{gain['lock']:.2f} ({versus_one(surv['lock'][i2], surv['lock'][i1]).split(',')[0]}"
@@ -614,7 +618,7 @@ GPU_LOCK_FREE = """
   non-atomic (vector loads, adds and stores), this notebook's *in place* mode, not the atomic
   adds Hogwild!'s analysis assumes.
 - **Dense GPU training uses synchronous collectives** (all-reduce; reduce-scatter and
-  all-gather when parameters are sharded): each rank writes only its own replica's memory,
-  so no update is lost between ranks, and the price is that everyone waits. Llama 3:
-  [[meta.llama3_synchronous]].
+  all-gather when parameters are sharded): each rank's optimizer step writes only that
+  rank's own copy or shard of the parameters, so no update is lost between ranks, and the
+  price is that everyone waits. Llama 3: [[meta.llama3_synchronous]].
 """
