@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run every benchmark on a quiet machine and regenerate RESULTS.md from their JSON.
-# Usage: bash benchmarks/run_all.sh   (about 75 minutes on 2 cores; the soak alone is 10)
+# Usage: bash benchmarks/run_all.sh   (about 2 hours on 2 cores; the course alone is 1, the soak 10 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -15,8 +15,8 @@ for run in 2 3; do
   .venv/bin/clusterlab bench fidelity -o "$out/fidelity.run$run.json"
 done
 .venv/bin/clusterlab bench overhead -o "$out/overhead.run2.json"
-.venv/bin/python benchmarks/notebook_times.py
-.venv/bin/python benchmarks/notebook_times.py --labs
+# Every notebook and solved lab: quiet, on one CPU with 2 GB, beside two busy processes.
+.venv/bin/clusterlab bench course -o "$out/course.json"
 {
   cat benchmarks/RESULTS.header.md
   .venv/bin/clusterlab bench report "$out"/*.json

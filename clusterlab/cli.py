@@ -90,8 +90,9 @@ def _main(argv: list[str]) -> int:
                    "style (clusterlab nettest --help)")
     b = sub.add_parser("bench", help="run a benchmark; or turn results into markdown (report)")
     b.add_argument("name", help="fidelity, overhead, launch, model, sim, monitor, widgets, "
-                   "fabric, faults, soak, shaping; or 'report' to turn JSON results (the "
-                   "FILEs) into markdown")
+                   "fabric, faults, soak, shaping, course (every notebook and solved lab: "
+                   "quiet, on one CPU with 2 GB, beside two busy processes; about an hour on "
+                   "2 cores); or 'report' to turn JSON results (the FILEs) into markdown")
     b.add_argument("files", nargs="*", metavar="FILE",
                    help="report: the JSON results to tabulate")
     b.add_argument("--json", action="store_true",

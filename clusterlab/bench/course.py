@@ -129,9 +129,14 @@ def _memory_cgroup(limit: int) -> Path | None:
             continue
         try:
             (path / knob).write_text(str(limit))
-            return path
         except OSError:
             _remove_cgroup(path)
+            continue
+        # no swap either, where the kernel offers the knob: a Binder pod has none
+        swap = "memory.swap.max" if knob == "memory.max" else "memory.memsw.limit_in_bytes"
+        with contextlib.suppress(OSError):
+            (path / swap).write_text("0" if knob == "memory.max" else str(limit))
+        return path
     return None
 
 

@@ -109,7 +109,8 @@ def explain_hook_race(runs: dict) -> None:
     ok, bad = runs["chained"], runs["unchained"]
     for r in (ok, bad):
         what = (f"; in them, {r['unreduced']:.0%} of the gradient's elements were this rank's "
-                f"own / {r['workers']}, unreduced (ties with the true average left out)"
+                f"own / {r['workers']}, unreduced (counted where own / {r['workers']} differs from "
+                "the true average)"
                 if r["wrong_steps"] else "")
         print(f"{r['hook']} hook: gradient wrong in {r['wrong_steps']} of {r['rank_steps']} "
               f"rank-steps ({r['workers']} ranks x {r['steps']} steps{what}); replicas "
@@ -134,9 +135,10 @@ def explain_hook_race(runs: dict) -> None:
 # Where the races are on GPU ranks (from the sources, not run here), rendered by `facts.show`.
 GPU_RACES = """
 - **wait() is a stream wait.** For NCCL, by default, [[pytorch.async_op_cuda_semantics]]
-  ([[pytorch.nccl_blocking_wait]] makes it block the host): ops then issued on the current
-  stream are ordered; work on another stream races with the collective, as measured above
-  on Gloo (a host read of a `non_blocking` copy races with the copy: next point).
+  ([[pytorch.nccl_blocking_wait]] makes it block the host). Ops then issued on the current
+  stream are ordered after the collective. Work on another stream is not: it races with the
+  collective, the same kind of race as the one measured above between your thread and
+  Gloo's.
 - **A copy to the host.** `x = t.to("cpu", non_blocking=True)` gives
   [[pytorch.non_blocking_d2h]]: a loss or metric logged from `x` can be incomplete or garbage.
   Synchronise first (`torch.cuda.synchronize()`, or `synchronize()` on an event recorded
@@ -147,9 +149,10 @@ GPU_RACES = """
 GPU_RACES_MORE = """
 - **Side streams.** The caching allocator (PyTorch's reuse of freed GPU memory) tracks
   only the stream a tensor was allocated on.
-  A copy or overlap you run on a side stream must [[pytorch.record_stream]] or sync with an
-  event before the tensor is freed, or its memory goes to the next allocation while that
-  work still reads it.
+  Before a tensor used by side-stream work is freed, call [[pytorch.record_stream]] (the side
+  stream), or make the tensor's own stream wait on an event recorded after that work, or
+  keep the tensor alive until it is done; otherwise its memory goes to the next allocation
+  while that work still reads it.
 - **Finding stream races.** Kernels on two streams that touch one tensor with no
   synchronisation between them race; the CUDA Stream Sanitizer
   ([[pytorch.cuda_stream_sanitizer]]) records each PyTorch operator's reads and writes on

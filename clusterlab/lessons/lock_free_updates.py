@@ -126,8 +126,9 @@ def explain_lost_updates(rep: dict, runs: dict, *, problem, cores: int) -> None:
     detail = (
         f"Workers at once on {cores} cores (CPU seconds ÷ wall seconds): write-back "
         f"{par['writeback', 2]:.2f} and {par['writeback', 4]:.2f}, in place "
-        f"{par['inplace', 2]:.2f} and {par['inplace', 4]:.2f}. With p workers at once the "
-        f"same argument predicts (p − 1)/p: {meas[2]:.0%} and {meas[4]:.0%} for the write-backs; "
+        f"{par['inplace', 2]:.2f} and {par['inplace', 4]:.2f}. A rough heuristic, (p − 1)/p "
+        f"with p the workers at once (an average, not workers running throughout), gives "
+        f"{meas[2]:.0%} and {meas[4]:.0%} for the write-backs; "
         + ", ".join(f"the {w}-worker losses ended {_beside(lost['writeback', w], meas[w])}"
                     for w in (2, 4))
         + (". A worker paused mid-update erases more (a hypothesis, not measured: below)."
@@ -198,21 +199,18 @@ def explain_mixed_reads(runs: dict) -> None:
     import platform
 
     x86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
-    print(f"The seqlock retried {sq['retried_reads']:,} of {sq['updates']:,} reads "
-          f"({sq['retries']:,} retries in all) and "
-          "computed only from reads its check passed ("
-          + ("why that check misses no mixed read on x86: appendix" if x86 else
-             "complete only with the memory barriers the appendix names")
-          + ").")
+    print(f"The seqlock: {sq['retried_reads']:,} of {sq['updates']:,} updates had to re-read "
+          f"({sq['retries']:,} retries in all), and it computed only from reads its check "
+          "passed" + ("." if x86 else " (on this host the check also needs the memory barriers "
+                                     "the appendix names)."))
     ip = runs["dense", "inplace"]
     share, ip_share = wb["mixed_reads"] / wb["updates"], ip["mixed_reads"] / ip["updates"]
     # The headline and the conclusion on the main path; why flags and losses differ, folded.
-    print(f"Checked against the prediction: write-backs {share:.1%} flagged "
-          f"({'below' if share < wb['lost_fraction'] else 'not below'} the "
-          f"{wb['lost_fraction']:.1%} of counter increments they lost); in place "
-          f"{ip_share:.1%} flagged, {ip['lost_fraction']:.2%} lost.")
-    print("Flagged reads show overlap, not damage: an in-place add that overlaps another still "
-          "lands.")
+    print(f"Checked against the prediction: updates from a flagged read, in place {ip_share:.1%}, "
+          f"write-backs {share:.1%}; counter increments lost, in place "
+          f"{ip['lost_fraction']:.2%}, write-backs {wb['lost_fraction']:.1%}.")
+    print("Flagged reads show overlap, not lost updates: an in-place add that overlaps another "
+          "still lands.")
     fold("Why flags and losses differ",
          "A flag needs stamps that disagree at the read: a write in flight during the short "
          "read, or stamps two unlocked writes left mixed. A write-back's loss needs a write "
@@ -503,6 +501,10 @@ def explain_cost_order(cost: dict) -> None:
           f"{cost['repeats']} runs): "
           + ", ".join(f"{NAME[m]} {np.median(surv[m][i1]):,.0f} -> {np.median(surv[m][i2]):,.0f}"
                       for m in ("seqlock", "writeback")) + ".")
+    sq2, lk2, in2 = (float(np.median(surv[m][i2])) for m in ("seqlock", "lock", "inplace"))
+    print(f"So with 2 workers the seqlock's {sq2:,.0f} is nearer "
+          + (f"in place's {in2:,.0f} than the lock's {lk2:,.0f}." if abs(sq2 - in2) < abs(sq2 - lk2)
+             else f"the lock's {lk2:,.0f} than in place's {in2:,.0f}."))
     wb1, in1 = (np.asarray(cost["rate"][m][i1]) for m in ("writeback", "inplace"))
     slow = np.median(wb1) / np.median(in1)
     if slow > 1.2:  # one worker: nothing races; the two differ in how they write
