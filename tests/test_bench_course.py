@@ -79,6 +79,10 @@ def test_checks_hold_each_condition_to_its_quiet_run():
     rows[2]["wall_s"] = None   # a notebook that did not finish has no ratio, not a crash
     rows[3]["wall_s"] = 30
     assert course._checks(rows, ("quiet", "busy"))[-1]["measured"] == 1.5
+    # a solved lab named like a notebook is its own row, held to its own quiet run
+    lab = [dict(r, kind="solved lab", wall_s=w) for r, w in zip(rows[:1] + rows[2:3], (100, 150))]
+    both = course._checks(rows + lab, ("quiet", "busy"))
+    assert both[-1]["measured"] == 1.5 and "| lab a |" in "\n".join(course.course_table(rows + lab))
 
 
 def test_a_child_that_crashes_is_a_row(tmp_path):

@@ -235,7 +235,7 @@ def test_explain_cost_skipped_says_what_holds_by_construction(capsys):
     races.explain_seqlock_skipped(runs)
     out = capsys.readouterr().out
     assert out.startswith("Not timed (the lock-free workers did not run in parallel")
-    assert "The seqlock retried 1,489 of 12,000 reads" in out
+    assert "With the seqlock, 1,489 of 12,000 updates had to re-read" in out
 
 
 def test_surviving_rates_discount_the_lost_updates():

@@ -208,24 +208,30 @@ def run_course(paths: list[Path], *, conditions=CONDITIONS) -> dict:
     return result("course", rows, _checks(rows, conditions))
 
 
+def _name(row: dict) -> str:
+    """A row's notebook, told apart from a solved lab of the same name (07_gradient_scaling is
+    both)."""
+    return ("lab " if row.get("kind") == "solved lab" else "") + row["notebook"]
+
+
 def _checks(rows: list[dict], conditions) -> list[dict]:
-    quiet = {r["notebook"]: r["wall_s"] for r in rows if r["condition"] == "quiet"}
+    quiet = {_name(r): r["wall_s"] for r in rows if r["condition"] == "quiet"}
     checks = []
     for cond in conditions:
         mine = [r for r in rows if r["condition"] == cond]
-        failed = [f"{r['notebook']}: {r['error'] or '; '.join(r['cell_errors'])}"
+        failed = [f"{_name(r)}: {r['error'] or '; '.join(r['cell_errors'])}"
                   for r in mine if r["error"] or r["cell_errors"]]
         checks.append(check(f"{cond}: notebooks with a failed cell or no finish",
                             "0", len(failed) and failed, not failed))
-        shown = [f"{r['notebook']} {line}" for r in mine for line in r["not_shown"]]
+        shown = [f"{_name(r)} {line}" for r in mine for line in r["not_shown"]]
         checks.append(check(f"{cond}: lines saying a conclusion was not shown here",
                             "reported, said plainly", len(shown), True))
         peak = max((r["peak_pss_gb"] or 0 for r in mine), default=0)
         checks.append(check(f"{cond}: largest peak memory, all processes (PSS, GB)",
                             f"<= {MEMORY_TARGET_GB}", peak, peak <= MEMORY_TARGET_GB))
         if cond != "quiet" and quiet:
-            ratios = [r["wall_s"] / quiet[r["notebook"]] for r in mine
-                      if r["wall_s"] and quiet.get(r["notebook"])]
+            ratios = [r["wall_s"] / quiet[_name(r)] for r in mine
+                      if r["wall_s"] and quiet.get(_name(r))]
             worst = round(max(ratios), 2) if ratios else None
             checks.append(check(f"{cond}: slowest notebook against its quiet run (x)",
                                 f"<= {SLOWDOWN_TARGET:g}", worst,
@@ -238,8 +244,8 @@ def course_table(rows: list[dict]) -> list[str]:
     """One line per notebook: its time, peak memory, failures and "not shown" lines under
     each condition, beside the quiet run."""
     conds = [c for c in CONDITIONS if any(r["condition"] == c for r in rows)]
-    by = {(r["condition"], r["notebook"]): r for r in rows}
-    names = list(dict.fromkeys(r["notebook"] for r in rows))
+    by = {(r["condition"], _name(r)): r for r in rows}
+    names = list(dict.fromkeys(_name(r) for r in rows))
     head = " | ".join(f"{c}: s, GB, failed, not shown" for c in conds)
     lines = [f"| notebook | {head} |", "| --- |" + " --- |" * len(conds)]
     for n in names:

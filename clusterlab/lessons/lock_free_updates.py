@@ -357,8 +357,8 @@ def explain_seqlock_skipped(runs: dict) -> None:
     """The seqlock's price when its cost was not measurable: its retries, counted above."""
     sq = runs["dense", "seqlock"]
     print("Not timed (the lock-free workers did not run in parallel: see *Fixes and their "
-          f"cost*). The seqlock retried {sq['retried_reads']:,} of {sq['updates']:,} reads "
-          "(*Reads of mixed versions*) and takes a short lock per write.")
+          f"cost*). With the seqlock, {sq['retried_reads']:,} of {sq['updates']:,} updates had "
+          "to re-read (*Reads of mixed versions*), and each write takes a short lock.")
 
 
 def surviving_rates(cost: dict) -> dict:
