@@ -71,8 +71,9 @@ def test_explain_hook_race_says_the_loss_fell_and_the_checksum_caught_it(capsys)
                                                 unreduced=0.92)})
     out = capsys.readouterr().out
     assert "unchained hook: gradient wrong in 80 of 80 rank-steps" in out
-    assert ("in them, 92% of the gradient's elements were this rank's own / 4, unreduced "
-            "(counted where own / 4 differs from the true average)") in out
+    assert ("  In the unchained run's wrong rank-steps, 92% of the gradient's elements were this "
+            "rank's own / 4: unreduced (counted where own / 4 differs from the true "
+            "average).") in out
     assert "chained hook: gradient wrong in 0 of 80 rank-steps (4 ranks x 20 steps);" in out
     assert "The loss fell under both hooks (8.0x higher at the end" in out
     assert "the replica checksum did" in out

@@ -108,14 +108,14 @@ def explain_hook_race(runs: dict) -> None:
     the loss that fell either way; asserts that the chained hook was right at every step."""
     ok, bad = runs["chained"], runs["unchained"]
     for r in (ok, bad):
-        what = (f"; in them, {r['unreduced']:.0%} of the gradient's elements were this rank's "
-                f"own / {r['workers']}, unreduced (counted where own / {r['workers']} differs from "
-                "the true average)"
-                if r["wrong_steps"] else "")
         print(f"{r['hook']} hook: gradient wrong in {r['wrong_steps']} of {r['rank_steps']} "
-              f"rank-steps ({r['workers']} ranks x {r['steps']} steps{what}); replicas "
-              f"differed after {r['differ_steps']} of {r['steps']} steps; rank 0's held-out "
-              f"loss {r['loss_first']:.3g} -> {r['loss_last']:.3g}")
+              f"rank-steps ({r['workers']} ranks x {r['steps']} steps); replicas differed after "
+              f"{r['differ_steps']} of {r['steps']} steps; rank 0's held-out loss "
+              f"{r['loss_first']:.3g} -> {r['loss_last']:.3g}")
+    if bad["wrong_steps"]:
+        print(f"  In the unchained run's wrong rank-steps, {bad['unreduced']:.0%} of the "
+              f"gradient's elements were this rank's own / {bad['workers']}: unreduced (counted "
+              f"where own / {bad['workers']} differs from the true average).")
     both_fell = bad["loss_last"] < bad["loss_first"] and ok["loss_last"] < ok["loss_first"]
     if bad["wrong_steps"]:
         print("The loss fell under both hooks" if both_fell else "The loss did not fall under "
