@@ -33,6 +33,7 @@ without them), which narrows the interval of the saving.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import threading
@@ -46,7 +47,7 @@ from .. import clock, models
 from ..cluster import Cluster
 from ..experiments.common import use_or_open
 from ..experiments.staleness import backup_step_prediction, compute_draws
-from .core import Fail, Lab
+from .core import Fail, Lab, shorten
 
 LAB = Lab("05_backups_and_staleness", "Backup workers and stale gradients",
           follows="05_stragglers_and_staleness")
@@ -107,6 +108,11 @@ def compute(seconds: float, interrupt: Update | None = None) -> bool:
         finished = True
     else:
         finished = not interrupt._event.wait(seconds)
+        if not finished and _STAGE["late_send_s"]:
+            # A staged race (checks only): this cut-short worker's message leaves late, after
+            # an early worker's next gradient. Whoever drains late messages by source is
+            # unaffected; an any-source drain takes the early worker's next gradient instead.
+            time.sleep(_STAGE["late_send_s"] * clock.dilation())
     # The checks read when each worker's gradient was really ready (sleeps overshoot on a
     # busy machine), to know who arrived first.
     _LAST_COMPUTE["done_at"] = clock.now() if finished else math.inf
@@ -114,6 +120,8 @@ def compute(seconds: float, interrupt: Update | None = None) -> bool:
 
 
 _LAST_COMPUTE: dict = {}
+_STAGE = {"late_send_s": 0.0}  # set by the checks on the ranks (see compute)
+STAGED_LATE_S = 0.1  # > the slowest designed compute (35 ms at N = 4) plus a busy machine's lag
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,7 +138,8 @@ def tagged_gradient(seed: int, step: int, worker: int, workers: int) -> torch.Te
     return g
 
 
-def _rank_steps(fn, draws: np.ndarray, seed: int, backups: int | None) -> dict:
+def _rank_steps(fn, draws: np.ndarray, seed: int, backups: int | None,
+                stage_s: float = 0.0) -> dict:
     """Call the learner's step once per row of `draws`, back to back, as a training loop.
 
     Synchronous (backups None): every rank is a worker. With backups: rank 0 coordinates
@@ -152,22 +161,27 @@ def _rank_steps(fn, draws: np.ndarray, seed: int, backups: int | None) -> dict:
     begin, end, done, outs = np.empty(steps), np.empty(steps), np.full(steps, np.nan), []
     dist.barrier()
     start = clock.now()
-    for k in range(steps):
-        _LAST_COMPUTE.clear()
-        args = (grads[k].clone(), seconds[k]) + (() if backups is None else (backups,))
-        begin[k] = clock.now()
-        out = fn(*args)
-        end[k] = clock.now()
-        done[k] = _LAST_COMPUTE.get("done_at", np.nan)
-        outs.append(out.detach().clone() if isinstance(out, torch.Tensor) else out)
+    _STAGE["late_send_s"] = float(stage_s)
+    try:
+        for k in range(steps):
+            _LAST_COMPUTE.clear()
+            args = (grads[k].clone(), seconds[k]) + (() if backups is None else (backups,))
+            begin[k] = clock.now()
+            out = fn(*args)
+            end[k] = clock.now()
+            done[k] = _LAST_COMPUTE.get("done_at", np.nan)
+            outs.append(out.detach().clone() if isinstance(out, torch.Tensor) else out)
+    finally:
+        _STAGE["late_send_s"] = 0.0
     return {"start": start, "begin": begin, "end": end, "done": done, "out": outs}
 
 
-def _run(ctx, cl, fn, draws, seed, backups=None) -> dict:
+def _run(ctx, cl, fn, draws, seed, backups=None, stage_s: float = 0.0) -> dict:
     """Run on every rank (through the check context when there is one, so the learner's
     failures become sentences). Returns step_s (steps,): rank 0's loop period, one return
-    to the next; begin/end/done (steps, world) on the shared clock; out[rank][step]."""
-    args = (_rank_steps, fn, draws, seed, backups)
+    to the next; begin/end/done (steps, world) on the shared clock; out[rank][step].
+    stage_s: delay each cut-short worker's message by this much (a staged race)."""
+    args = (_rank_steps, fn, draws, seed, backups, stage_s)
     res = ctx.run(cl, *args) if ctx is not None else cl.run(*args)
     ends0 = res[0]["end"]
     return {"step_s": np.diff(np.concatenate([[res[0]["start"]], ends0])),
@@ -232,7 +246,7 @@ def measure_sync(sync_step, nodes: int, compute_s: float, exp_mean_s: float, ste
 def measure_backups(backup_step, nodes: int, backups, compute_s: float, exp_mean_s: float,
                     steps: int = 40, seed: int = 0, *, nic: str | None = NIC,
                     calib_steps: int = 5, draws=None, cluster=None, _ctx=None,
-                    _after=None) -> dict:
+                    _after=None, _stage_s: float = 0.0) -> dict:
     """Run `backup_step(grad, compute_s, b)` on `nodes` workers + a coordinator (rank 0),
     `steps` times in a row for each b in `backups`, on the SAME draws (so a saving is
     paired step by step).
@@ -263,7 +277,7 @@ def measure_backups(backup_step, nodes: int, backups, compute_s: float, exp_mean
                 _after({**out, "steps": calib_steps, "draws": zero,
                         max(backups): {"run": cal, "out": cal["out"]}}, max(backups))
         for b in backups:
-            run = _run(_ctx, cl, backup_step, draws, seed, b)
+            run = _run(_ctx, cl, backup_step, draws, seed, b, _stage_s)
             wait = _order_stat(run, b, first=1)
             out[b] = {"step_s": run["step_s"], "wait_s": wait, "lag_s": run["step_s"] - wait,
                       "sample_s": ordered[:, nodes - b - 1], "run": run, "out": run["out"]}
@@ -408,6 +422,13 @@ def _check_backup_values(m: dict, b: int, slack: float) -> None:
             raise Fail(f"with b={b} the update divides the sum of the {keep} gradients it "
                        f"used by N = {n}: the average is over the gradients used, N - b = "
                        f"{keep} (dividing by N shrinks every step by {keep}/{n})")
+        if not used:
+            raise Fail(f"with b={b}, at step {k} the update holds no worker's gradient at "
+                       f"all: it averages {keep} messages that were all empty (the messages "
+                       "of cut-short workers, whose first entry 0 says 'no gradient'). Were "
+                       "they left over from an earlier step? Drain the late messages BY "
+                       "SOURCE (dist.recv(msg, src=w) for each worker not heard from): an "
+                       "any-source drain can take an early worker's next gradient instead")
         if len(used) < keep and np.allclose(tags[used], 1 / keep, rtol=1e-12, atol=0):
             raise Fail(f"with b={b}, at step {k} the update divides by {keep} but holds only "
                        f"{len(used)} gradients (workers {_names(used)}): an empty message "
@@ -614,8 +635,10 @@ def _designed_draws(nodes: int, reps: int, rng) -> np.ndarray:
 def _aggregate(ctx, nodes, backups, nic) -> str:
     fn = ctx.learner("backup_step")
     draws = _designed_draws(nodes, 8, ctx.rng)
+    # Staged: every cut-short worker's message leaves STAGED_LATE_S late, so that an early
+    # worker's next gradient always comes first (an any-source drain fails every time).
     m = measure_backups(fn, nodes, backups, 0, 0, draws=draws, nic=nic, calib_steps=0,
-                        seed=ctx.seed % 1000, _ctx=ctx)
+                        seed=ctx.seed % 1000, _ctx=ctx, _stage_s=STAGED_LATE_S)
     for b in backups:
         _check_backup_values(m, b, slack=ORDER_SLACK_S)
     return (f"N={nodes}, b in {list(backups)}: every rank holds the exact average of the "
@@ -825,6 +848,11 @@ def _largest(ctx, cases) -> str:
         if not math.isfinite(lr) or lr <= 0:
             raise Fail(f"{call}: the largest stable lr is a positive number")
         if not _verdict(ctx, stable, lr, tau, curv):
+            if abs(lr - lim) <= 1e-9 * lim:
+                raise Fail(f"{call}: the limit itself, 2 sin(π/(4τ+2)) / curvature to 9 "
+                           "digits, where |x| neither grows nor decays, and your own "
+                           "is_stable calls it unstable. Find the largest lr that your "
+                           "is_stable calls stable (a bisection that returns its stable end)")
             raise Fail(f"{call}, an lr that your own is_stable calls UNSTABLE: the bisection "
                        "returns the first unstable lr (hi) instead of the largest stable one "
                        "(lo). Keep lo stable and hi unstable, and return lo")
@@ -925,6 +953,13 @@ def _asymptote(ctx) -> str:
         except (TypeError, ValueError):
             raise Fail(f"large_tau_stable_lr({tau}) returned {v!r}: return a number") from None
     r = ratios[1000]
+    small = ctx.call(fn, 2)
+    with contextlib.suppress(TypeError, ValueError):
+        if abs(float(small) / models.delayed_gd_stable_step(2) - 1) < 1e-9:
+            raise Fail(f"large_tau_stable_lr(2) = {float(small):.6g}, the exact limit "
+                       "2 sin(π/(4τ+2)) itself: that is the closed form, not its large-τ "
+                       "form. Expand it for large τ into a simple expression (what does "
+                       "sin x become for small x?)")
     if all(abs(ratios[t] - 1) < 2 / t for t in ratios):
         return "≈ π/(2τ+1): " + ", ".join(f"τ={t}: {ratios[t]:.4f} x the exact limit"
                                          for t in ratios)
@@ -939,10 +974,11 @@ def _asymptote(ctx) -> str:
 
 def _mechanism(ctx) -> str:
     v = ctx.call(ctx.learner("staleness_mechanism"))
-    choice = str(v).strip().upper()[:1] if v is not None else ""
+    choice = v.strip().upper() if isinstance(v, str) else ""
     if choice not in MECHANISMS:
-        raise Fail(f"staleness_mechanism() returned {v!r}: return one of the letters "
-                   f"{', '.join(MECHANISMS)}")
+        raise Fail(f"staleness_mechanism() returned {shorten(repr(v), 80)}: return exactly "
+                   f"one letter, one of {', '.join(MECHANISMS)} (a string such as 'A'), not "
+                   "a sentence")
     if choice != "B":
         raise Fail(f"{choice} is not it: {WHY_NOT[choice]}")
     return "B: delayed feedback, a·τ bounded"
