@@ -173,6 +173,28 @@ def seqlock_unlocked_writer(p, idx, step):
     p.seq[0] += 1
 
 
+def seqlock_bump_after_release(p, idx, step):
+    """Probe item 8: the second bump after `with p.lock:` ends. Caught by the 4-worker run
+    only when two writers' unlocked bumps collided (2 runs in 19)."""
+    d = step(_seq_read(p, idx))
+    with p.lock:
+        p.seq[0] += 1
+        p.x[idx] += d
+    p.seq[0] += 1
+
+
+def seqlock_keeps_the_copy_it_waited_with(p, idx, step):
+    """Reads first, waits out a write in progress, then steps from the old (torn) copy."""
+    xv = p.x[idx]
+    while p.seq[0] % 2:
+        os.sched_yield()
+    d = step(xv)
+    with p.lock:
+        p.seq[0] += 1
+        p.x[idx] += d
+        p.seq[0] += 1
+
+
 def crashes(p, idx, step):
     raise ValueError("boom")
 
@@ -351,3 +373,21 @@ def test_runs_are_counted_exactly_and_leave_no_shared_memory_behind():
     assert free["expected"] == 3 * 300 * 512 and free["lost"] >= 0
     if os.path.isdir("/dev/shm"):
         assert set(os.listdir("/dev/shm")) <= shm
+
+
+def test_probe_a_seqlock_bump_outside_the_lock_is_caught_every_time():
+    for _ in range(3):  # staged in the one-worker probe: no luck involved
+        report = run_checks("race_seqlock", {"seqlock_update": seqlock_bump_after_release},
+                            only="one worker, and staged races: a write in progress, a write "
+                                 "during the read")
+        (o,) = report.outcomes
+        assert_fails(o, "changed p.seq[0] 1 time(s) without holding p.lock",
+                     "Both bumps belong inside")
+
+
+def test_probe_a_stale_copy_message_shows_the_values_that_differ():
+    report = run_checks("race_seqlock", {"seqlock_update": seqlock_keeps_the_copy_it_waited_with},
+                        only="one worker, and staged races: a write in progress, a write "
+                             "during the read")
+    (o,) = report.outcomes
+    assert_fails(o, "values differ; the first at position", "read p.x[idx] again")
