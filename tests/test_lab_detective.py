@@ -312,3 +312,21 @@ def test_checking_every_fifth_step_is_too_late(no_leftovers):
                 "naming the rank", detector=every_fifth_step)
     assert o.status == "fail" and "steps after the first bad step, more than the 2 allowed" \
         in o.message
+
+
+def replica_no_nan_guard(obs, tol=1e-5):
+    """Probe item 10: `d.max() > tol`, without the NaN guard the TODO asks for."""
+    for t, params in enumerate(obs["params"]):
+        x = np.asarray(params, dtype=np.float64)
+        d = np.abs(x - np.median(x, axis=0))
+        for r in range(len(x)):
+            if d[r].max() > tol:
+                return r, t
+    return None
+
+
+def test_probe_a_replica_detector_without_a_nan_guard_is_rejected(no_leftovers):
+    o = outcome("detective_replicas", "catches the faults that move a replica, at the first "
+                "bad step", replica_detector=replica_no_nan_guard)
+    assert o.status == "fail", o.message
+    assert "parameters is NaN" in o.message and "NaN > tol is False" in o.message, o.message

@@ -571,10 +571,30 @@ def _replicas_quiet(ctx):
     return _grade(ctx, ctx.learner("replica_detector"), cases, obs, "replica_detector")
 
 
+def _nan_replica(ctx, fn, name: str) -> None:
+    """A healthy run in which one rank's parameters hold a NaN at one step (and only there):
+    the detector must name that rank at that step. |NaN - x| is NaN, and NaN > tol is False,
+    so a detector without a NaN guard stays silent."""
+    (_,), (obs,) = _lineup_obs(("healthy",))
+    r, t = 2, 7
+    o = _copy(obs)
+    o["params"][t, r, 3] = np.nan
+    got = _alarm(ctx, fn, o, name)
+    if got != (r, t):
+        raise Fail(f"given a healthy run where one of rank {r}'s parameters is NaN at step {t}, "
+                   f"{name} returned {got}, not ({r}, {t})"
+                   + (": a NaN difference fails every comparison (NaN > tol is False, and "
+                      "max() of an array holding a NaN is NaN); count a non-finite difference "
+                      "as a difference" if got is None else ""))
+
+
 @REPLICAS.check("catches the faults that move a replica, at the first bad step", points=2)
 def _replicas_catch(ctx):
+    fn = ctx.learner("replica_detector")
     cases, obs = _lineup_obs(PARAM_FAULTS + ("bit_flip, exponent",))
-    return _grade(ctx, ctx.learner("replica_detector"), cases, obs, "replica_detector")
+    detail = _grade(ctx, fn, cases, obs, "replica_detector")
+    _nan_replica(ctx, fn, "replica_detector")
+    return detail + "; and a NaN in one rank's parameters"
 
 
 @REPLICAS.check("the same on hidden runs (3 ranks, other seeds)", points=2, hidden=True)
