@@ -346,6 +346,12 @@ def diagnose(results: list[dict], cfg: dict, kind: str) -> str:
         raise Fail(f"rank {rank['rank']}: {_names(wrong)} equal the baseline trained with "
                    f"{world}x the learning rate: those gradients were summed over the ranks, "
                    f"not averaged - divide each reduced gradient by the world size ({world}).")
+    halved = baseline(cfg, world, lr_scale=1 / world)
+    if all(_close(rank["params"][n], halved[n]) for n in wrong):
+        raise Fail(f"rank {rank['rank']}: {_names(wrong)} equal the baseline trained with "
+                   f"1/{world} of the learning rate: those gradients were divided by the "
+                   f"world size twice (in the hook and again in finish(), say) - divide each "
+                   "reduced gradient once.")
     # A gradient that was never all-reduced leaves the ranks with different values (each
     # stepped on its own shard's gradient); a reduced one is bitwise equal on every rank.
     split = [n for n in trainable if any(not _close(r["params"][n], results[0]["params"][n])
@@ -357,7 +363,10 @@ def diagnose(results: list[dict], cfg: dict, kind: str) -> str:
             "for a tied weight it is not).")
     if split:
         why = {"naive": "all-reduce every trainable parameter's .grad after backward.",
-               "hooks": "each hook must all-reduce p.grad once it is accumulated.",
+               "hooks": "each hook must all-reduce p.grad once it is accumulated, and "
+                        "finish() must wait() for each work BEFORE dividing that gradient (a "
+                        "division while its all-reduce still runs races with it, and the "
+                        "ranks drift apart).",
                "buckets": "is the last, partial bucket ever all-reduced? finish() must flush "
                           "it, and each bucket's result must be copied back into p.grad."}[kind]
         local = baseline(cfg, world, only_rank=results[0]["rank"])
@@ -368,9 +377,17 @@ def diagnose(results: list[dict], cfg: dict, kind: str) -> str:
                        f"{why}")
         raise Fail(f"{_names(split)} never synchronized: the ranks ended with different "
                    f"values - {why}" + (tied if TIED in split and kind == "hooks" else ""))
-    if TIED in wrong:
+    if wrong == [TIED]:
         raise Fail(f"rank {rank['rank']}: the tied weight is wrong (relative error "
                    f"{_rel(rank['params'][TIED], ref[TIED]):.1e}).{tied}")
+    if len(wrong) == len(trainable):
+        raise Fail(f"rank {rank['rank']}: every trainable parameter differs from one process "
+                   f"trained on the global batch (largest relative error "
+                   f"{max(_rel(rank['params'][n], ref[n]) for n in wrong):.1e}), yet the ranks "
+                   "agree with each other: the all-reduces happened, the scale is off. Divide "
+                   "each reduced gradient by the world size exactly once per step (a list of "
+                   "pending works that is never cleared divides earlier steps' gradients "
+                   "again; a division in the hook and another in finish() divides twice).")
     raise Fail(f"rank {rank['rank']}: {_names(wrong)} differ from one process trained on the "
                f"global batch (largest relative error "
                f"{max(_rel(rank['params'][n], ref[n]) for n in wrong):.1e}).")
@@ -708,7 +725,12 @@ def _fifo_verdict(fn, ready, comm) -> None:
                    "per message") from None
     if len(got) == len(want) and np.allclose(got, want):
         return
-    case = f"for ready_s={list(ready)}, comm_s={list(comm)} you returned {got}, expected {want}"
+    def shown(pairs) -> str:  # 6 digits, not floats' 17-digit reprs
+        return "[" + ", ".join(f"({a:.6g}, {b:.6g})" for a, b in pairs) + "]"
+
+    case = (f"for ready_s={[float(f'{v:.6g}') for v in ready]}, comm_s="
+            f"{[float(f'{v:.6g}') for v in comm]} you returned {shown(got)}, expected "
+            f"{shown(want)}")
     if len(got) == len(want):
         parallel = [(r, r + c) for r, c in zip(ready, comm)]
         if np.allclose(got, parallel):
