@@ -71,6 +71,7 @@ class _Clock:
         self.peak = 0
         self.forwards = 0
         self.backwards = 0
+        self.backward_spans: list[tuple[float, float]] = []  # (start, end), time.monotonic()
 
 
 def _timed(stage, rec: _Clock, unit: float):
@@ -93,6 +94,7 @@ def _timed(stage, rec: _Clock, unit: float):
             t = time.monotonic()
             time.sleep(2 * unit)
             rec.busy += time.monotonic() - t
+            rec.backward_spans.append((t, time.monotonic()))
             rec.backwards += 1
             rec.held -= 1
             return grad
@@ -151,7 +153,8 @@ def _on_rank(fn, name: str, m: int, seed: int, unit: float) -> dict:
             raise Fail(f"{name} returned {type(loss).__name__} on the last rank: return the "
                        "mean of the m micro-batch losses as a float")
     return {"loss": loss, "grads": grads, "start": start, "end": end, "busy": rec.busy,
-            "peak": rec.peak, "forwards": rec.forwards, "backwards": rec.backwards}
+            "peak": rec.peak, "forwards": rec.forwards, "backwards": rec.backwards,
+            "backward_spans": rec.backward_spans}
 
 
 # --- what the checks compare with -----------------------------------------------------------------
@@ -222,7 +225,17 @@ def _summary(out: list[dict], p: int, m: int) -> dict:
     step = max(r["end"] for r in out) - min(r["start"] for r in out)
     busy = float(np.mean([r["busy"] for r in out]))
     return {"step": step, "bubble": 1 - busy / step, "predicted": predicted_bubble(p, m),
-            "peak": [r["peak"] for r in out]}
+            "peak": [r["peak"] for r in out],
+            "backward_spans": [r.get("backward_spans", []) for r in out]}
+
+
+def _backed_up_at_once(got: dict) -> bool:
+    """Did the next-to-last stage start its backwards only after the last stage had run ALL
+    of its own (one backward of the summed losses, or every gradient sent at the end)?"""
+    spans = got["backward_spans"]
+    if len(spans) < 2 or not spans[-1] or not spans[-2] or len(spans[-1]) < 2:
+        return False
+    return spans[-2][0][0] >= spans[-1][-1][1] - 1e-3
 
 
 def _each_on_rank(fn, name: str, ms: list[int], seed: int, unit: float) -> list[dict]:
@@ -277,6 +290,13 @@ def _gpipe_equal(ctx):
 def _gpipe_bubble(ctx):
     got = _timing(ctx, "gpipe", 4, 4)
     if abs(got["bubble"] - got["predicted"]) > BUBBLE_TOLERANCE:
+        if _backed_up_at_once(got):
+            raise Fail(f"measured bubble {got['bubble']:.2f}, GPipe's (p-1)/(m+p-1) is "
+                       f"{got['predicted']:.2f}: the stage before the last started its first "
+                       "backward only after the last stage had run all of its backwards, so "
+                       "no gradient left the last stage until its whole backward phase was "
+                       "over. Backpropagate each micro-batch's loss on its own and send its "
+                       "gradient right away (not one backward of the summed losses)")
         raise Fail(f"measured bubble {got['bubble']:.2f}, GPipe's (p-1)/(m+p-1) is "
                    f"{got['predicted']:.2f}: a stage should start micro-batch i+1 as soon as "
                    "it has sent micro-batch i (do not wait for the whole pipeline between "
@@ -317,15 +337,30 @@ def _1f1b_equal(ctx):
 def _1f1b_memory(ctx):
     p, m = 4, 8
     got = _timing(ctx, "one_f_one_b", p, m)
-    if got["peak"][0] > p:
-        raise Fail(f"stage 0 held the activations of {got['peak'][0]} micro-batches at once "
-                   f"(1F1B holds at most p = {p}; GPipe holds all m = {m}): start the "
-                   "one-forward-one-backward phase after p - 1 - rank forwards")
+    # 1F1B: stage r runs p - 1 - r forwards, then one more before its first backward, so it
+    # holds p - r micro-batches at most (stage 0: p; the last stage: 1).
+    want = [min(p - r, m) for r in range(p)]
+    over = [r for r in range(p) if got["peak"][r] > want[r]]
+    if over:
+        r = over[0]
+        raise Fail(f"stage {r} held the activations of {got['peak'][r]} micro-batches at once; "
+                   f"1F1B's stage r holds at most p - r = {want[r]} (GPipe holds all m = {m}): "
+                   f"stage {r}'s warm-up is p - 1 - r = {p - 1 - r} forwards, then one "
+                   "forward and one backward in turn")
     if abs(got["bubble"] - got["predicted"]) > BUBBLE_TOLERANCE:
+        under = [r for r in range(p) if got["peak"][r] < want[r]]
+        if under:
+            r = under[0]
+            raise Fail(f"measured bubble {got['bubble']:.2f}, (p-1)/(m+p-1) is "
+                       f"{got['predicted']:.2f}; stage {r} never held more than "
+                       f"{got['peak'][r]} micro-batches where 1F1B holds p - r = {want[r]}: "
+                       f"its warm-up is too short (p - 1 - r = {p - 1 - r} forwards before "
+                       "the first backward), so the stages after it wait for forwards")
         raise Fail(f"measured bubble {got['bubble']:.2f}, (p-1)/(m+p-1) is "
-                   f"{got['predicted']:.2f}: does a stage wait for something it does not need "
-                   "(e.g. its own sends, before the next compute)?")
-    return (f"stage 0 held at most {got['peak'][0]} micro-batches; bubble "
+                   f"{got['predicted']:.2f}, and every stage's warm-up is right: does a stage "
+                   "wait for something it does not need (e.g. its own sends, before the next "
+                   "compute)?")
+    return (f"stages held at most {got['peak']} micro-batches (p - r); bubble "
             f"{got['bubble']:.2f} measured, {got['predicted']:.2f} predicted")
 
 
