@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from clusterlab.labs import EXERCISES, Fail, NotDone, run_checks
-from clusterlab.labs.collapse import _Z, reference_step
+from clusterlab.labs._answers import reference_step
+from clusterlab.labs.collapse import _Z
 from clusterlab.labs.core import Context
 
 # --- the reference answers -------------------------------------------------------------------
