@@ -330,3 +330,20 @@ def test_probe_a_replica_detector_without_a_nan_guard_is_rejected(no_leftovers):
                 "bad step", replica_detector=replica_no_nan_guard)
     assert o.status == "fail", o.message
     assert "parameters is NaN" in o.message and "NaN > tol is False" in o.message, o.message
+
+
+def test_probe_the_own_case_cannot_be_read_off_the_case_object(no_leftovers):
+    """Probe: `diagnose = lambda obs: detective.answer(case)` earned "solves your case". Now
+    answer() refuses a sealed case, and a diagnose that reads the case object (a closure)
+    fails the second case the check draws from the seed."""
+    seed = 12
+    case = detective.case_for(seed)
+    with pytest.raises(ValueError, match="sealed"):
+        detective.answer(case)
+
+    def read_the_case(obs):
+        return {"fault": case.fault, "rank": case.rank, "step": case.step}
+
+    o = outcome("detective_case", "solves your case", diagnose=read_the_case, MY_SEED=seed)
+    assert o.status == "fail" and "a second case drawn from your seed" in o.message, o.message
+    assert detective.answer(detective.lineup()["wrong_lr"])["fault"] == "wrong_lr"
