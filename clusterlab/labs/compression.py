@@ -113,9 +113,13 @@ CHECKS_ONE = LAB.exercise(
     "topk_compress", needs=("topk_compress",),
     title="Top-k with error feedback: send the largest, keep the rest",
     hints=(
-        "acc = grad + residual; k = max(1, math.ceil(ratio * acc.numel())); "
-        "indices = acc.abs().topk(k).indices; values = acc[indices].",
-        "new_residual = acc.clone(); new_residual[indices] = 0 - exactly what was not sent.",
+        "The idea: this step owes the gradient plus everything earlier steps left unsent "
+        "(the residual). Send the k largest entries of that sum, by magnitude, and keep the "
+        "rest, unchanged, as the new residual: small entries pile up until they are sent.",
+        "The numbers: k = max(1, ceil(ratio x numel)); the selection is the top k of "
+        "|grad + residual|; the identity to keep is sent + new_residual == grad + residual.",
+        "A sketch: acc = grad + residual; indices = acc.abs().topk(k).indices; values = "
+        "acc[indices]; new_residual = acc.clone(); new_residual[indices] = 0.",
     ))
 
 
@@ -412,14 +416,20 @@ HOOK = LAB.exercise(
     "topk_hook", needs=("topk_hook", "topk_compress"),
     title="The DDP hook: all-gather k (index, value) pairs, add them up",
     hints=(
-        "buf = bucket.buffer(); residual = state.residuals.get(bucket.index(), "
+        "The idea: DDP hands the hook one bucket (a flat tensor of gradients) and expects "
+        "back a Future of what every rank should use: the average over ranks. Compress the "
+        "bucket with topk_compress, using the residual of THIS bucket (state.residuals, keyed "
+        "by bucket.index(): a model can have several buckets), and let every rank see every "
+        "rank's (indices, values).",
+        "Every rank sends the same k, so dist.all_gather works, once for the indices and once "
+        "for the values. Add each rank's values at its indices into zeros shaped like the "
+        "bucket (index_add_), divide by the world size. Store a residual of your own: "
+        "bucket.buffer() is refilled by DDP at the next step.",
+        "A sketch: buf = bucket.buffer(); residual = state.residuals.get(bucket.index(), "
         "torch.zeros_like(buf)); idx, vals, state.residuals[bucket.index()] = "
-        "topk_compress(buf, residual, state.ratio).",
-        "Every rank sends the same k, so dist.all_gather(list_of_k_tensors, idx) works; do it "
-        "for the indices and for the values. Then out = torch.zeros_like(buf); "
-        "out.index_add_(0, each_idx, each_vals) for every rank; out /= world size.",
-        "A hook returns a Future: fut = torch.futures.Future(); fut.set_result(out); "
-        "return fut.",
+        "topk_compress(buf, residual, state.ratio); all_gather idx and vals into lists; out = "
+        "torch.zeros_like(buf); out.index_add_(0, i, v) for each pair; fut = "
+        "torch.futures.Future(); fut.set_result(out / world); return fut.",
     ))
 
 

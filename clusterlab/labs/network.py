@@ -166,12 +166,14 @@ NAIVE = LAB.exercise(
     "net_naive", needs=("naive_latency",),
     title="Step 1: one ping, timed once",
     hints=(
-        "Rank 0: t0 = clusterlab.now(); dist.send(x, 1); dist.recv(x, 1); return "
+        "The idea: a round trip is ping + echo. Rank 0 sends, rank 1 receives and sends the "
+        "same bytes back, rank 0 receives. Only rank 0 times, on the cluster's clock "
+        "(clusterlab.now / clusterlab.elapsed), and dist.send returns as soon as Gloo has "
+        "taken the bytes, long before they arrive: stop the clock after the echo is in.",
+        "The message: nbytes bytes of float32 are nbytes // 4 elements; send at least one "
+        "(max(1, nbytes // 4)) so that tiny sizes still send something.",
+        "A sketch. Rank 0: t0 = clusterlab.now(); dist.send(x, 1); dist.recv(x, 1); return "
         "clusterlab.elapsed(t0). Rank 1: dist.recv(x, 0); dist.send(x, 0); return None.",
-        "x must hold nbytes bytes: torch.zeros(nbytes // 4) is nbytes bytes of float32 "
-        "(use max(1, nbytes // 4) so that tiny sizes still send something).",
-        "dist.send returns as soon as Gloo has taken the bytes, long before they arrive: "
-        "stop the clock only after the echo is back (after dist.recv).",
     ))
 
 
@@ -423,12 +425,16 @@ FIT = LAB.exercise(
     "net_fit", needs=("fit_alpha_beta",),
     title="Step 3: least squares for t = α + nβ",
     hints=(
-        "Simple linear regression: β = Σ(n - n̄)(t - t̄) / Σ(n - n̄)², α = t̄ - β n̄ "
-        "(n̄, t̄ the means). Or np.linalg.lstsq on the columns [1, n].",
-        "α is the intercept (seconds, the time of a zero-byte message), β the slope (seconds "
-        "per byte). Return them in that order: (alpha, beta).",
-        "With every point at one size, Σ(n - n̄)² is 0 and no line is determined: check for "
-        "fewer than two distinct sizes first and raise ValueError.",
+        "The idea: least squares picks the line with the smallest sum of squared vertical "
+        "distances to the points. α is its intercept (s, a zero-byte message), β its slope "
+        "(s per byte); return them in that order. With every point at one size, no line is "
+        "determined: raise ValueError.",
+        "The formula: β = Σ(n - n̄)(t - t̄) / Σ(n - n̄)², α = t̄ - β n̄ (n̄, t̄ the means). "
+        "Compute it in float64: t - t̄ cancels most of the digits when the times differ by "
+        "microseconds on top of milliseconds, and float32 keeps only about 7.",
+        "A sketch: n, t = np.asarray(sizes, float), np.asarray(times, float); if "
+        "len(np.unique(n)) < 2: raise ValueError(...); then the formula (or np.linalg.lstsq on "
+        "the columns [1, n]).",
     ))
 
 _FIT_SIZES = (8, 1 * KIB, 16 * KIB, 64 * KIB, 256 * KIB)
@@ -558,13 +564,15 @@ MYSTERY = LAB.exercise(
     "net_mystery", needs=("measure_network",),
     title="Step 4: measure a network you cannot see",
     hints=(
-        "measure_network(nic): with clusterlab.Cluster(nodes=2, nic=nic, dilation=DILATION) "
-        "as cl: for every n in SIZES, one_way = one_way_latency(cl.run(ping_pong, n, "
-        "REPEATS)[0]); then alpha, beta = fit_alpha_beta(SIZES, one_way); return alpha, 1 / beta.",
-        "Rank 0's result is cl.run(...)[0]: the list of round trips. Start the cluster once, "
-        "outside the loop over sizes.",
-        "The bandwidth is in BYTES per second: 1/β where β is seconds per byte. netem's "
-        "100mbit is 12.5e6 bytes/s.",
+        "The idea: everything is built already. For each message size, ping-pong through the "
+        "network, turn the round trips into a one-way time, then fit the line through the "
+        "(size, time) points: α is its intercept, the bandwidth 1/slope.",
+        "Units: the bandwidth is in BYTES per second, 1/β with β in seconds per byte (netem's "
+        "100mbit is 12.5e6 bytes/s). Start the cluster once, outside the loop over sizes; "
+        "rank 0's result of a run is cl.run(...)[0].",
+        "A sketch: with clusterlab.Cluster(nodes=2, nic=nic, dilation=DILATION) as cl: one-way "
+        "time per n in SIZES = one_way_latency(cl.run(ping_pong, n, REPEATS)[0]); then alpha, "
+        "beta = fit_alpha_beta(SIZES, those); return alpha, 1 / beta.",
     ))
 
 
