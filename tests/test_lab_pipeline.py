@@ -211,3 +211,23 @@ def test_probe_a_gpipe_whose_last_stage_backs_up_at_once_is_named(no_leftovers):
     assert bad.status == "fail", bad.message
     assert "all of its backwards" in bad.message, bad.message
     assert "start micro-batch i+1" not in bad.message, bad.message
+
+
+# --- predict first --------------------------------------------------------------------------------
+
+PREDICT = "your predictions of each stage's peak activations match the measurement"
+
+
+@pytest.mark.timeout(120)
+def test_predictions_checked_against_the_measurement(no_leftovers):
+    ns = {"gpipe": gpipe, "one_f_one_b": one_f_one_b, "PREDICTED_PEAKS_GPIPE": [8, 8, 8, 8],
+          "PREDICTED_PEAKS_1F1B": [4, 3, 2, 1]}
+    report = run_checks("pipeline_predict", ns, only=PREDICT)
+    assert report.passed, report.text()
+    wrong = run_checks("pipeline_predict", {**ns, "PREDICTED_PEAKS_1F1B": [4, 4, 4, 4]},
+                       only=PREDICT)
+    (o,) = wrong.outcomes
+    assert o.status == "fail" and "1F1B: you predicted [4, 4, 4, 4]" in o.message, o.message
+    assert "GPipe: you predicted" not in o.message
+    shape = run_checks("pipeline_predict", {**ns, "PREDICTED_PEAKS_GPIPE": 8}, only=PREDICT)
+    assert "a list of 4 whole numbers" in shape.outcomes[0].message

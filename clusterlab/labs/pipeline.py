@@ -360,11 +360,62 @@ def _1f1b_memory(ctx):
                    f"{got['predicted']:.2f}, and every stage's warm-up is right: does a stage "
                    "wait for something it does not need (e.g. its own sends, before the next "
                    "compute)?")
-    return (f"stages held at most {got['peak']} micro-batches (p - r); bubble "
-            f"{got['bubble']:.2f} measured, {got['predicted']:.2f} predicted")
+    return (f"stage 0 held at most {got['peak'][0]} micro-batches, and no stage more than 1F1B "
+            f"allows; bubble {got['bubble']:.2f} measured, {got['predicted']:.2f} predicted")
 
 
 @ONE_F_ONE_B.check("hidden: 3-4 stages, 2-8 micro-batches, other weights", points=2,
                    hidden=True)
 def _1f1b_hidden(ctx):
     return _equal(ctx, "one_f_one_b", *_hidden_case(ctx))
+
+
+# --- predict first: the activations each stage holds ------------------------------------------
+
+PREDICT = LAB.exercise(
+    "pipeline_predict",
+    needs=("PREDICTED_PEAKS_GPIPE", "PREDICTED_PEAKS_1F1B", "gpipe", "one_f_one_b"),
+    title="Predict, then measure: the activations each stage holds (4 stages, 8 micro-batches)",
+    hints=(
+        "A stage holds a micro-batch's activations from its forward until its backward. "
+        "Count, stage by stage, how many forwards it has run when its first backward starts.",
+        "GPipe runs every forward before any backward. In 1F1B, stage r's warm-up is "
+        "min(p - 1 - r, m) forwards, and the steady phase runs one more forward before each "
+        "backward.",
+    ))
+
+
+def _peaks_answer(ctx, name: str, p: int) -> list[int]:
+    value = ctx.learner(name)
+    try:
+        out = [int(v) for v in value]
+        if len(out) != p or any(int(v) != v for v in value):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise Fail(f"{name} should be a list of {p} whole numbers, one per stage (0..{p - 1}), "
+                   f"got {value!r}") from None
+    return out
+
+
+@PREDICT.check("your predictions of each stage's peak activations match the measurement",
+               points=2)
+def _predict_peaks(ctx):
+    p, m = 4, 8
+    predicted = {"GPipe": _peaks_answer(ctx, "PREDICTED_PEAKS_GPIPE", p),
+                 "1F1B": _peaks_answer(ctx, "PREDICTED_PEAKS_1F1B", p)}
+    rule = {"GPipe": [m] * p, "1F1B": [min(p - r, m) for r in range(p)]}
+    measured = {}
+    for what, name in (("GPipe", "gpipe"), ("1F1B", "one_f_one_b")):
+        measured[what] = [r["peak"] for r in _run(ctx, name, p, m, 0)]
+        if measured[what] != rule[what]:
+            raise Fail(f"your {name} held {measured[what]} micro-batches per stage, which is not "
+                       f"the {what} schedule of this lab: make check(\"{name}\") pass first, "
+                       "then compare your prediction with its measurement")
+    wrong = [f"{what}: you predicted {predicted[what]}, the measurement gives {measured[what]}"
+             for what in ("GPipe", "1F1B") if predicted[what] != measured[what]]
+    if wrong:
+        raise Fail("; ".join(wrong) + ". Where did the count go wrong? A stage holds a "
+                   "micro-batch from its forward until its backward: count the forwards each "
+                   "stage has run when its first backward starts")
+    return (f"predicted and measured: GPipe {measured['GPipe']}, 1F1B {measured['1F1B']} "
+            "(stages 0..3)")
