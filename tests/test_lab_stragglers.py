@@ -484,3 +484,9 @@ def test_probe_a_closed_form_largest_lr_is_told_what_it_is():
     assert o.status == "fail", o.message  # the reference is_stable: the limit is unstable
     assert "the limit itself" in o.message, o.message
     assert "returns the first unstable" not in o.message, o.message
+
+
+def test_every_wrong_mechanism_is_answered_with_its_own_flaw():
+    for letter, phrase in (("A", "no noise"), ("C", "same curvature"), ("D", "not exponentially")):
+        _rejects("stale_explain", {"staleness_mechanism": lambda letter=letter: letter},
+                 "the mechanism", phrase)

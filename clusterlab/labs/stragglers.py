@@ -922,24 +922,32 @@ def _stability_hidden(ctx):
 # Exercise 4: why the limit falls like 1/τ.
 # ---------------------------------------------------------------------------------------------
 
+# Four explanations of the same length and specificity, each with a mechanism and a rate: the
+# right one is not given away by its wording.
 MECHANISMS = {
-    "A": "stale gradients are noisier; their variance grows with τ, so the step must shrink "
-         "like 1/√τ",
+    "A": "stale gradients are noisier: their error variance grows with τ, and a step stays "
+         "stable only while lr·λ times that noise stays below a constant, so the limit "
+         "shrinks like 1/√τ, and above it the iterate drifts off in a random walk",
     "B": "the gradient is delayed feedback: a correction shows only τ steps later, and until "
          "then the same stale push is applied again every step; the total push over the "
          "delay, about a·τ, must stay below a constant (≈ π/2) or the iterate overshoots and "
          "oscillates with a growing amplitude",
-    "C": "with stale gradients the quadratic is no longer convex, so there is no minimum to "
-         "converge to unless the step is tiny",
-    "D": "stale gradients point in random directions, so on average they do no work and the "
-         "step must shrink exponentially in τ",
+    "C": "with stale gradients the effective curvature grows with τ: every step feels λ once "
+         "per stale gradient in flight, about τλ in all, so the plain limit 2/λ becomes "
+         "about 2/(τλ), and above it the loss grows steadily, step after step",
+    "D": "stale gradients point where x was, not where it is: once x has crossed the minimum, "
+         "about half of the τ pushes in flight point the wrong way, and the step must shrink "
+         "until those are negligible, which takes a step exponentially small in τ",
 }
 WHY_NOT = {
     "A": "there is no noise at all in x_(t+1) = x_t - a·x_(t-τ): it is deterministic, and "
          "still diverges above the limit. And the limit falls like 1/τ, not 1/√τ",
-    "C": "the loss λx²/2 is the same convex quadratic for every τ; only the feedback is late",
-    "D": "the stale gradient a·x_(t-τ) is not random: it points where x was τ steps ago. And "
-         "the limit falls like π/(2τ+1), not exponentially",
+    "C": "the loss λx²/2 has the same curvature λ for every τ, and above the limit x "
+         "oscillates with a growing amplitude (its sign flips in blocks of about 2τ steps); "
+         "it does not grow steadily. Only the feedback is late",
+    "D": "the limit falls like π/(2τ+1), not exponentially: your own largest_stable_lr "
+         "halves from τ = 4 to τ = 8, it does not square. And the stale push is not random "
+         "or self-cancelling: every push in flight points the same way, where x was",
 }
 
 
