@@ -440,7 +440,10 @@ def _steps_calls(results: list[dict], step: int) -> list[list[dict]]:
 NAIVE = LAB.exercise(
     "ddp_naive", needs=("allreduce_gradients",),
     title="Naive: after backward, one blocking all-reduce per gradient, then divide",
-    hints=("Loop over model.parameters(); skip p with p.grad None (the frozen layer).",
+    hints=("The idea: after backward each rank holds the gradient of its own shard; the global "
+           "batch's gradient is the mean of those. Make every trainable .grad that mean, in "
+           "place, once per parameter (a tied weight is one parameter).",
+           "Loop over model.parameters(); skip p with p.grad None (the frozen layer).",
            "dist.all_reduce(p.grad) sums in place on every rank; then "
            "p.grad.div_(dist.get_world_size()) makes it the mean.",
            "A tied weight is one Parameter: model.parameters() yields it once, so it is "
@@ -490,7 +493,10 @@ HOOKS_NIC = "delay 1ms"  # slow enough that a blocking hook, or a missing wait()
 HOOKS = LAB.exercise(
     "ddp_hooks", needs=("HookDDP",),
     title="Hooks: each gradient's async all-reduce starts as soon as it is final",
-    hints=("In __init__: for p in model.parameters(): if p.requires_grad: "
+    hints=("The idea: a gradient can travel as soon as it is final, while backward still "
+           "computes the others. Start its all-reduce at that moment without waiting, and wait "
+           "for all of them only in finish(), before dividing.",
+           "In __init__: for p in model.parameters(): if p.requires_grad: "
            "p.register_post_accumulate_grad_hook(self._hook).",
            "The hook receives the parameter; p.grad is final there (a tied weight's hook runs "
            "once, after both uses). Launch work = dist.all_reduce(p.grad, async_op=True) and "
@@ -567,7 +573,10 @@ def _hooks_hidden(ctx):
 BUCKETS = LAB.exercise(
     "ddp_buckets", needs=("BucketDDP",),
     title="Buckets: one async all-reduce per ~B bytes of gradients",
-    hints=("In __init__, walk reversed(list(model.parameters())), skip frozen ones, and cut "
+    hints=("The idea: one message per parameter pays the latency once per parameter. Group the "
+           "gradients, in the order they become ready, into buckets of about bucket_bytes, and "
+           "send a bucket as soon as its last gradient is in.",
+           "In __init__, walk reversed(list(model.parameters())), skip frozen ones, and cut "
            "the list into buckets: add a parameter, and close the bucket once it holds >= "
            "bucket_bytes (p.numel() * p.element_size()).",
            "Keep, per bucket, how many of its gradients are still missing this step; each "

@@ -269,6 +269,10 @@ def _hidden_case(ctx) -> tuple[int, int, int]:
 GPIPE = LAB.exercise(
     "gpipe", needs=("gpipe",), title="GPipe: all forwards, then all backwards",
     hints=(
+        "The idea: a stage can only work on what it was sent. Forward: receive an activation "
+        "from the previous stage, compute, send it on, keep what backward needs. Backward, in "
+        "the same order: receive the gradient of your output, backpropagate, send the gradient "
+        "of your input back.",
         "Forward, for each micro-batch i: rank 0 takes inputs[i]; the others recv into "
         "torch.empty_like(inputs[i]) from rank - 1 and call .requires_grad_() on it. Compute "
         "y = stage(x); keep (x, y); send y.detach() to rank + 1 unless you are the last rank.",

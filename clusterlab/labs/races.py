@@ -857,7 +857,10 @@ VISIBLE = {"workers": 4, "updates": 1500}
 HOGWILD = LAB.exercise(
     "race_hogwild", needs=("hogwild_update",),
     title="Step 1: the naive lock-free update, and its lost updates counted",
-    hints=("Three lines: xv = p.x[idx]; d = step(xv); p.x[idx] = xv + d. No lock.",
+    hints=("The idea: an update is a read, a step computed from what was read, and a write of "
+           "read + step. With no lock, two workers can read the same values, and the later "
+           "write erases the earlier: that is the lost update you will count.",
+           "Three lines: xv = p.x[idx]; d = step(xv); p.x[idx] = xv + d. No lock.",
            "p.x[idx] with an index array returns a COPY: the result has to be stored back "
            "with p.x[idx] = ... for the other workers to see it.",
            "The check WANTS lost updates: if it finds none, your update is not the naive one "
@@ -949,7 +952,11 @@ def _lock_hidden(ctx):
 SEQLOCK = LAB.exercise(
     "race_seqlock", needs=("seqlock_update",),
     title="Step 3: a seqlock - readers retry, only the write is locked",
-    hints=("Reader: v = p.seq[0]; if v is odd, retry; xv = p.x[idx]; if p.seq[0] != v, "
+    hints=("The idea: a version number tells a reader whether a write overlapped its copy: odd "
+           "while a write is under way, and different afterwards. Readers retry instead of "
+           "locking; writers still exclude each other, and change the version only under the "
+           "lock.",
+           "Reader: v = p.seq[0]; if v is odd, retry; xv = p.x[idx]; if p.seq[0] != v, "
            "retry (call os.sched_yield() before each retry). Only then d = step(xv), "
            "outside any lock.",
            "Writer, under p.lock: p.seq[0] += 1 (odd), p.x[idx] += d (the CURRENT values plus "
@@ -990,7 +997,10 @@ def _seqlock_hidden(ctx):
 PRICE = LAB.exercise(
     "race_price", needs=("price",),
     title="Step 4: the price of safety, as a ratio with its samples",
-    hints=("Loop `repeats` times: call run_unsafe() and run_safe() one after the other, and "
+    hints=("The idea: the machine drifts between runs, so compare runs that ran close together:"
+           " pair each unsafe run with a safe one, take the ratio per pair, and report a "
+           "statistic that one stalled run cannot move.",
+           "Loop `repeats` times: call run_unsafe() and run_safe() one after the other, and "
            "keep safe / unsafe of that pair.",
            "Return {'ratio': the median of the pair ratios, 'samples': the list of them}.",
            "Why pairs: the machine drifts (other jobs, CPU frequency, caches), and a pair's "

@@ -687,6 +687,9 @@ NAIVE = LAB.exercise(
     "ring_naive", needs=("naive_allreduce",),
     title="Step 1, the naive all-reduce: everyone sends to rank 0, rank 0 sends back",
     hints=(
+        "The idea: one rank (rank 0) is the meeting point. Everyone else hands it their tensor "
+        "and waits; it adds them all and hands the sum back to each. Count the messages the "
+        "root receives and sends: that count is why this step is slow at scale.",
         "On rank 0: post one dist.irecv per other rank into its own buffer "
         "(torch.empty_like(tensor)), wait for all, add them into tensor; then dist.isend the "
         "result to every other rank and wait. On the others: send tensor to 0, then receive "
@@ -719,6 +722,10 @@ RING = LAB.exercise(
     "ring_allreduce", needs=("ring_allreduce",),
     title="Step 2, the ring: reduce-scatter, then all-gather",
     hints=(
+        "The idea: two phases of p-1 steps, each rank talking only to its two neighbours. "
+        "First, chunks travel around the ring and are ADDED on the way, until each rank owns "
+        "one chunk that holds the full sum; then the owned chunks travel around once more and "
+        "are COPIED, until every rank holds every chunk.",
         "Cut the n elements into p chunks that cover everything even when p does not divide "
         "n: chunk i = tensor[n*i//p : n*(i+1)//p] (some may be empty when n < p).",
         "Reduce-scatter, steps s = 0..p-2: isend chunk (rank - s) % p to the right neighbour, "
@@ -827,6 +834,9 @@ RD = LAB.exercise(
     "rd_allreduce", needs=("rd_allreduce",),
     title="Step 3, recursive doubling: lg p rounds, any p",
     hints=(
+        "The idea: in round k every rank swaps its whole tensor with a partner and adds, and "
+        "the partners double the span they cover each round, so lg p rounds reach everyone. The"
+        " partner relation must be symmetric; XOR with a power of two is.",
         "p a power of two: for step = 1, 2, 4, ... < p, swap the WHOLE tensor with partner = "
         "rank ^ step (isend + irecv into a buffer, wait both) and add the buffer.",
         "The partner must be symmetric: with rank + step, rank 1's partner would be 2 while "
@@ -893,6 +903,10 @@ CROSS = LAB.exercise(
                              "rd_allreduce"),
     title="Step 4, the crossover: where the ring overtakes recursive doubling",
     hints=(
+        "The idea: both costs are straight lines in the message size n: the ring pays more "
+        "latency (more steps), recursive doubling more bandwidth (whole tensors). The crossover"
+        " is where the lines meet; measured, it is where ring - rd turns from positive to "
+        "negative.",
         "Predicted: the ring costs 2(p-1) alpha + 2((p-1)/p) n beta, recursive doubling "
         "L (alpha + n beta) with L = lg p for p a power of two (models.recursive_doubling_"
         "allreduce has the fold for other p: L = lg q + 2). They are equal where "

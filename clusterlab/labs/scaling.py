@@ -475,6 +475,9 @@ NAIVE = LAB.exercise(
     "scale_naive", needs=("naive_loss", "mean_of_means_weights"),
     title="The naive loss under DDP: a mean of means, predicted and measured",
     hints=(
+        "The idea: DDP averages the ranks' gradients, and each rank's gradient is of its own "
+        "mean loss. With uneven batches that weighs a sample of a small batch more: work out by"
+        " how much, per rank.",
         "naive_loss is what everybody writes first: return F.mse_loss(ddp(x), y), the mean "
         "over this rank's samples. Nothing else: DDP averages the ranks' gradients itself.",
         "DDP gives 1/W * sum_r (1/n_r) * sum_i g_i. The full-batch gradient is 1/N * sum_i "
@@ -584,6 +587,9 @@ UNEVEN = LAB.exercise(
     "scale_uneven", needs=("global_mean_loss",),
     title="Divide by the global sample count: the full-batch gradient to float precision",
     hints=(
+        "The idea: the full-batch mean divides by N, the samples of ALL ranks, which no rank "
+        "sees on its own; and DDP will divide the summed gradients by the world size "
+        "afterwards. Build the loss so that both divisions come out right.",
         "Every rank needs N, the number of samples on ALL ranks: put len(x) in a float64 "
         "tensor and dist.all_reduce it (a sum).",
         "Sum this rank's per-sample losses (F.mse_loss(..., reduction='sum')) and divide by "
@@ -698,6 +704,9 @@ ACCUMULATE = LAB.exercise(
     "scale_accumulate", needs=("accumulate",),
     title="Gradient accumulation: k micro-batches, no_sync, one bucket set per step",
     hints=(
+        "The idea: the same loss as for uneven batches, with N counting every micro-batch of "
+        "every rank; and DDP must synchronise exactly once, on the last micro-batch (it decides"
+        " in forward).",
         "First the count: the samples of ALL k micro-batches on this rank, all-reduced once, "
         "give N. Each micro-batch's loss is its summed loss * W / N.",
         "Run the first k-1 micro-batches' forward AND backward inside `with ddp.no_sync():`; "

@@ -500,7 +500,10 @@ def _closed_form(ctx, fn, cases, truth, mistakes, what: str) -> str:
 WAIT_ALL = LAB.exercise(
     "straggler_wait_all", needs=("sync_step", "sync_step_model"),
     title="The naive synchronous step waits for the slowest of N",
-    hints=("sync_step: call compute(compute_s) first (the gradient's compute), then "
+    hints=("The idea: a synchronous step is as slow as its slowest rank. The step itself is "
+           "compute, then the all-reduce; the model is the mean of the slowest of n compute "
+           "times.",
+           "sync_step: call compute(compute_s) first (the gradient's compute), then "
            "dist.all_reduce(grad) (it sums in place on every rank), then return grad divided "
            "by dist.get_world_size().",
            "sync_step_model(c, m, n): the step ends when the LAST of n ranks is done; the "
@@ -884,7 +887,11 @@ def _largest(ctx, cases) -> str:
 STABILITY = LAB.exercise(
     "stale_stability", needs=("is_stable", "largest_stable_lr"),
     title="The largest stable learning rate with τ-stale gradients",
-    hints=("is_stable: keep the last τ + 1 values of x (x_t = 1 for t <= 0), step x_(t+1) = "
+    hints=("The idea: you cannot tell convergence from a few steps, because near the limit |x| "
+           "grows or shrinks by a fraction of a percent per step and a too-large step first "
+           "looks good. Simulate long, and compare the size of x late in the run with its size "
+           "halfway.",
+           "is_stable: keep the last τ + 1 values of x (x_t = 1 for t <= 0), step x_(t+1) = "
            "x_t - lr·curvature·x_(t-τ). Unstable at once if |x| > 1e6.",
            "Near the limit |x| grows or shrinks by only ~0.05% per step for an lr 1e-3 away: "
            "simulate about 20 000 steps and compare the peak |x| over a block near the end "
