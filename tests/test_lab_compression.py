@@ -173,3 +173,24 @@ def test_probe_dividing_by_a_constant_is_named(no_leftovers):
     assert o.status == "fail", report.text()
     assert "divided by 2 instead of the world size, 3" in o.message, o.message
     assert "index_add_" not in o.message, o.message
+
+
+def hook_in_place_then_cloned(state, bucket):
+    """A correct alternative: works in place on the bucket, but stores a copy as residual."""
+    buf = bucket.buffer()
+    buf.add_(state.residuals.get(bucket.index(), torch.zeros_like(buf)))
+    k = max(1, math.ceil(state.ratio * buf.numel() - 1e-9))
+    idx = buf.abs().topk(k).indices
+    vals = buf[idx].clone()
+    residual = buf.clone()
+    residual[idx] = 0
+    state.residuals[bucket.index()] = residual
+    return _gather_and_average(buf, idx, vals)
+
+
+@pytest.mark.timeout(180)
+def test_alternative_in_place_hook_with_its_own_residual_passes(no_leftovers):
+    ns = {"topk_hook": hook_in_place_then_cloned, "topk_compress": topk_compress}
+    for check in (FEEDBACK, "ratio 1: exactly plain DDP's gradients, 2 ranks"):
+        o = _one("topk_hook", ns, check)
+        assert o.status == "pass", o.message

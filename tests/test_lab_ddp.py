@@ -322,3 +322,14 @@ def test_probe_fifo_messages_show_6_digits():
     msg = _fails("ddp_overlap", "fifo_timeline on hand", "you returned", only=True,
                  fifo_timeline=fifo_thirds)
     assert "333333333" not in msg, msg
+
+
+def allreduce_gradients_avg(model):  # a correct alternative (probe): clusterlab emulates AVG
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+
+
+def test_probe_alternative_reduce_op_avg_passes(no_leftovers):
+    o = _outcome("ddp_naive", "equals", False, allreduce_gradients=allreduce_gradients_avg)
+    assert o.status == "pass", o.message

@@ -669,3 +669,28 @@ def test_probe_returned_floats_are_shown_with_7_digits():
                  only=True, predicted_crossover=predicted_crossover,
                  measured_crossover=lambda sizes, a, b: 40000.000000000004)
     assert "40000.000000000004" not in o.message and "= 40000," in o.message
+
+
+def naive_any_source(tensor, op="sum"):
+    """A correct alternative: rank 0 receives from whoever comes first, blocking sends."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    if r == 0:
+        buf = torch.empty_like(tensor)
+        for _ in range(p - 1):
+            dist.recv(buf)
+            tensor += buf
+        if op == "avg":
+            tensor /= p
+        for q in range(1, p):
+            dist.send(tensor, q)
+    else:
+        dist.send(tensor, 0)
+        dist.recv(tensor, 0)
+    return tensor
+
+
+@pytest.mark.timeout(120)
+def test_alternative_naive_with_any_source_receives_passes(no_leftovers):
+    o, report = _outcome("ring_naive", "sum and avg", hidden=False,
+                         naive_allreduce=naive_any_source)
+    assert o.status == "pass", report.text()

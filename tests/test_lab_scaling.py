@@ -216,3 +216,15 @@ def test_hidden_world_sizes_avoid_the_visible_one():
     for visible in (2, 3, 4):
         drawn = {_hidden_world(Context({}, seed=s, hidden=True), visible) for s in range(40)}
         assert visible not in drawn and len(drawn) == 2, drawn
+
+
+def global_from_mean(ddp, x, y):  # a correct alternative (probe): NaN loss, zero gradient
+    n = _global(len(x))
+    return F.mse_loss(ddp(x), y) * len(x) * dist.get_world_size() / n
+
+
+@pytest.mark.timeout(240)
+def test_probe_alternative_mean_times_count_passes_even_with_an_empty_rank(no_leftovers):
+    report = run_checks("scale_uneven", {**REFERENCE, "global_mean_loss": global_from_mean},
+                        hidden=True, seed=1)
+    assert report.passed, report.text()
