@@ -310,8 +310,8 @@ def test_probe_hooks_that_divide_twice_are_told_so_not_about_the_tied_weight(no_
     assert "register_hook" not in msg and "tied weight" not in msg, msg
 
 
-def test_probe_hooks_that_never_clear_their_list_are_told_the_scale_is_off(no_leftovers):
-    msg = _fails("ddp_hooks", "equals", "exactly once per step", HookDDP=HookNeverClears)
+def test_probe_hooks_that_never_clear_their_list_are_told_so(no_leftovers):
+    msg = _fails("ddp_hooks", "equals", "never cleared", HookDDP=HookNeverClears)
     assert "register_hook" not in msg, msg
 
 

@@ -325,7 +325,8 @@ def _train_on_rank(runs: list, seed: int) -> list[dict]:
                 for name, orig in saved.items():
                     setattr(dist, name, orig)
             if step == 0:
-                first = [q.grad.numpy().copy() for q in ddp.parameters()]
+                first = [None if q.grad is None else q.grad.numpy().copy()
+                         for q in ddp.parameters()]  # None: the split run's unused weight
             opt.step()
             t = loss.detach().clone()
             dist.all_reduce(t)

@@ -366,7 +366,9 @@ def diagnose(results: list[dict], cfg: dict, kind: str) -> str:
                "hooks": "each hook must all-reduce p.grad once it is accumulated, and "
                         "finish() must wait() for each work BEFORE dividing that gradient (a "
                         "division while its all-reduce still runs races with it, and the "
-                        "ranks drift apart).",
+                        "ranks drift apart; a list of pending works that is never cleared "
+                        "does that too: the earlier steps' entries divide the new gradients "
+                        "before their all-reduces are done).",
                "buckets": "is the last, partial bucket ever all-reduced? finish() must flush "
                           "it, and each bucket's result must be copied back into p.grad."}[kind]
         local = baseline(cfg, world, only_rank=results[0]["rank"])

@@ -640,8 +640,18 @@ def _aggregate(ctx, nodes, backups, nic) -> str:
     draws = _designed_draws(nodes, 8, ctx.rng)
     # Staged: every cut-short worker's message leaves STAGED_LATE_S late, so that an early
     # worker's next gradient always comes first (an any-source drain fails every time).
-    m = measure_backups(fn, nodes, backups, 0, 0, draws=draws, nic=nic, calib_steps=0,
-                        seed=ctx.seed % 1000, _ctx=ctx, _stage_s=STAGED_LATE_S)
+    try:
+        m = measure_backups(fn, nodes, backups, 0, 0, draws=draws, nic=nic, calib_steps=0,
+                            seed=ctx.seed % 1000, _ctx=ctx, _stage_s=STAGED_LATE_S)
+    except Fail as exc:
+        if "timed out" in str(exc) and "recv from any source" in str(exc):
+            raise Fail(f"{exc} Here a cut-short worker's empty message arrived late, after an "
+                       "early worker's NEXT gradient (this check delays it on purpose, as a "
+                       "busy network would): an any-source drain took that gradient instead, "
+                       "and from then on the messages no longer match the steps. Drain the "
+                       "late messages BY SOURCE: dist.recv(msg, src=w) for each worker not "
+                       "heard from") from None
+        raise
     for b in backups:
         _check_backup_values(m, b, slack=ORDER_SLACK_S)
     return (f"N={nodes}, b in {list(backups)}: every rank holds the exact average of the "
