@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from clusterlab.labs import EXERCISES, Fail, NotDone, run_checks
-from clusterlab.labs.collapse import _Z, reference_step
+from clusterlab.labs._answers import reference_step
+from clusterlab.labs.collapse import _Z
 from clusterlab.labs.core import Context
 
 # --- the reference answers -------------------------------------------------------------------
@@ -129,6 +130,19 @@ def efficiency_times_n(setup):
     return setup.ranks * scaling_efficiency(setup)
 
 
+def naive_2n_minus_1(setup):  # probe: 2N-1 rounds, called "N rounds" when judged at N = 1
+    return setup.compute_values().mean() + (2 * setup.ranks - 1) * setup.delay_values().mean()
+
+
+def predict_no_network(setup):  # probe: E[max] of the compute, and no network at all
+    return expected_max(setup.compute_values(), setup.ranks)
+
+
+def predict_network_mean_only(setup):  # E[max] of the compute + the network's mean delays
+    comp, d, n = setup.compute_values(), setup.delay_values(), setup.ranks
+    return expected_max(comp, n) + 2 * (n - 1) * d.mean()
+
+
 # --- tests -----------------------------------------------------------------------------------
 
 
@@ -209,3 +223,20 @@ def test_unwritten_functions_are_todo():
 def test_emax_mean_at_n2_is_not_called_off_by_one():
     status, message = outcome("collapse_emax", "uniform", expected_max=emax_mean)
     assert status == "fail" and "off by one" not in message, message
+
+
+def test_probe_2n_minus_1_rounds_is_named_as_such():
+    status, message = outcome("collapse_naive", "mean compute", naive_step_time=naive_2n_minus_1)
+    assert status == "fail" and "it counts 2N-1 rounds" in message, message
+    assert "it counts N rounds" not in message, message
+
+
+@pytest.mark.parametrize("fn, phrase", [
+    (predict_no_network, "leaves out the network"),
+    (predict_network_mean_only, "the network's jitter counts too"),
+])
+def test_probe_a_predictor_with_e_max_but_not_the_network_is_told_so(fn, phrase):
+    status, message = outcome("collapse_predict", "against the simulator: a latency",
+                              predict_step_time=fn)
+    assert status == "fail" and phrase in message, message
+    assert "not the mean" not in message, message

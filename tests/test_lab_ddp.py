@@ -122,6 +122,23 @@ class HookNoWait(HookDDP):  # averages without waiting for the works
         self.pending.clear()
 
 
+class HookDividesTwice(HookDDP):  # probe: divides after wait(), then again for every work
+    def finish(self):
+        for p, work in self.pending:
+            work.wait()
+            p.grad.div_(self.world)
+        for p, _ in self.pending:
+            p.grad.div_(self.world)
+        self.pending.clear()
+
+
+class HookNeverClears(HookDDP):  # probe: the list of pending works grows from step to step
+    def finish(self):
+        for p, work in self.pending:
+            work.wait()
+            p.grad.div_(self.world)
+
+
 class HookBlocking(HookDDP):  # a blocking all-reduce inside the hook: correct, no overlap
     def _hook(self, p):
         dist.all_reduce(p.grad)
@@ -285,3 +302,34 @@ def test_fifo_wrong_answers():
 
 def test_overlap_rejects_a_blocking_hook(no_leftovers):
     _fails("ddp_overlap", "measured", "the hook blocks", HookDDP=HookBlocking)
+
+
+def test_probe_hooks_that_divide_twice_are_told_so_not_about_the_tied_weight(no_leftovers):
+    msg = _fails("ddp_hooks", "equals", "divided by the world size twice",
+                 HookDDP=HookDividesTwice)
+    assert "register_hook" not in msg and "tied weight" not in msg, msg
+
+
+def test_probe_hooks_that_never_clear_their_list_are_told_so(no_leftovers):
+    msg = _fails("ddp_hooks", "equals", "never cleared", HookDDP=HookNeverClears)
+    assert "register_hook" not in msg, msg
+
+
+def test_probe_fifo_messages_show_6_digits():
+    def fifo_thirds(ready, comm):
+        return [(r / 3, r / 3 + c) for r, c in zip(ready, comm)]
+
+    msg = _fails("ddp_overlap", "fifo_timeline on hand", "you returned", only=True,
+                 fifo_timeline=fifo_thirds)
+    assert "333333333" not in msg, msg
+
+
+def allreduce_gradients_avg(model):  # a correct alternative (probe): clusterlab emulates AVG
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+
+
+def test_probe_alternative_reduce_op_avg_passes(no_leftovers):
+    o = _outcome("ddp_naive", "equals", False, allreduce_gradients=allreduce_gradients_avg)
+    assert o.status == "pass", o.message

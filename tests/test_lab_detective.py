@@ -3,6 +3,8 @@ plausible wrong answers are rejected with the message that teaches."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -293,7 +295,9 @@ def test_diagnosis_in_the_wrong_shape(no_leftovers):
 
 
 def test_a_hard_coded_verdict_fails_the_hidden_cases(no_leftovers):
-    truth = detective.answer(detective.case_for(REFERENCE["MY_SEED"]))
+    # (the learner's case is sealed: the test unseals it to hard-code its truth)
+    truth = detective.answer(dataclasses.replace(detective.case_for(REFERENCE["MY_SEED"]),
+                                                 sealed=False))
     o = outcome("detective_case", "solves 14 hidden cases, every kind on 3 and 4 ranks",
                 diagnose=lambda obs: dict(truth))
     assert o.status == "fail" and "cases solved" in o.message
@@ -312,3 +316,38 @@ def test_checking_every_fifth_step_is_too_late(no_leftovers):
                 "naming the rank", detector=every_fifth_step)
     assert o.status == "fail" and "steps after the first bad step, more than the 2 allowed" \
         in o.message
+
+
+def replica_no_nan_guard(obs, tol=1e-5):
+    """Probe item 10: `d.max() > tol`, without the NaN guard the TODO asks for."""
+    for t, params in enumerate(obs["params"]):
+        x = np.asarray(params, dtype=np.float64)
+        d = np.abs(x - np.median(x, axis=0))
+        for r in range(len(x)):
+            if d[r].max() > tol:
+                return r, t
+    return None
+
+
+def test_probe_a_replica_detector_without_a_nan_guard_is_rejected(no_leftovers):
+    o = outcome("detective_replicas", "catches the faults that move a replica, at the first "
+                "bad step", replica_detector=replica_no_nan_guard)
+    assert o.status == "fail", o.message
+    assert "parameters is NaN" in o.message and "NaN > tol is False" in o.message, o.message
+
+
+def test_probe_the_own_case_cannot_be_read_off_the_case_object(no_leftovers):
+    """Probe: `diagnose = lambda obs: detective.answer(case)` earned "solves your case". Now
+    answer() refuses a sealed case, and a diagnose that reads the case object (a closure)
+    fails the second case the check draws from the seed."""
+    seed = 12
+    case = detective.case_for(seed)
+    with pytest.raises(ValueError, match="sealed"):
+        detective.answer(case)
+
+    def read_the_case(obs):
+        return {"fault": case.fault, "rank": case.rank, "step": case.step}
+
+    o = outcome("detective_case", "solves your case", diagnose=read_the_case, MY_SEED=seed)
+    assert o.status == "fail" and "a second case drawn from your seed" in o.message, o.message
+    assert detective.answer(detective.lineup()["wrong_lr"])["fault"] == "wrong_lr"

@@ -8,6 +8,8 @@ measurement per network (cached), so that the file measures each network once.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -251,6 +253,28 @@ def ping_pong_halves(nbytes, repeats):
     return [t / 2 for t in ping_pong(nbytes, repeats)]
 
 
+def ping_pong_wall_clock(nbytes, repeats):
+    """Timed with the machine's clock, not the cluster's: at dilation 3, 3x the delay."""
+    x = torch.zeros(max(1, nbytes // 4))
+    rtts = []
+    for _ in range(repeats):
+        if dist.get_rank() == 0:
+            t0 = time.perf_counter()
+            dist.send(x, 1)
+            dist.recv(x, 1)
+            rtts.append(time.perf_counter() - t0)
+        else:
+            dist.recv(x, 0)
+            dist.send(x, 0)
+    return rtts
+
+
+def test_probe_wall_clock_timing_under_dilation_is_named(no_leftovers):
+    o = outcome("net_ping_pong", "close to the delay", ping_pong=ping_pong_wall_clock)
+    assert o.status == "fail", o.message
+    assert "dilated 3x" in o.message and "clusterlab.now()" in o.message, o.message
+
+
 def test_the_round_trip_instead_of_one_way_is_rejected(no_leftovers):
     rejected("net_ping_pong", "one_way_latency is half the median",
              "your times are twice the one-way delay", one_way_latency=one_way_is_the_round_trip)
@@ -395,12 +419,48 @@ def test_a_sweep_of_one_size_is_rejected(no_leftovers):
 
 
 def test_hidden_networks_are_not_the_practice_network(no_leftovers):
-    """A hard-coded answer (what a measurement of the practice network printed) passes the
-    visible check and fails the hidden one."""
+    """A hard-coded answer (what a measurement of the practice network printed) measures
+    nothing: the visible check says so, and the hidden networks are other networks."""
     alpha, bandwidth = truth(mystery_network(1))
     printed = (alpha * 1.02, bandwidth * 0.98)
     report = run_checks("net_mystery", {"measure_network": lambda nic: printed}, hidden=True)
-    assert [o.status for o in report.outcomes] == ["pass", "fail"], report.text()
+    assert [o.status for o in report.outcomes] == ["fail", "fail"], report.text()
+    assert "it was read, not measured" in report.outcomes[0].message
+
+
+def measure_from_truth(nic):
+    """Probe item 1: the truth, made to look measured."""
+    alpha, bandwidth = truth(nic)
+    return alpha * 1.02, bandwidth * 0.98
+
+
+def test_probe_reading_the_truth_with_noise_added_is_rejected():
+    rejected("net_mystery", "the practice network", "sent 0 message(s) of 0 size(s)",
+             measure_network=measure_from_truth)
+
+
+def test_probe_the_truth_read_is_rejected_on_hidden_networks_too():
+    rejected("net_mystery", "two networks", "it was read, not measured",
+             measure_network=measure_from_truth)
+
+
+def fit_torch_float32(sizes, times):
+    """Probe item 2: the lab's own formula, on float32 tensors."""
+    n = torch.tensor(sizes, dtype=torch.float32)
+    t = torch.tensor(times, dtype=torch.float32)
+    if len(torch.unique(n)) < 2:
+        raise ValueError("need at least two different sizes to fit a line")
+    beta = ((n - n.mean()) * (t - t.mean())).sum() / ((n - n.mean()) ** 2).sum()
+    return float(t.mean() - beta * n.mean()), float(beta)
+
+
+def test_probe_a_float32_fit_is_rejected_at_every_seed_saying_float64():
+    for seed in (2026, 1, 4, 5, 19):
+        report = run_checks("net_fit", {"fit_alpha_beta": fit_torch_float32}, hidden=True,
+                            seed=seed, only="least squares over every point of a noisy sweep")
+        (o,) = report.outcomes
+        assert o.status == "fail", report.text()
+        assert "compute in float64" in o.message and "float32" in o.message, o.message
 
 
 def test_reading_the_spec_instead_of_measuring_is_rejected():
@@ -409,3 +469,23 @@ def test_reading_the_spec_instead_of_measuring_is_rejected():
 
     rejected("net_mystery", "the practice network", "it was read, not measured",
              measure_network=read_it)
+
+
+def measure_in_one_run(nic):
+    """A correct alternative: every size in one cluster run, the fit by np.polyfit."""
+    def sweep():
+        out = []
+        for n in SIZES:
+            rtts = ping_pong(n, REPEATS)  # both ranks ping-pong; rank 0 keeps the times
+            out.append(one_way_latency(rtts) if dist.get_rank() == 0 else None)
+        return out
+
+    with clusterlab.Cluster(nodes=2, nic=nic, dilation=DILATION) as cl:
+        times = cl.run(sweep)[0]
+    beta, alpha = np.polyfit(np.asarray(SIZES, float), np.asarray(times, float), 1)
+    return float(alpha), float(1 / beta)
+
+
+def test_alternative_measuring_every_size_in_one_run_passes(no_leftovers):
+    o = outcome("net_mystery", "the practice network", measure_network=measure_in_one_run)
+    assert o.status == "pass", o.message

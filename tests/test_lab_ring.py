@@ -393,6 +393,91 @@ def measured_crossover_nearest(sizes, ring_times, rd_times):
     return None
 
 
+# From the labs probe (shared/reviews/labs_probe.md): wrong answers the checks once accepted
+# or explained with the wrong cause.
+
+
+def naive_all_to_all(tensor, op="sum"):
+    """Every rank sends its tensor to every other rank and sums locally: no root."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    bufs = {q: torch.empty_like(tensor) for q in range(p) if q != r}
+    works = [dist.isend(tensor.clone(), q) for q in bufs]
+    works += [dist.irecv(b, q) for q, b in bufs.items()]
+    for w in works:
+        w.wait()
+    for b in bufs.values():
+        tensor += b
+    if op == "avg":
+        tensor /= p
+    return tensor
+
+
+def measured_crossover_any_sign_change(sizes, ring_times, rd_times):
+    d = [a - b for a, b in zip(ring_times, rd_times)]
+    for i in range(len(d) - 1):
+        if (d[i] > 0) != (d[i + 1] > 0):
+            return sizes[i] + (sizes[i + 1] - sizes[i]) * d[i] / (d[i] - d[i + 1])
+    return None
+
+
+def ring_allgather_adds(tensor, op="sum"):
+    """The reduce-scatter is right; the all-gather adds the received chunk instead of
+    copying it."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    n = tensor.numel()
+    b = [n * i // p for i in range(p + 1)]
+
+    def chunk(i):
+        i %= p
+        return tensor[b[i]:b[i + 1]]
+
+    def exchange(out, into, add):
+        buf = torch.empty_like(into)
+        works = [dist.isend(out.contiguous(), (r + 1) % p), dist.irecv(buf, (r - 1) % p)]
+        for w in works:
+            w.wait()
+        if add:
+            into += buf
+        else:
+            into.copy_(buf)
+
+    for s in range(p - 1):
+        exchange(chunk(r - s), chunk(r - s - 1), True)
+    for s in range(p - 1):
+        exchange(chunk(r + 1 - s), chunk(r - s), True)  # should copy
+    if op == "avg":
+        tensor /= p
+    return tensor
+
+
+def ring_avg_every_step(tensor, op="sum"):
+    """Divides by p in every reduce-scatter step instead of once at the end."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    n = tensor.numel()
+    b = [n * i // p for i in range(p + 1)]
+
+    def chunk(i):
+        i %= p
+        return tensor[b[i]:b[i + 1]]
+
+    for s in range(p - 1):
+        into = chunk(r - s - 1)
+        buf = torch.empty_like(into)
+        works = [dist.isend(chunk(r - s).contiguous(), (r + 1) % p),
+                 dist.irecv(buf, (r - 1) % p)]
+        for w in works:
+            w.wait()
+        into += buf
+        if op == "avg":
+            into /= p
+    for s in range(p - 1):
+        works = [dist.isend(chunk(r + 1 - s).contiguous(), (r + 1) % p),
+                 dist.irecv(chunk(r - s), (r - 1) % p)]
+        for w in works:
+            w.wait()
+    return tensor
+
+
 # --- the tests ----------------------------------------------------------------------------------
 
 
@@ -546,3 +631,66 @@ def test_formula_mistakes(no_leftovers):
     _rejects("ring_crossover", "measured_crossover", ["interpolate the difference linearly"],
              hidden=False, only=True, predicted_crossover=predicted_crossover,
              measured_crossover=measured_crossover_nearest)
+
+
+@pytest.mark.timeout(120)
+def test_probe_naive_all_to_all_without_a_root_is_rejected(no_leftovers):
+    """Probe item 3: right values, but no root: the structure check names it."""
+    _rejects("ring_naive", "sum and avg", ["only the root (rank 0) adds",
+                                           "receives the sum from it once"],
+             hidden=False, naive_allreduce=naive_all_to_all)
+
+
+def test_probe_measured_crossover_at_any_sign_change_is_rejected():
+    """Probe item 4: noisy times where the ring is faster at the smallest size too."""
+    _rejects("ring_crossover", "measured_crossover", ["expected 325000"], hidden=False,
+             only=True, predicted_crossover=predicted_crossover,
+             measured_crossover=measured_crossover_any_sign_change)
+
+
+@pytest.mark.timeout(120)
+def test_probe_all_gather_that_adds_is_named_as_such(no_leftovers):
+    o = _rejects("ring_allreduce", "sum on 2, 3 and 4", ["the all-gather ADDS",
+                                                        "the reduce-scatter is right"],
+                 hidden=False, ring_allreduce=ring_allgather_adds)
+    assert "reduce-scatter, add the incoming chunk" not in o.message
+
+
+@pytest.mark.timeout(120)
+def test_probe_average_divided_every_step_is_named_as_such(no_leftovers):
+    o = _rejects("ring_allreduce", "avg on 3 ranks", ["only the division is wrong",
+                                                      "once, at the end"],
+                 hidden=False, ring_allreduce=ring_avg_every_step)
+    assert "torch.empty" not in o.message
+
+
+def test_probe_returned_floats_are_shown_with_7_digits():
+    o = _rejects("ring_crossover", "measured_crossover", ["expected 200000"], hidden=False,
+                 only=True, predicted_crossover=predicted_crossover,
+                 measured_crossover=lambda sizes, a, b: 40000.000000000004)
+    assert "40000.000000000004" not in o.message and "= 40000," in o.message
+
+
+def naive_any_source(tensor, op="sum"):
+    """A correct alternative: rank 0 receives from whoever comes first, blocking sends."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    if r == 0:
+        buf = torch.empty_like(tensor)
+        for _ in range(p - 1):
+            dist.recv(buf)
+            tensor += buf
+        if op == "avg":
+            tensor /= p
+        for q in range(1, p):
+            dist.send(tensor, q)
+    else:
+        dist.send(tensor, 0)
+        dist.recv(tensor, 0)
+    return tensor
+
+
+@pytest.mark.timeout(120)
+def test_alternative_naive_with_any_source_receives_passes(no_leftovers):
+    o, report = _outcome("ring_naive", "sum and avg", hidden=False,
+                         naive_allreduce=naive_any_source)
+    assert o.status == "pass", report.text()

@@ -191,3 +191,40 @@ def test_wrong_answer_is_rejected(exercise, name, wrong, check, phrase, no_lefto
         assert grad[0].status == "pass", report.text()
 
 
+
+
+def global_w_hard_coded(ddp, x, y):
+    """Probe item 9: `* 4`, the visible world size, instead of dist.get_world_size()."""
+    return F.mse_loss(ddp(x), y, reduction="sum") * 4 / _global(len(x))
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("seed", [1, 2026, 5])
+def test_probe_a_hard_coded_world_size_fails_the_hidden_checks_at_every_seed(seed,
+                                                                             no_leftovers):
+    """Accepted at grader seed 1 before: the hidden checks drew W = 4, the visible one's."""
+    report = run_checks("scale_uneven", {**REFERENCE, "global_mean_loss": global_w_hard_coded},
+                        hidden=True, seed=seed)
+    status = {o.check.split(",")[0]: o.status for o in report.outcomes}
+    assert list(status.values()) == ["pass", "fail", "fail"], report.text()
+
+
+def test_hidden_world_sizes_avoid_the_visible_one():
+    from clusterlab.labs.core import Context
+    from clusterlab.labs.scaling import _hidden_world
+
+    for visible in (2, 3, 4):
+        drawn = {_hidden_world(Context({}, seed=s, hidden=True), visible) for s in range(40)}
+        assert visible not in drawn and len(drawn) == 2, drawn
+
+
+def global_from_mean(ddp, x, y):  # a correct alternative (probe): NaN loss, zero gradient
+    n = _global(len(x))
+    return F.mse_loss(ddp(x), y) * len(x) * dist.get_world_size() / n
+
+
+@pytest.mark.timeout(240)
+def test_probe_alternative_mean_times_count_passes_even_with_an_empty_rank(no_leftovers):
+    report = run_checks("scale_uneven", {**REFERENCE, "global_mean_loss": global_from_mean},
+                        hidden=True, seed=1)
+    assert report.passed, report.text()

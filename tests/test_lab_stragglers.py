@@ -273,6 +273,44 @@ def asymptote_pi_over_tau(tau):
     return math.pi / tau
 
 
+# From the labs probe (shared/reviews/labs_probe.md): wrong answers the checks once accepted.
+
+
+def backup_any_source_drain(grad, compute_s, backups):
+    """Probe item 5: the late messages drained from ANY source (the pitfall the notebook
+    warns about): it takes an early worker's next gradient when that comes first."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    msg = torch.zeros(grad.numel() + 1, dtype=grad.dtype)
+    if rank == 0:
+        total, heard = torch.zeros_like(grad), set()
+        for _ in range(world - 1 - backups):
+            heard.add(dist.recv(msg))
+            total += msg[1:]
+        update = total / (world - 1 - backups)
+        sends = [dist.isend(update, w) for w in range(1, world)]
+        for _ in range(backups):
+            dist.recv(msg)  # should be dist.recv(msg, src=w) for each w not heard from
+        for s in sends:
+            s.wait()
+        return update
+    update = Update(grad, src=0)
+    if compute(compute_s, interrupt=update):
+        msg[0] = 1.0
+        msg[1:] = grad
+    dist.send(msg, 0)
+    return update.wait()
+
+
+def large_tau_exact(tau):
+    """Probe item 6: the closed form itself, not its large-τ expansion."""
+    return 2 * math.sin(math.pi / (4 * tau + 2))
+
+
+def largest_closed_form(tau, curvature=1.0):
+    """The exact limit, not found with is_stable: at the limit itself is_stable says no."""
+    return 2 * math.sin(math.pi / (4 * tau + 2)) / curvature
+
+
 # --- the tests ----------------------------------------------------------------------------------
 
 
@@ -412,3 +450,43 @@ def test_wrong_asymptote_and_mechanism_are_rejected():
              "no noise")
     _rejects("stale_explain", {"staleness_mechanism": lambda: "d"}, "the mechanism",
              "not random")
+
+
+@pytest.mark.timeout(240)
+def test_probe_any_source_drain_is_rejected_every_time(no_leftovers):
+    """Probe item 5: accepted in 12 of 18 runs before the race was staged; now the staged
+    late message makes the early worker's next gradient come first, every run."""
+    for _ in range(3):
+        _rejects("straggler_backups", {"backup_step": backup_any_source_drain},
+                 "the update: the exact average", "BY SOURCE")
+
+
+def test_probe_the_exact_closed_form_is_not_the_large_tau_form():
+    _rejects("stale_explain", {"large_tau_stable_lr": large_tau_exact}, "large_tau",
+             "that is the closed form", "Expand it for large τ")
+
+
+@pytest.mark.parametrize("answer", ["Because stale gradients are noisier (A)", "B because",
+                                    "b) delayed feedback", 2, None])
+def test_probe_the_mechanism_must_be_one_letter(answer):
+    o = _outcome("stale_explain", {"staleness_mechanism": lambda: answer}, "the mechanism")
+    assert o.status == "fail" and "exactly one letter" in o.message, o.message
+
+
+def test_a_lower_case_letter_is_accepted():
+    assert _outcome("stale_explain", {"staleness_mechanism": lambda: " b "},
+                    "the mechanism").status == "pass"
+
+
+def test_probe_a_closed_form_largest_lr_is_told_what_it_is():
+    o = _outcome("stale_stability", {"largest_stable_lr": largest_closed_form},
+                 "largest_stable_lr")
+    assert o.status == "fail", o.message  # the reference is_stable: the limit is unstable
+    assert "the limit itself" in o.message, o.message
+    assert "returns the first unstable" not in o.message, o.message
+
+
+def test_every_wrong_mechanism_is_answered_with_its_own_flaw():
+    for letter, phrase in (("A", "no noise"), ("C", "same curvature"), ("D", "not exponentially")):
+        _rejects("stale_explain", {"staleness_mechanism": lambda letter=letter: letter},
+                 "the mechanism", phrase)

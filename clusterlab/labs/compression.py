@@ -113,9 +113,13 @@ CHECKS_ONE = LAB.exercise(
     "topk_compress", needs=("topk_compress",),
     title="Top-k with error feedback: send the largest, keep the rest",
     hints=(
-        "acc = grad + residual; k = max(1, math.ceil(ratio * acc.numel())); "
-        "indices = acc.abs().topk(k).indices; values = acc[indices].",
-        "new_residual = acc.clone(); new_residual[indices] = 0 - exactly what was not sent.",
+        "The idea: this step owes the gradient plus everything earlier steps left unsent "
+        "(the residual). Send the k largest entries of that sum, by magnitude, and keep the "
+        "rest, unchanged, as the new residual: small entries pile up until they are sent.",
+        "The numbers: k = max(1, ceil(ratio x numel)); the selection is the top k of "
+        "|grad + residual|; the identity to keep is sent + new_residual == grad + residual.",
+        "A sketch: acc = grad + residual; indices = acc.abs().topk(k).indices; values = "
+        "acc[indices]; new_residual = acc.clone(); new_residual[indices] = 0.",
     ))
 
 
@@ -198,16 +202,51 @@ def _spy(counter: _Bytes):
 def _watched(hook, problems: list[str]):
     """`hook`, with what it leaves in state.residuals checked on every call: the residual
     after the call must be the bucket plus the residual before it, minus the k entries sent
-    (so at most k entries may differ). Problems are appended as sentences."""
+    (so at most k entries may differ), and it must not change until the next call for that
+    bucket. Problems are appended as sentences."""
     import torch
+    import torch.distributed as dist
+
+    kept: dict = {}  # bucket index -> a copy of the residual the hook left last time
 
     def watched(state, bucket):
         key = bucket.index()
+        watched.buckets.add(key)
+        held = state.residuals.get(key)
+        if (key in kept and isinstance(held, torch.Tensor) and held.shape == kept[key].shape
+                and not problems and not torch.equal(held, kept[key])):
+            moved = float((held - kept[key]).abs().max())
+            problems.append(
+                f"state.residuals[{key}] changed between two calls of the hook (by up to "
+                f"{moved:.3g}), while nobody but your hook should touch it: it shares memory "
+                "with bucket.buffer() (an in-place op such as grad.add_(residual), or a view "
+                "of the buffer, stored as the residual), and DDP refills that buffer with the "
+                "next step's gradients. Store a tensor of your own")
         grad = bucket.buffer().clone()  # before the hook, which may work in place
         before = state.residuals.get(key)
         before = torch.zeros_like(grad) if before is None else before.clone()
-        fut = hook(state, bucket)
+        try:
+            fut = hook(state, bucket)
+        except Exception:
+            wrong = [(i, tuple(r.shape)) for i, r in state.residuals.items()
+                     if i != key and isinstance(r, torch.Tensor) and r.shape != grad.shape]
+            if not wrong:
+                raise
+            # One residual shared by buckets of different sizes: say so (the training
+            # finishes with a plain average, so that every check can report).
+            problems[:0] = [] if problems else [
+                f"your hook failed on bucket {key} ({grad.numel()} entries) while "
+                "state.residuals "
+                f"held a residual of {wrong[0][1][0]} entries under key {wrong[0][0]}: "
+                "keep one residual per bucket, under bucket.index()"]
+            out = bucket.buffer().clone()
+            dist.all_reduce(out)
+            fut = torch.futures.Future()
+            fut.set_result(out / dist.get_world_size())
+            return fut
         after = state.residuals.get(key)
+        if isinstance(after, torch.Tensor):
+            kept[key] = after.detach().clone()
         k = k_of(grad.numel(), state.ratio)
         if k < grad.numel() and not problems:
             if not isinstance(after, torch.Tensor) or after.shape != grad.shape:
@@ -225,6 +264,7 @@ def _watched(hook, problems: list[str]):
                         "so add the stored residual before selecting and store the new one")
         return fut
 
+    watched.buckets = set()
     return watched
 
 
@@ -248,9 +288,11 @@ def _task(rank: int, seed: int):
 
 
 def _train_on_rank(runs: list, seed: int) -> list[dict]:
-    """For each (hook, ratio, steps) in `runs` (hook None: plain DDP), DDP on this rank:
-    `steps` of full-batch SGD from the same start. Per run: the mean loss per step, the first step's
-    gradients, the bytes handed to collectives per step and the model's size."""
+    """For each (hook, ratio, steps[, bucket_cap_mb]) in `runs` (hook None: plain DDP), DDP
+    on this rank: `steps` of full-batch SGD from the same start (with a bucket cap: the
+    model split over several buckets from the first step). Per run: the mean loss per step,
+    the first step's gradients, the bytes handed to collectives per step, the model's size
+    and how many buckets the hook saw."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -258,11 +300,19 @@ def _train_on_rank(runs: list, seed: int) -> list[dict]:
 
     rank, out = dist.get_rank(), []
     x, y = _task(rank, seed)
-    for hook, ratio, steps in runs:
-        ddp = DDP(_model(seed))
+    for hook, ratio, steps, *cap in runs:
+        if cap:  # find_unused_parameters: the buckets are cut by the cap at once, and not
+            # rebuilt after the first step (a rebuild would hand the hook other buckets). One
+            # weight the forward never uses gives it something to find (else torch warns).
+            model = _model(seed)
+            model.register_parameter("unused", torch.nn.Parameter(torch.zeros(1)))
+            ddp = DDP(model, bucket_cap_mb=cap[0], find_unused_parameters=True)
+        else:
+            ddp = DDP(_model(seed))
         feedback: list[str] = []
         if hook is not None:
-            ddp.register_comm_hook(TopKState(ratio), _watched(hook, feedback))
+            watched = _watched(hook, feedback)
+            ddp.register_comm_hook(TopKState(ratio), watched)
         opt = torch.optim.SGD(ddp.parameters(), lr=LR)
         counter, losses, first = _Bytes(), [], None
         for step in range(steps):
@@ -275,12 +325,14 @@ def _train_on_rank(runs: list, seed: int) -> list[dict]:
                 for name, orig in saved.items():
                     setattr(dist, name, orig)
             if step == 0:
-                first = [q.grad.numpy().copy() for q in ddp.parameters()]
+                first = [None if q.grad is None else q.grad.numpy().copy()
+                         for q in ddp.parameters()]  # None: the split run's unused weight
             opt.step()
             t = loss.detach().clone()
             dist.all_reduce(t)
             losses.append(t.item() / dist.get_world_size())
         out.append({"losses": losses, "grads": first, "bytes": counter.sent / steps,
+                    "buckets": len(watched.buckets) if hook is not None else None,
                     "calls": sorted(set(counter.calls)), "feedback": feedback[:1],
                     "numel": sum(q.numel() for q in ddp.parameters())})
     return out
@@ -312,6 +364,9 @@ def _run(ctx, runs, ranks, seed) -> list[list[dict]]:
 # a loaded machine): ratio 1 and plain DDP for one step, then ratio 5% and plain for STEPS.
 _VISIBLE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 VISIBLE_RATIO, VISIBLE_SEED = 0.05, 3
+# The model (529 weights, 2 KiB) fits in one default bucket; a cap of 1000 bytes splits it in
+# two (17 and 513 entries), so one residual per bucket is tested.
+SPLIT_CAP_MB, SPLIT_STEPS = 1000 / 2**20, 4
 
 
 def _visible(ctx) -> list[list[dict]]:
@@ -323,7 +378,9 @@ def _visible(ctx) -> list[list[dict]]:
     if cached is None:
         try:
             cached = _run(ctx, [(hook, 1.0, 1), (None, 1.0, 1), (hook, VISIBLE_RATIO, STEPS),
-                                (None, 1.0, STEPS)], 2, VISIBLE_SEED)
+                                (None, 1.0, STEPS),
+                                (hook, VISIBLE_RATIO, SPLIT_STEPS, SPLIT_CAP_MB)],
+                          2, VISIBLE_SEED)
         except (Fail, NotDone) as exc:
             cached = exc
         with contextlib.suppress(TypeError):
@@ -340,6 +397,14 @@ def _exact(out, ranks: int) -> str:
             if np.allclose(ga, gb * ranks, rtol=1e-4, atol=1e-6):
                 raise Fail(f"rank {r}'s gradient is {ranks}x DDP's: divide the summed values "
                            "by the world size (DDP's hook contract is the average)")
+            big = np.abs(gb) > 1e-6 * max(1.0, float(np.abs(gb).max()))
+            if big.any():
+                scale = float(np.median(ga[big] / gb[big]))
+                if (abs(scale - 1) > 1e-3 and np.allclose(ga, gb * scale, rtol=1e-4, atol=1e-6)):
+                    raise Fail(f"rank {r}'s gradient is {scale:.4g}x DDP's on {ranks} ranks: "
+                               "the values are added right, but divided by "
+                               f"{ranks / scale:.4g} instead of the world size, {ranks}: use "
+                               "dist.get_world_size(), not a constant")
             if not np.allclose(ga, gb, rtol=1e-4, atol=1e-6):
                 raise Fail(f"at ratio 1 (every entry sent) rank {r}'s gradients differ from "
                            "plain DDP's by up to "
@@ -352,14 +417,20 @@ HOOK = LAB.exercise(
     "topk_hook", needs=("topk_hook", "topk_compress"),
     title="The DDP hook: all-gather k (index, value) pairs, add them up",
     hints=(
-        "buf = bucket.buffer(); residual = state.residuals.get(bucket.index(), "
+        "The idea: DDP hands the hook one bucket (a flat tensor of gradients) and expects "
+        "back a Future of what every rank should use: the average over ranks. Compress the "
+        "bucket with topk_compress, using the residual of THIS bucket (state.residuals, keyed "
+        "by bucket.index(): a model can have several buckets), and let every rank see every "
+        "rank's (indices, values).",
+        "Every rank sends the same k, so dist.all_gather works, once for the indices and once "
+        "for the values. Add each rank's values at its indices into zeros shaped like the "
+        "bucket (index_add_), divide by the world size. Store a residual of your own: "
+        "bucket.buffer() is refilled by DDP at the next step.",
+        "A sketch: buf = bucket.buffer(); residual = state.residuals.get(bucket.index(), "
         "torch.zeros_like(buf)); idx, vals, state.residuals[bucket.index()] = "
-        "topk_compress(buf, residual, state.ratio).",
-        "Every rank sends the same k, so dist.all_gather(list_of_k_tensors, idx) works; do it "
-        "for the indices and for the values. Then out = torch.zeros_like(buf); "
-        "out.index_add_(0, each_idx, each_vals) for every rank; out /= world size.",
-        "A hook returns a Future: fut = torch.futures.Future(); fut.set_result(out); "
-        "return fut.",
+        "topk_compress(buf, residual, state.ratio); all_gather idx and vals into lists; out = "
+        "torch.zeros_like(buf); out.index_add_(0, i, v) for each pair; fut = "
+        "torch.futures.Future(); fut.set_result(out / world); return fut.",
     ))
 
 
@@ -387,16 +458,21 @@ def _hook_bytes(ctx):
 
 @HOOK.check("error feedback kept in state.residuals from step to step", points=2)
 def _hook_feedback(ctx):
-    r0 = _visible(ctx)[0][2]
+    r0, split = _visible(ctx)[0][2], _visible(ctx)[0][4]
     if r0["feedback"]:
         raise Fail(r0["feedback"][0])
+    if split["feedback"]:
+        raise Fail(f"with the model split over two buckets: {split['feedback'][0]}")
+    if split["buckets"] is not None and split["buckets"] < 2:
+        raise RuntimeError(f"the split run saw {split['buckets']} bucket(s), not 2: the "
+                           "check's bucket cap no longer splits the model")
     return (f"{STEPS} steps at ratio {VISIBLE_RATIO:g}: each residual was the previous one plus "
             "the bucket, minus exactly what was sent")
 
 
 @HOOK.check("converges within a bound of uncompressed DDP (ratio 5%, 60 steps)", points=2)
 def _hook_converges(ctx):
-    comp, base = (r["losses"] for r in _visible(ctx)[0][2:])
+    comp, base = (r["losses"] for r in _visible(ctx)[0][2:4])
     bound = CONVERGENCE_BOUND * base[-1] + 0.02 * base[0]
     if not comp[-1] <= bound:
         raise Fail(f"after {STEPS} steps the compressed loss is {comp[-1]:.4f}, uncompressed "

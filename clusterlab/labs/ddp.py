@@ -346,6 +346,12 @@ def diagnose(results: list[dict], cfg: dict, kind: str) -> str:
         raise Fail(f"rank {rank['rank']}: {_names(wrong)} equal the baseline trained with "
                    f"{world}x the learning rate: those gradients were summed over the ranks, "
                    f"not averaged - divide each reduced gradient by the world size ({world}).")
+    halved = baseline(cfg, world, lr_scale=1 / world)
+    if all(_close(rank["params"][n], halved[n]) for n in wrong):
+        raise Fail(f"rank {rank['rank']}: {_names(wrong)} equal the baseline trained with "
+                   f"1/{world} of the learning rate: those gradients were divided by the "
+                   f"world size twice (in the hook and again in finish(), say) - divide each "
+                   "reduced gradient once.")
     # A gradient that was never all-reduced leaves the ranks with different values (each
     # stepped on its own shard's gradient); a reduced one is bitwise equal on every rank.
     split = [n for n in trainable if any(not _close(r["params"][n], results[0]["params"][n])
@@ -357,7 +363,12 @@ def diagnose(results: list[dict], cfg: dict, kind: str) -> str:
             "for a tied weight it is not).")
     if split:
         why = {"naive": "all-reduce every trainable parameter's .grad after backward.",
-               "hooks": "each hook must all-reduce p.grad once it is accumulated.",
+               "hooks": "each hook must all-reduce p.grad once it is accumulated, and "
+                        "finish() must wait() for each work BEFORE dividing that gradient (a "
+                        "division while its all-reduce still runs races with it, and the "
+                        "ranks drift apart; a list of pending works that is never cleared "
+                        "does that too: the earlier steps' entries divide the new gradients "
+                        "before their all-reduces are done).",
                "buckets": "is the last, partial bucket ever all-reduced? finish() must flush "
                           "it, and each bucket's result must be copied back into p.grad."}[kind]
         local = baseline(cfg, world, only_rank=results[0]["rank"])
@@ -368,9 +379,17 @@ def diagnose(results: list[dict], cfg: dict, kind: str) -> str:
                        f"{why}")
         raise Fail(f"{_names(split)} never synchronized: the ranks ended with different "
                    f"values - {why}" + (tied if TIED in split and kind == "hooks" else ""))
-    if TIED in wrong:
+    if wrong == [TIED]:
         raise Fail(f"rank {rank['rank']}: the tied weight is wrong (relative error "
                    f"{_rel(rank['params'][TIED], ref[TIED]):.1e}).{tied}")
+    if len(wrong) == len(trainable):
+        raise Fail(f"rank {rank['rank']}: every trainable parameter differs from one process "
+                   f"trained on the global batch (largest relative error "
+                   f"{max(_rel(rank['params'][n], ref[n]) for n in wrong):.1e}), yet the ranks "
+                   "agree with each other: the all-reduces happened, the scale is off. Divide "
+                   "each reduced gradient by the world size exactly once per step (a list of "
+                   "pending works that is never cleared divides earlier steps' gradients "
+                   "again; a division in the hook and another in finish() divides twice).")
     raise Fail(f"rank {rank['rank']}: {_names(wrong)} differ from one process trained on the "
                f"global batch (largest relative error "
                f"{max(_rel(rank['params'][n], ref[n]) for n in wrong):.1e}).")
@@ -423,7 +442,10 @@ def _steps_calls(results: list[dict], step: int) -> list[list[dict]]:
 NAIVE = LAB.exercise(
     "ddp_naive", needs=("allreduce_gradients",),
     title="Naive: after backward, one blocking all-reduce per gradient, then divide",
-    hints=("Loop over model.parameters(); skip p with p.grad None (the frozen layer).",
+    hints=("The idea: after backward each rank holds the gradient of its own shard; the global "
+           "batch's gradient is the mean of those. Make every trainable .grad that mean, in "
+           "place, once per parameter (a tied weight is one parameter).",
+           "Loop over model.parameters(); skip p with p.grad None (the frozen layer).",
            "dist.all_reduce(p.grad) sums in place on every rank; then "
            "p.grad.div_(dist.get_world_size()) makes it the mean.",
            "A tied weight is one Parameter: model.parameters() yields it once, so it is "
@@ -473,7 +495,10 @@ HOOKS_NIC = "delay 1ms"  # slow enough that a blocking hook, or a missing wait()
 HOOKS = LAB.exercise(
     "ddp_hooks", needs=("HookDDP",),
     title="Hooks: each gradient's async all-reduce starts as soon as it is final",
-    hints=("In __init__: for p in model.parameters(): if p.requires_grad: "
+    hints=("The idea: a gradient can travel as soon as it is final, while backward still "
+           "computes the others. Start its all-reduce at that moment without waiting, and wait "
+           "for all of them only in finish(), before dividing.",
+           "In __init__: for p in model.parameters(): if p.requires_grad: "
            "p.register_post_accumulate_grad_hook(self._hook).",
            "The hook receives the parameter; p.grad is final there (a tied weight's hook runs "
            "once, after both uses). Launch work = dist.all_reduce(p.grad, async_op=True) and "
@@ -550,7 +575,10 @@ def _hooks_hidden(ctx):
 BUCKETS = LAB.exercise(
     "ddp_buckets", needs=("BucketDDP",),
     title="Buckets: one async all-reduce per ~B bytes of gradients",
-    hints=("In __init__, walk reversed(list(model.parameters())), skip frozen ones, and cut "
+    hints=("The idea: one message per parameter pays the latency once per parameter. Group the "
+           "gradients, in the order they become ready, into buckets of about bucket_bytes, and "
+           "send a bucket as soon as its last gradient is in.",
+           "In __init__, walk reversed(list(model.parameters())), skip frozen ones, and cut "
            "the list into buckets: add a parameter, and close the bucket once it holds >= "
            "bucket_bytes (p.numel() * p.element_size()).",
            "Keep, per bucket, how many of its gradients are still missing this step; each "
@@ -609,16 +637,6 @@ def _buckets_hidden(ctx):
 # --- step 4: the timeline, and the overlap measured against it ---------------------------------
 
 
-def reference_fifo(ready_s, comm_s) -> list[tuple[float, float]]:
-    """A FIFO stream: message i starts when it is ready AND message i-1 has completed."""
-    out, free = [], -np.inf
-    for ready, comm in zip(ready_s, comm_s):
-        start = max(float(ready), free)
-        free = start + float(comm)
-        out.append((start, free))
-    return out
-
-
 def comm_time(world: int, nbytes: float, nic: str) -> float:
     """alpha-beta ring all-reduce of nbytes on this NIC (alpha = its delay, beta its rate)."""
     spec = Netem.parse(nic)
@@ -646,13 +664,14 @@ def messages(results: list[dict], cfg: dict, kind: str) -> tuple[list[float], li
     return [m[0] for m in msgs], [m[1] for m in msgs]
 
 
-def predict_saving(naive: list[dict], cfg: dict, kind: str, nic: str, fifo=reference_fifo
-                   ) -> dict:
+def predict_saving(naive: list[dict], cfg: dict, kind: str, nic: str, fifo=None) -> dict:
     """The timeline's prediction of what `kind` saves per step over naive. From the naive
     run: its measured exchange after backward (what overlap can save) and each gradient's
     measured ready time (the backward compute per layer); each message of `kind` costs its
     alpha-beta all-reduce on a FIFO stream, and what of it ends after backward is exposed:
-    saving = naive exchange - exposed."""
+    saving = naive exchange - exposed. `fifo`: a fifo_timeline (None: the checks' own)."""
+    if fifo is None:
+        from ._answers import reference_fifo as fifo
     world = len(naive)
     backward = _typical(naive, lambda s: s["t"][2] - s["t"][1])
     serial = _typical(naive, lambda s: s["t"][3] - s["t"][2])
@@ -669,7 +688,7 @@ def predict_saving(naive: list[dict], cfg: dict, kind: str, nic: str, fifo=refer
 
 
 def overlap_experiment(run, cl, learners: dict, cfg: dict = TIMED, nic: str = TIMED_NIC,
-                       fifo=reference_fifo) -> dict:
+                       fifo=None) -> dict:
     """Naive, hooks and buckets on one open cluster `cl` (run = cl.run or ctx.run): measured
     steps and, for hooks and buckets, the measured saving next to the predicted one."""
     runs = {kind: run(cl, train_on_rank, cfg, kind, fn) for kind, fn in learners.items()}
@@ -699,6 +718,8 @@ CASES = (([0.0, 1.0, 2.0], [3.0, 1.0, 1.0]),   # a queue builds up
 
 
 def _fifo_verdict(fn, ready, comm) -> None:
+    from ._answers import reference_fifo
+
     want = reference_fifo(ready, comm)
     got = fn(list(ready), list(comm))
     try:
@@ -708,7 +729,12 @@ def _fifo_verdict(fn, ready, comm) -> None:
                    "per message") from None
     if len(got) == len(want) and np.allclose(got, want):
         return
-    case = f"for ready_s={list(ready)}, comm_s={list(comm)} you returned {got}, expected {want}"
+    def shown(pairs) -> str:  # 6 digits, not floats' 17-digit reprs
+        return "[" + ", ".join(f"({a:.6g}, {b:.6g})" for a, b in pairs) + "]"
+
+    case = (f"for ready_s={[float(f'{v:.6g}') for v in ready]}, comm_s="
+            f"{[float(f'{v:.6g}') for v in comm]} you returned {shown(got)}, expected "
+            f"{shown(want)}")
     if len(got) == len(want):
         parallel = [(r, r + c) for r, c in zip(ready, comm)]
         if np.allclose(got, parallel):

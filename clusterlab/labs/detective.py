@@ -95,6 +95,9 @@ class Case:
     step: int = 0
     size: float = 0.0  # the fault's size: gradient scale k, learning-rate factor, flipped bit
     index: int = 0  # which weight a bit flip hits (among those with |w| >= 0.1)
+    # A learner's own case (case_for): answer() refuses it, and the check solves a second
+    # case with the learner's diagnose, so that reading this object earns nothing.
+    sealed: bool = dataclasses.field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.fault not in ("healthy", *FAULTS):
@@ -282,7 +285,14 @@ def learner_seed() -> int:
 def case_for(seed: int) -> Case:
     """The sealed case file of `seed`: one of the FAULTS, on 4 ranks."""
     rng = np.random.default_rng([int(seed), 8])
-    return draw(rng, str(rng.choice(FAULTS)), world=4)
+    return dataclasses.replace(draw(rng, str(rng.choice(FAULTS)), world=4), sealed=True)
+
+
+def _second_case(seed: int, grader_seed: int) -> Case:
+    """Another fault than case_for(seed)'s, drawn from both seeds: the check's own case."""
+    own = case_for(seed).fault
+    rng = np.random.default_rng([int(seed), int(grader_seed), 9])
+    return draw(rng, str(rng.choice([f for f in FAULTS if f != own])), world=4)
 
 
 def lineup(seed: int = 0) -> dict[str, Case]:
@@ -305,7 +315,11 @@ def healthy_cases() -> list[Case]:
 
 
 def answer(case: Case) -> dict:
-    """The truth of a case: {"fault", "rank", "step"} (None, None for a healthy run)."""
+    """The truth of a line-up case: {"fault", "rank", "step"} (None, None for a healthy run).
+    Your own case is sealed: check("detective_case") says whether you solved it."""
+    if case.sealed:
+        raise ValueError("this case is sealed: diagnose it from its observations, and "
+                         'check("detective_case") tells you whether you are right')
     if case.fault == "healthy":
         return {"fault": "healthy", "rank": None, "step": None}
     return {"fault": case.fault, "rank": case.rank, "step": case.step}
@@ -571,10 +585,30 @@ def _replicas_quiet(ctx):
     return _grade(ctx, ctx.learner("replica_detector"), cases, obs, "replica_detector")
 
 
+def _nan_replica(ctx, fn, name: str) -> None:
+    """A healthy run in which one rank's parameters hold a NaN at one step (and only there):
+    the detector must name that rank at that step. |NaN - x| is NaN, and NaN > tol is False,
+    so a detector without a NaN guard stays silent."""
+    (_,), (obs,) = _lineup_obs(("healthy",))
+    r, t = 2, 7
+    o = _copy(obs)
+    o["params"][t, r, 3] = np.nan
+    got = _alarm(ctx, fn, o, name)
+    if got != (r, t):
+        raise Fail(f"given a healthy run where one of rank {r}'s parameters is NaN at step {t}, "
+                   f"{name} returned {got}, not ({r}, {t})"
+                   + (": a NaN difference fails every comparison (NaN > tol is False, and "
+                      "max() of an array holding a NaN is NaN); count a non-finite difference "
+                      "as a difference" if got is None else ""))
+
+
 @REPLICAS.check("catches the faults that move a replica, at the first bad step", points=2)
 def _replicas_catch(ctx):
+    fn = ctx.learner("replica_detector")
     cases, obs = _lineup_obs(PARAM_FAULTS + ("bit_flip, exponent",))
-    return _grade(ctx, ctx.learner("replica_detector"), cases, obs, "replica_detector")
+    detail = _grade(ctx, fn, cases, obs, "replica_detector")
+    _nan_replica(ctx, fn, "replica_detector")
+    return detail + "; and a NaN in one rank's parameters"
 
 
 @REPLICAS.check("the same on hidden runs (3 ranks, other seeds)", points=2, hidden=True)
@@ -681,7 +715,16 @@ def _case_mine(ctx):
         raise Fail(f"MY_SEED must be an integer (your case's seed), got {seed!r}")
     case = case_for(int(seed))
     _diagnose_all(ctx, [case], [observe(case)], reveal=False)
-    return f"case {seed} closed: fault, rank and first bad step are right"
+    # A diagnose that reads the answer off `case` (a closure) solves this case and no other:
+    # it must also solve a second case, of another fault, drawn from your seed
+    other = _second_case(int(seed), ctx.grader_seed)
+    try:
+        _diagnose_all(ctx, [other], [observe(other)], reveal=False)
+    except Fail as exc:
+        raise Fail(f"your case is solved, but a second case drawn from your seed is not "
+                   f"({exc}): diagnose must work from the observations it is given") from None
+    return (f"case {seed} closed: fault, rank and first bad step are right (and on a second "
+            "case drawn from it)")
 
 
 @CASE.check("solves 14 hidden cases, every kind on 3 and 4 ranks", points=3, hidden=True)

@@ -71,6 +71,7 @@ class _Clock:
         self.peak = 0
         self.forwards = 0
         self.backwards = 0
+        self.backward_spans: list[tuple[float, float]] = []  # (start, end), time.monotonic()
 
 
 def _timed(stage, rec: _Clock, unit: float):
@@ -93,6 +94,7 @@ def _timed(stage, rec: _Clock, unit: float):
             t = time.monotonic()
             time.sleep(2 * unit)
             rec.busy += time.monotonic() - t
+            rec.backward_spans.append((t, time.monotonic()))
             rec.backwards += 1
             rec.held -= 1
             return grad
@@ -151,7 +153,8 @@ def _on_rank(fn, name: str, m: int, seed: int, unit: float) -> dict:
             raise Fail(f"{name} returned {type(loss).__name__} on the last rank: return the "
                        "mean of the m micro-batch losses as a float")
     return {"loss": loss, "grads": grads, "start": start, "end": end, "busy": rec.busy,
-            "peak": rec.peak, "forwards": rec.forwards, "backwards": rec.backwards}
+            "peak": rec.peak, "forwards": rec.forwards, "backwards": rec.backwards,
+            "backward_spans": rec.backward_spans}
 
 
 # --- what the checks compare with -----------------------------------------------------------------
@@ -222,7 +225,17 @@ def _summary(out: list[dict], p: int, m: int) -> dict:
     step = max(r["end"] for r in out) - min(r["start"] for r in out)
     busy = float(np.mean([r["busy"] for r in out]))
     return {"step": step, "bubble": 1 - busy / step, "predicted": predicted_bubble(p, m),
-            "peak": [r["peak"] for r in out]}
+            "peak": [r["peak"] for r in out],
+            "backward_spans": [r.get("backward_spans", []) for r in out]}
+
+
+def _backed_up_at_once(got: dict) -> bool:
+    """Did the next-to-last stage start its backwards only after the last stage had run ALL
+    of its own (one backward of the summed losses, or every gradient sent at the end)?"""
+    spans = got["backward_spans"]
+    if len(spans) < 2 or not spans[-1] or not spans[-2] or len(spans[-1]) < 2:
+        return False
+    return spans[-2][0][0] >= spans[-1][-1][1] - 1e-3
 
 
 def _each_on_rank(fn, name: str, ms: list[int], seed: int, unit: float) -> list[dict]:
@@ -256,6 +269,10 @@ def _hidden_case(ctx) -> tuple[int, int, int]:
 GPIPE = LAB.exercise(
     "gpipe", needs=("gpipe",), title="GPipe: all forwards, then all backwards",
     hints=(
+        "The idea: a stage can only work on what it was sent. Forward: receive an activation "
+        "from the previous stage, compute, send it on, keep what backward needs. Backward, in "
+        "the same order: receive the gradient of your output, backpropagate, send the gradient "
+        "of your input back.",
         "Forward, for each micro-batch i: rank 0 takes inputs[i]; the others recv into "
         "torch.empty_like(inputs[i]) from rank - 1 and call .requires_grad_() on it. Compute "
         "y = stage(x); keep (x, y); send y.detach() to rank + 1 unless you are the last rank.",
@@ -277,6 +294,13 @@ def _gpipe_equal(ctx):
 def _gpipe_bubble(ctx):
     got = _timing(ctx, "gpipe", 4, 4)
     if abs(got["bubble"] - got["predicted"]) > BUBBLE_TOLERANCE:
+        if _backed_up_at_once(got):
+            raise Fail(f"measured bubble {got['bubble']:.2f}, GPipe's (p-1)/(m+p-1) is "
+                       f"{got['predicted']:.2f}: the stage before the last started its first "
+                       "backward only after the last stage had run all of its backwards, so "
+                       "no gradient left the last stage until its whole backward phase was "
+                       "over. Backpropagate each micro-batch's loss on its own and send its "
+                       "gradient right away (not one backward of the summed losses)")
         raise Fail(f"measured bubble {got['bubble']:.2f}, GPipe's (p-1)/(m+p-1) is "
                    f"{got['predicted']:.2f}: a stage should start micro-batch i+1 as soon as "
                    "it has sent micro-batch i (do not wait for the whole pipeline between "
@@ -317,19 +341,85 @@ def _1f1b_equal(ctx):
 def _1f1b_memory(ctx):
     p, m = 4, 8
     got = _timing(ctx, "one_f_one_b", p, m)
-    if got["peak"][0] > p:
-        raise Fail(f"stage 0 held the activations of {got['peak'][0]} micro-batches at once "
-                   f"(1F1B holds at most p = {p}; GPipe holds all m = {m}): start the "
-                   "one-forward-one-backward phase after p - 1 - rank forwards")
+    # 1F1B: stage r runs p - 1 - r forwards, then one more before its first backward, so it
+    # holds p - r micro-batches at most (stage 0: p; the last stage: 1).
+    want = [min(p - r, m) for r in range(p)]
+    over = [r for r in range(p) if got["peak"][r] > want[r]]
+    if over:
+        r = over[0]
+        raise Fail(f"stage {r} held the activations of {got['peak'][r]} micro-batches at once; "
+                   f"1F1B's stage r holds at most p - r = {want[r]} (GPipe holds all m = {m}): "
+                   f"stage {r}'s warm-up is p - 1 - r = {p - 1 - r} forwards, then one "
+                   "forward and one backward in turn")
     if abs(got["bubble"] - got["predicted"]) > BUBBLE_TOLERANCE:
+        under = [r for r in range(p) if got["peak"][r] < want[r]]
+        if under:
+            r = under[0]
+            raise Fail(f"measured bubble {got['bubble']:.2f}, (p-1)/(m+p-1) is "
+                       f"{got['predicted']:.2f}; stage {r} never held more than "
+                       f"{got['peak'][r]} micro-batches where 1F1B holds p - r = {want[r]}: "
+                       f"its warm-up is too short (p - 1 - r = {p - 1 - r} forwards before "
+                       "the first backward), so the stages after it wait for forwards")
         raise Fail(f"measured bubble {got['bubble']:.2f}, (p-1)/(m+p-1) is "
-                   f"{got['predicted']:.2f}: does a stage wait for something it does not need "
-                   "(e.g. its own sends, before the next compute)?")
-    return (f"stage 0 held at most {got['peak'][0]} micro-batches; bubble "
-            f"{got['bubble']:.2f} measured, {got['predicted']:.2f} predicted")
+                   f"{got['predicted']:.2f}, and every stage's warm-up is right: does a stage "
+                   "wait for something it does not need (e.g. its own sends, before the next "
+                   "compute)?")
+    return (f"stage 0 held at most {got['peak'][0]} micro-batches, and no stage more than 1F1B "
+            f"allows; bubble {got['bubble']:.2f} measured, {got['predicted']:.2f} predicted")
 
 
 @ONE_F_ONE_B.check("hidden: 3-4 stages, 2-8 micro-batches, other weights", points=2,
                    hidden=True)
 def _1f1b_hidden(ctx):
     return _equal(ctx, "one_f_one_b", *_hidden_case(ctx))
+
+
+# --- predict first: the activations each stage holds ------------------------------------------
+
+PREDICT = LAB.exercise(
+    "pipeline_predict",
+    needs=("PREDICTED_PEAKS_GPIPE", "PREDICTED_PEAKS_1F1B", "gpipe", "one_f_one_b"),
+    title="Predict, then measure: the activations each stage holds (4 stages, 8 micro-batches)",
+    hints=(
+        "A stage holds a micro-batch's activations from its forward until its backward. "
+        "Count, stage by stage, how many forwards it has run when its first backward starts.",
+        "GPipe runs every forward before any backward. In 1F1B, stage r's warm-up is "
+        "min(p - 1 - r, m) forwards, and the steady phase runs one more forward before each "
+        "backward.",
+    ))
+
+
+def _peaks_answer(ctx, name: str, p: int) -> list[int]:
+    value = ctx.learner(name)
+    try:
+        out = [int(v) for v in value]
+        if len(out) != p or any(int(v) != v for v in value):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise Fail(f"{name} should be a list of {p} whole numbers, one per stage (0..{p - 1}), "
+                   f"got {value!r}") from None
+    return out
+
+
+@PREDICT.check("your predictions of each stage's peak activations match the measurement",
+               points=2)
+def _predict_peaks(ctx):
+    p, m = 4, 8
+    predicted = {"GPipe": _peaks_answer(ctx, "PREDICTED_PEAKS_GPIPE", p),
+                 "1F1B": _peaks_answer(ctx, "PREDICTED_PEAKS_1F1B", p)}
+    rule = {"GPipe": [m] * p, "1F1B": [min(p - r, m) for r in range(p)]}
+    measured = {}
+    for what, name in (("GPipe", "gpipe"), ("1F1B", "one_f_one_b")):
+        measured[what] = [r["peak"] for r in _run(ctx, name, p, m, 0)]
+        if measured[what] != rule[what]:
+            raise Fail(f"your {name} held {measured[what]} micro-batches per stage, which is not "
+                       f"the {what} schedule of this lab: make check(\"{name}\") pass first, "
+                       "then compare your prediction with its measurement")
+    wrong = [f"{what}: you predicted {predicted[what]}, the measurement gives {measured[what]}"
+             for what in ("GPipe", "1F1B") if predicted[what] != measured[what]]
+    if wrong:
+        raise Fail("; ".join(wrong) + ". Where did the count go wrong? A stage holds a "
+                   "micro-batch from its forward until its backward: count the forwards each "
+                   "stage has run when its first backward starts")
+    return (f"predicted and measured: GPipe {measured['GPipe']}, 1F1B {measured['1F1B']} "
+            "(stages 0..3)")

@@ -210,9 +210,11 @@ def _stall_sentence(st: np.ndarray, seq: np.ndarray, updates: int, stall: float)
                      "update of the version itself), which can leave it odd for good, and "
                      "every reader then retries forever. Write under p.lock.")
     elif int(seq[0]) % 2:
-        parts.append(f"Nobody waits for p.lock, and p.seq[0] = {int(seq[0])} is odd: a writer "
-                     "made the version odd and never even again, so every reader retries "
-                     "forever. Add 1 before the write AND 1 after it.")
+        parts.append(f"Nobody waits for p.lock, and p.seq[0] = {int(seq[0])} is odd: the "
+                     "version was made odd and never even again, so every reader retries "
+                     "forever. Either a writer adds 1 before the write but not after it, or "
+                     "a bump happens outside p.lock, where two writers' bumps can collide and "
+                     "one is lost: both bumps go inside the same `with p.lock:` as the write.")
     else:
         parts.append("Nobody waits for p.lock: does your update loop forever (a retry loop "
                      "whose exit condition never holds)?")
@@ -414,11 +416,22 @@ class _Watched(np.ndarray):
         np.ndarray.__setitem__(self, key, value)
 
 
+class _WatchedSeq(np.ndarray):
+    """p.seq in the probe: each write (p.seq[0] += 1) tells `hook` whether p.lock was held."""
+
+    def __setitem__(self, key, value):
+        hook = self.__dict__.get("hook")
+        if hook:
+            hook.seq_writes.append(hook.p.lock.held)
+        np.ndarray.__setitem__(self, key, value)
+
+
 class _Hook:
     def __init__(self, p: Shared) -> None:
         self.p = p
         self.reads: list[bool] = []  # lock held at each read of p.x[...]
         self.writes: list[tuple[int, bool]] = []  # (p.seq[0], lock held) at each write
+        self.seq_writes: list[bool] = []  # lock held at each write of p.seq
         self.trap = None  # (idx, new values): a writer that completes during the next read
         self.sprung = None
 
@@ -439,7 +452,7 @@ class _Hook:
                 torn[:half] = new[idx][:half]
             base = self.p.x.view(np.ndarray)
             base[:] = new
-            self.p.seq[0] += 2
+            self.p.seq.view(np.ndarray)[0] += 2  # the staged writer's bumps, not the learner's
             self.sprung = torn
             return torn
         return out
@@ -461,6 +474,8 @@ def _probe_body(w, update, mode, p, st, plan, traps):
     p.lock._bind(w)
     hook = _Hook(p)
     p.x.hook = hook
+    if isinstance(p.seq, _WatchedSeq):
+        p.seq.hook = hook
     base = p.x.view(np.ndarray)
     out = {"updates": [], "odd_phase": None, "trap": None}
 
@@ -473,7 +488,7 @@ def _probe_body(w, update, mode, p, st, plan, traps):
             seqs.append(int(p.seq[0]))
             return inner(xv)
 
-        hook.reads, hook.writes = [], []
+        hook.reads, hook.writes, hook.seq_writes = [], [], []
         before, seq0 = base.copy(), int(p.seq[0])
         acq0, rel0, locked0 = (int(st[w, c]) for c in (ACQ, REL, LOCKED_STEPS))
         update(p, idx, step)
@@ -484,6 +499,7 @@ def _probe_body(w, update, mode, p, st, plan, traps):
                 "released": int(st[w, REL]) - rel0,
                 "locked_steps": int(st[w, LOCKED_STEPS]) - locked0,
                 "reads": list(hook.reads), "writes": list(hook.writes),
+                "seq_writes": list(hook.seq_writes),
                 "held_after": p.lock.held}
 
     for idx, r in plan:
@@ -523,7 +539,7 @@ def probe(update, mode: str, *, seed: int = 0, timeout: float = 20.0,
     seq = _shared(1, torch.int64)
     st = _shared((2, _COLS), torch.int64)
     st[-1, HOLDER] = -1
-    p = Shared(x.view(_Watched), seq, SharedLock(ctx.Lock(), st))
+    p = Shared(x.view(_Watched), seq.view(_WatchedSeq), SharedLock(ctx.Lock(), st))
 
     def subset():
         k = int(rng.integers(3, PROBE_DIM - 2))
@@ -570,47 +586,8 @@ def probe(update, mode: str, *, seed: int = 0, timeout: float = 20.0,
     return out
 
 
-# --- reference answers (used to calibrate the checks, and by the tests) -----------------------
-
-
-def reference_hogwild(p, idx, step):
-    """Step 1: read, step, write back, with no lock (a read-modify-write that races)."""
-    xv = p.x[idx]
-    p.x[idx] = xv + step(xv)
-
-
-def reference_locked(p, idx, step):
-    """Step 2: the same read-modify-write inside one critical section."""
-    with p.lock:
-        xv = p.x[idx]
-        p.x[idx] = xv + step(xv)
-
-
-def reference_seqlock(p, idx, step):
-    """Step 3: read without a lock, retried until no write overlapped it; then add the
-    step to the current values under a short lock, the version odd while writing."""
-    while True:
-        v = p.seq[0]
-        if v % 2 == 0:  # no write in progress
-            xv = p.x[idx]
-            if p.seq[0] == v:  # and none started or finished while we copied
-                break
-        os.sched_yield()  # let the writer we wait for run (more workers than cores)
-    d = step(xv)  # the long part, outside any lock
-    with p.lock:
-        p.seq[0] += 1
-        p.x[idx] += d
-        p.seq[0] += 1
-
-
-def reference_price(run_safe, run_unsafe, repeats=5):
-    """Step 4: interleaved pairs, one ratio per pair, the median and every sample."""
-    samples = []
-    for _ in range(repeats):
-        unsafe = run_unsafe()
-        safe = run_safe()
-        samples.append(safe / unsafe)
-    return {"ratio": float(np.median(samples)), "samples": samples}
+# The reference answers (they calibrate the checks, and the tests use them) live in
+# `_answers.py`, out of this module: the lab notebook imports this one as `lab`.
 
 
 # --- turning runs into the checks' sentences -------------------------------------------------
@@ -660,6 +637,20 @@ def _values(a: np.ndarray) -> str:
         ", ...]" if np.asarray(a).size > 5 else "]")
 
 
+def _first_diff(got: np.ndarray, want: np.ndarray) -> str:
+    """'3 of 9 values differ; the first at position 5: 138, expected 171' (the values that
+    differ, not the first five, which may all agree)."""
+    got, want = np.asarray(got, dtype=float).ravel(), np.asarray(want, dtype=float).ravel()
+    if got.shape != want.shape:
+        return f"{got.size} values where {want.size} were expected"
+    bad = np.flatnonzero(~np.isclose(got, want, rtol=0, atol=1e-9))
+    if not bad.size:
+        return "the same values"
+    i = int(bad[0])
+    return (f"{bad.size} of {got.size} values differ; the first at position {i}: "
+            f"{got[i]:g}, expected {want[i]:g}")
+
+
 def _verdict_one(u: dict, mode: str, name: str) -> None:
     """One update, alone: it must add step(p.x[idx]) to p.x[idx], and (lock, seqlock)
     follow its protocol. Raises Fail with the first thing wrong."""
@@ -673,7 +664,9 @@ def _verdict_one(u: dict, mode: str, name: str) -> None:
                    "values it read (each call is one gradient computation)")
     xv = u["calls"][0]
     if xv.shape != idx.shape or not np.array_equal(xv, before[idx]):
-        raise Fail(f"{name} called step() with {_values(xv)} (shape {xv.shape}), not with the "
+        what = (_first_diff(xv, before[idx]) if np.shape(xv) == idx.shape else
+                f"{_values(xv)}, shape {np.shape(xv)}")
+        raise Fail(f"{name} called step() with other values ({what}) than the "
                    f"{len(idx)} values p.x[idx] = {_values(before[idx])} at the update's "
                    "coordinates")
     d = 0.5 * before[idx] + u["r"]  # what the probe's step returned
@@ -694,8 +687,8 @@ def _verdict_one(u: dict, mode: str, name: str) -> None:
                        "ADD (x[idx] = xv + step(xv))")
         if np.allclose(a, d):
             raise Fail(f"{name} stored the step itself: store the values read plus the step")
-        raise Fail(f"after {name}, p.x[idx] = {_values(a)}; it should be the values read plus "
-                   f"step(values) = {_values(expect[idx])}")
+        raise Fail(f"after {name}, p.x[idx] is not the values read plus step(values): "
+                   f"{_first_diff(a, expect[idx])}")
     if mode == "hogwild":
         return
     if u["held_after"] or u["acquired"] != u["released"]:
@@ -738,6 +731,12 @@ def _verdict_one(u: dict, mode: str, name: str) -> None:
         if not all(held for _, held in u["writes"]):
             raise Fail(f"{name} stored into p.x without holding p.lock: two writers can then "
                        "overwrite each other (the seqlock protects readers, not writers)")
+    if not all(u.get("seq_writes", ())):
+        outside = u["seq_writes"].count(False)
+        raise Fail(f"{name} changed p.seq[0] {outside} time(s) without holding p.lock: "
+                   "p.seq[0] += 1 is a read-modify-write too, and two writers bumping at once "
+                   "can lose a bump (the version then stays odd forever, or a reader misses a "
+                   "write). Both bumps belong inside the same `with p.lock:` as the write")
 
 
 def _verdict_probe(out: dict, mode: str, name: str) -> str:
@@ -753,8 +752,9 @@ def _verdict_probe(out: dict, mode: str, name: str) -> str:
                    "read mix two versions. While the version is odd, a reader must retry")
     if len(o["calls"]) == 1 and not np.array_equal(o["calls"][0], out["new_b"][o["idx"]]):
         raise Fail(f"{name} waited for a write in progress, then computed its step from "
-                   f"{_values(o['calls'][0])}, not from the values that write left, "
-                   f"{_values(out['new_b'][o['idx']])}: read p.x[idx] again after the wait")
+                   "values that are not the ones that write left ("
+                   f"{_first_diff(o['calls'][0], out['new_b'][o['idx']])}): read p.x[idx] "
+                   "again after the wait")
     _verdict_one({**o, "before": out["new_b"]}, "hogwild",
                  f"{name} (after waiting for a write in progress)")
     t = out["trap"]
@@ -791,6 +791,8 @@ def _calibration(**kw) -> dict:
     a race happens there, i.e. how surely a missing lock would show."""
     key = tuple(sorted(kw.items()))
     if key not in _CALIBRATION:
+        from ._answers import reference_hogwild
+
         _CALIBRATION[key] = _run(reference_hogwild, **kw)
     return _CALIBRATION[key]
 
@@ -830,7 +832,8 @@ def _verdict_safe(r: dict, ref: dict, mode: str, name: str, *, ratio: bool = Tru
                    f"retry while the version is odd, or if it changed during the copy.{odd}")
     if mode == "seqlock" and r["seq"] % 2:
         raise Fail(f"p.seq[0] = {r['seq']} is odd after every worker finished: each write "
-                   "must leave it even")
+                   "must leave it even. If every write adds 2, a bump was lost: a bump outside "
+                   "p.lock can collide with another writer's (both bumps go inside the lock)")
     torn = " and no torn read" if r["torn"] is not None else ""
     out = (f"0 of {r['expected']} increments lost{torn} in {r['workers']} x "
            f"{r['updates'] // r['workers']} {r['kind']} updates, where {race}")
@@ -854,7 +857,10 @@ VISIBLE = {"workers": 4, "updates": 1500}
 HOGWILD = LAB.exercise(
     "race_hogwild", needs=("hogwild_update",),
     title="Step 1: the naive lock-free update, and its lost updates counted",
-    hints=("Three lines: xv = p.x[idx]; d = step(xv); p.x[idx] = xv + d. No lock.",
+    hints=("The idea: an update is a read, a step computed from what was read, and a write of "
+           "read + step. With no lock, two workers can read the same values, and the later "
+           "write erases the earlier: that is the lost update you will count.",
+           "Three lines: xv = p.x[idx]; d = step(xv); p.x[idx] = xv + d. No lock.",
            "p.x[idx] with an index array returns a COPY: the result has to be stored back "
            "with p.x[idx] = ... for the other workers to see it.",
            "The check WANTS lost updates: if it finds none, your update is not the naive one "
@@ -946,7 +952,11 @@ def _lock_hidden(ctx):
 SEQLOCK = LAB.exercise(
     "race_seqlock", needs=("seqlock_update",),
     title="Step 3: a seqlock - readers retry, only the write is locked",
-    hints=("Reader: v = p.seq[0]; if v is odd, retry; xv = p.x[idx]; if p.seq[0] != v, "
+    hints=("The idea: a version number tells a reader whether a write overlapped its copy: odd "
+           "while a write is under way, and different afterwards. Readers retry instead of "
+           "locking; writers still exclude each other, and change the version only under the "
+           "lock.",
+           "Reader: v = p.seq[0]; if v is odd, retry; xv = p.x[idx]; if p.seq[0] != v, "
            "retry (call os.sched_yield() before each retry). Only then d = step(xv), "
            "outside any lock.",
            "Writer, under p.lock: p.seq[0] += 1 (odd), p.x[idx] += d (the CURRENT values plus "
@@ -987,7 +997,10 @@ def _seqlock_hidden(ctx):
 PRICE = LAB.exercise(
     "race_price", needs=("price",),
     title="Step 4: the price of safety, as a ratio with its samples",
-    hints=("Loop `repeats` times: call run_unsafe() and run_safe() one after the other, and "
+    hints=("The idea: the machine drifts between runs, so compare runs that ran close together:"
+           " pair each unsafe run with a safe one, take the ratio per pair, and report a "
+           "statistic that one stalled run cannot move.",
+           "Loop `repeats` times: call run_unsafe() and run_safe() one after the other, and "
            "keep safe / unsafe of that pair.",
            "Return {'ratio': the median of the pair ratios, 'samples': the list of them}.",
            "Why pairs: the machine drifts (other jobs, CPU frequency, caches), and a pair's "

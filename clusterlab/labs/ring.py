@@ -278,6 +278,12 @@ def _num(v) -> str:
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
+def _shown(v) -> str:
+    """What a learner's function returned: floats to 7 digits, anything else as its repr."""
+    v = v.item() if hasattr(v, "item") and getattr(v, "ndim", 1) == 0 else v
+    return f"{v:.7g}" if isinstance(v, float) else repr(v)
+
+
 def _explain(kind: str, p: int, n: int, op: str, ys: list[np.ndarray]) -> str | None:
     """What a wrong tagged result looks like, naming the rank and the chunk; None if right."""
     scale = p if op == "avg" else 1
@@ -345,6 +351,12 @@ def _explain(kind: str, p: int, n: int, op: str, ys: list[np.ndarray]) -> str | 
         b += 1
     text = (f"rank {bad}, {_span(first, b, p, n)}: holds {_ranks(c[first])} instead of the "
             f"sum of all {p} ranks")
+    if (kind == "ring" and n >= p and all((cr >= 1).all() for cr in coeffs)
+            and all(f.any() for f in full)):
+        return text + (" - every rank's input is in every element, some of them twice, and "
+                       "each rank holds one chunk exactly: the reduce-scatter is right, but "
+                       "the all-gather ADDS each received chunk to the one in place. In the "
+                       "all-gather, receive straight into the chunk (a copy, no addition)")
     if (c[first] > 1).any():
         return text + (" - an input counted twice: an off-by-one chunk index (in step s "
                        "of the reduce-scatter, add the incoming chunk to the one your left "
@@ -452,6 +464,15 @@ def _verify(ctx, name: str, kind: str, plan: list[tuple[int, int, str, str]],
                     why = (f"with float64 inputs the same call is right, with {case['dtype']} "
                            f"wrong: do your buffers take the tensor's dtype "
                            "(torch.empty_like(chunk), not torch.empty(k))?")
+            if case["op"] == "avg" and not any(
+                    k in why for k in ("the SUM, not the average", "divided by p^2")):
+                # Is only the division wrong? The same call with op='sum' tells.
+                summed = _run_cases(ctx, fn, name, kind, p,
+                                    [{"x": case["x"], "op": "sum"}])
+                if _compare(case["x"], [summed[r][0]["y"] for r in range(p)], "sum") is None:
+                    why = (f"with op='sum' the same call is right, so only the division is "
+                           f"wrong: divide the final sum by p = {p} once, at the end (not in "
+                           "every step, or per chunk sent)")
             msg = (f"{name}(op={case['op']!r}) on p = {p} ranks, n = {case['n']} "
                    f"{case['dtype']} elements: {problem}; {why}")
             remember_failure(fn, msg)
@@ -501,6 +522,33 @@ def _structure_ring(outs: list[dict], p: int, n: int, name: str) -> None:
                           "tensor" if ratio > 2 * (p - 1) / p else
                           ": that is the reduce-scatter's p-1 chunks only - the all-gather is "
                           "missing" if total <= (p - 1) * -(-n // p) else ""))
+
+
+def _structure_naive(outs: list[dict], p: int, n: int) -> None:
+    """Through rank 0: every other rank sends its n elements to rank 0 only and receives n
+    back from it; rank 0 receives p-1 tensors and sends one to each other rank."""
+    for r, o in enumerate(outs):
+        sends = [(q, k) for q, k in o["sends"] if k]
+        recvs = [(q, k) for q, k in o["recvs"] if k]
+        if r == 0:
+            to = sorted(q for q, _ in sends)
+            if to != list(range(1, p)) or any(k != n for _, k in sends):
+                raise Fail(f"rank 0 sent {len(sends)} messages to ranks {to} (elements "
+                           f"{[k for _, k in sends]}): the root sends the reduced tensor "
+                           f"({n} elements) once to each other rank, 1..{p - 1}")
+            if len(recvs) != p - 1 or any(k != n for _, k in recvs):
+                raise Fail(f"rank 0 received {len(recvs)} messages (elements "
+                           f"{[k for _, k in recvs]}): the root receives each other rank's "
+                           f"tensor once, {p - 1} of {n} elements")
+            continue
+        peers = sorted({q for q, _ in sends} | {q for q, _ in recvs if q is not None})
+        if peers != [0] or len(sends) != 1 or len(recvs) != 1:
+            raise Fail(f"rank {r} sent {len(sends)} message(s) to ranks "
+                       f"{sorted({q for q, _ in sends})} and received {len(recvs)}: in the "
+                       "naive all-reduce only the root (rank 0) adds; every other rank sends "
+                       "its tensor to rank 0 once and receives the sum from it once (an "
+                       "all-to-all where every rank adds up every tensor sends (p-1) x the "
+                       "data from every rank, and is not this step)")
 
 
 def _structure_rd(outs: list[dict], p: int, n: int) -> None:
@@ -639,6 +687,9 @@ NAIVE = LAB.exercise(
     "ring_naive", needs=("naive_allreduce",),
     title="Step 1, the naive all-reduce: everyone sends to rank 0, rank 0 sends back",
     hints=(
+        "The idea: one rank (rank 0) is the meeting point. Everyone else hands it their tensor "
+        "and waits; it adds them all and hands the sum back to each. Count the messages the "
+        "root receives and sends: that count is why this step is slow at scale.",
         "On rank 0: post one dist.irecv per other rank into its own buffer "
         "(torch.empty_like(tensor)), wait for all, add them into tensor; then dist.isend the "
         "result to every other rank and wait. On the others: send tensor to 0, then receive "
@@ -648,10 +699,15 @@ NAIVE = LAB.exercise(
     ))
 
 
-@NAIVE.check("sum and avg on 2 and 4 ranks, point-to-point only", points=2)
+@NAIVE.check("sum and avg on 2 and 4 ranks, through rank 0, point-to-point only", points=2)
 def _naive_small(ctx):
     plan = [(p, n, "float64", op) for p in (2, 4) for n, op in ((7, "sum"), (5, "avg"))]
-    return _verify(ctx, "naive_allreduce", "naive", plan)
+    detail = _verify(ctx, "naive_allreduce", "naive", plan)
+    fn = ctx.learner("naive_allreduce")
+    p, n = 4, 12
+    outs = _run_cases(ctx, fn, "naive_allreduce", "naive", p, [{"x": _tags(p, n), "op": "sum"}])
+    _structure_naive([o[0] for o in outs], p, n)
+    return detail + "; rank 0 received p-1 tensors and sent the sum back to each"
 
 
 @NAIVE.check("3 to 8 ranks, random float32/float64/int64 data", points=1, hidden=True)
@@ -666,6 +722,10 @@ RING = LAB.exercise(
     "ring_allreduce", needs=("ring_allreduce",),
     title="Step 2, the ring: reduce-scatter, then all-gather",
     hints=(
+        "The idea: two phases of p-1 steps, each rank talking only to its two neighbours. "
+        "First, chunks travel around the ring and are ADDED on the way, until each rank owns "
+        "one chunk that holds the full sum; then the owned chunks travel around once more and "
+        "are COPIED, until every rank holds every chunk.",
         "Cut the n elements into p chunks that cover everything even when p does not divide "
         "n: chunk i = tensor[n*i//p : n*(i+1)//p] (some may be empty when n < p).",
         "Reduce-scatter, steps s = 0..p-2: isend chunk (rank - s) % p to the right neighbour, "
@@ -750,7 +810,7 @@ def _ring_formula(ctx):
                      "it counts 2p steps, not 2(p-1)": 2 * p * (a + n / p * b)}
             why = next((w for w, v in wrong.items() if isinstance(got, (int, float))
                         and math.isclose(got, v, rel_tol=1e-6)), "")
-            raise Fail(f"ring_time_model({p}, {n:g}, {a:g}, {b:g}) = {got!r}, expected "
+            raise Fail(f"ring_time_model({p}, {n:g}, {a:g}, {b:g}) = {_shown(got)}, expected "
                        f"{want:.6g} s" + (f": {why}" if why else ""))
     return "equals models.ring_allreduce"
 
@@ -774,6 +834,9 @@ RD = LAB.exercise(
     "rd_allreduce", needs=("rd_allreduce",),
     title="Step 3, recursive doubling: lg p rounds, any p",
     hints=(
+        "The idea: in round k every rank swaps its whole tensor with a partner and adds, and "
+        "the partners double the span they cover each round, so lg p rounds reach everyone. The"
+        " partner relation must be symmetric; XOR with a power of two is.",
         "p a power of two: for step = 1, 2, 4, ... < p, swap the WHOLE tensor with partner = "
         "rank ^ step (isend + irecv into a buffer, wait both) and add the buffer.",
         "The partner must be symmetric: with rank + step, rank 1's partner would be 2 while "
@@ -840,6 +903,10 @@ CROSS = LAB.exercise(
                              "rd_allreduce"),
     title="Step 4, the crossover: where the ring overtakes recursive doubling",
     hints=(
+        "The idea: both costs are straight lines in the message size n: the ring pays more "
+        "latency (more steps), recursive doubling more bandwidth (whole tensors). The crossover"
+        " is where the lines meet; measured, it is where ring - rd turns from positive to "
+        "negative.",
         "Predicted: the ring costs 2(p-1) alpha + 2((p-1)/p) n beta, recursive doubling "
         "L (alpha + n beta) with L = lg p for p a power of two (models.recursive_doubling_"
         "allreduce has the fold for other p: L = lg q + 2). They are equal where "
@@ -849,15 +916,10 @@ CROSS = LAB.exercise(
     ))
 
 
-def crossover(p: int, alpha: float, beta: float) -> float:
-    """The message size (bytes) above which the ring beats recursive doubling in the
-    alpha-beta model (`clusterlab.models`); math.inf when it never does."""
-    lat_r, bw_r = models.ring_allreduce(p, 0, alpha, beta), models.ring_allreduce(p, 1, 0, beta)
-    lat_d = models.recursive_doubling_allreduce(p, 0, alpha, beta)
-    bw_d = models.recursive_doubling_allreduce(p, 1, 0, beta)
-    if bw_d <= bw_r:
-        return math.inf
-    return max(0.0, (lat_r - lat_d) / (bw_d - bw_r))
+def _crossover(p: int, alpha: float, beta: float) -> float:
+    from ._answers import crossover
+
+    return crossover(p, alpha, beta)
 
 
 @CROSS.check("predicted_crossover(p, alpha, beta) for p = 4, 8 and 2", points=1)
@@ -884,7 +946,7 @@ def _crossover_cases(ctx, cases) -> str:
     fn = ctx.learner("predicted_crossover")
     for p, a, b in cases:
         got = ctx.call(fn, p, a, b)
-        want = crossover(p, a, b)
+        want = _crossover(p, a, b)
         ok = (got is not None and isinstance(got, (int, float)) and
               (math.isinf(want) and math.isinf(got) or math.isclose(got, want, rel_tol=1e-6)))
         if ok:
@@ -901,7 +963,7 @@ def _crossover_cases(ctx, cases) -> str:
             why = (f": that is lg p rounds, but p = {p} is not a power of two - recursive "
                    "doubling then folds the extra ranks in and out, two more rounds of "
                    "alpha + n beta (use models.recursive_doubling_allreduce)")
-        raise Fail(f"predicted_crossover({p}, {a:g}, {b:g}) = {got!r}, expected {want:.6g} "
+        raise Fail(f"predicted_crossover({p}, {a:g}, {b:g}) = {_shown(got)}, expected {want:.6g} "
                    f"bytes{why}")
     return f"matches the alpha-beta crossover on {len(cases)} (p, alpha, beta)"
 
@@ -912,6 +974,9 @@ def _cross_measured(ctx):
     sizes = [1e4, 1e5, 1e6, 1e7]
     cases = [  # (ring times, rd times, expected)
         ([3.0, 4.0, 13.0, 103.0], [1.0, 3.0, 21.0, 201.0], 2e5),  # + + - -: 1 -> -8
+        # - + - -: the ring is faster at 1e4 (noise, or a tiny message), slower at 1e5, then
+        # faster again: the crossover is where it turns from slower to faster, 3.25e5
+        ([1.0, 5.0, 5.0, 5.0], [2.0, 3.0, 11.0, 101.0], 3.25e5),
         ([3.0, 3.0, 3.0, 3.0], [1.0, 1.0, 1.0, 1.0], None),
         ([1.0, 1.0, 1.0, 1.0], [3.0, 3.0, 3.0, 3.0], None),
     ]
@@ -928,7 +993,7 @@ def _cross_measured(ctx):
                 got, want, rel_tol=1e-6):
             continue
         raise Fail(f"measured_crossover(sizes={sizes}, ring_times={ring}, rd_times={rd}) = "
-                   f"{got!r}, expected {want!r}: "
+                   f"{_shown(got)}, expected {_shown(want)}: "
                    + ("return None when the ring is never slower-then-faster within the sizes"
                       if want is None else
                       "find the first i where ring - rd > 0 at sizes[i] and <= 0 at "
@@ -943,7 +1008,7 @@ def _cross_real(ctx):
     ring, rd = ctx.learner("ring_allreduce"), ctx.learner("rd_allreduce")
     p = 4
     a, b = _alpha_beta(NIC)
-    star = crossover(p, a, b)
+    star = _crossover(p, a, b)
     sizes = [int(star / 3) // 16 * 16, int(star * 3) // 16 * 16]
     model = [f(p, n, a, b) for n in sizes
              for f in (models.ring_allreduce, models.recursive_doubling_allreduce)]

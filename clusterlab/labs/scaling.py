@@ -455,8 +455,10 @@ def _split(rng, world: int, total_min: int = 20, with_one: bool = True,
     return tuple(sizes)
 
 
-def _hidden_world(ctx) -> int:
-    return int(ctx.rng.integers(2, 5))
+def _hidden_world(ctx, visible: int) -> int:
+    """A world size of 2-4 that the exercise's visible check does not use: an answer that
+    hard-codes the visible world size fails the hidden check at every grader seed."""
+    return int(ctx.rng.choice([w for w in (2, 3, 4) if w != visible]))
 
 
 def _hidden_nic(ctx):
@@ -473,6 +475,9 @@ NAIVE = LAB.exercise(
     "scale_naive", needs=("naive_loss", "mean_of_means_weights"),
     title="The naive loss under DDP: a mean of means, predicted and measured",
     hints=(
+        "The idea: DDP averages the ranks' gradients, and each rank's gradient is of its own "
+        "mean loss. With uneven batches that weighs a sample of a small batch more: work out by"
+        " how much, per rank.",
         "naive_loss is what everybody writes first: return F.mse_loss(ddp(x), y), the mean "
         "over this rank's samples. Nothing else: DDP averages the ranks' gradients itself.",
         "DDP gives 1/W * sum_r (1/n_r) * sum_i g_i. The full-batch gradient is 1/N * sum_i "
@@ -565,7 +570,7 @@ def _naive_ddp(ctx):
              hidden=True)
 def _naive_hidden(ctx):
     fn, weights_fn = ctx.learner("naive_loss"), ctx.learner("mean_of_means_weights")
-    world = _hidden_world(ctx)
+    world = _hidden_world(ctx, 4)
     cases = [{"sizes": _split(ctx.rng, world), "seed": _seed(ctx), "dtype": dt}
              for dt in ("float64", "float32")]
     for c in cases:
@@ -582,6 +587,9 @@ UNEVEN = LAB.exercise(
     "scale_uneven", needs=("global_mean_loss",),
     title="Divide by the global sample count: the full-batch gradient to float precision",
     hints=(
+        "The idea: the full-batch mean divides by N, the samples of ALL ranks, which no rank "
+        "sees on its own; and DDP will divide the summed gradients by the world size "
+        "afterwards. Build the loss so that both divisions come out right.",
         "Every rank needs N, the number of samples on ALL ranks: put len(x) in a float64 "
         "tensor and dist.all_reduce it (a sum).",
         "Sum this rank's per-sample losses (F.mse_loss(..., reduction='sum')) and divide by "
@@ -610,10 +618,10 @@ def _uneven_visible(ctx):
     return f"largest relative error {max(errs):.1e} (float64 rounding)"
 
 
-@UNEVEN.check("other world sizes (2-4), splits with a 1-sample rank, seeds, float32 and "
+@UNEVEN.check("other world sizes (2, 3), splits with a 1-sample rank, seeds, float32 and "
               "float64", points=2, hidden=True)
 def _uneven_hidden(ctx):
-    world = _hidden_world(ctx)
+    world = _hidden_world(ctx, 4)
     cases = [{"sizes": _split(ctx.rng, world), "seed": _seed(ctx), "dtype": dt}
              for dt in ("float64", "float32", "float64")]
     errs = _check_uneven(ctx, cases, world, _hidden_nic(ctx))
@@ -623,7 +631,9 @@ def _uneven_hidden(ctx):
 @UNEVEN.check("a rank with 0 samples (the end of an epoch): still the full-batch gradient",
               points=1, hidden=True)
 def _uneven_zero(ctx):
-    world = int(ctx.rng.integers(3, 5))  # on 2 ranks the local count of the other is N
+    # On 2 ranks the local count of the other is N; 4 is the visible checks' world size
+    # (a hard-coded 4 would pass): 3 or 5 ranks.
+    world = int(ctx.rng.choice([3, 5]))
     cases = [{"sizes": _split(ctx.rng, world, with_zero=True), "seed": _seed(ctx),
               "dtype": "float64"}]
     errs = _check_uneven(ctx, cases, world)
@@ -678,7 +688,7 @@ def _tokens_visible(ctx):
 @TOKENS_EX.check("other world sizes, sequence counts and lengths (a 1-token sequence, a rank "
                  "with one sequence), seeds, dtypes", points=2, hidden=True)
 def _tokens_hidden(ctx):
-    world = _hidden_world(ctx)
+    world = _hidden_world(ctx, 3)
     cases = []
     for dt in ("float64", "float32"):
         seqs = [int(v) for v in ctx.rng.integers(2, 9, size=world)]
@@ -694,6 +704,9 @@ ACCUMULATE = LAB.exercise(
     "scale_accumulate", needs=("accumulate",),
     title="Gradient accumulation: k micro-batches, no_sync, one bucket set per step",
     hints=(
+        "The idea: the same loss as for uneven batches, with N counting every micro-batch of "
+        "every rank; and DDP must synchronise exactly once, on the last micro-batch (it decides"
+        " in forward).",
         "First the count: the samples of ALL k micro-batches on this rank, all-reduced once, "
         "give N. Each micro-batch's loss is its summed loss * W / N.",
         "Run the first k-1 micro-batches' forward AND backward inside `with ddp.no_sync():`; "
@@ -792,10 +805,10 @@ def _acc_count(ctx):
     return _judge_accumulate_count(per_rank, VISIBLE_ACC)
 
 
-@ACCUMULATE.check("other world sizes (2-4), k (1-5), micro-batch sizes (some of 1 sample), "
+@ACCUMULATE.check("other world sizes (3, 4), k (1-5), micro-batch sizes (some of 1 sample), "
                   "seeds, dtypes: gradient and all-reduce count", points=2, hidden=True)
 def _acc_hidden(ctx):
-    world = _hidden_world(ctx)
+    world = _hidden_world(ctx, 2)
     cases = [{"sizes": _micro_sizes(ctx.rng, world, int(ctx.rng.integers(2, 6))),
               "seed": _seed(ctx), "dtype": dt} for dt in ("float64", "float32")]
     cases.append({"sizes": _micro_sizes(ctx.rng, world, 1), "seed": _seed(ctx),

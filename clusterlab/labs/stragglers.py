@@ -33,6 +33,7 @@ without them), which narrows the interval of the saving.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import threading
@@ -46,7 +47,7 @@ from .. import clock, models
 from ..cluster import Cluster
 from ..experiments.common import use_or_open
 from ..experiments.staleness import backup_step_prediction, compute_draws
-from .core import Fail, Lab
+from .core import Fail, Lab, shorten
 
 LAB = Lab("05_backups_and_staleness", "Backup workers and stale gradients",
           follows="05_stragglers_and_staleness")
@@ -107,6 +108,11 @@ def compute(seconds: float, interrupt: Update | None = None) -> bool:
         finished = True
     else:
         finished = not interrupt._event.wait(seconds)
+        if not finished and _STAGE["late_send_s"]:
+            # A staged race (checks only): this cut-short worker's message leaves late, after
+            # an early worker's next gradient. Whoever drains late messages by source is
+            # unaffected; an any-source drain takes the early worker's next gradient instead.
+            time.sleep(_STAGE["late_send_s"] * clock.dilation())
     # The checks read when each worker's gradient was really ready (sleeps overshoot on a
     # busy machine), to know who arrived first.
     _LAST_COMPUTE["done_at"] = clock.now() if finished else math.inf
@@ -114,6 +120,8 @@ def compute(seconds: float, interrupt: Update | None = None) -> bool:
 
 
 _LAST_COMPUTE: dict = {}
+_STAGE = {"late_send_s": 0.0}  # set by the checks on the ranks (see compute)
+STAGED_LATE_S = 0.1  # > the slowest designed compute (35 ms at N = 4) plus a busy machine's lag
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,7 +138,8 @@ def tagged_gradient(seed: int, step: int, worker: int, workers: int) -> torch.Te
     return g
 
 
-def _rank_steps(fn, draws: np.ndarray, seed: int, backups: int | None) -> dict:
+def _rank_steps(fn, draws: np.ndarray, seed: int, backups: int | None,
+                stage_s: float = 0.0) -> dict:
     """Call the learner's step once per row of `draws`, back to back, as a training loop.
 
     Synchronous (backups None): every rank is a worker. With backups: rank 0 coordinates
@@ -152,22 +161,27 @@ def _rank_steps(fn, draws: np.ndarray, seed: int, backups: int | None) -> dict:
     begin, end, done, outs = np.empty(steps), np.empty(steps), np.full(steps, np.nan), []
     dist.barrier()
     start = clock.now()
-    for k in range(steps):
-        _LAST_COMPUTE.clear()
-        args = (grads[k].clone(), seconds[k]) + (() if backups is None else (backups,))
-        begin[k] = clock.now()
-        out = fn(*args)
-        end[k] = clock.now()
-        done[k] = _LAST_COMPUTE.get("done_at", np.nan)
-        outs.append(out.detach().clone() if isinstance(out, torch.Tensor) else out)
+    _STAGE["late_send_s"] = float(stage_s)
+    try:
+        for k in range(steps):
+            _LAST_COMPUTE.clear()
+            args = (grads[k].clone(), seconds[k]) + (() if backups is None else (backups,))
+            begin[k] = clock.now()
+            out = fn(*args)
+            end[k] = clock.now()
+            done[k] = _LAST_COMPUTE.get("done_at", np.nan)
+            outs.append(out.detach().clone() if isinstance(out, torch.Tensor) else out)
+    finally:
+        _STAGE["late_send_s"] = 0.0
     return {"start": start, "begin": begin, "end": end, "done": done, "out": outs}
 
 
-def _run(ctx, cl, fn, draws, seed, backups=None) -> dict:
+def _run(ctx, cl, fn, draws, seed, backups=None, stage_s: float = 0.0) -> dict:
     """Run on every rank (through the check context when there is one, so the learner's
     failures become sentences). Returns step_s (steps,): rank 0's loop period, one return
-    to the next; begin/end/done (steps, world) on the shared clock; out[rank][step]."""
-    args = (_rank_steps, fn, draws, seed, backups)
+    to the next; begin/end/done (steps, world) on the shared clock; out[rank][step].
+    stage_s: delay each cut-short worker's message by this much (a staged race)."""
+    args = (_rank_steps, fn, draws, seed, backups, stage_s)
     res = ctx.run(cl, *args) if ctx is not None else cl.run(*args)
     ends0 = res[0]["end"]
     return {"step_s": np.diff(np.concatenate([[res[0]["start"]], ends0])),
@@ -232,7 +246,7 @@ def measure_sync(sync_step, nodes: int, compute_s: float, exp_mean_s: float, ste
 def measure_backups(backup_step, nodes: int, backups, compute_s: float, exp_mean_s: float,
                     steps: int = 40, seed: int = 0, *, nic: str | None = NIC,
                     calib_steps: int = 5, draws=None, cluster=None, _ctx=None,
-                    _after=None) -> dict:
+                    _after=None, _stage_s: float = 0.0) -> dict:
     """Run `backup_step(grad, compute_s, b)` on `nodes` workers + a coordinator (rank 0),
     `steps` times in a row for each b in `backups`, on the SAME draws (so a saving is
     paired step by step).
@@ -263,7 +277,7 @@ def measure_backups(backup_step, nodes: int, backups, compute_s: float, exp_mean
                 _after({**out, "steps": calib_steps, "draws": zero,
                         max(backups): {"run": cal, "out": cal["out"]}}, max(backups))
         for b in backups:
-            run = _run(_ctx, cl, backup_step, draws, seed, b)
+            run = _run(_ctx, cl, backup_step, draws, seed, b, _stage_s)
             wait = _order_stat(run, b, first=1)
             out[b] = {"step_s": run["step_s"], "wait_s": wait, "lag_s": run["step_s"] - wait,
                       "sample_s": ordered[:, nodes - b - 1], "run": run, "out": run["out"]}
@@ -408,6 +422,13 @@ def _check_backup_values(m: dict, b: int, slack: float) -> None:
             raise Fail(f"with b={b} the update divides the sum of the {keep} gradients it "
                        f"used by N = {n}: the average is over the gradients used, N - b = "
                        f"{keep} (dividing by N shrinks every step by {keep}/{n})")
+        if not used:
+            raise Fail(f"with b={b}, at step {k} the update holds no worker's gradient at "
+                       f"all: it averages {keep} messages that were all empty (the messages "
+                       "of cut-short workers, whose first entry 0 says 'no gradient'). Were "
+                       "they left over from an earlier step? Drain the late messages BY "
+                       "SOURCE (dist.recv(msg, src=w) for each worker not heard from): an "
+                       "any-source drain can take an early worker's next gradient instead")
         if len(used) < keep and np.allclose(tags[used], 1 / keep, rtol=1e-12, atol=0):
             raise Fail(f"with b={b}, at step {k} the update divides by {keep} but holds only "
                        f"{len(used)} gradients (workers {_names(used)}): an empty message "
@@ -479,7 +500,10 @@ def _closed_form(ctx, fn, cases, truth, mistakes, what: str) -> str:
 WAIT_ALL = LAB.exercise(
     "straggler_wait_all", needs=("sync_step", "sync_step_model"),
     title="The naive synchronous step waits for the slowest of N",
-    hints=("sync_step: call compute(compute_s) first (the gradient's compute), then "
+    hints=("The idea: a synchronous step is as slow as its slowest rank. The step itself is "
+           "compute, then the all-reduce; the model is the mean of the slowest of n compute "
+           "times.",
+           "sync_step: call compute(compute_s) first (the gradient's compute), then "
            "dist.all_reduce(grad) (it sums in place on every rank), then return grad divided "
            "by dist.get_world_size().",
            "sync_step_model(c, m, n): the step ends when the LAST of n ranks is done; the "
@@ -614,8 +638,20 @@ def _designed_draws(nodes: int, reps: int, rng) -> np.ndarray:
 def _aggregate(ctx, nodes, backups, nic) -> str:
     fn = ctx.learner("backup_step")
     draws = _designed_draws(nodes, 8, ctx.rng)
-    m = measure_backups(fn, nodes, backups, 0, 0, draws=draws, nic=nic, calib_steps=0,
-                        seed=ctx.seed % 1000, _ctx=ctx)
+    # Staged: every cut-short worker's message leaves STAGED_LATE_S late, so that an early
+    # worker's next gradient always comes first (an any-source drain fails every time).
+    try:
+        m = measure_backups(fn, nodes, backups, 0, 0, draws=draws, nic=nic, calib_steps=0,
+                            seed=ctx.seed % 1000, _ctx=ctx, _stage_s=STAGED_LATE_S)
+    except Fail as exc:
+        if "timed out" in str(exc) and "recv from any source" in str(exc):
+            raise Fail(f"{exc} Here a cut-short worker's empty message arrived late, after an "
+                       "early worker's NEXT gradient (this check delays it on purpose, as a "
+                       "busy network would): an any-source drain took that gradient instead, "
+                       "and from then on the messages no longer match the steps. Drain the "
+                       "late messages BY SOURCE: dist.recv(msg, src=w) for each worker not "
+                       "heard from") from None
+        raise
     for b in backups:
         _check_backup_values(m, b, slack=ORDER_SLACK_S)
     return (f"N={nodes}, b in {list(backups)}: every rank holds the exact average of the "
@@ -825,6 +861,11 @@ def _largest(ctx, cases) -> str:
         if not math.isfinite(lr) or lr <= 0:
             raise Fail(f"{call}: the largest stable lr is a positive number")
         if not _verdict(ctx, stable, lr, tau, curv):
+            if abs(lr - lim) <= 1e-9 * lim:
+                raise Fail(f"{call}: the limit itself, 2 sin(π/(4τ+2)) / curvature to 9 "
+                           "digits, where |x| neither grows nor decays, and your own "
+                           "is_stable calls it unstable. Find the largest lr that your "
+                           "is_stable calls stable (a bisection that returns its stable end)")
             raise Fail(f"{call}, an lr that your own is_stable calls UNSTABLE: the bisection "
                        "returns the first unstable lr (hi) instead of the largest stable one "
                        "(lo). Keep lo stable and hi unstable, and return lo")
@@ -856,7 +897,11 @@ def _largest(ctx, cases) -> str:
 STABILITY = LAB.exercise(
     "stale_stability", needs=("is_stable", "largest_stable_lr"),
     title="The largest stable learning rate with τ-stale gradients",
-    hints=("is_stable: keep the last τ + 1 values of x (x_t = 1 for t <= 0), step x_(t+1) = "
+    hints=("The idea: you cannot tell convergence from a few steps, because near the limit |x| "
+           "grows or shrinks by a fraction of a percent per step and a too-large step first "
+           "looks good. Simulate long, and compare the size of x late in the run with its size "
+           "halfway.",
+           "is_stable: keep the last τ + 1 values of x (x_t = 1 for t <= 0), step x_(t+1) = "
            "x_t - lr·curvature·x_(t-τ). Unstable at once if |x| > 1e6.",
            "Near the limit |x| grows or shrinks by only ~0.05% per step for an lr 1e-3 away: "
            "simulate about 20 000 steps and compare the peak |x| over a block near the end "
@@ -894,24 +939,32 @@ def _stability_hidden(ctx):
 # Exercise 4: why the limit falls like 1/τ.
 # ---------------------------------------------------------------------------------------------
 
+# Four explanations of the same length and specificity, each with a mechanism and a rate: the
+# right one is not given away by its wording.
 MECHANISMS = {
-    "A": "stale gradients are noisier; their variance grows with τ, so the step must shrink "
-         "like 1/√τ",
+    "A": "stale gradients are noisier: their error variance grows with τ, and a step stays "
+         "stable only while lr·λ times that noise stays below a constant, so the limit "
+         "shrinks like 1/√τ, and above it the iterate drifts off in a random walk",
     "B": "the gradient is delayed feedback: a correction shows only τ steps later, and until "
          "then the same stale push is applied again every step; the total push over the "
          "delay, about a·τ, must stay below a constant (≈ π/2) or the iterate overshoots and "
          "oscillates with a growing amplitude",
-    "C": "with stale gradients the quadratic is no longer convex, so there is no minimum to "
-         "converge to unless the step is tiny",
-    "D": "stale gradients point in random directions, so on average they do no work and the "
-         "step must shrink exponentially in τ",
+    "C": "with stale gradients the effective curvature grows with τ: every step feels λ once "
+         "per stale gradient in flight, about τλ in all, so the plain limit 2/λ becomes "
+         "about 2/(τλ), and above it the loss grows steadily, step after step",
+    "D": "stale gradients point where x was, not where it is: once x has crossed the minimum, "
+         "about half of the τ pushes in flight point the wrong way, and the step must shrink "
+         "until those are negligible, which takes a step exponentially small in τ",
 }
 WHY_NOT = {
     "A": "there is no noise at all in x_(t+1) = x_t - a·x_(t-τ): it is deterministic, and "
          "still diverges above the limit. And the limit falls like 1/τ, not 1/√τ",
-    "C": "the loss λx²/2 is the same convex quadratic for every τ; only the feedback is late",
-    "D": "the stale gradient a·x_(t-τ) is not random: it points where x was τ steps ago. And "
-         "the limit falls like π/(2τ+1), not exponentially",
+    "C": "the loss λx²/2 has the same curvature λ for every τ, and above the limit x "
+         "oscillates with a growing amplitude (its sign flips in blocks of about 2τ steps); "
+         "it does not grow steadily. Only the feedback is late",
+    "D": "the limit falls like π/(2τ+1), not exponentially: your own largest_stable_lr "
+         "halves from τ = 4 to τ = 8, it does not square. And the stale push is not random "
+         "or self-cancelling: every push in flight points the same way, where x was",
 }
 
 
@@ -925,6 +978,13 @@ def _asymptote(ctx) -> str:
         except (TypeError, ValueError):
             raise Fail(f"large_tau_stable_lr({tau}) returned {v!r}: return a number") from None
     r = ratios[1000]
+    small = ctx.call(fn, 2)
+    with contextlib.suppress(TypeError, ValueError):
+        if abs(float(small) / models.delayed_gd_stable_step(2) - 1) < 1e-9:
+            raise Fail(f"large_tau_stable_lr(2) = {float(small):.6g}, the exact limit "
+                       "2 sin(π/(4τ+2)) itself: that is the closed form, not its large-τ "
+                       "form. Expand it for large τ into a simple expression (what does "
+                       "sin x become for small x?)")
     if all(abs(ratios[t] - 1) < 2 / t for t in ratios):
         return "≈ π/(2τ+1): " + ", ".join(f"τ={t}: {ratios[t]:.4f} x the exact limit"
                                          for t in ratios)
@@ -939,10 +999,11 @@ def _asymptote(ctx) -> str:
 
 def _mechanism(ctx) -> str:
     v = ctx.call(ctx.learner("staleness_mechanism"))
-    choice = str(v).strip().upper()[:1] if v is not None else ""
+    choice = v.strip().upper() if isinstance(v, str) else ""
     if choice not in MECHANISMS:
-        raise Fail(f"staleness_mechanism() returned {v!r}: return one of the letters "
-                   f"{', '.join(MECHANISMS)}")
+        raise Fail(f"staleness_mechanism() returned {shorten(repr(v), 80)}: return exactly "
+                   f"one letter, one of {', '.join(MECHANISMS)} (a string such as 'A'), not "
+                   "a sentence")
     if choice != "B":
         raise Fail(f"{choice} is not it: {WHY_NOT[choice]}")
     return "B: delayed feedback, a·τ bounded"
