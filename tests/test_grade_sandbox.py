@@ -261,8 +261,8 @@ def _hostile_room(tmp_path: Path) -> tuple[Path, dict[str, list[str]]]:
     grader_pid = os.getpid()
     attacks = {
         "reader": f"stolen = []\n"
-                  f"for p in [{str(alice)!r}, {str(ROOT / 'solutions')!r}, '/root', "
-                  f"{os.path.expanduser('~')!r}]:\n"
+                  f"for p in [{str(alice)!r}, {str(ROOT / 'solutions')!r}, "
+                  f"{str(tmp_path / 'home' / 'secret.txt')!r}]:\n"
                   f"    try:\n"
                   f"        stolen += os.listdir(p) if os.path.isdir(p) else [open(p).read()]\n"
                   f"    except OSError:\n"
@@ -270,7 +270,7 @@ def _hostile_room(tmp_path: Path) -> tuple[Path, dict[str, list[str]]]:
                   f"ok = not stolen",
         "writer": f"wrote = []\n"
                   f"for p in [{str(outside / 'pwned.txt')!r}, {str(ROOT / 'pwned.txt')!r}, "
-                  f"{str(alice.parent / 'pwned.txt')!r}, '/var/tmp/pwned.txt']:\n"
+                  f"{str(alice.parent / 'pwned.txt')!r}, '/etc/pwned.txt']:\n"
                   f"    try:\n"
                   f"        open(p, 'w').write('x')\n"
                   f"        wrote.append(p)\n"
@@ -339,7 +339,11 @@ def _hostile_room(tmp_path: Path) -> tuple[Path, dict[str, list[str]]]:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @needs_sandbox
-def test_hostile_notebooks_each_get_a_clear_row_and_harm_nothing(labs, tmp_path, no_leftovers):
+def test_hostile_notebooks_each_get_a_clear_row_and_harm_nothing(labs, tmp_path, no_leftovers,
+                                                                  monkeypatch):
+    (tmp_path / "home").mkdir()  # the instructor's home, with a secret in it
+    (tmp_path / "home" / "secret.txt").write_text("the exam's answers")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     room, _ = _hostile_room(tmp_path)
     rows = grade([room], timeout=25, jobs=2,
                  isolation=Isolation.detect(limits=LIMITS))
@@ -351,8 +355,8 @@ def test_hostile_notebooks_each_get_a_clear_row_and_harm_nothing(labs, tmp_path,
 
     assert by["alice"]["status"] == "graded" and by["alice"]["earned"] == 5, text
     for who in ("reader", "writer", "network", "forkbomb", "killer"):
-        assert by[who]["status"] == "graded", (who, by[who])
-        assert adds(who) == "pass", (who, by[who]["checks"][0])
+        assert by[who]["status"] == "graded", (who, by[who], text)
+        assert adds(who) == "pass", (who, by[who]["checks"][0], text)
         assert by[who]["isolation"] == "sandbox"
     # memory: stopped by the limit, as a MemoryError or as a killed kernel
     assert (by["memory"]["status"], adds("memory")) in {("graded", "pass"),

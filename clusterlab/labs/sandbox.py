@@ -287,8 +287,9 @@ def _hide_and_keep(spec: Spec) -> None:
         if writable or any(_under(path, h) for h in hidden):
             os.makedirs(path, exist_ok=True)
             _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND)
-            if not writable:
-                _mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID)
+            # a bind keeps its source mount's read-only flag: set this one's own
+            _mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NODEV
+                   | (0 if writable else _MS_RDONLY))
             rebound.append(path)
         os.close(fd)
     for h in hides:  # a hidden folder inside one brought back (solutions/ in a checkout)

@@ -144,9 +144,14 @@ def check(lab_id: str, modules: list[list[str]]) -> int:
                                                f"{str(exc)[:200]}")
     for ex, c in lab.checks:
         channel.write(json.dumps({"started": [ex.id, c.name]}) + "\n")
-        (o,) = run_checks(ex.id, namespace, hidden=True, seed=seed, only=c.name).outcomes
-        channel.write(json.dumps({"outcome": [o.exercise, o.check, o.status, o.message,
-                                              o.seconds]}) + "\n")
+        t0 = time.monotonic()
+        try:
+            (o,) = run_checks(ex.id, namespace, hidden=True, seed=seed, only=c.name).outcomes
+            outcome = [o.exercise, o.check, o.status, o.message, o.seconds]
+        except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt from the learner's code
+            outcome = [ex.id, c.name, "fail", f"your code raised {type(exc).__name__}, which "
+                       "stopped the check", time.monotonic() - t0]
+        channel.write(json.dumps({"outcome": outcome}) + "\n")
     channel.write(json.dumps({"done": True}) + "\n")
     channel.flush()
     os._exit(0)  # not interpreter shutdown: nothing the learner left running gets a say
