@@ -99,7 +99,21 @@ def _main(argv: list[str]) -> int:
                    help="print the full result (rows and checks) as JSON instead of the summary")
     b.add_argument("-o", "--out", metavar="PATH", help="write the full result here")
     b.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
-    g = sub.add_parser("grade", help="execute submitted lab notebooks and tabulate points")
+    g = sub.add_parser(
+        "grade", help="execute submitted lab notebooks and tabulate points",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Execute each submitted lab notebook in a fresh kernel, then run every "
+        "check of its lab (hidden ones included) in a separate process on the objects the "
+        "notebook defined, with a seed the notebook never sees. As root on Linux each "
+        "submission runs in a sandbox (no network but its own loopback, only its own folder "
+        "writable, limits on memory and processes); elsewhere each row says it was not "
+        "isolated.",
+        epilog="exit codes:\n"
+        "  0  every notebook was graded and passed every check\n"
+        "  1  graded: some points were lost, or some notebooks were not labs, crashed or\n"
+        "     timed out (the learners' doing)\n"
+        "  2  the grader failed (bad arguments, or it could not grade a notebook: the row\n"
+        "     says 'grader error')")
     g.add_argument("paths", nargs="+", metavar="PATH", help="lab notebooks, or folders of them")
     g.add_argument("--json", action="store_true",
                    help="print the rows as JSON instead of the table")
@@ -107,12 +121,16 @@ def _main(argv: list[str]) -> int:
                    help="also write the rows here as JSON (for a gradebook)")
     g.add_argument("--timeout", type=float, default=None,
                    help="seconds all of a notebook's cells may take, counted from its first cell; "
-                        "the kernel's start has its own 60 s limit (default 300)")
+                        "the kernel's start has its own 60 s limit (default 300); the grader's "
+                        "run of the checks gets as long again, plus 30 s to start")
     g.add_argument("--seed", type=int, default=None,
-                   help="seed of the hidden checks' draws (default: fixed)")
-    g.add_argument("--jobs", type=int, default=1,
-                   help="notebooks graded at once, each in its own process (default 1: "
-                   "labs that time clusters need the cores to themselves)")
+                   help="seed of the hidden checks' draws (default: a fresh secret one per "
+                   "run; the JSON records it, so a grade can be reproduced)")
+    g.add_argument("-j", "--jobs", type=int, default=1,
+                   help="notebooks graded at once, each in its own processes (default 1: "
+                   "labs that time clusters need the cores; 2 cores take -j 2)")
+    g.add_argument("--no-sandbox", action="store_true",
+                   help="run submissions without isolation (each row says so)")
     lb = sub.add_parser("labs", help="list the labs, or generate labs/ from solutions/")
     lb.add_argument("action", choices=["list", "build", "verify"],
                     help="list: labs and points; build: write labs/ from solutions/; "
@@ -246,20 +264,29 @@ def _needs(parser, command: str, *modules: str) -> None:
 
 def _grade(args, parser) -> int:
     _needs(parser, "grade", "nbformat", "nbclient", "ipykernel")
-    from .labs.core import DEFAULT_SEED
-    from .labs.grade import DEFAULT_TIMEOUT, all_passed, grade, table
+    from .labs.grade import DEFAULT_TIMEOUT, Isolation, exit_code, grade, table
 
+    info: dict = {}
     try:
-        rows = grade(args.paths, timeout=args.timeout or DEFAULT_TIMEOUT,
-                     seed=DEFAULT_SEED if args.seed is None else args.seed, jobs=args.jobs,
+        rows = grade(args.paths, timeout=args.timeout or DEFAULT_TIMEOUT, seed=args.seed,
+                     jobs=args.jobs, info=info,
+                     isolation=Isolation.detect(wanted=not args.no_sandbox),
                      progress=lambda line: print(line, file=sys.stderr, flush=True))
     except (ValueError, FileNotFoundError) as exc:
-        parser.error(str(exc))
-    print(json.dumps({"rows": rows}, indent=1) if args.json else table(rows))
+        parser.error(str(exc))  # exit code 2
+    except Exception as exc:  # noqa: BLE001 - a grader failure must not look like lost points
+        import traceback
+
+        traceback.print_exc()
+        print(f"clusterlab grade: the grader failed: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        return 2
+    result = {"grader": info, "rows": rows}
+    print(json.dumps(result, indent=1) if args.json else table(rows))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"rows": rows}, f, indent=1)
-    return 0 if all_passed(rows) else 1
+            json.dump(result, f, indent=1)
+    return exit_code(rows)
 
 
 def _labs(args, parser) -> int:

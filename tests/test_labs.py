@@ -243,10 +243,12 @@ def test_grading_a_mixed_room_gives_one_clear_row_each(toy, tmp_path, no_leftove
     assert set(by) == {"alice", "bob", "carol", "dave", "erin", "frank", "gina"}
     assert by["alice"]["status"] == "graded" and by["alice"]["earned"] == 5
     assert [c["status"] for c in by["alice"]["checks"]] == ["pass"] * 3
-    assert [c["status"] for c in by["bob"]["checks"]] == ["fail", "fail", "not run"]
+    # the grader runs every check itself: bob's rank_sum was never written, so "todo"
+    assert [c["status"] for c in by["bob"]["checks"]] == ["fail", "fail", "todo"]
     assert by["bob"]["earned"] == 0 and "returned -1" in by["bob"]["checks"][0]["message"]
     assert [c["status"] for c in by["carol"]["checks"]] == ["todo"] * 3
     assert by["dave"]["status"] == "crashed" and by["dave"]["earned"] == 0
+    assert "the kernel died" in by["dave"]["note"]
     assert by["erin"]["status"] == "timed out" and "15 s" in by["erin"]["note"]
     assert by["frank"]["status"] == "not a lab" and by["gina"]["status"] == "unreadable"
     assert not all_passed(rows) and all_passed([by["alice"]])
@@ -277,8 +279,11 @@ def test_grade_command_exit_code_and_json(toy, tmp_path, no_leftovers):
     ok = subprocess.run(cmd + [str(good), "-o", str(out)], capture_output=True, text=True,
                         timeout=200)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    rows = json.loads(out.read_text())["rows"]
+    result = json.loads(out.read_text())
+    rows = result["rows"]
     assert rows[0]["earned"] == rows[0]["possible"] == 5
+    assert result["grader"]["timeout_s"] == 300 and result["grader"]["seed"] > 0
+    assert result["grader"]["clusterlab_version"] and "commit" in result["grader"]
     mixed = subprocess.run(cmd + [str(good), str(bad)], capture_output=True, text=True,
                            timeout=200)
     assert mixed.returncode == 1 and "1 of 2 notebook(s) passed every check" in mixed.stdout

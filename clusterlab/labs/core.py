@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import re
 import sys
@@ -44,11 +43,13 @@ import numpy as np
 
 from ..cluster import Cluster, ClusterTimeout, RankDied, RankError
 
-# Environment variables the grader (and nbval, and nbgrader) set for a notebook's kernel.
+# Environment variables a learner (at home), nbval and nbgrader set for a notebook's kernel.
+# `clusterlab grade` sets none of the first three: it runs the checks itself, outside the
+# kernel, with a seed the kernel never sees (see grade.py); it sets ENV_GRADING only.
 ENV_HIDDEN = "CLUSTERLAB_LAB_HIDDEN"  # "1": run the hidden checks too
-ENV_SEED = "CLUSTERLAB_LAB_SEED"  # seed of the hidden checks' draws
-ENV_LOG = "CLUSTERLAB_GRADE_LOG"  # append each check's outcome here (JSON lines)
+ENV_SEED = "CLUSTERLAB_LAB_SEED"  # seed of the hidden checks' draws (at home)
 ENV_STRICT = "CLUSTERLAB_LAB_STRICT"  # "1": a failed check raises (nbval on solutions/)
+ENV_GRADING = "CLUSTERLAB_LAB_GRADING"  # "1": check() only says the grader will run it
 DEFAULT_SEED = 2026
 CHECK_TIMEOUT = 15.0  # seconds a cluster run inside a check may take: deadlocks fail fast
 
@@ -65,6 +66,13 @@ class NotDone(Exception):
 
 class LabCheckFailed(AssertionError):
     """Raised by `check()` in strict mode (nbval, nbgrader) when a check did not pass."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Unavailable:
+    """Stands in the grader's namespace for a learner's object that could not be carried out
+    of the kernel (it could not be pickled, or not unpickled): its checks fail saying why."""
+    reason: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +163,12 @@ class Context:
         if name not in self.namespace:  # its TODO cell is unwritten, or was not run
             raise NotDone(f"`{name}` is not defined yet: write it in its TODO cell and run "
                           "that cell")
-        return self.namespace[name]
+        value = self.namespace[name]
+        if isinstance(value, Unavailable):
+            raise Fail(f"`{name}` could not be handed to the grader ({value.reason}): "
+                       "define it from plain values, functions and classes, not from open "
+                       "clusters, files or threads")
+        return value
 
     def cluster(self, *, timeout: float = CHECK_TIMEOUT, **kwargs) -> Cluster:
         """A Cluster with a short timeout (a deadlocked exercise fails in seconds).
@@ -362,18 +375,7 @@ def run_checks(exercise: str, namespace: dict, *, hidden: bool | None = None,
             status, message = "fail", f"{type(exc).__name__}: {shorten(str(exc))}{where}"
         outcomes.append(Outcome(ex.id, c.name, c.points, c.hidden, status, message,
                                 time.perf_counter() - t0))
-    report = Report(ex, outcomes)
-    _log(report)
-    return report
-
-
-def _log(report: Report) -> None:
-    path = os.environ.get(ENV_LOG)
-    if not path:
-        return
-    with open(path, "a") as f:
-        for o in report.outcomes:
-            f.write(json.dumps(dataclasses.asdict(o)) + "\n")
+    return Report(ex, outcomes)
 
 
 def check(exercise: str, **given) -> None:
@@ -382,6 +384,9 @@ def check(exercise: str, **given) -> None:
     Your functions are found by name in the notebook (the names the exercise asks for);
     pass them explicitly to check something else: check("ring_allreduce", ring_allreduce=f).
     """
+    if _env_flag(ENV_GRADING):  # `clusterlab grade` runs the checks itself, after the notebook
+        print(f"{exercise}: the grader runs this exercise's checks after the notebook")
+        return
     caller = sys._getframe(1).f_globals
     report = run_checks(exercise, {**caller, **given})
     print(report.text())
