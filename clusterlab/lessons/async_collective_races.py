@@ -32,7 +32,9 @@ def _shares(ar: dict) -> dict:
              partly),
             (f"{total} (no edit)", ed["edit_lost"]),
             (f"{total + add:g} (right by chance)", 1 - ed["wrong_elements"]),
-            ("anything else", ed["wrong_elements"] - ed["edit_sent"] - ed["edit_lost"] - partly)],
+            # what is left; float round-off must not print as "-0.0%"
+            ("anything else", max(0.0, ed["wrong_elements"] - ed["edit_sent"] - ed["edit_lost"]
+                                  - partly))],
     }
 
 
@@ -135,10 +137,10 @@ def explain_hook_race(runs: dict) -> None:
 # Where the races are on GPU ranks (from the sources, not run here), rendered by `facts.show`.
 GPU_RACES = """
 - **wait() is a stream wait.** For NCCL, by default, [[pytorch.async_op_cuda_semantics]]
-  ([[pytorch.nccl_blocking_wait]] makes it block the host). Ops then issued on the current
-  stream are ordered after the collective. Work on another stream is not: it races with the
-  collective, the same kind of race as the one measured above between your thread and
-  Gloo's.
+  ([[pytorch.nccl_blocking_wait]], or [[pytorch.nccl_wait_timeout_blocks]], makes it block the
+  host). Ops then issued on the current stream are ordered after the collective. Work on
+  another stream is not: it races with the collective, the same kind of race as the one
+  measured above between your thread and Gloo's.
 - **A copy to the host.** `x = t.to("cpu", non_blocking=True)` gives
   [[pytorch.non_blocking_d2h]]: a loss or metric logged from `x` can be incomplete or garbage.
   Synchronise first (`torch.cuda.synchronize()`, or `synchronize()` on an event recorded

@@ -216,11 +216,11 @@ def explain_mixed_reads(runs: dict) -> None:
          "read, or stamps two unlocked writes left mixed. A write-back's loss needs a write "
          "anywhere in its longer read-to-write window. On the dense problem a read is also "
          "flagged when its coordinates carry different updates' stamps, which two unlocked "
-         "writes can leave behind. In place overlaps just as much"
-         + (" (more often than the write-backs on this run; a likely cause, not measured "
+         "writes can leave behind. In place's reads overlap writes too"
+         + (" (more often than the write-backs' on this run; a likely cause, not measured "
             "apart: its element-by-element writes, np.subtract.at, take longer than a "
             "write-back's one store, so more reads meet one in flight)" if ip_share > share
-            else "")
+            else " (less often than the write-backs' on this run)")
          + ", but its adds lose almost nothing to an overlap.")
     if sq["retries"] > 100 * max(sq["retried_reads"], 1):
         facts.show("So many retries per read suggest a writer was paused mid-write (descheduled) "
