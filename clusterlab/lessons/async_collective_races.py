@@ -17,7 +17,7 @@ ASYNC_FIXES = ("wait_then_read", "wait_then_edit")
 def _shares(ar: dict) -> dict:
     """What each element held after a read or an edit before wait(), as fractions of all
     elements of all rank-trials: {variant: [(label, share), ...]}, the shares summing to 1."""
-    w, add = ar["workers"], ar.get("add", 100.0)
+    w, add = ar["workers"], ar["add"]
     total = w * (w + 1) // 2
     rd, ed = ar["variants"]["read_before_wait"], ar["variants"]["edit_before_wait"]
     partly = ed.get("edit_partly", 0.0)
