@@ -65,10 +65,13 @@ def _run_one(path: Path, *, cpus: list[int] | None, cgroup: str | None) -> dict:
         os.sched_setaffinity(0, cpus)
     if cgroup:
         Path(cgroup, "cgroup.procs").write_text(str(os.getpid()))
-    os.environ.setdefault("CLUSTERLAB_STATIC", "1")
-    if path.parent.name == "solutions":
-        os.environ.update(CLUSTERLAB_LAB_HIDDEN="1", CLUSTERLAB_LAB_STRICT="1")
+    from ..labs.core import ENV_HIDDEN, ENV_STRICT
     from ..labs.grade import execute
+    from ..widgets._common import STATIC_ENV
+
+    os.environ.setdefault(STATIC_ENV, "1")
+    if path.parent.name == "solutions":  # every check, hidden ones too, and a miss is an error
+        os.environ.update({ENV_HIDDEN: "1", ENV_STRICT: "1"})
 
     r = execute(path, timeout=NOTEBOOK_TIMEOUT_S, allow_errors=True)
     not_shown = []
